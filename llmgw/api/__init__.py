@@ -1,0 +1,10 @@
+"""API types of llmgw.io/v1: Node, Model, Replica, Shard, and manifest loading."""
+from llmgw.api.meta import (  # noqa: F401
+    API_VERSION, Condition, ObjectMeta, OwnerReference, check_dns1123_label,
+    condition_true, get_condition, now, set_condition,
+)
+from llmgw.api.types import *  # noqa: F401,F403
+from llmgw.api.types import KIND_BY_NAME, KINDS, Object, resolve_kind, template_hash  # noqa: F401
+from llmgw.api.manifests import (  # noqa: F401
+    InvalidObject, ManifestError, load_file, load_path, parse_object,
+)

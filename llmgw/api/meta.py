@@ -1,0 +1,111 @@
+"""Object metadata, conditions and the strict base model shared by every kind.
+
+Field names are the wire names (camelCase, as in Kubernetes), so a model's
+attribute, its JSON and its YAML all spell a field the same way.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+API_VERSION = "llmgw.io/v1"
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_dns1123_label(value: str) -> str:
+    if len(value) > 63 or not _DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 label (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+DNSLabel = Annotated[str, AfterValidator(check_dns1123_label)]
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+class Strict(BaseModel):
+    """Base of every API model: unknown fields are an error, never dropped."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class OwnerReference(Strict):
+    kind: str
+    name: str
+    uid: str
+    controller: bool = True
+
+
+class ObjectMeta(Strict):
+    name: DNSLabel
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    generation: int = 0
+    # etcd's mod_revision of the spec key; compare-and-swap token for updates.
+    resourceVersion: int | None = None
+    creationTimestamp: datetime | None = None
+    deletionTimestamp: datetime | None = None
+    finalizers: list[str] = Field(default_factory=list)
+    ownerReferences: list[OwnerReference] = Field(default_factory=list)
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(Strict):
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: datetime | None = None
+    observedGeneration: int | None = None
+
+
+def set_condition(
+    conditions: list[Condition],
+    type: str,
+    status: ConditionStatus,
+    reason: str = "",
+    message: str = "",
+    observed_generation: int | None = None,
+) -> bool:
+    """Set a condition in place; lastTransitionTime moves only when status does.
+
+    Returns True when anything changed.
+    """
+    for i, c in enumerate(conditions):
+        if c.type == type:
+            if (c.status, c.reason, c.message, c.observedGeneration) == (
+                status, reason, message, observed_generation
+            ):
+                return False
+            when = c.lastTransitionTime if c.status == status else now()
+            conditions[i] = Condition(
+                type=type, status=status, reason=reason, message=message,
+                lastTransitionTime=when, observedGeneration=observed_generation,
+            )
+            return True
+    conditions.append(Condition(
+        type=type, status=status, reason=reason, message=message,
+        lastTransitionTime=now(), observedGeneration=observed_generation,
+    ))
+    return True
+
+
+def get_condition(conditions: list[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)
+
+
+def condition_true(conditions: list[Condition], type: str) -> bool:
+    c = get_condition(conditions, type)
+    return c is not None and c.status == "True"

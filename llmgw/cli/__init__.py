@@ -1,0 +1,1 @@
+"""The `llmgw` command line."""

@@ -1,0 +1,58 @@
+"""The `llmgw` command group; each subcommand lives in its own module, loaded on use."""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# command name -> "module:attribute". Loaded lazily so `llmgw get` does not
+# import the agent, the server or the gateway.
+COMMANDS: dict[str, str] = {
+    "ca": "llmgw.cli.ca:ca",
+    "server": "llmgw.server.cli:server",
+    "controller-manager": "llmgw.runtime.cli:controller_manager",
+    "agent": "llmgw.agent.cli:agent",
+    "gateway": "llmgw.gateway.cli:gateway",
+    "sim": "llmgw.sim.cli:sim",
+    "dev": "llmgw.dev.cli:dev",
+    # kubectl-like verbs
+    "apply": "llmgw.cli.verbs:apply",
+    "diff": "llmgw.cli.verbs:diff",
+    "get": "llmgw.cli.verbs:get",
+    "describe": "llmgw.cli.verbs:describe",
+    "delete": "llmgw.cli.verbs:delete",
+    "cordon": "llmgw.cli.verbs:cordon",
+    "uncordon": "llmgw.cli.verbs:uncordon",
+    "drain": "llmgw.cli.verbs:drain",
+    "ctl": "llmgw.cli.ctl:ctl",
+    "version": "llmgw.cli.verbs:version",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | {n for n in COMMANDS if self._available(n)})
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module = COMMANDS[name].split(":")[0]
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in COMMANDS or not self._available(name):
+            return cmd
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """llmgw: run LLM inference engines across a fleet of GPU machines.
+
+    Desired state lives in etcd; controllers reconcile it; an agent on each
+    node runs the engines; an OpenAI-compatible gateway routes requests.
+    """
