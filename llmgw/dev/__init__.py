@@ -1,0 +1,1 @@
+"""Local clusters for development and tests: `llmgw dev up`."""

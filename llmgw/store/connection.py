@@ -1,0 +1,143 @@
+"""An aetcd connection with TLS, endpoint failover and a raised gRPC receive limit."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+from urllib.parse import urlparse
+
+import aetcd
+import aetcd.exceptions
+import aetcd.watcher
+from aetcd import rpc
+import grpc
+
+from llmgw.store.errors import StoreUnavailable
+
+log = logging.getLogger("llmgw.store")
+
+# A long watch replay arrives as one message; gRPC's 4 MiB default is too small.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+T = TypeVar("T")
+
+# Errors that mean "this endpoint is not answering": try the next one.
+UNREACHABLE = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
+
+
+class _TLSClient(aetcd.Client):
+    """aetcd has no TLS option: open a secure channel, then let aetcd set up its stubs."""
+
+    def __init__(self, *args, credentials: grpc.ChannelCredentials, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        self.channel = grpc.aio.secure_channel(
+            f"{self._host}:{self._port}", self._credentials, options=list(self._options.items()))
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = aetcd.watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
+        self._connected.set()
+
+
+def parse_endpoints(endpoints: str | list[str]) -> list[tuple[str, str, int]]:
+    """`http://h:2379,https://h2:2379` -> [(scheme, host, port)]."""
+    if isinstance(endpoints, str):
+        endpoints = [e for e in endpoints.split(",") if e.strip()]
+    out = []
+    for e in endpoints:
+        e = e.strip()
+        if "://" not in e:
+            e = "http://" + e
+        u = urlparse(e)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"bad etcd endpoint {e!r}: expected http(s)://HOST:PORT")
+        out.append((u.scheme, u.hostname, u.port or 2379))
+    if not out:
+        raise ValueError("no etcd endpoint given")
+    return out
+
+
+class Connection:
+    """One live aetcd client at a time, over a list of endpoints; rotates on failure."""
+
+    def __init__(self, endpoints, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, timeout: float = 5.0):
+        self.endpoints = parse_endpoints(endpoints)
+        self._ca, self._cert, self._key = ca, cert, key
+        self._timeout = timeout
+        self._index = 0
+        self._client: aetcd.Client | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        scheme, host, port = self.endpoints[self._index]
+        return f"{scheme}://{host}:{port}"
+
+    def _new_client(self) -> aetcd.Client:
+        scheme, host, port = self.endpoints[self._index]
+        options = {
+            "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
+            "grpc.max_send_message_length": MAX_MESSAGE_BYTES,
+        }
+        if scheme == "https" or self._cert:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=Path(self._ca).read_bytes() if self._ca else None,
+                private_key=Path(self._key).read_bytes() if self._key else None,
+                certificate_chain=Path(self._cert).read_bytes() if self._cert else None,
+            )
+            return _TLSClient(host, port, timeout=self._timeout, options=options, credentials=creds)
+        return aetcd.Client(host, port, timeout=self._timeout, options=options)
+
+    async def client(self) -> aetcd.Client:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    c = self._new_client()
+                    await c.connect()
+                    self._client = c
+        return self._client
+
+    async def _rotate(self, failed: aetcd.Client) -> None:
+        async with self._lock:
+            if self._client is not failed:
+                return  # someone else rotated already
+            self._client = None
+            self._index = (self._index + 1) % len(self.endpoints)
+            log.warning("etcd endpoint unreachable, trying %s", self.endpoint)
+        try:
+            await failed.close()
+        except Exception:  # closing a dead channel may fail; nothing to recover
+            pass
+
+    async def call(self, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        """Run fn on the live client; on an unreachable endpoint, try each other one once."""
+        last: Exception | None = None
+        for _ in range(len(self.endpoints)):
+            c = await self.client()
+            try:
+                return await fn(c)
+            except UNREACHABLE as err:
+                last = err
+                await self._rotate(c)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                last = err
+                await self._rotate(c)
+        raise StoreUnavailable(f"no etcd endpoint answered ({', '.join(self._urls())}): {last}")
+
+    def _urls(self) -> list[str]:
+        return [f"{s}://{h}:{p}" for s, h, p in self.endpoints]
+
+    async def close(self) -> None:
+        if self._client is not None:
+            c, self._client = self._client, None
+            await c.close()

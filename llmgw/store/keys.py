@@ -1,0 +1,70 @@
+"""The etcd key layout (DESIGN.md, "etcd layout"): a public interface people watch with etcdctl."""
+from __future__ import annotations
+
+ROOT = "/llmgw"
+SPEC = f"{ROOT}/spec/"
+STATUS = f"{ROOT}/status/"
+HEARTBEAT = f"{ROOT}/heartbeat/"
+LEADER = f"{ROOT}/leader/"
+REVOKED = f"{ROOT}/revoked/"
+EVENTS = f"{ROOT}/events/"
+
+NODE_SCOPED = {"shards"}  # kinds keyed by node, so an agent's watch is one prefix
+
+
+def kind_prefix(section: str, kind: str, node: str | None = None) -> str:
+    """`/llmgw/spec/models/`, or `/llmgw/spec/shards/<node>/` when node is given."""
+    prefix = f"{section}{kind}/"
+    if node is not None:
+        if kind not in NODE_SCOPED:
+            raise ValueError(f"kind {kind} is not keyed by node")
+        prefix += f"{node}/"
+    return prefix
+
+
+def object_key(section: str, kind: str, name: str, node: str | None = None) -> str:
+    if kind in NODE_SCOPED:
+        if not node:
+            raise ValueError(f"a {kind} key needs its node")
+        return f"{section}{kind}/{node}/{name}"
+    return f"{section}{kind}/{name}"
+
+
+def parse_object_key(key: str) -> tuple[str, str, str | None, str] | None:
+    """(section, kind, node, name) of an object key, or None for other keys."""
+    for section in (SPEC, STATUS):
+        if key.startswith(section):
+            parts = key[len(section):].split("/")
+            if len(parts) == 2 and parts[0] not in NODE_SCOPED:
+                return section, parts[0], None, parts[1]
+            if len(parts) == 3 and parts[0] in NODE_SCOPED:
+                return section, parts[0], parts[1], parts[2]
+            return None
+    return None
+
+
+def heartbeat_key(node: str) -> str:
+    return f"{HEARTBEAT}{node}"
+
+
+def leader_key(component: str) -> str:
+    return f"{LEADER}{component}"
+
+
+def revoked_key(serial: str) -> str:
+    return f"{REVOKED}{serial}"
+
+
+def events_prefix(kind: str, name: str) -> str:
+    return f"{EVENTS}{kind}/{name}/"
+
+
+def prefix_end(prefix: str | bytes) -> bytes:
+    """The smallest key greater than every key starting with prefix."""
+    b = bytearray(prefix.encode() if isinstance(prefix, str) else prefix)
+    while b:
+        if b[-1] < 0xFF:
+            b[-1] += 1
+            return bytes(b)
+        b.pop()
+    return b"\0"

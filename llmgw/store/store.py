@@ -1,0 +1,523 @@
+"""Objects in etcd: spec and status in separate keys, compare-and-swap on every update.
+
+resourceVersion is the spec key's mod_revision; generation moves on spec
+changes only; status writes touch only the status key. A Store made with
+`fenced()` adds a compare on the leader key's create_revision to every write,
+so a deposed controller-manager cannot write.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Literal
+
+import aetcd.exceptions
+from aetcd import rpc
+
+from llmgw.api import KINDS, Object, now, parse_object, set_condition
+from llmgw.api.meta import Condition
+from llmgw.store import keys as K
+from llmgw.store.connection import Connection
+from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound,
+                                StoreUnavailable)
+from llmgw.store.selectors import Selector
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass
+class WatchEvent:
+    type: EventType
+    object: Object
+    revision: int
+
+
+@dataclass
+class RawEvent:
+    type: Literal["PUT", "DELETE"]
+    key: str
+    value: bytes
+    revision: int
+
+
+def _b(s: str | bytes) -> bytes:
+    return s.encode() if isinstance(s, str) else s
+
+
+def _cmp(key: bytes, target: int, result: int = rpc.Compare.EQUAL, **value) -> rpc.Compare:
+    return rpc.Compare(key=key, target=target, result=result, **value)
+
+
+def _put(key: str | bytes, value: bytes, lease: int = 0) -> rpc.RequestOp:
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=_b(key), value=value, lease=lease))
+
+
+def _get(key: str | bytes, range_end: bytes | None = None) -> rpc.RequestOp:
+    req = rpc.RangeRequest(key=_b(key))
+    if range_end is not None:
+        req.range_end = range_end
+    return rpc.RequestOp(request_range=req)
+
+
+def _delete(key: str | bytes) -> rpc.RequestOp:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=_b(key)))
+
+
+def _spec_doc(obj: Object) -> bytes:
+    doc = obj.model_dump(mode="json", exclude={"status"})
+    doc["metadata"].pop("resourceVersion", None)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _status_doc(obj: Object) -> bytes:
+    return json.dumps(obj.status.model_dump(mode="json"), separators=(",", ":")).encode()
+
+
+def _assemble(spec_kv, status_value: bytes | None) -> Object:
+    doc = json.loads(spec_kv.value)
+    doc["metadata"]["resourceVersion"] = spec_kv.mod_revision
+    if status_value:
+        doc["status"] = json.loads(status_value)
+    return parse_object(doc)
+
+
+def _merge_status(current: dict, patch: dict) -> dict:
+    """Top-level fields replaced; conditions merged by type."""
+    merged = dict(current)
+    for field, value in patch.items():
+        if field == "conditions":
+            conds = [Condition.model_validate(c) for c in current.get("conditions", [])]
+            for c in value:
+                c = Condition.model_validate(c)
+                set_condition(conds, c.type, c.status, c.reason, c.message, c.observedGeneration)
+            merged["conditions"] = [c.model_dump(mode="json") for c in conds]
+        else:
+            merged[field] = value
+    return merged
+
+
+class Leadership:
+    """A held leader key, bound to a lease. `keepalive()` returns False once it is lost."""
+
+    def __init__(self, store: "Store", key: str, lease_id: int, create_revision: int, ttl: int):
+        self.store, self.key, self.lease_id = store, key, lease_id
+        self.create_revision, self.ttl = create_revision, ttl
+
+    async def keepalive(self) -> bool:
+        try:
+            reply = await self.store._conn.call(lambda c: c.refresh_lease(self.lease_id))
+        except StoreUnavailable:
+            return False
+        return reply is not None and reply.TTL > 0
+
+    async def resign(self) -> None:
+        try:
+            await self.store._conn.call(lambda c: c.revoke_lease(self.lease_id))
+        except Exception:  # the lease expires by itself anyway
+            pass
+
+
+class Store:
+    def __init__(self, endpoints: str | list[str], *, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, timeout: float = 5.0):
+        self._conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
+        self._fence: tuple[bytes, int] | None = None
+        self._shared = {"heartbeat_leases": {}, "event_lease": None}
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def connect(self) -> "Store":
+        await self._conn.client()
+        await self.revision()  # fail now, with the endpoint named, if etcd is not there
+        return self
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    async def __aenter__(self) -> "Store":
+        return await self.connect()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def fenced(self, leader_key: str, create_revision: int) -> "Store":
+        """A view on the same connection whose writes require leader_key's create_revision."""
+        view = copy.copy(self)
+        view._fence = (_b(leader_key), create_revision)
+        return view
+
+    # ------------------------------------------------------------ low level
+
+    async def _txn(self, compare: list, success: list, failure: list | None = None):
+        compare = list(compare)
+        failure = list(failure or [])
+        if self._fence:
+            compare.append(_cmp(self._fence[0], rpc.Compare.CREATE, create_revision=self._fence[1]))
+            failure.append(_get(self._fence[0]))
+        req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        resp = await self._conn.call(lambda c: c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata))
+        if not resp.succeeded and self._fence:
+            kvs = resp.responses[-1].response_range.kvs
+            if not kvs or kvs[0].create_revision != self._fence[1]:
+                raise FencedOut(f"lost leadership ({self._fence[0].decode()} changed); write refused")
+        return resp
+
+    async def _range(self, key: str | bytes, range_end: bytes | None = None, revision: int = 0):
+        req = rpc.RangeRequest(key=_b(key), revision=revision)
+        if range_end is not None:
+            req.range_end = range_end
+        try:
+            return await self._conn.call(lambda c: c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata))
+        except Exception as err:
+            if "compacted" in str(err):
+                raise Compacted(0) from None
+            raise
+
+    async def revision(self) -> int:
+        resp = await self._range(K.ROOT + "/~")
+        return resp.header.revision
+
+    # ------------------------------------------------------------ objects
+
+    @staticmethod
+    def _node_of(obj: Object) -> str | None:
+        return obj.spec.node if obj.kind_plural in K.NODE_SCOPED else None
+
+    async def _find_node(self, kind: str, name: str, node: str | None) -> str | None:
+        """For node-scoped kinds, the node an object is keyed under (a scan when not given)."""
+        if kind not in K.NODE_SCOPED or node:
+            return node
+        prefix = K.kind_prefix(K.SPEC, kind)
+        req = rpc.RangeRequest(key=_b(prefix), range_end=K.prefix_end(prefix), keys_only=True)
+        resp = await self._conn.call(lambda c: c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata))
+        for kv in resp.kvs:
+            parsed = K.parse_object_key(kv.key.decode())
+            if parsed and parsed[3] == name:
+                return parsed[2]
+        raise NotFound(f"{kind}/{name} not found")
+
+    def _keys(self, kind: str, name: str, node: str | None) -> tuple[str, str]:
+        return K.object_key(K.SPEC, kind, name, node), K.object_key(K.STATUS, kind, name, node)
+
+    async def _read(self, kind: str, name: str, node: str | None) -> tuple[Object, int, int]:
+        """(object, spec mod_revision, status mod_revision or 0), read atomically."""
+        node = await self._find_node(kind, name, node)
+        spec_key, status_key = self._keys(kind, name, node)
+        resp = await self._txn([], [_get(spec_key), _get(status_key)])
+        spec_kvs = resp.responses[0].response_range.kvs
+        if not spec_kvs:
+            raise NotFound(f"{kind}/{name} not found")
+        status_kvs = resp.responses[1].response_range.kvs
+        status_value = status_kvs[0].value if status_kvs else None
+        obj = _assemble(spec_kvs[0], status_value)
+        return obj, spec_kvs[0].mod_revision, (status_kvs[0].mod_revision if status_kvs else 0)
+
+    async def create(self, obj: Object) -> Object:
+        obj = obj.model_copy(deep=True)
+        md = obj.metadata
+        md.uid = md.uid or str(uuid.uuid4())
+        md.creationTimestamp = now()
+        md.generation = 1
+        md.resourceVersion = None
+        md.deletionTimestamp = None
+        spec_key, status_key = self._keys(obj.kind_plural, md.name, self._node_of(obj))
+        # status first: a watcher sees the status put, then the spec put that completes the object
+        resp = await self._txn(
+            [_cmp(_b(spec_key), rpc.Compare.VERSION, version=0)],
+            [_put(status_key, _status_doc(obj)), _put(spec_key, _spec_doc(obj))],
+        )
+        if not resp.succeeded:
+            raise AlreadyExists(f"{obj.kind_plural}/{md.name} already exists")
+        md.resourceVersion = resp.header.revision
+        return obj
+
+    async def get(self, kind: str, name: str, node: str | None = None) -> Object:
+        return (await self._read(kind, name, node))[0]
+
+    async def list(self, kind: str, selector: str | dict | None = None,
+                   node: str | None = None) -> tuple[list[Object], int]:
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        sel = Selector.parse(selector)
+        spec_prefix = K.kind_prefix(K.SPEC, kind, node)
+        status_prefix = K.kind_prefix(K.STATUS, kind, node)
+        resp = await self._txn([], [_get(spec_prefix, K.prefix_end(spec_prefix)),
+                                    _get(status_prefix, K.prefix_end(status_prefix))])
+        statuses = {kv.key[len(status_prefix):]: kv.value for kv in resp.responses[1].response_range.kvs}
+        items = []
+        for kv in resp.responses[0].response_range.kvs:
+            obj = _assemble(kv, statuses.get(kv.key[len(spec_prefix):]))
+            if sel.matches(obj.metadata.labels):
+                items.append(obj)
+        return items, resp.header.revision
+
+    async def update(self, obj: Object) -> Object:
+        """Write spec and metadata, if obj's resourceVersion is still current (else Conflict)."""
+        kind, name = obj.kind_plural, obj.metadata.name
+        if obj.metadata.resourceVersion is None:
+            raise Conflict(f"{kind}/{name}: update needs metadata.resourceVersion")
+        current, spec_rev, _ = await self._read(kind, name, self._node_of(obj))
+        if spec_rev != obj.metadata.resourceVersion:
+            raise Conflict(f"{kind}/{name} changed since it was read (resourceVersion "
+                           f"{obj.metadata.resourceVersion}, now {spec_rev}): re-read and retry")
+        new = obj.model_copy(deep=True)
+        md, cur = new.metadata, current.metadata
+        md.uid, md.creationTimestamp, md.generation = cur.uid, cur.creationTimestamp, cur.generation
+        md.deletionTimestamp = cur.deletionTimestamp
+        new.status = current.status
+        if new.spec != current.spec:
+            md.generation += 1
+        if _spec_doc(new) == _spec_doc(current):
+            return current  # nothing changed: no write, no new revision
+        spec_key, status_key = self._keys(kind, name, self._node_of(new))
+        compare = [_cmp(_b(spec_key), rpc.Compare.MOD, mod_revision=spec_rev)]
+        if md.deletionTimestamp is not None and not md.finalizers:
+            # the last finalizer went: the real delete
+            resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
+            if not resp.succeeded:
+                raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
+            md.resourceVersion = resp.header.revision
+            return new
+        resp = await self._txn(compare, [_put(spec_key, _spec_doc(new))])
+        if not resp.succeeded:
+            raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
+        md.resourceVersion = resp.header.revision
+        return new
+
+    async def update_status(self, obj: Object) -> Object:
+        """Replace the status; spec, generation and resourceVersion stay as they are."""
+        kind, name = obj.kind_plural, obj.metadata.name
+        spec_key, status_key = self._keys(kind, name, self._node_of(obj))
+        resp = await self._txn([_cmp(_b(spec_key), rpc.Compare.VERSION, rpc.Compare.GREATER, version=0)],
+                               [_put(status_key, _status_doc(obj)), _get(spec_key)])
+        if not resp.succeeded:
+            raise NotFound(f"{kind}/{name} not found")
+        return _assemble(resp.responses[1].response_range.kvs[0], _status_doc(obj))
+
+    async def patch_status(self, kind: str, name: str, patch: dict[str, Any],
+                           node: str | None = None) -> Object:
+        """Atomically merge `patch` into the status: fields replaced, conditions merged by type."""
+        node = await self._find_node(kind, name, node)
+        for _ in range(20):
+            current, _, status_rev = await self._read(kind, name, node)
+            merged = _merge_status(current.status.model_dump(mode="json"), patch)
+            new = parse_object({**current.model_dump(mode="json"), "status": merged})
+            if new.status == current.status:
+                return current
+            spec_key, status_key = self._keys(kind, name, node)
+            resp = await self._txn(
+                [_cmp(_b(spec_key), rpc.Compare.VERSION, rpc.Compare.GREATER, version=0),
+                 _cmp(_b(status_key), rpc.Compare.MOD, mod_revision=status_rev)],
+                [_put(status_key, _status_doc(new))])
+            if resp.succeeded:
+                return new
+        raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
+
+    async def delete(self, kind: str, name: str, node: str | None = None) -> Object:
+        """Delete now, or set deletionTimestamp when finalizers remain (they go via update)."""
+        node = await self._find_node(kind, name, node)
+        for _ in range(20):
+            obj, spec_rev, _ = await self._read(kind, name, node)
+            spec_key, status_key = self._keys(kind, name, node)
+            compare = [_cmp(_b(spec_key), rpc.Compare.MOD, mod_revision=spec_rev)]
+            if obj.metadata.finalizers:
+                if obj.metadata.deletionTimestamp is not None:
+                    return obj
+                obj.metadata.deletionTimestamp = now()
+                resp = await self._txn(compare, [_put(spec_key, _spec_doc(obj))])
+            else:
+                resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
+            if resp.succeeded:
+                obj.metadata.resourceVersion = resp.header.revision
+                return obj
+        raise Conflict(f"{kind}/{name} kept changing; delete not applied")
+
+    # ------------------------------------------------------------ watch
+
+    async def watch(self, kind: str, from_revision: int, node: str | None = None) -> AsyncIterator[WatchEvent]:
+        """Changes to objects of `kind` at or after from_revision, as whole objects.
+
+        Raises Compacted when from_revision is no longer available (relist), and
+        StoreUnavailable when the stream drops (re-watch from the last revision + 1).
+        """
+        spec_prefix = K.kind_prefix(K.SPEC, kind, node)
+        status_prefix = K.kind_prefix(K.STATUS, kind, node)
+        # One stream covering both prefixes keeps spec and status events in revision order.
+        start, end = _b(spec_prefix), K.prefix_end(status_prefix)
+        specs: dict[tuple, Any] = {}      # (node, name) -> latest spec kv
+        statuses: dict[tuple, bytes | None] = {}  # (node, name) -> latest status value
+        async for ev in self._raw_events(start, end, from_revision, prev_kv=True):
+            parsed = K.parse_object_key(ev.kv.key.decode())
+            if parsed is None or parsed[1] != kind or (node is not None and parsed[2] != node):
+                continue  # the range also spans other kinds' keys
+            section, _, obj_node, name = parsed
+            rel = (obj_node, name)
+            spec_key, status_key = self._keys(kind, name, obj_node)
+            if section == K.SPEC:
+                if ev.kind == "DELETE":
+                    last = specs.pop(rel, None) or ev.prev_kv
+                    status = statuses.pop(rel, None)
+                    if last is None or not last.value:
+                        continue
+                    obj = _assemble(last, status)
+                    obj.metadata.resourceVersion = ev.kv.mod_revision
+                    yield WatchEvent("DELETED", obj, ev.kv.mod_revision)
+                    continue
+                specs[rel] = ev.kv
+                if rel not in statuses and ev.kv.version > 1:
+                    statuses[rel] = await self._value_at(_b(status_key), ev.kv.mod_revision)
+                yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED",
+                                 _assemble(ev.kv, statuses.get(rel)), ev.kv.mod_revision)
+            else:
+                if ev.kind == "DELETE":
+                    continue  # deleted together with its spec; the spec event reports it
+                statuses[rel] = ev.kv.value
+                if ev.kv.version == 1:
+                    continue  # created with its spec, which follows in the same transaction
+                spec = specs.get(rel)
+                if spec is None:
+                    spec = await self._kv_at(_b(spec_key), ev.kv.mod_revision)
+                    if spec is None:
+                        continue
+                    specs[rel] = spec
+                yield WatchEvent("MODIFIED", _assemble(spec, ev.kv.value), ev.kv.mod_revision)
+
+    async def _kv_at(self, key: bytes, revision: int):
+        resp = await self._range(key, revision=revision)
+        return resp.kvs[0] if resp.kvs else None
+
+    async def _value_at(self, key: bytes, revision: int) -> bytes | None:
+        kv = await self._kv_at(key, revision)
+        return kv.value if kv else None
+
+    async def _raw_events(self, start: bytes, end: bytes, from_revision: int, prev_kv: bool = False):
+        client = await self._conn.client()
+        try:
+            watch = await client.watch(start, range_end=end, start_revision=from_revision, prev_kv=prev_kv)
+        except aetcd.exceptions.RevisionCompactedError as err:
+            raise Compacted(err.compacted_revision) from None
+        except aetcd.exceptions.ClientError as err:
+            raise StoreUnavailable(f"watch on {self._conn.endpoint} failed: {err}") from None
+        try:
+            async for ev in watch:
+                yield ev
+        except aetcd.exceptions.RevisionCompactedError as err:
+            raise Compacted(err.compacted_revision) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            raise StoreUnavailable(f"watch stream from {self._conn.endpoint} dropped: {err}") from None
+        finally:
+            try:
+                await watch.cancel()
+            except Exception:  # the stream may already be gone
+                pass
+        raise StoreUnavailable(f"watch stream from {self._conn.endpoint} ended")
+
+    # ------------------------------------------------------------ raw keys
+
+    async def get_raw(self, key: str) -> tuple[bytes, int] | None:
+        resp = await self._range(key)
+        return (resp.kvs[0].value, resp.kvs[0].mod_revision) if resp.kvs else None
+
+    async def put_raw(self, key: str, value: bytes, lease: int = 0) -> int:
+        resp = await self._txn([], [_put(key, value, lease)])
+        return resp.header.revision
+
+    async def delete_raw(self, key: str) -> int:
+        resp = await self._txn([], [_delete(key)])
+        return resp.header.revision
+
+    async def list_raw(self, prefix: str) -> tuple[list[tuple[str, bytes, int]], int]:
+        resp = await self._range(prefix, K.prefix_end(prefix))
+        return [(kv.key.decode(), kv.value, kv.mod_revision) for kv in resp.kvs], resp.header.revision
+
+    async def watch_raw(self, prefix: str, from_revision: int) -> AsyncIterator[RawEvent]:
+        async for ev in self._raw_events(_b(prefix), K.prefix_end(prefix), from_revision):
+            yield RawEvent(ev.kind, ev.kv.key.decode(), ev.kv.value, ev.kv.mod_revision)
+
+    # ------------------------------------------------------------ leases
+
+    async def grant_lease(self, ttl: int) -> int:
+        lease = await self._conn.call(lambda c: c.lease(ttl))
+        return lease.id
+
+    async def refresh_lease(self, lease_id: int) -> bool:
+        """True while the lease lives; False once it expired."""
+        reply = await self._conn.call(lambda c: c.refresh_lease(lease_id))
+        return reply is not None and reply.TTL > 0
+
+    async def heartbeat(self, node: str, ttl: int = 15, info: dict | None = None) -> None:
+        """Keep /llmgw/heartbeat/<node> alive; its lease expiring is how silence shows."""
+        leases: dict = self._shared["heartbeat_leases"]
+        lease_id = leases.get(node)
+        if lease_id is not None and await self.refresh_lease(lease_id):
+            return
+        lease_id = await self.grant_lease(ttl)
+        leases[node] = lease_id
+        value = json.dumps({"node": node, "since": now().isoformat(), **(info or {})}).encode()
+        await self.put_raw(K.heartbeat_key(node), value, lease=lease_id)
+
+    async def heartbeats(self) -> dict[str, dict]:
+        items, _ = await self.list_raw(K.HEARTBEAT)
+        return {k[len(K.HEARTBEAT):]: json.loads(v) for k, v, _ in items}
+
+    # ------------------------------------------------------------ leadership
+
+    async def campaign(self, component: str, identity: str, ttl: int = 15) -> Leadership | None:
+        """Try once to take the leader key; None when someone else holds it."""
+        key = K.leader_key(component)
+        lease_id = await self.grant_lease(ttl)
+        req = rpc.TxnRequest(
+            compare=[_cmp(_b(key), rpc.Compare.CREATE, create_revision=0)],
+            success=[_put(key, json.dumps({"holder": identity}).encode(), lease_id)],
+        )
+        resp = await self._conn.call(lambda c: c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata))
+        if not resp.succeeded:
+            await self._conn.call(lambda c: c.revoke_lease(lease_id))
+            return None
+        return Leadership(self, key, lease_id, resp.header.revision, ttl)
+
+    async def leader(self, component: str) -> dict | None:
+        got = await self.get_raw(K.leader_key(component))
+        return json.loads(got[0]) if got else None
+
+    # ------------------------------------------------------------ events, revocations, compaction
+
+    async def record_event(self, kind: str, name: str, type: str, reason: str, message: str) -> None:
+        """An event under /llmgw/events/<kind>/<name>/, expiring after about an hour."""
+        lease = self._shared["event_lease"]
+        if lease is None or time.monotonic() - lease[1] > 300:
+            lease = (await self.grant_lease(3600), time.monotonic())
+            self._shared["event_lease"] = lease
+        key = f"{K.events_prefix(kind, name)}{time.time_ns():020d}"
+        value = {"type": type, "reason": reason, "message": message, "time": now().isoformat()}
+        await self.put_raw(key, json.dumps(value).encode(), lease=lease[0])
+
+    async def list_events(self, kind: str, name: str) -> list[dict]:
+        items, _ = await self.list_raw(K.events_prefix(kind, name))
+        return [json.loads(v) for _, v, _ in items]
+
+    async def revoke(self, serial: str | int, info: dict | None = None) -> None:
+        await self.put_raw(K.revoked_key(str(serial)), json.dumps(info or {}).encode())
+
+    async def revoked(self) -> dict[str, dict]:
+        items, _ = await self.list_raw(K.REVOKED)
+        return {k[len(K.REVOKED):]: json.loads(v) for k, v, _ in items}
+
+    async def compact(self, keep: int = 10000) -> int | None:
+        """Compact history older than the last `keep` revisions; returns the revision compacted to."""
+        target = await self.revision() - keep
+        if target <= 0:
+            return None
+        try:
+            await self._conn.call(lambda c: c.compact(target))
+        except aetcd.exceptions.ClientError as err:
+            if "compacted" in str(err):
+                return None
+            raise
+        return target

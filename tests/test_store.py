@@ -1,0 +1,230 @@
+"""llmgw.store against a real etcd."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import pytest
+
+from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
+from llmgw.store import AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Store
+
+
+def model(name: str, replicas: int = 1, labels: dict | None = None) -> Model:
+    return parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Model",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"replicas": replicas, "profiles": [{"engine": "sim"}]},
+    })
+
+
+def shard(name: str, node: str) -> Shard:
+    return parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Shard", "metadata": {"name": name},
+        "spec": {"replica": "r1", "model": "m1", "node": node, "rank": 0, "worldSize": 1,
+                 "ports": {"serve": 30000, "distInit": 30001}, "headAddress": "127.0.0.1",
+                 "engine": "sim", "servedModelNames": ["m1"]},
+    })
+
+
+async def test_create_get_and_keys_readable_with_etcdctl(store, etcd):
+    created = await store.create(model("m1"))
+    assert created.metadata.generation == 1 and created.metadata.uid
+    got = await store.get("models", "m1")
+    assert got.metadata.resourceVersion == created.metadata.resourceVersion
+    with pytest.raises(AlreadyExists):
+        await store.create(model("m1"))
+    with pytest.raises(NotFound):
+        await store.get("models", "nope")
+    out = subprocess.run(["etcdctl", "--endpoints", etcd.endpoint, "get", "--prefix", "/llmgw/"],
+                         capture_output=True, text=True, env={"ETCDCTL_API": "3"}, check=True).stdout.split("\n")
+    assert "/llmgw/spec/models/m1" in out and "/llmgw/status/models/m1" in out
+    spec_doc = json.loads(out[out.index("/llmgw/spec/models/m1") + 1])
+    assert spec_doc["spec"]["replicas"] == 1 and "status" not in spec_doc
+
+
+async def test_concurrent_writers_lose_no_update(store):
+    await store.create(model("m1", replicas=0))
+
+    async def bump():
+        while True:
+            m = await store.get("models", "m1")
+            m.spec.replicas += 1
+            try:
+                await store.update(m)
+                return
+            except Conflict:
+                continue
+
+    await asyncio.gather(*(bump() for _ in range(20)))
+    final = await store.get("models", "m1")
+    assert final.spec.replicas == 20
+    assert final.metadata.generation == 21
+
+
+async def test_stale_update_conflicts(store):
+    m = await store.create(model("m1"))
+    fresh = m.model_copy(deep=True)
+    fresh.spec.replicas = 3
+    await store.update(fresh)
+    m.spec.replicas = 5
+    with pytest.raises(Conflict):
+        await store.update(m)
+
+
+async def test_status_write_moves_neither_generation_nor_resource_version(store):
+    m = await store.create(model("m1"))
+    m.status.readyReplicas = 7
+    after = await store.update_status(m)
+    got = await store.get("models", "m1")
+    assert got.status.readyReplicas == 7 == after.status.readyReplicas
+    assert got.metadata.generation == 1
+    assert got.metadata.resourceVersion == m.metadata.resourceVersion
+
+
+async def test_unchanged_update_writes_nothing(store):
+    m = await store.create(model("m1"))
+    again = await store.update(m)
+    assert again.metadata.resourceVersion == m.metadata.resourceVersion
+    m.metadata.labels["team"] = "a"
+    labelled = await store.update(m)
+    assert labelled.metadata.generation == 1  # metadata change: generation stays
+    assert labelled.metadata.resourceVersion > m.metadata.resourceVersion
+
+
+async def test_patch_status_merges_conditions(store):
+    await store.create(Node(metadata=ObjectMeta(name="n1")))
+    await store.patch_status("nodes", "n1", {"agentVersion": "1", "conditions": [
+        {"type": "Ready", "status": "True", "reason": "AgentReady"},
+        {"type": "GPUDiscovery", "status": "True"}]})
+    n = await store.patch_status("nodes", "n1", {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "HeartbeatExpired"}]})
+    conds = {c.type: c for c in n.status.conditions}
+    assert conds["Ready"].status == "False" and conds["GPUDiscovery"].status == "True"
+    assert n.status.agentVersion == "1"
+
+
+async def test_finalizers_delay_delete(store):
+    m = model("m1")
+    m.metadata.finalizers = ["llmgw.io/test"]
+    await store.create(m)
+    marked = await store.delete("models", "m1")
+    assert marked.metadata.deletionTimestamp is not None
+    got = await store.get("models", "m1")
+    assert got.metadata.deletionTimestamp is not None
+    got.metadata.finalizers = []
+    await store.update(got)
+    with pytest.raises(NotFound):
+        await store.get("models", "m1")
+
+
+async def test_shards_keyed_by_node(store):
+    await store.create(shard("s1", "node-a"))
+    await store.create(shard("s2", "node-b"))
+    items, _ = await store.list("shards", node="node-a")
+    assert [s.name for s in items] == ["s1"]
+    assert (await store.get("shards", "s2")).spec.node == "node-b"  # found without the node
+    assert (await store.get_raw("/llmgw/spec/shards/node-b/s2")) is not None
+
+
+async def test_list_selector(store):
+    await store.create(model("a", labels={"team": "x"}))
+    await store.create(model("b", labels={"team": "y"}))
+    items, rev = await store.list("models", selector="team=x")
+    assert [m.name for m in items] == ["a"] and rev > 0
+    items, _ = await store.list("models", selector="team!=x")
+    assert [m.name for m in items] == ["b"]
+
+
+async def collect(agen, n, timeout=10):
+    out = []
+
+    async def run():
+        async for ev in agen:
+            out.append(ev)
+            if len(out) == n:
+                return
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+async def test_watch_from_revision(store):
+    m = await store.create(model("m1"))
+    _, rev = await store.list("models")
+    m.spec.replicas = 2
+    m = await store.update(m)
+    m.status.readyReplicas = 1
+    await store.update_status(m)
+    await store.create(model("m2"))
+    await store.delete("models", "m2")
+    events = await collect(store.watch("models", from_revision=rev + 1), 4)
+    assert [(e.type, e.object.name) for e in events] == [
+        ("MODIFIED", "m1"), ("MODIFIED", "m1"), ("ADDED", "m2"), ("DELETED", "m2")]
+    assert events[0].object.spec.replicas == 2
+    assert events[1].object.status.readyReplicas == 1 and events[1].object.spec.replicas == 2
+    # from revision 1 the whole history replays, creation included
+    first = await collect(store.watch("models", from_revision=1), 1)
+    assert first[0].type == "ADDED" and first[0].object.name == "m1"
+
+
+async def test_watch_compacted_start_is_signalled(store):
+    m = await store.create(model("m1"))
+    for i in range(5):
+        m.spec.replicas = i + 2
+        m = await store.update(m)
+    rev = await store.compact(keep=1)
+    assert rev is not None
+    with pytest.raises(Compacted):
+        await collect(store.watch("models", from_revision=2), 1)
+
+
+async def test_fenced_writes_fail_after_leadership_changes(store):
+    lead = await store.campaign("controller-manager", "a", ttl=5)
+    assert lead is not None
+    assert await store.campaign("controller-manager", "b", ttl=5) is None
+    fenced = store.fenced(lead.key, lead.create_revision)
+    await fenced.create(model("m1"))
+    await lead.resign()
+    other = await store.campaign("controller-manager", "b", ttl=5)
+    assert other is not None
+    with pytest.raises(FencedOut):
+        await fenced.create(model("m2"))
+    m = await store.get("models", "m1")
+    m.spec.replicas = 4
+    with pytest.raises(FencedOut):
+        await fenced.update(m)
+
+
+async def test_heartbeat_expires_with_its_lease(store):
+    await store.heartbeat("n1", ttl=1)
+    assert "n1" in await store.heartbeats()
+    for _ in range(100):
+        if "n1" not in await store.heartbeats():
+            break
+        await asyncio.sleep(0.1)
+    assert "n1" not in await store.heartbeats()
+    await store.heartbeat("n1", ttl=5)  # a new lease after expiry
+    assert "n1" in await store.heartbeats()
+
+
+async def test_events_and_revocations(store):
+    await store.record_event("models", "m1", "Normal", "Scheduled", "placed on n1")
+    await store.record_event("models", "m1", "Warning", "Unschedulable", "0/1 nodes")
+    events = await store.list_events("models", "m1")
+    assert [e["reason"] for e in events] == ["Scheduled", "Unschedulable"]
+    await store.revoke("abc123", {"node": "n1"})
+    assert (await store.revoked())["abc123"]["node"] == "n1"
+
+
+async def test_three_members_survive_one_stopping(etcd3):
+    s = Store(etcd3.endpoints)
+    await s.connect()
+    try:
+        await s.create(model("m1"))
+        etcd3.stop_member(etcd3.members[0])  # the endpoint the store is talking to
+        await s.create(model("m2"))
+        items, _ = await s.list("models")
+        assert sorted(m.name for m in items) == ["m1", "m2"]
+    finally:
+        await s.close()
