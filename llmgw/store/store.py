@@ -68,13 +68,11 @@ def _delete(key: str | bytes) -> rpc.RequestOp:
 
 
 def _spec_doc(obj: Object) -> bytes:
-    doc = obj.model_dump(mode="json", exclude={"status"})
-    doc["metadata"].pop("resourceVersion", None)
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return obj.model_dump_json(exclude={"status": True, "metadata": {"resourceVersion"}}).encode()
 
 
 def _status_doc(obj: Object) -> bytes:
-    return json.dumps(obj.status.model_dump(mode="json"), separators=(",", ":")).encode()
+    return obj.status.model_dump_json().encode()
 
 
 def _assemble(spec_kv, status_value: bytes | None) -> Object:
@@ -126,7 +124,7 @@ class Store:
                  key: str | None = None, timeout: float = 5.0):
         self._conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
         self._fence: tuple[bytes, int] | None = None
-        self._shared = {"heartbeat_leases": {}, "event_lease": None}
+        self._shared = {"heartbeat_leases": {}, "event_lease": None, "docs": {}}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -217,22 +215,21 @@ class Store:
         return obj, spec_kvs[0].mod_revision, (status_kvs[0].mod_revision if status_kvs else 0)
 
     async def create(self, obj: Object) -> Object:
-        obj = obj.model_copy(deep=True)
-        md = obj.metadata
-        md.uid = md.uid or str(uuid.uuid4())
-        md.creationTimestamp = now()
-        md.generation = 1
-        md.resourceVersion = None
-        md.deletionTimestamp = None
-        spec_key, status_key = self._keys(obj.kind_plural, md.name, self._node_of(obj))
+        meta = obj.metadata.model_copy(update={
+            "uid": obj.metadata.uid or str(uuid.uuid4()), "creationTimestamp": now(), "generation": 1,
+            "resourceVersion": None, "deletionTimestamp": None})
+        obj = obj.model_copy(update={"metadata": meta})
+        spec_key, status_key = self._keys(obj.kind_plural, meta.name, self._node_of(obj))
+        spec_doc = _spec_doc(obj)
         # status first: a watcher sees the status put, then the spec put that completes the object
         resp = await self._txn(
             [_cmp(_b(spec_key), rpc.Compare.VERSION, version=0)],
-            [_put(status_key, _status_doc(obj)), _put(spec_key, _spec_doc(obj))],
+            [_put(status_key, _status_doc(obj)), _put(spec_key, spec_doc)],
         )
         if not resp.succeeded:
-            raise AlreadyExists(f"{obj.kind_plural}/{md.name} already exists")
-        md.resourceVersion = resp.header.revision
+            raise AlreadyExists(f"{obj.kind_plural}/{meta.name} already exists")
+        meta.resourceVersion = resp.header.revision
+        self._remember(spec_key, resp.header.revision, spec_doc)
         return obj
 
     async def get(self, kind: str, name: str, node: str | None = None) -> Object:
@@ -255,37 +252,61 @@ class Store:
                 items.append(obj)
         return items, resp.header.revision
 
+    def _remember(self, spec_key: str, revision: int, spec_doc: bytes) -> None:
+        """Keep the latest spec document per key: an update at that revision needs no read."""
+        docs = self._shared["docs"]
+        docs[spec_key] = (revision, spec_doc)
+        if len(docs) > 100_000:
+            docs.pop(next(iter(docs)))
+
+    async def _current_doc(self, kind: str, name: str, node: str | None, revision: int) -> tuple[dict, int]:
+        spec_key = K.object_key(K.SPEC, kind, name, node)
+        cached = self._shared["docs"].get(spec_key)
+        if cached and cached[0] == revision:
+            return json.loads(cached[1]), revision
+        resp = await self._range(spec_key)
+        if not resp.kvs:
+            raise NotFound(f"{kind}/{name} not found")
+        self._remember(spec_key, resp.kvs[0].mod_revision, resp.kvs[0].value)
+        return json.loads(resp.kvs[0].value), resp.kvs[0].mod_revision
+
     async def update(self, obj: Object) -> Object:
         """Write spec and metadata, if obj's resourceVersion is still current (else Conflict)."""
-        kind, name = obj.kind_plural, obj.metadata.name
-        if obj.metadata.resourceVersion is None:
+        kind, name, node = obj.kind_plural, obj.metadata.name, self._node_of(obj)
+        rv = obj.metadata.resourceVersion
+        if rv is None:
             raise Conflict(f"{kind}/{name}: update needs metadata.resourceVersion")
-        current, spec_rev, _ = await self._read(kind, name, self._node_of(obj))
-        if spec_rev != obj.metadata.resourceVersion:
+        current, spec_rev = await self._current_doc(kind, name, node, rv)
+        if spec_rev != rv:
             raise Conflict(f"{kind}/{name} changed since it was read (resourceVersion "
-                           f"{obj.metadata.resourceVersion}, now {spec_rev}): re-read and retry")
-        new = obj.model_copy(deep=True)
-        md, cur = new.metadata, current.metadata
-        md.uid, md.creationTimestamp, md.generation = cur.uid, cur.creationTimestamp, cur.generation
-        md.deletionTimestamp = cur.deletionTimestamp
-        new.status = current.status
-        if new.spec != current.spec:
-            md.generation += 1
-        if _spec_doc(new) == _spec_doc(current):
-            return current  # nothing changed: no write, no new revision
-        spec_key, status_key = self._keys(kind, name, self._node_of(new))
+                           f"{rv}, now {spec_rev}): re-read and retry")
+        cur_md = current["metadata"]
+        new_doc = json.loads(_spec_doc(obj))
+        md = new_doc["metadata"]
+        # fields only the store sets
+        for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
+            md[field] = cur_md.get(field)
+        if new_doc["spec"] != current["spec"]:
+            md["generation"] = (cur_md.get("generation") or 0) + 1
+        if new_doc == current:
+            return obj  # nothing changed: no write, no new revision
+        meta = obj.metadata.model_validate({**md, "resourceVersion": None})
+        new = obj.model_copy(update={"metadata": meta})
+        spec_key, status_key = self._keys(kind, name, node)
         compare = [_cmp(_b(spec_key), rpc.Compare.MOD, mod_revision=spec_rev)]
-        if md.deletionTimestamp is not None and not md.finalizers:
+        if meta.deletionTimestamp is not None and not meta.finalizers:
             # the last finalizer went: the real delete
             resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
             if not resp.succeeded:
                 raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
-            md.resourceVersion = resp.header.revision
+            meta.resourceVersion = resp.header.revision
             return new
-        resp = await self._txn(compare, [_put(spec_key, _spec_doc(new))])
+        spec_doc = json.dumps(new_doc, separators=(",", ":")).encode()
+        resp = await self._txn(compare, [_put(spec_key, spec_doc)])
         if not resp.succeeded:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
-        md.resourceVersion = resp.header.revision
+        meta.resourceVersion = resp.header.revision
+        self._remember(spec_key, resp.header.revision, spec_doc)
         return new
 
     async def update_status(self, obj: Object) -> Object:
