@@ -1,0 +1,159 @@
+"""`llmgw dev up|down`: a whole local cluster on loopback, for trying llmgw and for tests."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from llmgw.api import load_path
+from llmgw.client import ApiError, Client, ClientConfig
+from llmgw.dev.cluster import REPO, LocalCluster, default_nodes, down as cluster_down
+
+DEFAULT_DIR = ".llmgw-dev"
+SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
+console = Console(stderr=True)
+
+
+@click.group()
+def dev():
+    """A local cluster for trying llmgw: everything on loopback, fake GPUs, sim engines."""
+
+
+@dev.command()
+@click.option("--nodes", "node_count", type=click.IntRange(1, 200), default=4, show_default=True,
+              help="Agents to start (8 fake GPUs each; fabrics ib-a, ib-a, ib-b, island, repeating).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True,
+              help="Where all state goes (CA, etcd data, logs, agents' state).")
+@click.option("--gateway-port", type=int, default=8000, show_default=True)
+@click.option("--no-examples", is_flag=True, help="Do not apply the sim examples.")
+@click.option("--timeout", type=float, default=180.0, show_default=True,
+              help="Seconds to wait for the examples to become Ready before giving up on showing progress.")
+def up(node_count, directory, gateway_port, no_examples, timeout):
+    """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
+
+    Exit codes: 0 after a clean Ctrl-C; 1 when a component failed to start.
+    """
+    cluster_dir = Path(directory).resolve()
+    if (cluster_dir / "cluster.json").exists() and cluster_down(cluster_dir):
+        console.print(f"stopped what an earlier `dev up` left running in {cluster_dir}")
+    cluster = LocalCluster(cluster_dir, default_nodes(node_count), gateway_port=gateway_port)
+    stop = _stop_on_signals()
+    try:
+        with console.status("starting etcd, server, controller-manager, gateway and agents..."):
+            cluster.start()
+        console.print(f"[green]cluster up[/] in {cluster_dir} ({node_count} nodes)")
+        if not no_examples:
+            asyncio.run(_apply_and_watch(cluster, timeout))
+        _print_howto(cluster)
+        while not stop.is_set():
+            cluster._check_alive()
+            time.sleep(0.5)
+    except (RuntimeError, TimeoutError) as err:
+        console.print(f"[red]error:[/] {err}")
+        sys.exit(1)
+    finally:
+        with console.status("stopping everything..."):
+            cluster.stop()
+    console.print("stopped; nothing left running")
+
+
+@dev.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True)
+def down(directory):
+    """Stop every process a `dev up` in DIR started (engines included)."""
+    n = cluster_down(Path(directory))
+    click.echo(f"stopped {n} process(es)" if n else "nothing was running")
+
+
+def _stop_on_signals() -> threading.Event:
+    flag = threading.Event()
+
+    def handler(signum, frame):
+        if flag.is_set():  # a second Ctrl-C: stop waiting politely
+            raise KeyboardInterrupt
+        flag.set()
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return flag
+
+
+async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
+    async with Client.from_config(ClientConfig.load(cluster.admin_config)) as client:
+        names = []
+        for path in SIM_EXAMPLES:
+            for _, obj in load_path(path):
+                result, _ = await client.apply(obj)
+                names.append(obj.name)
+                console.print(f"{obj.kind.lower()}/{obj.name} {result} ({path.relative_to(REPO)})")
+        deadline = time.monotonic() + timeout
+        with Live(console=console, refresh_per_second=4) as live:
+            while True:
+                cluster._check_alive()
+                table, ready = await _progress(client, names)
+                live.update(table)
+                if ready:
+                    break
+                if time.monotonic() > deadline:
+                    console.print(f"[yellow]not Ready after {timeout:.0f}s[/]: see `llmgw describe model NAME` "
+                                  f"and the logs in {cluster.dir / 'logs'}; the cluster keeps running")
+                    return
+                await asyncio.sleep(0.5)
+        console.print("[green]all example models Ready[/]")
+
+
+async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
+    table = Table("MODEL", "READY", "REPLICAS (phase@nodes)")
+    all_ready = True
+    try:
+        models = {m.name: m for m in (await client.list("models"))[0]}
+        replicas = (await client.list("replicas"))[0]
+    except ApiError as err:
+        table.add_row("?", "?", str(err))
+        return table, False
+    for name in names:
+        m = models.get(name)
+        if m is None:
+            table.add_row(name, "-", "not found")
+            all_ready = False
+            continue
+        mine = [r for r in replicas if r.spec.model == name]
+        desc = ", ".join(
+            f"{r.status.phase}@{'+'.join(p.node for p in r.spec.placement) or '-'}" for r in mine) or "-"
+        ready = m.status.readyReplicas
+        all_ready &= ready >= m.spec.replicas
+        table.add_row(name, f"{ready}/{m.spec.replicas}", desc)
+    return table, all_ready
+
+
+def _print_howto(c: LocalCluster) -> None:
+    venv_bin = Path(sys.executable).parent
+    llmgw = venv_bin / "llmgw"
+    console.print(f"""
+[bold]Your cluster[/] (state in {c.dir}, logs in {c.dir / 'logs'}):
+
+  export LLMGW_CONFIG={c.admin_config}
+  {llmgw} get nodes
+  {llmgw} get models -o wide
+
+Send a request through the gateway ({c.gateway_url}):
+
+  curl -s {c.gateway_url}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "small", "messages": [{{"role": "user", "content": "hello"}}]}}'
+
+  {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="none"); \\
+print(c.chat.completions.create(model="large", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
+
+Watch status in etcd:
+
+  ETCDCTL_API=3 etcdctl --endpoints {c.etcd.endpoint} watch --prefix /llmgw/status/
+
+Ctrl-C here (or `{llmgw} dev down --dir {c.dir}`) stops everything.
+""")

@@ -1,0 +1,310 @@
+"""A whole llmgw cluster on loopback, every component a separate process.
+
+Used by `llmgw dev up` and by the end-to-end test. Layout under the cluster
+directory:
+
+    ca/                       the certificate authority (ca.crt, issued/...)
+    admin/config.yaml         client configuration for `llmgw` (LLMGW_CONFIG)
+    etcd/                     etcd's data, log and `endpoint`
+    logs/<component>.log      server, controller-manager, gateway, agent-<node>
+    nodes/<node>/             fake nvidia-smi, fake sysfs, the agent's state dir
+    cluster.json              addresses and pids, read by `llmgw dev down`
+
+Each node gets its own loopback address (127.0.1.N), so engines bind where a
+real node's engines would: on the node's address.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.dev.etcd import EtcdCluster, etcd_cluster, free_port
+from llmgw.pki.ca import CertificateAuthority
+
+REPO = Path(__file__).resolve().parents[2]
+FAKES = REPO / "hack" / "fakes"
+MARKER = "LLMGW_DEV_CLUSTER"  # set in every process we start; `down` finds leftovers by it
+NODE_MARKER = "LLMGW_DEV_NODE"
+
+
+@dataclass
+class NodePlan:
+    name: str
+    address: str
+    fabric: str | None  # None: an island
+
+
+def default_nodes(count: int) -> list[NodePlan]:
+    """Two nodes on ib-a, one on ib-b, one island; more nodes continue the pattern."""
+    pattern = ["ib-a", "ib-a", "ib-b", None]
+    return [NodePlan(f"node{i + 1:02d}", f"127.0.1.{i + 1}", pattern[i % len(pattern)]) for i in range(count)]
+
+
+@dataclass
+class LocalCluster:
+    dir: Path
+    nodes: list[NodePlan]
+    gateway_port: int = 8000
+    server_port: int = 0
+    node_grace: float = 30.0
+    drain_delay: float = 2.0
+    gpus_per_node: int = 8
+    lease_seconds: float = 15.0
+    etcd: EtcdCluster | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.dir = Path(self.dir).resolve()
+        self.server_port = self.server_port or free_port()
+
+    # --------------------------------------------------------------- paths
+
+    @property
+    def server_url(self) -> str:
+        return f"https://127.0.0.1:{self.server_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def admin_config(self) -> Path:
+        return self.dir / "admin" / "config.yaml"
+
+    def log(self, component: str) -> Path:
+        return self.dir / "logs" / f"{component}.log"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, MARKER: str(self.dir), "LLMGW_CONFIG": str(self.admin_config),
+                "PYTHONUNBUFFERED": "1"}
+
+    # --------------------------------------------------------------- setup
+
+    def _pki(self) -> None:
+        ca = CertificateAuthority(self.dir / "ca")
+        if not ca.exists():
+            ca.init()
+        self.certs = {}
+        for role, name, sans in [("server", "llmgw-server", ["127.0.0.1", "localhost"]),
+                                 ("admin", "dev-admin", []),
+                                 ("component", "controller-manager", []),
+                                 ("component", "gateway", [])]:
+            issued = ca.issue(role, name, sans=sans)
+            self.certs[name] = (issued.cert, issued.key)
+        for n in self.nodes:
+            issued = ca.issue("node", n.name)
+            self.certs[n.name] = (issued.cert, issued.key)
+        self.ca_cert = str(ca.cert_path)
+        self.admin_config.parent.mkdir(parents=True, exist_ok=True)
+        cert, key = self.certs["dev-admin"]
+        self.admin_config.write_text(
+            f"server: {self.server_url}\nca: {self.ca_cert}\ncert: {cert}\nkey: {key}\n")
+
+    def _fake_hardware(self, n: NodePlan) -> tuple[Path, Path]:
+        ndir = self.dir / "nodes" / n.name
+        ndir.mkdir(parents=True, exist_ok=True)
+        smi = ndir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\nexec {FAKES / 'nvidia-smi'} --fake-gpus={self.gpus_per_node} \"$@\"\n")
+        smi.chmod(0o755)
+        sysfs = ndir / "sysfs"
+        ports = ["mlx5_0", "mlx5_1"] if n.fabric else []
+        subprocess.run([sys.executable, str(FAKES / "make_sysfs.py"), str(sysfs), *ports], check=True)
+        return smi, sysfs
+
+    def _spawn(self, component: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.log(component), "ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(env or {})},
+                                start_new_session=True, cwd=self.dir)
+        log.close()
+        self.procs[component] = proc
+        self._save()
+        return proc
+
+    def _save(self) -> None:
+        state = {
+            "server": self.server_url, "gateway": self.gateway_url,
+            "etcd": self.etcd.endpoints if self.etcd else [],
+            "pids": {name: p.pid for name, p in self.procs.items()},
+            "etcd_pids": [m.proc.pid for m in self.etcd.members] if self.etcd else [],
+        }
+        (self.dir / "cluster.json").write_text(json.dumps(state, indent=1))
+
+    # --------------------------------------------------------------- components
+
+    llmgw = [sys.executable, "-m", "llmgw.cli.main"]
+
+    def start_server(self) -> None:
+        cert, key = self.certs["llmgw-server"]
+        self._spawn("server", [*self.llmgw, "server", "--listen", f"127.0.0.1:{self.server_port}",
+                               "--etcd", ",".join(self.etcd.endpoints), "--cert", cert, "--key", key,
+                               "--client-ca", self.ca_cert])
+
+    def start_controller_manager(self, name: str = "controller-manager") -> None:
+        self._spawn(name, [*self.llmgw, "controller-manager", "--etcd", ",".join(self.etcd.endpoints),
+                           "--metrics-listen", f"127.0.0.1:{free_port()}",
+                           "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
+
+    def start_gateway(self) -> None:
+        cert, key = self.certs["gateway"]
+        self._spawn("gateway", [*self.llmgw, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
+                                "--server", self.server_url, "--ca", self.ca_cert, "--cert", cert, "--key", key])
+
+    def start_agent(self, n: NodePlan) -> None:
+        smi, sysfs = self._fake_hardware(n)
+        cert, key = self.certs[n.name]
+        argv = [*self.llmgw, "agent", "--node", n.name, "--server", self.server_url,
+                "--ca", self.ca_cert, "--cert", cert, "--key", key,
+                "--nvidia-smi", str(smi), "--ib-root", str(sysfs),
+                "--state-dir", str(self.dir / "nodes" / n.name / "state"),
+                "--advertise-address", n.address, "--drain-delay", f"{self.drain_delay}s",
+                "--stop-grace-period", "10s", "--heartbeat-interval", "2s"]
+        if n.fabric:
+            argv += ["--fabric", n.fabric]
+        # engines inherit the agent's environment: NODE_MARKER finds a node's processes
+        self._spawn(f"agent-{n.name}", argv, env={NODE_MARKER: n.name})
+
+    def node_pids(self, node: str) -> list[int]:
+        """The agent and engine processes of one node."""
+        return marked_pids(self.dir, f"{NODE_MARKER}={node}")
+
+    def start(self) -> "LocalCluster":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self._pki()
+        self.etcd = etcd_cluster(self.dir / "etcd", 1).start()
+        (self.dir / "etcd" / "endpoint").write_text(self.etcd.endpoint + "\n")
+        self.start_server()
+        self.wait_server()
+        self.start_controller_manager()
+        self.start_gateway()
+        for n in self.nodes:
+            self.start_agent(n)
+        self.wait_http(f"{self.gateway_url}/healthz", "gateway")
+        return self
+
+    # --------------------------------------------------------------- waiting
+
+    def _check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None and not name.startswith("stopped:"):
+                tail = self.log(name).read_text(errors="replace").splitlines()[-15:]
+                raise RuntimeError(f"{name} exited with {p.returncode}; last lines of {self.log(name)}:\n"
+                                   + "\n".join(tail))
+
+    def wait_http(self, url: str, component: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"{component} did not answer at {url} within {timeout:.0f}s; see {self.log(component)}")
+
+    def wait_server(self, timeout: float = 60.0) -> None:
+        import socket
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                socket.create_connection(("127.0.0.1", self.server_port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"server did not listen on {self.server_port} within {timeout:.0f}s; see {self.log('server')}")
+
+    # --------------------------------------------------------------- stopping
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            if name.startswith("agent-"):
+                self.stop_process(name)
+        for name in list(self.procs):
+            self.stop_process(name)
+        kill_marked(self.dir)
+        if self.etcd:
+            self.etcd.stop()
+
+
+def marked_pids(cluster_dir: Path, also: str | None = None) -> list[int]:
+    """Processes whose environment carries this cluster's marker (engines included)."""
+    want = {f"{MARKER}={cluster_dir}".encode()} | ({also.encode()} if also else set())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if want <= set((entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_marked(cluster_dir: Path, grace: float = 10.0) -> None:
+    pids = marked_pids(cluster_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+            time.sleep(0.1)
+        if not pids:
+            return
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def down(cluster_dir: Path) -> int:
+    """Stop everything a cluster directory's `up` started; returns how many processes were signalled."""
+    cluster_dir = Path(cluster_dir).resolve()
+    state_file = cluster_dir / "cluster.json"
+    pids = []
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        pids = [*state.get("pids", {}).values(), *state.get("etcd_pids", [])]
+    pids += marked_pids(cluster_dir)
+    for pid in set(pids):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    kill_marked(cluster_dir)
+    for pid in set(pids):
+        if Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return len(set(pids))
