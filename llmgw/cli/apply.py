@@ -1,0 +1,191 @@
+"""`llmgw apply`, `llmgw diff` and `llmgw delete`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llmgw.api import Object, load_path
+from llmgw.cli import errors as ec
+from llmgw.cli.connect import Connection, connection_options, run, usage_error
+from llmgw.cli.errors import EXIT_CODES_HELP, CliError
+from llmgw.cli.get import kind_arg, selector_arg
+from llmgw.cli.render import applied_view, ref, unified_diff
+from llmgw.cli.selectors import Selector
+
+
+def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:
+    """Every object of every file (ManifestError names file, document and field); duplicates refused."""
+    seen: dict[tuple[str, str], Path] = {}
+    objects = []
+    for f in files:
+        loaded = load_path(f, recursive=recursive)
+        if not loaded and Path(f).is_dir():
+            raise usage_error(f"{f}: no .yaml, .yml or .json files" + ("" if recursive else " (use -R for subdirectories)"))
+        for path, obj in loaded:
+            key = (obj.kind_plural, obj.name)
+            if key in seen:
+                raise usage_error(f"{path}: {ref(obj)} is also defined in {seen[key]}")
+            seen[key] = path
+            objects.append(obj)
+    return objects
+
+
+async def _get_or_none(c, kind: str, name: str) -> Object | None:
+    from llmgw.client import NotFound
+
+    try:
+        return await c.get(kind, name)
+    except NotFound:
+        return None
+
+
+async def _apply_one(c, obj: Object, dry_run: bool) -> str:
+    """created | configured | unchanged.
+
+    A manifest that carries metadata.resourceVersion (e.g. edited output of `get -o yaml`)
+    is applied only onto that version: when the object changed since, the server answers
+    409 and nothing is written.
+    """
+    rv = obj.metadata.resourceVersion
+    if not dry_run and rv is None:
+        result, _ = await c.apply(obj)
+        return result
+    live = await _get_or_none(c, obj.kind_plural, obj.name)
+    if live is None:
+        return "created" if dry_run else (await c.apply(obj))[0]
+    unchanged = applied_view(live) == applied_view(obj, onto=live) and rv in (None, live.metadata.resourceVersion)
+    if dry_run or unchanged:
+        return "unchanged" if unchanged else "configured"
+    desired = live.model_copy(deep=True)
+    desired.spec = obj.spec.model_copy(deep=True)
+    desired.metadata.labels = {**live.metadata.labels, **obj.metadata.labels}
+    desired.metadata.annotations = {**live.metadata.annotations, **obj.metadata.annotations}
+    desired.metadata.resourceVersion = rv
+    await c.update(desired)
+    return "configured"
+
+
+async def _apply(conn: Connection, objects: list[Object], prune: bool, sel: Selector, dry_run: bool) -> None:
+    suffix = " (dry run)" if dry_run else ""
+    async with conn.client() as c:
+        for obj in objects:
+            click.echo(f"{ref(obj)} {await _apply_one(c, obj, dry_run)}{suffix}")
+        if not prune:
+            return
+        wanted = {(o.kind_plural, o.name) for o in objects}
+        for kind in dict.fromkeys(o.kind_plural for o in objects):
+            items, _ = await c.list(kind, selector=str(sel))
+            for live in sorted(items, key=lambda o: o.name):
+                if ((kind, live.name) in wanted or not sel.matches(live.metadata.labels)
+                        or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None):
+                    continue
+                if not dry_run:
+                    await _delete_quietly(c, kind, live.name)
+                click.echo(f"{ref(live)} pruned{suffix}")
+
+
+async def _delete_quietly(c, kind: str, name: str) -> None:
+    from llmgw.client import NotFound
+
+    try:
+        await c.delete(kind, name)
+    except NotFound:  # someone else was faster: the result is the same
+        pass
+
+
+def file_options(f):
+    f = click.option("-R", "--recursive", is_flag=True, help="Also read the subdirectories of a directory.")(f)
+    f = click.option("-f", "--filename", "files", multiple=True, required=True, metavar="FILE|DIR",
+                     help="Manifest file or directory (.yaml, .yml, .json); repeatable.")(f)
+    return f
+
+
+def _load(files, recursive) -> list[Object]:
+    try:
+        return load_manifests(files, recursive)
+    except CliError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        from llmgw.cli.connect import explain
+
+        cli_err = explain(err)
+        if cli_err is None:
+            raise
+        raise cli_err from None
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@file_options
+@click.option("--prune", is_flag=True,
+              help="After applying, delete objects of the applied kinds that match --selector and are "
+                   "not in the manifests (objects owned by another object are never pruned).")
+@click.option("-l", "--selector", metavar="SELECTOR", help="With --prune: which live objects may be pruned.")
+@click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")
+@connection_options
+def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
+    """Create or update the objects of manifest files, printing created, configured or unchanged for each."""
+    if prune and not selector:
+        raise usage_error("--prune needs --selector: it limits what may be deleted")
+    if selector and not prune:
+        raise usage_error("--selector is only used with --prune")
+    sel = selector_arg(selector)
+    objects = _load(files, recursive)
+    run(_apply(conn, objects, prune, sel, dry_run))
+
+
+async def _diff(conn: Connection, objects: list[Object]) -> bool:
+    found = False
+    async with conn.client() as c:
+        for obj in objects:
+            text = unified_diff(await _get_or_none(c, obj.kind_plural, obj.name), obj)
+            if text:
+                found = True
+                click.echo(text, nl=False)
+    return found
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@file_options
+@connection_options
+def diff(files, recursive, conn: Connection) -> None:
+    """Unified diff of labels, annotations and spec, live -> manifest. Exit 1 when they differ."""
+    objects = _load(files, recursive)
+    if run(_diff(conn, objects)):
+        raise click.exceptions.Exit(ec.ERROR)
+
+
+async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_found: bool) -> None:
+    from llmgw.client import NotFound
+
+    async with conn.client() as c:
+        for kind, name in targets:
+            try:
+                obj = await c.delete(kind, name)
+            except NotFound:
+                if ignore_not_found:
+                    continue
+                raise
+            click.echo(f"{ref(obj)} deleted")
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("kind", required=False)
+@click.argument("names", nargs=-1)
+@click.option("-f", "--filename", "files", multiple=True, metavar="FILE|DIR",
+              help="Delete the objects of these manifests instead.")
+@click.option("-R", "--recursive", is_flag=True, help="With -f: also read subdirectories.")
+@click.option("--ignore-not-found", is_flag=True, help="An object that does not exist is not an error.")
+@connection_options
+def delete(kind, names, files, recursive, ignore_not_found, conn: Connection) -> None:
+    """Delete KIND NAME... or the objects of manifests (-f)."""
+    if files and kind:
+        raise usage_error("give either KIND NAME... or -f FILE, not both")
+    if files:
+        targets = [(o.kind_plural, o.name) for o in reversed(_load(files, recursive))]
+    elif kind and names:
+        plural = kind_arg(kind)
+        targets = [(plural, n) for n in names]
+    else:
+        raise usage_error("give KIND NAME... or -f FILE")
+    run(_delete(conn, targets, ignore_not_found))

@@ -1,0 +1,119 @@
+"""Connection options shared by every verb, and running a verb with its errors turned into exit codes."""
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import click
+
+from llmgw.cli import errors as ec
+from llmgw.cli.errors import CliError
+
+
+@dataclass
+class Connection:
+    config: str | None = None
+    server: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def client_config(self):
+        """The config file's settings with any --server/--ca/--cert/--key on top.
+
+        With --server, --ca, --cert and --key all given, no file is read.
+        """
+        from llmgw.client import ClientConfig
+
+        overrides = {k: getattr(self, k) for k in ("server", "ca", "cert", "key") if getattr(self, k)}
+        if len(overrides) == 4:
+            return ClientConfig(**overrides)
+        cfg = ClientConfig.load(self.config)
+        for k, v in overrides.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def client(self):
+        from llmgw.client import Client
+
+        return Client.from_config(self.client_config())
+
+
+_OPTIONS = [
+    click.option("--config", "config", envvar="LLMGW_CONFIG", metavar="FILE",
+                 help="Client config (server, ca, cert, key). Default: $LLMGW_CONFIG, "
+                      "else ~/.config/llmgw/config.yaml."),
+    click.option("--server", metavar="URL", help="Override the config's server URL."),
+    click.option("--ca", metavar="FILE", help="Override the config's CA certificate."),
+    click.option("--cert", metavar="FILE", help="Override the config's client certificate."),
+    click.option("--key", metavar="FILE", help="Override the config's client key."),
+]
+
+
+def connection_options(f: Callable) -> Callable:
+    """Add --config/--server/--ca/--cert/--key; the command receives them as `conn`."""
+
+    @functools.wraps(f)
+    def wrapper(*args, config, server, ca, cert, key, **kw):
+        return f(*args, conn=Connection(config, server, ca, cert, key), **kw)
+
+    for option in reversed(_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def explain(err: BaseException) -> CliError | None:
+    """The one-line message and exit code for an error from the client, a manifest or a config."""
+    from llmgw.api import ManifestError
+    from llmgw.client import (AlreadyExists, ApiError, ConfigError, Conflict, Forbidden, NotFound,
+                              TLSError, Unauthorized, Unreachable)
+    from llmgw.cli.selectors import SelectorError
+
+    if isinstance(err, CliError):
+        return err
+    if isinstance(err, ManifestError):
+        return CliError(str(err), ec.USAGE)
+    if isinstance(err, (ConfigError, SelectorError)):
+        return CliError(str(err), ec.USAGE)
+    if isinstance(err, (Unreachable, TLSError)):
+        return CliError(str(err), ec.UNREACHABLE)
+    if isinstance(err, Forbidden):
+        return CliError(_prefixed("forbidden", err), ec.FORBIDDEN)
+    if isinstance(err, Unauthorized):
+        return CliError(_prefixed("unauthorized", err), ec.FORBIDDEN)
+    if isinstance(err, AlreadyExists):
+        return CliError(f"already exists: {err}", ec.CONFLICT)
+    if isinstance(err, Conflict):
+        return CliError(f"conflict: {err}; re-run the command to work on the current version", ec.CONFLICT)
+    if isinstance(err, NotFound):
+        return CliError(str(err), ec.ERROR)
+    if isinstance(err, ApiError):
+        return CliError(f"server error {err.code} {err.reason}: {err}".rstrip(": "), ec.ERROR)
+    if isinstance(err, FileNotFoundError):
+        return CliError(f"{err.filename or err}: no such file or directory"
+                        if err.filename else str(err), ec.USAGE)
+    return None
+
+
+def _prefixed(word: str, err: BaseException) -> str:
+    text = str(err)
+    return text if text.lower().startswith(word) else f"{word}: {text}"
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    """Run a verb's coroutine; known errors become CliError (one line, exit code by kind)."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(130) from None
+    except Exception as err:  # noqa: BLE001 - translated below or re-raised
+        cli_err = explain(err)
+        if cli_err is None:
+            raise
+        raise cli_err from None
+
+
+def usage_error(message: str) -> CliError:
+    return CliError(message, ec.USAGE)

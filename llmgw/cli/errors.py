@@ -1,0 +1,38 @@
+"""Exit codes of the kubectl-like verbs and the one-line error every failure becomes."""
+from __future__ import annotations
+
+from typing import NoReturn
+
+import click
+
+OK = 0
+ERROR = 1        # general error; also `diff` found differences, an object not found, a drain Stuck
+USAGE = 2        # bad command line, invalid manifest, unreadable client config
+UNREACHABLE = 3  # server unreachable or TLS failure
+FORBIDDEN = 4    # 403: the certificate may not do this
+CONFLICT = 5     # 409: the object changed meanwhile or already exists; re-run
+
+EXIT_CODES_HELP = (
+    "\b\nExit codes:\n"
+    "  0  success\n"
+    "  1  general error, object not found; diff: differences found; drain --wait: drain Stuck\n"
+    "  2  usage error, invalid manifest (file, document and field are named), bad client config\n"
+    "  3  server unreachable or TLS failure\n"
+    "  4  forbidden (403) or certificate refused (401)\n"
+    "  5  conflict (409): the object changed meanwhile, re-run the command"
+)
+
+
+class CliError(click.ClickException):
+    """A failure a person can act on: one line on stderr, then exit with `code`."""
+
+    def __init__(self, message: str, code: int = ERROR):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def fail(message: str, code: int = ERROR) -> NoReturn:
+    raise CliError(message, code)

@@ -1,0 +1,84 @@
+"""Label selectors: `k=v`, `k==v`, `k!=v`, `k` (exists), `!k` (absent), comma-joined (AND)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+class SelectorError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # "=", "!=", "exists", "!"
+    value: str = ""
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if self.op == "=":
+            return labels.get(self.key) == self.value
+        if self.op == "!=":
+            return labels.get(self.key) != self.value
+        if self.op == "exists":
+            return self.key in labels
+        return self.key not in labels
+
+    def __str__(self) -> str:
+        if self.op == "exists":
+            return self.key
+        if self.op == "!":
+            return f"!{self.key}"
+        return f"{self.key}{self.op}{self.value}"
+
+
+@dataclass(frozen=True)
+class Selector:
+    requirements: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: dict[str, str] | None) -> bool:
+        labels = labels or {}
+        return all(r.matches(labels) for r in self.requirements)
+
+    def __str__(self) -> str:
+        return ",".join(str(r) for r in self.requirements)
+
+    def __bool__(self) -> bool:
+        return bool(self.requirements)
+
+
+def _check(text: str, key: str, value: str | None) -> None:
+    if not _KEY.match(key):
+        raise SelectorError(f"selector {text!r}: {key!r} is not a valid label key")
+    if value is not None and not _VALUE.match(value):
+        raise SelectorError(f"selector {text!r}: {value!r} is not a valid label value")
+
+
+def parse_selector(text: str | None) -> Selector:
+    """Parse a selector; SelectorError names the offending part."""
+    if text is None or not text.strip():
+        return Selector()
+    if re.search(r"\s(in|notin)\s*\(", text):
+        raise SelectorError(f"selector {text!r}: set-based requirements (in, notin) are not supported; "
+                            "use k=v, k!=v, k or !k")
+    reqs = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise SelectorError(f"selector {text!r}: empty requirement")
+        m = re.match(r"^([^=!\s]+)\s*(==|=|!=)\s*(.*)$", part)
+        if m:
+            key, op, value = m.group(1), m.group(2), m.group(3)
+            _check(text, key, value)
+            reqs.append(Requirement(key, "=" if op == "==" else op, value))
+        elif part.startswith("!"):
+            key = part[1:].strip()
+            _check(text, key, None)
+            reqs.append(Requirement(key, "!"))
+        else:
+            _check(text, part, None)
+            reqs.append(Requirement(part, "exists"))
+    return Selector(tuple(reqs))

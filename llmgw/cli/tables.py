@@ -1,0 +1,194 @@
+"""Rows of the `get` tables, one function per kind, and their plain-text rendering."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from llmgw.api import Model, Node, Object, Replica, Shard, get_condition
+
+NONE = "<none>"
+
+
+def human_age(created: datetime | None, now: datetime | None = None) -> str:
+    """kubectl's short durations: 45s, 3m20s, 95m, 5h12m, 30h, 3d4h, 120d, 3y."""
+    if created is None:
+        return "<unknown>"
+    now = now or datetime.now(timezone.utc)
+    s = max(0, int((now - created).total_seconds()))
+    m, h, d = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if h < 3:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if d < 730:
+        return f"{d}d"
+    return f"{d // 365}y"
+
+
+def _join(items: Iterable[str]) -> str:
+    items = [i for i in items if i]
+    return ",".join(items) if items else NONE
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(i for i in items if i))
+
+
+# --------------------------------------------------------------------- nodes
+
+def node_status(node: Node) -> str:
+    """kubectl-style combined status: Ready | NotReady, then the flags that apply."""
+    ready = get_condition(node.status.conditions, "Ready")
+    parts = ["Ready" if ready is not None and ready.status == "True" else "NotReady"]
+    gpu = get_condition(node.status.conditions, "GPUDiscovery")
+    if gpu is not None and gpu.status == "False":
+        parts.append("GPUDiscoveryFailed")
+    if node.spec.unschedulable:
+        parts.append("SchedulingDisabled")
+    if node.spec.drain:
+        phase = node.status.drain.phase if node.status.drain else "Draining"
+        parts.append({"Stuck": "DrainStuck"}.get(phase, phase))
+    if node.metadata.deletionTimestamp is not None:
+        parts.append("Terminating")
+    return ",".join(parts)
+
+
+def gpus_used(replicas: Iterable[Replica]) -> dict[str, set[int]]:
+    """node name -> GPU indices held by the placements of replicas on it."""
+    used: dict[str, set[int]] = {}
+    for r in replicas:
+        for p in r.spec.placement:
+            used.setdefault(p.node, set()).update(p.gpus)
+    return used
+
+
+def replicas_per_node(replicas: Iterable[Replica]) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for r in replicas:
+        for node in {p.node for p in r.spec.placement}:
+            count[node] = count.get(node, 0) + 1
+    return count
+
+
+def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = False, now=None):
+    headers = ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
+    if wide:
+        headers += ["ADDRESS", "GPU-MODEL", "AGENT"]
+    used, count = gpus_used(replicas), replicas_per_node(replicas)
+    rows = []
+    for n in nodes:
+        row = [
+            n.name, node_status(n),
+            f"{len(used.get(n.name, ()))}/{len(n.status.gpus)}",
+            _join(f.name for f in n.status.fabrics),
+            _join(_unique(e.name for e in n.status.engines)),
+            str(count.get(n.name, 0)),
+            human_age(n.metadata.creationTimestamp, now),
+        ]
+        if wide:
+            row += [
+                n.status.addresses[0] if n.status.addresses else NONE,
+                _join(_unique(g.name or "" for g in n.status.gpus)),
+                n.status.agentVersion or NONE,
+            ]
+        rows.append(row)
+    return headers, rows
+
+
+# -------------------------------------------------------------------- models
+
+def model_table(models: Sequence[Model], wide: bool = False, now=None):
+    headers = ["NAME", "READY", "UP-TO-DATE", "ENGINE", "ALIASES", "AGE"]
+    if wide:
+        headers += ["SOURCE", "TEMPLATE", "NODE-SELECTOR"]
+    rows = []
+    for m in models:
+        row = [
+            m.name, f"{m.status.readyReplicas}/{m.spec.replicas}", str(m.status.updatedReplicas),
+            _join(_unique(p.engine for p in m.spec.profiles)), _join(m.spec.aliases),
+            human_age(m.metadata.creationTimestamp, now),
+        ]
+        if wide:
+            row += [
+                m.spec.source or NONE, m.status.templateHash or NONE,
+                _join(f"{k}={v}" for k, v in sorted(m.spec.nodeSelector.items())),
+            ]
+        rows.append(row)
+    return headers, rows
+
+
+# ------------------------------------------------------------------ replicas
+
+def replica_table(replicas: Sequence[Replica], wide: bool = False, now=None):
+    headers = ["NAME", "MODEL", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "AGE"]
+    if wide:
+        headers += ["ENGINE", "GPUS", "MESSAGE"]
+    rows = []
+    for r in replicas:
+        phase = "Terminating" if r.metadata.deletionTimestamp is not None else r.status.phase
+        placement = sorted(r.spec.placement, key=lambda p: p.rank)
+        row = [
+            r.name, r.spec.model, phase, _join(_unique(p.node for p in placement)),
+            r.status.endpoint or NONE, str(r.status.restarts),
+            human_age(r.metadata.creationTimestamp, now),
+        ]
+        if wide:
+            why = r.status.message
+            sched = get_condition(r.status.conditions, "Scheduled")
+            if not why and sched is not None and sched.status == "False":
+                why = sched.message
+            row += [
+                r.spec.profile.engine,
+                str(sum(len(p.gpus) for p in placement)),
+                why or NONE,
+            ]
+        rows.append(row)
+    return headers, rows
+
+
+# -------------------------------------------------------------------- shards
+
+def shard_table(shards: Sequence[Shard], wide: bool = False, now=None):
+    headers = ["NAME", "NODE", "RANK", "PHASE", "GPUS", "PORT", "AGE"]
+    if wide:
+        headers += ["REPLICA", "ENGINE", "PID", "EXIT"]
+    rows = []
+    for s in shards:
+        row = [
+            s.name, s.spec.node, f"{s.spec.rank}/{s.spec.worldSize}", s.status.phase,
+            _join(str(g) for g in s.spec.gpus), str(s.spec.ports.serve),
+            human_age(s.metadata.creationTimestamp, now),
+        ]
+        if wide:
+            row += [
+                s.spec.replica, s.spec.engine,
+                str(s.status.pid) if s.status.pid is not None else NONE,
+                str(s.status.exitCode) if s.status.exitCode is not None else NONE,
+            ]
+        rows.append(row)
+    return headers, rows
+
+
+def table(kind: str, objects: Sequence[Object], *, wide: bool = False,
+          replicas: Sequence[Replica] = (), now=None):
+    """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
+    if kind == "nodes":
+        return node_table(objects, replicas, wide, now)  # type: ignore[arg-type]
+    return {"models": model_table, "replicas": replica_table, "shards": shard_table}[kind](
+        objects, wide, now)  # type: ignore[operator]
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: bool = True) -> str:
+    """Plain text, columns separated by three spaces, as kubectl prints them."""
+    all_rows = ([list(headers)] if header else []) + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in [list(headers), *rows]) for i in range(len(headers))]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in all_rows]
+    return "\n".join(lines)

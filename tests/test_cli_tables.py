@@ -1,0 +1,149 @@
+"""The `get` tables: node status words, GPU accounting, per-kind columns, ages; selectors."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from llmgw.api import parse_object
+from llmgw.cli.selectors import SelectorError, parse_selector
+from llmgw.cli.tables import format_table, human_age, node_status, table
+
+NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def node(name="n1", ready="True", unschedulable=False, drain=False, drain_phase=None, gpu_discovery=None,
+         gpus=4, age=timedelta(hours=2)):
+    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+    if gpu_discovery:
+        conditions.append({"type": "GPUDiscovery", "status": gpu_discovery, "reason": "SmiFailed"})
+    status = {
+        "conditions": conditions, "addresses": ["10.0.0.7"], "agentVersion": "0.1.0",
+        "gpus": [{"index": i, "name": "NVIDIA H100"} for i in range(gpus)],
+        "fabrics": [{"name": "ib-a"}], "engines": [{"name": "vllm", "path": "/bin/vllm"},
+                                                 {"name": "sim", "path": "/bin/sim"}],
+    }
+    if drain_phase:
+        status["drain"] = {"phase": drain_phase, "remaining": 1}
+    return parse_object({"apiVersion": "llmgw.io/v1", "kind": "Node",
+                         "metadata": {"name": name, "creationTimestamp": (NOW - age).isoformat()},
+                         "spec": {"unschedulable": unschedulable, "drain": drain}, "status": status})
+
+
+def replica(name, placement, model="llama", phase="Ready"):
+    return parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Replica",
+        "metadata": {"name": name, "creationTimestamp": (NOW - timedelta(seconds=75)).isoformat()},
+        "spec": {"model": model, "templateHash": "abc", "profile": {"engine": "vllm", "nodes": max(1, len(placement))},
+                 "servedModelNames": [model],
+                 "placement": [{"rank": i, "node": n, "gpus": g} for i, (n, g) in enumerate(placement)]},
+        "status": {"phase": phase, "endpoint": "10.0.0.7:30000", "restarts": 2},
+    })
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, "Ready"),
+    ({"ready": "False"}, "NotReady"),
+    ({"ready": "Unknown"}, "NotReady"),
+    ({"ready": None}, "NotReady"),
+    ({"unschedulable": True}, "Ready,SchedulingDisabled"),
+    ({"gpu_discovery": "False"}, "Ready,GPUDiscoveryFailed"),
+    ({"gpu_discovery": "True"}, "Ready"),
+    ({"unschedulable": True, "drain": True}, "Ready,SchedulingDisabled,Draining"),
+    ({"unschedulable": True, "drain": True, "drain_phase": "Drained"}, "Ready,SchedulingDisabled,Drained"),
+    ({"unschedulable": True, "drain": True, "drain_phase": "Stuck"}, "Ready,SchedulingDisabled,DrainStuck"),
+    # a leftover drain status without a drain request is not shown
+    ({"drain_phase": "Drained"}, "Ready"),
+    ({"ready": "False", "unschedulable": True}, "NotReady,SchedulingDisabled"),
+])
+def test_node_status_combines_like_kubectl(kw, expected):
+    assert node_status(node(**kw)) == expected
+
+
+def test_node_table_counts_gpus_and_replicas_from_placements():
+    nodes = [node("n1"), node("n2", gpus=8), node("n3", gpus=0)]
+    replicas = [
+        replica("r1", [("n1", [0, 1])]),
+        replica("r2", [("n1", [2]), ("n2", [0, 1, 2, 3])]),   # spans two nodes
+        replica("r3", []),                                     # unplaced: holds nothing
+    ]
+    headers, rows = table("nodes", nodes, replicas=replicas, now=NOW)
+    assert headers == ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
+    assert rows == [
+        ["n1", "Ready", "3/4", "ib-a", "vllm,sim", "2", "120m"],
+        ["n2", "Ready", "4/8", "ib-a", "vllm,sim", "1", "120m"],
+        ["n3", "Ready", "0/0", "ib-a", "vllm,sim", "0", "120m"],
+    ]
+    headers, rows = table("nodes", nodes[:1], replicas=replicas, wide=True, now=NOW)
+    assert headers[-3:] == ["ADDRESS", "GPU-MODEL", "AGENT"]
+    assert rows[0][-3:] == ["10.0.0.7", "NVIDIA H100", "0.1.0"]
+
+
+def test_model_replica_shard_tables():
+    model = parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Model",
+        "metadata": {"name": "llama", "creationTimestamp": (NOW - timedelta(days=3, hours=4)).isoformat()},
+        "spec": {"replicas": 3, "aliases": ["l3", "llama-big"],
+                 "profiles": [{"engine": "vllm"}, {"engine": "sim"}, {"engine": "vllm", "nodes": 2}]},
+        "status": {"readyReplicas": 2, "updatedReplicas": 1},
+    })
+    assert table("models", [model], now=NOW)[1] == [["llama", "2/3", "1", "vllm,sim", "l3,llama-big", "3d4h"]]
+
+    headers, rows = table("replicas", [replica("r2", [("n1", [2]), ("n2", [0, 1])])], now=NOW)
+    assert headers == ["NAME", "MODEL", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "AGE"]
+    assert rows == [["r2", "llama", "Ready", "n1,n2", "10.0.0.7:30000", "2", "75s"]]
+    pending = replica("r4", [], phase="Pending")
+    pending.status.endpoint = None
+    pending.status.conditions = []
+    assert table("replicas", [pending], now=NOW)[1][0][2:5] == ["Pending", "<none>", "<none>"]
+
+    shard = parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Shard",
+        "metadata": {"name": "r2-1", "creationTimestamp": (NOW - timedelta(minutes=4, seconds=5)).isoformat()},
+        "spec": {"replica": "r2", "model": "llama", "node": "n2", "rank": 1, "worldSize": 2, "gpus": [0, 1],
+                 "ports": {"serve": 30001, "distInit": 30002}, "headAddress": "10.0.0.7", "engine": "vllm",
+                 "servedModelNames": ["llama"]},
+        "status": {"phase": "Running", "pid": 4242},
+    })
+    assert table("shards", [shard], now=NOW)[1] == [["r2-1", "n2", "1/2", "Running", "0,1", "30001", "4m5s"]]
+    assert table("shards", [shard], wide=True, now=NOW)[1][0][-4:] == ["r2", "vllm", "4242", "<none>"]
+
+
+@pytest.mark.parametrize("delta, expected", [
+    (timedelta(seconds=0), "0s"), (timedelta(seconds=119), "119s"), (timedelta(minutes=3, seconds=20), "3m20s"),
+    (timedelta(minutes=5), "5m"), (timedelta(minutes=95), "95m"), (timedelta(hours=5, minutes=12), "5h12m"),
+    (timedelta(hours=30), "30h"), (timedelta(days=3, hours=4), "3d4h"), (timedelta(days=120), "120d"),
+    (timedelta(days=800), "2y"), (timedelta(seconds=-5), "0s"),
+])
+def test_human_age(delta, expected):
+    assert human_age(NOW - delta, NOW) == expected
+
+
+def test_format_table_aligns_columns_without_trailing_space():
+    text = format_table(["NAME", "X"], [["a", "1"], ["longer-name", "22"]])
+    assert text.splitlines() == ["NAME          X", "a             1", "longer-name   22"]
+
+
+@pytest.mark.parametrize("text, labels, expected", [
+    ("app=llama", {"app": "llama"}, True),
+    ("app==llama", {"app": "llama"}, True),
+    ("app=llama", {"app": "mistral"}, False),
+    ("app!=llama", {}, True),
+    ("app!=llama", {"app": "llama"}, False),
+    ("team", {"team": ""}, True),
+    ("!team", {"team": "x"}, False),
+    ("app=llama, tier!=cache ,gitops.io/owner", {"app": "llama", "gitops.io/owner": "a"}, True),
+    ("app=llama,!gitops.io/owner", {"app": "llama", "gitops.io/owner": "a"}, False),
+    ("", {"anything": "1"}, True),
+])
+def test_selector_matches(text, labels, expected):
+    assert parse_selector(text).matches(labels) is expected
+
+
+def test_selector_round_trips_and_refuses_bad_parts():
+    assert str(parse_selector("a==1, b!=2,c,!d")) == "a=1,b!=2,c,!d"
+    for bad, why in [("a=b,,c", "empty requirement"), ("=x", "not a valid label key"),
+                     ("app=a b", "not a valid label value"), ("app in (a,b)", "set-based")]:
+        with pytest.raises(SelectorError, match=why):
+            parse_selector(bad)
+    assert parse_selector("app=").matches({"app": ""})   # empty value is a valid label value
