@@ -56,3 +56,7 @@ def cli():
     Desired state lives in etcd; controllers reconcile it; an agent on each
     node runs the engines; an OpenAI-compatible gateway routes requests.
     """
+
+
+if __name__ == "__main__":
+    cli()

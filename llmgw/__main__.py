@@ -1,0 +1,4 @@
+"""`python -m llmgw` is `llmgw`."""
+from llmgw.cli.main import cli
+
+cli()

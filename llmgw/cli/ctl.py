@@ -1,0 +1,87 @@
+"""`llmgw ctl`: operator tools. `engine-check` checks llmgw's engine command lines against the engines' help."""
+from __future__ import annotations
+
+import sys
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+ENGINES = ("vllm", "sglang", "llamacpp", "sim")
+STYLE = {"found": "green", "missing": "bold red", "skipped": "yellow"}
+
+
+@click.group("ctl")
+def ctl() -> None:
+    """Operator tools."""
+
+
+@ctl.command("engine-check")
+@click.argument("engine", type=click.Choice(ENGINES))
+@click.option("--launch-mode", type=click.Choice(["mp", "ray"]), help="vLLM only: multi-node launcher (default: mp).")
+@click.option("--executable", metavar="PATH",
+              help="The engine's program (vllm, the Python with SGLang, llama-server, llmgw); "
+                   "default: found on PATH. For vLLM under Ray, ray is looked for next to it first.")
+@click.option("--help-output", metavar="TEXT", help="Check against this help text instead of running the engine.")
+@click.option("--help-file", type=click.File("r"), help="Check against the help text in this file.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each program gets to print its help.")
+def engine_check(engine: str, launch_mode: str | None, executable: str | None, help_output: str | None,
+                 help_file, timeout: float) -> None:
+    """Check every flag llmgw passes to ENGINE's programs against their own --help.
+
+    Renders the widest command lines llmgw produces (a 2-node replica) and
+    looks every flag up in the help of the program that receives it: ray's in
+    `ray start --help`, vLLM's in `vllm serve --help=all`. A program that
+    cannot be run is skipped. Exits 1 when a flag is missing.
+    """
+    from llmgw.engines.check import check  # the renderers pull in the API types
+
+    if launch_mode and engine != "vllm":
+        raise click.UsageError(f"--launch-mode is for engine vllm only, not {engine}")
+    if help_output is not None and help_file is not None:
+        raise click.UsageError("give --help-output or --help-file, not both")
+    help_text = help_file.read() if help_file is not None else help_output
+    report = check(engine, launch_mode, executable, help_text, timeout)
+
+    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    table = Table(box=box.SIMPLE, title=f"engine-check {engine}" + (f" ({launch_mode})" if launch_mode else ""))
+    for column in ("program", "flag", "result", "note"):
+        table.add_column(column, overflow="fold")
+    for r in report.results:
+        table.add_row(r.program, r.flag, f"[{STYLE[r.status]}]{r.status}[/]", r.note)
+    console.print(table)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    summary = ", ".join(f"{report.count(s)} {s}" for s in ("found", "missing", "skipped"))
+    click.echo(f"{len(report.results)} flags: {summary}")
+    if report.failed:
+        sys.exit(1)
+
+
+# --------------------------------------------------------- nodes and drains
+# The same code as `llmgw get nodes` and `llmgw drain` (llmgw/cli/get.py, nodes.py).
+
+def _nodes_command() -> click.Command:
+    from llmgw.cli.connect import connection_options
+    from llmgw.cli.errors import EXIT_CODES_HELP
+    from llmgw.cli.get import get_options, run_get
+
+    @click.command("nodes", epilog=EXIT_CODES_HELP)
+    @get_options
+    @connection_options
+    def nodes(output, selector, watch, conn) -> None:
+        """The node table of `llmgw get nodes`: status, GPUs used/total, fabrics, engines, replicas."""
+        run_get(conn, "nodes", None, output, selector, watch)
+
+    return nodes
+
+
+def _drain_command() -> click.Command:
+    from llmgw.cli.nodes import drain_command
+
+    return drain_command("drain")
+
+
+ctl.add_command(_nodes_command())
+ctl.add_command(_drain_command())

@@ -1,0 +1,98 @@
+"""What a renderer returns, and the facts every renderer shares.
+
+A renderer turns one Shard (one rank of a replica on one node) into the
+programs to run there, their environment, and how to tell that the shard is
+up. It never starts anything: the agent runs the commands, `engine-check`
+checks their flags.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.api import Shard
+
+
+class RenderError(ValueError):
+    """A Shard that cannot be turned into a command line (says which field is wrong)."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a renderer needs to know about the node that runs the shard."""
+
+    address: str
+    # (adapter, port) of the shard's fabric, e.g. [("mlx5_2", 1)]; [] on an island.
+    fabric_adapters: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One program to start. A shard's commands are started in list order."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    serves: bool  # True for the program that answers the shard's serve port
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How to tell the shard is up: an HTTP health URL (rank 0) or 'the process is alive'."""
+
+    kind: Literal["http", "process"]
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderedShard:
+    commands: list[Command]
+    probe: Probe
+
+
+def base_env(shard: Shard, node: NodeFacts) -> dict[str, str]:
+    """The profile's env, then what the placement dictates (the placement wins)."""
+    env = dict(shard.spec.env)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in shard.spec.gpus)
+    if node.fabric_adapters:
+        env["NCCL_IB_HCA"] = nccl_ib_hca(node.fabric_adapters)
+    return env
+
+
+def nccl_ib_hca(adapters: list[tuple[str, int]]) -> str:
+    """NCCL_IB_HCA naming exactly these adapter ports ('=' prefix: exact match, not prefix)."""
+    return "=" + ",".join(f"{name}:{port}" for name, port in adapters)
+
+
+def url_host(address: str) -> str:
+    """The host part of a URL that reaches a server bound to `address`."""
+    if address in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if address == "::":
+        return "[::1]"
+    return f"[{address}]" if ":" in address else address
+
+
+def join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def health_probe(node: NodeFacts, port: int, path: str = "/health") -> Probe:
+    return Probe(kind="http", url=f"http://{url_host(node.address)}:{port}{path}")
+
+
+PROCESS_PROBE = Probe(kind="process")
+
+
+def weights(shard: Shard) -> str:
+    if not shard.spec.source:
+        raise RenderError(
+            f"shard {shard.metadata.name}: engine {shard.spec.engine} needs the path of the model's "
+            f"weights on the node: set spec.source on model {shard.spec.model}"
+        )
+    return shard.spec.source
+
+
+def program(executables: dict[str, str], key: str, default: str | None = None) -> str:
+    """The configured path of a program, or its bare name (found on PATH when run)."""
+    return executables.get(key) or default or key

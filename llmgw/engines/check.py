@@ -1,0 +1,201 @@
+"""`engine-check`: render the widest shards llmgw would produce and check every flag against its program's help.
+
+Each command a renderer emits goes to one program (ray, vllm, sglang's
+launch_server, llama-server, the sim). That program's --help is read in full
+(vLLM's with --help=all and VLLM_TARGET_DEVICE=cpu, so it answers on a machine
+without accelerators) and every flag the command uses must appear on one of its
+option lines. A program that cannot be run is skipped, not failed.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.engines import render
+from llmgw.engines.base import Command, NodeFacts
+from llmgw.engines.helptext import documented_flags, is_documented, used_flags
+
+HELP_TIMEOUT = 300.0  # vLLM imports torch before it prints its help
+
+# The main program of each engine: the executables key a --executable path fills.
+ENGINE_PROGRAM = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-server", "sim": "llmgw"}
+
+Status = Literal["found", "missing", "skipped"]
+
+
+@dataclass(frozen=True)
+class FlagResult:
+    program: str
+    flag: str
+    status: Status
+    note: str = ""
+
+
+@dataclass
+class Report:
+    results: list[FlagResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def failed(self) -> bool:
+        return self.count("missing") > 0
+
+
+@dataclass
+class Program:
+    """One program that receives rendered commands: how to ask its help, which flags it gets."""
+
+    name: str
+    help_argv: list[str]
+    help_env: dict[str, str] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    fallback_help_argv: list[str] | None = None  # tried when help_argv fails (vLLM before --help=all)
+
+
+# --------------------------------------------------------------- widest shards
+
+def widest_shards(engine: str, launch_mode: str | None = None) -> list[tuple[Shard, NodeFacts]]:
+    """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (llama.cpp: 1)."""
+    world = 1 if engine == "llamacpp" else 2
+    out = []
+    for rank in range(world):
+        spec = ShardSpec(
+            replica="engine-check", model="engine-check", node=f"node-{rank}", rank=rank, worldSize=world,
+            gpus=[0, 1], ports=ShardPorts(serve=30000, distInit=30001), headAddress="10.0.0.10",
+            fabric="fabric-a" if world > 1 else None, engine=engine,
+            launchMode=launch_mode if engine == "vllm" else None, gpusPerNode=2,
+            source="/models/engine-check", servedModelNames=["engine-check", "engine-check-alias"],
+        )
+        adapters = [("mlx5_0", 1), ("mlx5_1", 1)] if world > 1 else []
+        out.append((Shard(metadata=ObjectMeta(name=f"engine-check-{rank}"), spec=spec),
+                    NodeFacts(address=f"10.0.0.{10 + rank}", fabric_adapters=adapters)))
+    return out
+
+
+def executables_for(engine: str, executable: str | None) -> dict[str, str]:
+    """--executable names the engine's main program; ray is looked for next to it, then on PATH."""
+    if not executable:
+        return {}
+    paths = {ENGINE_PROGRAM[engine]: executable}
+    sibling = os.path.join(os.path.dirname(executable), "ray")
+    if engine == "vllm" and os.path.dirname(executable) and os.access(sibling, os.X_OK):
+        paths["ray"] = sibling
+    return paths
+
+
+# ------------------------------------------------------------ programs
+
+def program_of(command: Command) -> Program:
+    """Which program a command runs, how to ask for its help, and the flags it is given."""
+    argv = command.argv
+    if command.name in ("ray-head", "ray-worker"):
+        return Program("ray", [argv[0], "start", "--help"], flags=used_flags(argv[2:]))
+    if command.name == "vllm":  # vllm serve MODEL ...
+        return Program("vllm", [argv[0], "serve", "--help=all"], {"VLLM_TARGET_DEVICE": "cpu"},
+                       used_flags(argv[3:]), fallback_help_argv=[argv[0], "serve", "--help"])
+    if command.name == "sglang":  # python -m sglang.launch_server ...
+        return Program("sglang", [*argv[:3], "--help"], flags=used_flags(argv[3:]))
+    if command.name == "llama-server":
+        return Program("llama-server", [argv[0], "--help"], flags=used_flags(argv[1:]))
+    if command.name == "sim":  # llmgw sim ... | python -m llmgw.sim ...
+        start = next(i for i, a in enumerate(argv) if a in ("sim", "llmgw.sim")) + 1
+        return Program("sim", [*argv[:start], "--help"], flags=used_flags(argv[start:]))
+    raise ValueError(f"engine-check does not know the program of command {command.name!r}")
+
+
+def programs(engine: str, launch_mode: str | None, executables: dict[str, str]) -> list[Program]:
+    """The programs of every rank's commands, with the union of their flags, in first-seen order."""
+    merged: dict[str, Program] = {}
+    for shard, node in widest_shards(engine, launch_mode):
+        for command in render(shard, node, executables).commands:
+            prog = program_of(command)
+            if prog.name in merged:
+                known = merged[prog.name].flags
+                known += [f for f in prog.flags if f not in known]
+            else:
+                merged[prog.name] = prog
+    return list(merged.values())
+
+
+# ---------------------------------------------------------------- help
+
+@dataclass
+class Help:
+    text: str | None  # None: could not be obtained
+    reason: str = ""  # why not, or a caveat
+
+
+def run_help(prog: Program, timeout: float = HELP_TIMEOUT) -> Help:
+    """The program's help; when that fails and the program has an older way to ask, that one's."""
+    got = _run_help(prog.help_argv, prog.help_env, timeout)
+    if got.text is not None or not prog.fallback_help_argv or got.reason.startswith("not installed"):
+        return got
+    older = _run_help(prog.fallback_help_argv, prog.help_env, timeout)
+    if older.text is None:
+        return got
+    return Help(older.text, f"{got.reason}; checked against `{' '.join(prog.fallback_help_argv)}` instead")
+
+
+def _run_help(argv: list[str], env: dict[str, str], timeout: float) -> Help:
+    """Run a help command and read all of it (stdout and stderr)."""
+    command = " ".join(argv)
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, **env}, timeout=timeout,
+        )
+    except FileNotFoundError:
+        return Help(None, f"not installed: {argv[0]} not found")
+    except PermissionError:
+        return Help(None, f"cannot run {argv[0]}: not executable")
+    except subprocess.TimeoutExpired:
+        return Help(None, f"`{command}` did not finish within {timeout:g} s")
+    except OSError as e:
+        return Help(None, f"cannot run {argv[0]}: {e}")
+    text = done.stdout.decode(errors="replace")
+    if done.returncode != 0:
+        if not documented_flags(text):
+            last = text.strip().splitlines()[-1] if text.strip() else "no output"
+            return Help(None, f"`{command}` exited with status {done.returncode}: {last}")
+        return Help(text, f"`{command}` exited with status {done.returncode}")
+    return Help(text)
+
+
+# --------------------------------------------------------------- check
+
+def check(engine: str, launch_mode: str | None = None, executable: str | None = None,
+          help_text: str | None = None, timeout: float = HELP_TIMEOUT) -> Report:
+    """Check every flag of the widest render; `help_text` stands in for the engine's main program's help."""
+    report = Report()
+    main = "llama-server" if engine == "llamacpp" else engine
+    for prog in programs(engine, launch_mode, executables_for(engine, executable)):
+        if help_text is not None and prog.name == main:
+            got = Help(help_text)
+        else:
+            got = run_help(prog, timeout)
+        if got.text is None:
+            report.results += [FlagResult(prog.name, f, "skipped", got.reason) for f in prog.flags]
+            report.warnings.append(f"{prog.name}: skipped, {got.reason}")
+            continue
+        if got.reason:
+            report.warnings.append(f"{prog.name}: {got.reason}")
+        documented = documented_flags(got.text)
+        if "--help" not in documented:
+            report.warnings.append(
+                f"{prog.name}: the help text does not document --help itself: it may be truncated, "
+                "or not a help text at all")
+        for flag in prog.flags:
+            status: Status = "found" if is_documented(flag, documented) else "missing"
+            report.results.append(FlagResult(prog.name, flag, status))
+        missing = [r for r in report.results if r.program == prog.name and r.status == "missing"]
+        if missing and "--help=" in got.text:
+            report.warnings.append(
+                f"{prog.name}: this help points to --help=...: it is a summary (vLLM >= 0.11 lists every "
+                "flag only under `vllm serve --help=all`); check against the full listing")
+    return report

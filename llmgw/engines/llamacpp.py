@@ -1,0 +1,34 @@
+"""llama.cpp's `llama-server`: single node.
+
+`--parallel` and `--n-gpu-layers` get defaults (4 slots, every layer on the
+GPUs); a model's args come last, so they can override both.
+llama-server takes one alias: the model's name (the first of servedModelNames).
+"""
+from __future__ import annotations
+
+from llmgw.api import Shard
+from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
+
+DEFAULT_PARALLEL = 4
+ALL_LAYERS = 999
+
+
+def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> RenderedShard:
+    spec = shard.spec
+    if spec.worldSize != 1:
+        raise RenderError(f"shard {shard.metadata.name}: llama-server is single-node, but worldSize is {spec.worldSize}")
+    argv = [
+        program(executables, "llama-server"),
+        "--model", weights(shard),
+        "--host", node.address,
+        "--port", str(spec.ports.serve),
+        "--metrics",
+        "--alias", spec.servedModelNames[0],
+        "--parallel", str(DEFAULT_PARALLEL),
+        "--n-gpu-layers", str(ALL_LAYERS),
+        *spec.args,
+    ]
+    return RenderedShard(
+        [Command("llama-server", argv, base_env(shard, node), serves=True)],
+        health_probe(node, spec.ports.serve),
+    )

@@ -1,0 +1,91 @@
+"""vLLM: `vllm serve`, multi-node by its own launcher (mp) or under Ray (ray).
+
+Tensor parallel spans a node's GPUs, pipeline parallel spans the nodes.
+
+mp (vLLM >= 0.11.1): every rank runs `vllm serve` with `--nnodes --node-rank
+--master-addr --master-port`; ranks >= 1 add `--headless` and serve nothing.
+
+ray: rank 0 runs `ray start --head` and then `vllm serve ...
+--distributed-executor-backend ray`; the other ranks only join the Ray
+cluster with `ray start --address=HEAD:PORT --block`.
+"""
+from __future__ import annotations
+
+from llmgw.api import Shard
+from llmgw.engines.base import (
+    PROCESS_PROBE, Command, NodeFacts, RenderedShard, RenderError, base_env,
+    health_probe, join_host_port, program, weights,
+)
+
+
+def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> RenderedShard:
+    mode = shard.spec.launchMode or "mp"
+    env = base_env(shard, node)
+    env["VLLM_HOST_IP"] = node.address
+    if mode == "mp":
+        return _render_mp(shard, node, executables, env)
+    if mode == "ray":
+        return _render_ray(shard, node, executables, env)
+    raise RenderError(f"shard {shard.metadata.name}: unknown vLLM launchMode {mode!r} (use mp or ray)")
+
+
+def _parallel(shard: Shard) -> list[str]:
+    spec = shard.spec
+    argv = ["--tensor-parallel-size", str(spec.gpusPerNode)]
+    if spec.worldSize > 1:
+        argv += ["--pipeline-parallel-size", str(spec.worldSize)]
+    return argv
+
+
+def _serving(shard: Shard, node: NodeFacts) -> list[str]:
+    return [
+        "--host", node.address,
+        "--port", str(shard.spec.ports.serve),
+        "--served-model-name", *shard.spec.servedModelNames,
+    ]
+
+
+def _render_mp(shard: Shard, node: NodeFacts, executables: dict[str, str], env: dict[str, str]) -> RenderedShard:
+    spec = shard.spec
+    argv = [program(executables, "vllm"), "serve", weights(shard)]
+    if spec.rank == 0:
+        argv += _serving(shard, node)
+    argv += _parallel(shard)
+    if spec.worldSize > 1:
+        argv += [
+            "--nnodes", str(spec.worldSize),
+            "--node-rank", str(spec.rank),
+            "--master-addr", spec.headAddress,
+            "--master-port", str(spec.ports.distInit),
+        ]
+    if spec.rank > 0:
+        argv.append("--headless")
+    argv += spec.args
+    if spec.rank == 0:
+        return RenderedShard([Command("vllm", argv, env, serves=True)], health_probe(node, spec.ports.serve))
+    return RenderedShard([Command("vllm", argv, env, serves=False)], PROCESS_PROBE)
+
+
+def _ray_start(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> list[str]:
+    spec = shard.spec
+    argv = [program(executables, "ray"), "start"]
+    if spec.rank == 0:
+        argv += ["--head", f"--port={spec.ports.distInit}"]
+    else:
+        argv.append(f"--address={join_host_port(spec.headAddress, spec.ports.distInit)}")
+    return argv + [f"--node-ip-address={node.address}", f"--num-gpus={spec.gpusPerNode}", "--block"]
+
+
+def _render_ray(shard: Shard, node: NodeFacts, executables: dict[str, str], env: dict[str, str]) -> RenderedShard:
+    spec = shard.spec
+    ray = Command("ray-head" if spec.rank == 0 else "ray-worker", _ray_start(shard, node, executables),
+                  env, serves=False)
+    if spec.rank > 0:
+        return RenderedShard([ray], PROCESS_PROBE)
+    serve = [
+        program(executables, "vllm"), "serve", weights(shard),
+        *_serving(shard, node), *_parallel(shard),
+        "--distributed-executor-backend", "ray",
+        *spec.args,
+    ]
+    return RenderedShard([ray, Command("vllm", serve, env, serves=True)], health_probe(node, spec.ports.serve))

@@ -1,0 +1,263 @@
+"""Rank 0's HTTP API: OpenAI-compatible endpoints with fake tokens, /health and /metrics.
+
+/health answers 503 while loading or draining, 200 when ready. /metrics uses
+vLLM's metric names (vllm:num_requests_running, vllm:generation_tokens_total,
+...) so whatever reads a vLLM replica's load reads a sim replica's too.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from llmgw.sim import tokens
+from llmgw.sim.config import SimConfig
+
+DEFAULT_MAX_TOKENS = 16
+JSON = "application/json"
+
+
+def error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type=JSON)
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class _BadRequest(Exception):
+    def __init__(self, response: web.Response):
+        self.response = response
+
+
+class SimApi:
+    def __init__(self, cfg: SimConfig, crash: Callable[[str], None]):
+        self.cfg = cfg
+        self.crash = crash
+        self.names = set(cfg.served_model_names)
+        self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
+        self.ready = False
+        self.draining = False
+        self.running = 0
+        self.received = 0  # generation requests, for --crash-on-request
+        self.succeeded = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex()
+        self._runner: web.AppRunner | None = None
+
+    # ---------------------------------------------------------- lifecycle
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        return app
+
+    async def start(self) -> None:
+        """Bind the serve port; ready after --load-seconds."""
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, shutdown_timeout=self.cfg.drain_grace,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096, reuse_address=True)
+        await site.start()
+        if self.cfg.load_seconds > 0:
+            asyncio.get_running_loop().call_later(self.cfg.load_seconds, self._set_ready)
+        else:
+            self._set_ready()
+
+    def _set_ready(self) -> None:
+        self.ready = True
+
+    async def drain(self) -> None:
+        """Stop accepting, let in-flight requests finish (at most --drain-grace), close."""
+        self.draining = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ------------------------------------------------------------ helpers
+
+    def _unavailable(self) -> web.Response | None:
+        if self.draining:
+            return error(503, "the server is shutting down", "ServiceUnavailableError")
+        if not self.ready:
+            return error(503, "the model is still loading", "ServiceUnavailableError")
+        return None
+
+    def _id(self, prefix: str) -> str:
+        return f"{prefix}-{self._id_prefix}{next(self._ids)}"
+
+    async def _body(self, request: web.Request) -> dict:
+        try:
+            body = json.loads(await request.read())
+        except ValueError as e:
+            raise _BadRequest(error(400, f"the request body is not JSON: {e}", "BadRequestError")) from None
+        if not isinstance(body, dict):
+            raise _BadRequest(error(400, "the request body must be a JSON object", "BadRequestError"))
+        model = body.get("model")
+        if model not in self.names:
+            raise _BadRequest(error(404, f"The model `{model}` does not exist; this server serves "
+                                         f"{', '.join(self.cfg.served_model_names)}", "NotFoundError"))
+        return body
+
+    @staticmethod
+    def _max_tokens(body: dict, *keys: str) -> int:
+        for key in keys:
+            value = body.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _BadRequest(error(400, f"{key} must be a positive integer, not {value!r}", "BadRequestError"))
+            return value
+        return DEFAULT_MAX_TOKENS
+
+    def _admit(self) -> None:
+        self.received += 1
+        if self.cfg.crash_on_request is not None and self.received == self.cfg.crash_on_request:
+            self.crash(f"injected crash on generation request {self.received}")
+
+    # ----------------------------------------------------------- handlers
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, body=b'{"status":"draining"}', content_type=JSON)
+        if not self.ready:
+            return web.Response(status=503, body=b'{"status":"loading"}', content_type=JSON)
+        return web.Response(body=b'{"status":"ok"}', content_type=JSON)
+
+    async def models(self, request: web.Request) -> web.Response:
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            return unavailable
+        created = int(time.time())
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "llmgw-sim",
+                 "root": self.cfg.model, "parent": None} for name in self.cfg.served_model_names]
+        return web.Response(body=json.dumps({"object": "list", "data": data}).encode(), content_type=JSON)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        label = '{model_name="%s"}' % self.cfg.model
+        lines = []
+        for name, kind, help_, value in (
+            ("vllm:num_requests_running", "gauge", "Requests being generated.", self.running),
+            ("vllm:num_requests_waiting", "gauge", "Requests waiting (the sim never queues).", 0),
+            ("vllm:prompt_tokens_total", "counter", "Prompt tokens processed.", self.prompt_tokens),
+            ("vllm:generation_tokens_total", "counter", "Tokens generated.", self.generation_tokens),
+            ("vllm:request_success_total", "counter", "Requests finished.", self.succeeded),
+        ):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            return unavailable
+        try:
+            body = await self._body(request)
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise _BadRequest(error(400, "messages must be a non-empty list", "BadRequestError"))
+                n = self._max_tokens(body, "max_completion_tokens", "max_tokens")
+                prompt = tokens.count_messages(messages)
+            else:
+                if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
+                    raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
+                n = self._max_tokens(body, "max_tokens")
+                prompt = tokens.count_text(body["prompt"])
+        except _BadRequest as bad:
+            return bad.response
+        self._admit()
+        self.running += 1
+        self.prompt_tokens += prompt
+        try:
+            if body.get("stream"):
+                options = body.get("stream_options") or {}
+                usage = bool(isinstance(options, dict) and options.get("include_usage"))
+                return await self._stream(request, body["model"], chat, prompt, n, usage)
+            await self.pacer.wait_all(n)
+            self.generation_tokens += n
+            self.succeeded += 1
+            return web.Response(body=json.dumps(self._complete(body["model"], chat, prompt, n)).encode(),
+                                content_type=JSON)
+        finally:
+            self.running -= 1
+
+    def _complete(self, model: str, chat: bool, prompt: int, n: int) -> dict:
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": tokens.text(n)},
+                      "logprobs": None, "finish_reason": "length"}
+            kind, prefix = "chat.completion", "chatcmpl"
+        else:
+            choice = {"index": 0, "text": tokens.text(n), "logprobs": None, "finish_reason": "length"}
+            kind, prefix = "text_completion", "cmpl"
+        return {"id": self._id(prefix), "object": kind, "created": int(time.time()), "model": model,
+                "choices": [choice], "usage": usage}
+
+    async def _stream(self, request: web.Request, model: str, chat: bool, prompt: int, n: int,
+                      include_usage: bool) -> web.StreamResponse:
+        kind, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
+        head = {"id": self._id(prefix), "object": kind, "created": int(time.time()), "model": model}
+
+        def chunk(choices: list, **extra) -> bytes:
+            obj = {**head, "choices": choices, **extra}
+            if include_usage and "usage" not in extra:
+                obj["usage"] = None
+            return sse(obj)
+
+        def token_chunk(i: int) -> bytes:
+            finish = "length" if i == n - 1 else None
+            if chat:
+                choice = {"index": 0, "delta": {"content": tokens.token(i)}, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": tokens.token(i), "logprobs": None, "finish_reason": finish}
+            return chunk([choice])
+
+        def tail() -> bytes:
+            out = b""
+            if include_usage:
+                out += chunk([], usage={"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
+            return out + DONE
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        first = b""
+        if chat:
+            first = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}])
+        try:
+            if self.pacer.instant:
+                await response.write(first + b"".join(token_chunk(i) for i in range(n)) + tail())
+                self.generation_tokens += n
+            else:
+                if first:
+                    await response.write(first)
+                async for i in self.pacer.ticks(n):
+                    await response.write(token_chunk(i))
+                    self.generation_tokens += 1
+                await response.write(tail())
+            await response.write_eof()
+        except ConnectionError:
+            return response  # the client went away; nothing to finish
+        self.succeeded += 1
+        return response

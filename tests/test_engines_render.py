@@ -1,0 +1,240 @@
+"""Golden command lines of every engine x launch mode x rank, and the environment and probe of each."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.engines import NodeFacts, Probe, RenderError, render
+
+EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
+       "llama-server": "/usr/local/bin/llama-server", "python": "/usr/bin/python3"}
+HEAD = "10.0.0.10"
+ADAPTERS = [("mlx5_2", 1), ("mlx5_3", 1)]
+
+
+def make_shard(engine: str, rank: int = 0, world: int = 1, launch_mode: str | None = None, **spec) -> Shard:
+    fields = dict(
+        replica="llama-70b-abc12", model="llama-70b", node=f"gpu-{rank}", rank=rank, worldSize=world,
+        gpus=[0, 1, 2, 3, 4, 5, 6, 7], ports=ShardPorts(serve=30001, distInit=30002), headAddress=HEAD,
+        fabric="ib-a" if world > 1 else None, engine=engine, launchMode=launch_mode, gpusPerNode=8,
+        source="/models/llama-70b", servedModelNames=["llama-70b", "llama"],
+        args=["--max-model-len", "8192"] if engine in ("vllm", "sglang") else [],
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    fields.update(spec)
+    return Shard(metadata=ObjectMeta(name=f"llama-70b-abc12-{rank}"), spec=ShardSpec(**fields))
+
+
+def node(rank: int = 0, world: int = 1) -> NodeFacts:
+    return NodeFacts(address=f"10.0.0.{10 + rank}", fabric_adapters=ADAPTERS if world > 1 else [])
+
+
+def argvs(rendered) -> list[list[str]]:
+    return [c.argv for c in rendered.commands]
+
+
+# ------------------------------------------------------------------- vLLM mp
+
+def test_vllm_mp_single_node():
+    out = render(make_shard("vllm"), node(), EXE)
+    assert argvs(out) == [[
+        "/opt/vllm/bin/vllm", "serve", "/models/llama-70b",
+        "--host", "10.0.0.10", "--port", "30001", "--served-model-name", "llama-70b", "llama",
+        "--tensor-parallel-size", "8",
+        "--max-model-len", "8192",
+    ]]
+    assert out.commands[0].serves and out.probe == Probe("http", "http://10.0.0.10:30001/health")
+
+
+def test_vllm_mp_two_nodes_rank0_serves():
+    out = render(make_shard("vllm", 0, 2, "mp"), node(0, 2), EXE)
+    assert argvs(out) == [[
+        "/opt/vllm/bin/vllm", "serve", "/models/llama-70b",
+        "--host", "10.0.0.10", "--port", "30001", "--served-model-name", "llama-70b", "llama",
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+        "--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.10", "--master-port", "30002",
+        "--max-model-len", "8192",
+    ]]
+    assert out.commands[0].serves and out.probe.kind == "http"
+
+
+def test_vllm_mp_two_nodes_rank1_is_headless():
+    out = render(make_shard("vllm", 1, 2, "mp"), node(1, 2), EXE)
+    assert argvs(out) == [[
+        "/opt/vllm/bin/vllm", "serve", "/models/llama-70b",
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
+        "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.10", "--master-port", "30002",
+        "--headless",
+        "--max-model-len", "8192",
+    ]]
+    assert not out.commands[0].serves
+    assert out.probe == Probe("process", None)
+
+
+# ------------------------------------------------------------------ vLLM ray
+
+def test_vllm_ray_single_node_starts_a_head_then_serves():
+    out = render(make_shard("vllm", launch_mode="ray"), node(), EXE)
+    assert [c.name for c in out.commands] == ["ray-head", "vllm"]
+    assert argvs(out) == [
+        ["/opt/vllm/bin/ray", "start", "--head", "--port=30002", "--node-ip-address=10.0.0.10", "--num-gpus=8",
+         "--block"],
+        ["/opt/vllm/bin/vllm", "serve", "/models/llama-70b",
+         "--host", "10.0.0.10", "--port", "30001", "--served-model-name", "llama-70b", "llama",
+         "--tensor-parallel-size", "8", "--distributed-executor-backend", "ray",
+         "--max-model-len", "8192"],
+    ]
+    assert [c.serves for c in out.commands] == [False, True]
+
+
+def test_vllm_ray_two_nodes_rank0():
+    out = render(make_shard("vllm", 0, 2, "ray"), node(0, 2), EXE)
+    assert argvs(out) == [
+        ["/opt/vllm/bin/ray", "start", "--head", "--port=30002", "--node-ip-address=10.0.0.10", "--num-gpus=8",
+         "--block"],
+        ["/opt/vllm/bin/vllm", "serve", "/models/llama-70b",
+         "--host", "10.0.0.10", "--port", "30001", "--served-model-name", "llama-70b", "llama",
+         "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--distributed-executor-backend", "ray",
+         "--max-model-len", "8192"],
+    ]
+    assert out.probe == Probe("http", "http://10.0.0.10:30001/health")
+
+
+def test_vllm_ray_two_nodes_rank1_only_joins_ray():
+    out = render(make_shard("vllm", 1, 2, "ray"), node(1, 2), EXE)
+    assert [c.name for c in out.commands] == ["ray-worker"]
+    assert argvs(out) == [
+        ["/opt/vllm/bin/ray", "start", "--address=10.0.0.10:30002", "--node-ip-address=10.0.0.11", "--num-gpus=8",
+         "--block"],
+    ]
+    assert not out.commands[0].serves and out.probe.kind == "process"
+
+
+# -------------------------------------------------------------------- SGLang
+
+def test_sglang_single_node():
+    out = render(make_shard("sglang"), node(), EXE)
+    assert argvs(out) == [[
+        "/opt/sglang/bin/python", "-m", "sglang.launch_server",
+        "--model-path", "/models/llama-70b", "--host", "10.0.0.10", "--port", "30001",
+        "--served-model-name", "llama-70b", "--tp-size", "8", "--enable-metrics",
+        "--max-model-len", "8192",
+    ]]
+    assert out.commands[0].serves and out.probe.kind == "http"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sglang_two_nodes_tp_is_the_total(rank):
+    out = render(make_shard("sglang", rank, 2), node(rank, 2), EXE)
+    assert argvs(out) == [[
+        "/opt/sglang/bin/python", "-m", "sglang.launch_server",
+        "--model-path", "/models/llama-70b", "--host", f"10.0.0.{10 + rank}", "--port", "30001",
+        "--served-model-name", "llama-70b", "--tp-size", "16", "--enable-metrics",
+        "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", "10.0.0.10:30002",
+        "--max-model-len", "8192",
+    ]]
+    assert out.commands[0].serves == (rank == 0)
+    assert out.probe.kind == ("http" if rank == 0 else "process")
+
+
+def test_sglang_python_falls_back_to_the_configured_python():
+    out = render(make_shard("sglang"), node(), {"python": "/usr/bin/python3"})
+    assert out.commands[0].argv[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+def test_llamacpp_single_node():
+    out = render(make_shard("llamacpp", gpus=[3], gpusPerNode=1, args=["--ctx-size", "8192"]), node(), EXE)
+    assert argvs(out) == [[
+        "/usr/local/bin/llama-server", "--model", "/models/llama-70b", "--host", "10.0.0.10", "--port", "30001",
+        "--metrics", "--alias", "llama-70b", "--parallel", "4", "--n-gpu-layers", "999",
+        "--ctx-size", "8192",
+    ]]
+    assert out.commands[0].env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert out.probe == Probe("http", "http://10.0.0.10:30001/health")
+
+
+def test_llamacpp_refuses_a_multi_node_shard():
+    with pytest.raises(RenderError, match="single-node.*worldSize is 2"):
+        render(make_shard("llamacpp", 0, 2), node(0, 2), EXE)
+
+
+# ------------------------------------------------------------------------ sim
+
+@pytest.mark.parametrize("rank,world", [(0, 1), (0, 2), (1, 2)])
+def test_sim_every_rank_runs_the_same_line_with_its_rank(rank, world):
+    out = render(make_shard("sim", rank, world, args=["--load-seconds", "2"]), node(rank, world), {})
+    assert argvs(out) == [[
+        sys.executable, "-m", "llmgw.sim",
+        "--host", f"10.0.0.{10 + rank}", "--port", "30001", "--served-model-name", "llama-70b", "llama",
+        "--rank", str(rank), "--world-size", str(world), "--dist-init-addr", "10.0.0.10:30002",
+        "--load-seconds", "2",
+    ]]
+    assert out.commands[0].serves == (rank == 0)
+    assert out.probe.kind == ("http" if rank == 0 else "process")
+
+
+def test_sim_uses_a_configured_llmgw_executable():
+    out = render(make_shard("sim"), node(), {"llmgw": "/opt/llmgw/bin/llmgw"})
+    assert out.commands[0].argv[:3] == ["/opt/llmgw/bin/llmgw", "sim", "--host"]
+
+
+# ------------------------------------------------------------ environment
+
+def test_env_of_a_multi_node_shard():
+    out = render(make_shard("vllm", 1, 2, "mp", gpus=[4, 5, 6, 7], gpusPerNode=4), node(1, 2), EXE)
+    assert out.commands[0].env == {
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+        "NCCL_IB_HCA": "=mlx5_2:1,mlx5_3:1",
+        "VLLM_HOST_IP": "10.0.0.11",
+    }
+
+
+def test_every_command_of_a_ray_shard_gets_the_same_env():
+    out = render(make_shard("vllm", 0, 2, "ray"), node(0, 2), EXE)
+    ray, serve = out.commands
+    assert ray.env == serve.env
+    assert ray.env["NCCL_IB_HCA"] == "=mlx5_2:1,mlx5_3:1" and ray.env["VLLM_HOST_IP"] == "10.0.0.10"
+
+
+@pytest.mark.parametrize("engine", ["sglang", "llamacpp", "sim"])
+def test_island_shards_set_no_nccl_hca_and_only_vllm_sets_its_host_ip(engine):
+    env = render(make_shard(engine, gpus=[2]), node(), EXE).commands[0].env
+    assert env == {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "2"}
+
+
+def test_the_placement_overrides_a_profile_env_that_names_other_gpus():
+    env = render(make_shard("vllm", gpus=[1], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_DEBUG": "INFO"}),
+                 node(), EXE).commands[0].env
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["NCCL_DEBUG"] == "INFO"
+
+
+# ------------------------------------------------------------- edge cases
+
+def test_ipv6_head_is_bracketed_in_host_port_forms():
+    shard = make_shard("sglang", 1, 2, headAddress="fd00::10")
+    argv = render(shard, NodeFacts("fd00::11", ADAPTERS), EXE).commands[0].argv
+    assert argv[argv.index("--dist-init-addr") + 1] == "[fd00::10]:30002"
+    ray = render(make_shard("vllm", 1, 2, "ray", headAddress="fd00::10"), NodeFacts("fd00::11"), EXE)
+    assert "--address=[fd00::10]:30002" in ray.commands[0].argv
+
+
+def test_probe_of_a_wildcard_bind_goes_to_loopback():
+    out = render(make_shard("sim"), NodeFacts("0.0.0.0"), {})
+    assert out.probe.url == "http://127.0.0.1:30001/health"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
+def test_engines_that_load_weights_need_a_source(engine):
+    with pytest.raises(RenderError, match="spec.source on model llama-70b"):
+        render(make_shard(engine, source=None), node(), EXE)
+
+
+def test_programs_default_to_their_names_on_path():
+    assert render(make_shard("vllm"), node(), {}).commands[0].argv[0] == "vllm"
+    assert render(make_shard("llamacpp", args=[]), node(), {}).commands[0].argv[0] == "llama-server"
+
