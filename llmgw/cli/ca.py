@@ -1,0 +1,163 @@
+"""`llmgw ca`: the cluster's certificate authority (init, issue, revoke, list)."""
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from llmgw.pki import DEFAULT_DAYS, CAError, CertificateAuthority, normalize_serial
+
+dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
+                          show_default=True, help="CA directory (or $LLMGW_CA_DIR).")
+days_option = click.option("--days", type=int, default=DEFAULT_DAYS, show_default=True, help="Validity in days.")
+not_before_option = click.option(
+    "--not-before", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"]), default=None,
+    help="Start of validity (UTC; default: 5 minutes ago, for clock skew).")
+
+
+def _ca(directory: str) -> CertificateAuthority:
+    return CertificateAuthority(directory)
+
+
+def _fail(err: Exception) -> None:
+    raise click.ClickException(str(err))
+
+
+def _issue(directory, role, name, sans=(), days=DEFAULT_DAYS, not_before=None):
+    start = not_before.replace(tzinfo=timezone.utc) if not_before else None
+    try:
+        entry = _ca(directory).issue(role, name, list(sans), days=days, not_before=start)
+    except CAError as err:
+        _fail(err)
+    click.echo(f"issued {role} {name}: serial {entry.serial}, valid until {entry.not_after}")
+    click.echo(f"  cert {entry.cert}")
+    click.echo(f"  key  {entry.key}")
+    return entry
+
+
+@click.group()
+def ca():
+    """Certificate authority: every identity in llmgw is a certificate it signed."""
+
+
+@ca.command()
+@dir_option
+@click.option("--days", type=int, default=3650, show_default=True, help="Validity of the root in days.")
+def init(directory, days):
+    """Create a new root (ECDSA P-256) in --dir."""
+    try:
+        path = _ca(directory).init(days=days)
+    except CAError as err:
+        _fail(err)
+    click.echo(f"CA created: {path} (private key {path.with_name('ca.key')}, mode 0600)")
+
+
+@ca.group()
+def issue():
+    """Issue a certificate for a node, an admin, a component or the server."""
+
+
+@issue.command("node")
+@click.argument("name")
+@dir_option
+@days_option
+@not_before_option
+def issue_node(name, directory, days, not_before):
+    """A node agent's certificate: CN=NAME (the node id), O=llmgw:nodes."""
+    _issue(directory, "node", name, days=days, not_before=not_before)
+
+
+@issue.command("admin")
+@click.argument("name")
+@dir_option
+@days_option
+@not_before_option
+@click.option("--write-config", is_flag=True, help="Also write the client configuration for this admin.")
+@click.option("--server", default="https://127.0.0.1:7443", show_default=True, help="Server URL for --write-config.")
+@click.option("--config", "config", default=None, help="Where --write-config writes (default $LLMGW_CONFIG or ~/.config/llmgw/config.yaml).")
+def issue_admin(name, directory, days, not_before, write_config, server, config):
+    """A person's certificate: O=llmgw:admins may do anything."""
+    entry = _issue(directory, "admin", name, days=days, not_before=not_before)
+    if write_config:
+        from llmgw.client import ClientConfig
+        cfg = ClientConfig(server=server, ca=str(_ca(directory).cert_path), cert=entry.cert, key=entry.key)
+        click.echo(f"config written: {cfg.save(config)}")
+
+
+@issue.command("component")
+@click.argument("name", type=click.Choice(["controller-manager", "gateway"]))
+@dir_option
+@days_option
+@not_before_option
+def issue_component(name, directory, days, not_before):
+    """A component's certificate: O=llmgw:components, CN controller-manager or gateway."""
+    _issue(directory, "component", name, days=days, not_before=not_before)
+
+
+@issue.command("server")
+@click.option("--san", "sans", multiple=True, required=True, help="DNS name or IP address clients dial (repeatable).")
+@click.option("--name", default="llmgw-server", show_default=True, help="Common name.")
+@dir_option
+@days_option
+@not_before_option
+def issue_server(sans, name, directory, days, not_before):
+    """The API server's certificate."""
+    _issue(directory, "server", name, sans=sans, days=days, not_before=not_before)
+
+
+@ca.command()
+@click.argument("serial", required=False)
+@click.option("--node", default=None, help="Revoke every certificate issued to this node.")
+@dir_option
+@click.option("--etcd", envvar="LLMGW_ETCD", required=True, help="etcd endpoint(s), comma-separated (or $LLMGW_ETCD).")
+@click.option("--etcd-ca", default=None)
+@click.option("--etcd-cert", default=None)
+@click.option("--etcd-key", default=None)
+def revoke(serial, node, directory, etcd, etcd_ca, etcd_cert, etcd_key):
+    """Record SERIAL (or every certificate of --node) under /llmgw/revoked/; the server refuses it."""
+    if bool(serial) == bool(node):
+        raise click.UsageError("give either SERIAL or --node NAME")
+    authority = _ca(directory)
+    try:
+        serials = authority.serials_of_node(node) if node else [normalize_serial(serial)]
+    except CAError as err:
+        _fail(err)
+
+    async def record():
+        from llmgw.store import Store, StoreError
+        try:
+            async with Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key) as store:
+                for s in serials:
+                    entry = authority.find(s)
+                    info = {"revokedAt": datetime.now(timezone.utc).isoformat()}
+                    if entry:
+                        info.update(role=entry.role, name=entry.name)
+                    await store.revoke(s, info)
+        except (StoreError, OSError) as err:
+            _fail(f"cannot record the revocation in etcd at {etcd}: {err}")
+
+    asyncio.run(record())
+    if authority.index_path.exists():
+        authority.mark_revoked(serials)
+    for s in serials:
+        click.echo(f"revoked {s}")
+
+
+@ca.command("list")
+@dir_option
+def list_(directory):
+    """Every certificate this CA issued."""
+    authority = _ca(directory)
+    if not authority.exists():
+        _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
+    now = datetime.now(timezone.utc)
+    rows = [("SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE")]
+    for e in authority.index():
+        state = "revoked" if e.revoked else ("expired" if datetime.fromisoformat(e.not_after) < now else "valid")
+        rows.append((e.serial, e.role, e.name, e.not_after[:19], state))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])

@@ -1,0 +1,37 @@
+"""Async client of `llmgw server` (mutual TLS; REST in docs/contracts.md).
+
+    from llmgw.client import Client, ClientConfig, ApiError
+
+    cfg = ClientConfig.load(path=None)   # explicit path > $LLMGW_CONFIG > ~/.config/llmgw/config.yaml
+                                         # fields: server, ca, cert, key (ConfigError when unusable)
+    async with Client(server_url, ca=..., cert=..., key=...) as c:   # or Client.from_config(cfg)
+        obj = await c.get(kind, name, node=None)          # kind: plural, singular or short ("mo")
+        items, rv = await c.list(kind, selector=None, node=None)   # rv: the revision to watch from
+        obj = await c.create(obj)                         # AlreadyExists
+        obj = await c.update(obj)                         # Conflict when obj.metadata.resourceVersion is stale
+        obj = await c.update_status(obj)                  # replaces status
+        obj = await c.patch_status(kind, name, {"phase": ...}, node=None)   # top-level merge, conditions by type
+        obj = await c.delete(kind, name, node=None)
+        result, obj = await c.apply(obj)                  # 'created' | 'configured' | 'unchanged'
+        async for ev in c.watch(kind, resource_version=rv, node=None, selector=None):
+            ev.type, ev.object, ev.revision               # raises Expired (410): relist, watch from the list's rv
+        async for type, obj in c.list_and_watch(kind, node=None, selector=None, synced=False):
+            ...                                           # informer: relists on 410, re-watches after drops,
+                                                          # synthetic DELETED for objects gone across a relist
+        await c.heartbeat(node, ttl=None); await c.events(kind, name)
+        await c.record_event(kind, name, type, reason, message)
+
+Errors (each str() is one actionable line):
+    ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400/422,
+        Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule), NotFound 404,
+        Conflict 409 (AlreadyExists is a Conflict), Expired 410, Unavailable 503
+    Unreachable(url, why)                     code 0: no HTTP answer (refused, DNS, timeout)
+    TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
+                                              'client' = it refused ours (or ours cannot be loaded)
+"""
+from llmgw.client.client import Client, WatchEvent  # noqa: F401
+from llmgw.client.config import ClientConfig, ConfigError, config_path  # noqa: F401
+from llmgw.client.errors import (  # noqa: F401
+    AlreadyExists, ApiError, BadRequest, Conflict, Expired, Forbidden, NotFound, TLSError, Unauthorized,
+    Unavailable, Unreachable,
+)

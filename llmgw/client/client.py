@@ -1,0 +1,290 @@
+"""The async REST client of `llmgw server` (see docs/contracts.md, "REST")."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+from llmgw.api import Object, parse_object, resolve_kind
+from llmgw.client.config import ClientConfig
+from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
+
+BASE = "/apis/llmgw.io/v1"
+
+
+@dataclass
+class WatchEvent:
+    type: str            # ADDED | MODIFIED | DELETED
+    object: Object
+    revision: int        # etcd revision of the change: resume a watch with resource_version=revision
+
+
+def _ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
+    if ca and not os.path.exists(ca):
+        raise TLSError("server", f"cannot read CA file {ca}: no such file")
+    try:
+        ctx = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as err:
+        raise TLSError("server", f"cannot load CA file {ca}: {getattr(err, 'strerror', None) or err}") from None
+    if cert:
+        for path in (cert, key):
+            if path and not os.path.exists(path):
+                raise TLSError("client", f"cannot read {path}: no such file")
+        try:
+            ctx.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as err:
+            raise TLSError("client", f"cannot load {cert} / {key}: {err}") from None
+    return ctx
+
+
+# OpenSSL alert reasons a client sees when the *server* refused its certificate.
+_CLIENT_SIDE = {
+    "UNKNOWN_CA": "signed by a CA the server does not trust",
+    "CERTIFICATE_EXPIRED": "expired",
+    "CERTIFICATE_REVOKED": "revoked",
+    "CERTIFICATE_REQUIRED": "the server requires a client certificate and none was sent (set cert and key)",
+    "BAD_CERTIFICATE": "rejected by the server",
+    "UNSUPPORTED_CERTIFICATE": "rejected by the server (unsupported certificate)",
+    "HANDSHAKE_FAILURE": "handshake refused by the server",
+}
+
+
+def _find_ssl_error(err: BaseException | None) -> ssl.SSLError | None:
+    seen = 0
+    while err is not None and seen < 6:
+        if isinstance(err, ssl.SSLError):
+            return err
+        err = getattr(err, "os_error", None) or err.__cause__ or err.__context__
+        seen += 1
+    return None
+
+
+def _translate(err: BaseException, url: str) -> ApiError:
+    if isinstance(err, aiohttp.ClientConnectorCertificateError):
+        cert_err = err.certificate_error
+        why = getattr(cert_err, "verify_message", None) or str(cert_err)
+        if "Hostname mismatch" in str(cert_err) or "IP address mismatch" in str(cert_err):
+            why = f"{why} (issue one with `llmgw ca issue server --san HOST`)"
+        return TLSError("server", f"not trusted: {why}", url)
+    ssl_err = _find_ssl_error(err)
+    if ssl_err is not None:
+        if isinstance(ssl_err, ssl.SSLCertVerificationError):
+            return TLSError("server", f"not trusted: {ssl_err.verify_message}", url)
+        reason = (getattr(ssl_err, "reason", None) or "").upper()
+        for key, why in _CLIENT_SIDE.items():
+            if key in reason:
+                return TLSError("client", why, url)
+        return TLSError("client" if "ALERT" in reason else "server", str(ssl_err.reason or ssl_err), url)
+    if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
+        return Unreachable(url, "timed out")
+    if isinstance(err, aiohttp.ClientConnectorError):
+        return Unreachable(url, err.os_error.strerror or str(err.os_error))
+    if isinstance(err, aiohttp.ServerDisconnectedError):
+        return Unreachable(url, "the server closed the connection")
+    return Unreachable(url, str(err) or type(err).__name__)
+
+
+async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiError:
+    text = await resp.text()
+    try:
+        body = json.loads(text)
+        return error_for(resp.status, body.get("reason", resp.reason or ""), body.get("message", text), url)
+    except (ValueError, AttributeError):
+        return error_for(resp.status, resp.reason or "", f"{resp.status} {resp.reason}: {text.strip()[:200]}", url)
+
+
+def _kind(kind: str) -> str:
+    return resolve_kind(kind)
+
+
+class Client:
+    """`async with Client(url, ca=, cert=, key=) as c:`; see llmgw.client for the methods."""
+
+    def __init__(self, server: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
+                 *, timeout: float = 30.0, watch_idle_timeout: float = 90.0, connections: int = 100):
+        self.server = server.rstrip("/")
+        self._ssl = _ssl_context(ca, cert, key) if self.server.startswith("https://") else None
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        # A watch lasts forever; bookmarks arrive every few seconds, so silence means a dead server.
+        self._watch_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=watch_idle_timeout)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(cls, cfg: ClientConfig | None = None, **kw) -> "Client":
+        cfg = cfg or ClientConfig.load()
+        return cls(cfg.server, ca=cfg.ca, cert=cfg.cert, key=cfg.key, **kw)
+
+    async def __aenter__(self) -> "Client":
+        self._open()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl else False, limit=self._connections)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ---------------------------------------------------------- plumbing
+    async def request(self, method: str, path: str, *, params: dict | None = None, body: Any = None) -> Any:
+        url = self.server + path
+        params = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        try:
+            async with self._open().request(method, url, params=params, json=body) as resp:
+                if resp.status >= 400:
+                    raise await _error_from_response(resp, url)
+                return await resp.json()
+        except ApiError:
+            raise
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            raise _translate(err, url) from None
+
+    @staticmethod
+    def _path(kind: str, name: str | None = None, sub: str | None = None) -> str:
+        path = f"{BASE}/{_kind(kind)}"
+        if name is not None:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    @staticmethod
+    def _dump(obj: Object) -> dict:
+        return obj.model_dump(mode="json")
+
+    # -------------------------------------------------------------- verbs
+    async def get(self, kind: str, name: str, node: str | None = None) -> Object:
+        return parse_object(await self.request("GET", self._path(kind, name), params={"node": node}))
+
+    async def list(self, kind: str, selector: str | None = None, node: str | None = None) -> tuple[list[Object], int]:
+        data = await self.request("GET", self._path(kind), params={"labelSelector": selector, "node": node})
+        return [parse_object(i) for i in data["items"]], int(data["metadata"]["resourceVersion"])
+
+    async def create(self, obj: Object) -> Object:
+        return parse_object(await self.request("POST", self._path(obj.kind_plural), body=self._dump(obj)))
+
+    async def update(self, obj: Object) -> Object:
+        return parse_object(await self.request("PUT", self._path(obj.kind_plural, obj.name), body=self._dump(obj)))
+
+    async def update_status(self, obj: Object) -> Object:
+        path = self._path(obj.kind_plural, obj.name, "status")
+        return parse_object(await self.request("PUT", path, body=self._dump(obj)))
+
+    async def patch_status(self, kind: str, name: str, patch: dict, node: str | None = None) -> Object:
+        path = self._path(kind, name, "status")
+        return parse_object(await self.request("PATCH", path, params={"node": node}, body=patch))
+
+    async def delete(self, kind: str, name: str, node: str | None = None) -> Object:
+        return parse_object(await self.request("DELETE", self._path(kind, name), params={"node": node}))
+
+    async def apply(self, obj: Object) -> tuple[str, Object]:
+        data = await self.request("POST", self._path(obj.kind_plural, obj.name, "apply"), body=self._dump(obj))
+        return data["result"], parse_object(data["object"])
+
+    async def heartbeat(self, node: str, ttl: int | None = None) -> dict:
+        return await self.request("POST", f"{BASE}/heartbeat/{node}", body={"ttl": ttl} if ttl else {})
+
+    async def events(self, kind: str, name: str) -> list[dict]:
+        data = await self.request("GET", f"{BASE}/events", params={"kind": _kind(kind), "name": name})
+        return data["items"]
+
+    async def record_event(self, kind: str, name: str, type: str, reason: str, message: str) -> dict:
+        body = {"kind": _kind(kind), "name": name, "type": type, "reason": reason, "message": message}
+        return await self.request("POST", f"{BASE}/events", body=body)
+
+    # --------------------------------------------------------------- watch
+    async def watch(self, kind: str, resource_version: int | None = None, node: str | None = None,
+                    selector: str | None = None) -> AsyncIterator[WatchEvent]:
+        """Changes after `resource_version` (None: every current object as ADDED first).
+
+        Raises Expired when that revision was compacted: relist and watch from the list's
+        revision. Returns when the server ends the stream; raises Unreachable when it drops:
+        re-watch from the last event's revision either way.
+        """
+        url = self.server + self._path(kind)
+        params = {"watch": "1", "resourceVersion": resource_version, "node": node, "labelSelector": selector}
+        params = {k: str(v) for k, v in params.items() if v is not None}
+        try:
+            async with self._open().get(url, params=params, timeout=self._watch_timeout) as resp:
+                if resp.status >= 400:
+                    raise await _error_from_response(resp, url)
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev["type"] == "BOOKMARK":
+                        continue
+                    if ev["type"] == "ERROR":
+                        o = ev.get("object", {})
+                        raise error_for(int(o.get("code", 500)), o.get("reason", ""), o.get("message", ""), url)
+                    yield WatchEvent(ev["type"], parse_object(ev["object"]), int(ev.get("revision", 0)))
+        except ApiError:
+            raise
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            raise _translate(err, url) from None
+
+    async def list_and_watch(self, kind: str, node: str | None = None, selector: str | None = None,
+                             synced: bool = False, retry_max: float = 5.0) -> AsyncIterator[tuple[str, Object | None]]:
+        """Informer stream: ("ADDED"|"MODIFIED"|"DELETED", obj) forever.
+
+        Lists, emits what changed since the previous list (a synthetic DELETED for each object
+        that vanished meanwhile), then watches from the list's revision; relists on Expired,
+        re-watches after a drop (with backoff while the server is unreachable). With
+        synced=True it also yields ("SYNCED", None) after each list has been emitted.
+        Forbidden, NotFound and other request errors are raised.
+        """
+        cache: dict[str, Object] = {}
+        delay = 0.1
+        while True:
+            try:
+                items, rev = await self.list(kind, selector=selector, node=node)
+            except (Unreachable, ApiError) as err:
+                if not isinstance(err, Unreachable) and err.code < 500:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, retry_max)
+                continue
+            fresh = {o.name: o for o in items}
+            for name, obj in fresh.items():
+                if name not in cache:
+                    yield "ADDED", obj
+                elif obj != cache[name]:
+                    yield "MODIFIED", obj
+            for name in [n for n in cache if n not in fresh]:
+                yield "DELETED", cache.pop(name)
+            cache = fresh
+            if synced:
+                yield "SYNCED", None
+            while True:  # watch, resuming from the last revision seen, until told to relist
+                try:
+                    async for ev in self.watch(kind, resource_version=rev, node=node, selector=selector):
+                        delay = 0.1
+                        rev = max(rev, ev.revision)
+                        if ev.type == "DELETED":
+                            cache.pop(ev.object.name, None)
+                        else:
+                            cache[ev.object.name] = ev.object
+                        yield ev.type, ev.object
+                except Expired:
+                    break
+                except Unreachable:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, retry_max)
+                except ApiError as err:
+                    if err.code < 500:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, retry_max)

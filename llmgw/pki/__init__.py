@@ -1,0 +1,10 @@
+"""llmgw's PKI: a CA on disk (`llmgw ca`) and the identities its certificates carry.
+
+    ca = CertificateAuthority(dir); ca.init(); entry = ca.issue("node", "gpu-01")
+    entry.cert, entry.key, entry.serial                 # paths and lower-case hex serial
+    identity_from_der(der) -> Identity(role, name, org, serial, not_before, not_after)
+"""
+from llmgw.pki.ca import (  # noqa: F401
+    COMPONENTS, DEFAULT_DAYS, ORG, CAError, CertificateAuthority, Issued, normalize_serial, serial_hex,
+)
+from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file  # noqa: F401

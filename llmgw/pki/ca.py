@@ -1,0 +1,234 @@
+"""A certificate authority on disk: the root, the certificates it issued, an index.
+
+Layout of a CA directory (mode 0700; every private key 0600):
+
+    ca.crt, ca.key                  the root (ECDSA P-256, self-signed)
+    issued/<role>-<name>.crt/.key   each issued certificate and its key
+    index.json                      every certificate ever issued: serial, role,
+                                    name, validity, revoked (a re-issue keeps the
+                                    old entry, so `revoke --node` finds them all)
+
+Roles map to the subject's organisation, which is what the server authorizes:
+node -> O=llmgw:nodes (CN = node id), admin -> O=llmgw:admins,
+component -> O=llmgw:components (CN controller-manager or gateway),
+server -> O=llmgw:servers (with DNS/IP subject alternative names).
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from llmgw.api import check_dns1123_label
+
+ORG = {"node": "llmgw:nodes", "admin": "llmgw:admins", "component": "llmgw:components", "server": "llmgw:servers"}
+COMPONENTS = ("controller-manager", "gateway")
+DEFAULT_DAYS = 365
+CA_DAYS = 3650
+
+
+class CAError(Exception):
+    """A CA operation that cannot proceed; the message says why and what to do."""
+
+
+@dataclass
+class Issued:
+    serial: str  # lower-case hex, as recorded under /llmgw/revoked/
+    role: str
+    name: str
+    not_before: str
+    not_after: str
+    cert: str
+    key: str
+    revoked: bool = False
+
+
+def serial_hex(serial: int) -> str:
+    return format(serial, "x")
+
+
+def normalize_serial(text: str) -> str:
+    """Accept `1a:2b`, `0x1A2B` or `1a2b`; return lower-case hex without leading zeros."""
+    s = text.strip().lower().replace(":", "")
+    if s.startswith("0x"):
+        s = s[2:]
+    try:
+        return serial_hex(int(s, 16))
+    except ValueError:
+        raise CAError(f"{text!r} is not a certificate serial (hex digits, as `llmgw ca list` shows)") from None
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+class CertificateAuthority:
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory).expanduser().resolve()
+
+    # ------------------------------------------------------------ paths
+    @property
+    def cert_path(self) -> Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def key_path(self) -> Path:
+        return self.dir / "ca.key"
+
+    @property
+    def index_path(self) -> Path:
+        return self.dir / "index.json"
+
+    def exists(self) -> bool:
+        return self.cert_path.exists() and self.key_path.exists()
+
+    # ------------------------------------------------------------- init
+    def init(self, common_name: str = "llmgw-ca", days: int = CA_DAYS) -> Path:
+        if self.exists():
+            raise CAError(f"{self.dir} already holds a CA ({self.cert_path}); choose another --dir")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        (self.dir / "issued").mkdir(mode=0o700, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                          x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw")])
+        start = datetime.now(timezone.utc) - timedelta(minutes=5)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(start + timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        _write_private(self.key_path, _key_pem(key))
+        _write_public(self.cert_path, _cert_pem(cert))
+        self._save_index([])
+        return self.cert_path
+
+    def _load(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        if not self.exists():
+            raise CAError(f"no CA in {self.dir}: run `llmgw ca init --dir {self.dir}` first")
+        cert = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
+        key = serialization.load_pem_private_key(self.key_path.read_bytes(), password=None)
+        return cert, key
+
+    # ------------------------------------------------------------ index
+    def index(self) -> list[Issued]:
+        if not self.index_path.exists():
+            return []
+        return [Issued(**e) for e in json.loads(self.index_path.read_text())]
+
+    def _save_index(self, entries: list[Issued]) -> None:
+        _write_public(self.index_path, json.dumps([asdict(e) for e in entries], indent=1).encode())
+
+    # ------------------------------------------------------------ issue
+    def issue(self, role: str, name: str, sans: list[str] = (), days: int = DEFAULT_DAYS,
+              not_before: datetime | None = None) -> Issued:
+        """Issue a certificate for `role` (node, admin, component, server) named `name`."""
+        if role not in ORG:
+            raise CAError(f"unknown role {role!r}: use one of {', '.join(ORG)}")
+        if role == "node":
+            try:
+                check_dns1123_label(name)
+            except ValueError as err:
+                raise CAError(f"node name {err}") from None
+        if role == "component" and name not in COMPONENTS:
+            raise CAError(f"unknown component {name!r}: use one of {', '.join(COMPONENTS)}")
+        if role == "server" and not sans:
+            raise CAError("a server certificate needs at least one --san (a DNS name or IP address clients dial)")
+        if days <= 0:
+            raise CAError(f"validity must be at least one day, got {days}")
+        ca_cert, ca_key = self._load()
+        key = ec.generate_private_key(ec.SECP256R1())
+        start = not_before or (datetime.now(timezone.utc) - timedelta(minutes=5))
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=timezone.utc)
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
+                             x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])])
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if role == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(start + timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=True,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName([_san(s) for s in sans]), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        issued_dir = self.dir / "issued"
+        issued_dir.mkdir(mode=0o700, exist_ok=True)
+        crt_path, key_path = issued_dir / f"{role}-{name}.crt", issued_dir / f"{role}-{name}.key"
+        _write_private(key_path, _key_pem(key))
+        _write_public(crt_path, _cert_pem(cert))
+        entry = Issued(serial=serial_hex(cert.serial_number), role=role, name=name,
+                       not_before=cert.not_valid_before_utc.isoformat(),
+                       not_after=cert.not_valid_after_utc.isoformat(),
+                       cert=str(crt_path), key=str(key_path))
+        self._save_index(self.index() + [entry])
+        return entry
+
+    # ----------------------------------------------------------- revoke
+    def serials_of_node(self, node: str) -> list[str]:
+        found = [e.serial for e in self.index() if e.role == "node" and e.name == node and not e.revoked]
+        if not found:
+            raise CAError(f"no unrevoked node certificate for {node!r} in {self.index_path}")
+        return found
+
+    def mark_revoked(self, serials: list[str]) -> None:
+        wanted = set(serials)
+        entries = self.index()
+        for e in entries:
+            if e.serial in wanted:
+                e.revoked = True
+        self._save_index(entries)
+
+    def find(self, serial: str) -> Issued | None:
+        return next((e for e in self.index() if e.serial == serial), None)
+
+
+def _san(text: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(text))
+    except ValueError:
+        return x509.DNSName(text)

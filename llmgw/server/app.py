@@ -1,0 +1,378 @@
+"""The REST API of `llmgw server` (docs/contracts.md, "REST") on top of llmgw.store."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+
+from aiohttp import web
+
+from llmgw.api import KINDS, InvalidObject, Object, parse_object
+from llmgw.pki import Identity, identity_from_der
+from llmgw.server.authz import Action, Authorizer, Denied
+from llmgw.server.revocations import Revocations
+from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Selector, Store,
+                         StoreUnavailable)
+
+log = logging.getLogger("llmgw.server")
+API = "/apis/llmgw.io/v1"
+
+
+class Fail(Exception):
+    def __init__(self, code: int, reason: str, message: str, **details):
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+        super().__init__(message)
+
+
+def status_body(code: int, reason: str, message: str, **details) -> dict:
+    body = {"apiVersion": "llmgw.io/v1", "kind": "Status", "status": "Failure",
+            "code": code, "reason": reason, "message": message}
+    if details:
+        body["details"] = details
+    return body
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data), status=status, content_type="application/json")
+
+
+def _dump(obj: Object) -> dict:
+    return obj.model_dump(mode="json")
+
+
+def _node_of(obj: Object) -> str | None:
+    return obj.spec.node if obj.kind_plural == "shards" else None
+
+
+_STORE_ERRORS = [
+    (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
+    (FencedOut, 409, "Conflict"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
+]
+
+
+class ApiServer:
+    def __init__(self, store: Store, bookmark_interval: float = 10.0):
+        self.store = store
+        self.bookmark_interval = bookmark_interval
+        self.revocations = Revocations(store)
+        self.authz = Authorizer(self._referenced)
+        self._identities: OrderedDict[bytes, Identity] = OrderedDict()
+        self._tasks: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------ app
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=8 << 20)
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
+        r.add_get(f"{API}/events", self.list_events)
+        r.add_post(f"{API}/events", self.record_event)
+        r.add_get(f"{API}/{{kind}}", self.list_or_watch)
+        r.add_post(f"{API}/{{kind}}", self.create)
+        r.add_get(f"{API}/{{kind}}/{{name}}", self.get)
+        r.add_put(f"{API}/{{kind}}/{{name}}", self.update)
+        r.add_delete(f"{API}/{{kind}}/{{name}}", self.delete)
+        r.add_put(f"{API}/{{kind}}/{{name}}/status", self.update_status)
+        r.add_patch(f"{API}/{{kind}}/{{name}}/status", self.patch_status)
+        r.add_post(f"{API}/{{kind}}/{{name}}/apply", self.apply)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app) -> None:
+        self._tasks.append(asyncio.create_task(self.revocations.run()))
+        await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
+
+    async def _stop(self, app) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except Fail as f:
+            return _json(status_body(f.code, f.reason, f.message, **f.details), f.code)
+        except Denied as d:
+            who = request.get("identity")
+            if d.log_line:
+                log.warning("%s", d.log_line)
+            else:
+                log.info("forbidden: %s: %s", who, d)
+            return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
+        except InvalidObject as err:
+            return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
+        except web.HTTPException:
+            raise
+        except tuple(e for e, _, _ in _STORE_ERRORS) as err:
+            code, reason = next((c, r) for e, c, r in _STORE_ERRORS if isinstance(err, e))
+            return _json(status_body(code, reason, str(err)), code)
+        except ValueError as err:
+            return _json(status_body(400, "BadRequest", str(err)), 400)
+
+    def _identity(self, der: bytes) -> Identity:
+        ident = self._identities.get(der)
+        if ident is None:
+            ident = identity_from_der(der)
+            self._identities[der] = ident
+            if len(self._identities) > 4096:
+                self._identities.popitem(last=False)
+        return ident
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+        der = ssl_obj.getpeercert(binary_form=True) if ssl_obj else None
+        if not der:
+            raise Fail(401, "Unauthorized", "a client certificate is required")
+        who = self._identity(der)
+        peer = request.remote
+        if who.expired():
+            log.warning("refused: certificate %s from %s expired at %s", who, peer, who.not_after.isoformat())
+            raise Fail(401, "CertificateExpired", f"client certificate {who} expired at {who.not_after.isoformat()}; "
+                       "issue a new one with `llmgw ca issue`")
+        if who.not_yet_valid():
+            log.warning("refused: certificate %s from %s is not valid before %s", who, peer, who.not_before.isoformat())
+            raise Fail(401, "CertificateNotYetValid", f"client certificate {who} is not valid before "
+                       f"{who.not_before.isoformat()} (check the clocks)")
+        if who.serial in self.revocations:
+            log.warning("refused: certificate %s from %s is revoked", who, peer)
+            raise Fail(401, "CertificateRevoked", f"client certificate {who} is revoked; ask an admin for a new one")
+        request["identity"] = who
+        return await handler(request)
+
+    async def _check(self, request: web.Request, act: Action) -> None:
+        await self.authz.check(request["identity"], act)
+
+    async def _referenced(self, node: str) -> tuple[set[str], set[str]]:
+        shards, _ = await self.store.list("shards", node=node)
+        return {s.spec.model for s in shards}, {s.spec.replica for s in shards}
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _kind(request: web.Request) -> str:
+        kind = request.match_info["kind"]
+        if kind not in KINDS:
+            raise Fail(404, "NotFound", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+        return kind
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise Fail(400, "BadRequest", "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise Fail(400, "BadRequest", "request body must be a JSON object")
+        return body
+
+    async def _object(self, request: web.Request, kind: str) -> Object:
+        obj = parse_object(await self._body(request))
+        if obj.kind_plural != kind:
+            raise Fail(400, "BadRequest", f"body is a {obj.kind}, but the URL says {kind}")
+        name = request.match_info.get("name")
+        if name is not None and obj.metadata.name != name:
+            raise Fail(400, "BadRequest", f"body names {obj.metadata.name!r}, but the URL says {name!r}")
+        return obj
+
+    # ------------------------------------------------------------ handlers
+    async def healthz(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "identity": str(request["identity"])})
+
+    async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
+        kind = self._kind(request)
+        q = request.query
+        node, selector = q.get("node") or None, q.get("labelSelector") or None
+        if selector:
+            Selector.parse(selector)  # 400 on a bad selector before anything else
+        if q.get("watch") in ("1", "true"):
+            await self._check(request, Action("watch", kind, node=node))
+            rv = q.get("resourceVersion")
+            try:
+                rv = int(rv) if rv else 0
+            except ValueError:
+                raise Fail(400, "BadRequest", f"resourceVersion must be an integer, got {rv!r}") from None
+            return await self._watch(request, kind, node, selector, rv)
+        await self._check(request, Action("list", kind, node=node))
+        items, rev = await self.store.list(kind, selector=selector, node=node)
+        return _json({"apiVersion": "llmgw.io/v1", "kind": f"{KINDS[kind].model_fields['kind'].default}List",
+                      "metadata": {"resourceVersion": rev}, "items": [_dump(o) for o in items]})
+
+    async def get(self, request: web.Request) -> web.Response:
+        kind, name = self._kind(request), request.match_info["name"]
+        hint = request.query.get("node") or None
+        if kind == "shards":
+            obj = await self.store.get(kind, name, node=hint)
+            await self._check(request, Action("get", kind, name, node=hint, obj_node=obj.spec.node))
+            return _json(_dump(obj))
+        await self._check(request, Action("get", kind, name))
+        return _json(_dump(await self.store.get(kind, name)))
+
+    async def create(self, request: web.Request) -> web.Response:
+        kind = self._kind(request)
+        obj = await self._object(request, kind)
+        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj)))
+        return _json(_dump(await self.store.create(obj)), 201)
+
+    async def update(self, request: web.Request) -> web.Response:
+        kind = self._kind(request)
+        obj = await self._object(request, kind)
+        await self._check(request, Action("update", kind, obj.name, obj_node=_node_of(obj)))
+        if obj.metadata.resourceVersion is None:
+            raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
+        return _json(_dump(await self.store.update(obj)))
+
+    async def _existing_for_status(self, request: web.Request, kind: str, name: str) -> Object:
+        hint = request.query.get("node") or None
+        who = request["identity"]
+        if who.role == "node" and kind != "shards":
+            await self._check(request, Action("status", kind, name))  # before touching the store
+        current = await self.store.get(kind, name, node=hint)
+        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current)))
+        return current
+
+    async def update_status(self, request: web.Request) -> web.Response:
+        kind = self._kind(request)
+        obj = await self._object(request, kind)
+        current = await self._existing_for_status(request, kind, obj.name)
+        new = current.model_copy(update={"status": obj.status})
+        return _json(_dump(await self.store.update_status(new)))
+
+    async def patch_status(self, request: web.Request) -> web.Response:
+        kind, name = self._kind(request), request.match_info["name"]
+        patch = await self._body(request)
+        current = await self._existing_for_status(request, kind, name)
+        return _json(_dump(await self.store.patch_status(kind, name, patch, node=_node_of(current))))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        kind, name = self._kind(request), request.match_info["name"]
+        await self._check(request, Action("delete", kind, name))
+        return _json(_dump(await self.store.delete(kind, name, node=request.query.get("node") or None)))
+
+    async def apply(self, request: web.Request) -> web.Response:
+        kind = self._kind(request)
+        obj = await self._object(request, kind)
+        await self._check(request, Action("apply", kind, obj.name, obj_node=_node_of(obj)))
+        result, out = await apply_object(self.store, obj)
+        return _json({"result": result, "object": _dump(out)}, 201 if result == "created" else 200)
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        await self._check(request, Action("heartbeat", "heartbeat", node))
+        body = await self._body(request) if request.can_read_body else {}
+        ttl = body.get("ttl") or 15
+        if not isinstance(ttl, int) or not 1 <= ttl <= 600:
+            raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
+        await self.store.heartbeat(node, ttl=ttl)
+        return _json({"node": node, "ttl": ttl})
+
+    async def list_events(self, request: web.Request) -> web.Response:
+        kind, name = request.query.get("kind"), request.query.get("name")
+        if not kind or not name:
+            raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
+        await self._check(request, Action("events-read", "events", f"{kind}/{name}"))
+        return _json({"items": await self.store.list_events(kind, name)})
+
+    async def record_event(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        try:
+            kind, name, type_, reason, message = (str(body[k]) for k in ("kind", "name", "type", "reason", "message"))
+        except KeyError as err:
+            raise Fail(400, "BadRequest", f"event field {err.args[0]!r} is required") from None
+        if kind not in KINDS:
+            raise Fail(400, "BadRequest", f"unknown kind {kind!r}")
+        obj_node = name if kind == "nodes" else None
+        if kind == "shards" and request["identity"].role == "node":
+            obj_node = (await self.store.get("shards", name, node=body.get("node"))).spec.node
+        await self._check(request, Action("events-write", "events", f"{kind}/{name}", obj_node=obj_node))
+        await self.store.record_event(kind, name, type_, reason, message)
+        return _json({"recorded": True}, 201)
+
+    # ------------------------------------------------------------ watch
+    async def _watch(self, request: web.Request, kind: str, node: str | None, selector: str | None,
+                     rv: int) -> web.StreamResponse:
+        """JSON lines: events after rv (rv=0: every current object as ADDED first), BOOKMARKs while
+        idle, and one ERROR (410 Expired: relist; 503: re-watch from the last revision) before the end."""
+        sel = Selector.parse(selector)
+        rev = rv
+        initial: list[Object] = []
+        if not rv:
+            initial, rev = await self.store.list(kind, selector=selector, node=node)
+        queue: asyncio.Queue = asyncio.Queue(maxsize=10000)
+
+        async def pump():
+            try:
+                async for ev in self.store.watch(kind, rev + 1, node=node):
+                    await queue.put(ev)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                await queue.put(err)
+
+        task = asyncio.create_task(pump())
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            lines = [json.dumps({"type": "ADDED", "object": _dump(o), "revision": rev}) for o in initial]
+            if lines:
+                await resp.write(("\n".join(lines) + "\n").encode())
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), self.bookmark_interval)
+                except asyncio.TimeoutError:
+                    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rev}}, "revision": rev}
+                    await resp.write((json.dumps(bookmark) + "\n").encode())
+                    continue
+                if isinstance(item, Exception):
+                    code, reason = (410, "Expired") if isinstance(item, Compacted) else (503, "ServiceUnavailable")
+                    err = {"type": "ERROR", "object": status_body(code, reason, str(item))}
+                    await resp.write((json.dumps(err) + "\n").encode())
+                    break
+                rev = item.revision
+                type_ = item.type
+                if not sel.matches(item.object.metadata.labels):
+                    if type_ != "MODIFIED":
+                        continue
+                    type_ = "DELETED"  # it stopped matching: gone from this watcher's view
+                line = {"type": type_, "object": _dump(item.object), "revision": item.revision}
+                await resp.write((json.dumps(line) + "\n").encode())
+        except (ConnectionResetError, ConnectionError):
+            pass  # the client went away
+        finally:
+            task.cancel()
+        return resp
+
+
+async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[str, Object]:
+    """Create `obj`, or make the stored one's spec, labels and annotations match it.
+
+    Status is never written. Labels and annotations in the manifest are set; others the
+    object carries (added by controllers or agents) are kept. An unchanged manifest writes
+    nothing: generation and resourceVersion stay as they are.
+    """
+    node = _node_of(obj)
+    for _ in range(attempts):
+        try:
+            current = await store.get(obj.kind_plural, obj.name, node=node)
+        except NotFound:
+            fresh = obj.model_copy(deep=True)
+            fresh.status = type(obj).model_fields["status"].default_factory()
+            try:
+                return "created", await store.create(fresh)
+            except AlreadyExists:
+                continue
+        desired = current.model_copy(deep=True)
+        desired.spec = obj.spec.model_copy(deep=True)
+        desired.metadata.labels = {**current.metadata.labels, **obj.metadata.labels}
+        desired.metadata.annotations = {**current.metadata.annotations, **obj.metadata.annotations}
+        if (desired.spec, desired.metadata.labels, desired.metadata.annotations) == (
+                current.spec, current.metadata.labels, current.metadata.annotations):
+            return "unchanged", current
+        try:
+            return "configured", await store.update(desired)
+        except Conflict:
+            continue
+    raise Conflict(f"{obj.kind_plural}/{obj.name} kept changing while being applied; re-run")

@@ -1,0 +1,116 @@
+"""Authorization by client certificate (issue 3, part 3).
+
+Rules, by the certificate's organisation:
+  admins           (O=llmgw:admins)      everything
+  controller-manager (O=llmgw:components) everything
+  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes
+  node N           (O=llmgw:nodes, CN=N) its own Node (get/create/update/status/apply),
+                                         heartbeat as N, get/list/watch Shards bound to N
+                                         (list and watch must say node=N), their status,
+                                         events about N and its shards, and get the Models
+                                         and Replicas its shards reference
+Anything else is Forbidden, with the rule's name in the message.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw.pki import Identity
+
+READ = {"get", "list", "watch"}
+
+
+@dataclass
+class Action:
+    verb: str                 # get list watch create update status delete apply heartbeat events-read events-write
+    kind: str                 # plural kind, or "heartbeat"/"events"
+    name: str | None = None   # object name (for create/apply: the body's name)
+    node: str | None = None   # ?node= of a list/watch
+    obj_node: str | None = None  # for an existing Shard: its spec.node
+
+    def __str__(self) -> str:
+        what = f"{self.kind}/{self.name}" if self.name else self.kind
+        return f"{self.verb} {what}" + (f" (node={self.node})" if self.node else "")
+
+
+class Denied(Exception):
+    """403: `rule` names the rule that refused; `log_line`, when set, goes to the server log."""
+
+    def __init__(self, rule: str, message: str, log_line: str | None = None):
+        self.rule, self.log_line = rule, log_line
+        super().__init__(f"forbidden by rule {rule}: {message}")
+
+
+class Authorizer:
+    def __init__(self, referenced):
+        # referenced(node) -> awaitable (models, replicas): names the node's shards reference
+        self._referenced = referenced
+
+    async def check(self, who: Identity, act: Action) -> None:
+        if who.role == "admin":
+            return
+        if who.role == "component":
+            return self._component(who, act)
+        if who.role == "node":
+            return await self._node(who, act)
+        raise Denied("identity", f"certificate {who.name!r} has organisation {who.org!r}, which llmgw grants "
+                     "nothing (expected llmgw:admins, llmgw:components or llmgw:nodes)")
+
+    @staticmethod
+    def _component(who: Identity, act: Action) -> None:
+        if who.name == "controller-manager":
+            return
+        if who.name == "gateway":
+            if act.verb in READ and act.kind in ("models", "replicas", "nodes"):
+                return
+            raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas and "
+                         f"nodes; it asked to {act}")
+        raise Denied("component", f"unknown component {who.name!r} (known: controller-manager, gateway)")
+
+    async def _node(self, who: Identity, act: Action) -> None:
+        me = who.name
+
+        def claims(other: str, rule: str, what: str) -> Denied:
+            return Denied(rule, f"certificate CN={me} may {what} only as node {me}, not {other}",
+                          log_line=f"refused: certificate CN={me} claims node {other}")
+
+        if act.kind == "nodes":
+            if act.verb in ("get", "create", "update", "status", "apply"):
+                if act.name != me:
+                    raise claims(act.name, "node-self", "read and write a Node")
+                return
+            raise Denied("node-self", f"node {me} may only get, create and update its own Node; it asked to {act}")
+        if act.kind == "heartbeat":
+            if act.name != me:
+                raise claims(act.name, "node-heartbeat", "heartbeat")
+            return
+        if act.kind == "shards":
+            if act.verb in ("list", "watch"):
+                if act.node is None:
+                    raise Denied("node-shards", f"node {me} must {act.verb} shards with node={me}")
+                if act.node != me:
+                    raise claims(act.node, "node-shards", f"{act.verb} shards")
+                return
+            if act.verb in ("get", "status"):
+                if act.node is not None and act.node != me:
+                    raise claims(act.node, "node-shards", "read shards")
+                if act.obj_node != me:
+                    raise Denied("node-shards", f"node {me} may only read and write the status of shards "
+                                 f"bound to it; shards/{act.name} is bound to {act.obj_node}")
+                return
+            raise Denied("node-shards", f"node {me} may only get, list, watch shards bound to it and write "
+                         f"their status; it asked to {act}")
+        if act.kind in ("models", "replicas"):
+            if act.verb == "get":
+                models, replicas = await self._referenced(me)
+                if act.name in (models if act.kind == "models" else replicas):
+                    return
+                raise Denied("node-shard-refs", f"node {me} may only get {act.kind} that its own shards "
+                             f"reference; no shard on {me} references {act.kind}/{act.name}")
+            raise Denied("node-shard-refs", f"node {me} may only get the models and replicas of its shards; "
+                         f"it asked to {act}")
+        if act.kind == "events" and act.verb == "events-write":
+            if act.obj_node == me:
+                return
+            raise Denied("node-events", f"node {me} may only record events about itself and its shards")
+        raise Denied("node", f"a node certificate may not {act}")

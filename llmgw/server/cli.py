@@ -1,0 +1,83 @@
+"""`llmgw server`: the mutual-TLS REST API over etcd."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+
+import click
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"{text!r}: expected HOST:PORT, e.g. 0.0.0.0:7443")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca=None, etcd_cert=None,
+                etcd_key=None, bookmark_interval: float = 10.0) -> None:
+    from aiohttp import web
+
+    from llmgw.server.app import ApiServer
+    from llmgw.server.tls import TLSSite, server_context
+    from llmgw.store import Store, StoreError
+
+    log = logging.getLogger("llmgw.server")
+    host, port = _listen(listen)
+    for what, path in (("--cert", cert), ("--key", key), ("--client-ca", client_ca)):
+        if not os.path.exists(path):
+            raise click.ClickException(f"{what} {path}: no such file")
+    try:
+        ctx = server_context(cert, key, client_ca)
+    except ssl.SSLError as err:
+        raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
+                                   f"{client_ca}: {err.reason or err}")
+    store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
+    try:
+        await store.connect()
+    except (StoreError, OSError) as err:
+        raise click.ClickException(f"cannot reach etcd at {etcd}: {err}")
+    api = ApiServer(store, bookmark_interval=bookmark_interval)
+    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
+    await runner.setup()
+    site = TLSSite(runner, host, port, ssl_context=ctx)
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        await store.close()
+        raise click.ClickException(f"cannot listen on {listen}: {err.strerror or err}")
+    log.info("listening on https://%s:%d (etcd %s)", host, site.port, etcd)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    await store.close()
+
+
+@click.command()
+@click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT (port 0: any free port).")
+@click.option("--etcd", envvar="LLMGW_ETCD", default="http://127.0.0.1:2379", show_default=True,
+              help="etcd endpoint(s), comma-separated.")
+@click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
+@click.option("--key", required=True, help="Server private key.")
+@click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
+@click.option("--etcd-ca", default=None)
+@click.option("--etcd-cert", default=None)
+@click.option("--etcd-key", default=None)
+@click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
+              help="Seconds between watch keepalives.")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)
+def server(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval, log_level):
+    """Serve the llmgw API over mutual TLS (identity = client certificate)."""
+    logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    asyncio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval))

@@ -1,0 +1,118 @@
+"""Mutual TLS for the API server, with a log line for every refused handshake.
+
+Python's ssl module verifies the client's chain inside the handshake and offers no
+verify callback, and asyncio drops handshake errors silently. So the listener runs
+the handshake itself (asyncio's SSLProtocol, wired by hand) and logs why one failed:
+unknown CA, no certificate, or the client distrusting us.
+
+Validity dates are *not* checked in the handshake (X509_V_FLAG_NO_CHECK_TIME): the
+server checks them per request instead, so an expired certificate is refused with a
+log line naming its CN and serial, and the client gets a JSON answer saying so.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from asyncio.sslproto import SSLProtocol
+
+from aiohttp import web
+
+log = logging.getLogger("llmgw.server")
+
+X509_V_FLAG_NO_CHECK_TIME = 0x200000
+
+# OpenSSL verify codes that mean "not signed by a CA this server trusts".
+_UNKNOWN_CA = {2, 18, 19, 20, 21, 30}
+
+
+def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=client_ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.verify_flags |= X509_V_FLAG_NO_CHECK_TIME
+    return ctx
+
+
+def describe_handshake_error(err: BaseException) -> str:
+    if isinstance(err, ssl.SSLCertVerificationError):
+        if err.verify_code in _UNKNOWN_CA:
+            return f"client certificate not signed by the cluster CA (unknown CA: {err.verify_message})"
+        return f"client certificate rejected: {err.verify_message}"
+    reason = (getattr(err, "reason", None) or "").upper()
+    if "PEER_DID_NOT_RETURN_A_CERTIFICATE" in reason or "CERTIFICATE_REQUIRED" in reason:
+        return "no client certificate presented"
+    if "ALERT_UNKNOWN_CA" in reason or "ALERT_BAD_CERTIFICATE" in reason:
+        return "the client does not trust this server's certificate (check its CA file)"
+    if "WRONG_VERSION_NUMBER" in reason or "HTTP_REQUEST" in reason:
+        return "not TLS (plain HTTP sent to the HTTPS port?)"
+    if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
+        return "handshake timed out"
+    return str(getattr(err, "reason", None) or err or type(err).__name__)
+
+
+class _AlertingSSLProtocol(SSLProtocol):
+    """asyncio drops the TLS alert of a failed handshake; send it, so the client learns why."""
+
+    def _on_handshake_complete(self, handshake_exc):
+        if handshake_exc is not None:
+            try:
+                self._process_outgoing()
+            except Exception:  # the peer may be gone already
+                pass
+        super()._on_handshake_complete(handshake_exc)
+
+
+class _Acceptor(asyncio.Protocol):
+    """Runs the TLS handshake for one connection, then hands it to aiohttp's handler."""
+
+    def __init__(self, handler_factory, ctx: ssl.SSLContext, timeout: float):
+        self._factory, self._ctx, self._timeout = handler_factory, ctx, timeout
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        waiter = loop.create_future()
+        tls = _AlertingSSLProtocol(loop, self._factory(), self._ctx, waiter, server_side=True,
+                          call_connection_made=True, ssl_handshake_timeout=self._timeout)
+        transport.set_protocol(tls)
+        tls.connection_made(transport)
+        waiter.add_done_callback(lambda fut: _log_failure(fut, peer))
+
+
+def _log_failure(fut: asyncio.Future, peer) -> None:
+    if fut.cancelled() or fut.exception() is None:
+        return
+    err = fut.exception()
+    who = f"{peer[0]}:{peer[1]}" if peer else "?"
+    if isinstance(err, (ConnectionResetError, BrokenPipeError)) or err is ConnectionResetError:
+        log.info("TLS handshake from %s: closed by the client (does it trust this server's certificate?)", who)
+        return
+    log.warning("refused: TLS handshake from %s: %s", who, describe_handshake_error(err))
+
+
+class TLSSite(web.TCPSite):
+    """TCPSite whose listener logs refused handshakes (see the module docstring)."""
+
+    __slots__ = ("_tls_context", "_handshake_timeout")
+
+    def __init__(self, runner, host, port, *, ssl_context: ssl.SSLContext, handshake_timeout: float = 10.0, **kw):
+        super().__init__(runner, host, port, **kw)
+        self._tls_context = ssl_context
+        self._handshake_timeout = handshake_timeout
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host or '0.0.0.0'}:{self.port}"
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        ctx, timeout = self._tls_context, self._handshake_timeout
+        self._server = await loop.create_server(
+            lambda: _Acceptor(server, ctx, timeout), self._host, self._port,
+            backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port

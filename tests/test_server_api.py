@@ -1,0 +1,157 @@
+"""The REST API through the client: CRUD, conflicts, apply, status, watch, relist after compaction."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.api import parse_object
+from llmgw.client import AlreadyExists, BadRequest, Conflict, Expired, NotFound
+from llmgw.store import Store
+from tests.helpers.cluster import api_server, ca_dir, shared_api_server  # noqa: F401
+
+V1 = "llmgw.io/v1"
+
+
+def model(name, replicas=1, labels=None):
+    return parse_object({"apiVersion": V1, "kind": "Model", "metadata": {"name": name, "labels": labels or {}},
+                         "spec": {"replicas": replicas, "profiles": [{"engine": "sim"}]}})
+
+
+async def test_create_get_update_delete(shared_api_server):
+    async with shared_api_server.client() as c:
+        created = await c.create(model("crud"))
+        assert created.metadata.generation == 1 and created.metadata.uid
+        with pytest.raises(AlreadyExists):
+            await c.create(model("crud"))
+        got = await c.get("mo", "crud")
+        got.spec.replicas = 3
+        updated = await c.update(got)
+        assert updated.metadata.generation == 2
+        with pytest.raises(Conflict) as err:
+            await c.update(got)  # got's resourceVersion is stale now
+        assert err.value.code == 409 and "re-read" in str(err.value)
+        await c.delete("models", "crud")
+        with pytest.raises(NotFound):
+            await c.get("models", "crud")
+
+
+async def test_status_writes_leave_spec_and_generation(shared_api_server):
+    async with shared_api_server.client() as c:
+        m = await c.create(model("stat"))
+        m.status.readyReplicas = 1
+        after = await c.update_status(m)
+        assert after.status.readyReplicas == 1
+        patched = await c.patch_status("models", "stat", {"replicas": 2})
+        assert (patched.status.replicas, patched.status.readyReplicas) == (2, 1)
+        now = await c.get("models", "stat")
+        assert now.metadata.generation == 1 and now.metadata.resourceVersion == m.metadata.resourceVersion
+
+
+async def test_apply_is_idempotent_and_leaves_status(shared_api_server):
+    async with shared_api_server.client() as c:
+        result, first = await c.apply(model("app", labels={"team": "a"}))
+        assert result == "created"
+        await c.patch_status("models", "app", {"readyReplicas": 1})
+        result, same = await c.apply(model("app", labels={"team": "a"}))
+        assert result == "unchanged"
+        assert (same.metadata.generation, same.metadata.resourceVersion) == (1, first.metadata.resourceVersion)
+        manifest = model("app", replicas=4, labels={"team": "a"})
+        manifest.status.readyReplicas = 99  # status in a manifest is ignored
+        result, changed = await c.apply(manifest)
+        assert result == "configured" and changed.metadata.generation == 2
+        stored = await c.get("models", "app")
+        assert stored.spec.replicas == 4 and stored.status.readyReplicas == 1
+
+
+async def test_invalid_object_names_the_field(shared_api_server):
+    async with shared_api_server.client() as c:
+        bad = {"apiVersion": V1, "kind": "Model", "metadata": {"name": "bad"},
+               "spec": {"profiles": [{"engine": "sim", "gpus_per_node": 2}]}}
+        with pytest.raises(BadRequest) as err:
+            await c.request("POST", "/apis/llmgw.io/v1/models", body=bad)
+    assert err.value.code == 422 and "spec.profiles[0]: unknown field 'gpus_per_node'" in str(err.value)
+
+
+async def test_list_by_label_selector(shared_api_server):
+    async with shared_api_server.client() as c:
+        await c.create(model("sel-a", labels={"tier": "gold"}))
+        await c.create(model("sel-b", labels={"tier": "silver"}))
+        items, rv = await c.list("models", selector="tier=gold")
+        assert [m.name for m in items] == ["sel-a"] and rv > 0
+        with pytest.raises(BadRequest):
+            await c.list("models", selector="=x")
+
+
+async def test_watch_resumes_from_a_resource_version(shared_api_server):
+    async with shared_api_server.client() as c:
+        await c.create(model("w-before"))
+        _, rv = await c.list("models")
+        await c.create(model("w-after"))
+        await c.patch_status("models", "w-after", {"replicas": 1})
+        events = []
+        async for ev in c.watch("models", resource_version=rv):
+            events.append((ev.type, ev.object.name, ev.object.status.replicas))
+            if len(events) == 2:
+                break
+        assert events == [("ADDED", "w-after", 0), ("MODIFIED", "w-after", 1)]
+        # resuming from the first event's revision yields only what came after it
+        async for ev in c.watch("models", resource_version=rv + 1):
+            assert (ev.type, ev.object.name) == ("MODIFIED", "w-after")
+            break
+
+
+async def test_watch_of_a_compacted_revision_says_expired(shared_api_server):
+    async with shared_api_server.client() as c, Store(shared_api_server.etcd) as store:
+        _, rv = await c.list("models")
+        for i in range(3):
+            await c.create(model(f"comp-{i}"))
+        await store.compact(keep=1)
+        with pytest.raises(Expired) as err:
+            async for _ in c.watch("models", resource_version=rv):
+                pass
+        assert err.value.code == 410
+
+
+async def test_heartbeat_and_events(shared_api_server):
+    srv = shared_api_server
+    node_ident = srv.issue_node("hb-node")
+    async with srv.client(node_ident) as n, Store(srv.etcd) as store:
+        assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
+        assert "hb-node" in await store.heartbeats()
+        await n.record_event("nodes", "hb-node", "Normal", "Registered", "agent started")
+    async with srv.client() as admin:
+        events = await admin.events("nodes", "hb-node")
+        assert [(e["reason"], e["message"]) for e in events] == [("Registered", "agent started")]
+
+
+async def test_informer_relists_after_compaction_with_synthetic_deletes(api_server, store):
+    """The server goes away; meanwhile an object is deleted and history compacted; the informer
+    re-watches, is told 410, relists, and reports the deletion it never saw as an event."""
+    async with api_server.client() as c:
+        await c.create(model("keep"))
+        await c.create(model("gone"))
+        seen: asyncio.Queue = asyncio.Queue()
+
+        async def informer():
+            async for type_, obj in c.list_and_watch("models", synced=True):
+                await seen.put((type_, obj.name if obj else None))
+
+        task = asyncio.create_task(informer())
+        try:
+            first = {await seen.get(), await seen.get(), await seen.get()}
+            assert first == {("ADDED", "keep"), ("ADDED", "gone"), ("SYNCED", None)}
+            await c.create(model("live"))
+            assert await seen.get() == ("ADDED", "live")
+            await asyncio.to_thread(api_server.stop)
+            await store.delete("models", "gone")
+            await store.create(model("new"))
+            await store.create(model("new2"))
+            await store.compact(keep=1)  # past the deletion: a watch from before it gets 410
+            await asyncio.to_thread(api_server.restart)
+            after = []
+            while ("SYNCED", None) not in after:
+                after.append(await asyncio.wait_for(seen.get(), 20))
+            assert set(after) == {("DELETED", "gone"), ("ADDED", "new"), ("ADDED", "new2"), ("SYNCED", None)}
+        finally:
+            task.cancel()

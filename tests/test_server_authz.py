@@ -1,0 +1,172 @@
+"""Authorization by client certificate: each identity x each verb x own/other objects."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.api import parse_object
+from llmgw.client import Forbidden
+from tests.helpers.cluster import shared_api_server  # noqa: F401
+
+V1 = "llmgw.io/v1"
+
+
+def model(name):
+    return parse_object({"apiVersion": V1, "kind": "Model", "metadata": {"name": name},
+                         "spec": {"profiles": [{"engine": "sim"}]}})
+
+
+def replica(name, model_name):
+    return parse_object({"apiVersion": V1, "kind": "Replica", "metadata": {"name": name},
+                         "spec": {"model": model_name, "templateHash": "abc", "profile": {"engine": "sim"}}})
+
+
+def shard(name, node, replica_name, model_name):
+    return parse_object({"apiVersion": V1, "kind": "Shard", "metadata": {"name": name},
+                         "spec": {"replica": replica_name, "model": model_name, "node": node, "rank": 0,
+                                  "worldSize": 1, "ports": {"serve": 30000, "distInit": 30001},
+                                  "headAddress": "127.0.0.1", "engine": "sim", "servedModelNames": [model_name]}})
+
+
+def node(name):
+    return parse_object({"apiVersion": V1, "kind": "Node", "metadata": {"name": name}})
+
+
+@pytest.fixture(scope="module")
+def cluster(shared_api_server):
+    """Nodes n1 and n2, each with one shard of its own replica and model; identities for each role."""
+    srv = shared_api_server
+
+    async def setup():
+        async with srv.client() as c:
+            for n in ("n1", "n2"):
+                await c.create(node(n))
+            for i in ("1", "2"):
+                await c.create(model(f"m{i}"))
+                await c.create(replica(f"r{i}", f"m{i}"))
+                await c.create(shard(f"s{i}", f"n{i}", f"r{i}", f"m{i}"))
+    asyncio.run(setup())
+    srv.ids = {
+        "admin": srv.admin,
+        "controller-manager": srv.issue_component("controller-manager"),
+        "gateway": srv.issue_component("gateway"),
+        "n1": srv.issue_node("n1"),
+    }
+    return srv
+
+
+async def _first_event(c, kind, **kw):
+    async for ev in c.watch(kind, **kw):
+        return ev
+
+
+async def _update_node(c, name):
+    n = await c.get("nodes", name)
+    n.metadata.labels["zone"] = "a"
+    return await c.update(n)
+
+
+# (identity, action, rule that refuses it or None when allowed)
+CASES = [
+    # node n1: its own Node
+    ("n1", lambda c: c.get("nodes", "n1"), None),
+    ("n1", lambda c: _update_node(c, "n1"), None),
+    ("n1", lambda c: c.patch_status("nodes", "n1", {"agentVersion": "1"}), None),
+    ("n1", lambda c: c.apply(node("n1")), None),
+    ("n1", lambda c: c.heartbeat("n1"), None),
+    ("n1", lambda c: c.get("nodes", "n2"), "node-self"),
+    ("n1", lambda c: _update_node(c, "n2"), "node-self"),
+    ("n1", lambda c: c.patch_status("nodes", "n2", {"agentVersion": "1"}), "node-self"),
+    ("n1", lambda c: c.create(node("n3")), "node-self"),
+    ("n1", lambda c: c.list("nodes"), "node-self"),
+    ("n1", lambda c: _first_event(c, "nodes"), "node-self"),
+    ("n1", lambda c: c.delete("nodes", "n1"), "node-self"),
+    ("n1", lambda c: c.heartbeat("n2"), "node-heartbeat"),
+    # node n1: shards bound to it
+    ("n1", lambda c: c.list("shards", node="n1"), None),
+    ("n1", lambda c: _first_event(c, "shards", node="n1"), None),
+    ("n1", lambda c: c.get("shards", "s1"), None),
+    ("n1", lambda c: c.patch_status("shards", "s1", {"phase": "Starting"}), None),
+    ("n1", lambda c: c.list("shards"), "node-shards"),
+    ("n1", lambda c: c.list("shards", node="n2"), "node-shards"),
+    ("n1", lambda c: _first_event(c, "shards"), "node-shards"),
+    ("n1", lambda c: _first_event(c, "shards", node="n2"), "node-shards"),
+    ("n1", lambda c: c.get("shards", "s2"), "node-shards"),
+    ("n1", lambda c: c.patch_status("shards", "s2", {"phase": "Failed"}), "node-shards"),
+    ("n1", lambda c: c.create(shard("s9", "n1", "r1", "m1")), "node-shards"),
+    ("n1", lambda c: c.delete("shards", "s1"), "node-shards"),
+    # node n1: models and replicas of its shards, nothing else
+    ("n1", lambda c: c.get("models", "m1"), None),
+    ("n1", lambda c: c.get("replicas", "r1"), None),
+    ("n1", lambda c: c.get("models", "m2"), "node-shard-refs"),
+    ("n1", lambda c: c.get("replicas", "r2"), "node-shard-refs"),
+    ("n1", lambda c: c.list("models"), "node-shard-refs"),
+    ("n1", lambda c: c.create(model("m-by-node")), "node-shard-refs"),
+    ("n1", lambda c: c.patch_status("replicas", "r1", {"phase": "Ready"}), "node-shard-refs"),
+    ("n1", lambda c: c.events("models", "m1"), "node"),
+    # gateway: reads models, replicas, nodes
+    ("gateway", lambda c: c.list("models"), None),
+    ("gateway", lambda c: c.get("replicas", "r2"), None),
+    ("gateway", lambda c: c.list("nodes"), None),
+    ("gateway", lambda c: _first_event(c, "replicas"), None),
+    ("gateway", lambda c: c.list("shards"), "gateway-read"),
+    ("gateway", lambda c: c.create(model("m-by-gw")), "gateway-read"),
+    ("gateway", lambda c: c.patch_status("replicas", "r1", {"phase": "Ready"}), "gateway-read"),
+    ("gateway", lambda c: c.delete("models", "m1"), "gateway-read"),
+    ("gateway", lambda c: c.heartbeat("n1"), "gateway-read"),
+    # controller-manager and admins: everything
+    ("controller-manager", lambda c: c.list("shards"), None),
+    ("controller-manager", lambda c: c.create(model("m-by-cm")), None),
+    ("controller-manager", lambda c: c.patch_status("replicas", "r2", {"phase": "Scheduled"}), None),
+    ("controller-manager", lambda c: c.patch_status("shards", "s2", {"phase": "Starting"}), None),
+    ("controller-manager", lambda c: c.delete("models", "m-by-cm"), None),
+    ("controller-manager", lambda c: c.events("models", "m1"), None),
+    ("admin", lambda c: c.list("shards", node="n2"), None),
+    ("admin", lambda c: _update_node(c, "n2"), None),
+    ("admin", lambda c: c.heartbeat("n2"), None),
+    ("admin", lambda c: c.create(model("m-by-admin")), None),
+    ("admin", lambda c: c.delete("models", "m-by-admin"), None),
+]
+
+
+@pytest.mark.parametrize("who,action,rule", CASES, ids=[f"{w}-{i}" for i, (w, _, _) in enumerate(CASES)])
+async def test_authorization_matrix(cluster, who, action, rule):
+    async with cluster.client(cluster.ids[who]) as c:
+        if rule is None:
+            await action(c)
+        else:
+            with pytest.raises(Forbidden) as err:
+                await action(c)
+            assert err.value.code == 403
+            assert f"rule {rule}:" in str(err.value)
+
+
+async def test_node_sees_only_its_shards(cluster):
+    async with cluster.client(cluster.ids["n1"]) as c:
+        items, _ = await c.list("shards", node="n1")
+        assert [s.name for s in items] == ["s1"]
+        ev = await _first_event(c, "shards", node="n1")
+        assert (ev.type, ev.object.name) == ("ADDED", "s1")
+
+
+async def test_cn_mismatch_is_refused_and_logged(cluster):
+    n5 = cluster.issue_node("llmgw-node05")
+    async with cluster.client(n5) as c:
+        with pytest.raises(Forbidden):
+            await c.heartbeat("llmgw-node04")
+        with pytest.raises(Forbidden):
+            await c.create(node("llmgw-node04"))
+        await c.create(node("llmgw-node05"))  # its own is fine
+    line = cluster.wait_for_log("claims node llmgw-node04")
+    assert line.endswith("refused: certificate CN=llmgw-node05 claims node llmgw-node04")
+
+
+async def test_forbidden_status_body_names_the_rule(cluster):
+    async with cluster.client(cluster.ids["gateway"]) as c:
+        with pytest.raises(Forbidden) as err:
+            await c.request("DELETE", "/apis/llmgw.io/v1/models/m1")
+    assert err.value.reason == "Forbidden"
+    # nothing was deleted
+    async with cluster.client() as c:
+        assert (await c.get("models", "m1")).name == "m1"

@@ -1,0 +1,98 @@
+"""Refused certificates: unknown CA, expired, revoked, wrong purpose, none; and what each side says."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.client import Client, TLSError, Unauthorized, Unreachable
+from llmgw.dev.etcd import free_port
+from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server  # noqa: F401
+
+
+async def test_unknown_ca_is_refused_and_logged(shared_api_server, tmp_path):
+    stranger = make_pki(tmp_path / "other-ca").issue("admin", "mallory")
+    async with shared_api_server.client(stranger) as c:
+        with pytest.raises(TLSError) as err:
+            await c.list("models")
+    assert err.value.side == "client"
+    assert "CA the server does not trust" in str(err.value)
+    line = shared_api_server.wait_for_log("not signed by the cluster CA")
+    assert "refused: TLS handshake from 127.0.0.1:" in line and "unknown CA" in line
+
+
+async def test_expired_certificate_is_refused_and_logged(shared_api_server):
+    old = shared_api_server.issue_node("old-node", "--not-before", "2020-01-01", "--days", "1")
+    async with shared_api_server.client(old) as c:
+        with pytest.raises(Unauthorized) as err:
+            await c.list("shards", node="old-node")
+    assert err.value.reason == "CertificateExpired" and "expired at 2020-01-02" in str(err.value)
+    line = shared_api_server.wait_for_log("refused: certificate CN=old-node")
+    assert "expired at 2020-01-02" in line
+
+
+async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
+    srv = shared_api_server
+    ident = srv.issue_node("doomed")
+    async with srv.client(ident) as c:
+        await c.heartbeat("doomed")  # accepted before the revocation
+        out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "doomed", "--dir", str(srv.pki.dir),
+                                      "--etcd", srv.etcd)
+        serial = out.split()[-1]
+        # the server learns of it through its watch on /llmgw/revoked/: poll until it does
+        for _ in range(200):
+            try:
+                await c.heartbeat("doomed")
+            except Unauthorized as err:
+                assert err.reason == "CertificateRevoked"
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the revoked certificate was still accepted after 10 s")
+    line = srv.wait_for_log(f"serial={serial} from")
+    assert "refused: certificate CN=doomed O=llmgw:nodes" in line and line.endswith("is revoked")
+
+
+async def test_wrong_purpose_certificate_is_refused(shared_api_server):
+    srv = shared_api_server
+    server_cert = (str(srv.pki.dir / "issued" / "server-llmgw-server.crt"),
+                   str(srv.pki.dir / "issued" / "server-llmgw-server.key"))
+    async with srv.client(server_cert) as c:
+        with pytest.raises(TLSError) as err:
+            await c.list("models")
+    assert err.value.side == "client"
+    assert "unsuitable certificate purpose" in srv.wait_for_log("client certificate rejected")
+
+
+async def test_missing_client_certificate(shared_api_server):
+    async with Client(shared_api_server.url, ca=shared_api_server.ca) as c:
+        with pytest.raises(TLSError) as err:
+            await c.list("models")
+    assert err.value.side == "client" and "requires a client certificate" in str(err.value)
+    shared_api_server.wait_for_log("no client certificate presented")
+
+
+async def test_client_distrusting_the_server_says_so(shared_api_server, tmp_path):
+    other_ca = make_pki(tmp_path / "other").ca
+    cert, key = shared_api_server.admin
+    async with Client(shared_api_server.url, ca=other_ca, cert=cert, key=key) as c:
+        with pytest.raises(TLSError) as err:
+            await c.list("models")
+    assert err.value.side == "server" and "not trusted" in str(err.value)
+
+
+async def test_unreachable_names_the_url(ca_dir):
+    cert, key = ca_dir.issue("admin", "a")
+    url = f"https://127.0.0.1:{free_port()}"
+    async with Client(url, ca=ca_dir.ca, cert=cert, key=key) as c:
+        with pytest.raises(Unreachable) as err:
+            await c.list("models")
+    assert str(err.value).startswith(f"cannot reach the llmgw server at {url}/apis/llmgw.io/v1/models")
+    assert "\n" not in str(err.value)
+
+
+def test_unreadable_client_key_is_a_client_side_tls_error(ca_dir, tmp_path):
+    cert, _ = ca_dir.issue("admin", "a")
+    with pytest.raises(TLSError) as err:
+        Client("https://127.0.0.1:1", ca=ca_dir.ca, cert=cert, key=str(tmp_path / "nope.key"))
+    assert err.value.side == "client" and "nope.key" in str(err.value)
