@@ -228,3 +228,17 @@ async def test_three_members_survive_one_stopping(etcd3):
         assert sorted(m.name for m in items) == ["m1", "m2"]
     finally:
         await s.close()
+
+
+async def test_watch_from_a_compacted_deletion_is_signalled(store):
+    """etcd drops a deletion made at exactly the compaction revision; the watch must not miss it silently."""
+    await store.create(model("m1"))
+    gone = await store.delete("models", "m1")
+    deleted_at = gone.metadata.resourceVersion
+    await store._conn.call(lambda c: c.compact(deleted_at))
+    with pytest.raises(Compacted):
+        await collect(store.watch("models", from_revision=deleted_at), 1)
+    # one revision later is still fine
+    await store.create(model("m2"))
+    events = await collect(store.watch("models", from_revision=deleted_at + 1), 1)
+    assert events[0].object.name == "m2"

@@ -417,15 +417,20 @@ class Store:
 
     async def _raw_events(self, start: bytes, end: bytes, from_revision: int, prev_kv: bool = False):
         client = await self._conn.client()
+        # Compacting at revision R drops a deletion made at R, yet a watch from R is
+        # still allowed and silently misses it. Starting one revision earlier makes
+        # etcd report a compacted start whenever from_revision <= R.
+        start_revision = max(from_revision - 1, 1)
         try:
-            watch = await client.watch(start, range_end=end, start_revision=from_revision, prev_kv=prev_kv)
+            watch = await client.watch(start, range_end=end, start_revision=start_revision, prev_kv=prev_kv)
         except aetcd.exceptions.RevisionCompactedError as err:
             raise Compacted(err.compacted_revision) from None
         except aetcd.exceptions.ClientError as err:
             raise StoreUnavailable(f"watch on {self._conn.endpoint} failed: {err}") from None
         try:
             async for ev in watch:
-                yield ev
+                if ev.kv.mod_revision >= from_revision:
+                    yield ev
         except aetcd.exceptions.RevisionCompactedError as err:
             raise Compacted(err.compacted_revision) from None
         except asyncio.CancelledError:

@@ -1,0 +1,99 @@
+"""`llmgw gateway`: the OpenAI-compatible gateway."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import click
+from aiohttp import web
+
+from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
+
+log = logging.getLogger("llmgw.gateway")
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"{value!r}: expected HOST:PORT, e.g. 0.0.0.0:8000")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _describe(kind, type_, obj) -> None:
+    if kind == "replicas":
+        log.info("routing: replica %s %s (phase %s, endpoint %s%s)", obj.metadata.name, type_.lower(),
+                 obj.status.phase, obj.status.endpoint,
+                 ", terminating" if obj.metadata.deletionTimestamp else "")
+    else:
+        log.info("routing: model %s %s", obj.metadata.name, type_.lower())
+
+
+@click.command()
+@click.option("--listen", default="0.0.0.0:8000", show_default=True, help="HOST:PORT to serve on.")
+@click.option("--server", help="URL of llmgw server, e.g. https://10.0.0.1:7443 (Models and Replicas are watched).")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="CA certificate of the server.")
+@click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="This gateway's component certificate.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Its private key.")
+@click.option("--static", "static", type=click.Path(exists=True),
+              help="Instead of --server: Model and Replica manifests (with status) to route by.")
+@click.option("--api-keys", type=click.Path(exists=True, dir_okay=False),
+              help="File of bearer API keys, one per line; re-read when it changes.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY, show_default=True)
+@click.option("--retry-after", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Seconds in Retry-After when a model has no Ready replica.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, retry_after, log_level):
+    """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if bool(server) == bool(static):
+        raise click.UsageError("give exactly one of --server URL (with --ca/--cert/--key) or --static FILE")
+    host, port = _host_port(listen)
+    keys = None
+    if api_keys:
+        from llmgw.gateway.apikeys import ApiKeys
+        keys = ApiKeys(api_keys)
+        if not len(keys):
+            log.warning("%s holds no key: every request will be refused with 401", api_keys)
+    gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    runner = uvloop.run if uvloop else asyncio.run
+    runner(_serve(gw, host, port, server, ca, cert, key, static))
+
+
+async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None:
+    source = None
+    client = None
+    if static:
+        from llmgw.gateway.source import load_static
+        n = load_static(static, gw.table)
+        gw.synced = True
+        log.info("routing table: %d objects from %s", n, static)
+    else:
+        from llmgw.client import Client
+        from llmgw.gateway.source import ServerSource
+        client = Client(server, ca=ca, cert=cert, key=key)
+        await client.__aenter__()
+        source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
+        source.start()
+    runner = web.AppRunner(gw.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    await site.start()
+    log.info("gateway listening on %s:%d", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        if source is not None:
+            await source.stop()
+        await runner.cleanup()
+        if client is not None:
+            await client.close()

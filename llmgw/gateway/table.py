@@ -1,0 +1,174 @@
+"""The routing table: which names route to which replica endpoints.
+
+A pure structure, updated from `(type, obj)` events of Models and Replicas
+(type ADDED / MODIFIED / DELETED, obj an `llmgw.api` object or its dict).
+It does no I/O, so the server's watch, a static file or a test can feed it.
+
+A replica is routable iff its phase is Ready, its endpoint is set and it has
+no deletionTimestamp: a replica marked for termination leaves the table on
+that event, before its engine is stopped (make-before-break).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.api import Model, Replica
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One routable replica."""
+
+    replica: str
+    model: str
+    endpoint: str  # "host:port" of rank 0
+    served: tuple[str, ...] = ()  # names the engine answers to; () = unknown
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def upstream_name(self, requested: str) -> str | None:
+        """The model name to send this engine, or None to keep the body as it is."""
+        if not self.served or requested in self.served:
+            return None
+        return self.model if self.model in self.served else self.served[0]
+
+
+@dataclass
+class _ModelEntry:
+    name: str
+    aliases: tuple[str, ...]
+    created: int = 0
+
+
+@dataclass
+class RoutingTable:
+    models: dict[str, _ModelEntry] = field(default_factory=dict)
+    backends: dict[str, Backend] = field(default_factory=dict)  # replica name -> Backend
+    version: int = 0  # bumped on every change that affects routing
+    _by_model: dict[str, list[Backend]] = field(default_factory=dict)
+    _names: dict[str, str] = field(default_factory=dict)  # name or alias -> model
+    _replica_names: set[str] = field(default_factory=set)  # every replica seen, routable or not
+
+    # ------------------------------------------------------------ updates
+
+    def apply(self, kind: str, type_: str, obj: Any) -> bool:
+        """Apply one watch event; returns True when routing changed."""
+        if kind == "models":
+            return self._apply_model(type_, _as(Model, obj))
+        if kind == "replicas":
+            return self._apply_replica(type_, _as(Replica, obj))
+        raise ValueError(f"the routing table takes models and replicas, not {kind!r}")
+
+    def replace(self, kind: str, objs: list[Any]) -> bool:
+        """Make `kind` exactly `objs` (a full list): what a relist gives."""
+        objs = [_as(Model if kind == "models" else Replica, o) for o in objs]
+        present = {o.metadata.name for o in objs}
+        known = set(self.models) if kind == "models" else set(self._replica_names)
+        changed = False
+        for name in known - present:
+            changed |= self._forget(kind, name)
+        for o in objs:
+            changed |= self.apply(kind, "MODIFIED", o)
+        return changed
+
+    def _apply_model(self, type_: str, m: Model) -> bool:
+        name = m.metadata.name
+        if type_ == "DELETED":
+            return self._forget("models", name)
+        created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created)
+        if self.models.get(name) == entry:
+            return False
+        self.models[name] = entry
+        self._reindex()
+        return True
+
+    def _apply_replica(self, type_: str, r: Replica) -> bool:
+        name = r.metadata.name
+        if type_ == "DELETED":
+            self._replica_names.discard(name)
+            return self._drop_backend(name)
+        self._replica_names.add(name)
+        if not routable(r):
+            return self._drop_backend(name)
+        b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames))
+        if self.backends.get(name) == b:
+            return False
+        self.backends[name] = b
+        self._reindex()
+        return True
+
+    def _forget(self, kind: str, name: str) -> bool:
+        if kind == "models":
+            if self.models.pop(name, None) is None:
+                return False
+            self._reindex()
+            return True
+        self._replica_names.discard(name)
+        return self._drop_backend(name)
+
+    def _drop_backend(self, name: str) -> bool:
+        if self.backends.pop(name, None) is None:
+            return False
+        self._reindex()
+        return True
+
+    def _reindex(self) -> None:
+        by_model: dict[str, list[Backend]] = {}
+        for b in sorted(self.backends.values(), key=lambda b: b.replica):
+            by_model.setdefault(b.model, []).append(b)
+        names: dict[str, str] = {}
+        # A replica whose Model is gone (being removed) still answers to its own names.
+        for b in self.backends.values():
+            for n in (b.model, *b.served):
+                names.setdefault(n, b.model)
+        for m in self.models.values():
+            for n in (m.name, *m.aliases):
+                names[n] = m.name
+        for m in self.models.values():  # a model's own name wins over another's alias
+            names[m.name] = m.name
+        self._by_model, self._names = by_model, names
+        self.version += 1
+
+    # ------------------------------------------------------------ queries
+
+    def resolve(self, name: str) -> str | None:
+        """The model a name or alias belongs to, or None when nobody knows it."""
+        return self._names.get(name)
+
+    def backends_for(self, model: str) -> list[Backend]:
+        return self._by_model.get(model, [])
+
+    def known_names(self) -> list[str]:
+        return sorted(self._names)
+
+    def routable_models(self) -> list[tuple[str, tuple[str, ...], int]]:
+        """(model, aliases, created) for every model with at least one routable replica."""
+        out = []
+        for model in sorted(self._by_model):
+            entry = self.models.get(model)
+            if entry is not None:
+                out.append((model, entry.aliases, entry.created))
+            else:
+                served = {n for b in self._by_model[model] for n in b.served} - {model}
+                out.append((model, tuple(sorted(served)), 0))
+        return out
+
+
+def routable(r: Replica) -> bool:
+    return (
+        r.status.phase == "Ready"
+        and bool(r.status.endpoint)
+        and r.metadata.deletionTimestamp is None
+    )
+
+
+def _as(cls, obj: Any):
+    if isinstance(obj, cls):
+        return obj
+    if isinstance(obj, dict):
+        return cls.model_validate(obj)
+    raise TypeError(f"expected a {cls.__name__} or its dict, got {type(obj).__name__}")
