@@ -1,0 +1,1 @@
+"""The node agent: discovers the node, registers it, runs and supervises its shards' engines."""

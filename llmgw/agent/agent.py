@@ -1,0 +1,109 @@
+"""The agent process: discover, register, heartbeat, watch this node's shards, supervise them.
+
+    agent = Agent(config)        # AgentConfig from llmgw.agent.config.load_config
+    facts = agent.discover()     # raises FabricError: refuse to start
+    await agent.run()            # until cancelled; engines outlive it
+
+Ending the agent never stops engines: a restarted agent adopts them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.registration import Registration, retry_forever
+from llmgw.agent.reporter import Gone, StatusReporter
+from llmgw.agent.runner import Context
+from llmgw.agent.state import StateDir
+from llmgw.agent.supervisor import Supervisor
+from llmgw.api import Shard, ShardStatus
+from llmgw.client import Client, NotFound
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.node = config.node_name
+        self.facts: Facts | None = None
+        self.supervisor: Supervisor | None = None
+        self.registration: Registration | None = None
+
+    def discover(self) -> Facts:
+        self.facts = gather(self.config)
+        for w in self.facts.warnings:
+            log.warning("%s", w)
+        if not self.facts.gpu.ok:
+            log.error("GPU discovery failed: %s", self.facts.gpu.error)
+        return self.facts
+
+    async def run(self) -> None:
+        cfg = self.config
+        if self.facts is None:
+            self.discover()
+        state = StateDir(cfg.state_dir)
+        state.prepare()
+        client = Client(cfg.server_url, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
+        reporter = StatusReporter(self._shard_writer(client), self.node)
+        ctx = Context(node=self.node, config=cfg, facts=self.facts, state=state, reporter=reporter)
+        self.supervisor = Supervisor(ctx)
+        if self.supervisor.records:
+            log.info("state dir %s records engines of shards %s: adopting those that still exist",
+                     cfg.state_dir, sorted(self.supervisor.records))
+        reg = self.registration = Registration(client, self.node, cfg.labels, cfg.heartbeat_interval)
+        reg.on_reconnect.append(reporter.kick)
+        tasks: list[asyncio.Task] = []
+        try:
+            await reg.register(node_status(self.facts, cfg))
+            tasks = [asyncio.ensure_future(c) for c in (
+                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover())]
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.supervisor.close()
+            await client.close()
+
+    @staticmethod
+    def _shard_writer(client: Client):
+        async def write(name: str, node: str, status: dict) -> ShardStatus:
+            try:
+                shard = await client.patch_status("shards", name, status, node=node)
+            except NotFound:
+                raise Gone(name) from None
+            return shard.status
+        return write
+
+    async def _watch_shards(self, client: Client) -> None:
+        sup = self.supervisor
+
+        async def follow() -> None:
+            async for kind, obj in client.list_and_watch("shards", node=self.node, synced=True):
+                if kind == "SYNCED":
+                    sup.synced()
+                elif kind == "DELETED":
+                    sup.remove(obj)
+                elif isinstance(obj, Shard):
+                    sup.upsert(obj)
+        # list_and_watch rides out outages itself; it raises on refusals (403, 401): retry those too.
+        while True:
+            await retry_forever(f"watching shards of node {self.node}", follow, max_wait=30.0)
+
+    async def _rediscover(self) -> None:
+        interval = self.config.rediscover_interval
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                facts = await asyncio.to_thread(gather, self.config)
+            except Exception as err:       # e.g. an adapter vanished: keep the facts we started with
+                log.error("rediscovery failed, keeping earlier facts: %s", err)
+                continue
+            self.facts = facts
+            self.supervisor.ctx.facts = facts
+            await self.registration.update_status(node_status(facts, self.config))

@@ -1,0 +1,95 @@
+"""`llmgw agent`: the node agent's command line (flags override the config file)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import click
+import yaml
+
+from llmgw.agent.config import ConfigError, load_config
+from llmgw.agent.fabrics import FabricError
+
+
+def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{v!r}: expected NAME=VALUE", param_hint=flag)
+        out[key] = val
+    return out
+
+
+@click.command("agent")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Agent configuration file (see examples/agent.yaml); flags override it.")
+@click.option("--node", help="This node's name (default: the host name).")
+@click.option("--server", help="llmgw server URL, e.g. https://control:7443.")
+@click.option("--ca", help="CA certificate that signed the server's certificate.")
+@click.option("--cert", help="This node's certificate (O=llmgw:nodes, CN=<node>).")
+@click.option("--key", help="This node's private key.")
+@click.option("--fabric", "fabrics", multiple=True, metavar="NAME[:ADAPTER,ADAPTER]",
+              help="A fabric this node is cabled to; repeatable. NAME alone claims the first two "
+                   "ACTIVE InfiniBand ports no other fabric names. None: the node is an island.")
+@click.option("--nvidia-smi", help="nvidia-smi to run (default /usr/bin/nvidia-smi, then PATH).")
+@click.option("--ib-root", help="InfiniBand sysfs root (default /sys/class/infiniband).")
+@click.option("--engine", "engines", multiple=True, metavar="NAME=PATH",
+              help="Engine executable: vllm, ray, sglang or llama-server; repeatable.")
+@click.option("--state-dir", help="Where engine records and logs live (default /var/lib/llmgw/agent).")
+@click.option("--port-range", help="Ports for engines, FIRST-LAST (default 30000-32767).")
+@click.option("--advertise-address", help="Address engines bind and peers reach (default: the route to the server).")
+@click.option("--drain-delay", help="Wait between a shard's deletion and SIGTERM (default 2s).")
+@click.option("--stop-grace-period", help="SIGTERM to SIGKILL (default 30s).")
+@click.option("--heartbeat-interval", help="Between heartbeats (default 5s).")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
+@click.option("--discover", "discover_only", is_flag=True,
+              help="Print the Node status discovery finds, then exit (no server needed).")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
+              show_default=True)
+def agent(config_path, discover_only, log_level, engines, labels, **flags):
+    """Run the node agent: register this node, heartbeat, run and supervise its shards' engines.
+
+    Engines run in their own sessions and outlive the agent; a restarted agent
+    adopts them (see hack/systemd/llmgw-agent.service, KillMode=process).
+    """
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = dict(flags)
+    overrides["engines"] = _pairs(engines, "--engine") or None
+    overrides["labels"] = _pairs(labels, "--label") or None
+    overrides["fabrics"] = list(overrides.pop("fabrics")) or None
+    try:
+        config = load_config(config_path, overrides)
+        from llmgw.agent.agent import Agent
+        from llmgw.agent.facts import node_status
+        runner = Agent(config)
+        facts = runner.discover()
+        if discover_only:
+            status = node_status(facts, config).model_dump(mode="json", exclude={"observedGeneration", "drain"})
+            click.echo(yaml.safe_dump({"node": runner.node, "status": status}, sort_keys=False), nl=False)
+            return
+        config.require_connection()
+    except (ConfigError, FabricError, OSError) as err:
+        raise click.ClickException(str(err)) from None
+    sys.exit(_run(runner))
+
+
+def _run(runner) -> int:
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        await runner.run()
+    try:
+        asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        logging.getLogger("llmgw.agent").info("agent stopped; engines keep running")
+        return 0
+    except OSError as err:
+        click.echo(f"Error: {err}", err=True)
+        return 1
+    return 0

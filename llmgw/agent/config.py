@@ -1,0 +1,203 @@
+"""Agent configuration: a YAML file (examples/agent.yaml) overridden by command-line flags.
+
+Keys are spelled as the flags are (`state-dir`, `port-range`, ...). Unknown
+keys are refused with their path, so a typo never silently means a default.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from llmgw.agent.discovery.infiniband import DEFAULT_IB_ROOT
+from llmgw.agent.fabrics import FabricError, FabricSpec
+from llmgw.api import PortRange, check_dns1123_label
+
+# Engine executables the agent knows, and the engine (Profile.engine) each one serves.
+# `ray` is the Ray launcher that vLLM's ray launch mode needs.
+ENGINE_EXECUTABLES = {"vllm": "vllm", "ray": "ray", "sglang": "sglang", "llama-server": "llamacpp"}
+_EXECUTABLE_ALIASES = {"llamacpp": "llama-server"}
+
+DEFAULT_STATE_DIR = "/var/lib/llmgw/agent"
+DEFAULT_SERVER_PORT = 7443
+
+
+class ConfigError(Exception):
+    pass
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from 2, 2.5, "2", "2s", "500ms", "1m"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*", str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a duration (seconds, or a number with ms, s or m)")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[m.group(2)]
+    if seconds < 0:
+        raise ValueError(f"{value!r} is negative")
+    return seconds
+
+
+def parse_port_range(value: Any) -> PortRange:
+    if isinstance(value, PortRange):
+        return value
+    if isinstance(value, dict):
+        rng = PortRange(**value)
+    else:
+        m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a port range FIRST-LAST, e.g. 30000-32767")
+        rng = PortRange(first=int(m.group(1)), last=int(m.group(2)))
+    if rng.first > rng.last:
+        raise ValueError(f"port range {rng.first}-{rng.last} is empty (first > last)")
+    return rng
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=_kebab, populate_by_name=True,
+                              arbitrary_types_allowed=True)
+
+    node: str | None = None
+    server: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    advertise_address: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    fabrics: list[FabricSpec] = Field(default_factory=list)
+    nvidia_smi: str | None = None          # None: /usr/bin/nvidia-smi, then PATH
+    nvidia_smi_timeout: float = 10.0
+    ib_root: str = DEFAULT_IB_ROOT
+    engines: dict[str, str] = Field(default_factory=dict)
+    state_dir: str = DEFAULT_STATE_DIR
+    port_range: PortRange = Field(default_factory=PortRange)
+    drain_delay: float = 2.0               # after a shard is marked for deletion, before SIGTERM
+    stop_grace_period: float = 30.0        # SIGTERM to SIGKILL
+    heartbeat_interval: float = 5.0
+    probe_interval: float = 1.0
+    rediscover_interval: float = 60.0      # GPU/IB/engine rediscovery; 0: only at start
+    log_lines: int = 30                    # lines of an engine's log reported when it exits
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v):
+        return None if v is None else check_dns1123_label(v)
+
+    @field_validator("fabrics", mode="before")
+    @classmethod
+    def _fabrics(cls, v):
+        out = []
+        for item in v or []:
+            if isinstance(item, FabricSpec):
+                out.append(item)
+            elif isinstance(item, str):
+                out.append(FabricSpec.parse(item))
+            elif isinstance(item, dict) and set(item) <= {"name", "adapters"} and "name" in item:
+                adapters = item.get("adapters")
+                text = item["name"] + (":" + ",".join(map(str, adapters)) if adapters else "")
+                out.append(FabricSpec.parse(text))
+            else:
+                raise ValueError(f"{item!r}: give a fabric as 'NAME', 'NAME:ADAPTER,ADAPTER' "
+                                 "or {name: NAME, adapters: [ADAPTER, ...]}")
+        return out
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _engines(cls, v):
+        out = {}
+        for name, path in (v or {}).items():
+            name = _EXECUTABLE_ALIASES.get(name, name)
+            if name not in ENGINE_EXECUTABLES:
+                raise ValueError(f"unknown engine executable {name!r}: use {', '.join(ENGINE_EXECUTABLES)}")
+            out[name] = str(path)
+        return out
+
+    @field_validator("port_range", mode="before")
+    @classmethod
+    def _port_range(cls, v):
+        return parse_port_range(v)
+
+    @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval",
+                     "nvidia_smi_timeout", "rediscover_interval", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return parse_duration(v)
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def node_name(self) -> str:
+        if self.node:
+            return self.node
+        host = socket.gethostname().split(".")[0].lower()
+        try:
+            return check_dns1123_label(host)
+        except ValueError:
+            raise ConfigError(f"the host name {host!r} is not a valid node name; set `node:` in the "
+                              "config file or pass --node") from None
+
+    def require_connection(self) -> None:
+        missing = [k for k in ("server", "ca", "cert", "key") if not getattr(self, k)]
+        if missing:
+            raise ConfigError("missing " + ", ".join(missing) + ": set them in the config file or pass "
+                              + " ".join(f"--{k}" for k in missing))
+        for k in ("ca", "cert", "key"):
+            if not Path(getattr(self, k)).is_file():
+                raise ConfigError(f"{k} file not found: {getattr(self, k)}")
+
+    @property
+    def server_url(self) -> str:
+        url = self.server or ""
+        if "://" not in url:
+            url = "https://" + url
+        if not re.search(r":\d+$", url.split("://", 1)[1].split("/")[0]):
+            url = url.rstrip("/") + f":{DEFAULT_SERVER_PORT}"
+        return url
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Read the file (if any), apply overrides (flag values, None meaning 'not given'), validate."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if path:
+        source = path
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
+        data = {_kebab(k): v for k, v in (loaded or {}).items()}
+    for key, value in (overrides or {}).items():
+        if value is None or value == () or value == []:
+            continue
+        key = _kebab(key)
+        if key == "engines":
+            data["engines"] = {**(data.get("engines") or {}), **value}
+        else:
+            data[key] = value
+    try:
+        return AgentConfig.model_validate(data)
+    except FabricError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {where}: {msg}")
+        raise ConfigError("\n".join(lines)) from None

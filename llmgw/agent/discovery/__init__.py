@@ -1,0 +1,1 @@
+"""What the node has: GPUs (nvidia-smi) and InfiniBand ports (sysfs)."""

@@ -1,0 +1,124 @@
+"""The agent's Node: register it, keep its status current, heartbeat.
+
+Registration creates the Node if it does not exist, then patches its status
+(top-level fields; conditions merged by type, so the node-lifecycle
+controller's own conditions survive). Ready=True (reason AgentReady) is set
+when the agent (re)registers: after start, and after every outage.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from llmgw.api import Node, NodeStatus, ObjectMeta, set_condition
+from llmgw.client import AlreadyExists, Client, NotFound
+
+log = logging.getLogger(__name__)
+
+# Node status fields the agent owns (drain progress and observedGeneration are the controllers').
+AGENT_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions", "agentVersion")
+
+
+def status_patch(status: NodeStatus, ready: bool) -> dict:
+    conds = [c.model_copy() for c in status.conditions]
+    if ready:
+        set_condition(conds, "Ready", "True", "AgentReady", "the agent registered and is heartbeating")
+    data = status.model_copy(update={"conditions": conds}).model_dump(mode="json")
+    return {k: data[k] for k in AGENT_FIELDS}
+
+
+def _log_retry(what: str):
+    def before_sleep(state) -> None:
+        err = state.outcome.exception()
+        log.warning("%s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
+                    state.next_action.sleep if state.next_action else 0, err)
+    return before_sleep
+
+
+async def retry_forever(what: str, fn, max_wait: float = 10.0):
+    """Await fn() until it succeeds, with jittered exponential backoff between tries."""
+    async for attempt in AsyncRetrying(
+        wait=wait_exponential_jitter(initial=0.2, max=max_wait),
+        retry=retry_if_exception_type(Exception),
+        before_sleep=_log_retry(what),
+        reraise=True,
+    ):
+        with attempt:
+            return await fn()
+
+
+class Registration:
+    def __init__(self, client: Client, node: str, labels: dict[str, str] | None = None,
+                 heartbeat_interval: float = 5.0):
+        self.client = client
+        self.node = node
+        self.labels = dict(labels or {})
+        self.interval = heartbeat_interval
+        self.status: NodeStatus | None = None
+        self.connected = asyncio.Event()     # set while heartbeats succeed
+        self.on_reconnect = []               # callbacks run after an outage ends
+        self._sent: dict | None = None
+
+    async def register(self, status: NodeStatus) -> None:
+        """Create the Node if needed and send its status; retried until it works."""
+        self.status = status
+        await retry_forever(f"registering node {self.node}", self._register_once)
+        self.connected.set()
+        log.info("node %s registered with %d GPUs, fabrics %s, engines %s", self.node, len(status.gpus),
+                 [f.name for f in status.fabrics] or "none (island)", [e.name for e in status.engines])
+
+    async def _register_once(self) -> None:
+        try:
+            await self.client.get("nodes", self.node)
+        except NotFound:
+            try:
+                await self.client.create(Node(metadata=ObjectMeta(name=self.node, labels=self.labels)))
+            except AlreadyExists:
+                pass
+        await self._send(force=True)
+
+    async def _send(self, force: bool = False) -> None:
+        patch = status_patch(self.status, ready=True)
+        if not force and patch == self._sent:
+            return
+        await self.client.patch_status("nodes", self.node, patch)
+        self._sent = patch
+
+    async def update_status(self, status: NodeStatus) -> None:
+        """Rediscovery changed something: send it (only if it differs from what was sent)."""
+        self.status = status
+        if self.connected.is_set():
+            try:
+                await self._send()
+            except Exception as err:
+                log.warning("node %s: status update failed, will resend when reconnected: %s", self.node, err)
+                self.connected.clear()
+
+    async def heartbeat_loop(self) -> None:
+        """Heartbeat every interval; after a failure, back off, and re-register once it works."""
+        failures = 0
+        wait = wait_exponential_jitter(initial=0.2, max=self.interval)
+        while True:
+            try:
+                await self.client.heartbeat(self.node)
+                if not self.connected.is_set():
+                    await self._send(force=True)
+                    log.info("node %s: reconnected to the server after %d failed heartbeats", self.node, failures)
+                    self.connected.set()
+                    for callback in self.on_reconnect:
+                        callback()
+                failures = 0
+                await asyncio.sleep(self.interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                failures += 1
+                if self.connected.is_set():
+                    log.warning("node %s: heartbeat failed, engines keep running; retrying: %s", self.node, err)
+                self.connected.clear()
+
+                class _S:
+                    attempt_number = failures
+                await asyncio.sleep(wait(_S()))

@@ -1,0 +1,323 @@
+"""One shard's life on this node: preflight, start, probe, report, stop; or adopt and carry on.
+
+Phases: Pending -> Starting (preflight, launching) -> Running (processes alive,
+not yet healthy) -> Ready (probe passes); Failed (exitCode, message, logTail);
+Stopping -> Stopped once a deleted shard's processes are confirmed gone.
+A shard never restarts: after Failed its replica is rebuilt elsewhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from llmgw.agent import process
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.facts import Facts
+from llmgw.agent.preflight import PreflightError, prepare
+from llmgw.agent.reporter import StatusReporter
+from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
+from llmgw.api import Shard, ShardStatus, now
+
+log = logging.getLogger(__name__)
+
+UNHEALTHY_AFTER = 3          # failed probes in a row before Ready falls back to Running
+POLL = 0.2                   # how often an adopted (not our child) process is checked
+
+
+@dataclass
+class Context:
+    node: str
+    config: AgentConfig
+    facts: Facts
+    state: StateDir
+    reporter: StatusReporter
+    http: dict = field(default_factory=dict)     # shared aiohttp session, made on first probe
+
+    async def session(self) -> aiohttp.ClientSession:
+        s = self.http.get("session")
+        if s is None or s.closed:
+            s = self.http["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        return s
+
+
+class EngineProcess:
+    """A started command: our child (exit code known) or adopted from an earlier agent."""
+
+    def __init__(self, record: ProcessRecord, child: asyncio.subprocess.Process | None = None):
+        self.record = record
+        self.child = child
+        self._wait: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    def waiter(self) -> asyncio.Task:
+        if self._wait is None:
+            self._wait = asyncio.ensure_future(self._wait_exit())
+        return self._wait
+
+    async def _wait_exit(self) -> int | None:
+        if self.child is not None:
+            return await self.child.wait()
+        while process.is_alive(self.pid, self.record.start_time):
+            await asyncio.sleep(POLL)
+        return None
+
+    def alive(self) -> bool:
+        if self.child is not None and self.child.returncode is not None:
+            return False
+        return process.is_alive(self.pid, self.record.start_time)
+
+    def has_processes(self) -> bool:
+        """Anything of ours still runs in its process group (the leader, or children it left).
+
+        A pid is never reused while a process group of that id exists, so members of the
+        group are ours unless the pid now belongs to another process (other start time).
+        """
+        if self.alive():
+            return True
+        if process.start_time(self.pid) not in (None, self.record.start_time):
+            return False
+        return bool(process.group_members(self.pid))
+
+
+class ShardRunner:
+    def __init__(self, ctx: Context, shard: Shard, record: ShardRecord | None = None):
+        self.ctx = ctx
+        self.shard = shard
+        self.name = shard.name
+        self.uid = shard.metadata.uid
+        self.record = record
+        self.status = shard.status.model_copy(deep=True)
+        self.procs: list[EngineProcess] = []
+        self.stop_requested = asyncio.Event()
+        self.drain = True
+        self.task: asyncio.Task | None = None
+
+    # -------------------------------------------------------------- inputs
+    def start(self) -> asyncio.Task:
+        self.task = asyncio.ensure_future(self._main())
+        return self.task
+
+    def update(self, shard: Shard) -> None:
+        self.shard = shard
+        if shard.metadata.deletionTimestamp is not None:
+            self.stop_requested.set()
+
+    def gone(self) -> None:
+        """The shard object was deleted outright."""
+        self.stop_requested.set()
+
+    # ------------------------------------------------------------- reports
+    def _set(self, phase: str, **fields) -> None:
+        s = self.status
+        changed = s.phase != phase or any(getattr(s, k) != v for k, v in fields.items())
+        if not changed:
+            return
+        data = s.model_dump()
+        data.update(fields)
+        if phase != s.phase:
+            data["phaseTime"] = now()
+            detail = fields.get("message") or ""
+            log.info("shard %s: %s -> %s%s", self.name, s.phase, phase, f": {detail}" if detail else "")
+        data["phase"] = phase
+        data["observedGeneration"] = self.shard.metadata.generation
+        self.status = ShardStatus(**data)
+        self.ctx.reporter.want(self.name, self.status, self.uid)
+
+    # ---------------------------------------------------------------- life
+    async def _main(self) -> None:
+        try:
+            await self._life()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:            # a bug must not take the agent down: say it on the shard
+            log.exception("shard %s: agent error", self.name)
+            self._set("Failed", message=f"agent error: {err}")
+            await self.stop_requested.wait()
+            await self._stop(drain=False)
+
+    async def _life(self) -> None:
+        if self.record is not None:
+            if self.record.uid == self.uid:
+                await self._adopt(self.record)
+            else:     # an earlier shard of the same name: its engine is not ours to keep
+                old = [EngineProcess(p) for p in self.record.processes]
+                await self._terminate([p for p in old if p.has_processes()],
+                                      grace=self.ctx.config.stop_grace_period)
+                self.ctx.state.remove(self.name)
+                self.record = None
+        if not self.procs and not self.stop_requested.is_set():
+            phase = self.status.phase
+            if phase == "Pending":
+                await self._launch()
+            elif phase in ("Starting", "Running", "Ready") and self.record is None:
+                self._set("Failed", exitCode=None, message=(
+                    "the engine is not running: the agent found no record of it in "
+                    f"{self.ctx.state.shards} when it started"))
+        if self.procs:
+            await self._supervise()
+        await self.stop_requested.wait()
+        await self._stop(drain=self.drain)
+
+    async def _adopt(self, record: ShardRecord) -> None:
+        procs = [EngineProcess(p) for p in record.processes]
+        alive = [p for p in procs if p.alive()]
+        if procs and len(alive) == len(procs):
+            self.procs = procs
+            log.info("shard %s: adopted running engine (pids %s)", self.name, [p.pid for p in procs])
+            serving = self._serving()
+            if self.status.phase not in ("Running", "Ready", "Stopping"):
+                self._set("Running", pid=serving.pid, message="")
+            return
+        # Some programs died while no agent watched: the shard cannot be whole again.
+        dead = [p for p in procs if p not in alive]
+        await self._terminate([p for p in procs if p.has_processes()],
+                              grace=min(5.0, self.ctx.config.stop_grace_period))
+        self.ctx.state.remove(self.name)
+        tail = process.tail(dead[0].record.log, self.ctx.config.log_lines) if dead else []
+        names = ", ".join(p.record.name for p in dead) or "the engine"
+        self._set("Failed", exitCode=None, logTail=tail,
+                  message=f"{names} exited while the agent was not running (exit code unknown)")
+
+    async def _launch(self) -> None:
+        self._set("Starting", message="", exitCode=None, logTail=[])
+        try:
+            rendered = prepare(self.shard, self.ctx.facts)
+        except PreflightError as err:
+            self._set("Failed", message=f"preflight: {err}")
+            return
+        state = self.ctx.state
+        workdir = state.work_dir(self.name)
+        record = ShardRecord(shard=self.name, uid=self.uid, probe_kind=rendered.probe.kind,
+                             probe_url=rendered.probe.url, started_at=now().isoformat())
+        for cmd in rendered.commands:
+            log_path = state.log_path(self.name, cmd.name)
+            env = {**os.environ, **cmd.env}
+            try:
+                child = await process.spawn(cmd.argv, env, log_path, workdir)
+            except OSError as err:
+                await self._terminate(self.procs, grace=0)
+                self.procs = []
+                state.remove(self.name)
+                self._set("Failed", message=f"cannot start {cmd.argv[0]}: {err.strerror or err}")
+                return
+            started = process.start_time(child.pid) or 0
+            rec = ProcessRecord(name=cmd.name, pid=child.pid, start_time=started, log=str(log_path),
+                                serves=cmd.serves)
+            record.processes.append(rec)
+            self.procs.append(EngineProcess(rec, child))
+            state.save(record)      # after each start, so a crash mid-launch still leaves a record
+            log.info("shard %s: started %s (pid %d): %s", self.name, cmd.name, child.pid, " ".join(cmd.argv))
+        self.record = record
+        serving = self._serving()
+        self._set("Running", pid=(serving or self.procs[0]).pid, startedAt=now(), message="")
+
+    def _serving(self) -> EngineProcess | None:
+        return next((p for p in self.procs if p.record.serves), self.procs[0] if self.procs else None)
+
+    async def _supervise(self) -> None:
+        """Probe until a process exits (Failed) or a stop is requested."""
+        stop = asyncio.ensure_future(self.stop_requested.wait())
+        failures = 0
+        try:
+            while True:
+                waiters = [p.waiter() for p in self.procs]
+                await asyncio.wait([*waiters, stop], timeout=self.ctx.config.probe_interval,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                exited = [p for p in self.procs if p.waiter().done()]
+                if exited:
+                    await self._on_exit(exited[0])
+                    return
+                if stop.done():
+                    return
+                if await self._probe():
+                    failures = 0
+                    if self.status.phase != "Ready":
+                        self._set("Ready", message="")
+                else:
+                    failures += 1
+                    if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
+                        self._set("Running", message=f"health probe failing ({self.record.probe_url})")
+        finally:
+            stop.cancel()
+
+    async def _probe(self) -> bool:
+        rec = self.record
+        if rec is None or rec.probe_kind != "http" or not rec.probe_url:
+            return all(p.alive() for p in self.procs)
+        try:
+            session = await self.ctx.session()
+            async with session.get(rec.probe_url) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _on_exit(self, proc: EngineProcess) -> None:
+        code, words = process.exit_description(proc.waiter().result())
+        others = [p for p in self.procs if p is not proc]
+        # The rest of the shard cannot serve without it; also sweep the exited program's group.
+        await self._terminate(self.procs, grace=min(5.0, self.ctx.config.stop_grace_period))
+        self.procs = []
+        self.ctx.state.remove(self.name)
+        tail = process.tail(proc.record.log, self.ctx.config.log_lines)
+        message = f"{proc.record.name} (pid {proc.pid}) {words}"
+        if others:
+            message += f"; stopped {', '.join(p.record.name for p in others)}"
+        message += f"; log: {proc.record.log}"
+        self._set("Failed", exitCode=code, message=message, logTail=tail)
+
+    async def _stop(self, drain: bool) -> None:
+        live = [p for p in self.procs if p.has_processes()]
+        if live:
+            self._set("Stopping", message="")
+            if drain and self.ctx.config.drain_delay > 0:
+                # The gateway drops the endpoint when it sees the deletion; give it that time.
+                await asyncio.sleep(self.ctx.config.drain_delay)
+            await self._terminate(live, grace=self.ctx.config.stop_grace_period)
+        self.ctx.state.remove(self.name)
+        exit_code = self.status.exitCode
+        serving = self._serving()
+        if serving is not None and serving.child is not None and serving.child.returncode is not None:
+            exit_code = process.exit_description(serving.child.returncode)[0]
+        self.procs = []
+        message = self.status.message if self.status.phase == "Failed" else "engine stopped"
+        self._set("Stopped", exitCode=exit_code, message=message)
+
+    async def _terminate(self, procs: list[EngineProcess], grace: float) -> None:
+        await terminate(procs, grace, f"shard {self.name}")
+
+
+async def terminate(procs: list[EngineProcess], grace: float, label: str) -> None:
+    """SIGTERM each program's process group, wait up to `grace`, SIGKILL what is left."""
+    groups = [p.pid for p in procs]
+    for pgid in groups:
+        process.signal_group(pgid, signal.SIGTERM)
+    if await _groups_gone(procs, grace):
+        return
+    for pgid in groups:
+        if process.group_members(pgid):
+            log.warning("%s: process group %d outlived the %g s grace period: SIGKILL", label, pgid, grace)
+        process.signal_group(pgid, signal.SIGKILL)
+    if not await _groups_gone(procs, 10.0):
+        log.error("%s: process groups %s survive SIGKILL", label, groups)
+
+
+async def _groups_gone(procs: list[EngineProcess], timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        for p in procs:
+            if p.child is not None and p.child.returncode is None:
+                p.waiter()      # let asyncio reap our children, so they do not linger as zombies
+        if not any(process.group_members(p.pid) for p in procs):
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)

@@ -1,0 +1,90 @@
+"""The agent's state directory: one record per shard it runs, so a restarted agent can adopt.
+
+    <state-dir>/shards/<shard>.json    shard name and uid, and per command: pid, start time, log
+    <state-dir>/logs/<shard>/<command>.log
+
+A record is written right after the engine processes start and removed once
+they are confirmed gone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessRecord:
+    name: str            # the rendered command's name (sim, vllm, ray-head, ...)
+    pid: int             # also its process group id: each command leads its own session
+    start_time: int      # /proc/<pid>/stat field 22, to defeat pid reuse
+    log: str
+    serves: bool = False
+
+
+@dataclass
+class ShardRecord:
+    shard: str
+    uid: str | None
+    processes: list[ProcessRecord] = field(default_factory=list)
+    probe_kind: str = "process"
+    probe_url: str | None = None
+    started_at: str | None = None   # ISO time the engine was started
+
+
+class StateDir:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.shards = self.root / "shards"
+        self.logs = self.root / "logs"
+
+    def prepare(self) -> None:
+        try:
+            self.shards.mkdir(parents=True, exist_ok=True)
+            self.logs.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OSError(f"cannot create the agent's state directory {self.root}: "
+                          f"{err.strerror or err}") from None
+
+    def log_path(self, shard: str, command: str) -> Path:
+        return self.logs / shard / f"{command}.log"
+
+    def work_dir(self, shard: str) -> Path:
+        d = self.logs / shard
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _path(self, shard: str) -> Path:
+        return self.shards / f"{shard}.json"
+
+    def save(self, record: ShardRecord) -> None:
+        path = self._path(record.shard)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+        os.replace(tmp, path)      # atomic: a crash leaves the old record or the new one
+
+    def remove(self, shard: str) -> None:
+        try:
+            self._path(shard).unlink()
+        except FileNotFoundError:
+            pass
+
+    def load_all(self) -> dict[str, ShardRecord]:
+        """Every readable record by shard name; unreadable ones are logged and skipped."""
+        out: dict[str, ShardRecord] = {}
+        if not self.shards.is_dir():
+            return out
+        for path in sorted(self.shards.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
+                rec = ShardRecord(**data)
+            except (OSError, ValueError, TypeError) as err:
+                log.error("skipping unreadable agent state record %s: %s", path, err)
+                continue
+            out[rec.shard] = rec
+        return out

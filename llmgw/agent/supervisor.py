@@ -1,0 +1,99 @@
+"""All of this node's shards: one runner per shard, fed by the shard watch; orphans stopped.
+
+On start it loads the state directory's records. A record whose shard shows
+up (same uid) is adopted by that shard's runner, engine untouched. Once the
+first full list has been seen (`synced`), records nobody claimed belong to
+shards that no longer exist: their engines are stopped and the records go.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmgw.agent.runner import Context, EngineProcess, ShardRunner, terminate
+from llmgw.agent.state import ShardRecord
+from llmgw.api import Shard
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.runners: dict[str, ShardRunner] = {}
+        self.records: dict[str, ShardRecord] = ctx.state.load_all()
+        self._orphans: list[asyncio.Task] = []
+        self._synced = False
+
+    def upsert(self, shard: Shard) -> None:
+        if shard.spec.node != self.ctx.node:
+            log.warning("ignoring shard %s: it is for node %s, this is %s", shard.name, shard.spec.node, self.ctx.node)
+            return
+        self.ctx.reporter.observed(shard)
+        runner = self.runners.get(shard.name)
+        if runner is not None and runner.uid == shard.metadata.uid:
+            runner.update(shard)
+            return
+        if runner is not None:          # same name, new object: the old one is gone
+            runner.gone()
+        record = self.records.pop(shard.name, None)
+        new = ShardRunner(self.ctx, shard, record)
+        new.update(shard)
+        self.runners[shard.name] = new
+        if runner is not None and runner.task is not None:
+            previous = runner.task
+
+            async def after_previous() -> None:
+                await asyncio.shield(previous)
+                await new._main()
+            new.task = asyncio.ensure_future(after_previous())
+        else:
+            new.start()
+
+    def remove(self, shard: Shard | str) -> None:
+        name = shard if isinstance(shard, str) else shard.name
+        runner = self.runners.get(name)
+        if runner is None:
+            return
+        uid = None if isinstance(shard, str) else shard.metadata.uid
+        if uid is not None and uid != runner.uid:
+            return
+        runner.gone()
+
+        def drop(_task, name=name, runner=runner) -> None:
+            if self.runners.get(name) is runner:
+                del self.runners[name]
+                self.ctx.reporter.forget(name)
+        if runner.task is not None:
+            runner.task.add_done_callback(drop)
+
+    def synced(self) -> None:
+        """The first full list is in: stop the engines of records no shard claimed."""
+        if self._synced:
+            return
+        self._synced = True
+        for name, record in list(self.records.items()):
+            del self.records[name]
+            log.warning("shard %s (uid %s) no longer exists: stopping its engine (pids %s)",
+                        name, record.uid, [p.pid for p in record.processes])
+            self._orphans.append(asyncio.ensure_future(self._stop_orphan(record)))
+
+    async def _stop_orphan(self, record: ShardRecord) -> None:
+        procs = [EngineProcess(p) for p in record.processes]
+        await terminate([p for p in procs if p.has_processes()], self.ctx.config.stop_grace_period,
+                        f"orphaned shard {record.shard}")
+        self.ctx.state.remove(record.shard)
+
+    async def wait_orphans(self) -> None:
+        if self._orphans:
+            await asyncio.gather(*self._orphans, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop supervising (the agent is exiting); engines keep running."""
+        tasks = [r.task for r in self.runners.values() if r.task is not None] + self._orphans
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        s = self.ctx.http.get("session")
+        if s is not None:
+            await s.close()
