@@ -136,8 +136,8 @@ async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
 def _print_howto(c: LocalCluster) -> None:
     venv_bin = Path(sys.executable).parent
     llmgw = venv_bin / "llmgw"
-    console.print(f"""
-[bold]Your cluster[/] (state in {c.dir}, logs in {c.dir / 'logs'}):
+    click.echo(f"""
+Your cluster (state in {c.dir}, logs in {c.dir / 'logs'}):
 
   export LLMGW_CONFIG={c.admin_config}
   {llmgw} get nodes

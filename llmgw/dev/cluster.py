@@ -114,8 +114,10 @@ class LocalCluster:
         smi.write_text(f"#!/bin/sh\nexec {FAKES / 'nvidia-smi'} --fake-gpus={self.gpus_per_node} \"$@\"\n")
         smi.chmod(0o755)
         sysfs = ndir / "sysfs"
-        ports = ["mlx5_0", "mlx5_1"] if n.fabric else []
-        subprocess.run([sys.executable, str(FAKES / "make_sysfs.py"), str(sysfs), *ports], check=True)
+        if n.fabric:
+            subprocess.run([sys.executable, str(FAKES / "make_sysfs.py"), str(sysfs), "mlx5_0", "mlx5_1"], check=True)
+        else:
+            sysfs.mkdir(exist_ok=True)  # an island: no InfiniBand adapters
         return smi, sysfs
 
     def _spawn(self, component: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
