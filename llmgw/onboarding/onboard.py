@@ -1,0 +1,208 @@
+"""`llmgw-onboard-node`: make a reachable host an llmgw node, over ssh, idempotently."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from urllib.parse import urlsplit
+
+import click
+from cryptography import x509
+
+from llmgw.api import check_dns1123_label
+from llmgw.onboarding.artifact import ArtifactError, inspect
+from llmgw.onboarding.identity import IdentityError, node_identity
+from llmgw.onboarding.remote_install import (
+    SERVICE_MANAGERS,
+    InstallError,
+    Layout,
+    RemoteHost,
+    render_config,
+    render_unit,
+    service_manager,
+)
+from llmgw.onboarding.ssh import Ssh, SshError
+from llmgw.pki import identity_from_cert
+
+
+class OnboardError(Exception):
+    pass
+
+
+def _check_inputs(node: str, server: str, fabrics: tuple[str, ...]) -> None:
+    try:
+        check_dns1123_label(node)
+    except ValueError as err:
+        raise OnboardError(f"--node: {err}") from None
+    url = urlsplit(server)
+    if url.scheme != "https" or not url.hostname:
+        raise OnboardError(f"--server {server!r}: give the server's URL, e.g. https://10.0.0.1:7443")
+    from llmgw.agent.fabrics import FabricError, FabricSpec
+    for spec in fabrics:
+        try:
+            FabricSpec.parse(spec)
+        except (FabricError, ValueError) as err:
+            raise OnboardError(f"--fabric {spec!r}: {err}") from None
+
+
+def _check_not_another_node(cert_pem: bytes, node: str, addr: str, layout: Layout) -> None:
+    """Never adopt: a host that holds another node's certificate stays that node."""
+    try:
+        holder = identity_from_cert(x509.load_pem_x509_certificate(cert_pem)).name
+    except ValueError:
+        return      # unreadable: replaced like any stale file
+    if holder != node:
+        raise OnboardError(f"{addr} is already another node: its certificate {layout.cert} has CN={holder!r}. "
+                           f"Refusing to make it {node!r}: onboard it as {holder!r}, or remove "
+                           f"{layout.path('etc/llmgw')} there (and revoke {holder}'s certificate) first")
+
+
+def install(opts: dict, echo=click.echo) -> tuple[RemoteHost, object]:
+    """Every step up to a running agent; returns the host and its service manager."""
+    node = opts["node"]
+    _check_inputs(node, opts["server"], opts["fabrics"])
+    artifact = inspect(opts["binary"]) if opts["binary"] else None
+
+    ssh = Ssh(opts["addr"], user=opts["ssh_user"], port=opts["ssh_port"], identity=opts["ssh_identity"],
+              known_hosts=opts["ssh_known_hosts"])
+    layout = Layout(opts["root"])
+    host = RemoteHost(ssh, layout, log=echo)
+    trust_paths = [layout.trust_anchor(s) for s in ("debian", "rhel")]
+    facts = host.probe([layout.binary, layout.config, layout.ca, layout.cert, layout.key, layout.unit, *trust_paths])
+    echo(f"host {opts['addr']}: {facts.machine}, python {facts.python or 'absent'}, "
+         f"trust store {facts.trust or 'unknown'}, systemd {'yes' if facts.systemd else 'no'}")
+
+    if facts.node_cert is not None:
+        _check_not_another_node(facts.node_cert, node, opts["addr"], layout)
+    if facts.python is None or tuple(map(int, facts.python.split("."))) < (3, 11):
+        raise OnboardError(f"{opts['addr']} has python3 {facts.python or 'missing'}; the llmgw artifact needs "
+                           "Python 3.11 or later (Debian 12, Ubuntu 24.04, RHEL 9 with python3.11)")
+    if artifact is not None:
+        artifact.check_runs_on(facts.machine, facts.python)
+    sm = service_manager(opts["service_manager"], host)
+
+    ident = node_identity(opts["ca_dir"], node, opts["cert"], opts["key"])
+    echo(f"certificate: CN={node} serial {ident.serial} ({'issued now' if ident.issued_now else 'already issued'})")
+
+    echo("installing:")
+    changed = False
+    if artifact is not None:
+        changed |= host.put(layout.binary, artifact.path.read_bytes(), 0o755)
+    elif layout.binary not in facts.files:
+        raise OnboardError(f"no llmgw at {layout.binary} on {opts['addr']}: pass --binary "
+                           "dist/llmgw-VERSION-linux-ARCH.pex (hack/release.sh builds it)")
+    changed |= host.put(layout.ca, ident.ca_pem, 0o644)
+    changed |= host.put(layout.cert, ident.cert_pem, 0o644)
+    changed |= host.put(layout.key, ident.key_pem, 0o600)
+    host.trust_root(ident.ca_pem, facts.trust)
+    config = render_config(layout, node, opts["server"], list(opts["fabrics"]), opts["nvidia_smi"], opts["ib_root"])
+    changed |= host.put(layout.config, config, 0o644)
+    changed |= host.put(layout.unit, render_unit(layout), 0o644)
+    echo(f"agent ({sm.name}): {sm.apply(changed)}")
+    return host, sm
+
+
+async def _wait_for_node(opts: dict, timeout: float):
+    from llmgw.client import ApiError, Client, ClientConfig, NotFound
+    cfg = ClientConfig.load(opts["config"])
+    last = ""
+    deadline = time.monotonic() + timeout
+    async with Client(opts["server"], ca=cfg.ca, cert=cfg.cert, key=cfg.key) as client:
+        while True:
+            try:
+                return await client.get("nodes", opts["node"])
+            except NotFound:
+                last = "not registered yet"
+            except ApiError as err:
+                last = str(err)
+            if time.monotonic() > deadline:
+                raise TimeoutError(last)
+            await asyncio.sleep(1)
+
+
+def wait_for_node(opts: dict, sm, echo=click.echo) -> None:
+    timeout = opts["wait"]
+    echo(f"waiting up to {timeout:.0f}s for node {opts['node']} to register with {opts['server']} ...")
+    try:
+        node = asyncio.run(_wait_for_node(opts, timeout))
+    except TimeoutError as err:
+        tail = sm.tail().rstrip()
+        raise OnboardError("\n".join([
+            f"node {opts['node']} did not appear in {opts['server']} within {timeout:.0f}s (last answer: {err}).",
+            "Likely causes:",
+            f"  - the agent is not running or keeps failing: see {sm.logs_hint()}",
+            f"  - the node cannot reach {opts['server']} (address, DNS, firewall on the server's port)",
+            "  - the server refused the node's certificate (CN must be the node id; revoked serial; another CA):",
+            "    the server's log says why, naming which certificate CN claimed which node",
+            *(["last lines of the agent's log:", *("    " + line for line in tail.splitlines())] if tail else []),
+        ])) from None
+    from llmgw.cli.tables import format_table, node_table
+    echo(format_table(*node_table([node], [], wide=True)))
+
+
+HELP = """Make the host at ADDR an llmgw node named NODE, over ssh.
+
+\b
+Steps, each skipped when already done (running it twice is safe):
+  1. the node certificate (CN = NODE): reused from the CA directory when it
+     holds a valid one, else issued (or --cert/--key, checked against NODE);
+  2. over ssh: certificate, key (0600) and CA root under /etc/llmgw/pki; the
+     root trusted system-wide (update-ca-certificates or update-ca-trust,
+     detected); the release artifact as /usr/local/bin/llmgw; the agent
+     configuration /etc/llmgw/agent.yaml; the systemd unit;
+  3. the agent enabled and started (restarted only when something changed);
+  4. waits until the Node appears in the server and prints its row.
+
+A host that already holds another node's certificate is refused.
+
+\b
+--service-manager: systemd (default) runs `systemctl enable/restart
+llmgw-agent`. direct is for hosts without an init system (containers,
+tests): the agent runs under nohup, its pid in /run/llmgw-agent.pid and its
+log in /var/log/llmgw-agent.log (both under --root).
+
+--root installs everything under another directory of the host (tests use a
+throwaway one); the trust store update then works on that directory's copy.
+"""
+
+
+@click.command("llmgw-onboard-node", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--node", required=True, help="Node id: the Node's name and the certificate's CN (a DNS label).")
+@click.option("--addr", required=True, help="Address (or host name) ssh reaches the host at.")
+@click.option("--server", required=True, help="llmgw server URL as the node reaches it, e.g. https://10.0.0.1:7443.")
+@click.option("--fabric", "fabrics", multiple=True, metavar="NAME[:ADAPTER,...]",
+              help="Fabric the node is cabled to (the agent's --fabric); repeatable.")
+@click.option("--nvidia-smi", help="nvidia-smi path on the node (default: the agent's).")
+@click.option("--ib-root", help="InfiniBand sysfs root on the node (default /sys/class/infiniband).")
+@click.option("--binary", type=click.Path(dir_okay=False),
+              help="Release artifact to install (hack/release.sh: dist/llmgw-VERSION-linux-ARCH.pex). "
+                   "Without it the host must already have /usr/local/bin/llmgw.")
+@click.option("--ssh-user", default="root", show_default=True, help="Login user; others use `sudo -n`.")
+@click.option("--ssh-port", default=22, show_default=True, type=int)
+@click.option("--ssh-identity", type=click.Path(dir_okay=False), help="Private key for ssh (default: ssh's own).")
+@click.option("--ssh-known-hosts", type=click.Path(dir_okay=False),
+              help="known_hosts file (default ~/.ssh/known_hosts); a new host key is accepted on first use.")
+@click.option("--ca-dir", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca", show_default=True,
+              help="The CA directory (`llmgw ca init`), or $LLMGW_CA_DIR.")
+@click.option("--cert", type=click.Path(dir_okay=False), help="Use this node certificate instead (CN must be NODE).")
+@click.option("--key", type=click.Path(dir_okay=False), help="Its key.")
+@click.option("--root", envvar="LLMGW_INSTALL_ROOT", default="/", show_default=True,
+              help="Install under this directory of the host (or $LLMGW_INSTALL_ROOT).")
+@click.option("--service-manager", type=click.Choice(sorted(SERVICE_MANAGERS)), default="systemd",
+              show_default=True, help="How the agent is run (see above).")
+@click.option("--config", "config", default=None,
+              help="Admin client configuration used to watch for the Node (default $LLMGW_CONFIG or "
+                   "~/.config/llmgw/config.yaml).")
+@click.option("--wait", default=120.0, show_default=True, type=float,
+              help="Seconds to wait for the Node to register; 0: do not wait.")
+def main(**opts):
+    from llmgw.client import ClientConfig, ConfigError
+    try:
+        if opts["wait"] > 0:
+            ClientConfig.load(opts["config"])     # before any change: waiting needs admin credentials
+        _host, sm = install(opts)
+        if opts["wait"] > 0:
+            wait_for_node(opts, sm)
+    except (OnboardError, IdentityError, ArtifactError, InstallError, SshError, ConfigError) as err:
+        click.echo(f"llmgw-onboard-node: {err}", err=True)
+        sys.exit(1)
