@@ -438,9 +438,11 @@ class Store:
         except Exception as err:
             raise StoreUnavailable(f"watch stream from {self._conn.endpoint} dropped: {err}") from None
         finally:
+            # aetcd's cancel can block on its request queue when the stream is
+            # gone; never let closing a watch hang its caller.
             try:
-                await watch.cancel()
-            except Exception:  # the stream may already be gone
+                await asyncio.wait_for(watch.cancel(), 2.0)
+            except (Exception, asyncio.TimeoutError):  # the stream may already be gone
                 pass
         raise StoreUnavailable(f"watch stream from {self._conn.endpoint} ended")
 

@@ -1,0 +1,340 @@
+"""Replica controller: turns a placed Replica into Shards and folds their status back.
+
+Once the scheduler set ``spec.placement``:
+
+* creates one Shard per rank, ``<replica>-<rank>``, keyed under its node, with
+  an ownerReference to the Replica and the finalizer ``llmgw.io/process``;
+  ports come from the node's ``status.portRange`` and avoid every port of any
+  other shard on that node; rank 0 gets a serve and a dist-init port, other
+  ranks a serve port and rank 0's dist-init port; ``headAddress`` is rank 0's
+  node's first address;
+* folds shard phases into the replica phase: Scheduled (shards created),
+  Starting (any started), Ready (rank 0 Ready, the others Running or Ready),
+  and ``status.endpoint`` = ``<head address>:<rank 0 serve port>``;
+* rebuilds the replica as a unit when any shard fails (or stops, or is
+  deleted, or sits on another node than the placement says) or a node of it
+  is lost (llmgw.runtime.nodes.node_lost: gone, or NotReady past
+  ``node_grace`` unless many nodes are silent at once):
+  phase Failed, ``restarts`` + 1, ``backoffUntil`` = now + 10 s doubling per
+  restart up to 5 min (options ``rebuild_backoff_base`` / ``rebuild_backoff_max``),
+  every shard deleted; once they are gone and the backoff has passed the
+  placement is cleared (Scheduled=False, reason Rebuilding) and the scheduler
+  places it again;
+* a shard's ``llmgw.io/process`` finalizer is removed once its agent reports
+  phase Stopped, or its node is lost;
+* a Replica with deletionTimestamp: phase Terminating, shards deleted and
+  stopped, then the Replica's ``llmgw.io/shards`` finalizer is removed.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
+from llmgw.api.types import ShardPorts, ShardSpec
+from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
+from llmgw.runtime.controller import Controller, Result
+from llmgw.runtime.nodes import node_lost
+from llmgw.store import NotFound
+
+log = logging.getLogger("llmgw.controllers.replica")
+
+REPLICA_LABEL = "llmgw.io/replica"
+
+
+def shard_name(replica: str, rank: int) -> str:
+    return f"{replica}-{rank}"
+
+
+def backoff_seconds(restarts: int, base: float = 10.0, cap: float = 300.0) -> float:
+    """Crash-loop delay before the ``restarts``-th rebuild (1-based): base doubling to cap."""
+    return min(cap, base * 2 ** max(0, restarts - 1))
+
+
+def fold_phase(replica: Replica, shards: list[Shard]) -> str:
+    """Replica phase from complete, healthy shards (one per rank)."""
+    by_rank = {s.spec.rank: s for s in shards}
+    head = by_rank.get(0)
+    if head is not None and head.status.phase == "Ready" and all(
+            s.status.phase in ("Ready", "Running") for s in shards):
+        return "Ready"
+    if any(s.status.phase in ("Starting", "Running", "Ready") for s in shards):
+        return "Starting"
+    return "Scheduled"
+
+
+class _MinTimer:
+    def __init__(self):
+        self.value: float | None = None
+
+    def add(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self.value = seconds if self.value is None else min(self.value, seconds)
+
+    def result(self) -> Result | None:
+        return Result(requeue_after=max(0.05, self.value)) if self.value is not None else None
+
+
+class ReplicaController(Controller):
+    name = "replica"
+    watches = ("replicas", "shards", "nodes")
+
+    def __init__(self):
+        self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
+
+    def keys_for(self, kind, obj):
+        if kind == "replicas":
+            return [obj.metadata.name]
+        if kind == "shards":
+            return [obj.spec.replica]
+        cache = self.ctx.cache
+        keys = {r.metadata.name for r in cache.index("replicas", "node", obj.metadata.name)}
+        keys |= {s.spec.replica for s in cache.index("shards", "node", obj.metadata.name)}
+        return keys
+
+    # ------------------------------------------------------------------ main
+    async def reconcile(self, key: str) -> Result | None:
+        cache = self.ctx.cache
+        r = cache.get("replicas", key)
+        shards = sorted(cache.index("shards", "replica", key), key=lambda s: s.spec.rank)
+        timer = _MinTimer()
+        if r is None:
+            await self._teardown(None, shards, timer)
+            return timer.result()
+        if r.metadata.deletionTimestamp is not None:
+            await self._terminate(r, shards, timer)
+            return timer.result()
+        if not r.spec.placement:
+            if shards:
+                await self._teardown(r, shards, timer)
+            elif r.status.phase not in ("Pending",) or r.status.endpoint:
+                await self._patch(r, {"phase": "Pending", "endpoint": None})
+            return timer.result()
+        if r.status.phase == "Failed":
+            await self._continue_rebuild(r, shards, timer)
+            return timer.result()
+
+        reason = self._failure(r, shards, timer)
+        if reason:
+            await self._fail(r, shards, reason, timer)
+            return timer.result()
+        if len(shards) < len(r.spec.placement):
+            shards = await self._create_shards(r, shards, timer)
+            if shards is None:
+                return timer.result()
+        await self._fold(r, shards)
+        return timer.result()
+
+    # -------------------------------------------------------------- failures
+    def _failure(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> str | None:
+        nodes_by_rank = {p.rank: p.node for p in r.spec.placement}
+        for s in shards:
+            if s.metadata.deletionTimestamp is not None:
+                return f"shard {s.name} was deleted"
+            if nodes_by_rank.get(s.spec.rank) != s.spec.node:
+                return f"shard {s.name} is on node {s.spec.node}, not where the placement says"
+            if s.status.phase == "Failed":
+                detail = s.status.message or (f"exit code {s.status.exitCode}" if s.status.exitCode is not None else "")
+                return f"shard {s.name} on {s.spec.node} failed" + (f": {detail}" if detail else "")
+            if s.status.phase in ("Stopping", "Stopped"):
+                return f"shard {s.name} on {s.spec.node} stopped unexpectedly"
+        for node in dict.fromkeys(p.node for p in r.spec.placement):
+            lost, left = node_lost(self.ctx.cache, node, self.ctx.options)
+            if lost:
+                return f"node {node} is lost"
+            timer.add(left)
+        return None
+
+    async def _fail(self, r: Replica, shards: list[Shard], reason: str, timer: _MinTimer) -> None:
+        restarts = r.status.restarts + 1
+        delay = backoff_seconds(restarts, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
+                                float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
+        until = datetime.now(timezone.utc) + timedelta(seconds=delay)
+        await self._patch(r, {
+            "phase": "Failed", "endpoint": None, "restarts": restarts,
+            "message": f"{reason}; rebuilding in {delay:g}s",
+            "backoffUntil": until.isoformat(),
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Rebuilding", "message": reason}],
+        })
+        self.ctx.events.record(r, "Warning", "ReplicaFailed",
+                               f"{reason}; rebuilding the whole replica in {delay:g}s (restart {restarts})")
+        await self._teardown(r, shards, timer)
+
+    async def _continue_rebuild(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:
+        if shards and not await self._teardown(r, shards, timer):
+            return
+        left = ((r.status.backoffUntil - datetime.now(timezone.utc)).total_seconds()
+                if r.status.backoffUntil else 0.0)
+        if left > 0:
+            timer.add(left)
+            return
+        new = r.model_copy(deep=True)
+        new.spec.placement = []
+        updated = await self.ctx.store.update(new)
+        self.ctx.cache.assume(updated)
+        await self._patch(updated, {
+            "phase": "Pending", "endpoint": None, "message": "waiting to be placed again",
+            "conditions": [{"type": "Scheduled", "status": "False", "reason": "Rebuilding",
+                            "message": "placement cleared after a failure"}],
+        })
+        self.ctx.events.record(r, "Normal", "Rebuilding", "old shards gone and backoff over; placement cleared")
+
+    # ---------------------------------------------------------- tearing down
+    async def _teardown(self, r: Replica | None, shards: list[Shard], timer: _MinTimer) -> bool:
+        """Delete shards, release the stopped ones; True once none is left."""
+        left = 0
+        for s in shards:
+            if s.metadata.deletionTimestamp is None:
+                try:
+                    s = await self.ctx.store.delete("shards", s.name, node=s.spec.node)
+                except NotFound:
+                    self.ctx.cache.assume_deleted("shards", s.name)
+                    continue
+                if not s.metadata.finalizers:
+                    self.ctx.cache.assume_deleted("shards", s.name)
+                    continue
+                self.ctx.cache.assume(s)
+            if PROCESS_FINALIZER in s.metadata.finalizers:
+                stopped = s.status.phase == "Stopped"
+                lost, wait = (False, None) if stopped else node_lost(self.ctx.cache, s.spec.node, self.ctx.options)
+                if not (stopped or lost):
+                    timer.add(wait)
+                    left += 1
+                    continue
+                if lost and r is not None:
+                    self.ctx.events.record(r, "Warning", "ShardAbandoned",
+                                           f"node {s.spec.node} is lost: shard {s.name} released without its agent")
+                s = s.model_copy(deep=True)
+                s.metadata.finalizers = [f for f in s.metadata.finalizers if f != PROCESS_FINALIZER]
+                try:
+                    s = await self.ctx.store.update(s)
+                except NotFound:
+                    self.ctx.cache.assume_deleted("shards", s.name)
+                    continue
+            if s.metadata.finalizers:
+                self.ctx.cache.assume(s)
+                left += 1       # someone else's finalizer
+            else:
+                self.ctx.cache.assume_deleted("shards", s.name)
+        return left == 0
+
+    async def _terminate(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:
+        if r.status.phase != "Terminating":
+            await self._patch(r, {"phase": "Terminating", "endpoint": None,
+                                  "message": "stopping shards before the replica goes"})
+            self.ctx.events.record(r, "Normal", "Terminating", f"stopping {len(shards)} shard(s)")
+        if not await self._teardown(r, shards, timer):
+            return
+        if SHARDS_FINALIZER in r.metadata.finalizers:
+            new = r.model_copy(deep=True)
+            new.metadata.finalizers = [f for f in new.metadata.finalizers if f != SHARDS_FINALIZER]
+            try:
+                gone = await self.ctx.store.update(new)
+            except NotFound:
+                gone = new
+                gone.metadata.finalizers = []
+            if gone.metadata.finalizers:
+                self.ctx.cache.assume(gone)
+            else:
+                self.ctx.cache.assume_deleted("replicas", r.name)
+            self.ctx.events.record(r, "Normal", "ShardsGone", "every shard stopped; replica released")
+
+    # -------------------------------------------------------------- creating
+    def _allocate(self, node, count: int) -> list[int]:
+        used = set(self._reserved.get(node.name, ()))
+        for s in self.ctx.cache.index("shards", "node", node.name):
+            used.update((s.spec.ports.serve, s.spec.ports.distInit))
+        out = []
+        rng = node.status.portRange
+        for port in range(rng.first, rng.last + 1):
+            if port not in used:
+                out.append(port)
+                if len(out) == count:
+                    self._reserved.setdefault(node.name, set()).update(out)
+                    return out
+        raise RuntimeError(f"node {node.name}: no free port in {rng.first}-{rng.last}")
+
+    def _release(self, node: str, ports: list[int]) -> None:
+        held = self._reserved.get(node)
+        if held is not None:
+            held.difference_update(ports)
+            if not held:
+                del self._reserved[node]
+
+    async def _create_shards(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> list[Shard] | None:
+        cache = self.ctx.cache
+        have = {s.spec.rank: s for s in shards}
+        placement = sorted(r.spec.placement, key=lambda p: p.rank)
+        head_node = cache.get("nodes", placement[0].node)
+        if head_node is None or not head_node.status.addresses:
+            self.ctx.events.record(r, "Warning", "NoHeadAddress",
+                                   f"node {placement[0].node} reports no address; cannot start rank 0")
+            timer.add(5.0)
+            return None
+        head = head_node.status.addresses[0]
+        profile = r.spec.profile
+        created = []
+        for p in placement:
+            if p.rank in have:
+                continue
+            node = cache.get("nodes", p.node)
+            if node is None:
+                timer.add(1.0)
+                return None
+            ports = self._allocate(node, 2 if p.rank == 0 else 1)
+            try:
+                if p.rank == 0:
+                    shard_ports = ShardPorts(serve=ports[0], distInit=ports[1])
+                else:
+                    shard_ports = ShardPorts(serve=ports[0], distInit=have[0].spec.ports.distInit)
+                shard = Shard(
+                    metadata=ObjectMeta(
+                        name=shard_name(r.name, p.rank),
+                        labels={MODEL_LABEL: r.spec.model, REPLICA_LABEL: r.name},
+                        finalizers=[PROCESS_FINALIZER],
+                        ownerReferences=[OwnerReference(kind="Replica", name=r.name, uid=r.metadata.uid)],
+                    ),
+                    spec=ShardSpec(
+                        replica=r.name, model=r.spec.model, node=p.node, rank=p.rank,
+                        worldSize=len(placement), gpus=list(p.gpus), ports=shard_ports,
+                        headAddress=head, fabric=p.fabric, engine=profile.engine,
+                        launchMode=profile.launch_mode, gpusPerNode=profile.gpusPerNode,
+                        source=r.spec.source, servedModelNames=r.spec.servedModelNames or [r.spec.model],
+                        args=list(profile.args), env=dict(profile.env),
+                    ),
+                )
+                shard = await self.ctx.store.create(shard)
+                cache.assume(shard)
+            finally:
+                self._release(p.node, ports)
+            have[p.rank] = shard
+            created.append(shard)
+        if created:
+            where = ", ".join(f"{s.name} on {s.spec.node}" for s in created)
+            self.ctx.events.record(r, "Normal", "ShardsCreated",
+                                   f"created {where}; head {head}:{have[0].spec.ports.serve}")
+        return [have[rank] for rank in sorted(have)]
+
+    # --------------------------------------------------------------- folding
+    async def _fold(self, r: Replica, shards: list[Shard]) -> None:
+        phase = fold_phase(r, shards)
+        head = next(s for s in shards if s.spec.rank == 0)
+        endpoint = f"{head.spec.headAddress}:{head.spec.ports.serve}"
+        ready = phase == "Ready"
+        msg = {"Ready": f"serving at {endpoint}",
+               "Starting": f"{sum(s.status.phase in ('Ready', 'Running') for s in shards)}/{len(shards)} shards up",
+               "Scheduled": f"{len(shards)} shard(s) created, waiting for agents"}[phase]
+        cond = {"type": "Ready", "status": "True" if ready else "False",
+                "reason": "ShardsReady" if ready else "ShardsNotReady", "message": msg}
+        st = r.status
+        c = get_condition(st.conditions, "Ready")
+        if (st.phase, st.endpoint, st.message) == (phase, endpoint, msg) and c is not None and (
+                c.status, c.reason, c.message) == (cond["status"], cond["reason"], cond["message"]):
+            return
+        await self._patch(r, {"phase": phase, "endpoint": endpoint, "message": msg, "conditions": [cond]})
+        if phase != st.phase and phase == "Ready":
+            self.ctx.events.record(r, "Normal", "Ready", f"all {len(shards)} shard(s) up; serving at {endpoint}")
+
+    async def _patch(self, r: Replica, patch: dict) -> None:
+        updated = await self.ctx.store.patch_status("replicas", r.name, patch)
+        self.ctx.cache.assume(updated)

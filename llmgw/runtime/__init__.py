@@ -1,0 +1,6 @@
+"""Controller runtime: informers, cache, work queues, the controller manager.
+
+Modules: controller (the Controller interface), cache (shared informer cache),
+informer (list + watch into the cache), workqueue, events (EventRecorder),
+leader (leader election loop), manager (runs controllers), metrics, cli.
+"""

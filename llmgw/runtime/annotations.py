@@ -1,0 +1,41 @@
+"""Annotation and label names that controllers use to cooperate.
+
+Shared by the model controller (controllers/model.py) and the drain /
+node-lifecycle controllers (controllers/drain.py, controllers/node_lifecycle.py).
+
+Drain cooperation (make-before-break):
+
+1. The drain controller creates a replacement Replica for an original on the
+   draining node.  The replacement carries
+   ``DRAINING_REPLACEMENT_FOR: <original replica name>`` plus the usual model
+   label, owner reference and finalizer (copy them from the original), and the
+   original's ``spec`` except ``placement`` (same templateHash/profileIndex).
+2. Once the replacement is Ready, the drain controller deletes the original
+   (or, to let it stop first, marks it with ``EVICT: <reason>`` and deletes it).
+3. While any replica of a model carries ``DRAINING_REPLACEMENT_FOR`` or ``EVICT``
+   the model controller tolerates replicas beyond ``spec.replicas``: it never
+   scales down a replica carrying either annotation nor the original named by a
+   ``DRAINING_REPLACEMENT_FOR`` annotation, and it does not count an ``EVICT``-marked
+   replica towards the desired count.  An ``EVICT``-marked replica that no
+   replica names in ``DRAINING_REPLACEMENT_FOR`` is handled by the model
+   controller itself, make-before-break: it creates a new replica, and deletes
+   the evicted one once the model has ``spec.replicas - maxUnavailable`` other
+   Ready replicas (at once if the evicted one is not Ready).  So marking a
+   replica with ``EVICT`` alone is a complete way to move it.
+4. When the original is gone the drain controller removes
+   ``DRAINING_REPLACEMENT_FOR`` from the replacement (optional: the model
+   controller treats an annotation naming a vanished replica as inert).
+"""
+
+# On a replacement replica: the name of the replica it replaces.
+DRAINING_REPLACEMENT_FOR = "llmgw.io/draining-replacement-for"
+
+# On a replica that must leave its node: why (e.g. "drain", "node-lost").
+EVICT = "llmgw.io/evict"
+
+# Label on every replica of a model.
+MODEL_LABEL = "llmgw.io/model"
+
+# Finalizers.
+SHARDS_FINALIZER = "llmgw.io/shards"      # on a Replica: its shards are gone
+PROCESS_FINALIZER = "llmgw.io/process"    # on a Shard: the agent stopped its process

@@ -1,0 +1,175 @@
+"""The informers' shared in-memory cache of every kind, with indexes.
+
+Interface for controllers (read-only except ``assume``)::
+
+    cache.get(kind, name) -> obj | None
+    cache.list(kind) -> list[obj]
+    cache.index(kind, index, value) -> list[obj]
+        ("shards", "node")      shards whose spec.node == value
+        ("shards", "replica")   shards whose spec.replica == value
+        ("replicas", "model")   replicas whose spec.model == value
+        ("replicas", "node")    replicas with any placement rank on node value
+    cache.heartbeats() -> set[str]       nodes with a live /llmgw/heartbeat/<node> key
+    cache.assume(obj)                    write-through after our own write
+    cache.assume_deleted(kind, name)     after our own delete that removed the object
+
+Ordering: every entry remembers the store revision it reflects.  Watch
+events arrive in revision order and replace entries.  ``assume(obj)`` stores
+the object we just wrote; a cached object with a newer resourceVersion is kept
+instead, and the assumed object stays until a watch event newer than
+everything the informer had seen at assume time (or a relist) replaces it.
+Objects returned by the cache are shared: copy (``model_copy(deep=True)``)
+before changing them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+Indexer = Callable[[Any], Iterable[str]]
+
+INDEXERS: dict[tuple[str, str], Indexer] = {
+    ("shards", "node"): lambda s: [s.spec.node],
+    ("shards", "replica"): lambda s: [s.spec.replica],
+    ("replicas", "model"): lambda r: [r.spec.model],
+    ("replicas", "node"): lambda r: {p.node for p in r.spec.placement},
+}
+
+
+@dataclass
+class _Entry:
+    obj: Any
+    rev: int
+    assumed: bool = False
+
+
+class Cache:
+    def __init__(self) -> None:
+        self._items: dict[str, dict[str, _Entry]] = {}
+        self._revision: dict[str, int] = {}          # highest revision applied per kind
+        self._index: dict[tuple[str, str], dict[str, set[str]]] = {k: {} for k in INDEXERS}
+        self._tombstones: dict[str, dict[str, str | None]] = {}   # kind -> name -> uid
+        self._heartbeats: set[str] = set()
+
+    # ------------------------------------------------------------ reading
+    def get(self, kind: str, name: str) -> Any | None:
+        e = self._items.get(kind, {}).get(name)
+        return e.obj if e else None
+
+    def list(self, kind: str) -> list[Any]:
+        return [e.obj for e in self._items.get(kind, {}).values()]
+
+    def index(self, kind: str, index: str, value: str) -> list[Any]:
+        names = self._index[(kind, index)].get(value, ())
+        items = self._items.get(kind, {})
+        return [items[n].obj for n in names if n in items]
+
+    def heartbeats(self) -> set[str]:
+        return set(self._heartbeats)
+
+    def revision(self, kind: str) -> int:
+        return self._revision.get(kind, 0)
+
+    # ----------------------------------------------------------- assuming
+    def assume(self, obj: Any) -> None:
+        kind = obj.kind_plural
+        name = obj.metadata.name
+        cur = self._items.get(kind, {}).get(name)
+        rv = obj.metadata.resourceVersion or 0
+        if cur is not None and (cur.obj.metadata.resourceVersion or 0) > rv:
+            return
+        self._tombstones.get(kind, {}).pop(name, None)
+        self._put(kind, name, _Entry(obj, max(self.revision(kind), rv), assumed=True))
+
+    def assume_deleted(self, kind: str, name: str) -> None:
+        cur = self._items.get(kind, {}).get(name)
+        if cur is None:
+            return
+        self._tombstones.setdefault(kind, {})[name] = cur.obj.metadata.uid
+        self._remove(kind, name)
+
+    # ------------------------------------------------------ informer side
+    def apply(self, kind: str, type: str, obj: Any, revision: int) -> tuple[bool, Any | None]:
+        """Apply a watch event; returns (whether handlers should hear of it, the old object).
+
+        Events confirming our own assumed writes are reported too: other
+        controllers have not seen them yet."""
+        self._revision[kind] = max(self.revision(kind), revision)
+        name = obj.metadata.name
+        items = self._items.setdefault(kind, {})
+        cur = items.get(name)
+        tomb = self._tombstones.get(kind, {})
+        if type == "DELETED":
+            tombstoned = tomb.pop(name, "absent") != "absent"
+            if cur is None:
+                return tombstoned, None     # our own delete, assumed earlier: still news to others
+            self._remove(kind, name)
+            return True, cur.obj
+        if name in tomb:
+            if tomb[name] == obj.metadata.uid:
+                return False, None          # an event older than our own delete
+            tomb.pop(name)
+        if cur is not None and cur.assumed and revision <= cur.rev:
+            return True, cur.obj            # keep what we wrote, but handlers still hear of it
+        self._put(kind, name, _Entry(obj, revision))
+        return True, cur.obj if cur else None
+
+    def replace(self, kind: str, objs: list[Any], revision: int) -> list[tuple[str, Any]]:
+        """Replace a kind's contents after a (re)list; returns the events it implies."""
+        self._revision[kind] = max(self.revision(kind), revision)
+        self._tombstones.pop(kind, None)
+        events: list[tuple[str, Any]] = []
+        items = self._items.setdefault(kind, {})
+        seen = set()
+        for obj in objs:
+            name = obj.metadata.name
+            seen.add(name)
+            cur = items.get(name)
+            if cur is not None and cur.assumed and revision <= cur.rev:
+                continue
+            self._put(kind, name, _Entry(obj, revision))
+            events.append(("MODIFIED" if cur else "ADDED", obj))
+        for name in [n for n in items if n not in seen]:
+            old = items[name].obj
+            self._remove(kind, name)
+            events.append(("DELETED", old))
+        return events
+
+    def set_heartbeat(self, node: str, alive: bool) -> bool:
+        if alive == (node in self._heartbeats):
+            return False
+        (self._heartbeats.add if alive else self._heartbeats.discard)(node)
+        return True
+
+    def replace_heartbeats(self, nodes: Iterable[str]) -> list[tuple[str, str]]:
+        new = set(nodes)
+        events = [("ADDED", n) for n in new - self._heartbeats]
+        events += [("DELETED", n) for n in self._heartbeats - new]
+        self._heartbeats = new
+        return events
+
+    # ----------------------------------------------------------- internal
+    def _put(self, kind: str, name: str, entry: _Entry) -> None:
+        items = self._items.setdefault(kind, {})
+        if name in items:
+            self._unindex(kind, name, items[name].obj)
+        items[name] = entry
+        for (k, idx), fn in INDEXERS.items():
+            if k == kind:
+                for value in fn(entry.obj):
+                    self._index[(k, idx)].setdefault(value, set()).add(name)
+
+    def _remove(self, kind: str, name: str) -> None:
+        entry = self._items.get(kind, {}).pop(name, None)
+        if entry is not None:
+            self._unindex(kind, name, entry.obj)
+
+    def _unindex(self, kind: str, name: str, obj: Any) -> None:
+        for (k, idx), fn in INDEXERS.items():
+            if k == kind:
+                for value in fn(obj):
+                    names = self._index[(k, idx)].get(value)
+                    if names is not None:
+                        names.discard(name)
+                        if not names:
+                            del self._index[(k, idx)][value]

@@ -1,0 +1,58 @@
+"""`llmgw controller-manager`: run every controller in controllers.ALL with leader election."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import click
+
+
+@click.command("controller-manager")
+@click.option("--etcd", "etcd", required=True, envvar="LLMGW_ETCD",
+              help="etcd endpoints, comma-separated (http(s)://HOST:PORT).")
+@click.option("--etcd-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle for https etcd.")
+@click.option("--etcd-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate for etcd.")
+@click.option("--etcd-key", type=click.Path(exists=True, dir_okay=False), help="Client key for etcd.")
+@click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
+              help="ADDR:PORT for /metrics and /healthz; empty to disable.")
+@click.option("--node-grace", default=30.0, show_default=True, type=float,
+              help="Seconds a node may be NotReady before its replicas are rebuilt elsewhere.")
+@click.option("--max-silent-fraction", default=0.5, show_default=True, type=float,
+              help="If more than this share of nodes is silent, assume the control plane is cut off: evict nothing.")
+@click.option("--lease-seconds", default=15.0, show_default=True, type=float, help="Leader lease.")
+@click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_grace,
+                       max_silent_fraction, lease_seconds, identity, log_level):
+    """Run the controllers (model, replica, scheduler, ...); one instance acts at a time."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = {"node_grace": node_grace, "max_silent_fraction": max_silent_fraction,
+               "lease_seconds": lease_seconds}
+    asyncio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, options, identity))
+
+
+async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
+    import controllers
+    from llmgw.runtime.manager import Manager
+    from llmgw.runtime.metrics import parse_listen, serve
+    from llmgw.store import Store
+
+    store = Store(etcd, ca=ca, cert=cert, key=key)
+    await store.connect()
+    manager = Manager(store, [cls() for cls in controllers.ALL], identity=identity, options=options)
+    runner = None
+    if metrics_listen:
+        host, port = parse_listen(metrics_listen)
+        runner = await serve(manager.metrics, manager.healthy, host, port)
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(manager.run())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(manager.stop(resign=True)))
+    try:
+        await task
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await store.close()

@@ -1,0 +1,71 @@
+"""EventRecorder: what controllers tell people, written to the store in the background.
+
+``record(obj, type, reason, message)`` is synchronous and never raises: it
+logs the event, keeps it in ``recent`` (for tests and debugging) and queues it
+for ``store.record_event``.  An identical event for the same object within
+``dedup_seconds`` is dropped, so a retrying reconcile does not flood the store.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("llmgw.events")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    name: str
+    type: str        # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+class EventRecorder:
+    def __init__(self, store: Any = None, *, maxlen: int = 2000, queue_limit: int = 10000,
+                 dedup_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.recent: deque[Event] = deque(maxlen=maxlen)
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=queue_limit)
+        self._last: dict[tuple, float] = {}
+        self._dedup = dedup_seconds
+        self._clock = clock
+
+    def record(self, obj: Any, type: str, reason: str, message: str) -> None:
+        ev = Event(obj.kind_plural, obj.metadata.name, type, reason, message)
+        key = (ev.kind, ev.name, ev.type, ev.reason, ev.message)
+        t = self._clock()
+        if t - self._last.get(key, -1e18) < self._dedup:
+            return
+        if len(self._last) > 50000:
+            self._last.clear()
+        self._last[key] = t
+        (log.warning if type == "Warning" else log.info)("%s/%s %s: %s", ev.kind, ev.name, reason, message)
+        self.recent.append(ev)
+        try:
+            self._queue.put_nowait(ev)
+        except asyncio.QueueFull:
+            log.warning("event queue full; dropped %s/%s %s", ev.kind, ev.name, reason)
+
+    def find(self, kind: str | None = None, name: str | None = None, reason: str | None = None) -> list[Event]:
+        return [e for e in self.recent
+                if (kind is None or e.kind == kind) and (name is None or e.name == name)
+                and (reason is None or e.reason == reason)]
+
+    async def run(self) -> None:
+        """Write queued events to the store until cancelled; failures are logged and dropped."""
+        while True:
+            ev = await self._queue.get()
+            if self.store is None:
+                continue
+            try:
+                await self.store.record_event(ev.kind, ev.name, ev.type, ev.reason, ev.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - events are best effort
+                log.debug("could not write event %s/%s %s: %s", ev.kind, ev.name, ev.reason, err)

@@ -1,0 +1,180 @@
+"""The controller manager: leader election, informers, work queues and workers.
+
+``Manager(store, controllers, identity=..., options=...)``; ``await
+manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
+leader, build a fresh Cache, a fenced Store (from the leader key's
+create_revision), an EventRecorder and a Context per controller, run one
+informer per watched kind (plus heartbeats when asked for), wait for the
+caches to sync, then run ``controller.workers`` workers per controller.  On
+losing leadership everything is cancelled and the manager campaigns again;
+while not leader it does nothing.
+
+``manager.stop(resign=True)`` ends ``run()``; with resign the leader key is
+released so another manager takes over at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.controller import DEFAULT_OPTIONS, Context, Controller
+from llmgw.runtime.events import EventRecorder
+from llmgw.runtime.informer import HeartbeatInformer, Informer
+from llmgw.runtime.leader import LeaderElector
+from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.runtime.workqueue import WorkQueue
+from llmgw.store.errors import Conflict
+
+log = logging.getLogger("llmgw.manager")
+
+STOP_TIMEOUT = 10.0
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Manager:
+    def __init__(self, store: Any, controllers: list[Controller], *, identity: str | None = None,
+                 options: dict[str, Any] | None = None, component: str = "controller-manager",
+                 informer_idle_timeout: float = 120.0):
+        self.store = store
+        self.controllers = list(controllers)
+        self.identity = identity or default_identity()
+        self.options = {**DEFAULT_OPTIONS, **(options or {})}
+        self.elector = LeaderElector(store, component, self.identity, self.options["lease_seconds"])
+        self.informer_idle_timeout = informer_idle_timeout
+        self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
+        self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
+        self.is_leader = False
+        self.leadership: Any = None
+        self.cache: Cache | None = None
+        self.events: EventRecorder | None = None
+        self.terms = 0
+        self._resign = True
+        self._task: asyncio.Task | None = None
+        self.leading = asyncio.Event()     # set while leader with synced caches
+
+    # ------------------------------------------------------------------ life
+    async def run(self) -> None:
+        self._task = asyncio.current_task()
+        try:
+            while True:
+                leadership = await self.elector.acquire()
+                self.leadership = leadership
+                try:
+                    await self._lead(leadership)
+                finally:
+                    self.is_leader = False
+                    self.leading.clear()
+                    self.metrics.leader.set(0)
+                    if self._resign:
+                        try:
+                            await asyncio.wait_for(leadership.resign(), STOP_TIMEOUT)
+                        except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - the lease expires anyway
+                            pass
+                    self.leadership = None
+                log.warning("%s lost leadership; campaigning again", self.identity)
+                await asyncio.sleep(self.elector.retry)
+        except asyncio.CancelledError:
+            pass
+
+    async def stop(self, resign: bool = True) -> None:
+        """End run(); resign=False leaves the leader key to expire (like a crash)."""
+        self._resign = resign
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def healthy(self) -> tuple[bool, str]:
+        running = self._task is not None and not self._task.done()
+        return running, f"ok leader={self.is_leader} identity={self.identity}" if running else "stopped"
+
+    # ---------------------------------------------------------------- a term
+    async def _lead(self, leadership: Any) -> None:
+        self.terms += 1
+        fenced = self.store.fenced(leadership.key, leadership.create_revision)
+        cache = Cache()
+        events = EventRecorder(fenced)
+        self.cache, self.events = cache, events
+        self.queues = {c.name: WorkQueue() for c in self.controllers}
+        for c in self.controllers:
+            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic, options=self.options)
+        watchers: dict[str, list[Controller]] = {}
+        for c in self.controllers:
+            for kind in c.watches:
+                watchers.setdefault(kind, []).append(c)
+
+        def handler(kind: str, type: str, obj: Any) -> None:
+            for c in watchers.get(kind, ()):
+                try:
+                    for key in c.keys_for(kind, obj):
+                        self.queues[c.name].add(key)
+                except Exception:  # noqa: BLE001
+                    log.exception("%s: keys_for(%s) failed", c.name, kind)
+
+        informers = [
+            HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
+            if kind == "heartbeats" else
+            Informer(self.store, kind, cache, handler, idle_timeout=self.informer_idle_timeout)
+            for kind in watchers
+        ]
+        tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]
+        tasks.append(asyncio.create_task(events.run(), name="events"))
+        hold = asyncio.create_task(self.elector.hold(leadership), name="leader-hold")
+        try:
+            synced = asyncio.ensure_future(asyncio.gather(*(i.synced.wait() for i in informers)))
+            tasks.append(synced)
+            await asyncio.wait({hold, synced}, return_when=asyncio.FIRST_COMPLETED)
+            if hold.done():
+                return
+            self.is_leader = True
+            self.metrics.leader.set(1)
+            for c in self.controllers:
+                for n in range(max(1, int(getattr(c, "workers", 1)))):
+                    tasks.append(asyncio.create_task(self._worker(c, self.queues[c.name]), name=f"{c.name}-{n}"))
+            self.leading.set()
+            log.info("%s leads with controllers %s", self.identity, ", ".join(c.name for c in self.controllers))
+            await hold
+        finally:
+            for q in self.queues.values():
+                q.shutdown()
+            for t in (*tasks, hold):
+                t.cancel()
+            # bounded: a task stuck in a store call that ignores cancellation must not wedge us
+            _, stuck = await asyncio.wait([*tasks, hold], timeout=STOP_TIMEOUT)
+            for t in stuck:
+                log.error("task %s did not stop within %.0fs; abandoning it", t.get_name(), STOP_TIMEOUT)
+
+    async def _worker(self, c: Controller, queue: WorkQueue) -> None:
+        duration = self.metrics.duration.labels(c.name)
+        errors = self.metrics.errors.labels(c.name)
+        while (key := await queue.get()) is not None:
+            t0 = time.perf_counter()
+            try:
+                result = await c.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - any error: retry with backoff
+                errors.inc()
+                delay = queue.add_rate_limited(key)
+                if isinstance(err, Conflict):
+                    log.debug("%s %s: %s; retry in %.3fs", c.name, key, err, delay)
+                else:
+                    log.warning("%s %s: reconcile failed: %s: %s; retry in %.3fs", c.name, key,
+                                type(err).__name__, err, delay, exc_info=log.isEnabledFor(logging.DEBUG))
+            else:
+                queue.forget(key)
+                if result is not None and result.requeue_after is not None:
+                    queue.add_after(key, result.requeue_after)
+            finally:
+                duration.observe(time.perf_counter() - t0)
+                queue.done(key)

@@ -1,0 +1,71 @@
+"""Prometheus metrics of the controller manager and its /metrics + /healthz HTTP endpoint.
+
+Metrics (one registry per Manager, so several managers can live in one process):
+
+* ``llmgw_controller_queue_depth{controller}``: keys waiting in the work queue.
+* ``llmgw_controller_reconcile_duration_seconds{controller}``: histogram.
+* ``llmgw_controller_reconcile_errors_total{controller}``: reconciles that raised.
+* ``llmgw_controller_manager_leader``: 1 while this manager is the leader.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class _QueueDepth:
+    def __init__(self, depths: Callable[[], dict[str, int]]):
+        self._depths = depths
+
+    def collect(self):
+        g = GaugeMetricFamily("llmgw_controller_queue_depth", "Keys waiting in a controller's work queue",
+                              labels=["controller"])
+        for name, depth in self._depths().items():
+            g.add_metric([name], depth)
+        yield g
+
+
+class ManagerMetrics:
+    def __init__(self, depths: Callable[[], dict[str, int]]):
+        self.registry = CollectorRegistry()
+        self.duration = Histogram("llmgw_controller_reconcile_duration_seconds", "Time spent in reconcile",
+                                  ["controller"], registry=self.registry,
+                                  buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.errors = Counter("llmgw_controller_reconcile_errors_total", "Reconciles that raised",
+                              ["controller"], registry=self.registry)
+        self.leader = Gauge("llmgw_controller_manager_leader", "1 while this manager is the leader",
+                            registry=self.registry)
+        self.registry.register(_QueueDepth(depths))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def serve(metrics: ManagerMetrics, healthy: Callable[[], tuple[bool, str]], host: str, port: int) -> web.AppRunner:
+    """Start /metrics and /healthz on host:port; returns the runner (``await runner.cleanup()``)."""
+
+    async def get_metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def get_healthz(_request: web.Request) -> web.Response:
+        ok, text = healthy()
+        return web.Response(status=200 if ok else 503, text=text + "\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/healthz", get_healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def parse_listen(addr: str) -> tuple[str, int]:
+    """`0.0.0.0:9090`, `:9090` or `[::1]:9090` -> (host, port)."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)

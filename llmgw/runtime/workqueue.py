@@ -1,0 +1,119 @@
+"""An asyncio work queue of string keys, with the guarantees controllers rely on.
+
+* ``add(key)`` dedups: a key waiting in the queue is queued once.
+* A key handed out by ``get()`` is *processing* until ``done(key)``; it is never
+  handed out again meanwhile.  Adding it while it is processing marks it dirty
+  and it is queued again by ``done(key)``.
+* ``add_rate_limited(key)`` re-adds after a per-key exponential backoff
+  (``base`` doubling to ``cap``: 5 ms .. 5 min); ``forget(key)`` resets it.
+* ``add_after(key, delay)``: the earliest pending delay for a key wins.
+* ``shutdown()`` wakes every ``get()``, which then returns None.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class WorkQueue:
+    def __init__(self, *, base_delay: float = 0.005, max_delay: float = 300.0):
+        self._queue: deque[str] = deque()
+        self._dirty: set[str] = set()
+        self._processing: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._delayed: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self._waiters: deque[asyncio.Future] = deque()
+        self._base = base_delay
+        self._max = max_delay
+        self._shutdown = False
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def processing(self) -> int:
+        return len(self._processing)
+
+    def add(self, key: str) -> None:
+        if self._shutdown or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key in self._processing:
+            return
+        self._queue.append(key)
+        self._wake()
+
+    async def get(self) -> str | None:
+        while not self._queue:
+            if self._shutdown:
+                return None
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        key = self._queue.popleft()
+        self._dirty.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutdown:
+            self._queue.append(key)
+            self._wake()
+
+    def add_after(self, key: str, delay: float) -> None:
+        if self._shutdown:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        pending = self._delayed.get(key)
+        if pending is not None:
+            if pending[0] <= when:
+                return
+            pending[1].cancel()
+        self._delayed[key] = (when, loop.call_at(when, self._fire, key))
+
+    def _fire(self, key: str) -> None:
+        self._delayed.pop(key, None)
+        self.add(key)
+
+    def backoff(self, key: str) -> float:
+        """The delay the next ``add_rate_limited(key)`` would use."""
+        n = self._failures.get(key, 0)
+        return min(self._base * (2 ** min(n, 64)), self._max)
+
+    def add_rate_limited(self, key: str) -> float:
+        delay = self.backoff(key)
+        self._failures[key] = self._failures.get(key, 0) + 1
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    def num_requeues(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    def shutdown(self) -> None:
+        self._shutdown = True
+        for _, handle in self._delayed.values():
+            handle.cancel()
+        self._delayed.clear()
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def _wake(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return

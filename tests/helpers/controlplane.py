@@ -1,0 +1,67 @@
+"""`control_plane(store, ...)`: FakeAgents + a Manager running the model and replica
+controllers and the FirstFitPlacer, for controller tests."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from controllers.model import ModelController
+from controllers.replica import ReplicaController
+from llmgw.runtime.manager import Manager
+from tests.helpers.fake_agents import FakeAgents
+from tests.helpers.placer import FirstFitPlacer
+
+FAST = {"lease_seconds": 2, "node_grace": 1.0, "rebuild_backoff_base": 0.5, "rebuild_backoff_max": 4.0}
+
+
+@dataclass
+class ControlPlane:
+    store: Any
+    agents: FakeAgents
+    manager: Manager
+    placer: FirstFitPlacer
+
+    @property
+    def cache(self):
+        return self.manager.cache
+
+    def replicas(self, model: str) -> list:
+        return [r for r in self.cache.index("replicas", "model", model) if r.metadata.deletionTimestamp is None]
+
+    def events(self, reason: str, name: str | None = None) -> list:
+        return self.manager.events.find(name=name, reason=reason)
+
+
+@contextlib.asynccontextmanager
+async def control_plane(store, nodes=("n1", "n2", "n3"), *, gpus: int = 2, fabric: str | None = "fab-a",
+                        options: dict | None = None):
+    agents = await FakeAgents(store, nodes, gpus=gpus, fabric=fabric).start()
+    placer = FirstFitPlacer()
+    manager = Manager(store, [ModelController(), ReplicaController(), placer], identity="test",
+                      options={**FAST, **(options or {})})
+    task = asyncio.create_task(manager.run())
+    try:
+        await asyncio.wait_for(manager.leading.wait(), 60)
+        yield ControlPlane(store, agents, manager, placer)
+    finally:
+        await manager.stop()
+        task.cancel()
+        await agents.stop()
+
+
+async def until(cond, timeout: float = 60.0, what: str = ""):
+    """Poll cond() (sync or async) until truthy; the timeout only bounds a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = cond()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.05)

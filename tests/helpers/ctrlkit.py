@@ -1,0 +1,124 @@
+"""Builders and a running Manager for the scheduler/drain/node-lifecycle/GC tests.
+
+Objects are written through the real store; nothing is mocked.
+`ReadyPlayer` stands in for the replica controller and the agents where a
+test only needs "a placed replica becomes Ready": it sets phase Ready on
+every placed replica (unless `hold` is set) and nothing else.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from typing import Any, Awaitable, Callable
+
+from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
+from llmgw.runtime.annotations import MODEL_LABEL
+from llmgw.runtime.controller import Controller, Result
+from llmgw.runtime.manager import Manager
+from llmgw.store import NotFound, keys
+
+
+def node(name: str, gpus: int = 8, fabric: str | None = None, engines=("sim",), labels=None,
+         ready: bool = True, unschedulable: bool = False) -> Node:
+    return Node.model_validate({
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"unschedulable": unschedulable},
+        "status": {
+            "gpus": [{"index": i} for i in range(gpus)],
+            "fabrics": [{"name": fabric}] if fabric else [],
+            "engines": [{"name": e, "path": f"/usr/bin/{e}"} for e in engines],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    })
+
+
+def model(name: str, replicas: int = 1, gpus: int = 1, nodes: int = 1) -> Model:
+    return Model.model_validate({"metadata": {"name": name}, "spec": {
+        "replicas": replicas, "profiles": [{"engine": "sim", "nodes": nodes, "gpusPerNode": gpus}]}})
+
+
+def replica(name: str, model_name: str, *, gpus: int = 1, nodes: int = 1, owner: Model | None = None,
+            placement: list[dict] | None = None, finalizers=(), selector=None) -> Replica:
+    meta: dict[str, Any] = {"name": name, "labels": {MODEL_LABEL: model_name}, "finalizers": list(finalizers)}
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": "Model", "name": owner.metadata.name, "uid": owner.metadata.uid}]
+    return Replica.model_validate({"metadata": meta, "spec": {
+        "model": model_name, "templateHash": "t0",
+        "profile": {"engine": "sim", "nodes": nodes, "gpusPerNode": gpus},
+        "nodeSelector": selector or {}, "placement": placement or []}})
+
+
+def shard(name: str, rep: Replica, node_name: str) -> Shard:
+    return Shard(
+        metadata=ObjectMeta(name=name, ownerReferences=[
+            OwnerReference(kind="Replica", name=rep.metadata.name, uid=rep.metadata.uid or "none")]),
+        spec={"replica": rep.metadata.name, "model": rep.spec.model, "node": node_name, "rank": 0,
+              "worldSize": 1, "ports": {"serve": 30000, "distInit": 30001}, "headAddress": "127.0.0.1",
+              "engine": "sim", "servedModelNames": [rep.spec.model]},
+    )
+
+
+async def heartbeat(store, node_name: str) -> None:
+    """A live heartbeat key (no lease: tests end silence by deleting it)."""
+    await store.put_raw(keys.heartbeat_key(node_name), b"{}")
+
+
+async def silence(store, node_name: str) -> None:
+    await store.delete_raw(keys.heartbeat_key(node_name))
+
+
+async def until(cond: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0, what: str = "") -> Any:
+    """Poll until cond() is truthy; returns its value. The timeout only bounds a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = cond()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        assert loop.time() < deadline, f"condition not met: {what or cond}"
+        await asyncio.sleep(0.05)
+
+
+async def get_or_none(store, kind: str, name: str):
+    try:
+        return await store.get(kind, name)
+    except NotFound:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def running(store, controllers: list[Controller], **options):
+    m = Manager(store, controllers, identity="test", options={"lease_seconds": 5, **options})
+    task = asyncio.create_task(m.run())
+    try:
+        await asyncio.wait_for(m.leading.wait(), 30)
+        yield m
+    finally:
+        # Bounded: a watch stream that ignores cancellation must not hang the test
+        # (seen with aetcd: the informer task stays "cancelling").
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(m.stop(), 10)
+        task.cancel()
+
+
+class ReadyPlayer(Controller):
+    """Plays the replica controller + agents: a placed replica becomes Ready."""
+
+    name = "ready-player"
+    watches = ("replicas",)
+
+    def __init__(self) -> None:
+        self.hold = False
+
+    async def reconcile(self, key: str) -> Result | None:
+        rep = self.ctx.cache.get("replicas", key)
+        if rep is None or not rep.spec.placement or rep.status.phase == "Ready" \
+                or rep.metadata.deletionTimestamp is not None:
+            return None
+        if self.hold:
+            return Result(requeue_after=0.1)
+        self.ctx.cache.assume(await self.ctx.store.patch_status("replicas", key, {"phase": "Ready"}))
+        return None

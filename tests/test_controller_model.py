@@ -1,0 +1,202 @@
+"""Model controller: plan() decisions, and the real thing with fake agents."""
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timedelta, timezone
+
+from llmgw.api import Model, Replica, template_hash
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.informer import Informer
+from controllers.model import plan, replica_name
+from tests.helpers.controlplane import control_plane, until
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def model(name="m", replicas=2, **spec) -> Model:
+    spec.setdefault("profiles", [{"engine": "sim"}])
+    return Model.model_validate({"metadata": {"name": name, "uid": "u1", "generation": 3},
+                                 "spec": {"replicas": replicas, **spec}})
+
+
+def rep(name, m: Model, phase="Ready", placed=True, age=100, thash=None, annotations=None, profile=0) -> Replica:
+    return Replica.model_validate({
+        "metadata": {"name": name, "annotations": annotations or {},
+                     "creationTimestamp": (NOW - timedelta(seconds=age)).isoformat()},
+        "spec": {"model": m.name, "templateHash": thash or template_hash(m.spec), "profileIndex": profile,
+                 "profile": m.spec.profiles[profile].model_dump(),
+                 "placement": [{"rank": 0, "node": "n1"}] if placed else []},
+        "status": {"phase": phase}})
+
+
+def deleted(p):
+    return sorted(r.name for r, _, _ in p.delete)
+
+
+# ------------------------------------------------------------------ plan()
+
+def test_replica_names_fit_shard_names_in_a_dns_label():
+    name = replica_name("x" * 63, "0123456789")
+    assert re.fullmatch(r"x+-0123456789-[a-z0-9]{5}", name) and len(name) <= 60
+
+
+def test_scale_down_removes_unscheduled_then_unready_then_newest_ready():
+    m = model(replicas=1)
+    rs = [rep("ready-old", m, age=500), rep("ready-new", m, age=10), rep("starting", m, phase="Starting"),
+          rep("pending", m, phase="Pending", placed=False)]
+    p = plan(m, rs, NOW)
+    assert [r.name for r, _, _ in p.delete] == ["pending", "starting", "ready-new"]
+    assert p.create == []
+
+
+def test_scale_up_creates_the_missing_and_reports_status():
+    m = model(replicas=3)
+    p = plan(m, [rep("a", m), rep("b", m, phase="Starting")], NOW)
+    assert p.create == [0] and p.delete == []
+    assert p.status["replicas"] == 2 and p.status["readyReplicas"] == 1 and p.status["updatedReplicas"] == 2
+    assert p.status["templateHash"] == template_hash(m.spec) and p.status["observedGeneration"] == 3
+    avail = next(c for c in p.status["conditions"] if c["type"] == "Available")
+    assert avail["status"] == "False"
+
+
+def test_rolling_update_is_make_before_break_within_surge():
+    m = model(replicas=2)                   # maxSurge 1, maxUnavailable 0
+    old = [rep("o1", m, thash="old"), rep("o2", m, thash="old")]
+    p = plan(m, old, NOW)
+    assert p.create == [0] and p.delete == []                      # surge one, delete nothing
+    p = plan(m, old + [rep("n1", m, phase="Starting")], NOW)
+    assert p.create == [] and p.delete == []                       # new one not Ready: wait
+    p = plan(m, old + [rep("n1", m)], NOW)
+    assert len(p.delete) == 1 and p.delete[0][0].name in ("o1", "o2") and p.create == []
+    prog = next(c for c in p.status["conditions"] if c["type"] == "Progressing")
+    assert prog["reason"] == "ReplicasUpdating"
+
+
+def test_rolling_update_with_max_unavailable_breaks_first_and_drops_unready_old_at_once():
+    m = model(replicas=2, update={"maxSurge": 0, "maxUnavailable": 1})
+    p = plan(m, [rep("o1", m, thash="old"), rep("o2", m, thash="old")], NOW)
+    assert p.create == [] and len(p.delete) == 1
+    m2 = model(replicas=2)
+    p = plan(m2, [rep("o1", m2, thash="old"), rep("o2", m2, thash="old", phase="Failed")], NOW)
+    assert deleted(p) == ["o2"]
+
+
+def test_unplaced_past_deadline_moves_to_next_profile():
+    m = model(replicas=1, profiles=[{"engine": "sim", "gpusPerNode": 8}, {"engine": "sim"}],
+              placementDeadlineSeconds=60)
+    young = plan(m, [rep("r", m, phase="Pending", placed=False, age=20)], NOW)
+    assert young.create == [] and young.delete == [] and 39 <= young.requeue_after <= 41
+    p = plan(m, [rep("r", m, phase="Pending", placed=False, age=61)], NOW)
+    assert p.create == [1] and deleted(p) == ["r"] and p.delete[0][1] == "PlacementDeadline"
+    last = plan(m, [rep("r", m, phase="Pending", placed=False, age=600, profile=1)], NOW)
+    assert last.create == [] and last.delete == []                 # no profile after the last
+
+
+def test_drain_replacement_and_original_are_not_fought():
+    m = model(replicas=2)
+    rs = [rep("a", m), rep("orig", m, annotations={EVICT: "drain"}),
+          rep("repl", m, phase="Starting", annotations={DRAINING_REPLACEMENT_FOR: "orig"})]
+    p = plan(m, rs, NOW)
+    assert p.create == [] and p.delete == []          # three replicas for two: tolerated
+    p = plan(model(replicas=1), rs, NOW)
+    assert deleted(p) == ["a"]                        # scale-down never picks the drain pair
+
+
+def test_evicted_replica_without_replacement_is_replaced_then_removed():
+    m = model(replicas=1)
+    p = plan(m, [rep("e", m, annotations={EVICT: "node-lost"})], NOW)
+    assert p.create == [0] and p.delete == []         # make first...
+    p = plan(m, [rep("e", m, annotations={EVICT: "node-lost"}), rep("new", m)], NOW)
+    assert deleted(p) == ["e"]                        # ...then break
+
+
+# ------------------------------------------------------- with etcd and agents
+
+def spec_model(name, replicas, **spec) -> Model:
+    spec.setdefault("profiles", [{"engine": "sim"}])
+    return Model.model_validate({"metadata": {"name": name}, "spec": {"replicas": replicas, **spec}})
+
+
+def ready(cp, name):
+    return [r for r in cp.replicas(name) if r.status.phase == "Ready"]
+
+
+async def test_model_becomes_ready_then_scales_up_and_down(store):
+    async with control_plane(store) as cp:
+        m = await store.create(spec_model("m", 2))
+        await until(lambda: len(ready(cp, "m")) == 2)
+        st = await until(lambda: (x := cp.cache.get("models", "m")) and x.status.readyReplicas == 2 and x.status)
+        assert st.templateHash == template_hash(m.spec) and st.updatedReplicas == 2
+        assert {c.type: c.status for c in st.conditions} == {"Available": "True", "Progressing": "True"}
+        for r in cp.replicas("m"):
+            assert r.name.startswith(f"m-{st.templateHash}-")
+            assert r.metadata.labels[MODEL_LABEL] == "m" and SHARDS_FINALIZER in r.metadata.finalizers
+            assert r.metadata.ownerReferences[0].uid == m.metadata.uid
+
+        cp.agents.hold = lambda shard: True            # new replicas never get Ready
+        cur = await store.get("models", "m")
+        cur.spec.replicas = 3
+        await store.update(cur)
+        starting = await until(lambda: next((r.name for r in cp.replicas("m") if r.status.phase == "Starting"), None))
+        readies = {r.name for r in ready(cp, "m")}
+        cur = await store.get("models", "m")
+        cur.spec.replicas = 2
+        await store.update(cur)
+        await until(lambda: len(cp.replicas("m")) == 2)
+        assert {r.name for r in cp.replicas("m")} == readies     # the unready one went first
+        # and it is torn down completely: shards stopped, finalizer released, object gone
+        await until(lambda: cp.cache.get("replicas", starting) is None
+                    and cp.cache.index("shards", "replica", starting) == [])
+        assert cp.agents.transitions.count((f"{starting}-0", "Stopped")) == 1
+
+
+async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
+    async with control_plane(store) as cp:
+        await store.create(spec_model("m", 2))
+        await until(lambda: len(ready(cp, "m")) == 2)
+        old = {r.name for r in cp.replicas("m")}
+
+        seen_min = [99]     # Ready, not deleting, as an independent watcher sees it after every event
+        watched = Cache()
+
+        def observe(kind, type, obj):
+            n = sum(1 for r in watched.list("replicas")
+                    if r.status.phase == "Ready" and r.metadata.deletionTimestamp is None)
+            seen_min[0] = min(seen_min[0], n)
+        inf = Informer(store, "replicas", watched, observe)
+        task = asyncio.create_task(inf.run())
+        try:
+            await asyncio.wait_for(inf.synced.wait(), 30)
+            cp.agents.hold = lambda shard: shard.spec.replica not in old
+            cur = await store.get("models", "m")
+            cur.spec.profiles[0].env = {"NEW": "1"}
+            await store.update(cur)
+            new_hash = template_hash(cur.spec)
+            await until(lambda: any(r.spec.templateHash == new_hash and r.status.phase == "Starting"
+                                    for r in cp.replicas("m")))
+            await asyncio.sleep(0.5)
+            # the surge replica is not Ready: no old replica may be going yet
+            assert {r.name for r in cp.replicas("m") if r.spec.templateHash != new_hash} == old
+            assert len(cp.replicas("m")) == 3                           # maxSurge 1
+            await cp.agents.release()
+            await until(lambda: len(ready(cp, "m")) == 2 and all(r.spec.templateHash == new_hash for r in cp.replicas("m")))
+            st = await until(lambda: (x := cp.cache.get("models", "m")) and x.status.updatedReplicas == 2
+                             and x.status.replicas == 2 and x.status)
+            assert next(c for c in st.conditions if c.type == "Progressing").reason == "RolloutComplete"
+            await until(lambda: all(watched.get("replicas", n) is None for n in old))
+            assert seen_min[0] >= 2
+        finally:
+            task.cancel()
+
+
+async def test_unplaceable_profile_falls_back_and_deleting_the_model_removes_replicas(store):
+    async with control_plane(store) as cp:
+        await store.create(spec_model("m", 1, placementDeadlineSeconds=1,
+                                      profiles=[{"engine": "sim", "gpusPerNode": 64}, {"engine": "sim"}]))
+        r = await until(lambda: next((r for r in ready(cp, "m")), None))
+        assert r.spec.profileIndex == 1 and r.spec.profile.gpusPerNode == 1
+        assert cp.events("PlacementDeadline", "m")
+        await store.delete("models", "m")
+        await until(lambda: cp.cache.index("replicas", "model", "m") == [] and cp.cache.list("shards") == [])

@@ -1,0 +1,121 @@
+"""Replica controller with fake agents: shards, phases, rebuild with backoff, teardown."""
+from __future__ import annotations
+
+from llmgw.api import Model
+from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
+from controllers.replica import backoff_seconds, fold_phase
+from tests.helpers.controlplane import control_plane, until
+
+
+def model(name, replicas=1, nodes=1, gpus=1, **spec) -> Model:
+    return Model.model_validate({"metadata": {"name": name}, "spec": {
+        "replicas": replicas, "profiles": [{"engine": "sim", "nodes": nodes, "gpusPerNode": gpus}], **spec}})
+
+
+def test_backoff_doubles_from_10s_to_5min():
+    assert [backoff_seconds(n) for n in (1, 2, 3, 6, 7, 20)] == [10, 20, 40, 300, 300, 300]
+
+
+async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store):
+    async with control_plane(store) as cp:
+        await store.create(model("big", nodes=2, gpus=2))
+        await store.create(model("small", replicas=1))
+        rep = await until(lambda: next((r for r in cp.replicas("big") if r.status.phase == "Ready"), None))
+        shards = sorted(cp.cache.index("shards", "replica", rep.name), key=lambda s: s.spec.rank)
+        assert [s.name for s in shards] == [f"{rep.name}-0", f"{rep.name}-1"]
+        assert [s.spec.node for s in shards] == [p.node for p in sorted(rep.spec.placement, key=lambda p: p.rank)]
+        head_node = cp.cache.get("nodes", shards[0].spec.node)
+        assert {s.spec.headAddress for s in shards} == {head_node.status.addresses[0]}
+        assert shards[0].spec.ports.distInit == shards[1].spec.ports.distInit
+        assert shards[0].spec.ports.serve != shards[0].spec.ports.distInit
+        assert all(s.spec.worldSize == 2 and s.spec.gpus == [0, 1] and s.spec.fabric == "fab-a" for s in shards)
+        assert all(PROCESS_FINALIZER in s.metadata.finalizers for s in shards)
+        assert all(s.metadata.ownerReferences[0].uid == rep.metadata.uid for s in shards)
+        assert rep.status.endpoint == f"{head_node.status.addresses[0]}:{shards[0].spec.ports.serve}"
+        assert cp.events("ShardsCreated", rep.name) and cp.events("Ready", rep.name)
+
+        # the small replica shares a node with the big one: no port is used twice on any node
+        await until(lambda: any(r.status.phase == "Ready" for r in cp.replicas("small")))
+        for node in ("n1", "n2", "n3"):
+            ports = [p for s in cp.cache.index("shards", "node", node) for p in (s.spec.ports.serve, s.spec.ports.distInit)
+                     if not (s.spec.rank > 0 and p == s.spec.ports.distInit)]
+            assert len(ports) == len(set(ports)), (node, ports)
+            assert all(30000 <= p <= 32767 for p in ports)
+
+
+async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
+    async with control_plane(store) as cp:
+        await store.create(model("m", nodes=2))
+        rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
+        old_uids = {s.metadata.uid for s in cp.cache.index("shards", "replica", rep.name)}
+
+        await cp.agents.fail_shard(f"{rep.name}-1", message="NCCL timeout")
+        failed = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.restarts == 1 and r)
+        assert failed.status.phase == "Failed"
+        assert failed.status.backoffUntil is not None
+        assert "NCCL timeout" in failed.status.message and "rebuilding in 0.5s" in failed.status.message
+        assert cp.events("ReplicaFailed", rep.name)
+        # rebuilt as a unit: both ranks are new shards, the replica is Ready again
+        back = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Ready" and r)
+        new_shards = cp.cache.index("shards", "replica", rep.name)
+        assert len(new_shards) == 2 and not ({s.metadata.uid for s in new_shards} & old_uids)
+        assert back.status.restarts == 1 and cp.events("Rebuilding", rep.name)
+        stopped = {name for name, phase in cp.agents.transitions if phase == "Stopped"}
+        assert {f"{rep.name}-0", f"{rep.name}-1"} <= stopped    # agents stopped both old ranks
+
+        # a crash loop: the next failure waits twice as long
+        cp.agents.fail_replicas.add(rep.name)
+        await cp.agents.fail_shard(f"{rep.name}-0")
+        again = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.restarts == 2 and r)
+        assert "rebuilding in 1s" in again.status.message
+        third = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.restarts == 3 and r)
+        assert "rebuilding in 2s" in third.status.message
+
+
+async def test_deleted_replica_waits_for_stopped_shards_then_goes(store):
+    async with control_plane(store) as cp:
+        await store.create(model("m", nodes=2))
+        rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
+        assert SHARDS_FINALIZER in rep.metadata.finalizers
+        await cp.agents.silence(rep.spec.placement[1].node)     # that agent will never confirm
+        await store.delete("replicas", rep.name)
+        term = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Terminating" and r)
+        assert term.status.endpoint is None
+        await until(lambda: cp.agents.phase(f"{rep.name}-0") in ("Stopped", None))
+        # the silent node's shard holds the replica until the node counts as lost
+        assert cp.cache.get("shards", f"{rep.name}-1") is not None
+        assert cp.cache.get("replicas", rep.name) is not None
+        await cp.agents.set_node_ready(rep.spec.placement[1].node, False)
+        await until(lambda: cp.cache.get("replicas", rep.name) is None)
+        assert cp.cache.index("shards", "replica", rep.name) == []
+        assert cp.events("ShardAbandoned", rep.name)
+
+
+async def test_lost_node_rebuilds_replica_elsewhere(store):
+    async with control_plane(store, nodes=("n1", "n2")) as cp:
+        await store.create(model("m", gpus=2))
+        rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
+        node = rep.spec.placement[0].node
+        await cp.agents.silence(node)
+        await cp.agents.set_node_ready(node, False)
+        moved = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Ready"
+                            and r.spec.placement[0].node != node and r)
+        assert moved.status.restarts == 1
+        assert any(f"node {node} is lost" in e.message for e in cp.events("ReplicaFailed", rep.name))
+
+
+def test_fold_phase_needs_rank0_ready_and_workers_up():
+    from llmgw.api import Replica, Shard
+    rep = Replica.model_validate({"metadata": {"name": "r"}, "spec": {
+        "model": "m", "templateHash": "t", "profile": {"engine": "vllm", "nodes": 2}}})
+
+    def sh(rank, phase):
+        return Shard.model_validate({"metadata": {"name": f"r-{rank}"}, "spec": {
+            "replica": "r", "model": "m", "node": "n", "rank": rank, "worldSize": 2,
+            "ports": {"serve": 30000, "distInit": 30001}, "headAddress": "h", "engine": "vllm",
+            "servedModelNames": ["m"]}, "status": {"phase": phase}})
+    assert fold_phase(rep, [sh(0, "Pending"), sh(1, "Pending")]) == "Scheduled"
+    assert fold_phase(rep, [sh(0, "Starting"), sh(1, "Pending")]) == "Starting"
+    assert fold_phase(rep, [sh(0, "Ready"), sh(1, "Starting")]) == "Starting"
+    assert fold_phase(rep, [sh(0, "Running"), sh(1, "Ready")]) == "Starting"
+    assert fold_phase(rep, [sh(0, "Ready"), sh(1, "Running")]) == "Ready"

@@ -1,0 +1,105 @@
+"""Informers against a real etcd: list+watch into the cache, relist after compaction."""
+import asyncio
+
+from llmgw.api import Model, ObjectMeta
+from llmgw.api.types import ModelSpec, Profile
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.informer import HeartbeatInformer, Informer
+
+
+def model(name: str) -> Model:
+    return Model(metadata=ObjectMeta(name=name), spec=ModelSpec(profiles=[Profile(engine="sim")]))
+
+
+async def until(cond, timeout=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, kind, type, obj):
+        self.events.append((type, obj if isinstance(obj, str) else obj.metadata.name))
+
+
+async def test_informer_lists_then_watches_into_cache(store):
+    await store.create(model("before"))
+    cache, rec = Cache(), Recorder()
+    inf = Informer(store, "models", cache, rec)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        assert rec.events == [("ADDED", "before")]
+        await store.create(model("after"))
+        await store.patch_status("models", "after", {"readyReplicas": 3})
+        await until(lambda: (cache.get("models", "after") or model("x")).status.readyReplicas == 3)
+        await store.delete("models", "before")
+        await until(lambda: cache.get("models", "before") is None)
+        assert [e for e in rec.events if e[1] == "after"][:2] == [("ADDED", "after"), ("MODIFIED", "after")]
+        assert rec.events[-1] == ("DELETED", "before")
+        assert sorted(m.name for m in cache.list("models")) == ["after"]
+        assert inf.lists == 1
+    finally:
+        task.cancel()
+
+
+class GatedInformer(Informer):
+    """Opens its (real) watch only when the test lets it: changes in between go unseen."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.gate = asyncio.Event()
+
+    def _watch(self, from_revision):
+        inner = super()._watch
+
+        async def gen():
+            await self.gate.wait()
+            async for item in inner(from_revision):
+                yield item
+        return gen()
+
+
+async def test_informer_relists_after_compaction_and_reports_vanished(store):
+    await store.create(model("gone"))
+    await store.create(model("stays"))
+    cache, rec = Cache(), Recorder()
+    inf = GatedInformer(store, "models", cache, rec)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        await store.delete("models", "gone")
+        await store.create(model("new"))
+        await store.compact(keep=0)
+        inf.gate.set()
+        await until(lambda: inf.lists >= 2)
+        await until(lambda: cache.get("models", "gone") is None and cache.get("models", "new") is not None)
+        assert ("DELETED", "gone") in rec.events
+        assert ("ADDED", "new") in rec.events
+        # and it keeps watching after the relist
+        await store.create(model("later"))
+        await until(lambda: cache.get("models", "later") is not None)
+    finally:
+        task.cancel()
+
+
+async def test_heartbeat_informer_tracks_live_keys(store):
+    await store.heartbeat("n1", ttl=30)
+    cache, rec = Cache(), Recorder()
+    inf = HeartbeatInformer(store, cache, rec)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        assert cache.heartbeats() == {"n1"}
+        await store.heartbeat("n2", ttl=30)
+        await store.heartbeat("n2", ttl=30)          # a refresh is not a new event
+        await until(lambda: cache.heartbeats() == {"n1", "n2"})
+        await store.delete_raw("/llmgw/heartbeat/n1")
+        await until(lambda: cache.heartbeats() == {"n2"})
+        assert rec.events == [("ADDED", "n1"), ("ADDED", "n2"), ("DELETED", "n1")]
+    finally:
+        task.cancel()
