@@ -25,6 +25,8 @@ from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
 
+LOST: list[str] = []  # test 3's lost node, brought back by test 4
+
 NODES = [NodePlan("node01", "127.0.1.1", "ib-a"), NodePlan("node02", "127.0.1.2", "ib-a"),
          NodePlan("node03", "127.0.1.3", "ib-a"), NodePlan("node04", "127.0.1.4", "ib-b"),
          NodePlan("node05", "127.0.1.5", None), NodePlan("node06", "127.0.1.6", "ib-a")]
@@ -174,6 +176,7 @@ async def test_3_lost_node_goes_notready_and_its_replica_is_rebuilt(cluster, cli
     large_nodes = set().union(*(nodes_of(r) for r in await replicas_of(client, "sim-large")))
     hosts = sorted(set().union(*(nodes_of(r) for r in small)), key=lambda n: (n in large_nodes, n))
     victim = hosts[0]  # a node hosting sim-small, preferably not sim-large
+    LOST.append(victim)
     cluster.procs[f"stopped:agent-{victim}"] = cluster.procs.pop(f"agent-{victim}")
     for pid in cluster.node_pids(victim):
         try:
@@ -197,6 +200,13 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
         if node.spec.drain:  # test 2's node takes work again
             llmgw_cli(cluster, "uncordon", node.name)
             assert node_status(cluster, node.name) == "Ready"
+    for name in LOST:  # test 3's node comes back: its agent restarts
+        cluster.procs.pop(f"stopped:agent-{name}", None)
+        cluster.start_agent(next(n for n in NODES if n.name == name))
+
+        async def back(name=name):
+            return node_status(cluster, name) == "Ready"
+        await wait_for(f"{name} Ready again", back, timeout=60)
     large = [r for r in await replicas_of(client, "sim-large") if not r.metadata.deletionTimestamp][0]
     target = sorted(nodes_of(large))[0]
     llmgw_cli(cluster, "drain", target)
