@@ -230,3 +230,26 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
     live_large = [r for r in await replicas_of(client, "sim-large") if not r.metadata.deletionTimestamp]
     assert len(live_large) == 1
     assert await ready_count(client, "sim-large") == 1
+
+
+async def test_5_template_change_under_load_loses_no_request(cluster, client):
+    model = await client.get("models", "sim-small")
+    old = {r.name for r in await replicas_of(client, "sim-small")}
+    model.spec.profiles[0].args = ["--tokens-per-second", "400"]
+    async with Load(cluster.gateway_url, ["sim-small", "small"]) as load:
+        await client.update(model)
+
+        async def rolled():
+            live = [r for r in await replicas_of(client, "sim-small") if not r.metadata.deletionTimestamp]
+            return (len(live) == 2 and not {r.name for r in live} & old
+                    and all(r.status.phase == "Ready" for r in live)
+                    and all(r.spec.profile.args == ["--tokens-per-second", "400"] for r in live))
+        await wait_for("sim-small rolled to the new template", rolled, timeout=150)
+
+        async def old_gone():
+            return not {r.name for r in await replicas_of(client, "sim-small")} & old
+        await wait_for("old sim-small replicas gone", old_gone, timeout=60)
+    assert not load.failures, load.failures[:5]
+    assert load.ok > 20
+    m = await client.get("models", "sim-small")
+    assert m.status.updatedReplicas == 2 and m.status.readyReplicas == 2

@@ -12,8 +12,11 @@ from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.pki import Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.revocations import Revocations
+from llmgw.server.status import status_body
+from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
 from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Selector, Store,
                          StoreUnavailable)
+from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
 API = "/apis/llmgw.io/v1"
@@ -23,14 +26,6 @@ class Fail(Exception):
     def __init__(self, code: int, reason: str, message: str, **details):
         self.code, self.reason, self.message, self.details = code, reason, message, details
         super().__init__(message)
-
-
-def status_body(code: int, reason: str, message: str, **details) -> dict:
-    body = {"apiVersion": "llmgw.io/v1", "kind": "Status", "status": "Failure",
-            "code": code, "reason": reason, "message": message}
-    if details:
-        body["details"] = details
-    return body
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -52,9 +47,11 @@ _STORE_ERRORS = [
 
 
 class ApiServer:
-    def __init__(self, store: Store, bookmark_interval: float = 10.0):
+    def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
+                 watch_queue_limit: int = 1000):
         self.store = store
         self.bookmark_interval = bookmark_interval
+        self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
@@ -85,6 +82,7 @@ class ApiServer:
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
 
     async def _stop(self, app) -> None:
+        await self.watch_cache.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -295,54 +293,50 @@ class ApiServer:
     async def _watch(self, request: web.Request, kind: str, node: str | None, selector: str | None,
                      rv: int) -> web.StreamResponse:
         """JSON lines: events after rv (rv=0: every current object as ADDED first), BOOKMARKs while
-        idle, and one ERROR (410 Expired: relist; 503: re-watch from the last revision) before the end."""
-        sel = Selector.parse(selector)
-        rev = rv
+        idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops:
+        re-watch from the last revision).
+
+        Served by the shared watch cache (llmgw.server.watchcache): one store watch per kind,
+        whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
+        (BOOKMARKs) and the cache resumes where it stopped."""
+        if node is not None and kind not in NODE_SCOPED:
+            raise ValueError(f"kind {kind} is not keyed by node")
+        sel = Selector.parse(selector) if selector else None
+        cache = self.watch_cache.kind(kind)
         initial: list[Object] = []
-        if not rv:
-            initial, rev = await self.store.list(kind, selector=selector, node=node)
-        queue: asyncio.Queue = asyncio.Queue(maxsize=10000)
-
-        async def pump():
+        expired: str | None = None
+        watcher: Watcher | None = None
+        if rv:
             try:
-                async for ev in self.store.watch(kind, rev + 1, node=node):
-                    await queue.put(ev)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                await queue.put(err)
-
-        task = asyncio.create_task(pump())
+                current = await check_revision(self.store, rv)  # 410 if etcd compacted rv, as before
+            except Expired as err:
+                expired = str(err)
+            else:
+                cache.start(min(rv, current))
+        else:
+            initial, rv = await self.store.list(kind, selector=selector, node=node)
+            cache.start(rv)
+        if expired is None:
+            try:  # no await since the revision check or the list: nothing can slip in between
+                who = f"{request['identity']} ({request.remote})"
+                watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
+            except Expired as err:
+                expired = str(err)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         try:
             await resp.prepare(request)
-            lines = [json.dumps({"type": "ADDED", "object": _dump(o), "revision": rev}) for o in initial]
-            if lines:
-                await resp.write(("\n".join(lines) + "\n").encode())
-            while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), self.bookmark_interval)
-                except asyncio.TimeoutError:
-                    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rev}}, "revision": rev}
-                    await resp.write((json.dumps(bookmark) + "\n").encode())
-                    continue
-                if isinstance(item, Exception):
-                    code, reason = (410, "Expired") if isinstance(item, Compacted) else (503, "ServiceUnavailable")
-                    err = {"type": "ERROR", "object": status_body(code, reason, str(item))}
-                    await resp.write((json.dumps(err) + "\n").encode())
-                    break
-                rev = item.revision
-                type_ = item.type
-                if not sel.matches(item.object.metadata.labels):
-                    if type_ != "MODIFIED":
-                        continue
-                    type_ = "DELETED"  # it stopped matching: gone from this watcher's view
-                line = {"type": type_, "object": _dump(item.object), "revision": item.revision}
-                await resp.write((json.dumps(line) + "\n").encode())
+            if watcher is None:
+                await resp.write(error_line(410, "Expired", expired))
+                return resp
+            if initial:
+                await resp.write(b"".join(event_line("ADDED", _dump(o), rv) for o in initial))
+            async for chunk in watcher.stream(self.bookmark_interval):
+                await resp.write(chunk)
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
-            task.cancel()
+            if watcher is not None:
+                watcher.close()
         return resp
 
 

@@ -19,7 +19,8 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca=None, etcd_cert=None,
-                etcd_key=None, bookmark_interval: float = 10.0) -> None:
+                etcd_key=None, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
+                watch_queue_limit: int = 1000) -> None:
     from aiohttp import web
 
     from llmgw.server.app import ApiServer
@@ -41,7 +42,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await store.connect()
     except (StoreError, OSError) as err:
         raise click.ClickException(f"cannot reach etcd at {etcd}: {err}")
-    api = ApiServer(store, bookmark_interval=bookmark_interval)
+    api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
+                    watch_queue_limit=watch_queue_limit)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -74,10 +76,16 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.option("--etcd-key", default=None)
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
+@click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="Recent events kept per kind; a watch from an older resourceVersion relists.")
+@click.option("--watch-queue-limit", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)
-def server(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval, log_level):
+def server(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval, watch_cache_size,
+           watch_queue_limit, log_level):
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    asyncio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval))
+    asyncio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
+                      watch_cache_size, watch_queue_limit))
