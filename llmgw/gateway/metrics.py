@@ -1,11 +1,20 @@
-"""Prometheus metrics of one gateway (own registry, so several can live in a process)."""
+"""Prometheus metrics of one gateway (own registry, so several can live in a process).
+
+The two series every request touches (requests_total and the latency
+histogram) are plain dicts of numbers read at scrape time: prometheus_client's
+Counter and Histogram take a lock and walk the buckets in Python on every
+observation, a few per cent of the gateway's CPU. The event loop is one
+thread, so nothing here needs a lock.
+"""
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -16,13 +25,9 @@ class Metrics:
     def __init__(self, inflight: Callable[[], Iterable[tuple[str, str, int, bool]]]) -> None:
         """`inflight` yields (model, replica, outstanding, routable) at scrape time: nothing on the hot path."""
         self.registry = r = CollectorRegistry()
-        self.requests = Counter(
-            "llmgw_gateway_requests", "Requests answered, by model and HTTP status code",
-            ["model", "code"], registry=r)
-        self.latency = Histogram(
-            "llmgw_gateway_request_duration_seconds",
-            "Time from request to the last byte of the response, by model",
-            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self._requests: dict[tuple[str, int], int] = {}  # (model, code) -> count
+        self._latency: dict[str, list] = {}  # model -> [count per bucket (+Inf last), sum]
+        r.register(_Requests(self._requests, self._latency))
         self.upstream_errors = Counter(
             "llmgw_gateway_upstream_errors",
             "Failed attempts to reach an engine, by model, replica and reason",
@@ -31,22 +36,61 @@ class Metrics:
             "llmgw_gateway_retries", "Requests retried on another replica, by model",
             ["model"], registry=r)
         r.register(_Inflight(inflight))
-        self._latency_children: dict[str, object] = {}
-        self._request_children: dict[tuple[str, int], object] = {}
+        self._retry_children: dict[str, object] = {}
 
     def observe(self, model: str, code: int, seconds: float) -> None:
-        # Cache label children: labels() costs more than the increment itself.
-        c = self._request_children.get((model, code))
-        if c is None:
-            c = self._request_children[(model, code)] = self.requests.labels(model, str(code))
-        c.inc()
-        h = self._latency_children.get(model)
+        key = (model, code)
+        requests = self._requests
+        requests[key] = requests.get(key, 0) + 1
+        h = self._latency.get(model)
         if h is None:
-            h = self._latency_children[model] = self.latency.labels(model)
-        h.observe(seconds)
+            h = self._latency[model] = [[0] * (len(LATENCY_BUCKETS) + 1), 0.0]
+        h[0][bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bucket with seconds <= le
+        h[1] += seconds
+
+    def retry(self, model: str) -> None:
+        # Cache label children: labels() costs more than the increment itself.
+        c = self._retry_children.get(model)
+        if c is None:
+            c = self._retry_children[model] = self.retries.labels(model)
+        c.inc()
+
+    def upstream_error(self, model: str, replica: str, reason: str) -> None:
+        # Not cached: rare, and replicas come and go (a cache would only grow).
+        self.upstream_errors.labels(model, replica, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Requests:
+    """Collector of llmgw_gateway_requests_total and llmgw_gateway_request_duration_seconds."""
+
+    _BOUNDS = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+    def __init__(self, requests: dict[tuple[str, int], int], latency: dict[str, list]):
+        self.requests, self.latency = requests, latency
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        total = CounterMetricFamily(
+            "llmgw_gateway_requests", "Requests answered, by model and HTTP status code",
+            labels=["model", "code"])
+        for (model, code), n in sorted(self.requests.items()):
+            total.add_metric([model, str(code)], n)
+        hist = HistogramMetricFamily(
+            "llmgw_gateway_request_duration_seconds",
+            "Time from request to the last byte of the response, by model", labels=["model"])
+        for model, (counts, sum_) in sorted(self.latency.items()):
+            cumulative, acc = [], 0
+            for bound, n in zip(self._BOUNDS, counts):
+                acc += n
+                cumulative.append((bound, acc))
+            hist.add_metric([model], cumulative, sum_)
+        yield total
+        yield hist
 
 
 class _Inflight:

@@ -1,11 +1,12 @@
 """The gateway's HTTP app: OpenAI-compatible routes proxied to Ready replicas.
 
-One shared aiohttp ClientSession (keep-alive pool) talks to the engines.
-A request is routed by its body's `model` (a model name or an alias) to the
-replica with the fewest outstanding requests. A connection failure before
-the engine's first byte (refused, reset, disconnected before the headers)
-or a 503 from the engine is retried once on another replica. Server-sent
-events are relayed chunk by chunk as they arrive, never buffered.
+An aiohttp server faces the clients; a lean keep-alive pool (upstream.py,
+httptools' parser) talks to the engines. A request is routed by its body's
+`model` (a model name or an alias) to the replica with the fewest
+outstanding requests. A connection failure before the engine's first byte
+(refused, reset, disconnected before the headers) or a 503 from the engine
+is retried once on another replica. Server-sent events are relayed chunk by
+chunk as they arrive, never buffered.
 """
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ import json
 import logging
 import time
 
-import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from llmgw.gateway import errors
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.table import Backend, RoutingTable
+from llmgw.gateway.upstream import Conn, Pool, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +34,12 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 _BUFFER_LIMIT = 1 << 20
 
 _HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
-_DROP_REQ = _HOP | {"authorization"}  # the gateway's key is not the engine's business
-_DROP_RESP = _HOP | {"server", "date"}
-
-# Raised before the engine's first byte: safe to send the request elsewhere.
-_RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
-
+# The gateway's key is not the engine's business; the body is sent at once, so no Expect.
+_DROP_REQ = _HOP | {b"authorization", b"expect"}
+_DROP_RESP = _HOP | {b"server", b"date"}
 
 _ENGINE_503 = "unavailable: the engine answered 503 (loading or draining)"
 
@@ -68,7 +67,7 @@ class Gateway:
         self.balancer = Balancer()
         self.metrics = Metrics(self._inflight_samples)
         self.synced = synced  # False until the source has given a first full view
-        self.session: aiohttp.ClientSession | None = None
+        self.pool = Pool(connect_timeout=connect_timeout)
 
     # ------------------------------------------------------------ app
 
@@ -82,20 +81,11 @@ class Gateway:
         app.router.add_get("/v1/models/{name}", self._model)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
-        app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
 
-    async def _open(self, app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
-        self.session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-        )
-
     async def _close(self, app: web.Application) -> None:
-        if self.session is not None:
-            await self.session.close()
+        self.pool.close()
 
     def _inflight_samples(self):
         """(model, replica, n, routable) for every routable replica and any still busy after leaving."""
@@ -147,18 +137,20 @@ class Gateway:
 
     async def _read_body(self, request: web.Request):
         limit = self.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
+        length = request.content_length  # parses the header on every access: once
+        if length is not None and length > limit:
             return errors.too_large(limit)
         try:
-            body = await request.content.readexactly(request.content_length) \
-                if request.content_length is not None else await request.read()
+            body = await request.content.readexactly(length) if length is not None else await request.read()
         except (web.HTTPRequestEntityTooLarge, asyncio.IncompleteReadError):
-            return errors.too_large(limit) if request.content_length is None else \
+            return errors.too_large(limit) if length is None else \
                 errors.bad_request("The request body ended before its Content-Length")
         if len(body) > limit:
             return errors.too_large(limit)
         try:
-            doc = json.loads(body)
+            # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
+            # before): decoding it here skips json's encoding detection, a Python function.
+            doc = json.loads(body.decode() if body[:1] == b"{" and body[1:2] != b"\x00" else body)
         except (ValueError, UnicodeDecodeError) as err:
             return errors.bad_request(
                 f"We could not parse the JSON body of your request ({err}); "
@@ -176,23 +168,27 @@ class Gateway:
         backends = self.table.backends_for(model)
         if not backends:
             return errors.no_replica(model, self.retry_after)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQ}
+        # The request head minus the Host line and Content-Length, built once for both tries.
+        fields = b"".join([k + b": " + v + b"\r\n" for k, v in request.raw_headers
+                           if k.lower() not in _DROP_REQ])
         tried: list[str] = []
         last = "no replica"
         for attempt in (0, 1):
             b = self.balancer.pick(model, self.table.backends_for(model) if attempt else backends, tried)
+            fresh = False
             if b is None and attempt:
                 # No other replica: one more try on the same one, on a fresh connection.
                 b = self.balancer.pick(model, self.table.backends_for(model))
+                fresh = True
             if b is None:
                 break
             if attempt:
-                self.metrics.retries.labels(model).inc()
+                self.metrics.retry(model)
             try:
-                return await self._attempt(request, b, body.for_backend(b, name), headers)
+                return await self._attempt(request, b, body.for_backend(b, name), fields, fresh)
             except _Retry as r:
                 last = f"{b.replica} ({b.endpoint}): {r.reason}"
-                self.metrics.upstream_errors.labels(model, b.replica, r.reason.split(":")[0]).inc()
+                self.metrics.upstream_error(model, b.replica, r.reason.split(":")[0])
                 log.info("upstream %s failed before its first byte; %s", last,
                          "retrying" if attempt == 0 else "giving up")
                 tried.append(b.replica)
@@ -200,47 +196,63 @@ class Gateway:
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
 
-    async def _attempt(self, request: web.Request, b: Backend, data: bytes, headers) -> web.StreamResponse:
+    async def _attempt(self, request: web.Request, b: Backend, data: bytes, fields: bytes,
+                       fresh: bool) -> web.StreamResponse:
         self.balancer.acquire(b)
+        conn = None
         try:
             try:
-                up = await self.session.post(b.base_url + request.path, data=data, headers=headers)
-            except _RETRYABLE as err:
-                raise _Retry(_reason(err)) from None
-            try:
-                return await self._relay(request, up, b)
-            finally:
-                up.release()
+                conn = await self.pool.acquire(b.endpoint, fresh)
+                conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+                    request.path.encode(), b.endpoint.encode(), fields, len(data)), data)
+                await conn.headers_done()
+            except UpstreamError as err:
+                raise _Retry(err.reason) from None
+            return await self._relay(request, conn, b)
         finally:
+            if conn is not None:
+                self.pool.release(conn)  # reused only if its response was read to the end
             self.balancer.release(b)
 
-    async def _relay(self, request: web.Request, up: aiohttp.ClientResponse, b: Backend) -> web.StreamResponse:
-        if up.status == 503:
+    async def _relay(self, request: web.Request, conn: Conn, b: Backend) -> web.StreamResponse:
+        if conn.status == 503:
             raise _Retry(_ENGINE_503)
-        headers = {k: v for k, v in up.headers.items() if k.lower() not in _DROP_RESP}
+        headers = CIMultiDict()
+        length = None
+        sse = False
+        for k, v in conn.headers:
+            lk = k.lower()
+            if lk in _DROP_RESP:
+                if lk == b"content-length":
+                    length = int(v)
+                continue
+            value = v.decode("utf-8", "replace")
+            if lk == b"content-type":
+                sse = value.startswith("text/event-stream")
+            headers.add(k.decode("latin-1"), value)
         headers[REPLICA_HEADER] = b.replica
-        ctype = up.headers.get("Content-Type", "")
-        sse = ctype.startswith("text/event-stream")
-        if not sse and up.content_length is not None and up.content_length <= _BUFFER_LIMIT:
+        if not sse and length is not None and length <= _BUFFER_LIMIT:
             try:
-                data = await up.read()
-            except _RETRYABLE + (aiohttp.ClientPayloadError,) as err:
-                raise _Retry(_reason(err)) from None  # nothing sent to the client yet
-            return web.Response(status=up.status, body=data, headers=headers)
-        resp = web.StreamResponse(status=up.status, headers=headers)
-        if not sse and up.content_length is not None:
-            resp.content_length = up.content_length
+                data = await conn.read_all()
+            except UpstreamError as err:
+                raise _Retry(err.reason) from None  # nothing sent to the client yet
+            return web.Response(status=conn.status, body=data, headers=headers)
+        resp = web.StreamResponse(status=conn.status, headers=headers)
+        if not sse and length is not None:
+            resp.content_length = length
         await resp.prepare(request)
         try:
-            async for chunk in up.content.iter_any():
+            while True:
+                chunk = await conn.read_chunk()
+                if not chunk:
+                    break
                 await resp.write(chunk)
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+        except UpstreamError as err:
+            conn.close()
             if _is_client_side(request):
-                up.close()  # the caller left: drop the engine's connection so it stops generating
-                return resp
-            self.metrics.upstream_errors.labels(b.model, b.replica, "midstream").inc()
-            log.warning("replica %s (%s) failed mid-response: %s", b.replica, b.endpoint, _reason(err))
-            up.close()
+                return resp  # the caller left too
+            self.metrics.upstream_error(b.model, b.replica, "midstream")
+            log.warning("replica %s (%s) failed mid-response: %s", b.replica, b.endpoint, err.reason)
             if sse:
                 await resp.write(b"data: " + errors.error_body(
                     f"The engine of replica {b.replica} failed mid-response", "upstream_error",
@@ -250,7 +262,7 @@ class Gateway:
                 request.transport and request.transport.close()
             return resp
         except ConnectionResetError:
-            up.close()
+            conn.close()  # the caller left: drop the engine's connection so it stops generating
             return resp
         await resp.write_eof()
         return resp
@@ -307,16 +319,6 @@ def _model_card(id_: str, root: str, created: int, aliases) -> dict:
     if aliases:
         card["aliases"] = list(aliases)
     return card
-
-
-def _reason(err: BaseException) -> str:
-    if isinstance(err, aiohttp.ClientConnectorError):
-        return f"connect: {err.os_error.strerror or err.os_error}" if err.os_error else "connect"
-    if isinstance(err, aiohttp.ServerDisconnectedError):
-        return "disconnected: the engine closed the connection"
-    if isinstance(err, asyncio.TimeoutError):
-        return "timeout: connecting took too long"
-    return f"{type(err).__name__}: {err}"
 
 
 def _is_client_side(request: web.Request) -> bool:

@@ -1,0 +1,291 @@
+"""A lean HTTP/1.1 client for the engines: keep-alive connections, httptools' parser.
+
+The gateway's hot path is one small POST and one small response per request;
+aiohttp's client spent about half of the gateway's CPU on it (request and
+response objects, header multidicts, cookie jars, tracing hooks, timers). This
+is what is left: a pool of idle connections per endpoint (LIFO, closed after
+`keepalive` seconds idle) and an asyncio.Protocol per connection that feeds
+httptools and hands the proxy the status, the headers and the body chunks.
+
+    pool = Pool(connect_timeout=5.0)
+    conn = await pool.acquire("10.0.0.1:8000")         # raises UpstreamError("connect: ...")
+    conn.send(head, body)
+    await conn.headers_done()                          # raises UpstreamError before the first byte
+    conn.status, conn.headers                          # int, [(bytes, bytes)]
+    body = await conn.read_all()  /  chunk = await conn.read_chunk()   # b"" at the end
+    pool.release(conn)                                 # back to the pool iff reusable, else closed
+
+Failures are UpstreamError with a `reason` whose first word (before ':') is
+the metrics label: connect, timeout, disconnected, protocol.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import httptools
+
+HIGH_WATER = 256 * 1024  # body bytes buffered before reading from the engine pauses
+LOW_WATER = 64 * 1024
+
+
+class UpstreamError(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection to an engine; one request at a time."""
+
+    def __init__(self, pool: "Pool", key: str):
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False  # the connection is gone (or going): never reuse
+        self.idle_since = 0.0
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.complete = False  # the whole response has been received
+        self._got_headers = False
+        self._until_eof = False  # neither Content-Length nor chunked: the body ends at EOF
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._whole = False  # read_all is waiting: never pause
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future | None = None
+        self._busy = False
+
+    # ------------------------------------------------------------ protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy or self.complete:
+            # Bytes nobody asked for (after a response, or on an idle connection): drop it.
+            self.closed = True
+            self.transport.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(UpstreamError(f"protocol: the engine sent a malformed response ({err})"))
+            self.closed = True
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if not self._busy or self.complete:
+            return
+        if self._got_headers and self._until_eof:
+            self.complete = True
+            self._wake()
+        elif self._got_headers:
+            self._fail(UpstreamError("disconnected: the engine closed the connection mid-response"))
+        else:
+            self._fail(UpstreamError("disconnected: the engine closed the connection"))
+
+    def pause_writing(self) -> None:  # a large request body; the transport buffers it
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self._got_headers = True
+        self._until_eof = True
+        for name, _ in self.headers:
+            n = name.lower()
+            if n == b"content-length" or n == b"transfer-encoding":
+                self._until_eof = False
+                break
+        if self._until_eof and (self.status < 200 or self.status in (204, 304)):
+            self._until_eof = False  # no body at all
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and not self._whole:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # ------------------------------------------------------------ the proxy's side
+
+    def send(self, head: bytes, body: bytes) -> None:
+        if self.closed or self.transport.is_closing():
+            raise UpstreamError("disconnected: the engine closed the connection")
+        self._busy = True
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+
+    async def headers_done(self) -> None:
+        while not self._got_headers:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def read_all(self) -> bytes:
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        chunks, self._chunks, self._buffered = self._chunks, collections.deque(), 0
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def read_chunk(self) -> bytes:
+        """The body bytes received so far (at least one), or b'' once the body has ended."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        if len(self._chunks) == 1:
+            data = self._chunks.popleft()
+        else:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _fail(self, err: UpstreamError) -> None:
+        if self._error is None:
+            self._error = err
+        self._wake()
+
+    async def _wait(self) -> None:
+        self._waiter = fut = asyncio.get_running_loop().create_future()
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers = []
+        self.keep_alive = False
+        self.complete = False
+        self._got_headers = False
+        self._until_eof = False
+        self._chunks.clear()
+        self._buffered = 0
+        self._whole = False
+        self._error = None
+        self._busy = False
+
+
+class Pool:
+    """Idle keep-alive connections per endpoint ("host:port"); no limit on their number."""
+
+    def __init__(self, connect_timeout: float = 5.0, keepalive: float = 30.0):
+        self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self._idle: dict[str, list[Conn]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def acquire(self, endpoint: str, fresh: bool = False) -> Conn:
+        idle = self._idle.get(endpoint)
+        while idle and not fresh:
+            conn = idle.pop()
+            if not conn.closed and not conn.transport.is_closing():
+                return conn
+        return await self._connect(endpoint)
+
+    def release(self, conn: Conn) -> None:
+        """Back to the pool if the response was read to its end and may be reused; else closed."""
+        if conn.closed or not conn.complete or not conn.keep_alive or conn._paused or self._closed:
+            conn.close()
+            return
+        conn._reset()
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self.keepalive / 2, self._sweep)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+    def idle_count(self, endpoint: str | None = None) -> int:
+        if endpoint is not None:
+            return sum(1 for c in self._idle.get(endpoint, ()) if not c.closed)
+        return sum(1 for conns in self._idle.values() for c in conns if not c.closed)
+
+    async def _connect(self, endpoint: str) -> Conn:
+        host, _, port = endpoint.rpartition(":")
+        host = host.strip("[]")
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: Conn(self, endpoint), host, int(port)), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise UpstreamError("timeout: connecting took too long") from None
+        except (OSError, ValueError) as err:
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise UpstreamError(f"connect: {why}") from None
+        return conn
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        cutoff = time.monotonic() - self.keepalive
+        for key in list(self._idle):
+            conns = self._idle[key]
+            keep = []
+            for conn in conns:
+                if conn.closed:
+                    continue
+                if conn.idle_since < cutoff:
+                    conn.close()
+                else:
+                    keep.append(conn)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        if self._idle and not self._closed:
+            self._sweeper = asyncio.get_running_loop().call_later(self.keepalive / 2, self._sweep)

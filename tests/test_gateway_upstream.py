@@ -1,0 +1,167 @@
+"""The gateway's upstream client (keep-alive pool, httptools) against in-process fake engines.
+
+The sim engine answers one way (small JSON or SSE, always with a length or
+chunked SSE); these fakes answer the other ways an engine may: chunked JSON,
+bodies over the buffering limit, repeated headers, a body cut short, garbage,
+idle connections closed by the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from llmgw.gateway.proxy import _BUFFER_LIMIT, REPLICA_HEADER
+from llmgw.gateway.table import RoutingTable
+from tests.helpers.gateway import metric, model, replica, running_gateway
+
+BIG = bytes(range(256)) * (_BUFFER_LIMIT // 256 * 2 + 3)  # over the limit: streamed, not buffered
+
+
+@contextlib.asynccontextmanager
+async def fake_engine(keepalive_timeout: float = 75.0):
+    """An aiohttp app as an engine; yields (endpoint, seen): seen lists (peer port, headers, body)."""
+    seen: list[tuple[int, dict, bytes]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        seen.append((request.transport.get_extra_info("peername")[1], dict(request.headers), body))
+        doc = json.loads(body)
+        kind = doc.get("kind", "json")
+        if kind == "json":
+            return web.json_response({"echo": doc})
+        if kind == "chunked":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for piece in (b'{"a": ', b'1, "b": ', b'2}'):
+                await resp.write(piece)
+            await resp.write_eof()
+            return resp
+        if kind == "big":
+            return web.Response(body=BIG, content_type="application/octet-stream")
+        if kind == "cookies":
+            resp = web.Response(body=b"{}", content_type="application/json")
+            resp.headers.add("Set-Cookie", "a=1")
+            resp.headers.add("Set-Cookie", "b=2")
+            return resp
+        if kind in ("cut", "cut-big"):  # promises a body, sends 10 bytes of it, drops the connection
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = 1000 if kind == "cut" else _BUFFER_LIMIT + 1
+            await resp.prepare(request)
+            await resp.write(b"0123456789")
+            await asyncio.sleep(0.05)
+            request.transport.close()
+            return resp
+        raise AssertionError(kind)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=keepalive_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"127.0.0.1:{runner.addresses[0][1]}", seen
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def raw_engine(answer: bytes):
+    """A TCP server that reads a request and writes `answer`, whatever it was asked."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def table_for(endpoint: str) -> RoutingTable:
+    t = RoutingTable()
+    t.apply("models", "ADDED", model("fake"))
+    t.apply("replicas", "ADDED", replica("fake-0", "fake", endpoint))
+    return t
+
+
+async def ask(s: aiohttp.ClientSession, url: str, kind: str, headers: dict | None = None):
+    async with s.post(url + "/v1/completions", json={"model": "fake", "kind": kind}, headers=headers) as r:
+        return r.status, r.headers, await r.read()
+
+
+async def test_connections_are_kept_alive_and_headers_and_body_forwarded():
+    async with fake_engine() as (endpoint, seen), running_gateway(table_for(endpoint)) as gw, \
+            aiohttp.ClientSession() as s:
+        for _ in range(20):
+            status, headers, body = await ask(s, gw.url, "json",
+                                              {"X-Trace": "t-1", "Authorization": "Bearer secret"})
+            assert status == 200 and headers[REPLICA_HEADER] == "fake-0"
+            assert json.loads(body) == {"echo": {"model": "fake", "kind": "json"}}
+        assert len({port for port, _, _ in seen}) == 1  # one upstream connection, reused
+        _, forwarded, raw = seen[0]
+        assert forwarded["X-Trace"] == "t-1" and "Authorization" not in forwarded
+        assert forwarded["Host"] == endpoint and int(forwarded["Content-Length"]) == len(raw)
+        assert gw.gateway.pool.idle_count(endpoint) == 1
+
+
+async def test_chunked_big_and_repeated_header_responses_are_relayed_whole():
+    async with fake_engine() as (endpoint, _), running_gateway(table_for(endpoint)) as gw, \
+            aiohttp.ClientSession() as s:
+        status, headers, body = await ask(s, gw.url, "chunked")
+        assert status == 200 and json.loads(body) == {"a": 1, "b": 2}
+        status, headers, body = await ask(s, gw.url, "big")
+        assert status == 200 and body == BIG and int(headers["Content-Length"]) == len(BIG)
+        status, headers, body = await ask(s, gw.url, "cookies")
+        assert status == 200 and headers.getall("Set-Cookie") == ["a=1", "b=2"]
+        assert headers[REPLICA_HEADER] == "fake-0"
+        # Every response was read to its end: the connection went back to the pool.
+        assert gw.gateway.pool.idle_count(endpoint) == 1
+
+
+async def test_a_body_cut_short_is_retried_if_buffered_else_closes_the_callers_connection():
+    async with fake_engine() as (endpoint, _), running_gateway(table_for(endpoint)) as gw, \
+            aiohttp.ClientSession() as s:
+        # A small body is read whole before anything is sent: tried twice, then a 502.
+        status, _, body = await ask(s, gw.url, "cut")
+        assert status == 502 and "mid-response" in json.loads(body)["error"]["message"]
+        # A body over the buffering limit is streamed: the caller's connection is closed.
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await ask(s, gw.url, "cut-big")
+        status, _, _ = await ask(s, gw.url, "json")  # the gateway is fine afterwards
+        assert status == 200
+        async with s.get(gw.url + "/metrics") as m:
+            text = await m.text()
+        assert metric(text, "llmgw_gateway_upstream_errors_total", reason="disconnected") == 2
+        assert metric(text, "llmgw_gateway_upstream_errors_total", reason="midstream") == 1
+
+
+async def test_idle_connections_closed_by_the_engine_are_not_reused():
+    async with fake_engine(keepalive_timeout=0.2) as (endpoint, seen), \
+            running_gateway(table_for(endpoint)) as gw, aiohttp.ClientSession() as s:
+        for _ in range(3):
+            status, _, _ = await ask(s, gw.url, "json")
+            assert status == 200
+            await asyncio.sleep(0.5)  # the engine drops the idle connection meanwhile
+        assert len({port for port, _, _ in seen}) == 3
+        async with s.get(gw.url + "/metrics") as m:
+            text = await m.text()
+        assert metric(text, "llmgw_gateway_retries_total") == 0
+
+
+async def test_a_malformed_response_is_a_502():
+    async with raw_engine(b"this is not HTTP\r\n\r\n") as endpoint, \
+            running_gateway(table_for(endpoint)) as gw, aiohttp.ClientSession() as s:
+        status, _, body = await ask(s, gw.url, "json")
+        assert status == 502
+        err = json.loads(body)["error"]
+        assert err["code"] == "upstream_unreachable" and "malformed" in err["message"]
