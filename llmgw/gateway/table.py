@@ -25,10 +25,6 @@ class Backend:
     endpoint: str  # "host:port" of rank 0
     served: tuple[str, ...] = ()  # names the engine answers to; () = unknown
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.endpoint}"
-
     def upstream_name(self, requested: str) -> str | None:
         """The model name to send this engine, or None to keep the body as it is."""
         if not self.served or requested in self.served:
