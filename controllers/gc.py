@@ -1,0 +1,98 @@
+"""Garbage collection: objects whose owner is gone, and etcd's history.
+
+Keys: "replicas/<name>" and "shards/<name>" for owned objects, and
+"compact" for the periodic compaction.
+
+- A Replica whose owner Model, or a Shard whose owner Replica, no longer
+  exists (or exists with another uid: deleted and re-created) is deleted;
+  finalizers still let the replica controller and the agent stop things first.
+  The owner's absence seen in the cache is confirmed with a read from etcd
+  before anything is deleted, so a lagging cache cannot cost a live object.
+- Every option `compact_interval` seconds (default 300) etcd is compacted,
+  keeping the last option `compact_keep` revisions (default 10000). etcd's
+  compaction is off by default (DESIGN.md): without this, history grows
+  without bound.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from llmgw.api import KIND_BY_NAME
+from llmgw.runtime.controller import Controller, Result
+from llmgw.store import NotFound
+
+COMPACT = "compact"
+log = logging.getLogger("llmgw.gc")
+
+
+class GarbageCollector(Controller):
+    name = "gc"
+    watches = ("replicas", "shards", "models")
+    workers = 1
+
+    def __init__(self) -> None:
+        self._compaction_for: Any = None     # the cache of the term that started compaction
+        self.compacted_to: int | None = None
+
+    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+        keys: list[str] = []
+        if self._compaction_for is not self.ctx.cache:   # first event of a leadership term
+            self._compaction_for = self.ctx.cache
+            keys.append(COMPACT)
+        name = obj.metadata.name
+        live = self.ctx.cache.get(kind, name) is not None
+        if kind in ("replicas", "shards") and live and obj.metadata.ownerReferences:
+            keys.append(f"{kind}/{name}")
+        if not live:   # an owner went: look at what it owned
+            dependants = {"models": ("replicas", "model"), "replicas": ("shards", "replica")}.get(kind)
+            if dependants:
+                dkind, index = dependants
+                keys += [f"{dkind}/{o.metadata.name}" for o in self.ctx.cache.index(dkind, index, name)]
+        return keys
+
+    async def reconcile(self, key: str) -> Result | None:
+        if key == COMPACT:
+            return await self._compact()
+        kind, _, name = key.partition("/")
+        obj = self.ctx.cache.get(kind, name)
+        if obj is None or obj.metadata.deletionTimestamp is not None:
+            return None
+        for ref in obj.metadata.ownerReferences:
+            if await self._owner_gone(ref):
+                node = obj.spec.node if kind == "shards" else None
+                try:
+                    gone = await self.ctx.store.delete(kind, name, node=node)
+                except NotFound:
+                    return None
+                if gone.metadata.finalizers:
+                    self.ctx.cache.assume(gone)
+                else:
+                    self.ctx.cache.assume_deleted(kind, name)
+                self.ctx.events.record(obj, "Normal", "GarbageCollected",
+                                       f"owner {ref.kind} {ref.name} (uid {ref.uid}) is gone")
+                return None
+        return None
+
+    async def _owner_gone(self, ref) -> bool:
+        cls = KIND_BY_NAME.get(ref.kind)
+        if cls is None:
+            return False          # an owner kind we do not know: leave it alone
+        kind = cls.kind_plural
+        cached = self.ctx.cache.get(kind, ref.name)
+        if cached is not None and cached.metadata.uid == ref.uid:
+            return False
+        try:
+            owner = await self.ctx.store.get(kind, ref.name)
+        except NotFound:
+            return True
+        return owner.metadata.uid != ref.uid
+
+    async def _compact(self) -> Result:
+        keep = int(self.ctx.options.get("compact_keep", 10000))
+        interval = float(self.ctx.options.get("compact_interval", 300.0))
+        compacted_to = await self.ctx.store.compact(keep=keep)
+        if compacted_to is not None:
+            self.compacted_to = compacted_to
+            log.info("compacted etcd history up to revision %d (keeping %d)", compacted_to, keep)
+        return Result(requeue_after=interval)

@@ -1,0 +1,58 @@
+"""Make-before-break replacement of a replica, shared by drain and node lifecycle.
+
+A replacement is a new Replica of the same model with the original's spec
+(frozen profile, template hash) but no placement, its labels, owner
+references and finalizers, and the annotation
+`llmgw.io/draining-replacement-for: <original>` (llmgw/runtime/annotations.py
+describes how the model controller treats it). Its name derives from the
+original's uid, so a controller that restarts, or works from a stale cache,
+finds or re-creates the same one instead of making a second.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from llmgw.api import ObjectMeta, Replica
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.store import AlreadyExists
+
+
+def replacement_name(orig: Replica) -> str:
+    digest = hashlib.sha1((orig.metadata.uid or orig.metadata.name).encode()).hexdigest()[:8]
+    return f"{orig.spec.model[:50].rstrip('-')}-m{digest}"
+
+
+def find_replacement(cache: Any, orig: Replica) -> Replica | None:
+    """The live replacement of `orig` in the cache, if any."""
+    name = orig.metadata.name
+    for r in cache.index("replicas", "model", orig.spec.model):
+        if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == name and r.metadata.deletionTimestamp is None:
+            return r
+    return cache.get("replicas", replacement_name(orig))
+
+
+async def ensure_replacement(ctx: Any, orig: Replica, why: str) -> Replica:
+    """The replacement of `orig`: found, or created (and recorded as an event)."""
+    found = find_replacement(ctx.cache, orig)
+    if found is not None:
+        return found
+    md = orig.metadata
+    annotations = {k: v for k, v in md.annotations.items() if k not in (DRAINING_REPLACEMENT_FOR, EVICT)}
+    annotations[DRAINING_REPLACEMENT_FOR] = md.name
+    new = Replica(
+        metadata=ObjectMeta(
+            name=replacement_name(orig), labels=dict(md.labels), annotations=annotations,
+            finalizers=list(md.finalizers),
+            ownerReferences=[o.model_copy() for o in md.ownerReferences],
+        ),
+        spec=orig.spec.model_copy(deep=True, update={"placement": []}),
+    )
+    try:
+        created = await ctx.store.create(new)
+        ctx.events.record(orig, "Normal", "ReplacementCreated",
+                          f"{why}: created replacement {created.metadata.name}")
+    except AlreadyExists:
+        created = await ctx.store.get("replicas", new.metadata.name)
+    ctx.cache.assume(created)
+    return created

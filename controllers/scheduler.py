@@ -1,0 +1,167 @@
+"""Scheduler: binds replicas that have no placement yet (see llmgw/scheduling).
+
+Keys are replica names. The controller keeps a `Ledger` (free GPUs, ports and
+replicas per model, per node) in step with the shared cache from the events
+that reach `keys_for`, so a bind costs a walk of the free-GPU buckets, not a
+scan of every replica. A decision and its booking in the ledger happen with no
+`await` between them, so concurrent workers never hand out one GPU twice; the
+placement is then written with a compare-and-swap update, and a lost compare
+releases the booking and retries the key.
+
+Status: condition Scheduled=True ("rank 0 on n1 GPUs 0,1 ...") after a bind
+(written just after it, a few at a time, off the bind path);
+Scheduled=False, reason Unschedulable, with the count of nodes per reason when
+nothing fits, re-tried every `scheduler_retry` seconds (option, default 5) and
+whenever a node changes or a replica frees its GPUs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterable
+
+from llmgw.api import Placement, get_condition
+from llmgw.runtime.controller import Controller, Result
+from llmgw.scheduling import Fit, Ledger, place, request_for
+from llmgw.store import Conflict, FencedOut, NotFound
+
+log = logging.getLogger("llmgw.controllers.scheduler")
+
+
+def describe(fit: Fit) -> str:
+    where = ", ".join(f"rank {s.rank} on {s.node} GPUs {','.join(map(str, s.gpus))}" for s in fit.slots)
+    return where + (f" over fabric {fit.fabric}" if fit.fabric else "")
+
+
+class SchedulerController(Controller):
+    name = "scheduler"
+    watches = ("replicas", "nodes")
+    workers = 16         # decisions are synchronous; workers overlap the etcd writes
+
+    def __init__(self) -> None:
+        self.ledger: Ledger | None = None
+        self._ledger_of: Any = None            # the cache (one per leadership term) it mirrors
+        self.unschedulable: set[str] = set()   # replicas waiting for room
+        self._writes: set[asyncio.Task] = set()
+        self._writes_of: Any = None
+        self._write_slots = asyncio.Semaphore(4)
+
+    # ------------------------------------------------------------ ledger
+    def _ledger(self) -> Ledger:
+        """Built from the cache on first use in a term; afterwards kept current by keys_for."""
+        if self.ledger is None or self._ledger_of is not self.ctx.cache:
+            led = Ledger()
+            for node in self.ctx.cache.list("nodes"):
+                led.observe_node(node)
+            for rep in self.ctx.cache.list("replicas"):
+                led.observe_replica(rep)
+            self.ledger, self._ledger_of = led, self.ctx.cache
+            self.unschedulable = set()
+        return self.ledger
+
+    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+        led = self._ledger()
+        name = obj.metadata.name
+        cur = self.ctx.cache.get(kind, name)
+        if kind == "nodes":
+            if cur is None:
+                led.forget_node(name)
+            else:
+                led.observe_node(cur)
+            return list(self.unschedulable)
+        if cur is None:
+            had = name in led.replicas
+            led.forget_replica(name)
+            self.unschedulable.discard(name)
+            return list(self.unschedulable) if had else []
+        led.observe_replica(cur)
+        if cur.spec.placement or cur.metadata.deletionTimestamp:
+            self.unschedulable.discard(name)
+            return []
+        return [name]
+
+    # --------------------------------------------------------- reconcile
+    async def reconcile(self, key: str) -> Result | None:
+        cache, led = self.ctx.cache, self._ledger()
+        rep = cache.get("replicas", key)
+        if rep is None or rep.spec.placement or rep.metadata.deletionTimestamp:
+            self.unschedulable.discard(key)
+            return None
+        led.observe_replica(rep)
+        if key in led.assumed:
+            # An earlier write ended without an answer: see what the store has.
+            try:
+                rep = await self.ctx.store.get("replicas", key)
+            except NotFound:
+                led.forget_replica(key)
+                return None
+            led.unassume(key)
+            if rep.spec.placement or rep.metadata.deletionTimestamp:
+                cache.assume(rep)
+                led.observe_replica(rep)
+                return None
+        out = place(led, request_for(rep))
+        if not isinstance(out, Fit):
+            self.unschedulable.add(key)
+            await self._unschedulable(rep, out.message)
+            return Result(requeue_after=float(self.ctx.options.get("scheduler_retry", 5.0)))
+        self.unschedulable.discard(key)
+        led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
+        new = rep.model_copy(deep=True)
+        new.spec.placement = [Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric)
+                              for s in out.slots]
+        try:
+            written = await self.ctx.store.update(new)
+        except NotFound:
+            led.unassume(key)
+            return None
+        except (Conflict, FencedOut):
+            led.unassume(key)      # refused for sure: release the GPUs; the key is retried
+            raise
+        # Any other error leaves the outcome unknown: the booking stays until the
+        # retry reads the replica back (above).
+        cache.assume(written)
+        led.observe_replica(written)
+        where = describe(out)
+        self.ctx.events.record(written, "Normal", "Scheduled", f"placed {where}")
+        self._later(self._mark_scheduled(key, where))
+        return None
+
+    # ------------------------------------------------- Scheduled=True, later
+    def _later(self, coro) -> None:
+        """Run a status write off the bind path, a few at a time, cancelled with the term.
+
+        The placement written by the update *is* the bind; the condition that
+        repeats it for people costs a read and a write, which would otherwise
+        halve the bind rate.
+        """
+        if self._writes_of is not self.ctx.cache:
+            for t in self._writes:
+                t.cancel()
+            self._writes, self._writes_of = set(), self.ctx.cache
+            self._write_slots = asyncio.Semaphore(4)
+        task = asyncio.create_task(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _mark_scheduled(self, key: str, where: str) -> None:
+        async with self._write_slots:
+            try:
+                await self.ctx.store.patch_status("replicas", key, {"conditions": [
+                    {"type": "Scheduled", "status": "True", "reason": "Scheduled", "message": where}]})
+            except (NotFound, Conflict, FencedOut):
+                pass               # gone, busy, or no longer leader: the placement is what counts
+            except Exception as err:  # noqa: BLE001 - informational; the store may be down
+                log.warning("replica %s: could not set Scheduled=True: %s", key, err)
+
+    async def _unschedulable(self, rep, message: str) -> None:
+        self.ctx.events.record(rep, "Warning", "FailedScheduling", message)
+        cond = get_condition(rep.status.conditions, "Scheduled")
+        if cond and (cond.status, cond.reason, cond.message) == ("False", "Unschedulable", message):
+            return
+        try:
+            written = await self.ctx.store.patch_status("replicas", rep.metadata.name, {"conditions": [
+                {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]})
+        except NotFound:
+            return
+        self.ctx.cache.assume(written)

@@ -1,0 +1,10 @@
+"""Pure placement logic for the scheduler: no etcd, no asyncio.
+
+- `request.Request`: what one replica needs (nodes, GPUs per node, engines, selector).
+- `ledger.Ledger`: the cluster as the scheduler sees it, with incremental
+  per-node accounting of free GPUs, used ports and replicas per model.
+- `placer.place()`: pick nodes and GPU indices for a request, or explain why not.
+"""
+from llmgw.scheduling.request import Request, request_for  # noqa: F401
+from llmgw.scheduling.ledger import Ledger, NodeInfo  # noqa: F401
+from llmgw.scheduling.placer import Fit, Unfit, place  # noqa: F401

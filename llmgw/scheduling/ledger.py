@@ -1,0 +1,202 @@
+"""The scheduler's incremental view of the cluster.
+
+Every replica that still exists (deleting or not) holds the GPUs and ports of
+its placement until its object is gone; so does a placement the scheduler has
+*assumed* but whose write it has not yet seen come back. The ledger keeps, per
+node, the used GPU indices, the number of ranks placed (each rank takes two
+ports: serve and dist-init), and per model the ranks on each node. Nodes are
+bucketed by their number of free GPUs, globally and per fabric, so that a
+placement walks from the tightest fitting bucket up instead of scanning every
+replica or node (see placer.py).
+
+Pure data structure: no etcd, no asyncio. Fed by the scheduler controller from
+its cache (observe_node / observe_replica / forget_*).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from llmgw.api import Node, Replica, condition_true
+
+PORTS_PER_RANK = 2  # serve + dist-init (ShardPorts)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """The scheduling facts of one Node, frozen at the time it was observed."""
+
+    name: str
+    ready: bool = True
+    cordoned: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    engines: frozenset[str] = frozenset({"sim"})
+    fabrics: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+    ports: int = 2768
+
+    @classmethod
+    def from_node(cls, node: Node) -> "NodeInfo":
+        st = node.status
+        return cls(
+            name=node.metadata.name,
+            ready=condition_true(st.conditions, "Ready"),
+            cordoned=node.spec.unschedulable or node.spec.drain,
+            labels=dict(node.metadata.labels),
+            engines=frozenset(e.name for e in st.engines),
+            fabrics=tuple(f.name for f in st.fabrics),
+            gpus=tuple(sorted({g.index for g in st.gpus})),
+            ports=max(0, st.portRange.last - st.portRange.first + 1),
+        )
+
+
+# A placement as the ledger stores it: ((node, (gpu, ...)), ...) in rank order.
+Slots = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def slots_of(replica: Replica) -> Slots:
+    ranks = sorted(replica.spec.placement, key=lambda p: p.rank)
+    return tuple((p.node, tuple(p.gpus)) for p in ranks)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeInfo] = {}
+        # node -> GPU index -> holders (more than one only if placements written
+        # elsewhere overlap; a count keeps one release from freeing the other)
+        self.used: dict[str, dict[int, int]] = {}
+        self.ranks: dict[str, int] = {}              # node -> ranks placed there
+        self.model_ranks: dict[str, dict[str, int]] = {}   # model -> node -> ranks
+        self.replicas: dict[str, tuple[str, Slots]] = {}   # replica -> (model, slots)
+        self.assumed: set[str] = set()
+        # free-GPU buckets: free count -> ordered set of node names
+        self.by_free: dict[int, dict[str, None]] = {}
+        self.by_fabric_free: dict[str, dict[int, dict[str, None]]] = {}
+        self._bucket: dict[str, int] = {}            # node -> its current free count
+
+    # ------------------------------------------------------------ queries
+    def free_gpus(self, node: str) -> list[int]:
+        info = self.nodes.get(node)
+        if info is None:
+            return []
+        used = self.used.get(node, ())
+        return [i for i in info.gpus if i not in used]
+
+    def free_count(self, node: str) -> int:
+        return self._bucket.get(node, 0)
+
+    def free_ports(self, node: str) -> int:
+        info = self.nodes.get(node)
+        return 0 if info is None else info.ports - PORTS_PER_RANK * self.ranks.get(node, 0)
+
+    def model_count(self, model: str, node: str) -> int:
+        return self.model_ranks.get(model, {}).get(node, 0)
+
+    # -------------------------------------------------------------- nodes
+    def observe_node(self, node: Node | NodeInfo) -> None:
+        info = node if isinstance(node, NodeInfo) else NodeInfo.from_node(node)
+        old = self.nodes.get(info.name)
+        if old == info:
+            return
+        self._unbucket(info.name)
+        self.nodes[info.name] = info
+        self._rebucket(info.name)
+
+    def forget_node(self, name: str) -> None:
+        self._unbucket(name)
+        self.nodes.pop(name, None)
+
+    # ----------------------------------------------------------- replicas
+    def observe_replica(self, replica: Replica) -> None:
+        """Account a replica as the cache has it now."""
+        name = replica.metadata.name
+        slots = slots_of(replica)
+        if not slots and name in self.assumed:
+            # An older view of a replica we have just placed: keep our placement
+            # until the write comes back or is refused (unassume).
+            return
+        self.assumed.discard(name)
+        self._set(name, replica.spec.model, slots)
+
+    def forget_replica(self, name: str) -> None:
+        """The replica object is gone: its GPUs and ports are free again."""
+        self.assumed.discard(name)
+        self._set(name, "", ())
+
+    def assume(self, name: str, model: str, slots: Slots) -> None:
+        """Book a placement before its write is confirmed."""
+        self.assumed.add(name)
+        self._set(name, model, slots)
+
+    def unassume(self, name: str) -> None:
+        """The write of an assumed placement failed: release it."""
+        if name in self.assumed:
+            self.assumed.discard(name)
+            self._set(name, "", ())
+
+    # ----------------------------------------------------------- internal
+    def _set(self, name: str, model: str, slots: Slots) -> None:
+        old = self.replicas.get(name)
+        if old == (model, slots) or (old is None and not slots):
+            return
+        touched: set[str] = set()
+        if old is not None:
+            old_model, old_slots = old
+            for node, gpus in old_slots:
+                used = self.used.get(node, {})
+                for g in gpus:
+                    if used.get(g, 0) <= 1:
+                        used.pop(g, None)
+                    else:
+                        used[g] -= 1
+                self.ranks[node] = self.ranks.get(node, 1) - 1
+                per = self.model_ranks.get(old_model, {})
+                per[node] = per.get(node, 1) - 1
+                if per.get(node) == 0:
+                    del per[node]
+                touched.add(node)
+            del self.replicas[name]
+        if slots:
+            self.replicas[name] = (model, slots)
+            per = self.model_ranks.setdefault(model, {})
+            for node, gpus in slots:
+                used = self.used.setdefault(node, {})
+                for g in gpus:
+                    used[g] = used.get(g, 0) + 1
+                self.ranks[node] = self.ranks.get(node, 0) + 1
+                per[node] = per.get(node, 0) + 1
+                touched.add(node)
+        for node in touched:
+            if node in self.nodes:
+                self._unbucket(node)
+                self._rebucket(node)
+
+    def _unbucket(self, name: str) -> None:
+        free = self._bucket.pop(name, None)
+        if free is None:
+            return
+        self.by_free[free].pop(name, None)
+        for fabric in self.nodes[name].fabrics:
+            self.by_fabric_free[fabric][free].pop(name, None)
+
+    def _rebucket(self, name: str) -> None:
+        info = self.nodes[name]
+        used = self.used.get(name, ())
+        free = sum(1 for i in info.gpus if i not in used)
+        self._bucket[name] = free
+        self.by_free.setdefault(free, {})[name] = None
+        for fabric in info.fabrics:
+            self.by_fabric_free.setdefault(fabric, {}).setdefault(free, {})[name] = None
+
+    def check(self) -> Iterable[str]:
+        """Internal consistency problems (for tests): double-booked GPUs, stale buckets."""
+        seen: dict[tuple[str, int], str] = {}
+        for rname, (_, slots) in self.replicas.items():
+            for node, gpus in slots:
+                for g in gpus:
+                    if (node, g) in seen:
+                        yield f"GPU {node}/{g} booked by {seen[(node, g)]} and {rname}"
+                    seen[(node, g)] = rname
+        for node in self.nodes:
+            if self.free_count(node) != len(self.free_gpus(node)):
+                yield f"bucket of {node} is {self.free_count(node)}, free is {self.free_gpus(node)}"

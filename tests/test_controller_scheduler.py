@@ -1,0 +1,109 @@
+"""Scheduler controller against a real etcd: binds, explains, waits for room, survives a new term."""
+from __future__ import annotations
+
+import asyncio
+
+from llmgw.api import get_condition
+
+from controllers.scheduler import SchedulerController
+from tests.helpers.ctrlkit import node, replica, running, until
+
+
+def booked(replicas) -> list[tuple[str, int]]:
+    return [(p.node, g) for r in replicas for p in r.spec.placement for g in p.gpus]
+
+
+async def placed(store, name):
+    r = await store.get("replicas", name)
+    return r if r.spec.placement else None
+
+
+async def test_binds_explains_and_binds_when_room_appears(store):
+    for n in (node("a1", fabric="fab-a"), node("a2", fabric="fab-a"), node("island"),
+              node("off", unschedulable=True, fabric="fab-a")):
+        await store.create(n)
+    sched = SchedulerController()
+    async with running(store, [sched]) as m:
+        await store.create(replica("wide", "w", nodes=2, gpus=8))
+        wide = await until(lambda: placed(store, "wide"))
+        assert {p.node for p in wide.spec.placement} == {"a1", "a2"}
+        assert {p.fabric for p in wide.spec.placement} == {"fab-a"}
+        assert sorted(p.rank for p in wide.spec.placement) == [0, 1]
+        cond = await until(lambda: _cond(store, "wide", "Scheduled"))
+        assert cond.status == "True" and "over fabric fab-a" in cond.message
+        assert any("a1" in e.message and "fab-a" in e.message for e in m.events.find(name="wide", reason="Scheduled"))
+
+        # no node has 8 free GPUs left on a fabric: explained, not placed
+        await store.create(replica("wide2", "w", nodes=2, gpus=8))
+        cond = await until(lambda: _cond(store, "wide2", "Scheduled", "False"))
+        assert cond.reason == "Unschedulable"
+        assert cond.message.startswith("0/4 nodes: 2 insufficient GPUs, 1 cordoned, 1 no fabric;")
+        assert m.events.find(name="wide2", reason="FailedScheduling")
+
+        # uncordoning one node is not enough (one fabric node); adding a second fabric node is
+        off = await store.get("nodes", "off")
+        off.spec.unschedulable = False
+        await store.update(off)
+        await store.create(node("a3", fabric="fab-a"))
+        wide2 = await until(lambda: placed(store, "wide2"))
+        assert {p.node for p in wide2.spec.placement} == {"off", "a3"}
+
+
+async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
+    await store.create(node("n1", gpus=4))
+    async with running(store, [SchedulerController()], scheduler_retry=60):
+        await store.create(replica("first", "m", gpus=3))
+        await until(lambda: placed(store, "first"))
+        await store.create(replica("second", "m", gpus=2))
+        await until(lambda: _cond(store, "second", "Scheduled", "False"))
+        await store.delete("replicas", "first")
+        second = await until(lambda: placed(store, "second"))   # woken by the delete, not the 60 s retry
+        assert second.spec.placement[0].gpus == [0, 1]
+
+
+async def test_concurrent_binds_never_share_a_gpu_and_a_new_term_respects_old_ones(store):
+    for i in range(3):
+        await store.create(node(f"n{i}", gpus=4))
+    async with running(store, [SchedulerController()], scheduler_retry=60):
+        await asyncio.gather(*(store.create(replica(f"r{i}", f"m{i % 3}", gpus=1)) for i in range(8)))
+        await until(lambda: _all_placed(store, 8))
+    # a new leadership term with a fresh controller must rebuild its books from etcd
+    async with running(store, [SchedulerController()], scheduler_retry=60):
+        await asyncio.gather(*(store.create(replica(f"s{i}", "late", gpus=1)) for i in range(5)))
+        await until(lambda: _all_placed(store, 12))
+        reps, _ = await store.list("replicas")
+        loser = next(r for r in reps if not r.spec.placement)
+        assert get_condition(loser.status.conditions, "Scheduled").reason == "Unschedulable"
+    slots = booked(reps)
+    assert len(slots) == 12 and len(set(slots)) == 12
+    per_node = {n: sum(1 for s in slots if s[0] == n) for n in ("n0", "n1", "n2")}
+    assert per_node == {"n0": 4, "n1": 4, "n2": 4}
+
+
+async def test_spreads_replicas_of_a_model_and_honours_selector_and_engines(store):
+    await store.create(node("x1", labels={"zone": "x"}))
+    await store.create(node("x2", labels={"zone": "x"}))
+    await store.create(node("y1", labels={"zone": "y"}, engines=("sim", "vllm")))
+    async with running(store, [SchedulerController()]):
+        for i in range(2):
+            await store.create(replica(f"m-{i}", "m", selector={"zone": "x"}))
+        a, b = [await until(lambda i=i: placed(store, f"m-{i}")) for i in range(2)]
+        assert {a.spec.placement[0].node, b.spec.placement[0].node} == {"x1", "x2"}
+
+        vr = replica("v", "v")
+        vr.spec.profile.engine = "vllm"
+        vr.spec.profile.launchMode = "ray"
+        await store.create(vr)
+        cond = await until(lambda: _cond(store, "v", "Scheduled", "False"))
+        assert cond.message == "0/3 nodes: 2 missing engine ray,vllm, 1 missing engine ray"
+
+
+async def _cond(store, name, type, status=None):
+    r = await store.get("replicas", name)
+    c = get_condition(r.status.conditions, type)
+    return c if c is not None and (status is None or c.status == status) else None
+
+
+async def _all_placed(store, n):
+    reps, _ = await store.list("replicas")
+    return sum(1 for r in reps if r.spec.placement) >= n
