@@ -70,6 +70,7 @@ class Informer:
     async def run(self) -> None:
         delay = self.backoff_base
         while True:
+            _raise_if_cancelling()
             try:
                 items, rev = await self._list()
             except StoreUnavailable as err:
@@ -99,6 +100,7 @@ class Informer:
             stream = self._watch(self.last_revision + 1)
             try:
                 while True:
+                    _raise_if_cancelling()
                     try:
                         type, obj, rev = await asyncio.wait_for(stream.__anext__(), self.idle_timeout)
                     except asyncio.TimeoutError:
@@ -114,6 +116,14 @@ class Informer:
                     await asyncio.wait_for(stream.aclose(), CLOSE_TIMEOUT)
                 except (Exception, asyncio.TimeoutError):  # noqa: BLE001
                     log.debug("%s informer: closing the watch stream failed or hung", self.kind)
+
+
+def _raise_if_cancelling() -> None:
+    """Python 3.11's wait_for can swallow a cancellation that races with its result;
+    a loop that never checks would then outlive the manager that cancelled it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class HeartbeatInformer(Informer):

@@ -112,10 +112,7 @@ class Connection:
             self._client = None
             self._index = (self._index + 1) % len(self.endpoints)
             log.warning("etcd endpoint unreachable, trying %s", self.endpoint)
-        try:
-            await failed.close()
-        except Exception:  # closing a dead channel may fail; nothing to recover
-            pass
+        await _close_client(failed)
 
     async def call(self, fn: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         """Run fn on the live client; on an unreachable endpoint, try each other one once."""
@@ -140,4 +137,17 @@ class Connection:
     async def close(self) -> None:
         if self._client is not None:
             c, self._client = self._client, None
-            await c.close()
+            await _close_client(c)
+
+
+async def _close_client(client: aetcd.Client) -> None:
+    """Close a client without hanging: aetcd's watcher shutdown can block forever on a
+    full request queue once its stream is gone, so bound it and close the channel."""
+    try:
+        await asyncio.wait_for(client.close(), 3.0)
+    except (Exception, asyncio.TimeoutError):  # a dead channel may fail to close; nothing to recover
+        if client.channel is not None:
+            try:
+                await client.channel.close()
+            except Exception:
+                pass
