@@ -242,3 +242,14 @@ async def test_watch_from_a_compacted_deletion_is_signalled(store):
     await store.create(model("m2"))
     events = await collect(store.watch("models", from_revision=deleted_at + 1), 1)
     assert events[0].object.name == "m2"
+
+
+async def test_patch_status_from_a_stale_memory_loses_nothing(store, etcd):
+    """A store that remembers an old status must not overwrite another writer's patch."""
+    await store.create(Node(metadata=ObjectMeta(name="n1")))
+    await store.patch_status("nodes", "n1", {"agentVersion": "1"})  # remembered at this revision
+    async with Store(etcd.endpoint) as other:
+        await other.patch_status("nodes", "n1", {"driverVersion": "570"})
+    n = await store.patch_status("nodes", "n1", {"conditions": [{"type": "Ready", "status": "True"}]})
+    assert (n.status.agentVersion, n.status.driverVersion) == ("1", "570")
+    assert (await store.get("nodes", "n1")).status.driverVersion == "570"

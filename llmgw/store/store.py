@@ -98,6 +98,15 @@ def _merge_status(current: dict, patch: dict) -> dict:
     return merged
 
 
+def _bounded_put(cache: dict, key: str, revision: int, doc: bytes, limit: int = 100_000) -> None:
+    old = cache.get(key)
+    if old is not None and old[0] > revision:
+        return  # never replace a newer document with an older one
+    cache[key] = (revision, doc)
+    if len(cache) > limit:
+        cache.pop(next(iter(cache)))
+
+
 class Leadership:
     """A held leader key, bound to a lease. `keepalive()` returns False once it is lost."""
 
@@ -124,7 +133,7 @@ class Store:
                  key: str | None = None, timeout: float = 5.0):
         self._conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
         self._fence: tuple[bytes, int] | None = None
-        self._shared = {"heartbeat_leases": {}, "event_lease": None, "docs": {}}
+        self._shared = {"heartbeat_leases": {}, "event_lease": None, "docs": {}, "statuses": {}}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -212,6 +221,9 @@ class Store:
         status_kvs = resp.responses[1].response_range.kvs
         status_value = status_kvs[0].value if status_kvs else None
         obj = _assemble(spec_kvs[0], status_value)
+        self._remember(spec_key, spec_kvs[0].mod_revision, spec_kvs[0].value)
+        if status_kvs:
+            self._remember_status(status_key, status_kvs[0].mod_revision, status_value)
         return obj, spec_kvs[0].mod_revision, (status_kvs[0].mod_revision if status_kvs else 0)
 
     async def create(self, obj: Object) -> Object:
@@ -230,6 +242,7 @@ class Store:
             raise AlreadyExists(f"{obj.kind_plural}/{meta.name} already exists")
         meta.resourceVersion = resp.header.revision
         self._remember(spec_key, resp.header.revision, spec_doc)
+        self._remember_status(status_key, resp.header.revision, _status_doc(obj))
         return obj
 
     async def get(self, kind: str, name: str, node: str | None = None) -> Object:
@@ -254,10 +267,11 @@ class Store:
 
     def _remember(self, spec_key: str, revision: int, spec_doc: bytes) -> None:
         """Keep the latest spec document per key: an update at that revision needs no read."""
-        docs = self._shared["docs"]
-        docs[spec_key] = (revision, spec_doc)
-        if len(docs) > 100_000:
-            docs.pop(next(iter(docs)))
+        _bounded_put(self._shared["docs"], spec_key, revision, spec_doc)
+
+    def _remember_status(self, status_key: str, revision: int, status_doc: bytes) -> None:
+        """Keep the latest status document per key: a patch at that revision needs no read."""
+        _bounded_put(self._shared["statuses"], status_key, revision, status_doc)
 
     async def _current_doc(self, kind: str, name: str, node: str | None, revision: int) -> tuple[dict, int]:
         spec_key = K.object_key(K.SPEC, kind, name, node)
@@ -317,25 +331,43 @@ class Store:
                                [_put(status_key, _status_doc(obj)), _get(spec_key)])
         if not resp.succeeded:
             raise NotFound(f"{kind}/{name} not found")
-        return _assemble(resp.responses[1].response_range.kvs[0], _status_doc(obj))
+        doc = _status_doc(obj)
+        self._remember_status(status_key, resp.header.revision, doc)
+        return _assemble(resp.responses[1].response_range.kvs[0], doc)
 
     async def patch_status(self, kind: str, name: str, patch: dict[str, Any],
                            node: str | None = None) -> Object:
-        """Atomically merge `patch` into the status: fields replaced, conditions merged by type."""
+        """Atomically merge `patch` into the status: fields replaced, conditions merged by type.
+
+        When this Store has seen the current status (its own writes, reads and watches
+        remember it), the patch is one compare-and-swap with no read first.
+        """
         node = await self._find_node(kind, name, node)
+        spec_key, status_key = self._keys(kind, name, node)
+        status_cls = KINDS[kind].model_fields["status"].annotation
+        known = self._shared["statuses"].get(status_key)
         for _ in range(20):
-            current, _, status_rev = await self._read(kind, name, node)
-            merged = _merge_status(current.status.model_dump(mode="json"), patch)
-            new = parse_object({**current.model_dump(mode="json"), "status": merged})
-            if new.status == current.status:
-                return current
-            spec_key, status_key = self._keys(kind, name, node)
+            if known is None:
+                current, _, status_rev = await self._read(kind, name, node)
+                status_doc = current.status.model_dump(mode="json")
+            else:
+                status_rev, raw = known
+                status_doc = json.loads(raw)
+            new_status = status_cls.model_validate(_merge_status(status_doc, patch))
+            if new_status == status_cls.model_validate(status_doc):
+                if known is None:
+                    return current
+                known = None  # nothing to write: read the object to return it
+                continue
+            doc = new_status.model_dump_json().encode()
             resp = await self._txn(
                 [_cmp(_b(spec_key), rpc.Compare.VERSION, rpc.Compare.GREATER, version=0),
                  _cmp(_b(status_key), rpc.Compare.MOD, mod_revision=status_rev)],
-                [_put(status_key, _status_doc(new))])
+                [_put(status_key, doc), _get(spec_key)])
             if resp.succeeded:
-                return new
+                self._remember_status(status_key, resp.header.revision, doc)
+                return _assemble(resp.responses[1].response_range.kvs[0], doc)
+            known = None  # stale or gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
     async def delete(self, kind: str, name: str, node: str | None = None) -> Object:
@@ -389,6 +421,7 @@ class Store:
                     yield WatchEvent("DELETED", obj, ev.kv.mod_revision)
                     continue
                 specs[rel] = ev.kv
+                self._remember(spec_key, ev.kv.mod_revision, ev.kv.value)
                 if rel not in statuses and ev.kv.version > 1:
                     statuses[rel] = await self._value_at(_b(status_key), ev.kv.mod_revision)
                 yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED",
@@ -397,6 +430,7 @@ class Store:
                 if ev.kind == "DELETE":
                     continue  # deleted together with its spec; the spec event reports it
                 statuses[rel] = ev.kv.value
+                self._remember_status(status_key, ev.kv.mod_revision, ev.kv.value)
                 if ev.kv.version == 1:
                     continue  # created with its spec, which follows in the same transaction
                 spec = specs.get(rel)
