@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from llmgw.api import parse_object
-from llmgw.cli.selectors import SelectorError, parse_selector
+from llmgw.api.selectors import SelectorError, parse_selector
 from llmgw.cli.tables import format_table, human_age, node_status, table
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)

@@ -11,7 +11,7 @@ from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 from llmgw.cli.get import kind_arg, selector_arg
 from llmgw.cli.render import applied_view, ref, unified_diff
-from llmgw.cli.selectors import Selector
+from llmgw.api.selectors import Selector
 
 
 def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:

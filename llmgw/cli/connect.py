@@ -69,7 +69,7 @@ def explain(err: BaseException) -> CliError | None:
     from llmgw.api import ManifestError
     from llmgw.client import (AlreadyExists, ApiError, ConfigError, Conflict, Forbidden, NotFound,
                               TLSError, Unauthorized, Unreachable)
-    from llmgw.cli.selectors import SelectorError
+    from llmgw.api.selectors import SelectorError
 
     if isinstance(err, CliError):
         return err

@@ -12,7 +12,7 @@ from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.output import RowPrinter, is_terminal, print_table, rich_table
 from llmgw.cli.render import describe as describe_text
 from llmgw.cli.render import format_objects, to_dict
-from llmgw.cli.selectors import Selector, parse_selector
+from llmgw.api.selectors import Selector, parse_selector
 from llmgw.cli.tables import format_table, gpus_used, table
 
 

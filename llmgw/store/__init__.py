@@ -2,5 +2,5 @@
 from llmgw.store.errors import (  # noqa: F401
     AlreadyExists, Compacted, Conflict, FencedOut, NotFound, StoreError, StoreUnavailable,
 )
-from llmgw.store.selectors import Selector  # noqa: F401
+from llmgw.api.selectors import Selector  # noqa: F401
 from llmgw.store.store import Leadership, RawEvent, Store, WatchEvent  # noqa: F401

@@ -24,7 +24,7 @@ from llmgw.store import keys as K
 from llmgw.store.connection import Connection
 from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound,
                                 StoreUnavailable)
-from llmgw.store.selectors import Selector
+from llmgw.api.selectors import Selector
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 

@@ -9,7 +9,7 @@ _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
 class SelectorError(ValueError):
-    pass
+    """A selector that does not parse; the message names the offending part."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,15 @@ class Selector:
 
     def __bool__(self) -> bool:
         return bool(self.requirements)
+
+    @classmethod
+    def parse(cls, selector: "str | dict[str, str] | Selector | None") -> "Selector":
+        """A selector from text, from a label mapping (all must equal), or as it is."""
+        if isinstance(selector, Selector):
+            return selector
+        if isinstance(selector, dict):
+            return cls(tuple(Requirement(k, "=", v) for k, v in selector.items()))
+        return parse_selector(selector)
 
 
 def _check(text: str, key: str, value: str | None) -> None:
