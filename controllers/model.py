@@ -29,6 +29,7 @@ carries it out.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import string
@@ -44,6 +45,7 @@ from llmgw.store import NotFound
 log = logging.getLogger("llmgw.controllers.model")
 
 REPLICA_NAME_MAX = 60
+CREATE_BATCH = 32
 
 
 def replica_name(model: str, thash: str) -> str:
@@ -116,12 +118,11 @@ def plan(model: Model, replicas: list[Replica], now: datetime) -> Plan:
     # 3. surplus of the current template (scale down)
     deleting = {r.name for r, _, _ in out.delete}
     surplus = len(new) - want
-    for r in sorted((r for r in new if r.name not in deleting and r.name not in protected), key=_victim_order):
-        if surplus <= 0:
-            break
-        out.delete.append((r, "ScaledDown", f"scaled down to {want} replicas"))
-        deleting.add(r.name)
-        surplus -= 1
+    if surplus > 0:  # the sort is the costly part of a plan: only when scaling down
+        victims = sorted((r for r in new if r.name not in deleting and r.name not in protected), key=_victim_order)
+        for r in victims[:surplus]:
+            out.delete.append((r, "ScaledDown", f"scaled down to {want} replicas"))
+            deleting.add(r.name)
 
     # 4. old template: unready ones at once, Ready ones while enough stay Ready
     min_ready = max(0, want - spec.update.maxUnavailable)
@@ -182,6 +183,7 @@ def _status_differs(model: Model, status: dict) -> bool:
 class ModelController(Controller):
     name = "model"
     watches = ("models", "replicas")
+    batch_seconds = 0.1
 
     def keys_for(self, kind, obj):
         if kind == "models":
@@ -206,8 +208,10 @@ class ModelController(Controller):
                 await self._delete(r, "Orphaned", f"owned by an earlier model {key}")
 
         p = plan(model, mine, datetime.now(timezone.utc))
-        for index in p.create:
-            await self._create(model, index)
+        # Writes of one step go out together, in batches (like a ReplicaSet's slow
+        # start): a hundred new replicas cost a few round trips, not a hundred.
+        for i in range(0, len(p.create), CREATE_BATCH):
+            await asyncio.gather(*(self._create(model, index) for index in p.create[i:i + CREATE_BATCH]))
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):

@@ -78,6 +78,7 @@ class _MinTimer:
 class ReplicaController(Controller):
     name = "replica"
     watches = ("replicas", "shards", "nodes")
+    workers = 8  # each replica's steps are a few etcd round trips: overlap them
 
     def __init__(self):
         self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache

@@ -22,33 +22,34 @@ within 15 s.
 controllers start; `--scheduler-only` runs just the scheduler on that backlog,
 which is its own bind rate.
 
-Measured on the 2-core development machine shared with other engineers' test
-runs (load average 0.7-3), 2026-12-02, uvloop, one process for controllers,
-hollow nodes and observer, etcd in its own process:
-    full path (apply models -> Ready):
-      all Ready after 33.4 s; binds 159/s (2200 in 13.9 s; the model controller
-      had created every replica 6.1 s after apply); apply-to-Ready p50 26.5 s,
-      p99 33.2 s; etcd raw put rate 5629/s
-      binds/s=159 ratio_to_raw_etcd=0.03
-    --scheduler-only (2200 Pending replicas, 1000 nodes):
-      binds/s=335 ratio_to_raw_etcd=0.05  (other runs: 187-313 under load;
-      425 with the Scheduled=True status write left out altogether)
-Targets (>= 500 binds/s, all Ready within 15 s) are NOT met here. What limits
-it is CPU in the one Python process, not placement: a decision is a walk of
-the free-GPU buckets (microseconds; see llmgw/scheduling), but a bind costs
-store.update (a read, then the compare-and-swap txn), the Scheduled=True
-patch_status (another read + txn, done off the bind path, 4 at a time), an
-event put, and each resulting watch event decoded by pydantic in every
-watcher; grpc.aio's per-call overhead (~150 us) dominates the profile. In the
-full path the model and replica controllers and 1000 hollow agents (~44 etcd
-calls per replica in all) share that one core. Ways up: a store call that
-writes spec and a status condition in one txn (no read), hollow agents in
-their own process, and fewer status writes per shard.
+By default the controllers run as the real `llmgw controller-manager` in its
+own process (`--in-process` keeps them here); the hollow nodes and the
+observer share this process.
+
+Measured on the 2-core development machine (idle otherwise), 2026-12-02:
+    full path (apply 24 models -> 2200 Ready, 1000 nodes):
+      all Ready after 15.8 s; binds 412/s (2200 in 5.3 s; every replica created
+      2.8 s after apply); apply-to-Ready p50 14.5 s, p99 15.7 s; etcd raw put
+      rate 6039/s
+      binds/s=412 ratio_to_raw_etcd=0.07
+    earlier in the day, before batching: 120-160 binds/s, all Ready in 28-39 s.
+Targets (>= 500 binds/s, all Ready within 15 s) are close but not met. What
+limits it is CPU: two cores for etcd, the controller-manager, and 1000 hollow
+agents with the observer. Each replica costs ~40 etcd round trips in all
+(create, bind, Scheduled condition, shards, shard phases, replica phases), and
+grpc.aio's per-call overhead (~150 us of Python) dominates every profile; the
+placement decision itself is microseconds (llmgw/scheduling). What got it
+here: the model controller batches creates (32 at a time) and gathers replica
+events for 0.1 s before reconciling a model; the replica controller runs 8
+workers; the store patches a status it has seen with one compare-and-swap.
+Next: writing the placement and the Scheduled condition in one transaction,
+and fewer status writes per shard.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import tempfile
 import time
@@ -166,7 +167,7 @@ async def bench(endpoint: str, args) -> None:
     raw = await raw_put_rate(store)
     print(f"etcd raw put rate: {raw:.0f} puts/s", flush=True)
 
-    agents = await FakeAgents(store, [], workers=16, heartbeat_ttl=60).start()
+    agents = await FakeAgents(store, [], workers=32, heartbeat_ttl=60).start()
     names = [f"node-{i:04d}" for i in range(args.nodes)]
     t0 = time.perf_counter()
     for i in range(0, len(names), 64):
@@ -178,11 +179,20 @@ async def bench(endpoint: str, args) -> None:
     classes = [c for c in ALL if c.name == "scheduler"] if args.scheduler_only else ALL
     manager = Manager(store, [cls() for cls in classes], identity="bench",
                       options={"compact_interval": 3600.0})
+    proc = None
+    if args.in_process or args.backlog:
+        pass
+    else:
+        # the real `llmgw controller-manager`, in its own process (its own core)
+        proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
+                                 "--metrics-listen", "127.0.0.1:0", "--log-level", "warning"])
+        while await store.leader("controller-manager") is None:
+            await asyncio.sleep(0.1)
     if args.backlog:
         # The model controller's output written beforehand: the run starts with
         # every replica Pending, so binds are not paced by replica creation.
         await write_backlog(store, todo)
-    else:
+    elif proc is None:
         mtask = asyncio.create_task(manager.run())
         await asyncio.wait_for(manager.leading.wait(), 120)
     _, rev = await store.list("replicas")
@@ -200,6 +210,12 @@ async def bench(endpoint: str, args) -> None:
         await asyncio.wait_for(observer.done.wait(), args.timeout)
     except asyncio.TimeoutError:
         print(f"timed out: {len(observer.bound)} bound, {len(observer.ready)} Ready of {observer.want}")
+        for r in (await store.list("replicas"))[0]:
+            if r.status.phase != "Ready":
+                shards = [s for s in (await store.list("shards"))[0] if s.spec.replica == r.name]
+                print(f"  not Ready: {r.name} phase={r.status.phase} placement={r.spec.placement} "
+                      f"deleting={r.metadata.deletionTimestamp} message={r.status.message!r} "
+                      f"shards={[(s.name, s.status.phase, s.metadata.deletionTimestamp) for s in shards]}")
     t_end = time.perf_counter()
 
     bound = sorted(observer.bound.values())
@@ -217,8 +233,12 @@ async def bench(endpoint: str, args) -> None:
     print(f"etcd raw put rate: {raw:.0f} puts/s")
     print(f"binds/s={binds_per_s:.0f} ratio_to_raw_etcd={binds_per_s / raw:.2f}")
 
-    await manager.stop()
-    mtask.cancel()
+    if proc is not None:
+        proc.terminate()
+        proc.wait(30)
+    else:
+        await manager.stop()
+        mtask.cancel()
     await agents.stop()
     observer.task.cancel()
 
@@ -230,6 +250,8 @@ if __name__ == "__main__":
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--scheduler-only", action="store_true",
                     help="run only the scheduler (implies --backlog): its own bind rate; nothing gets Ready")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run the controllers in this process instead of `llmgw controller-manager`")
     ap.add_argument("--backlog", action="store_true",
                     help="write the models' replicas before starting the controllers (binds not paced "
                          "by the model controller); times are from the manager's start")

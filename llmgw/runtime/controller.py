@@ -92,6 +92,10 @@ class Controller:
     name: str = ""
     watches: tuple[str, ...] = ()
     workers: int = 2
+    # Seconds to gather events of a secondary kind before reconciling their key:
+    # a model with a hundred replicas then reconciles once per burst of replica
+    # changes, not once per change. Events of the primary kind are never delayed.
+    batch_seconds: float = 0.0
     ctx: Context
 
     @property

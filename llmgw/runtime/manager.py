@@ -116,8 +116,9 @@ class Manager:
         def handler(kind: str, type: str, obj: Any) -> None:
             for c in watchers.get(kind, ()):
                 try:
+                    delay = c.batch_seconds if kind != c.primary_kind else 0.0
                     for key in c.keys_for(kind, obj):
-                        self.queues[c.name].add(key)
+                        self.queues[c.name].add_after(key, delay)
                 except Exception:  # noqa: BLE001
                     log.exception("%s: keys_for(%s) failed", c.name, kind)
 
