@@ -53,8 +53,8 @@ async def test_lost_node_replicas_are_replaced_after_grace(store):
         for orig in ("r1", "r2"):
             repl = await until(lambda orig=orig: _placed(replacement_of(store, orig)))
             assert repl.spec.placement[0].node in ("n2", "n3")     # never back on the lost node
-            lost = await store.get("replicas", orig)
-            assert lost.metadata.deletionTimestamp is not None
+            # the lost one is marked in a later step than its replacement's placement
+            lost = await until(lambda orig=orig: _marked_for_deletion(store, orig))
             assert lost.metadata.annotations[EVICT] == "node-lost"
         assert m.events.find(name="r1", reason="Evicted")
 
@@ -88,3 +88,8 @@ async def test_mass_silence_holds_eviction_back_until_most_nodes_return(store):
 async def _placed(coro):
     r = await coro
     return r if r is not None and r.spec.placement else None
+
+
+async def _marked_for_deletion(store, name):
+    r = await store.get("replicas", name)
+    return r if r.metadata.deletionTimestamp is not None else None
