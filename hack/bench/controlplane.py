@@ -32,6 +32,11 @@ Measured on the 2-core development machine (idle otherwise), 2026-12-02:
       2.8 s after apply); apply-to-Ready p50 14.5 s, p99 15.7 s; etcd raw put
       rate 6039/s
       binds/s=412 ratio_to_raw_etcd=0.07
+    the same build in later runs: 317-357 binds/s, all Ready in 18-20 s (the
+    figures swing by a quarter from run to run on this machine).
+    Tried and dropped: writing the placement and the Scheduled condition in one
+    transaction (262-300 binds/s: a status write to a Pending replica then
+    conflicts with the bind).
     earlier in the day, before batching: 120-160 binds/s, all Ready in 28-39 s.
 Targets (>= 500 binds/s, all Ready within 15 s) are close but not met. What
 limits it is CPU: two cores for etcd, the controller-manager, and 1000 hollow
