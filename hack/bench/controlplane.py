@@ -47,8 +47,7 @@ placement decision itself is microseconds (llmgw/scheduling). What got it
 here: the model controller batches creates (32 at a time) and gathers replica
 events for 0.1 s before reconciling a model; the replica controller runs 8
 workers; the store patches a status it has seen with one compare-and-swap.
-Next: writing the placement and the Scheduled condition in one transaction,
-and fewer status writes per shard.
+Next: fewer status writes per shard and per replica phase.
 """
 from __future__ import annotations
 
