@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from llmgw.api import load_path
+from llmgw.api import condition_true, load_path
 from llmgw.client import ApiError, Client, ClientConfig
 from llmgw.dev.cluster import REPO, LocalCluster, default_nodes, down as cluster_down
 
@@ -87,6 +87,15 @@ def _stop_on_signals() -> threading.Event:
 
 async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
     async with Client.from_config(ClientConfig.load(cluster.admin_config)) as client:
+        # Apply once every agent has registered, so the first placements see all nodes.
+        deadline = time.monotonic() + timeout
+        with console.status(f"waiting for {len(cluster.nodes)} nodes to register..."):
+            while len(await _ready_nodes(client)) < len(cluster.nodes):
+                cluster._check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not every node registered within {timeout:.0f}s; "
+                                       f"see the agent logs in {cluster.dir / 'logs'}")
+                await asyncio.sleep(0.2)
         names = []
         for path in SIM_EXAMPLES:
             for _, obj in load_path(path):
@@ -106,7 +115,15 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
                                   f"and the logs in {cluster.dir / 'logs'}; the cluster keeps running")
                     return
                 await asyncio.sleep(0.5)
-        console.print("[green]all example models Ready[/]")
+        console.print("\n[green]all example models Ready[/]")
+
+
+async def _ready_nodes(client: Client) -> list[str]:
+    try:
+        nodes, _ = await client.list("nodes")
+    except ApiError:
+        return []
+    return [n.name for n in nodes if condition_true(n.status.conditions, "Ready")]
 
 
 async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:

@@ -115,7 +115,8 @@ class LocalCluster:
         smi.chmod(0o755)
         sysfs = ndir / "sysfs"
         if n.fabric:
-            subprocess.run([sys.executable, str(FAKES / "make_sysfs.py"), str(sysfs), "mlx5_0", "mlx5_1"], check=True)
+            subprocess.run([sys.executable, str(FAKES / "make_sysfs.py"), str(sysfs), "mlx5_0", "mlx5_1"],
+                           check=True, stdout=subprocess.DEVNULL)
         else:
             sysfs.mkdir(exist_ok=True)  # an island: no InfiniBand adapters
         return smi, sysfs
