@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw.dev.process import terminate
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -93,13 +95,8 @@ class EtcdCluster:
         raise TimeoutError(f"etcd {m.name} not healthy after {timeout}s; see {m.log_path}")
 
     def stop_member(self, m: Member) -> None:
-        if m.proc and m.proc.poll() is None:
-            m.proc.terminate()
-            try:
-                m.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                m.proc.kill()
-                m.proc.wait()
+        if m.proc:
+            terminate(m.proc)
 
     def stop(self) -> None:
         for m in self.members:

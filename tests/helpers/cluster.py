@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from llmgw.cli.ca import ca as ca_command
 from llmgw.client import Client
 from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import terminate
 
 LISTENING = re.compile(r"listening on https://([\d.]+):(\d+)")
 
@@ -113,13 +114,7 @@ class ApiServer:
         _wait_listening(self.proc, self.log_path, skip=self.log_path.read_text().count("listening on"))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def start_api_server(pki: Pki, etcd_endpoint: str, workdir: Path, *extra: str) -> ApiServer:

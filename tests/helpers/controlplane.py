@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ from controllers.model import ModelController
 from controllers.replica import ReplicaController
 from llmgw.runtime.manager import Manager
 from tests.helpers.fake_agents import FakeAgents
+from tests.helpers.ctrlkit import until  # noqa: F401  (re-exported for the controller tests)
 from tests.helpers.placer import FirstFitPlacer
 
 FAST = {"lease_seconds": 2, "node_grace": 1.0, "rebuild_backoff_base": 0.5, "rebuild_backoff_max": 4.0}
@@ -52,16 +52,3 @@ async def control_plane(store, nodes=("n1", "n2", "n3"), *, gpus: int = 2, fabri
         await agents.stop()
 
 
-async def until(cond, timeout: float = 60.0, what: str = ""):
-    """Poll cond() (sync or async) until truthy; the timeout only bounds a hang."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(0.05)

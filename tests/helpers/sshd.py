@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.dev.process import terminate
+
 SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "install Debian's openssh-server and openssh-client (apt-get install openssh-server openssh-client)"
 
@@ -31,13 +33,7 @@ class Sshd:
     log: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def _free_port() -> int:
