@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from llmgw.agent.process import is_alive, start_time
 from llmgw.api import ObjectMeta, Shard, condition_true, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
+from llmgw.dev.process import free_port
 from llmgw.client import NotFound
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 
@@ -31,11 +31,6 @@ LLMGW = Path(sys.executable).parent / "llmgw"
 FAKE_SMI = REPO / "hack" / "fakes" / "nvidia-smi"
 WAIT = 60.0      # upper bound for anything to happen (a failure, never a measurement)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AgentProcess:

@@ -3,25 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
-from click.testing import CliRunner
 
-from llmgw.cli.main import cli
-from tests.helpers.cluster import llmgw_ca, shared_api_server  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def config(shared_api_server, tmp_path_factory) -> Path:  # noqa: F811
-    """The client config written by `llmgw ca issue admin --write-config`."""
-    path = tmp_path_factory.mktemp("client") / "config.yaml"
-    llmgw_ca("issue", "admin", "cli-user", "--dir", str(shared_api_server.pki.dir), "--write-config",
-             "--server", shared_api_server.url, "--config", str(path))
-    return path
-
-
-def llmgw(config: Path, *args: str):
-    return CliRunner().invoke(cli, list(args), env={"LLMGW_CONFIG": str(config)}, catch_exceptions=False)
+from tests.helpers.cluster import admin_cli_config, llmgw, shared_api_server  # noqa: F401
 
 
 def model_doc(name: str, replicas: int = 1, labels: dict | None = None, **spec) -> dict:

@@ -7,27 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
-from click.testing import CliRunner
 
 from llmgw.api import parse_object
-from llmgw.cli.main import cli
 from llmgw.client import ClientConfig
-from llmgw.dev.etcd import free_port
-from tests.helpers.cluster import llmgw_ca, make_pki, shared_api_server  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def config(shared_api_server, tmp_path_factory) -> Path:  # noqa: F811
-    path = tmp_path_factory.mktemp("client") / "config.yaml"
-    llmgw_ca("issue", "admin", "cli-user", "--dir", str(shared_api_server.pki.dir), "--write-config",
-             "--server", shared_api_server.url, "--config", str(path))
-    return path
-
-
-def llmgw(config: Path, *args: str):
-    return CliRunner().invoke(cli, list(args), env={"LLMGW_CONFIG": str(config)}, catch_exceptions=False)
+from llmgw.dev.process import free_port
+from tests.helpers.cluster import admin_cli_config, llmgw, make_pki, shared_api_server  # noqa: F401
 
 
 def spawn(config: Path, *args: str) -> subprocess.Popen:

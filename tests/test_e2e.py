@@ -19,7 +19,8 @@ import pytest
 
 from llmgw.api import load_path
 from llmgw.client import Client, ClientConfig
-from llmgw.dev.cluster import LocalCluster, NodePlan, free_port
+from llmgw.dev.cluster import LocalCluster, NodePlan
+from llmgw.dev.process import free_port
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ import pytest
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
-from tests.helpers.gateway import Sim, free_port, metric, model, replica, running_gateway
+from llmgw.dev.process import free_port
+from tests.helpers.gateway import Sim, metric, model, replica, running_gateway
 
 NAMES = ("llama", "small")
 

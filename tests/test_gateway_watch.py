@@ -11,8 +11,9 @@ import pytest
 from llmgw.api import Model, Replica
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.store import Store
+from llmgw.dev.process import free_port
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
-from tests.helpers.gateway import CLI, Sim, free_port, metric
+from tests.helpers.gateway import CLI, Sim, metric
 
 pytestmark = pytest.mark.timeout(180)
 

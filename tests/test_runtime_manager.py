@@ -6,7 +6,7 @@ import pytest
 
 from llmgw.api import Model, ObjectMeta
 from llmgw.api.types import ModelSpec, Profile
-from llmgw.dev.etcd import free_port
+from llmgw.dev.process import free_port
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.metrics import serve

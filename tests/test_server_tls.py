@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
-from llmgw.dev.etcd import free_port
+from llmgw.dev.process import free_port
 from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server  # noqa: F401
 
 

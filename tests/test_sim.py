@@ -19,16 +19,12 @@ import openai
 import pytest
 
 from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.dev.process import free_port
 from llmgw.engines import NodeFacts, render
 
 HOST = "127.0.0.1"
 DEADLINE = 30.0  # an upper bound for waits, never an assertion about speed
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def until(condition, what: str, deadline: float = DEADLINE):

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from controllers import ALL  # noqa: E402
 from llmgw.api import Model  # noqa: E402
 from llmgw.dev.etcd import etcd_cluster  # noqa: E402
+from llmgw.dev.process import terminate  # noqa: E402
 from llmgw.runtime.manager import Manager  # noqa: E402
 from llmgw.store import Store  # noqa: E402
 from tests.helpers.fake_agents import FakeAgents  # noqa: E402
@@ -181,11 +182,10 @@ async def bench(endpoint: str, args) -> None:
 
     todo = models(args.replicas)
     classes = [c for c in ALL if c.name == "scheduler"] if args.scheduler_only else ALL
-    manager = Manager(store, [cls() for cls in classes], identity="bench",
-                      options={"compact_interval": 3600.0})
-    proc = None
+    manager = proc = None
     if args.in_process or args.backlog:
-        pass
+        manager = Manager(store, [cls() for cls in classes], identity="bench",
+                          options={"compact_interval": 3600.0})
     else:
         # the real `llmgw controller-manager`, in its own process (its own core)
         proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
@@ -238,8 +238,7 @@ async def bench(endpoint: str, args) -> None:
     print(f"binds/s={binds_per_s:.0f} ratio_to_raw_etcd={binds_per_s / raw:.2f}")
 
     if proc is not None:
-        proc.terminate()
-        proc.wait(30)
+        terminate(proc, 30)
     else:
         await manager.stop()
         mtask.cancel()

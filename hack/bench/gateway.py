@@ -51,7 +51,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from llmgw.dev.process import free_port, wait_http  # noqa: E402
 
 ROUTES = """\
 apiVersion: llmgw.io/v1
@@ -75,24 +76,12 @@ status: {{phase: Ready, endpoint: "127.0.0.1:{port}"}}
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    import urllib.request
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_up(url: str, proc: subprocess.Popen) -> None:
+    def alive() -> None:
         if proc.poll() is not None:
             raise SystemExit(f"{proc.args[:3]} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer within {timeout} s")
+    wait_http(url, alive, str(proc.args[:3]), timeout=20.0)
 
 
 # ------------------------------------------------------------------ load generator
@@ -211,8 +200,8 @@ def main() -> None:
                 [*llmgw, "gateway", "--listen", f"127.0.0.1:{gw_port}", "--static", str(routes),
                  "--log-level", "warning", *args.gateway_arg],
                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "gateway.log"), "w")))
-            wait_http(f"http://127.0.0.1:{engine_port}/health", procs[0])
-            wait_http(f"http://127.0.0.1:{gw_port}/healthz", procs[1])
+            wait_up(f"http://127.0.0.1:{engine_port}/health", procs[0])
+            wait_up(f"http://127.0.0.1:{gw_port}/healthz", procs[1])
             engine_url = f"http://127.0.0.1:{engine_port}/v1/completions"
             gw_url = f"http://127.0.0.1:{gw_port}/v1/completions"
             cpu0 = [cpu_seconds(p.pid) for p in procs]

@@ -54,7 +54,7 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
             asyncio.run(_apply_and_watch(cluster, timeout))
         _print_howto(cluster)
         while not stop.is_set():
-            cluster._check_alive()
+            cluster.check_alive()
             time.sleep(0.5)
     except (RuntimeError, TimeoutError) as err:
         console.print(f"[red]error:[/] {err}")
@@ -91,7 +91,7 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with console.status(f"waiting for {len(cluster.nodes)} nodes to register..."):
             while len(await _ready_nodes(client)) < len(cluster.nodes):
-                cluster._check_alive()
+                cluster.check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not every node registered within {timeout:.0f}s; "
                                        f"see the agent logs in {cluster.dir / 'logs'}")
@@ -105,7 +105,7 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with Live(console=console, refresh_per_second=4) as live:
             while True:
-                cluster._check_alive()
+                cluster.check_alive()
                 table, ready = await _progress(client, names)
                 live.update(table)
                 if ready:

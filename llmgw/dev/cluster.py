@@ -20,12 +20,13 @@ import os
 import signal
 import subprocess
 import sys
+import socket
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.dev.etcd import EtcdCluster, etcd_cluster, free_port
+from llmgw.dev.etcd import EtcdCluster, etcd_cluster
+from llmgw.dev.process import free_port, wait_http
 from llmgw.pki.ca import CertificateAuthority
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +195,7 @@ class LocalCluster:
 
     # --------------------------------------------------------------- waiting
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for name, p in self.procs.items():
             if p.poll() is not None and not name.startswith("stopped:"):
                 tail = self.log(name).read_text(errors="replace").splitlines()[-15:]
@@ -202,21 +203,12 @@ class LocalCluster:
                                    + "\n".join(tail))
 
     def wait_http(self, url: str, component: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError(f"{component} did not answer at {url} within {timeout:.0f}s; see {self.log(component)}")
+        wait_http(url, self.check_alive, f"{component} (log: {self.log(component)})", timeout)
 
     def wait_server(self, timeout: float = 60.0) -> None:
-        import socket
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 socket.create_connection(("127.0.0.1", self.server_port), timeout=1).close()
                 return

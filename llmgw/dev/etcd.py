@@ -2,19 +2,11 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.dev.process import terminate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from llmgw.dev.process import free_port, terminate, wait_http
 
 
 def etcd_binary() -> str:
@@ -80,19 +72,11 @@ class EtcdCluster:
 
     @staticmethod
     def _wait_ready(m: Member, timeout: float) -> None:
-        import urllib.request
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def alive() -> None:
             if m.proc.poll() is not None:
                 raise RuntimeError(f"etcd {m.name} exited with {m.proc.returncode}; see {m.log_path}")
-            try:
-                with urllib.request.urlopen(f"{m.endpoint}/health", timeout=1) as r:
-                    if b'"true"' in r.read():
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"etcd {m.name} not healthy after {timeout}s; see {m.log_path}")
+        wait_http(f"{m.endpoint}/health", alive, f"etcd {m.name} (log: {m.log_path})", timeout,
+                  ready=lambda body: b'"true"' in body)
 
     def stop_member(self, m: Member) -> None:
         if m.proc:

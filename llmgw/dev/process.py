@@ -1,7 +1,38 @@
-"""Stopping the processes a local cluster or a test started."""
+"""Ports, readiness and stopping for the processes a local cluster, a benchmark or a test starts."""
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
+import urllib.request
+from typing import Callable
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 60.0,
+              ready: Callable[[bytes], bool] = lambda body: True) -> None:
+    """Poll `url` until it answers 2xx with a body `ready` accepts.
+
+    `alive()` raises when the process behind the URL died (so a crash is reported
+    at once, not as a timeout); TimeoutError names `what` otherwise.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive()
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if ready(r.read()):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:

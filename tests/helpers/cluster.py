@@ -162,6 +162,21 @@ def api_server(etcd, ca_dir, tmp_path):
     server.stop()
 
 
+@pytest.fixture(scope="module", name="config")
+def admin_cli_config(shared_api_server, tmp_path_factory) -> Path:
+    """`config`: the client config written by `llmgw ca issue admin --write-config` for shared_api_server."""
+    path = tmp_path_factory.mktemp("client") / "config.yaml"
+    llmgw_ca("issue", "admin", "cli-user", "--dir", str(shared_api_server.pki.dir), "--write-config",
+             "--server", shared_api_server.url, "--config", str(path))
+    return path
+
+
+def llmgw(config: Path, *args: str):
+    """The real `llmgw` click command, in-process, as the admin of `config`."""
+    from llmgw.cli.main import cli
+    return CliRunner().invoke(cli, list(args), env={"LLMGW_CONFIG": str(config)}, catch_exceptions=False)
+
+
 @pytest.fixture(scope="module")
 def shared_api_server(tmp_path_factory):
     """A module-wide etcd + CA + server (tests must use distinct object names)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,12 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from llmgw.api import Model, Replica
+from llmgw.dev.process import free_port
 from llmgw.gateway.proxy import Gateway
 from llmgw.gateway.table import RoutingTable
 
 CLI = [sys.executable, "-c", "from llmgw.cli.main import cli; cli()"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
