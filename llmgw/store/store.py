@@ -116,10 +116,9 @@ class Leadership:
 
     async def keepalive(self) -> bool:
         try:
-            reply = await self.store._conn.call(lambda c: c.refresh_lease(self.lease_id))
+            return await self.store.refresh_lease(self.lease_id)
         except StoreUnavailable:
             return False
-        return reply is not None and reply.TTL > 0
 
     async def resign(self) -> None:
         try:
