@@ -49,3 +49,39 @@ def test_relist_reports_vanished_objects():
     c.apply("replicas", "ADDED", rep("b"), 2)
     events = c.replace("replicas", [rep("b", rv=3), rep("c", rv=4)], 10)
     assert sorted((t, o.name) for t, o in events) == [("ADDED", "c"), ("DELETED", "a"), ("MODIFIED", "b")]
+
+
+def at(obj, revision):
+    return obj.at_revision(revision)
+
+
+def test_a_create_assumed_after_the_watch_saw_a_later_status_write_keeps_the_later():
+    # The agent moved the shard's status at 7 (the spec, so resourceVersion, still 5)
+    # and the watch delivered that before our create call returned.
+    c = Cache()
+    c.apply("replicas", "ADDED", at(rep("a", rv=5), 5), 5)
+    c.apply("replicas", "MODIFIED", at(rep("a", rv=5, phase="Ready"), 7), 7)
+    c.assume(at(rep("a", rv=5), 5))
+    assert c.get("replicas", "a").status.phase == "Ready"
+
+
+def test_a_status_write_is_ordered_by_its_own_revision_not_the_spec_s():
+    c = Cache()
+    c.apply("replicas", "ADDED", at(rep("a", rv=5), 5), 5)
+    c.assume(at(rep("a", rv=5, phase="Starting"), 9))        # our patch_status, written at 9
+    c.apply("replicas", "MODIFIED", at(rep("a", rv=5, phase="Failed"), 8), 8)
+    assert c.get("replicas", "a").status.phase == "Starting"
+    # the event of the write itself is what the store holds: it replaces the assumed copy
+    c.apply("replicas", "MODIFIED", at(rep("a", rv=5, phase="Ready"), 9), 9)
+    assert c.get("replicas", "a").status.phase == "Ready"
+    c.assume(at(rep("a", rv=5, phase="Starting"), 9))        # a copy of that write, late: ignored
+    assert c.get("replicas", "a").status.phase == "Ready"
+
+
+def test_relist_at_or_after_an_assumed_write_replaces_it():
+    c = Cache()
+    c.assume(at(rep("a", rv=5, phase="Starting"), 9))
+    c.replace("replicas", [at(rep("a", rv=5, phase="Pending"), 4)], 8)   # listed before our write
+    assert c.get("replicas", "a").status.phase == "Starting"
+    c.replace("replicas", [at(rep("a", rv=5, phase="Ready"), 10)], 10)
+    assert c.get("replicas", "a").status.phase == "Ready"

@@ -83,6 +83,25 @@ async def test_status_write_moves_neither_generation_nor_resource_version(store)
     assert got.metadata.resourceVersion == m.metadata.resourceVersion
 
 
+async def test_every_copy_knows_the_revision_it_reflects(store):
+    """resourceVersion is the spec's; obj.revision orders copies across status writes too."""
+    created = await store.create(model("m1"))
+    _, rev = await store.list("models")
+    patched = await store.patch_status("models", "m1", {"readyReplicas": 3})
+    assert patched.metadata.resourceVersion == created.metadata.resourceVersion
+    assert patched.revision > created.revision == created.metadata.resourceVersion
+    (event,) = await collect(store.watch("models", from_revision=rev + 1), 1)
+    assert event.revision == event.object.revision == patched.revision
+    assert (await store.get("models", "m1")).revision == patched.revision
+    (listed,), _ = await store.list("models")
+    assert listed.revision == patched.revision
+    relabelled = created.model_copy(deep=True)
+    relabelled.metadata.labels["team"] = "a"
+    updated = await store.update(relabelled)
+    assert updated.revision == updated.metadata.resourceVersion > patched.revision
+    assert (await store.get("models", "m1")).revision == updated.revision
+
+
 async def test_unchanged_update_writes_nothing(store):
     m = await store.create(model("m1"))
     again = await store.update(m)

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from llmgw.api.flags import reserved_flag
 from llmgw.api.meta import API_VERSION, Condition, DNSLabel, ObjectMeta, Strict
@@ -21,10 +21,24 @@ class Object(Strict):
     kind_plural: ClassVar[str]
     apiVersion: Literal["llmgw.io/v1"] = API_VERSION
     metadata: ObjectMeta
+    # The store revision this copy reflects: the later of its spec's and its status's
+    # last writes, set by llmgw.store. Not serialised. resourceVersion alone cannot
+    # order two copies: a status write leaves it unchanged.
+    _revision: int = PrivateAttr(default=0)
 
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def revision(self) -> int:
+        """The store revision this copy reflects (resourceVersion when not known)."""
+        return self._revision or self.metadata.resourceVersion or 0
+
+    def at_revision(self, revision: int) -> "Object":
+        """Record the store revision this copy reflects; returns self."""
+        self._revision = revision
+        return self
 
 
 # --------------------------------------------------------------------- Node

@@ -13,11 +13,15 @@ Interface for controllers (read-only except ``assume``)::
     cache.assume(obj)                    write-through after our own write
     cache.assume_deleted(kind, name)     after our own delete that removed the object
 
-Ordering: every entry remembers the store revision it reflects.  Watch
-events arrive in revision order and replace entries.  ``assume(obj)`` stores
-the object we just wrote; a cached object with a newer resourceVersion is kept
-instead, and the assumed object stays until a watch event newer than
-everything the informer had seen at assume time (or a relist) replaces it.
+Ordering: every entry remembers the store revision it reflects (for an
+object from the store, ``obj.revision``: its spec's or its status's last
+write, whichever is later).  Watch events arrive in revision order and
+replace entries.  ``assume(obj)`` stores the object we just wrote, unless the
+entry already reflects that write or a later one (the watch got there
+first: a status someone else wrote after our create, say); the assumed object
+stays until a watch event (or a relist) at or after its revision replaces
+it.  The event of the write itself replaces it too: an update returns the
+status the writer had, the event the status the store has.
 Objects returned by the cache are shared: copy (``model_copy(deep=True)``)
 before changing them.
 """
@@ -75,11 +79,11 @@ class Cache:
         kind = obj.kind_plural
         name = obj.metadata.name
         cur = self._items.get(kind, {}).get(name)
-        rv = obj.metadata.resourceVersion or 0
-        if cur is not None and (cur.obj.metadata.resourceVersion or 0) > rv:
+        rev = obj.revision
+        if cur is not None and cur.rev >= rev:
             return
         self._tombstones.get(kind, {}).pop(name, None)
-        self._put(kind, name, _Entry(obj, max(self.revision(kind), rv), assumed=True))
+        self._put(kind, name, _Entry(obj, rev, assumed=True))
 
     def assume_deleted(self, kind: str, name: str) -> None:
         cur = self._items.get(kind, {}).get(name)
@@ -109,7 +113,7 @@ class Cache:
             if tomb[name] == obj.metadata.uid:
                 return False, None          # an event older than our own delete
             tomb.pop(name)
-        if cur is not None and cur.assumed and revision <= cur.rev:
+        if cur is not None and cur.assumed and revision < cur.rev:
             return True, cur.obj            # keep what we wrote, but handlers still hear of it
         self._put(kind, name, _Entry(obj, revision))
         return True, cur.obj if cur else None
@@ -125,7 +129,7 @@ class Cache:
             name = obj.metadata.name
             seen.add(name)
             cur = items.get(name)
-            if cur is not None and cur.assumed and revision <= cur.rev:
+            if cur is not None and cur.assumed and revision < cur.rev:
                 continue
             self._put(kind, name, _Entry(obj, revision))
             events.append(("MODIFIED" if cur else "ADDED", obj))

@@ -75,12 +75,13 @@ def _status_doc(obj: Object) -> bytes:
     return obj.status.model_dump_json().encode()
 
 
-def _assemble(spec_kv, status_value: bytes | None) -> Object:
+def _assemble(spec_kv, status_value: bytes | None, revision: int) -> Object:
+    """The object from its spec kv and status document, as of store revision `revision`."""
     doc = json.loads(spec_kv.value)
     doc["metadata"]["resourceVersion"] = spec_kv.mod_revision
     if status_value:
         doc["status"] = json.loads(status_value)
-    return parse_object(doc)
+    return parse_object(doc).at_revision(revision)
 
 
 def _merge_status(current: dict, patch: dict) -> dict:
@@ -219,7 +220,8 @@ class Store:
             raise NotFound(f"{kind}/{name} not found")
         status_kvs = resp.responses[1].response_range.kvs
         status_value = status_kvs[0].value if status_kvs else None
-        obj = _assemble(spec_kvs[0], status_value)
+        obj = _assemble(spec_kvs[0], status_value,
+                        max(spec_kvs[0].mod_revision, status_kvs[0].mod_revision if status_kvs else 0))
         self._remember(spec_key, spec_kvs[0].mod_revision, spec_kvs[0].value)
         if status_kvs:
             self._remember_status(status_key, status_kvs[0].mod_revision, status_value)
@@ -242,7 +244,7 @@ class Store:
         meta.resourceVersion = resp.header.revision
         self._remember(spec_key, resp.header.revision, spec_doc)
         self._remember_status(status_key, resp.header.revision, _status_doc(obj))
-        return obj
+        return obj.at_revision(resp.header.revision)
 
     async def get(self, kind: str, name: str, node: str | None = None) -> Object:
         return (await self._read(kind, name, node))[0]
@@ -256,10 +258,12 @@ class Store:
         status_prefix = K.kind_prefix(K.STATUS, kind, node)
         resp = await self._txn([], [_get(spec_prefix, K.prefix_end(spec_prefix)),
                                     _get(status_prefix, K.prefix_end(status_prefix))])
-        statuses = {kv.key[len(status_prefix):]: kv.value for kv in resp.responses[1].response_range.kvs}
+        statuses = {kv.key[len(status_prefix):]: kv for kv in resp.responses[1].response_range.kvs}
         items = []
         for kv in resp.responses[0].response_range.kvs:
-            obj = _assemble(kv, statuses.get(kv.key[len(spec_prefix):]))
+            status = statuses.get(kv.key[len(spec_prefix):])
+            obj = _assemble(kv, status.value if status else None,
+                            max(kv.mod_revision, status.mod_revision if status else 0))
             if sel.matches(obj.metadata.labels):
                 items.append(obj)
         return items, resp.header.revision
@@ -313,14 +317,14 @@ class Store:
             if not resp.succeeded:
                 raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
             meta.resourceVersion = resp.header.revision
-            return new
+            return new.at_revision(resp.header.revision)
         spec_doc = json.dumps(new_doc, separators=(",", ":")).encode()
         resp = await self._txn(compare, [_put(spec_key, spec_doc)])
         if not resp.succeeded:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
         meta.resourceVersion = resp.header.revision
         self._remember(spec_key, resp.header.revision, spec_doc)
-        return new
+        return new.at_revision(resp.header.revision)
 
     async def update_status(self, obj: Object) -> Object:
         """Replace the status; spec, generation and resourceVersion stay as they are."""
@@ -332,7 +336,7 @@ class Store:
             raise NotFound(f"{kind}/{name} not found")
         doc = _status_doc(obj)
         self._remember_status(status_key, resp.header.revision, doc)
-        return _assemble(resp.responses[1].response_range.kvs[0], doc)
+        return _assemble(resp.responses[1].response_range.kvs[0], doc, resp.header.revision)
 
     async def patch_status(self, kind: str, name: str, patch: dict[str, Any],
                            node: str | None = None) -> Object:
@@ -365,7 +369,7 @@ class Store:
                 [_put(status_key, doc), _get(spec_key)])
             if resp.succeeded:
                 self._remember_status(status_key, resp.header.revision, doc)
-                return _assemble(resp.responses[1].response_range.kvs[0], doc)
+                return _assemble(resp.responses[1].response_range.kvs[0], doc, resp.header.revision)
             known = None  # stale or gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
@@ -385,7 +389,7 @@ class Store:
                 resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
             if resp.succeeded:
                 obj.metadata.resourceVersion = resp.header.revision
-                return obj
+                return obj.at_revision(resp.header.revision)
         raise Conflict(f"{kind}/{name} kept changing; delete not applied")
 
     # ------------------------------------------------------------ watch
@@ -415,7 +419,7 @@ class Store:
                     status = statuses.pop(rel, None)
                     if last is None or not last.value:
                         continue
-                    obj = _assemble(last, status)
+                    obj = _assemble(last, status, ev.kv.mod_revision)
                     obj.metadata.resourceVersion = ev.kv.mod_revision
                     yield WatchEvent("DELETED", obj, ev.kv.mod_revision)
                     continue
@@ -424,7 +428,7 @@ class Store:
                 if rel not in statuses and ev.kv.version > 1:
                     statuses[rel] = await self._value_at(_b(status_key), ev.kv.mod_revision)
                 yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED",
-                                 _assemble(ev.kv, statuses.get(rel)), ev.kv.mod_revision)
+                                 _assemble(ev.kv, statuses.get(rel), ev.kv.mod_revision), ev.kv.mod_revision)
             else:
                 if ev.kind == "DELETE":
                     continue  # deleted together with its spec; the spec event reports it
@@ -438,7 +442,7 @@ class Store:
                     if spec is None:
                         continue
                     specs[rel] = spec
-                yield WatchEvent("MODIFIED", _assemble(spec, ev.kv.value), ev.kv.mod_revision)
+                yield WatchEvent("MODIFIED", _assemble(spec, ev.kv.value, ev.kv.mod_revision), ev.kv.mod_revision)
 
     async def _kv_at(self, key: bytes, revision: int):
         resp = await self._range(key, revision=revision)
