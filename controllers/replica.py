@@ -10,7 +10,11 @@ Once the scheduler set ``spec.placement``:
   node's first address;
 * folds shard phases into the replica phase: Scheduled (shards created),
   Starting (any started), Ready (rank 0 Ready, the others Running or Ready),
-  and ``status.endpoint`` = ``<head address>:<rank 0 serve port>``;
+  and ``status.endpoint`` = ``<head address>:<rank 0 serve port>``; the same
+  write sets the condition Scheduled=True with where the scheduler placed it
+  (the scheduler's bind is the placement alone); shard events are gathered
+  for ``batch_seconds`` first, so shards moving through several phases
+  quickly cost one status write, not one per phase;
 * rebuilds the replica as a unit when any shard fails (or stops, or is
   deleted, or sits on another node than the placement says) or a node of it
   is lost (llmgw.runtime.nodes.node_lost: gone, or NotReady past
@@ -35,6 +39,7 @@ from llmgw.api.types import ShardPorts, ShardSpec
 from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.nodes import node_lost
+from llmgw.scheduling import describe
 from llmgw.store import NotFound
 
 log = logging.getLogger("llmgw.controllers.replica")
@@ -79,6 +84,7 @@ class ReplicaController(Controller):
     name = "replica"
     watches = ("replicas", "shards", "nodes")
     workers = 8  # each replica's steps are a few etcd round trips: overlap them
+    batch_seconds = 0.05
 
     def __init__(self):
         self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
@@ -325,14 +331,17 @@ class ReplicaController(Controller):
         msg = {"Ready": f"serving at {endpoint}",
                "Starting": f"{sum(s.status.phase in ('Ready', 'Running') for s in shards)}/{len(shards)} shards up",
                "Scheduled": f"{len(shards)} shard(s) created, waiting for agents"}[phase]
-        cond = {"type": "Ready", "status": "True" if ready else "False",
-                "reason": "ShardsReady" if ready else "ShardsNotReady", "message": msg}
+        conds = [{"type": "Ready", "status": "True" if ready else "False",
+                  "reason": "ShardsReady" if ready else "ShardsNotReady", "message": msg},
+                 {"type": "Scheduled", "status": "True", "reason": "Scheduled",
+                  "message": describe(r.spec.placement)}]
         st = r.status
-        c = get_condition(st.conditions, "Ready")
-        if (st.phase, st.endpoint, st.message) == (phase, endpoint, msg) and c is not None and (
-                c.status, c.reason, c.message) == (cond["status"], cond["reason"], cond["message"]):
+        if (st.phase, st.endpoint, st.message) == (phase, endpoint, msg) and all(
+                (c := get_condition(st.conditions, want["type"])) is not None
+                and (c.status, c.reason, c.message) == (want["status"], want["reason"], want["message"])
+                for want in conds):
             return
-        await self._patch(r, {"phase": phase, "endpoint": endpoint, "message": msg, "conditions": [cond]})
+        await self._patch(r, {"phase": phase, "endpoint": endpoint, "message": msg, "conditions": conds})
         if phase != st.phase and phase == "Ready":
             self.ctx.events.record(r, "Normal", "Ready", f"all {len(shards)} shard(s) up; serving at {endpoint}")
 

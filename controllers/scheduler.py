@@ -8,29 +8,22 @@ scan of every replica. A decision and its booking in the ledger happen with no
 placement is then written with a compare-and-swap update, and a lost compare
 releases the booking and retries the key.
 
-Status: condition Scheduled=True ("rank 0 on n1 GPUs 0,1 ...") after a bind
-(written just after it, a few at a time, off the bind path);
-Scheduled=False, reason Unschedulable, with the count of nodes per reason when
-nothing fits, re-tried every `scheduler_retry` seconds (option, default 5) and
-whenever a node changes or a replica frees its GPUs.
+Status: Scheduled=False, reason Unschedulable, with the count of nodes per
+reason when nothing fits, re-tried every `scheduler_retry` seconds (option,
+default 5) and whenever a node changes or a replica frees its GPUs. A bind is
+the placement alone, one write, with a "Scheduled" event saying where; the
+condition Scheduled=True that repeats it for people goes out with the replica
+controller's first status write for the placed replica (a write it makes
+anyway), not as a second write here.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any, Iterable
 
 from llmgw.api import Placement, get_condition
 from llmgw.runtime.controller import Controller, Result
-from llmgw.scheduling import Fit, Ledger, place, request_for
+from llmgw.scheduling import Fit, Ledger, describe, place, request_for
 from llmgw.store import Conflict, FencedOut, NotFound
-
-log = logging.getLogger("llmgw.controllers.scheduler")
-
-
-def describe(fit: Fit) -> str:
-    where = ", ".join(f"rank {s.rank} on {s.node} GPUs {','.join(map(str, s.gpus))}" for s in fit.slots)
-    return where + (f" over fabric {fit.fabric}" if fit.fabric else "")
 
 
 class SchedulerController(Controller):
@@ -42,9 +35,6 @@ class SchedulerController(Controller):
         self.ledger: Ledger | None = None
         self._ledger_of: Any = None            # the cache (one per leadership term) it mirrors
         self.unschedulable: set[str] = set()   # replicas waiting for room
-        self._writes: set[asyncio.Task] = set()
-        self._writes_of: Any = None
-        self._write_slots = asyncio.Semaphore(4)
 
     # ------------------------------------------------------------ ledger
     def _ledger(self) -> Ledger:
@@ -122,37 +112,8 @@ class SchedulerController(Controller):
         # retry reads the replica back (above).
         cache.assume(written)
         led.observe_replica(written)
-        where = describe(out)
-        self.ctx.events.record(written, "Normal", "Scheduled", f"placed {where}")
-        self._later(self._mark_scheduled(key, where))
+        self.ctx.events.record(written, "Normal", "Scheduled", f"placed {describe(out.slots)}")
         return None
-
-    # ------------------------------------------------- Scheduled=True, later
-    def _later(self, coro) -> None:
-        """Run a status write off the bind path, a few at a time, cancelled with the term.
-
-        The placement written by the update *is* the bind; the condition that
-        repeats it for people costs a read and a write, which would otherwise
-        halve the bind rate.
-        """
-        if self._writes_of is not self.ctx.cache:
-            for t in self._writes:
-                t.cancel()
-            self._writes, self._writes_of = set(), self.ctx.cache
-            self._write_slots = asyncio.Semaphore(4)
-        task = asyncio.create_task(coro)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _mark_scheduled(self, key: str, where: str) -> None:
-        async with self._write_slots:
-            try:
-                await self.ctx.store.patch_status("replicas", key, {"conditions": [
-                    {"type": "Scheduled", "status": "True", "reason": "Scheduled", "message": where}]})
-            except (NotFound, Conflict, FencedOut):
-                pass               # gone, busy, or no longer leader: the placement is what counts
-            except Exception as err:  # noqa: BLE001 - informational; the store may be down
-                log.warning("replica %s: could not set Scheduled=True: %s", key, err)
 
     async def _unschedulable(self, rep, message: str) -> None:
         self.ctx.events.record(rep, "Warning", "FailedScheduling", message)

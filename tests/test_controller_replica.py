@@ -1,7 +1,7 @@
 """Replica controller with fake agents: shards, phases, rebuild with backoff, teardown."""
 from __future__ import annotations
 
-from llmgw.api import Model
+from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
 from controllers.replica import backoff_seconds, fold_phase
 from tests.helpers.controlplane import control_plane, until
@@ -33,6 +33,11 @@ async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store
         assert all(s.metadata.ownerReferences[0].uid == rep.metadata.uid for s in shards)
         assert rep.status.endpoint == f"{head_node.status.addresses[0]}:{shards[0].spec.ports.serve}"
         assert cp.events("ShardsCreated", rep.name) and cp.events("Ready", rep.name)
+        scheduled = get_condition(rep.status.conditions, "Scheduled")
+        ranks = sorted(rep.spec.placement, key=lambda p: p.rank)
+        assert (scheduled.status, scheduled.reason) == ("True", "Scheduled")
+        assert scheduled.message == (f"rank 0 on {ranks[0].node} GPUs 0,1, rank 1 on {ranks[1].node} GPUs 0,1 "
+                                     f"over fabric fab-a")
 
         # the small replica shares a node with the big one: no port is used twice on any node
         await until(lambda: any(r.status.phase == "Ready" for r in cp.replicas("small")))

@@ -7,4 +7,4 @@
 """
 from llmgw.scheduling.request import Request, request_for  # noqa: F401
 from llmgw.scheduling.ledger import Ledger, NodeInfo  # noqa: F401
-from llmgw.scheduling.placer import Fit, Unfit, place  # noqa: F401
+from llmgw.scheduling.placer import Fit, Unfit, describe, place  # noqa: F401

@@ -50,6 +50,14 @@ class Fit:
         return [s.node for s in self.slots]
 
 
+def describe(slots) -> str:
+    """"rank 0 on n1 GPUs 0,1, rank 1 on n2 GPUs 0,1 over fabric fab-a" for Slots or Placements."""
+    slots = sorted(slots, key=lambda s: s.rank)
+    where = ", ".join(f"rank {s.rank} on {s.node} GPUs {','.join(map(str, s.gpus))}" for s in slots)
+    fabric = slots[0].fabric if slots else None
+    return where + (f" over fabric {fabric}" if fabric else "")
+
+
 @dataclass(frozen=True)
 class Unfit:
     message: str                   # "0/12 nodes: 6 insufficient GPUs, 4 no fabric, 2 cordoned"
