@@ -232,6 +232,12 @@ async def test_events_and_revocations(store):
     await store.record_event("models", "m1", "Warning", "Unschedulable", "0/1 nodes")
     events = await store.list_events("models", "m1")
     assert [e["reason"] for e in events] == ["Scheduled", "Unschedulable"]
+    # one transaction, several events of one object: all kept, in order
+    await store.record_events([("models", "m1", "Normal", f"Step{i}", "") for i in range(50)]
+                              + [("nodes", "n1", "Normal", "Registered", "")])
+    events = await store.list_events("models", "m1")
+    assert [e["reason"] for e in events] == ["Scheduled", "Unschedulable"] + [f"Step{i}" for i in range(50)]
+    assert [e["reason"] for e in await store.list_events("nodes", "n1")] == ["Registered"]
     await store.revoke("abc123", {"node": "n1"})
     assert (await store.revoked())["abc123"]["node"] == "n1"
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -156,20 +157,29 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def main(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         etcd = etcd_cluster(Path(tmp), size=1).start()
         try:
-            await bench(etcd.endpoint, args)
+            await bench(etcd.endpoint, etcd.members[0].proc.pid, args)
         finally:
             etcd.stop()
 
 
-async def bench(endpoint: str, args) -> None:
+async def bench(endpoint: str, etcd_pid: int, args) -> None:
     store, observer_store = Store(endpoint), Store(endpoint)
     await store.connect()
     await observer_store.connect()
-    raw = await raw_put_rate(store)
+    # one put per request, as etcd sees a client that does not batch
+    unbatched = await Store(endpoint, batch_writes=False).connect()
+    raw = await raw_put_rate(unbatched)
+    await unbatched.close()
     print(f"etcd raw put rate: {raw:.0f} puts/s", flush=True)
 
     agents = await FakeAgents(store, [], workers=32, heartbeat_ttl=60).start()
@@ -205,6 +215,10 @@ async def bench(endpoint: str, args) -> None:
     if args.scheduler_only:
         observer.want_bound = observer.want
 
+    pids = {"etcd": etcd_pid, "hollow nodes + observer": os.getpid()}
+    if proc is not None:
+        pids["controller-manager"] = proc.pid
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     t_apply = time.perf_counter()
     if args.backlog:
         mtask = asyncio.create_task(manager.run())
@@ -221,6 +235,7 @@ async def bench(endpoint: str, args) -> None:
                       f"deleting={r.metadata.deletionTimestamp} message={r.status.message!r} "
                       f"shards={[(s.name, s.status.phase, s.metadata.deletionTimestamp) for s in shards]}")
     t_end = time.perf_counter()
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
 
     bound = sorted(observer.bound.values())
     binds_per_s = len(bound) / (bound[-1] - t_apply) if bound else 0.0
@@ -234,6 +249,8 @@ async def bench(endpoint: str, args) -> None:
     created = sorted(observer.created.values())
     print(f"created: {len(created)} replicas, the last {created[-1] - t_apply:.2f}s after apply")
     print(f"apply-to-Ready: p50 {pct(to_ready, 50):.2f}s p99 {pct(to_ready, 99):.2f}s")
+    print("CPU seconds from apply to the end: " + ", ".join(
+        f"{name} {sec:.1f}" for name, sec in cpu.items()) + f" (of {2 * (t_end - t_apply):.1f} on 2 cores)")
     print(f"etcd raw put rate: {raw:.0f} puts/s")
     print(f"binds/s={binds_per_s:.0f} ratio_to_raw_etcd={binds_per_s / raw:.2f}")
 

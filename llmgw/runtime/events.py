@@ -2,7 +2,7 @@
 
 ``record(obj, type, reason, message)`` is synchronous and never raises: it
 logs the event, keeps it in ``recent`` (for tests and debugging) and queues it
-for ``store.record_event``.  An identical event for the same object within
+for ``store.record_events``.  An identical event for the same object within
 ``dedup_seconds`` is dropped, so a retrying reconcile does not flood the store.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 log = logging.getLogger("llmgw.events")
+
+BATCH = 64   # events per transaction (etcd allows 128 operations in one)
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,22 @@ class EventRecorder:
                 and (reason is None or e.reason == reason)]
 
     async def run(self) -> None:
-        """Write queued events to the store until cancelled; failures are logged and dropped."""
+        """Write queued events to the store until cancelled; failures are logged and dropped.
+
+        Whatever queued up while the last write was in flight goes out in one
+        transaction (at most ``BATCH``): a burst of a thousand events costs a
+        few round trips, not a thousand.
+        """
         while True:
-            ev = await self._queue.get()
+            batch = [await self._queue.get()]
+            while len(batch) < BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
             if self.store is None:
                 continue
             try:
-                await self.store.record_event(ev.kind, ev.name, ev.type, ev.reason, ev.message)
+                await self.store.record_events([(e.kind, e.name, e.type, e.reason, e.message) for e in batch])
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - events are best effort
-                log.debug("could not write event %s/%s %s: %s", ev.kind, ev.name, ev.reason, err)
+                log.debug("could not write %d event(s), the first %s/%s %s: %s", len(batch),
+                          batch[0].kind, batch[0].name, batch[0].reason, err)

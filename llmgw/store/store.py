@@ -21,6 +21,7 @@ from aetcd import rpc
 from llmgw.api import KINDS, Object, now, parse_object, set_condition
 from llmgw.api.meta import Condition
 from llmgw.store import keys as K
+from llmgw.store.batcher import TxnBatcher
 from llmgw.store.connection import Connection
 from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound,
                                 StoreUnavailable)
@@ -130,10 +131,12 @@ class Leadership:
 
 class Store:
     def __init__(self, endpoints: str | list[str], *, ca: str | None = None, cert: str | None = None,
-                 key: str | None = None, timeout: float = 5.0):
+                 key: str | None = None, timeout: float = 5.0, batch_writes: bool = True):
+        """batch_writes: concurrent writing transactions go to etcd together (llmgw.store.batcher)."""
         self._conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
         self._fence: tuple[bytes, int] | None = None
-        self._shared = {"heartbeat_leases": {}, "event_lease": None, "docs": {}, "statuses": {}}
+        self._shared = {"heartbeat_leases": {}, "event_lease": None, "event_ns": 0, "docs": {}, "statuses": {},
+                        "batcher": TxnBatcher(self._send_txn) if batch_writes else None}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -166,12 +169,18 @@ class Store:
             compare.append(_cmp(self._fence[0], rpc.Compare.CREATE, create_revision=self._fence[1]))
             failure.append(_get(self._fence[0]))
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
-        resp = await self._conn.call(lambda c: c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata))
+        batcher = self._shared["batcher"]
+        writes = any(op.WhichOneof("request") != "request_range" for op in (*success, *failure))
+        # Reads stay out of batches: etcd serves a read-only transaction without raft.
+        resp = await (batcher.txn(req) if batcher is not None and writes else self._send_txn(req))
         if not resp.succeeded and self._fence:
             kvs = resp.responses[-1].response_range.kvs
             if not kvs or kvs[0].create_revision != self._fence[1]:
                 raise FencedOut(f"lost leadership ({self._fence[0].decode()} changed); write refused")
         return resp
+
+    async def _send_txn(self, req: rpc.TxnRequest) -> rpc.TxnResponse:
+        return await self._conn.call(lambda c: c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata))
 
     async def _range(self, key: str | bytes, range_end: bytes | None = None, revision: int = 0):
         req = rpc.RangeRequest(key=_b(key), revision=revision)
@@ -555,13 +564,25 @@ class Store:
 
     async def record_event(self, kind: str, name: str, type: str, reason: str, message: str) -> None:
         """An event under /llmgw/events/<kind>/<name>/, expiring after about an hour."""
+        await self.record_events([(kind, name, type, reason, message)])
+
+    async def record_events(self, events: list[tuple[str, str, str, str, str]]) -> None:
+        """Several (kind, name, type, reason, message) events in one transaction.
+
+        Keys end in a nanosecond timestamp, kept strictly increasing so that
+        events written together keep their order and never share a key.
+        """
         lease = self._shared["event_lease"]
         if lease is None or time.monotonic() - lease[1] > 300:
             lease = (await self.grant_lease(3600), time.monotonic())
             self._shared["event_lease"] = lease
-        key = f"{K.events_prefix(kind, name)}{time.time_ns():020d}"
-        value = {"type": type, "reason": reason, "message": message, "time": now().isoformat()}
-        await self.put_raw(key, json.dumps(value).encode(), lease=lease[0])
+        stamp = now().isoformat()
+        ops = []
+        for kind, name, type, reason, message in events:
+            ns = self._shared["event_ns"] = max(time.time_ns(), self._shared["event_ns"] + 1)
+            value = {"type": type, "reason": reason, "message": message, "time": stamp}
+            ops.append(_put(f"{K.events_prefix(kind, name)}{ns:020d}", json.dumps(value).encode(), lease[0]))
+        await self._txn([], ops)
 
     async def list_events(self, kind: str, name: str) -> list[dict]:
         items, _ = await self.list_raw(K.events_prefix(kind, name))
