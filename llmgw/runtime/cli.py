@@ -7,6 +7,8 @@ import signal
 
 import click
 
+from llmgw import aio
+
 
 @click.command("controller-manager")
 @click.option("--etcd", "etcd", required=True, envvar="LLMGW_ETCD",
@@ -30,7 +32,7 @@ def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = {"node_grace": node_grace, "max_silent_fraction": max_silent_fraction,
                "lease_seconds": lease_seconds}
-    asyncio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, options, identity))
+    aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, options, identity))
 
 
 async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:

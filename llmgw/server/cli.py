@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from llmgw import aio
+
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -87,5 +89,5 @@ def server(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, boo
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    asyncio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
+    aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
                       watch_cache_size, watch_queue_limit))
