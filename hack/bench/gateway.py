@@ -27,22 +27,27 @@ processes; three runs each, median first:
     after (lean keep-alive pool on httptools, lock-free request metrics), five runs:
         throughput_ratio 0.58 (0.51-0.70) added_p50_ms 0.32 (0.27-0.40);
         CPU per request gateway/engine 1.04 (1.03-1.16), e.g. engine 130 us, gateway 134 us
+    after (client side on the gateway's own server, httptools' request parser, instead of
+    aiohttp's), three runs, load average 1-2: throughput_ratio 0.62 (0.60-0.68) added_p50_ms 0.23 (0.20-0.24);
+        CPU per request gateway 90 us (81-97), engine 135 us (117-137), gateway/engine 0.69 (0.66-0.71)
 A typical run after:
-    direct  c=64    3811 req/s  p50  14.62 ms  p99  34.24 ms
-    gateway c=64    2231 req/s  p50  26.91 ms  p99  54.85 ms
-    direct  c=1     2096 req/s  p50   0.40 ms  p99   2.94 ms
-    gateway c=1      967 req/s  p50   0.77 ms  p99   6.11 ms
-The added p50 meets its target. The throughput ratio is bounded on two cores:
-engine (E), load generator (L) and gateway (G) are all CPU-bound there, so
-the ratio is at most about 2 max(L, E) / (L + E + G): with G ~ E ~ L, 0.67.
-The gateway now costs about what the engine does per request: two loopback
-sends and receives (a third of its CPU, in the kernel) and aiohttp's server
-(another third), the same server the sim engine runs. Passing 0.7 reliably
-here needs a server leaner than aiohttp's, or a core of the gateway's own
-(where its own ceiling bounds it: 110-160 us of CPU per request puts that
-near 6000-9000 req/s per process, an estimate, not measured). Under heavier outside
-load each process gets a share of a core rather than a core, and the ratio
-moves towards max(L, E) / max(L, E, G), about 0.9 (not measured either).
+    direct  c=64    6952 req/s  p50   9.22 ms  p99  14.53 ms
+    gateway c=64    4721 req/s  p50  12.83 ms  p99  24.79 ms
+    direct  c=1     2058 req/s  p50   0.44 ms  p99   1.10 ms
+    gateway c=1     1418 req/s  p50   0.67 ms  p99   1.64 ms
+The added p50 meets its target; the throughput ratio does not, reliably. Engine (E),
+load generator (L) and gateway (G) are all CPU-bound on two cores, so the ratio
+is about (L + E) / (L + E + G) at best, and E and L themselves cost more per
+request when a third busy process shares the cores (more preemptions): measured
+gateway-only, E ~121 us and L ~142 us vs ~104 and ~125 direct. A byte pipe in
+place of the gateway (uvloop, no HTTP at all; a lower bound for any Python
+gateway, 37 us per request) measured 0.76 under the same load, E and L inflated
+just the same. Reaching 0.7 needs G near 60 us; what is left of its 90 us is four
+loopback syscalls per request (read and write on each side: most of the pipe's
+37 us) and the proxy itself in Python (parse, route, balance, metrics, one task
+per request). A core of the gateway's own, or several gateways, is the remedy.
+Under heavier outside load each process gets a share of a core rather than a
+core, and the ratio moves towards max(L, E) / max(L, E, G) (not measured).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ import logging
 import signal
 
 import click
-from aiohttp import web
+
+from llmgw import aio
 
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 
@@ -57,12 +58,7 @@ def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, ret
         if not len(keys):
             log.warning("%s holds no key: every request will be refused with 401", api_keys)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False)
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    runner = uvloop.run if uvloop else asyncio.run
-    runner(_serve(gw, host, port, server, ca, cert, key, static))
+    aio.run(_serve(gw, host, port, server, ca, cert, key, static))
 
 
 async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None:
@@ -80,10 +76,7 @@ async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
         source.start()
-    runner = web.AppRunner(gw.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    await site.start()
+    await gw.start(host, port)
     log.info("gateway listening on %s:%d", host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -94,6 +87,6 @@ async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None
     finally:
         if source is not None:
             await source.stop()
-        await runner.cleanup()
+        await gw.stop()
         if client is not None:
             await client.close()

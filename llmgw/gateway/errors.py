@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
+from llmgw.gateway.response import JSON, Response
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> bytes:
@@ -12,15 +12,12 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 def error_response(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    return web.Response(
-        status=status, body=error_body(message, type_, param, code),
-        content_type="application/json", headers=headers,
-    )
+    headers: bytes = b"",
+) -> Response:
+    return Response(status, JSON + headers, error_body(message, type_, param, code))
 
 
-def model_not_found(model: str, known: list[str]) -> web.Response:
+def model_not_found(model: str, known: list[str]) -> Response:
     listed = ", ".join(known) if known else "(none)"
     return error_response(
         404, f"The model '{model}' does not exist; known models: {listed}",
@@ -28,31 +25,52 @@ def model_not_found(model: str, known: list[str]) -> web.Response:
     )
 
 
-def no_replica(model: str, retry_after: int) -> web.Response:
+def no_replica(model: str, retry_after: int) -> Response:
     return error_response(
         503, f"The model '{model}' has no ready replica; retry in {retry_after} s",
         "service_unavailable", "model", "no_ready_replica",
-        headers={"Retry-After": str(retry_after)},
+        headers=b"Retry-After: %d\r\n" % retry_after,
     )
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> web.Response:
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> Response:
     return error_response(400, message, "invalid_request_error", param, code)
 
 
-def too_large(limit: int) -> web.Response:
+def too_large(limit: int) -> Response:
     return error_response(
         413, f"The request body is larger than the gateway's limit of {limit} bytes",
         "invalid_request_error", None, "request_too_large",
     )
 
 
-def unauthorized(message: str) -> web.Response:
+def headers_too_large(limit: int) -> Response:
     return error_response(
-        401, message, "invalid_request_error", None, "invalid_api_key",
-        headers={"WWW-Authenticate": 'Bearer realm="llmgw"'},
+        431, f"The request's line and headers are larger than the gateway's limit of {limit} bytes",
+        "invalid_request_error", None, "request_headers_too_large",
     )
 
 
-def bad_gateway(message: str) -> web.Response:
+def unauthorized(message: str) -> Response:
+    return error_response(
+        401, message, "invalid_request_error", None, "invalid_api_key",
+        headers=b'WWW-Authenticate: Bearer realm="llmgw"\r\n',
+    )
+
+
+def not_found(path: str) -> Response:
+    return error_response(404, f"No route for {path}", "invalid_request_error", None, "not_found")
+
+
+def method_not_allowed(method: str, allowed: str) -> Response:
+    return error_response(405, f"{method} is not allowed here; use {allowed}", "invalid_request_error",
+                          None, "method_not_allowed", headers=b"Allow: %s\r\n" % allowed.encode())
+
+
+def internal_error() -> Response:
+    return error_response(500, "The gateway failed on this request; see its log",
+                          "internal_error", None, "gateway_error")
+
+
+def bad_gateway(message: str) -> Response:
     return error_response(502, message, "upstream_error", None, "upstream_unreachable")

@@ -1,12 +1,12 @@
 """The gateway's HTTP app: OpenAI-compatible routes proxied to Ready replicas.
 
-An aiohttp server faces the clients; a lean keep-alive pool (upstream.py,
-httptools' parser) talks to the engines. A request is routed by its body's
-`model` (a model name or an alias) to the replica with the fewest
-outstanding requests. A connection failure before the engine's first byte
-(refused, reset, disconnected before the headers) or a 503 from the engine
-is retried once on another replica. Server-sent events are relayed chunk by
-chunk as they arrive, never buffered.
+A lean HTTP/1.1 server (server.py, httptools' parser) faces the clients; a lean
+keep-alive pool (upstream.py, the same parser) talks to the engines. A request
+is routed by its body's `model` (a model name or an alias) to the replica
+with the fewest outstanding requests. A connection failure before the
+engine's first byte (refused, reset, disconnected before the headers) or a
+503 from the engine is retried once on another replica. Server-sent events
+are relayed chunk by chunk as they arrive, never buffered.
 """
 from __future__ import annotations
 
@@ -14,21 +14,24 @@ import asyncio
 import json
 import logging
 import time
-
-from aiohttp import web
-from multidict import CIMultiDict
+from urllib.parse import unquote
 
 from llmgw.gateway import errors
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
+from llmgw.gateway.response import Response, json_response
+from llmgw.gateway.server import BodyError, HttpServer, Request, Stream, TooLarge
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Conn, Pool, UpstreamError
 
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = "X-Llmgw-Replica"  # which replica answered, on every proxied response
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+_MODELS = b"/v1/models"
+_MODEL_PREFIX = b"/v1/models/"
+_GET_ROUTES = frozenset((_MODELS, b"/healthz", b"/metrics"))
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Responses up to this size with a Content-Length are read whole and sent in one write.
 _BUFFER_LIMIT = 1 << 20
@@ -68,23 +71,16 @@ class Gateway:
         self.metrics = Metrics(self._inflight_samples)
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout)
+        self.server = HttpServer(self.handle, max_body=max_body_bytes)
 
-    # ------------------------------------------------------------ app
+    async def start(self, host: str, port: int, backlog: int = 1024) -> int:
+        """Serve on host:port (0: any free port); the port."""
+        await self.server.start(host, port, backlog)
+        return self.server.port
 
-    def app(self) -> web.Application:
-        # Bodies are read by hand (to answer 413 in OpenAI's format); the +1
-        # keeps aiohttp's own check from firing first.
-        app = web.Application(client_max_size=self.max_body_bytes + 1)
-        for path in PROXIED:
-            app.router.add_post(path, self._proxy)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{name}", self._model)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/metrics", self._metrics)
-        app.on_cleanup.append(self._close)
-        return app
-
-    async def _close(self, app: web.Application) -> None:
+    async def stop(self, grace: float = 60.0) -> None:
+        """Stop accepting; requests in flight get `grace` seconds to finish."""
+        await self.server.close(grace)
         self.pool.close()
 
     def _inflight_samples(self):
@@ -96,38 +92,60 @@ class Gateway:
             if replica not in self.table.backends:
                 yield self.balancer.model_of.get(replica, "-"), replica, n, False
 
-    # ------------------------------------------------------------ handlers
+    # ------------------------------------------------------------ routes
 
-    def _auth(self, request: web.Request) -> web.Response | None:
+    async def handle(self, request: Request) -> Response | Stream:
+        path, method = request.path, request.method
+        if path in PROXIED:
+            if method == b"POST":
+                return await self._proxy(request)
+            return errors.method_not_allowed(method.decode(), "POST")
+        if path in _GET_ROUTES or path.startswith(_MODEL_PREFIX):
+            if method != b"GET" and method != b"HEAD":
+                return errors.method_not_allowed(method.decode(), "GET")
+            if path == b"/healthz":
+                return self._healthz()
+            if path == b"/metrics":
+                return Response(200, b"Content-Type: %s\r\n" % self.metrics.content_type.encode(),
+                                self.metrics.render())
+            denied = self._auth(request)
+            if denied is not None:
+                return denied
+            if path == _MODELS:
+                return self._models()
+            return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")))
+        return errors.not_found(path.decode("latin-1"))
+
+    def _auth(self, request: Request) -> Response | None:
         if self.api_keys is None:
             return None
-        why = self.api_keys.check(request.headers.get("Authorization"))
+        value = request.header(b"authorization")
+        why = self.api_keys.check(value.decode("latin-1") if value is not None else None)
         return errors.unauthorized(why) if why else None
 
-    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+    async def _proxy(self, request: Request) -> Response | Stream:
         start = time.perf_counter()
         resp, label = None, "-"
         try:
             resp, label = await self._route(request)
             return resp
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("gateway error on %s", request.path)
-            resp = errors.error_response(500, "The gateway failed on this request; see its log",
-                                         "internal_error", None, "gateway_error")
+            log.exception("gateway error on %s", request.path.decode("latin-1"))
+            resp = errors.internal_error()
             return resp
         finally:
             code = resp.status if resp is not None else 499  # None: the caller went away
             self.metrics.observe(label, code, time.perf_counter() - start)
 
-    async def _route(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+    async def _route(self, request: Request) -> tuple[Response | Stream, str]:
         """The response and the model label for the metrics ("-" when no model was resolved)."""
         denied = self._auth(request)
         if denied is not None:
             return denied, "-"
         parsed = await self._read_body(request)
-        if isinstance(parsed, web.Response):
+        if parsed.__class__ is Response:
             return parsed, "-"
         body, name = parsed
         model = self.table.resolve(name)
@@ -135,18 +153,12 @@ class Gateway:
             return errors.model_not_found(name, self.table.known_names()), "-"
         return await self._forward(request, body, name, model), model
 
-    async def _read_body(self, request: web.Request):
-        limit = self.max_body_bytes
-        length = request.content_length  # parses the header on every access: once
-        if length is not None and length > limit:
-            return errors.too_large(limit)
+    async def _read_body(self, request: Request):
         try:
-            body = await request.content.readexactly(length) if length is not None else await request.read()
-        except (web.HTTPRequestEntityTooLarge, asyncio.IncompleteReadError):
-            return errors.too_large(limit) if length is None else \
+            body = await request.body()
+        except BodyError as err:
+            return errors.too_large(self.max_body_bytes) if isinstance(err, TooLarge) else \
                 errors.bad_request("The request body ended before its Content-Length")
-        if len(body) > limit:
-            return errors.too_large(limit)
         try:
             # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
             # before): decoding it here skips json's encoding detection, a Python function.
@@ -164,13 +176,12 @@ class Gateway:
                 param="model", code="missing_required_parameter")
         return _Body(body, doc), name
 
-    async def _forward(self, request: web.Request, body: "_Body", name: str, model: str) -> web.StreamResponse:
+    async def _forward(self, request: Request, body: "_Body", name: str, model: str) -> Response | Stream:
         backends = self.table.backends_for(model)
         if not backends:
             return errors.no_replica(model, self.retry_after)
         # The request head minus the Host line and Content-Length, built once for both tries.
-        fields = b"".join([k + b": " + v + b"\r\n" for k, v in request.raw_headers
-                           if k.lower() not in _DROP_REQ])
+        fields = b"".join([k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ])
         tried: list[str] = []
         last = "no replica"
         for attempt in (0, 1):
@@ -196,15 +207,15 @@ class Gateway:
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
 
-    async def _attempt(self, request: web.Request, b: Backend, data: bytes, fields: bytes,
-                       fresh: bool) -> web.StreamResponse:
+    async def _attempt(self, request: Request, b: Backend, data: bytes, fields: bytes,
+                       fresh: bool) -> Response | Stream:
         self.balancer.acquire(b)
         conn = None
         try:
             try:
                 conn = await self.pool.acquire(b.endpoint, fresh)
                 conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-                    request.path.encode(), b.endpoint.encode(), fields, len(data)), data)
+                    request.path, b.endpoint.encode(), fields, len(data)), data)
                 await conn.headers_done()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None
@@ -214,10 +225,10 @@ class Gateway:
                 self.pool.release(conn)  # reused only if its response was read to the end
             self.balancer.release(b)
 
-    async def _relay(self, request: web.Request, conn: Conn, b: Backend) -> web.StreamResponse:
+    async def _relay(self, request: Request, conn: Conn, b: Backend) -> Response | Stream:
         if conn.status == 503:
             raise _Retry(_ENGINE_503)
-        headers = CIMultiDict()
+        lines = []
         length = None
         sse = False
         for k, v in conn.headers:
@@ -226,21 +237,18 @@ class Gateway:
                 if lk == b"content-length":
                     length = int(v)
                 continue
-            value = v.decode("utf-8", "replace")
             if lk == b"content-type":
-                sse = value.startswith("text/event-stream")
-            headers.add(k.decode("latin-1"), value)
-        headers[REPLICA_HEADER] = b.replica
+                sse = v.startswith(b"text/event-stream")
+            lines.append(k + b": " + v + b"\r\n")
+        lines.append(b"X-Llmgw-Replica: " + b.replica.encode() + b"\r\n")
+        headers = b"".join(lines)
         if not sse and length is not None and length <= _BUFFER_LIMIT:
             try:
                 data = await conn.read_all()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
-            return web.Response(status=conn.status, body=data, headers=headers)
-        resp = web.StreamResponse(status=conn.status, headers=headers)
-        if not sse and length is not None:
-            resp.content_length = length
-        await resp.prepare(request)
+            return Response(conn.status, headers, data)
+        resp = request.stream(conn.status, headers, None if sse else length)
         try:
             while True:
                 chunk = await conn.read_chunk()
@@ -249,7 +257,7 @@ class Gateway:
                 await resp.write(chunk)
         except UpstreamError as err:
             conn.close()
-            if _is_client_side(request):
+            if request.client_gone:
                 return resp  # the caller left too
             self.metrics.upstream_error(b.model, b.replica, "midstream")
             log.warning("replica %s (%s) failed mid-response: %s", b.replica, b.endpoint, err.reason)
@@ -257,46 +265,36 @@ class Gateway:
                 await resp.write(b"data: " + errors.error_body(
                     f"The engine of replica {b.replica} failed mid-response", "upstream_error",
                     None, "upstream_disconnected") + b"\n\n")
-                await resp.write_eof()
+                resp.end()
             else:
-                request.transport and request.transport.close()
+                resp.abort()
             return resp
         except ConnectionResetError:
             conn.close()  # the caller left: drop the engine's connection so it stops generating
             return resp
-        await resp.write_eof()
+        resp.end()
         return resp
 
-    async def _models(self, request: web.Request) -> web.Response:
-        denied = self._auth(request)
-        if denied is not None:
-            return denied
+    def _models(self) -> Response:
         data = []
         for model, aliases, created in self.table.routable_models():
             data.append(_model_card(model, model, created, aliases))
             data.extend(_model_card(a, model, created, ()) for a in aliases)
-        return web.json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
-    async def _model(self, request: web.Request) -> web.Response:
-        denied = self._auth(request)
-        if denied is not None:
-            return denied
-        name = request.match_info["name"]
+    def _model(self, name: str) -> Response:
         for model, aliases, created in self.table.routable_models():
             if name == model or name in aliases:
-                return web.json_response(_model_card(name, model, created, aliases if name == model else ()))
+                return json_response(_model_card(name, model, created, aliases if name == model else ()))
         return errors.model_not_found(name, self.table.known_names())
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    def _healthz(self) -> Response:
         body = {
             "status": "ok" if self.synced else "syncing",
             "models": len(self.table.models),
             "routableReplicas": len(self.table.backends),
         }
-        return web.json_response(body, status=200 if self.synced else 503)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+        return json_response(body, status=200 if self.synced else 503)
 
 
 class _Body:
@@ -320,7 +318,3 @@ def _model_card(id_: str, root: str, created: int, aliases) -> dict:
         card["aliases"] = list(aliases)
     return card
 
-
-def _is_client_side(request: web.Request) -> bool:
-    t = request.transport
-    return t is None or t.is_closing()

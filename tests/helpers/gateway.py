@@ -18,8 +18,6 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from aiohttp import web
-
 from llmgw.api import Model, Replica
 from llmgw.dev.process import free_port
 from llmgw.gateway.proxy import Gateway
@@ -110,15 +108,11 @@ class RunningGateway:
 @contextlib.asynccontextmanager
 async def running_gateway(table: RoutingTable | None = None, **kw):
     gw = Gateway(table, **kw)
-    runner = web.AppRunner(gw.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    port = await gw.start("127.0.0.1", 0)
     try:
         yield RunningGateway(gw, f"http://127.0.0.1:{port}")
     finally:
-        await runner.cleanup()
+        await gw.stop()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

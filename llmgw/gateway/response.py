@@ -1,0 +1,44 @@
+"""A whole HTTP response, serialised in one piece by the server (server.py).
+
+Header lines are kept as ready-to-send bytes: the proxied hot path copies the
+engine's header lines through, and decoding them to str only to encode them
+again cost more than the copy.
+"""
+from __future__ import annotations
+
+import json
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+
+JSON = b"Content-Type: application/json\r\n"
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+class Response:
+    """Status, header lines (b"Name: value\\r\\n" each; no Content-Length) and body."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: bytes = b"", body: bytes = b""):
+        self.status, self.headers, self.body = status, headers, body
+
+
+def json_response(obj, status: int = 200, headers: bytes = b"") -> Response:
+    return Response(status, JSON + headers, json.dumps(obj).encode())
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
+
+
+_date = [0, b""]
+
+
+def date_line() -> bytes:
+    """The Date header line, formatted once a second."""
+    now = int(time.time())
+    if now != _date[0]:
+        _date[0], _date[1] = now, b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+    return _date[1]

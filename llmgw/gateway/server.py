@@ -1,0 +1,451 @@
+"""The gateway's client-facing HTTP/1.1 server: an asyncio Protocol on httptools' request parser.
+
+aiohttp's server cost about a third of the gateway's CPU per proxied request
+(request, payload and response objects, header multidicts, a router, timers).
+This is what the gateway needs of it:
+
+    server = HttpServer(handler, max_body=16 << 20)
+    await server.start("0.0.0.0", 8000)
+    await server.close(grace=60.0)          # stop listening, finish what is in flight
+
+    async def handler(request: Request) -> Response | Stream:
+        request.method, request.path        # bytes; the path without its query
+        request.header(b"authorization")    # bytes or None (lower-case name)
+        await request.body()                # bytes; TooLarge / Incomplete (BodyError)
+        return Response(200, JSON, b"{}")   # sent whole, in one write
+        # or: stream = request.stream(200, headers, length=None); await stream.write(b"..");
+        #     stream.end(); return stream
+
+Requests on one connection are answered one at a time, in order: pipelined
+requests are parsed as they arrive and wait their turn (reading pauses while
+MAX_QUEUED wait). A request's body is read as it arrives, up to `max_body`;
+`Expect: 100-continue` is answered when the handler asks for the body.
+Malformed input is answered 400 (a head over MAX_HEAD 431) after the requests
+before it, then the connection closes. A client that disconnects cancels the
+handler of its request (which closes the engine's connection: the engine stops
+generating). Idle keep-alive connections close after `keepalive` seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import time
+
+import httptools
+
+from llmgw.gateway import errors
+from llmgw.gateway.response import Response, date_line, status_line
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD = 64 * 1024  # request line and headers
+MAX_HEADERS = 128
+MAX_QUEUED = 16  # parsed requests waiting on one connection before reading pauses
+LINGER = 10.0  # seconds input is still read (and dropped) after a final answer, so it arrives whole
+_ONE_WRITE = 64 * 1024  # head and body joined into one write below this size
+_CLOSE = b"Connection: close\r\n"
+_KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
+
+
+class BodyError(Exception):
+    pass
+
+
+class TooLarge(BodyError):
+    """The body is over the server's max_body."""
+
+
+class Incomplete(BodyError):
+    """The client stopped sending before the end of the body."""
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class Request:
+    __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "truncated",
+                 "canned", "_conn", "_chunks", "_size", "_continue", "_waiter")
+
+    def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
+                 keep_alive: bool, http10: bool):
+        self._conn = conn
+        self.method, self.path, self.headers = method, path, headers
+        self.keep_alive, self.http10 = keep_alive, http10
+        self.complete = False
+        self.too_large = False
+        self.truncated = False
+        self.canned: Response | None = None  # the answer to input that could not be parsed
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._continue = False  # the client waits for "100 Continue" before sending the body
+        self._waiter: asyncio.Future | None = None
+
+    @property
+    def client_gone(self) -> bool:
+        return self._conn.lost or self._conn.transport.is_closing()
+
+    def header(self, lname: bytes) -> bytes | None:
+        """The first value of a header, by its lower-case name."""
+        for k, v in self.headers:
+            if k.lower() == lname:
+                return v
+        return None
+
+    async def body(self) -> bytes:
+        if not self.complete and not self.too_large:
+            if self._continue:
+                self._continue = False
+                self._conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while not (self.complete or self.too_large or self.truncated):
+                self._waiter = fut = asyncio.get_running_loop().create_future()
+                try:
+                    await fut
+                finally:
+                    self._waiter = None
+        if self.too_large:
+            raise TooLarge()
+        if self.truncated:
+            raise Incomplete()
+        chunks = self._chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def stream(self, status: int, headers: bytes, length: int | None = None) -> "Stream":
+        """Send the head of a response whose body follows in pieces (chunked when `length` is None)."""
+        return Stream(self, status, headers, length)
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class Stream:
+    """A response sent in pieces, with flow control: write() waits while the client lags."""
+
+    __slots__ = ("_conn", "status", "chunked", "ended")
+
+    def __init__(self, request: Request, status: int, headers: bytes, length: int | None):
+        conn = self._conn = request._conn
+        self.status = status
+        # HTTP/1.0 has no chunked encoding: a body of unknown length ends with the connection.
+        self.chunked = length is None and not request.http10
+        self.ended = False
+        conn.stream = self
+        if length is not None:
+            framing = b"Content-Length: %d\r\n" % length
+        elif self.chunked:
+            framing = b"Transfer-Encoding: chunked\r\n"
+        else:
+            framing = b""
+            conn.closing = True
+        conn.transport.write(status_line(status) + date_line() + headers + framing
+                             + conn.connection_line(request) + b"\r\n")
+
+    async def write(self, data: bytes) -> None:
+        conn = self._conn
+        if conn.lost or conn.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        if self.chunked:
+            conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            conn.transport.write(data)
+        if conn.write_paused:
+            await conn.drained()
+
+    def end(self) -> None:
+        self.ended = True
+        if self.chunked and not self._conn.transport.is_closing():
+            self._conn.transport.write(b"0\r\n\r\n")
+
+    def abort(self) -> None:
+        """Cut the response short: the client sees the connection close before the end of the body."""
+        self.ended = True
+        self._conn.transport.close()
+
+
+class HttpConn(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: "HttpServer"):
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: collections.deque[Request] = collections.deque()  # parsed; the first is being answered
+        self.task: asyncio.Task | None = None  # answers the queue, in order
+        self.closing = False  # close after the answer in progress
+        self.no_more = False  # no request will follow those queued (the client's EOF, bad input): close after them
+        self.lost = False
+        self.stream: Stream | None = None  # the streamed answer to the request in progress, if any
+        self.write_paused = False
+        self.idle_since = time.monotonic()
+        self._read_paused = False
+        self._client_eof = False
+        self._discard = False  # input is no longer parsed, only dropped
+        self._drain: asyncio.Future | None = None
+        self._cur: Request | None = None  # the request whose body is being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_size = 0
+
+    # ------------------------------------------------------------ transport events
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.conns.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # find dead peers
+            except OSError:
+                pass
+        if self.server.closing:
+            self.shutdown()
+
+    def data_received(self, data: bytes) -> None:
+        if self._discard:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol switching here: answer the request as a plain one, then close.
+            self.no_more = self._discard = True
+        except httptools.HttpParserCallbackError as err:
+            if not isinstance(err.__context__, _HeadTooLarge):
+                raise
+            self._refuse(errors.headers_too_large(MAX_HEAD))
+        except httptools.HttpParserError as err:
+            self._refuse(errors.bad_request(f"Malformed HTTP request: {err}"))
+
+    def eof_received(self) -> bool:
+        cur = self._cur
+        if cur is not None:  # the client stopped sending in the middle of a body
+            cur.truncated = True
+            cur._wake()
+        self._client_eof = self.no_more = True
+        return self.task is not None  # keep the transport open to answer what is queued
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+        self.server.conns.discard(self)
+        if self.task is not None:
+            self.task.cancel()  # the caller left: stop working for it
+        d = self._drain
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        d = self._drain
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    async def drained(self) -> None:
+        while self.write_paused and not self.lost:
+            self._drain = asyncio.get_running_loop().create_future()
+            await self._drain
+        self._drain = None
+
+    # ------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._head_size = 0
+
+    def on_url(self, url: bytes) -> None:  # may come in pieces
+        self._url += url
+        self._grow(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+        self._grow(len(name) + len(value) + 4)
+        if len(self._headers) > MAX_HEADERS:
+            raise _HeadTooLarge()
+
+    def on_headers_complete(self) -> None:
+        p = self.parser
+        url = self._url
+        if url[:1] != b"/":  # absolute form (http://host/path); anything else matches no route
+            try:
+                url = httptools.parse_url(url).path or b"/"
+            except httptools.HttpParserInvalidURLError:
+                pass
+        path = url.partition(b"?")[0]
+        req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(),
+                      p.get_http_version() == "1.0")
+        for k, v in self._headers:
+            lk = k.lower()
+            if lk == b"content-length":
+                try:
+                    req.too_large = int(v) > self.server.max_body
+                except ValueError:
+                    pass  # llhttp refuses a malformed Content-Length before this
+            elif lk == b"expect" and v.lower() == b"100-continue" and not req.http10:
+                req._continue = True
+        self._cur = req
+        self._enqueue(req)
+
+    def on_body(self, body: bytes) -> None:
+        req = self._cur
+        if req.too_large:
+            return
+        req._size += len(body)
+        if req._size > self.server.max_body:
+            req.too_large = True
+            req._chunks = []
+            req._wake()
+        else:
+            req._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        req = self._cur
+        self._cur = None
+        req.complete = True
+        req._wake()
+
+    # ------------------------------------------------------------ answering
+
+    def _grow(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > MAX_HEAD:
+            raise _HeadTooLarge()
+
+    def _refuse(self, answer: Response) -> None:
+        """Input that cannot be parsed: answer it after the requests before it, then close."""
+        req = Request(self, b"", b"", [], False, False)
+        req.complete = True
+        req.canned = answer
+        self.no_more = self._discard = True
+        self._enqueue(req)
+
+    def _enqueue(self, req: Request) -> None:
+        self.queue.append(req)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._serve())
+        elif len(self.queue) > MAX_QUEUED and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def connection_line(self, req: Request) -> bytes:
+        """The Connection header for the answer to `req`; marks the connection closing if needed."""
+        if not req.keep_alive or not req.complete or self.closing:
+            # Not complete: the rest of its body was never read, so the next request cannot be found.
+            self.closing = True
+            return _CLOSE
+        return _KEEP_ALIVE if req.http10 else b""
+
+    async def _serve(self) -> None:
+        handler = self.server.handler
+        queue = self.queue
+        try:
+            while queue:
+                req = queue[0]
+                if req.canned is not None:
+                    self._send(req, req.canned)
+                    break
+                self.stream = None
+                try:
+                    resp = await handler(req)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("gateway error on %s %s", req.method.decode(), req.path.decode("latin-1"))
+                    resp = errors.internal_error()
+                stream = self.stream
+                if stream is not None:
+                    if not stream.ended:  # the handler failed part-way through its answer
+                        stream.abort()
+                elif not self.transport.is_closing():
+                    self._send(req, resp)
+                queue.popleft()
+                if self.closing or self.transport.is_closing():
+                    break
+                if self._read_paused and len(queue) <= MAX_QUEUED // 2:
+                    self._read_paused = False
+                    self.transport.resume_reading()
+        finally:
+            self.task = None
+            self.idle_since = time.monotonic()
+        if (self.closing or self.no_more) and not self.lost:
+            self._close()
+
+    def _send(self, req: Request, resp: Response) -> None:
+        body = resp.body
+        head = b"%s%s%sContent-Length: %d\r\n%s\r\n" % (
+            status_line(resp.status), date_line(), resp.headers, len(body), self.connection_line(req))
+        if req.method == b"HEAD":
+            self.transport.write(head)
+        elif len(body) < _ONE_WRITE:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
+
+    def _close(self) -> None:
+        """Close after the last answer; input still arriving is read and dropped a while so that
+        the client, still sending, gets the answer rather than a reset."""
+        t = self.transport
+        if t.is_closing():
+            return
+        if self._client_eof or (self._cur is None and not self._discard):
+            t.close()
+            return
+        self._discard = True
+        if t.can_write_eof():
+            t.write_eof()
+        asyncio.get_running_loop().call_later(LINGER, t.close)
+
+    def shutdown(self) -> None:
+        """The server is stopping: close now if idle, else after the answer in progress."""
+        self.closing = True
+        if self.task is None:
+            self.transport.close()
+
+
+class HttpServer:
+    def __init__(self, handler, max_body: int, keepalive: float = 3630.0):
+        self.handler = handler
+        self.max_body = max_body
+        self.keepalive = keepalive  # aiohttp's default: longer than load balancers keep theirs
+        self.conns: set[HttpConn] = set()
+        self.closing = False
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def start(self, host: str, port: int, backlog: int = 1024) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: HttpConn(self), host, port, backlog=backlog,
+                                                reuse_address=True)
+        self._sweeper = loop.call_later(min(60.0, self.keepalive / 2), self._sweep)
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self, grace: float = 60.0) -> None:
+        """Stop accepting; idle connections close now, busy ones after their answer (at most `grace` s)."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._server.close()
+        for conn in list(self.conns):
+            conn.shutdown()
+        deadline = time.monotonic() + grace
+        while self.conns and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.conns):
+            conn.transport.abort()
+        await asyncio.sleep(0)  # let connection_lost run
+
+    def _sweep(self) -> None:
+        cutoff = time.monotonic() - self.keepalive
+        for conn in list(self.conns):
+            if conn.task is None and conn.idle_since < cutoff:
+                conn.transport.close()
+        self._sweeper = asyncio.get_running_loop().call_later(min(60.0, self.keepalive / 2), self._sweep)
