@@ -38,6 +38,19 @@ Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     transaction (262-300 binds/s: a status write to a Pending replica then
     conflicts with the bind).
     earlier in the day, before batching: 120-160 binds/s, all Ready in 28-39 s.
+Measured again 2026-12-03 (after group commit, the bind as the placement alone,
+uvloop in every process), six runs on the same machine, idle otherwise, whose
+etcd raw put rate was 2700-4000/s that day (6039 the day before):
+      all Ready after 16.2-24.7 s; binds 203-364/s; apply-to-Ready p50 14.8-21.6 s;
+      every replica created 2.6-3.7 s after apply; CPU seconds from apply to the
+      end: etcd 7.5-9.9, hollow nodes + observer 6.2-8.0, controller-manager
+      14.1-18.4 (the controller-manager 0.75-0.9 of a core the whole run)
+      e.g. binds/s=265 ratio_to_raw_etcd=0.08
+    The same build with asyncio's loop in place of uvloop: 305-364 binds/s,
+    controller-manager 14.1-16.6 CPU s (no difference beyond the spread).
+    A py-spy profile of the controller-manager: decoding watch events into
+    objects (json + pydantic validation) ~11%, replica status patches ~14%,
+    grpc.aio's calls and streams ~13%, the scheduler's reconcile 5%.
 Targets (>= 500 binds/s, all Ready within 15 s) are close but not met. What
 limits it is CPU: two cores for etcd, the controller-manager, and 1000 hollow
 agents with the observer. Each replica costs ~40 etcd round trips in all
@@ -47,7 +60,11 @@ placement decision itself is microseconds (llmgw/scheduling). What got it
 here: the model controller batches creates (32 at a time) and gathers replica
 events for 0.1 s before reconciling a model; the replica controller runs 8
 workers; the store patches a status it has seen with one compare-and-swap.
-Next: fewer status writes per shard and per replica phase.
+Next: the controller-manager is one Python thread close to a full core, so
+what it spends per replica is the lever: cheaper decoding of watch events
+(documents the store itself wrote need no second validation), fewer status
+writes per shard and per replica phase, or the controllers split over two
+processes (each with its own leader key).
 """
 from __future__ import annotations
 
@@ -63,6 +80,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from controllers import ALL  # noqa: E402
+from llmgw import aio  # noqa: E402
 from llmgw.api import Model  # noqa: E402
 from llmgw.dev.etcd import etcd_cluster  # noqa: E402
 from llmgw.dev.process import terminate  # noqa: E402
@@ -277,8 +295,4 @@ if __name__ == "__main__":
                          "by the model controller); times are from the manager's start")
     args = ap.parse_args()
     args.backlog = args.backlog or args.scheduler_only
-    try:
-        import uvloop
-        uvloop.run(main(args))
-    except ImportError:
-        asyncio.run(main(args))
+    aio.run(main(args))

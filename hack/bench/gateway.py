@@ -30,6 +30,11 @@ processes; three runs each, median first:
     after (client side on the gateway's own server, httptools' request parser, instead of
     aiohttp's), three runs, load average 1-2: throughput_ratio 0.62 (0.60-0.68) added_p50_ms 0.23 (0.20-0.24);
         CPU per request gateway 90 us (81-97), engine 135 us (117-137), gateway/engine 0.69 (0.66-0.71)
+    2026-12-03, the same build, three runs, load average 0.1-1.7 (a slower day: the engine
+        cost 236-241 us per request): throughput_ratio 0.68, 0.64, 0.68 added_p50_ms 0.22,
+        0.36, 0.49; CPU per request gateway 152-154 us, gateway/engine 0.64. py-spy on the gateway
+        under this load: about half its samples in uvloop's own code (socket I/O, epoll), 17% in
+        the two transport writes per request, the Python of server and proxy under a third
 A typical run after:
     direct  c=64    6952 req/s  p50   9.22 ms  p99  14.53 ms
     gateway c=64    4721 req/s  p50  12.83 ms  p99  24.79 ms
