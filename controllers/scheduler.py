@@ -97,9 +97,9 @@ class SchedulerController(Controller):
             return Result(requeue_after=float(self.ctx.options.get("scheduler_retry", 5.0)))
         self.unschedulable.discard(key)
         led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
-        new = rep.model_copy(deep=True)
-        new.spec.placement = [Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric)
-                              for s in out.slots]
+        # A shallow copy with a new spec: the cached replica is shared and stays as it is.
+        new = rep.model_copy(update={"spec": rep.spec.model_copy(update={"placement": [
+            Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric) for s in out.slots]})})
         try:
             written = await self.ctx.store.update(new)
         except NotFound:

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from llmgw.api import InvalidObject, ManifestError, load_file, load_path, parse_object, resolve_kind
+from llmgw.api import InvalidObject, ManifestError, load_file, load_path, parse_object, parse_stored, resolve_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,3 +129,38 @@ def test_schema_rejects_what_the_types_reject():
     schema = json.loads((ROOT / "crds" / "model.schema.json").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(model_doc(profiles=[{"engine": "vllm", "gpus_per_node": 8}]), schema)
+
+
+def stored_docs(obj) -> tuple[bytes, bytes]:
+    """The two documents the store writes for an object (llmgw/store/store.py)."""
+    return (obj.model_dump_json(exclude={"status": True, "metadata": {"resourceVersion"}}).encode(),
+            obj.status.model_dump_json().encode())
+
+
+def test_parse_stored_reads_back_what_parse_object_reads():
+    from tests.helpers.gateway import replica
+    objs = [o for path in sorted((ROOT / "examples" / "models").glob("*.yaml")) for o in load_file(path)]
+    objs.append(replica("r1", "m1", "10.0.0.1:8000", served=("m1",)))
+    objs.append(parse_object({
+        "apiVersion": "llmgw.io/v1", "kind": "Shard", "metadata": {"name": "r1-0", "labels": {"a": "b"}},
+        "spec": {"replica": "r1", "model": "m1", "node": "n1", "rank": 0, "worldSize": 2, "gpus": [0, 1],
+                 "ports": {"serve": 20000, "distInit": 20001}, "headAddress": "10.0.0.1", "engine": "sim",
+                 "servedModelNames": ["m1"]},
+        "status": {"phase": "Running", "pid": 7, "startedAt": "2026-12-03T08:00:00Z"}}))
+    assert {type(o).__name__ for o in objs} == {"Model", "Replica", "Shard"}
+    for obj in objs:
+        spec, status = stored_docs(obj)
+        back = parse_stored(spec, status)
+        assert type(back) is type(obj) and back == obj.model_copy(
+            update={"metadata": obj.metadata.model_copy(update={"resourceVersion": None})})
+        assert parse_stored(spec, None).status == type(obj).model_fields["status"].default_factory()
+
+
+def test_parse_stored_names_the_field_of_a_bad_document():
+    spec, status = stored_docs(load_file(ROOT / "examples" / "models" / "sim-single.yaml")[0])
+    bad = spec.replace(b'"replicas":', b'"replicaz":', 1)
+    with pytest.raises(InvalidObject) as info:
+        parse_stored(bad, status)
+    assert "spec: unknown field 'replicaz'" in info.value.problems
+    with pytest.raises(InvalidObject, match="unknown kind 'Pod'"):
+        parse_stored(spec.replace(b'"kind":"Model"', b'"kind":"Pod"'), status)

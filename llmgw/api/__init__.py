@@ -6,5 +6,5 @@ from llmgw.api.meta import (  # noqa: F401
 from llmgw.api.types import *  # noqa: F401,F403
 from llmgw.api.types import KIND_BY_NAME, KINDS, Object, resolve_kind, template_hash  # noqa: F401
 from llmgw.api.manifests import (  # noqa: F401
-    InvalidObject, ManifestError, load_file, load_path, parse_object,
+    InvalidObject, ManifestError, load_file, load_path, parse_object, parse_stored,
 )

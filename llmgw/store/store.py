@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Literal
 import aetcd.exceptions
 from aetcd import rpc
 
-from llmgw.api import KINDS, Object, now, parse_object, set_condition
+from llmgw.api import KINDS, Object, now, parse_stored, set_condition
 from llmgw.api.meta import Condition
 from llmgw.store import keys as K
 from llmgw.store.batcher import TxnBatcher
@@ -78,11 +78,9 @@ def _status_doc(obj: Object) -> bytes:
 
 def _assemble(spec_kv, status_value: bytes | None, revision: int) -> Object:
     """The object from its spec kv and status document, as of store revision `revision`."""
-    doc = json.loads(spec_kv.value)
-    doc["metadata"]["resourceVersion"] = spec_kv.mod_revision
-    if status_value:
-        doc["status"] = json.loads(status_value)
-    return parse_object(doc).at_revision(revision)
+    obj = parse_stored(spec_kv.value, status_value)
+    obj.metadata.resourceVersion = spec_kv.mod_revision
+    return obj.at_revision(revision)
 
 
 def _merge_status(current: dict, patch: dict) -> dict:
