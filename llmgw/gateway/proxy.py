@@ -28,6 +28,7 @@ from llmgw.gateway.upstream import Conn, Pool, UpstreamError
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = "X-Llmgw-Replica"  # which replica answered, on every proxied response
+_REPLICA_LINE = REPLICA_HEADER.encode() + b": "
 PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _MODELS = b"/v1/models"
 _MODEL_PREFIX = b"/v1/models/"
@@ -240,7 +241,7 @@ class Gateway:
             if lk == b"content-type":
                 sse = v.startswith(b"text/event-stream")
             lines.append(k + b": " + v + b"\r\n")
-        lines.append(b"X-Llmgw-Replica: " + b.replica.encode() + b"\r\n")
+        lines.append(_REPLICA_LINE + b.replica.encode() + b"\r\n")
         headers = b"".join(lines)
         if not sse and length is not None and length <= _BUFFER_LIMIT:
             try:

@@ -1,4 +1,4 @@
-"""A whole HTTP response, serialised in one piece by the server (server.py).
+"""A whole HTTP response, serialised in one piece by the server (server.py), and how a message goes out.
 
 Header lines are kept as ready-to-send bytes: the proxied hot path copies the
 engine's header lines through, and decoding them to str only to encode them
@@ -31,6 +31,18 @@ def json_response(obj, status: int = 200, headers: bytes = b"") -> Response:
 
 def status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
+
+
+_ONE_WRITE = 64 * 1024  # head and body joined into one write below this size
+
+
+def write_message(transport, head: bytes, body: bytes) -> None:
+    """Send an HTTP message: one write (one syscall) for a small body, else two (no big copy)."""
+    if len(body) < _ONE_WRITE:
+        transport.write(head + body)
+    else:
+        transport.write(head)
+        transport.write(body)
 
 
 _date = [0, b""]

@@ -36,7 +36,7 @@ import time
 import httptools
 
 from llmgw.gateway import errors
-from llmgw.gateway.response import Response, date_line, status_line
+from llmgw.gateway.response import Response, date_line, status_line, write_message
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ MAX_HEAD = 64 * 1024  # request line and headers
 MAX_HEADERS = 128
 MAX_QUEUED = 16  # parsed requests waiting on one connection before reading pauses
 LINGER = 10.0  # seconds input is still read (and dropped) after a final answer, so it arrives whole
-_ONE_WRITE = 64 * 1024  # head and body joined into one write below this size
 _CLOSE = b"Connection: close\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
 
@@ -381,11 +380,8 @@ class HttpConn(asyncio.Protocol):
             status_line(resp.status), date_line(), resp.headers, len(body), self.connection_line(req))
         if req.method == b"HEAD":
             self.transport.write(head)
-        elif len(body) < _ONE_WRITE:
-            self.transport.write(head + body)
         else:
-            self.transport.write(head)
-            self.transport.write(body)
+            write_message(self.transport, head, body)
 
     def _close(self) -> None:
         """Close after the last answer; input still arriving is read and dropped a while so that

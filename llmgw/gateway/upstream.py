@@ -26,6 +26,8 @@ import time
 
 import httptools
 
+from llmgw.gateway.response import write_message
+
 HIGH_WATER = 256 * 1024  # body bytes buffered before reading from the engine pauses
 LOW_WATER = 64 * 1024
 
@@ -133,9 +135,7 @@ class Conn(asyncio.Protocol):
         if self.closed or self.transport.is_closing():
             raise UpstreamError("disconnected: the engine closed the connection")
         self._busy = True
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
+        write_message(self.transport, head, body)
 
     async def headers_done(self) -> None:
         while not self._got_headers:
