@@ -57,6 +57,16 @@ etcd raw put rate was 2700-4000/s that day (6039 the day before):
     320-366/s; controller-manager 11.7-13.5 CPU s, etcd 6.8-8.1, hollow nodes +
     observer 5.3-6.0; raw put rate 2600-4060/s.
     e.g. binds/s=366 ratio_to_raw_etcd=0.09
+    Session 4 (same build, the machine busier: raw put rate 2600-3400/s), 4
+    runs: all Ready 15.2-21.5 s, 246-356 binds/s. Tried, not kept: the
+    scheduler in a process of its own (its own leader key; a throwaway
+    script, not in the tree), three runs interleaved with three of the
+    default: 303-397 binds/s against 246-269, all Ready 16.4-21.9 s against
+    17.0-21.5 s, and 4.6-5.8 more CPU seconds in all (the scheduler's process
+    decodes every replica event again). Binds come sooner, Ready does not:
+    the two cores are already busy, so another process only moves CPU time
+    around. It would also need a leader key per controller (two schedulers
+    each with their own ledger would give out one GPU twice).
 Targets (>= 500 binds/s, all Ready within 15 s) are close: all Ready
 within 15 s in two runs of three, binds/s not met. What
 limits it is CPU: two cores for etcd, the controller-manager, and 1000 hollow
@@ -70,8 +80,8 @@ workers; the store patches a status it has seen with one compare-and-swap.
 Next: the controller-manager is one Python thread close to a full core, so
 what it spends per replica is the lever: cheaper decoding of watch events
 (documents the store itself wrote need no second validation), fewer status
-writes per shard and per replica phase, or the controllers split over two
-processes (each with its own leader key).
+writes per shard and per replica phase. Splitting the controllers over
+processes helps only where there are spare cores (measured above).
 """
 from __future__ import annotations
 
