@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import asyncio
 
+import aetcd.exceptions
+import pytest
+
 from llmgw.dev.process import free_port
+from llmgw.store.connection import Connection
 from llmgw.store import AlreadyExists, Conflict, FencedOut, Store, StoreUnavailable
 from tests.test_store import model
 
@@ -96,3 +100,27 @@ async def test_batching_can_be_turned_off(etcd):
         assert batcher(store) is None
     finally:
         await store.close()
+
+
+async def test_a_call_in_flight_when_another_caller_fails_over_gets_store_unavailable():
+    """Failing over closes the old channel, which cancels the calls still on it; those
+    callers must get StoreUnavailable, not a CancelledError that looks like their own
+    cancellation (the batcher, two batches in flight, met this now and then)."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)   # accepts, never answers
+    port = silent.sockets[0].getsockname()[1]
+    conn = Connection(f"http://127.0.0.1:{port}", timeout=30)
+
+    async def refused(client):
+        raise aetcd.exceptions.ConnectionFailedError
+
+    try:
+        in_flight = asyncio.create_task(conn.call(lambda client: client.get(b"k")))
+        await asyncio.sleep(0.3)
+        assert not in_flight.done()
+        with pytest.raises(StoreUnavailable):
+            await conn.call(refused)
+        with pytest.raises(StoreUnavailable, match="closed by another caller"):
+            await asyncio.wait_for(in_flight, 10)
+    finally:
+        await conn.close()
+        silent.close()

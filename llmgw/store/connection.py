@@ -121,6 +121,14 @@ class Connection:
             c = await self.client()
             try:
                 return await fn(c)
+            except asyncio.CancelledError:
+                # Closing a channel cancels the calls still in flight on it. If this task
+                # was not cancelled itself, another caller gave up on the endpoint and
+                # closed it under this call: a failure like any other, not a cancellation.
+                task = asyncio.current_task()
+                if self._client is c or (task is not None and task.cancelling()):
+                    raise
+                last = last or ConnectionError("the connection was closed by another caller's failover")
             except UNREACHABLE as err:
                 last = err
                 await self._rotate(c)
