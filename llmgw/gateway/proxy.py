@@ -10,7 +10,6 @@ are relayed chunk by chunk as they arrive, never buffered.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -126,18 +125,15 @@ class Gateway:
 
     async def _proxy(self, request: Request) -> Response | Stream:
         start = time.perf_counter()
-        resp, label = None, "-"
+        code, label = 499, "-"  # 499 unless an answer is made: the caller went away
         try:
             resp, label = await self._route(request)
+            code = resp.status
             return resp
-        except asyncio.CancelledError:
-            raise
         except Exception:
-            log.exception("gateway error on %s", request.path.decode("latin-1"))
-            resp = errors.internal_error()
-            return resp
+            code = 500  # the server logs it and answers 500 (server.py)
+            raise
         finally:
-            code = resp.status if resp is not None else 499  # None: the caller went away
             self.metrics.observe(label, code, time.perf_counter() - start)
 
     async def _route(self, request: Request) -> tuple[Response | Stream, str]:

@@ -140,8 +140,7 @@ class Stream:
         else:
             framing = b""
             conn.closing = True
-        conn.transport.write(status_line(status) + date_line() + headers + framing
-                             + conn.connection_line(request) + b"\r\n")
+        conn.transport.write(conn.head(request, status, headers + framing))
 
     async def write(self, data: bytes) -> None:
         conn = self._conn
@@ -331,13 +330,16 @@ class HttpConn(asyncio.Protocol):
             self._read_paused = True
             self.transport.pause_reading()
 
-    def connection_line(self, req: Request) -> bytes:
-        """The Connection header for the answer to `req`; marks the connection closing if needed."""
+    def head(self, req: Request, status: int, headers: bytes) -> bytes:
+        """The head of the answer to `req`, its framing among `headers`; marks the connection
+        closing if it must close after this answer."""
         if not req.keep_alive or not req.complete or self.closing:
             # Not complete: the rest of its body was never read, so the next request cannot be found.
             self.closing = True
-            return _CLOSE
-        return _KEEP_ALIVE if req.http10 else b""
+            connection = _CLOSE
+        else:
+            connection = _KEEP_ALIVE if req.http10 else b""
+        return b"%s%s%s%s\r\n" % (status_line(status), date_line(), headers, connection)
 
     async def _serve(self) -> None:
         handler = self.server.handler
@@ -376,8 +378,7 @@ class HttpConn(asyncio.Protocol):
 
     def _send(self, req: Request, resp: Response) -> None:
         body = resp.body
-        head = b"%s%s%sContent-Length: %d\r\n%s\r\n" % (
-            status_line(resp.status), date_line(), resp.headers, len(body), self.connection_line(req))
+        head = self.head(req, resp.status, b"%sContent-Length: %d\r\n" % (resp.headers, len(body)))
         if req.method == b"HEAD":
             self.transport.write(head)
         else:
