@@ -20,7 +20,11 @@ Once the scheduler set ``spec.placement``:
   is lost (llmgw.runtime.nodes.node_lost: gone, or NotReady past
   ``node_grace`` unless many nodes are silent at once):
   phase Failed, ``restarts`` + 1, ``backoffUntil`` = now + 10 s doubling per
-  restart up to 5 min (options ``rebuild_backoff_base`` / ``rebuild_backoff_max``),
+  consecutive failure up to 5 min (options ``rebuild_backoff_base`` /
+  ``rebuild_backoff_max``); a replica that had been Ready for
+  ``rebuild_backoff_reset`` (10 min) when it failed starts again from 10 s, so
+  a failure now and then is not punished like a crash loop
+  (``status.consecutiveFailures`` counts the streak, ``restarts`` every rebuild);
   every shard deleted; once they are gone and the backoff has passed the
   placement is cleared (Scheduled=False, reason Rebuilding) and the scheduler
   places it again;
@@ -51,9 +55,9 @@ def shard_name(replica: str, rank: int) -> str:
     return f"{replica}-{rank}"
 
 
-def backoff_seconds(restarts: int, base: float = 10.0, cap: float = 300.0) -> float:
-    """Crash-loop delay before the ``restarts``-th rebuild (1-based): base doubling to cap."""
-    return min(cap, base * 2 ** max(0, restarts - 1))
+def backoff_seconds(streak: int, base: float = 10.0, cap: float = 300.0) -> float:
+    """Crash-loop delay after the ``streak``-th failure in a row (1-based): base doubling to cap."""
+    return min(cap, base * 2 ** max(0, streak - 1))
 
 
 def fold_phase(replica: Replica, shards: list[Shard]) -> str:
@@ -153,18 +157,25 @@ class ReplicaController(Controller):
         return None
 
     async def _fail(self, r: Replica, shards: list[Shard], reason: str, timer: _MinTimer) -> None:
+        now = datetime.now(timezone.utc)
         restarts = r.status.restarts + 1
-        delay = backoff_seconds(restarts, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
+        ready = get_condition(r.status.conditions, "Ready")
+        stable = (ready is not None and ready.status == "True" and ready.lastTransitionTime is not None
+                  and (now - ready.lastTransitionTime).total_seconds()
+                  >= float(self.ctx.options.get("rebuild_backoff_reset", 600.0)))
+        streak = 1 if stable else r.status.consecutiveFailures + 1
+        delay = backoff_seconds(streak, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
                                 float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
-        until = datetime.now(timezone.utc) + timedelta(seconds=delay)
+        until = now + timedelta(seconds=delay)
         await self._patch(r, {
-            "phase": "Failed", "endpoint": None, "restarts": restarts,
+            "phase": "Failed", "endpoint": None, "restarts": restarts, "consecutiveFailures": streak,
             "message": f"{reason}; rebuilding in {delay:g}s",
             "backoffUntil": until.isoformat(),
             "conditions": [{"type": "Ready", "status": "False", "reason": "Rebuilding", "message": reason}],
         })
         self.ctx.events.record(r, "Warning", "ReplicaFailed",
-                               f"{reason}; rebuilding the whole replica in {delay:g}s (restart {restarts})")
+                               f"{reason}; rebuilding the whole replica in {delay:g}s "
+                               f"(restart {restarts}, {streak} in a row)")
         await self._teardown(r, shards, timer)
 
     async def _continue_rebuild(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:

@@ -1,6 +1,9 @@
 """Replica controller with fake agents: shards, phases, rebuild with backoff, teardown."""
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime, timezone
+
 from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
 from controllers.replica import backoff_seconds, fold_phase
@@ -75,6 +78,32 @@ async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
         assert "rebuilding in 1s" in again.status.message
         third = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.restarts == 3 and r)
         assert "rebuilding in 2s" in third.status.message
+
+
+async def test_a_replica_ready_for_the_reset_period_starts_its_backoff_over(store):
+    async with control_plane(store, options={"rebuild_backoff_reset": 3.0}) as cp:
+        await store.create(model("m"))
+
+        async def ready_again(restarts):
+            return await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == restarts
+                               and r.status.phase == "Ready" and r)
+
+        async def fail(restarts):
+            await cp.agents.fail_shard(f"{name}-0")
+            return await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == restarts and r)
+
+        name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
+        assert "rebuilding in 0.5s" in (await fail(1)).status.message
+        await ready_again(1)
+        second = await fail(2)      # failed again soon after coming back: the streak goes on
+        assert "rebuilding in 1s" in second.status.message and second.status.consecutiveFailures == 2
+        back = await ready_again(2)
+        since = get_condition(back.status.conditions, "Ready").lastTransitionTime
+        await asyncio.sleep(3.5 - (datetime.now(timezone.utc) - since).total_seconds())
+        third = await fail(3)       # Ready for longer than the reset period: from the base delay again
+        assert "rebuilding in 0.5s" in third.status.message
+        assert (third.status.restarts, third.status.consecutiveFailures) == (3, 1)
+        assert any("restart 3, 1 in a row" in e.message for e in cp.events("ReplicaFailed", name))
 
 
 async def test_deleted_replica_waits_for_stopped_shards_then_goes(store):

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
 import click
 from rich.console import Console
 from rich.live import Live
@@ -44,6 +45,9 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
     cluster_dir = Path(directory).resolve()
     if (cluster_dir / "cluster.json").exists() and cluster_down(cluster_dir):
         console.print(f"stopped what an earlier `dev up` left running in {cluster_dir}")
+    if (cluster_dir / "etcd").exists():
+        console.print(f"reusing the state an earlier run left in {cluster_dir}: replicas whose engines stopped "
+                      f"with it are rebuilt first (for a fresh start, remove the directory)")
     cluster = LocalCluster(cluster_dir, default_nodes(node_count), gateway_port=gateway_port)
     stop = _stop_on_signals()
     try:
@@ -103,19 +107,24 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
                 names.append(obj.name)
                 console.print(f"{obj.kind.lower()}/{obj.name} {result} ({path.relative_to(REPO)})")
         deadline = time.monotonic() + timeout
-        with Live(console=console, refresh_per_second=4) as live:
-            while True:
-                cluster.check_alive()
-                table, ready = await _progress(client, names)
-                live.update(table)
-                if ready:
-                    break
-                if time.monotonic() > deadline:
-                    console.print(f"[yellow]not Ready after {timeout:.0f}s[/]: see `llmgw describe model NAME` "
-                                  f"and the logs in {cluster.dir / 'logs'}; the cluster keeps running")
-                    return
-                await asyncio.sleep(0.5)
-        console.print("\n[green]all example models Ready[/]")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            with Live(console=console, refresh_per_second=4) as live:
+                while True:
+                    cluster.check_alive()
+                    table, ready = await _progress(client, names)
+                    # Status alone can be stale: on a directory an earlier run left, replicas still say
+                    # Ready while their engines are gone. Done means what the user does next works.
+                    if ready:
+                        ready = await _gateway_answers(http, cluster.gateway_url, names, table)
+                    live.update(table)
+                    if ready:
+                        break
+                    if time.monotonic() > deadline:
+                        console.print(f"[yellow]not Ready after {timeout:.0f}s[/]: see `llmgw describe model NAME` "
+                                      f"and the logs in {cluster.dir / 'logs'}; the cluster keeps running")
+                        return
+                    await asyncio.sleep(0.5)
+        console.print("\n[green]all example models Ready and answering through the gateway[/]")
 
 
 async def _ready_nodes(client: Client) -> list[str]:
@@ -148,6 +157,22 @@ async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
         all_ready &= ready >= m.spec.replicas
         table.add_row(name, f"{ready}/{m.spec.replicas}", desc)
     return table, all_ready
+
+
+async def _gateway_answers(http: aiohttp.ClientSession, gateway: str, names: list[str], table: Table) -> bool:
+    """One short completion per model through the gateway; a failure is added to the progress table."""
+    for name in names:
+        body = {"model": name, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        try:
+            async with http.post(f"{gateway}/v1/chat/completions", json=body) as resp:
+                if resp.status == 200:
+                    continue
+                why = f"{resp.status} {(await resp.text())[:120]}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            why = repr(err)
+        table.add_row(name, "-", f"gateway: {why}")
+        return False
+    return True
 
 
 def _print_howto(c: LocalCluster) -> None:
