@@ -34,17 +34,26 @@ class GarbageCollector(Controller):
     def __init__(self) -> None:
         self._compaction_for: Any = None     # the cache of the term that started compaction
         self.compacted_to: int | None = None
+        # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
+        # is gone changes only when the references change or an owner goes (which enqueues
+        # its dependants below), so a status change does not need another look.
+        self._looked_at: dict[tuple[str, str], tuple] = {}
 
     def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
         keys: list[str] = []
         if self._compaction_for is not self.ctx.cache:   # first event of a leadership term
             self._compaction_for = self.ctx.cache
+            self._looked_at.clear()
             keys.append(COMPACT)
         name = obj.metadata.name
         live = self.ctx.cache.get(kind, name) is not None
         if kind in ("replicas", "shards") and live and obj.metadata.ownerReferences:
-            keys.append(f"{kind}/{name}")
+            owners = (obj.metadata.uid, tuple((r.kind, r.name, r.uid) for r in obj.metadata.ownerReferences))
+            if self._looked_at.get((kind, name)) != owners:
+                self._looked_at[(kind, name)] = owners
+                keys.append(f"{kind}/{name}")
         if not live:   # an owner went: look at what it owned
+            self._looked_at.pop((kind, name), None)
             dependants = {"models": ("replicas", "model"), "replicas": ("shards", "replica")}.get(kind)
             if dependants:
                 dkind, index = dependants

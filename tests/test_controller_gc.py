@@ -1,6 +1,8 @@
 """Garbage collector on a real etcd: orphans go, owned objects stay, history is compacted."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from llmgw.store import Compacted
@@ -29,6 +31,33 @@ async def test_orphans_are_deleted_and_owned_objects_kept(store):
         await store.delete("models", "m")                     # the owner goes: so do its dependants
         await until(lambda: _gone(store, "replicas", "kept"))
         await until(lambda: _gone(store, "shards", "kept-0"))
+
+
+class CountingGC(GarbageCollector):
+    def __init__(self):
+        super().__init__()
+        self.looks = Counter()
+
+    async def reconcile(self, key):
+        self.looks[key] += 1
+        return await super().reconcile(key)
+
+
+async def test_status_changes_are_not_looked_at_again_but_new_owner_references_are(store):
+    m = await store.create(model("m"))
+    r = await store.create(replica("r", "m", owner=m))
+    gc = CountingGC()
+    async with running(store, [gc]):
+        await until(lambda: gc.looks["replicas/r"] == 1)
+        for i in range(10):
+            r = await store.patch_status("replicas", "r", {"message": f"step {i}"})
+        await until(lambda: gc.ctx.cache.get("replicas", "r").status.message == "step 9")
+        assert gc.looks["replicas/r"] == 1          # ten status events, the owner looked up once
+
+        r.metadata.ownerReferences[0].uid = "uid-of-no-model"       # now owned by nothing alive
+        await store.update(r)
+        await until(lambda: _gone(store, "replicas", "r"))
+        assert gc.looks["replicas/r"] == 2
 
 
 async def test_history_is_compacted_periodically(store):
