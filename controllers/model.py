@@ -184,6 +184,7 @@ class ModelController(Controller):
     name = "model"
     watches = ("models", "replicas")
     batch_seconds = 0.1
+    workers = 8   # models reconcile on their own: the creates of several overlap
 
     def keys_for(self, kind, obj):
         if kind == "models":

@@ -87,7 +87,7 @@ class _MinTimer:
 class ReplicaController(Controller):
     name = "replica"
     watches = ("replicas", "shards", "nodes")
-    workers = 8  # each replica's steps are a few etcd round trips: overlap them
+    workers = 32  # each replica's steps are a few etcd round trips: overlap them
     batch_seconds = 0.05
 
     def __init__(self):

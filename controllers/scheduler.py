@@ -29,7 +29,7 @@ from llmgw.store import Conflict, FencedOut, NotFound
 class SchedulerController(Controller):
     name = "scheduler"
     watches = ("replicas", "nodes")
-    workers = 16         # decisions are synchronous; workers overlap the etcd writes
+    workers = 64         # decisions are synchronous; workers overlap the etcd writes
 
     def __init__(self) -> None:
         self.ledger: Ledger | None = None

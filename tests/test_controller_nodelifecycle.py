@@ -36,7 +36,7 @@ async def test_not_ready_on_silence_and_ready_again(store):
         await silence(store, "n1")
         c = await until(lambda: cond(store, "n1", "Ready", "False"))
         assert c.reason == "HeartbeatExpired"
-        assert m.events.find(name="n1", reason="NodeNotReady")
+        await until(lambda: m.events.find(name="n1", reason="NodeNotReady"))   # recorded after the write
         await heartbeat(store, "n1")
         c = await until(lambda: cond(store, "n1", "Ready", "True"))
         assert c.reason == "HeartbeatResumed"
@@ -56,7 +56,7 @@ async def test_lost_node_replicas_are_replaced_after_grace(store):
             # the lost one is marked in a later step than its replacement's placement
             lost = await until(lambda orig=orig: _marked_for_deletion(store, orig))
             assert lost.metadata.annotations[EVICT] == "node-lost"
-        assert m.events.find(name="r1", reason="Evicted")
+        await until(lambda: m.events.find(name="r1", reason="Evicted"))
 
 
 async def test_mass_silence_holds_eviction_back_until_most_nodes_return(store):
@@ -72,7 +72,7 @@ async def test_mass_silence_holds_eviction_back_until_most_nodes_return(store):
         await silence(store, "n1")               # now 3 of 4 are silent: more than half
         held = await until(lambda: cond(store, "n1", "EvictionHeldBack", "True"))
         assert held.reason == "EvictionHeldBack" and held.message.startswith("3/4 nodes are silent")
-        assert m.events.find(name="n1", reason="EvictionHeldBack")
+        await until(lambda: m.events.find(name="n1", reason="EvictionHeldBack"))
         # the hold is decided where the eviction would have been: nothing was replaced
         assert await replacement_of(store, "r1") is None
         assert (await store.get("replicas", "r1")).metadata.deletionTimestamp is None
@@ -80,7 +80,9 @@ async def test_mass_silence_holds_eviction_back_until_most_nodes_return(store):
         for n in names[1:3]:                     # two come back: 1/4 silent
             await heartbeat(store, n)
         await until(lambda: _placed(replacement_of(store, "r1")))
-        assert (await store.get("replicas", "r1")).metadata.deletionTimestamp is not None
+        # marked in a later step than its replacement's placement
+        lost = await until(lambda: _marked_for_deletion(store, "r1"))
+        assert lost.metadata.annotations[EVICT] == "node-lost"
         c = await cond(store, "n1", "EvictionHeldBack", "False")
         assert c is not None and c.reason == "EvictionAllowed"
 
