@@ -29,7 +29,7 @@ async def test_binds_explains_and_binds_when_room_appears(store):
         assert {p.node for p in wide.spec.placement} == {"a1", "a2"}
         assert {p.fabric for p in wide.spec.placement} == {"fab-a"}
         assert sorted(p.rank for p in wide.spec.placement) == [0, 1]
-        (placed_event,) = m.events.find(name="wide", reason="Scheduled")
+        (placed_event,) = await until(lambda: m.events.find(name="wide", reason="Scheduled"))   # after the bind
         head, second = sorted(wide.spec.placement, key=lambda p: p.rank)
         assert placed_event.message == (f"placed rank 0 on {head.node} GPUs 0,1,2,3,4,5,6,7, "
                                         f"rank 1 on {second.node} GPUs 0,1,2,3,4,5,6,7 over fabric fab-a")

@@ -85,3 +85,13 @@ def test_relist_at_or_after_an_assumed_write_replaces_it():
     assert c.get("replicas", "a").status.phase == "Starting"
     c.replace("replicas", [at(rep("a", rv=5, phase="Ready"), 10)], 10)
     assert c.get("replicas", "a").status.phase == "Ready"
+
+
+def test_an_assume_that_changes_the_entry_is_reported_like_an_event():
+    heard = []
+    c = Cache(on_assume=lambda kind, type, obj: heard.append((kind, type, obj.metadata.name, obj.revision)))
+    c.assume(rep("a", rv=5))
+    c.assume(rep("a", rv=6, phase="Ready"))
+    c.apply("replicas", "MODIFIED", rep("a", rv=9), 9)      # the watch is ahead of the next answer
+    c.assume(rep("a", rv=7))                                 # older than what the cache has: no news
+    assert heard == [("replicas", "ADDED", "a", 5), ("replicas", "MODIFIED", "a", 6)]

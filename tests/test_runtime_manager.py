@@ -50,6 +50,50 @@ class Labeler(Controller):
         return None
 
 
+class Listener(Controller):
+    """Remembers the newest revision of each model it was told about."""
+
+    name = "listener"
+    watches = ("models",)
+
+    def __init__(self):
+        self.heard: dict[str, int] = {}
+
+    def keys_for(self, kind, obj):
+        self.heard[obj.metadata.name] = max(self.heard.get(obj.metadata.name, 0), obj.revision)
+        return []
+
+
+class Writer(Labeler):
+    """A Labeler that checks, right after each write, whether the listener knows of it."""
+
+    def __init__(self, listener: Listener):
+        super().__init__("writer")
+        self.listener = listener
+        self.told: list[bool] = []
+
+    async def reconcile(self, key):
+        before = self.ctx.cache.get("models", key)
+        await super().reconcile(key)
+        after = self.ctx.cache.get("models", key)
+        if after is not None and after is not before:
+            self.told.append(self.listener.heard.get(key, 0) >= after.revision)
+
+
+async def test_a_write_reaches_the_other_controllers_before_its_watch_event(store):
+    listener = Listener()
+    writer = Writer(listener)
+    mgr = Manager(store, [writer, listener], identity="solo", options={"lease_seconds": 2})
+    task = asyncio.create_task(mgr.run())
+    try:
+        await store.create(model("b"))
+        await until(lambda: writer.told)
+        assert writer.told == [True]          # told when the writer assumed it, not later by the watch
+    finally:
+        await mgr.stop()
+        task.cancel()
+
+
 async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
     stores = [await Store(etcd.endpoint).connect() for _ in range(2)]
     managers = [Manager(s, [Labeler(f"m{i}")], identity=f"m{i}", options={"lease_seconds": 2})

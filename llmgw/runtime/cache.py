@@ -24,6 +24,15 @@ it.  The event of the write itself replaces it too: an update returns the
 status the writer had, the event the status the store has.
 Objects returned by the cache are shared: copy (``model_copy(deep=True)``)
 before changing them.
+
+``Cache(on_assume=handler)``: every assume that changes an entry calls
+``handler(kind, "ADDED" | "MODIFIED", obj)``, as a watch event would. The
+manager passes its event handler, so the other controllers hear of a write
+as soon as its writer has the answer, not when the watch gets round to it
+(under load the watch lags by seconds, and every step of a replica's way
+from created to Ready waits on the step before). The watch event of the write
+is still reported when it comes: the other controllers' reconciles are
+level-based, so hearing twice costs a look, never a wrong step.
 """
 from __future__ import annotations
 
@@ -48,7 +57,8 @@ class _Entry:
 
 
 class Cache:
-    def __init__(self) -> None:
+    def __init__(self, on_assume: Callable[[str, str, Any], None] | None = None) -> None:
+        self._on_assume = on_assume
         self._items: dict[str, dict[str, _Entry]] = {}
         self._revision: dict[str, int] = {}          # highest revision applied per kind
         self._index: dict[tuple[str, str], dict[str, set[str]]] = {k: {} for k in INDEXERS}
@@ -84,6 +94,8 @@ class Cache:
             return
         self._tombstones.get(kind, {}).pop(name, None)
         self._put(kind, name, _Entry(obj, rev, assumed=True))
+        if self._on_assume is not None:
+            self._on_assume(kind, "ADDED" if cur is None else "MODIFIED", obj)
 
     def assume_deleted(self, kind: str, name: str) -> None:
         cur = self._items.get(kind, {}).get(name)
@@ -96,8 +108,10 @@ class Cache:
     def apply(self, kind: str, type: str, obj: Any, revision: int) -> tuple[bool, Any | None]:
         """Apply a watch event; returns (whether handlers should hear of it, the old object).
 
-        Events confirming our own assumed writes are reported too: other
-        controllers have not seen them yet."""
+        Events confirming our own assumed writes are reported too: without an
+        ``on_assume`` handler the other controllers have not heard of them, and
+        an update's event carries the status the store has, which may be newer
+        than the one the writer assumed."""
         self._revision[kind] = max(self.revision(kind), revision)
         name = obj.metadata.name
         items = self._items.setdefault(kind, {})

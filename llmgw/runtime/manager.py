@@ -102,12 +102,7 @@ class Manager:
     async def _lead(self, leadership: Any) -> None:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
-        cache = Cache()
-        events = EventRecorder(fenced)
-        self.cache, self.events = cache, events
         self.queues = {c.name: WorkQueue() for c in self.controllers}
-        for c in self.controllers:
-            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic, options=self.options)
         watchers: dict[str, list[Controller]] = {}
         for c in self.controllers:
             for kind in c.watches:
@@ -122,6 +117,13 @@ class Manager:
                 except Exception:  # noqa: BLE001
                     log.exception("%s: keys_for(%s) failed", c.name, kind)
 
+        # Controllers hear of each other's writes from the writer's assume (at once)
+        # as well as from the watch (later).
+        cache = Cache(on_assume=handler)
+        events = EventRecorder(fenced)
+        self.cache, self.events = cache, events
+        for c in self.controllers:
+            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic, options=self.options)
         informers = [
             HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
             if kind == "heartbeats" else
