@@ -31,7 +31,8 @@ class DevUp:
             [sys.executable, "-m", "llmgw.cli.main", "dev", "up", "--dir", str(directory),
              "--gateway-port", str(port), "--timeout", "150"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -57,10 +58,20 @@ class DevUp:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(60)
+        code = self.proc.wait(60)
+        self._reader.join(10)       # the last lines
+        return code
+
+
+def dev_down(directory) -> str:
+    out = subprocess.run([sys.executable, "-m", "llmgw.cli.main", "dev", "down", "--dir", str(directory)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
+    # the first run is stopped with Ctrl-C, the second from elsewhere with `llmgw dev down`
     for run in ("first", "second"):
         up = DevUp(tmp_path / "dev", free_port())
         try:
@@ -71,7 +82,10 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
                 status, text = up.complete(model)
                 assert status == 200, f"{run} run, {model}: {status} {text}"
                 assert json.loads(text)["choices"][0]["message"]["content"]
+            if run == "second":
+                assert "stopped" in dev_down(tmp_path / "dev")
         finally:
             code = up.stop()
         assert code == 0, "\n".join(up.lines[-30:])
         assert "stopped; nothing left running" in up.lines[-1]
+        assert not any("error" in line for line in up.lines), up.lines[-30:]

@@ -67,21 +67,48 @@ etcd raw put rate was 2700-4000/s that day (6039 the day before):
     the two cores are already busy, so another process only moves CPU time
     around. It would also need a leader key per controller (two schedulers
     each with their own ledger would give out one GPU twice).
-Targets (>= 500 binds/s, all Ready within 15 s) are close: all Ready
-within 15 s in two runs of three, binds/s not met. What
-limits it is CPU: two cores for etcd, the controller-manager, and 1000 hollow
-agents with the observer. Each replica costs ~40 etcd round trips in all
-(create, bind, Scheduled condition, shards, shard phases, replica phases), and
-grpc.aio's per-call overhead (~150 us of Python) dominates every profile; the
-placement decision itself is microseconds (llmgw/scheduling). What got it
-here: the model controller batches creates (32 at a time) and gathers replica
-events for 0.1 s before reconciling a model; the replica controller runs 8
-workers; the store patches a status it has seen with one compare-and-swap.
-Next: the controller-manager is one Python thread close to a full core, so
-what it spends per replica is the lever: cheaper decoding of watch events
-(documents the store itself wrote need no second validation), fewer status
-writes per shard and per replica phase. Splitting the controllers over
-processes helps only where there are spare cores (measured above).
+Session 5 (2026-12-03 afternoon; the machine's raw put rate 1900-4500/s, the
+figures swing by a third from run to run, so changes were judged in
+interleaved pairs against the build before them, three pairs or more each):
+    - more workers where a reconcile mostly waits on etcd (scheduler 16 -> 64,
+      replica 8 -> 32, model 2 -> 8): all Ready 13.3-16.3 s against
+      18.2-21.7 (replica workers, 6 pairs, better in 5); every replica created
+      1.3-1.6 s after apply against 2.7-5.4 (model workers); binds 457-466/s
+      against 291-525 (scheduler workers).
+    - controllers hear of each other's writes when the writer assumes them
+      (Cache(on_assume=...)), not only when the lagging watch delivers them:
+      3 pairs, 475-603 binds/s against 408-466, all Ready 14.0-16.0 s against
+      16.3-18.2, and less CPU (controller-manager 12.7-13.7 s against 14.2-15.4).
+    - gc looks at an owned object when it appears or its owner references
+      change, not on every status event: 14.7k reconciles -> 4.6k per run.
+    Tried and dropped: sparing the replica controller the watch echo of its
+    own status writes (26% fewer replica reconciles, CPU 15.0 against 15.4 s:
+    inside the spread, not worth the mechanism); TxnBatcher with 4 requests
+    in flight (worse: 21-23 s, smaller batches cost more CPU) or 1 (no
+    difference beyond the spread); hollow nodes with 128 workers (none); an
+    observer reading raw documents instead of objects (none: the instrument
+    was not what lagged).
+    The build at the end of the session, 11 runs: binds 420-619/s (9 at 450
+    or more, 5 at 500 or more), all Ready 12.5-21.3 s (median 16.4; within
+    15 s in 2), apply-to-Ready p50 9.8-15.0 s (14.8-21.6 before), e.g.
+      all Ready after 15.06s; binds: 2200 in 3.56s -> 619 binds/s; CPU etcd 6.8,
+      hollow nodes + observer 4.2, controller-manager 13.7 (of 30.1 on 2 cores)
+      binds/s=619 ratio_to_raw_etcd=0.14
+Targets (>= 500 binds/s, all Ready within 15 s): each is met in some runs, not
+reliably. What limits it now is CPU: from apply to the end the run uses 27-39
+of the two cores' 30-43 CPU seconds (controller-manager 12-17, etcd 6-8, hollow
+nodes 4-5). The Ready rate settles at ~200 replicas/s in the second half,
+with the controller-manager near a full core; two-node replicas come last (their
+models are applied last, and each waits for two shards). What got it here: the
+model controller batches creates (32 at a time) and gathers replica events
+for 0.1 s before reconciling a model; the store groups concurrent writes into
+one etcd transaction and patches a status it has seen with one
+compare-and-swap; workers sized for etcd's latency; controllers told of a write
+by its writer. Next: what the controller-manager spends per replica (each
+replica costs ~10 writes and ~15 decoded watch events there; grpc.aio's Python
+per call and pydantic decoding are the largest shares, no single hotspot).
+Splitting the controllers over processes helps only where there are spare
+cores (measured above).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def dev():
 def up(node_count, directory, gateway_port, no_examples, timeout):
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
-    Exit codes: 0 after a clean Ctrl-C; 1 when a component failed to start.
+    Exit codes: 0 after a clean Ctrl-C or `llmgw dev down`; 1 when a component failed.
     """
     cluster_dir = Path(directory).resolve()
     if (cluster_dir / "cluster.json").exists() and cluster_down(cluster_dir):
@@ -55,8 +55,9 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
             cluster.start()
         console.print(f"[green]cluster up[/] in {cluster_dir} ({node_count} nodes)")
         if not no_examples:
-            asyncio.run(_apply_and_watch(cluster, timeout))
-        _print_howto(cluster)
+            asyncio.run(_apply_and_watch(cluster, timeout, stop))
+        if not stop.is_set():
+            _print_howto(cluster)
         while not stop.is_set():
             cluster.check_alive()
             time.sleep(0.5)
@@ -72,7 +73,8 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
 @dev.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True)
 def down(directory):
-    """Stop every process a `dev up` in DIR started (engines included)."""
+    """Stop every process a `dev up` in DIR started (engines included); a `dev up` still
+    running is asked to stop first, and says so where it runs."""
     n = cluster_down(Path(directory))
     click.echo(f"stopped {n} process(es)" if n else "nothing was running")
 
@@ -89,12 +91,14 @@ def _stop_on_signals() -> threading.Event:
     return flag
 
 
-async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
+async def _apply_and_watch(cluster: LocalCluster, timeout: float, stop: threading.Event) -> None:
     async with Client.from_config(ClientConfig.load(cluster.admin_config)) as client:
         # Apply once every agent has registered, so the first placements see all nodes.
         deadline = time.monotonic() + timeout
         with console.status(f"waiting for {len(cluster.nodes)} nodes to register..."):
             while len(await _ready_nodes(client)) < len(cluster.nodes):
+                if stop.is_set():
+                    return
                 cluster.check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not every node registered within {timeout:.0f}s; "
@@ -110,6 +114,8 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             with Live(console=console, refresh_per_second=4) as live:
                 while True:
+                    if stop.is_set():
+                        return
                     cluster.check_alive()
                     table, ready = await _progress(client, names)
                     # Status alone can be stale: on a directory an earlier run left, replicas still say

@@ -133,6 +133,7 @@ class LocalCluster:
 
     def _save(self) -> None:
         state = {
+            "owner_pid": os.getpid(),   # `llmgw dev up` (or a test): `down` asks it to stop first
             "server": self.server_url, "gateway": self.gateway_url,
             "etcd": self.etcd.endpoints if self.etcd else [],
             "pids": {name: p.pid for name, p in self.procs.items()},
@@ -281,6 +282,27 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _is_dev_up(pid: int) -> bool:
+    """Whether pid is still a `llmgw dev up` (not a process that got its number since)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"dev" and b == b"up" for a, b in zip(args, args[1:])) and not _zombie(pid)
+
+
+def _stop_owner(pid: int, timeout: float = 60.0) -> None:
+    """SIGTERM a running `dev up`: it stops its cluster and says so, rather than
+    reporting each component's death as a failure."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _is_dev_up(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def down(cluster_dir: Path) -> int:
     """Stop everything a cluster directory's `up` started; returns how many processes were signalled."""
     cluster_dir = Path(cluster_dir).resolve()
@@ -288,7 +310,11 @@ def down(cluster_dir: Path) -> int:
     pids = []
     if state_file.exists():
         state = json.loads(state_file.read_text())
-        pids = [*state.get("pids", {}).values(), *state.get("etcd_pids", [])]
+        owner = state.get("owner_pid")
+        if owner and owner != os.getpid() and _is_dev_up(owner):
+            _stop_owner(owner)
+            pids.append(owner)
+        pids += [*state.get("pids", {}).values(), *state.get("etcd_pids", [])]
     pids += marked_pids(cluster_dir)
     for pid in set(pids):
         try:
