@@ -220,8 +220,8 @@ class ReplicaStatus(Strict):
     endpoint: str | None = None
     message: str = ""
     restarts: int = 0
-    # Rebuilds since the replica last stayed Ready for the controller's backoff-reset period
-    # (10 min by default): this, not ``restarts``, sets the crash-loop delay.
+    # Failures in a row: back to 1 when the replica had stayed Ready for the controller's
+    # backoff-reset period (10 min by default). This, not ``restarts``, sets the crash-loop delay.
     consecutiveFailures: int = 0
     backoffUntil: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
