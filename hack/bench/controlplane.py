@@ -71,7 +71,7 @@ Session 5 (2026-12-03 afternoon; the machine's raw put rate 1900-4500/s, the
 figures swing by a third from run to run, so changes were judged in
 interleaved pairs against the build before them, three pairs or more each):
     - more workers where a reconcile mostly waits on etcd (scheduler 16 -> 64,
-      replica 8 -> 32, model 2 -> 8): all Ready 13.3-16.3 s against
+      replica 8 -> 32, model 2 -> 8): all Ready 13.3-19.6 s against
       18.2-21.7 (replica workers, 6 pairs, better in 5); every replica created
       1.3-1.6 s after apply against 2.7-5.4 (model workers); binds 457-466/s
       against 291-525 (scheduler workers).
@@ -82,7 +82,7 @@ interleaved pairs against the build before them, three pairs or more each):
     - gc looks at an owned object when it appears or its owner references
       change, not on every status event: 14.7k reconciles -> 4.6k per run.
     Tried and dropped: sparing the replica controller the watch echo of its
-    own status writes (26% fewer replica reconciles, CPU 15.0 against 15.4 s:
+    own status writes (26% fewer replica reconciles, mean CPU 15.0 against 15.4 s:
     inside the spread, not worth the mechanism); TxnBatcher with 4 requests
     in flight (worse: 21-23 s, smaller batches cost more CPU) or 1 (no
     difference beyond the spread); hollow nodes with 128 workers (none); an
