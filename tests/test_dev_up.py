@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -18,6 +17,7 @@ import urllib.request
 
 import pytest
 
+from llmgw.dev.cluster import LocalCluster
 from llmgw.dev.process import free_port
 
 pytestmark = pytest.mark.timeout(400)
@@ -28,7 +28,7 @@ class DevUp:
         self.lines: list[str] = []
         self.port = port
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw.cli.main", "dev", "up", "--dir", str(directory),
+            [*LocalCluster.llmgw, "dev", "up", "--dir", str(directory),
              "--gateway-port", str(port), "--timeout", "150"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -64,7 +64,7 @@ class DevUp:
 
 
 def dev_down(directory) -> str:
-    out = subprocess.run([sys.executable, "-m", "llmgw.cli.main", "dev", "down", "--dir", str(directory)],
+    out = subprocess.run([*LocalCluster.llmgw, "dev", "down", "--dir", str(directory)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
