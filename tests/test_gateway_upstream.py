@@ -3,13 +3,17 @@
 The sim engine answers one way (small JSON or SSE, always with a length or
 chunked SSE); these fakes answer the other ways an engine may: chunked JSON,
 bodies over the buffering limit, repeated headers, a body cut short, garbage,
-idle connections closed by the engine.
+idle connections closed by the engine. Tests marked `warm` run twice: on a
+new connection (the exchange starts in a task) and on an idle one (it starts
+from the server's callback, without a task, and goes on in one when it must).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 
 import aiohttp
 import pytest
@@ -42,6 +46,13 @@ async def fake_engine(keepalive_timeout: float = 75.0):
                 await resp.write(piece)
             await resp.write_eof()
             return resp
+        if kind == "hang":  # answers nothing until the caller's connection is gone
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.02)
+            seen.append((0, {}, b"gone"))
+            return web.Response()
+        if kind == "unavailable":
+            return web.json_response({"error": "loading"}, status=503)
         if kind == "big":
             return web.Response(body=BIG, content_type="application/octet-stream")
         if kind == "cookies":
@@ -114,9 +125,33 @@ async def test_connections_are_kept_alive_and_headers_and_body_forwarded():
         assert gw.gateway.pool.idle_count(endpoint) == 1
 
 
-async def test_chunked_big_and_repeated_header_responses_are_relayed_whole():
-    async with fake_engine() as (endpoint, _), running_gateway(table_for(endpoint)) as gw, \
+warm = pytest.mark.parametrize("warm", [False, True], ids=["new-connection", "idle-connection"])
+
+
+async def warm_up(s: aiohttp.ClientSession, gw, endpoint: str, warm: bool) -> None:
+    """With `warm`, leave one idle connection to the engine in the gateway's pool."""
+    if warm:
+        assert (await ask(s, gw.url, "json"))[0] == 200
+    assert gw.gateway.pool.idle_count(endpoint) == (1 if warm else 0)
+
+
+@contextlib.asynccontextmanager
+async def gateway_to_fake(warm: bool):
+    """A fake engine, a gateway to it and a client session; yields (endpoint, seen, gw, session)."""
+    async with fake_engine() as (endpoint, seen), running_gateway(table_for(endpoint)) as gw, \
             aiohttp.ClientSession() as s:
+        await warm_up(s, gw, endpoint, warm)
+        yield endpoint, seen, gw, s
+
+
+async def scrape(s: aiohttp.ClientSession, gw) -> str:
+    async with s.get(gw.url + "/metrics") as m:
+        return await m.text()
+
+
+@warm
+async def test_chunked_big_and_repeated_header_responses_are_relayed_whole(warm):
+    async with gateway_to_fake(warm) as (endpoint, _, gw, s):
         status, headers, body = await ask(s, gw.url, "chunked")
         assert status == 200 and json.loads(body) == {"a": 1, "b": 2}
         status, headers, body = await ask(s, gw.url, "big")
@@ -128,21 +163,62 @@ async def test_chunked_big_and_repeated_header_responses_are_relayed_whole():
         assert gw.gateway.pool.idle_count(endpoint) == 1
 
 
-async def test_a_body_cut_short_is_retried_if_buffered_else_closes_the_callers_connection():
-    async with fake_engine() as (endpoint, _), running_gateway(table_for(endpoint)) as gw, \
-            aiohttp.ClientSession() as s:
+@warm
+async def test_a_body_cut_short_is_retried_if_buffered_else_closes_the_callers_connection(warm):
+    async with gateway_to_fake(warm) as (endpoint, _, gw, s):
         # A small body is read whole before anything is sent: tried twice, then a 502.
         status, _, body = await ask(s, gw.url, "cut")
         assert status == 502 and "mid-response" in json.loads(body)["error"]["message"]
         # A body over the buffering limit is streamed: the caller's connection is closed.
         with pytest.raises(aiohttp.ClientPayloadError):
             await ask(s, gw.url, "cut-big")
+        await warm_up(s, gw, endpoint, warm)
         status, _, _ = await ask(s, gw.url, "json")  # the gateway is fine afterwards
         assert status == 200
-        async with s.get(gw.url + "/metrics") as m:
-            text = await m.text()
+        text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_upstream_errors_total", reason="disconnected") == 2
         assert metric(text, "llmgw_gateway_upstream_errors_total", reason="midstream") == 1
+
+
+@warm
+async def test_an_engine_503_is_tried_once_more_then_is_a_503_with_retry_after(warm):
+    async with gateway_to_fake(warm) as (endpoint, seen, gw, s):
+        status, headers, body = await ask(s, gw.url, "unavailable")
+        assert status == 503 and headers["Retry-After"] == "2"
+        assert json.loads(body)["error"]["code"] == "no_ready_replica"
+        assert [b for _, _, b in seen].count(b'{"model": "fake", "kind": "unavailable"}') == 2
+        text = await scrape(s, gw)
+        assert metric(text, "llmgw_gateway_upstream_errors_total", reason="unavailable") == 2
+        assert metric(text, "llmgw_gateway_retries_total") == 1
+        assert metric(text, "llmgw_gateway_requests_total", model="fake", code="503") == 1
+        assert not gw.gateway.balancer.inflight
+        assert (await ask(s, gw.url, "json"))[0] == 200
+
+
+@warm
+async def test_a_caller_that_leaves_before_the_answer_closes_the_engines_connection(warm):
+    """On an idle connection the exchange runs from callbacks, with no task to cancel: the
+    engine's connection must be closed all the same (so that it stops generating)."""
+    async with gateway_to_fake(warm) as (endpoint, seen, gw, s):
+        host, port = gw.url.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps({"model": "fake", "kind": "hang"}).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        while not gw.gateway.balancer.inflight:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        # The caller leaves: a reset (a plain close reads as a half-close, which still wants its answer).
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+        for _ in range(250):
+            if seen[-1][2] == b"gone":
+                break
+            await asyncio.sleep(0.02)
+        assert seen[-1][2] == b"gone"
+        assert not gw.gateway.balancer.inflight and gw.gateway.pool.idle_count(endpoint) == 0
+        text = await scrape(s, gw)
+        assert metric(text, "llmgw_gateway_requests_total", model="fake", code="499") == 1
 
 
 async def test_idle_connections_closed_by_the_engine_are_not_reused():
@@ -153,8 +229,7 @@ async def test_idle_connections_closed_by_the_engine_are_not_reused():
             assert status == 200
             await asyncio.sleep(0.5)  # the engine drops the idle connection meanwhile
         assert len({port for port, _, _ in seen}) == 3
-        async with s.get(gw.url + "/metrics") as m:
-            text = await m.text()
+        text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_retries_total") == 0
 
 

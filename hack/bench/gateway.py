@@ -37,12 +37,22 @@ processes; three runs each, median first:
         the two transport writes per request, the Python of server and proxy under a third
     2026-12-03 later, unchanged build: throughput_ratio=0.67 added_p50_ms=0.24; CPU per request
         gateway 153 us, engine 231 us (0.66)
+    2026-12-03 evening: the common exchange without a task (server.py's `begin`,
+        proxy.py's _Exchange: the body at hand, an idle connection, a small whole
+        response), three runs interleaved with three of the build before
+        (`--seconds 8`): throughput_ratio 0.66, 0.73, 0.71 against 0.62, 0.63, 0.68;
+        added_p50_ms 0.22-0.27 against 0.23-0.49; CPU per request gateway 131-145 us
+        against 139-162. perf on the gateway before it: 55% in libpython (a fifth in
+        the bytecode loop), 30% in the kernel, 6% uvloop, 5% httptools; py-spy put
+        2% in the loop's weak set of tasks alone. A throwaway prototype measured the
+        same: 0.68-0.72 against 0.63-0.70 in five pairs.
 A typical run after:
     direct  c=64    6952 req/s  p50   9.22 ms  p99  14.53 ms
     gateway c=64    4721 req/s  p50  12.83 ms  p99  24.79 ms
     direct  c=1     2058 req/s  p50   0.44 ms  p99   1.10 ms
     gateway c=1     1418 req/s  p50   0.67 ms  p99   1.64 ms
-The added p50 meets its target; the throughput ratio does not, reliably. Engine (E),
+The added p50 meets its target; the throughput ratio meets it in some runs, not
+reliably (0.66-0.73 with the exchange without a task). Engine (E),
 load generator (L) and gateway (G) are all CPU-bound on two cores, so the ratio
 is about (L + E) / (L + E + G) at best, and E and L themselves cost more per
 request when a third busy process shares the cores (more preemptions): measured
@@ -51,8 +61,8 @@ place of the gateway (uvloop, no HTTP at all; a lower bound for any Python
 gateway, 37 us per request) measured 0.76 under the same load, E and L inflated
 just the same. Reaching 0.7 needs G near 60 us; what is left of its 90 us is four
 loopback syscalls per request (read and write on each side: most of the pipe's
-37 us) and the proxy itself in Python (parse, route, balance, metrics, one task
-per request). A core of the gateway's own, or several gateways, is the remedy.
+37 us) and the proxy itself in Python (parse, route, balance, metrics; no task
+per request since the exchange without one). A core of the gateway's own, or several gateways, is the remedy.
 Under heavier outside load each process gets a share of a core rather than a
 core, and the ratio moves towards max(L, E) / max(L, E, G) (not measured).
 """

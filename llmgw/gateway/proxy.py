@@ -7,6 +7,12 @@ with the fewest outstanding requests. A connection failure before the
 engine's first byte (refused, reset, disconnected before the headers) or a
 503 from the engine is retried once on another replica. Server-sent events
 are relayed chunk by chunk as they arrive, never buffered.
+
+The common case (the body at hand, an idle connection to the replica picked,
+a small response with a length) is answered from protocol callbacks, without
+a task or a coroutine (`Gateway.begin`, `_Exchange`); whatever else happens on
+the way (a retry, a stream, a failure) continues in a task, on the same path
+as a request that began there.
 """
 from __future__ import annotations
 
@@ -71,7 +77,7 @@ class Gateway:
         self.metrics = Metrics(self._inflight_samples)
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout)
-        self.server = HttpServer(self.handle, max_body=max_body_bytes)
+        self.server = HttpServer(self.handle, max_body=max_body_bytes, begin=self.begin)
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         """Serve on host:port (0: any free port); the port."""
@@ -123,11 +129,16 @@ class Gateway:
         why = self.api_keys.check(value.decode("latin-1") if value is not None else None)
         return errors.unauthorized(why) if why else None
 
-    async def _proxy(self, request: Request) -> Response | Stream:
-        start = time.perf_counter()
+    async def _proxy(self, request: Request, begun: "_Exchange | None" = None) -> Response | Stream:
+        """Route and forward `request`, or go on with the exchange `begin` started for it."""
+        start = time.perf_counter() if begun is None else begun.start
         code, label = 499, "-"  # 499 unless an answer is made: the caller went away
         try:
-            resp, label = await self._route(request)
+            if begun is None:
+                resp, label = await self._route(request)
+            else:
+                label = begun.model
+                resp = await self._go_on(begun)
             code = resp.status
             return resp
         except Exception:
@@ -141,7 +152,12 @@ class Gateway:
         denied = self._auth(request)
         if denied is not None:
             return denied, "-"
-        parsed = await self._read_body(request)
+        try:
+            raw = await request.body()
+        except BodyError as err:
+            return (errors.too_large(self.max_body_bytes) if isinstance(err, TooLarge) else
+                    errors.bad_request("The request body ended before its Content-Length")), "-"
+        parsed = self._parse(raw)
         if parsed.__class__ is Response:
             return parsed, "-"
         body, name = parsed
@@ -150,12 +166,8 @@ class Gateway:
             return errors.model_not_found(name, self.table.known_names()), "-"
         return await self._forward(request, body, name, model), model
 
-    async def _read_body(self, request: Request):
-        try:
-            body = await request.body()
-        except BodyError as err:
-            return errors.too_large(self.max_body_bytes) if isinstance(err, TooLarge) else \
-                errors.bad_request("The request body ended before its Content-Length")
+    def _parse(self, body: bytes) -> "Response | tuple[_Body, str]":
+        """The body and the model it names, or the 400 it deserves."""
         try:
             # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
             # before): decoding it here skips json's encoding detection, a Python function.
@@ -173,15 +185,21 @@ class Gateway:
                 param="model", code="missing_required_parameter")
         return _Body(body, doc), name
 
-    async def _forward(self, request: Request, body: "_Body", name: str, model: str) -> Response | Stream:
+    async def _forward(self, request: Request, body: "_Body", name: str, model: str,
+                       failed: "tuple[Backend, str] | None" = None) -> Response | Stream:
+        """Try a replica, and on a failure before its first byte one more; `failed`: the first
+        try has been made (by begin) and failed, for this reason."""
         backends = self.table.backends_for(model)
-        if not backends:
+        if not backends and failed is None:
             return errors.no_replica(model, self.retry_after)
-        # The request head minus the Host line and Content-Length, built once for both tries.
-        fields = b"".join([k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ])
+        fields = _fields(request)
         tried: list[str] = []
         last = "no replica"
-        for attempt in (0, 1):
+        if failed is not None:
+            b, reason = failed
+            last = self._failed(model, b, reason, retrying=True)
+            tried.append(b.replica)
+        for attempt in (1,) if failed is not None else (0, 1):
             b = self.balancer.pick(model, self.table.backends_for(model) if attempt else backends, tried)
             fresh = False
             if b is None and attempt:
@@ -195,51 +213,52 @@ class Gateway:
             try:
                 return await self._attempt(request, b, body.for_backend(b, name), fields, fresh)
             except _Retry as r:
-                last = f"{b.replica} ({b.endpoint}): {r.reason}"
-                self.metrics.upstream_error(model, b.replica, r.reason.split(":")[0])
-                log.info("upstream %s failed before its first byte; %s", last,
-                         "retrying" if attempt == 0 else "giving up")
+                last = self._failed(model, b, r.reason, retrying=attempt == 0)
                 tried.append(b.replica)
         if not self.table.backends_for(model) or last.endswith(_ENGINE_503):
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
+
+    def _failed(self, model: str, b: Backend, reason: str, retrying: bool) -> str:
+        """Count and log a try that failed before the engine's first byte; what to tell the caller."""
+        last = f"{b.replica} ({b.endpoint}): {reason}"
+        self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
+        log.info("upstream %s failed before its first byte; %s", last, "retrying" if retrying else "giving up")
+        return last
 
     async def _attempt(self, request: Request, b: Backend, data: bytes, fields: bytes,
                        fresh: bool) -> Response | Stream:
         self.balancer.acquire(b)
         conn = None
         try:
+            conn = await self.pool.acquire(b.endpoint, fresh)
+            _send(conn, request, b, data, fields)
+        except BaseException as err:
+            if conn is not None:
+                self.pool.release(conn)
+            self.balancer.release(b)
+            if isinstance(err, UpstreamError):
+                raise _Retry(err.reason) from None
+            raise
+        return await self._answer(request, b, conn)
+
+    async def _answer(self, request: Request, b: Backend, conn: Conn) -> Response | Stream:
+        """The engine's answer to the request sent on `conn`; ends the hold on `b` and `conn`."""
+        try:
             try:
-                conn = await self.pool.acquire(b.endpoint, fresh)
-                conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-                    request.path, b.endpoint.encode(), fields, len(data)), data)
                 await conn.headers_done()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None
             return await self._relay(request, conn, b)
         finally:
-            if conn is not None:
-                self.pool.release(conn)  # reused only if its response was read to the end
+            self.pool.release(conn)  # reused only if its response was read to the end
             self.balancer.release(b)
 
     async def _relay(self, request: Request, conn: Conn, b: Backend) -> Response | Stream:
         if conn.status == 503:
             raise _Retry(_ENGINE_503)
-        lines = []
-        length = None
-        sse = False
-        for k, v in conn.headers:
-            lk = k.lower()
-            if lk in _DROP_RESP:
-                if lk == b"content-length":
-                    length = int(v)
-                continue
-            if lk == b"content-type":
-                sse = v.startswith(b"text/event-stream")
-            lines.append(k + b": " + v + b"\r\n")
-        lines.append(_REPLICA_LINE + b.replica.encode() + b"\r\n")
-        headers = b"".join(lines)
-        if not sse and length is not None and length <= _BUFFER_LIMIT:
+        headers, length, sse = _response_head(conn, b)
+        if _buffered(length, sse):
             try:
                 data = await conn.read_all()
             except UpstreamError as err:
@@ -272,6 +291,39 @@ class Gateway:
         resp.end()
         return resp
 
+    # ------------------------------------------------------------ without a task
+
+    def begin(self, request: Request) -> bool:
+        """The server's offer of a complete request: take it (True) if it is proxied, valid and
+        routable; anything else (False) the handler answers, with the error it deserves."""
+        if request.path not in PROXIED or request.method != b"POST" or self._auth(request) is not None:
+            return False
+        raw = request.body_at_hand()
+        if raw is None:
+            return False
+        parsed = self._parse(raw)
+        if parsed.__class__ is Response:
+            return False
+        body, name = parsed
+        model = self.table.resolve(name)
+        if model is None:
+            return False
+        b = self.balancer.pick(model, self.table.backends_for(model))
+        if b is None:
+            return False
+        _Exchange(self, request, body, name, model, b, self.pool.idle(b.endpoint))
+        return True
+
+    async def _go_on(self, ex: "_Exchange") -> Response | Stream:
+        """The rest of an exchange begin started, in a task: its answer, or a retry elsewhere."""
+        try:
+            if ex.conn is None:  # no idle connection to the replica picked: connect first
+                return await self._attempt(ex.request, ex.backend, ex.body.for_backend(ex.backend, ex.name),
+                                           _fields(ex.request), False)
+            return await self._answer(ex.request, ex.backend, ex.conn)
+        except _Retry as r:
+            return await self._forward(ex.request, ex.body, ex.name, ex.model, failed=(ex.backend, r.reason))
+
     def _models(self) -> Response:
         data = []
         for model, aliases, created in self.table.routable_models():
@@ -292,6 +344,108 @@ class Gateway:
             "routableReplicas": len(self.table.backends),
         }
         return json_response(body, status=200 if self.synced else 503)
+
+
+class _Exchange:
+    """A request proxied from protocol callbacks: sent on an idle connection; answered from the
+    engine's connection's callback when the response is small, whole and not a 503. Else (and
+    on any failure, or with no idle connection to send it on) it goes on in a task
+    (Gateway._go_on), which picks the connection up as it is."""
+
+    __slots__ = ("gw", "request", "body", "name", "model", "backend", "conn", "start", "_head")
+
+    def __init__(self, gw: Gateway, request: Request, body: "_Body", name: str, model: str,
+                 b: Backend, conn: Conn | None):
+        self.gw, self.request, self.body, self.name, self.model = gw, request, body, name, model
+        self.backend, self.conn = b, conn
+        self.start = time.perf_counter()
+        self._head: bytes | None = None  # the response's header lines, once it is known to be buffered
+        if conn is None:
+            self._hand_over()
+            return
+        gw.balancer.acquire(b)
+        request.on_lost = self._client_left
+        conn.listener = self._progress
+        try:
+            _send(conn, request, b, body.for_backend(b, name), _fields(request))
+        except UpstreamError:  # closed since it was idle: a new connection, in a task
+            conn.listener = None
+            gw.pool.release(conn)
+            gw.balancer.release(b)
+            self.conn = None
+            self._hand_over()
+
+    def _progress(self) -> None:
+        conn = self.conn
+        if conn.failed is not None:
+            return self._hand_over()
+        if self._head is None:
+            if not conn.status:
+                return  # no headers yet
+            headers, length, sse = _response_head(conn, self.backend)
+            if conn.status == 503 or not _buffered(length, sse):
+                return self._hand_over()
+            self._head = headers
+            conn.read_whole()
+        if conn.complete:
+            self._done()
+
+    def _done(self) -> None:
+        gw, conn = self.gw, self.conn
+        self.request.on_lost = None
+        resp = Response(conn.status, self._head, conn.body())
+        gw.pool.release(conn)
+        gw.balancer.release(self.backend)
+        gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
+        self.request.answer(resp)
+
+    def _hand_over(self) -> None:
+        if self.conn is not None:
+            self.conn.listener = None
+        self.request.on_lost = None
+        self.request.resume(self.gw._proxy(self.request, self))
+
+    def _client_left(self) -> None:
+        gw, conn = self.gw, self.conn
+        conn.listener = None
+        conn.close()  # the engine stops generating
+        gw.pool.release(conn)
+        gw.balancer.release(self.backend)
+        gw.metrics.observe(self.model, 499, time.perf_counter() - self.start)
+
+
+def _fields(request: Request) -> bytes:
+    """The request's header lines to pass on: without hop-by-hop ones, the Host line and Content-Length."""
+    return b"".join([k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ])
+
+
+def _send(conn: Conn, request: Request, b: Backend, data: bytes, fields: bytes) -> None:
+    conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+        request.path, b.endpoint.encode(), fields, len(data)), data)
+
+
+def _response_head(conn: Conn, b: Backend) -> tuple[bytes, int | None, bool]:
+    """The engine's header lines to pass on (plus which replica answered), its Content-Length,
+    and whether it is a stream of server-sent events."""
+    lines = []
+    length = None
+    sse = False
+    for k, v in conn.headers:
+        lk = k.lower()
+        if lk in _DROP_RESP:
+            if lk == b"content-length":
+                length = int(v)
+            continue
+        if lk == b"content-type":
+            sse = v.startswith(b"text/event-stream")
+        lines.append(k + b": " + v + b"\r\n")
+    lines.append(_REPLICA_LINE + b.replica.encode() + b"\r\n")
+    return b"".join(lines), length, sse
+
+
+def _buffered(length: int | None, sse: bool) -> bool:
+    """Whether a response is read whole and sent in one write (else relayed as it comes)."""
+    return not sse and length is not None and length <= _BUFFER_LIMIT
 
 
 class _Body:

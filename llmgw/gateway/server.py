@@ -4,7 +4,7 @@ aiohttp's server cost about a third of the gateway's CPU per proxied request
 (request, payload and response objects, header multidicts, a router, timers).
 This is what the gateway needs of it:
 
-    server = HttpServer(handler, max_body=16 << 20)
+    server = HttpServer(handler, max_body=16 << 20, begin=None)
     await server.start("0.0.0.0", 8000)
     await server.close(grace=60.0)          # stop listening, finish what is in flight
 
@@ -16,7 +16,16 @@ This is what the gateway needs of it:
         # or: stream = request.stream(200, headers, length=None); await stream.write(b"..");
         #     stream.end(); return stream
 
-Requests on one connection are answered one at a time, in order: pipelined
+    def begin(request: Request) -> bool:   # optional: answer a complete request without a task
+        ...; request.on_lost = cleanup      # called if the client leaves before the answer
+        request.answer(Response(...))       # later, from a protocol callback: sent at once
+        # or: request.resume(coro)          # the rest in a task, as if `handler` returned coro's answer
+        return True                         # False: the handler answers it in a task, as usual
+
+A task per request (its creation and scheduling, the loop's weak set of all
+tasks, the futures it waits on) is a large part of the CPU a small proxied
+exchange costs, hence `begin`: it is offered each request whose body is
+complete, and may answer it from callbacks. Requests on one connection are answered one at a time, in order: pipelined
 requests are parsed as they arrive and wait their turn (reading pauses while
 MAX_QUEUED wait). A request's body is read as it arrives, up to `max_body`;
 `Expect: 100-continue` is answered when the handler asks for the body.
@@ -66,7 +75,7 @@ class _HeadTooLarge(Exception):
 
 class Request:
     __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "truncated",
-                 "canned", "_conn", "_chunks", "_size", "_continue", "_waiter")
+                 "canned", "on_lost", "_conn", "_chunks", "_size", "_continue", "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, http10: bool):
@@ -77,6 +86,7 @@ class Request:
         self.too_large = False
         self.truncated = False
         self.canned: Response | None = None  # the answer to input that could not be parsed
+        self.on_lost = None  # begin's cleanup, called if the client leaves before the answer
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
@@ -108,8 +118,22 @@ class Request:
             raise TooLarge()
         if self.truncated:
             raise Incomplete()
+        return self.body_at_hand()
+
+    def body_at_hand(self) -> bytes | None:
+        """The whole body if it has been received (and is within the limit), else None."""
+        if not self.complete or self.too_large:
+            return None
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def answer(self, resp: Response) -> None:
+        """Send the answer to a request `begin` took, now."""
+        self._conn.answered_now(self, resp)
+
+    def resume(self, coro) -> None:
+        """Answer a request `begin` took with what `coro` returns, in a task."""
+        self._conn.resume(coro)
 
     def stream(self, status: int, headers: bytes, length: int | None = None) -> "Stream":
         """Send the head of a response whose body follows in pieces (chunked when `length` is None)."""
@@ -172,7 +196,9 @@ class HttpConn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[Request] = collections.deque()  # parsed; the first is being answered
-        self.task: asyncio.Task | None = None  # answers the queue, in order
+        self.task: asyncio.Task | None = None  # answers the head of the queue
+        self.begun: Request | None = None  # the head of the queue, taken by the server's begin
+        self._resume = None  # the coroutine the next task answers with, in place of the handler
         self.closing = False  # close after the answer in progress
         self.no_more = False  # no request will follow those queued (the client's EOF, bad input): close after them
         self.lost = False
@@ -216,6 +242,7 @@ class HttpConn(asyncio.Protocol):
             self._refuse(errors.headers_too_large(MAX_HEAD))
         except httptools.HttpParserError as err:
             self._refuse(errors.bad_request(f"Malformed HTTP request: {err}"))
+        self._dispatch()
 
     def eof_received(self) -> bool:
         cur = self._cur
@@ -223,13 +250,21 @@ class HttpConn(asyncio.Protocol):
             cur.truncated = True
             cur._wake()
         self._client_eof = self.no_more = True
-        return self.task is not None  # keep the transport open to answer what is queued
+        return self.busy  # keep the transport open to answer what is queued
 
     def connection_lost(self, exc) -> None:
         self.lost = True
         self.server.conns.discard(self)
         if self.task is not None:
             self.task.cancel()  # the caller left: stop working for it
+            if self._resume is not None:  # the task had not started
+                self._resume.close()
+                self._resume = None
+        begun = self.begun
+        if begun is not None:
+            self.begun = None
+            if begun.on_lost is not None:
+                begun.on_lost()
         d = self._drain
         if d is not None and not d.done():
             d.set_result(None)
@@ -324,11 +359,39 @@ class HttpConn(asyncio.Protocol):
 
     def _enqueue(self, req: Request) -> None:
         self.queue.append(req)
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._serve())
-        elif len(self.queue) > MAX_QUEUED and not self._read_paused:
+        if len(self.queue) > MAX_QUEUED and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None or self.begun is not None
+
+    def _dispatch(self) -> None:
+        """Start answering the head of the queue unless that is under way: by `begin` if it
+        takes it (the body is complete), else in a task (the handler reads the body as it comes)."""
+        if self.busy or not self.queue or self.lost:
+            return
+        req = self.queue[0]
+        begin = self.server.begin
+        if begin is not None and req.canned is None and req.complete:
+            self.begun = req
+            if begin(req):
+                return
+            self.begun = None
+        self.task = asyncio.get_running_loop().create_task(self._serve(req))
+
+    def answered_now(self, req: Request, resp: Response) -> None:
+        assert self.begun is req
+        self.begun = None
+        if not self.transport.is_closing():
+            self._send(req, resp)
+        self._answered()
+
+    def resume(self, coro) -> None:
+        req, self.begun = self.begun, None
+        self._resume = coro
+        self.task = asyncio.get_running_loop().create_task(self._serve(req))
 
     def head(self, req: Request, status: int, headers: bytes) -> bytes:
         """The head of the answer to `req`, its framing among `headers`; marks the connection
@@ -341,18 +404,17 @@ class HttpConn(asyncio.Protocol):
             connection = _KEEP_ALIVE if req.http10 else b""
         return b"%s%s%s%s\r\n" % (status_line(status), date_line(), headers, connection)
 
-    async def _serve(self) -> None:
-        handler = self.server.handler
-        queue = self.queue
+    async def _serve(self, req: Request) -> None:
+        """Answer `req`, the head of the queue: with the handler's answer, or that of the
+        coroutine `resume` was given."""
+        resume, self._resume = self._resume, None
         try:
-            while queue:
-                req = queue[0]
-                if req.canned is not None:
-                    self._send(req, req.canned)
-                    break
+            if req.canned is not None:
+                self._send(req, req.canned)
+            else:
                 self.stream = None
                 try:
-                    resp = await handler(req)
+                    resp = await (resume if resume is not None else self.server.handler(req))
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -364,17 +426,23 @@ class HttpConn(asyncio.Protocol):
                         stream.abort()
                 elif not self.transport.is_closing():
                     self._send(req, resp)
-                queue.popleft()
-                if self.closing or self.transport.is_closing():
-                    break
-                if self._read_paused and len(queue) <= MAX_QUEUED // 2:
-                    self._read_paused = False
-                    self.transport.resume_reading()
         finally:
             self.task = None
-            self.idle_since = time.monotonic()
-        if (self.closing or self.no_more) and not self.lost:
+        self._answered()
+
+    def _answered(self) -> None:
+        """The head of the queue has its answer: go on with the next request, or close."""
+        self.queue.popleft()
+        self.idle_since = time.monotonic()
+        if self.lost:
+            return
+        if self.closing or self.transport.is_closing() or (self.no_more and not self.queue):
             self._close()
+            return
+        if self._read_paused and len(self.queue) <= MAX_QUEUED // 2:
+            self._read_paused = False
+            self.transport.resume_reading()
+        self._dispatch()
 
     def _send(self, req: Request, resp: Response) -> None:
         body = resp.body
@@ -401,13 +469,14 @@ class HttpConn(asyncio.Protocol):
     def shutdown(self) -> None:
         """The server is stopping: close now if idle, else after the answer in progress."""
         self.closing = True
-        if self.task is None:
+        if not self.busy:
             self.transport.close()
 
 
 class HttpServer:
-    def __init__(self, handler, max_body: int, keepalive: float = 3630.0):
+    def __init__(self, handler, max_body: int, keepalive: float = 3630.0, begin=None):
         self.handler = handler
+        self.begin = begin
         self.max_body = max_body
         self.keepalive = keepalive  # aiohttp's default: longer than load balancers keep theirs
         self.conns: set[HttpConn] = set()
@@ -443,6 +512,6 @@ class HttpServer:
     def _sweep(self) -> None:
         cutoff = time.monotonic() - self.keepalive
         for conn in list(self.conns):
-            if conn.task is None and conn.idle_since < cutoff:
+            if not conn.busy and conn.idle_since < cutoff:
                 conn.transport.close()
         self._sweeper = asyncio.get_running_loop().call_later(min(60.0, self.keepalive / 2), self._sweep)

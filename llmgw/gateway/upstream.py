@@ -15,6 +15,10 @@ httptools and hands the proxy the status, the headers and the body chunks.
     body = await conn.read_all()  /  chunk = await conn.read_chunk()   # b"" at the end
     pool.release(conn)                                 # back to the pool iff reusable, else closed
 
+Without a task: `conn = pool.idle(endpoint)` (None if there is none), `conn.listener =
+fn` (called after each piece of the response and on a failure: check `conn.failed`,
+`conn.status`, `conn.complete`), `conn.send(head, body)`, then `conn.body()` once complete.
+
 Failures are UpstreamError with a `reason` whose first word (before ':') is
 the metrics label: connect, timeout, disconnected, protocol.
 """
@@ -60,6 +64,7 @@ class Conn(asyncio.Protocol):
         self._whole = False  # read_all is waiting: never pause
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future | None = None
+        self.listener = None  # called after each piece of input and on a failure, for a caller without a task
         self._busy = False
 
     # ------------------------------------------------------------ protocol
@@ -79,6 +84,8 @@ class Conn(asyncio.Protocol):
             self._fail(UpstreamError(f"protocol: the engine sent a malformed response ({err})"))
             self.closed = True
             self.transport.close()
+        if self.listener is not None:  # after the parser, so that it may reuse or close this connection
+            self.listener()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -91,6 +98,8 @@ class Conn(asyncio.Protocol):
             self._fail(UpstreamError("disconnected: the engine closed the connection mid-response"))
         else:
             self._fail(UpstreamError("disconnected: the engine closed the connection"))
+        if self.listener is not None:
+            self.listener()
 
     def pause_writing(self) -> None:  # a large request body; the transport buffers it
         pass
@@ -143,15 +152,27 @@ class Conn(asyncio.Protocol):
                 raise self._error
             await self._wait()
 
-    async def read_all(self) -> bytes:
+    @property
+    def failed(self) -> UpstreamError | None:
+        return self._error
+
+    def read_whole(self) -> None:
+        """Buffer the whole body, however large (never pause reading)."""
         self._whole = True
         if self._paused:
             self._paused = False
             self.transport.resume_reading()
+
+    async def read_all(self) -> bytes:
+        self.read_whole()
         while not self.complete:
             if self._error is not None:
                 raise self._error
             await self._wait()
+        return self.body()
+
+    def body(self) -> bytes:
+        """The body received (all of it, once `complete`)."""
         chunks, self._chunks, self._buffered = self._chunks, collections.deque(), 0
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -209,6 +230,7 @@ class Conn(asyncio.Protocol):
         self._buffered = 0
         self._whole = False
         self._error = None
+        self.listener = None
         self._busy = False
 
 
@@ -223,12 +245,17 @@ class Pool:
         self._closed = False
 
     async def acquire(self, endpoint: str, fresh: bool = False) -> Conn:
+        conn = None if fresh else self.idle(endpoint)
+        return conn if conn is not None else await self._connect(endpoint)
+
+    def idle(self, endpoint: str) -> Conn | None:
+        """An idle connection to `endpoint` (the last one released), or None."""
         idle = self._idle.get(endpoint)
-        while idle and not fresh:
+        while idle:
             conn = idle.pop()
             if not conn.closed and not conn.transport.is_closing():
                 return conn
-        return await self._connect(endpoint)
+        return None
 
     def release(self, conn: Conn) -> None:
         """Back to the pool if the response was read to its end and may be reused; else closed."""
