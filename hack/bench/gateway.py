@@ -47,14 +47,15 @@ processes; three runs each, median first:
         2% in the loop's weak set of tasks alone. A throwaway prototype measured the
         same: 0.68-0.72 against 0.63-0.70 in five pairs. Three more runs of the
         build: 0.71, 0.69, 0.66 (gateway 137-161 us per request, 0.58-0.60 of the
-        engine's): six runs, median 0.70.
+        engine's); four more later: 0.81, 0.69, 0.71, 0.69. Ten runs: 0.66-0.81,
+        median 0.70, five of them at 0.70 or more.
 A typical run after:
     direct  c=64    6952 req/s  p50   9.22 ms  p99  14.53 ms
     gateway c=64    4721 req/s  p50  12.83 ms  p99  24.79 ms
     direct  c=1     2058 req/s  p50   0.44 ms  p99   1.10 ms
     gateway c=1     1418 req/s  p50   0.67 ms  p99   1.64 ms
 The added p50 meets its target; the throughput ratio meets it in some runs, not
-reliably (0.66-0.73, median 0.70, with the exchange without a task). Engine (E),
+reliably (ten runs 0.66-0.81, median 0.70, with the exchange without a task). Engine (E),
 load generator (L) and gateway (G) are all CPU-bound on two cores, so the ratio
 is about (L + E) / (L + E + G) at best, and E and L themselves cost more per
 request when a third busy process shares the cores (more preemptions): measured
