@@ -13,7 +13,7 @@ from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from llmgw.dev.process import free_port
-from tests.helpers.gateway import Sim, metric, model, replica, running_gateway
+from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
 
 NAMES = ("llama", "small")
 
@@ -90,8 +90,7 @@ async def test_sse_is_relayed_as_it_is_generated(sims):
             first = await r.content.readuntil(b"\n\n")
             assert first.startswith(b"data: {")
             # Still outstanding at the gateway: nothing was buffered up to the end.
-            async with s.get(gw.url + "/metrics") as m:
-                text = await m.text()
+            text = await scrape(s, gw)
             assert metric(text, "llmgw_gateway_inflight_requests", replica="llama-0") == 1
             rest = await r.read()
         assert rest.rstrip().endswith(b"data: [DONE]") and rest.count(b"data: {") == 49
@@ -140,8 +139,7 @@ async def test_an_engine_that_dies_on_the_request_is_retried_on_another_replica(
                 assert headers[REPLICA_HEADER] == "llama-1"
                 if stream:
                     assert body.rstrip().endswith(b"data: [DONE]")
-                async with s.get(gw.url + "/metrics") as m:
-                    text = await m.text()
+                text = await scrape(s, gw)
             assert engine.proc.wait(10) != 0
             assert metric(text, "llmgw_gateway_upstream_errors_total", replica="llama-0") == 1
             assert metric(text, "llmgw_gateway_retries_total", model="llama") == 1
@@ -183,8 +181,7 @@ async def test_no_live_engine_is_a_502_and_no_ready_replica_a_503():
         assert status == 503 and headers["Retry-After"] == "7"
         assert "idle" in openai_error(body)["message"]
 
-        async with s.get(gw.url + "/metrics") as m:
-            text = await m.text()
+        text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_upstream_errors_total", replica="llama-0") == 2
         assert metric(text, "llmgw_gateway_requests_total", model="idle", code="503") == 1
         async with s.get(gw.url + "/v1/models") as r:
@@ -224,8 +221,7 @@ async def test_request_errors_in_openai_format():
             assert r.status == 413
             openai_error(await r.read())
 
-        async with s.get(gw.url + "/metrics") as m:
-            text = await m.text()
+        text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_requests_total", model="-", code="404") == 1
         assert metric(text, "llmgw_gateway_requests_total", model="-", code="400") == 5
         assert metric(text, "llmgw_gateway_requests_total", model="-", code="413") == 2
@@ -302,8 +298,7 @@ async def test_an_engine_stopped_with_requests_in_flight_fails_none(sims):
             for r in (*busy, held):
                 rest = await r.read()
                 assert rest.rstrip().endswith(b"data: [DONE]") and rest.count(b"data: {") == 149
-            async with s.get(gw.url + "/metrics") as m:
-                text = await m.text()
+            text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_upstream_errors_total", replica="stopping") >= 1
         assert metric(text, "llmgw_gateway_requests_total", code="200") == 7
         assert stopping.proc.wait(10) == 0

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from llmgw.gateway.proxy import _BUFFER_LIMIT, REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
-from tests.helpers.gateway import metric, model, replica, running_gateway
+from tests.helpers.gateway import metric, model, replica, running_gateway, scrape
 
 BIG = bytes(range(256)) * (_BUFFER_LIMIT // 256 * 2 + 3)  # over the limit: streamed, not buffered
 
@@ -142,11 +142,6 @@ async def gateway_to_fake(warm: bool):
             aiohttp.ClientSession() as s:
         await warm_up(s, gw, endpoint, warm)
         yield endpoint, seen, gw, s
-
-
-async def scrape(s: aiohttp.ClientSession, gw) -> str:
-    async with s.get(gw.url + "/metrics") as m:
-        return await m.text()
 
 
 @warm

@@ -369,9 +369,7 @@ class _Exchange:
         try:
             _send(conn, request, b, body.for_backend(b, name), _fields(request))
         except UpstreamError:  # closed since it was idle: a new connection, in a task
-            conn.listener = None
-            gw.pool.release(conn)
-            gw.balancer.release(b)
+            self._let_go()
             self.conn = None
             self._hand_over()
 
@@ -391,12 +389,10 @@ class _Exchange:
             self._done()
 
     def _done(self) -> None:
-        gw, conn = self.gw, self.conn
         self.request.on_lost = None
-        resp = Response(conn.status, self._head, conn.body())
-        gw.pool.release(conn)
-        gw.balancer.release(self.backend)
-        gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
+        resp = Response(self.conn.status, self._head, self.conn.body())
+        self._let_go()
+        self.gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
         self.request.answer(resp)
 
     def _hand_over(self) -> None:
@@ -406,12 +402,15 @@ class _Exchange:
         self.request.resume(self.gw._proxy(self.request, self))
 
     def _client_left(self) -> None:
-        gw, conn = self.gw, self.conn
-        conn.listener = None
-        conn.close()  # the engine stops generating
-        gw.pool.release(conn)
-        gw.balancer.release(self.backend)
-        gw.metrics.observe(self.model, 499, time.perf_counter() - self.start)
+        self.conn.close()  # the engine stops generating
+        self._let_go()
+        self.gw.metrics.observe(self.model, 499, time.perf_counter() - self.start)
+
+    def _let_go(self) -> None:
+        """Done with the connection (back to the pool iff reusable) and with the replica."""
+        self.conn.listener = None
+        self.gw.pool.release(self.conn)
+        self.gw.balancer.release(self.backend)
 
 
 def _fields(request: Request) -> bytes:

@@ -6,6 +6,7 @@
     async with running_gateway(table) as gw:        # Gateway on a real loopback socket
         gw.url, gw.gateway (the Gateway), gw.table
     sim.stop() / sim.kill()
+    metric(await scrape(session, gw), "llmgw_gateway_requests_total", code="200")
 """
 from __future__ import annotations
 
@@ -113,6 +114,12 @@ async def running_gateway(table: RoutingTable | None = None, **kw):
         yield RunningGateway(gw, f"http://127.0.0.1:{port}")
     finally:
         await gw.stop()
+
+
+async def scrape(session, gw) -> str:
+    """The gateway's /metrics text, fetched with an aiohttp session."""
+    async with session.get(gw.url + "/metrics") as m:
+        return await m.text()
 
 
 def metric(text: str, name: str, **labels: str) -> float:
