@@ -168,7 +168,7 @@ class DrainController(Controller):
             kind = "Warning" if status.phase == "Stuck" else "Normal"
             self.ctx.events.record(node, kind, f"Drain{status.phase}", status.message)
         written = await self.ctx.store.patch_status("nodes", node.metadata.name,
-                                                    {"drain": status.model_dump(mode="json")})
+                                                    {"drain": status.model_dump(mode="json")}, current=node)
         self.ctx.cache.assume(written)
 
     async def _cancel(self, node) -> None:
@@ -180,6 +180,6 @@ class DrainController(Controller):
             plain = repl.model_copy(deep=True)
             del plain.metadata.annotations[DRAINING_REPLACEMENT_FOR]
             self.ctx.cache.assume(await self.ctx.store.update(plain))   # Conflict: retried
-        written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"drain": None})
+        written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"drain": None}, current=node)
         self.ctx.cache.assume(written)
         self.ctx.events.record(node, "Normal", "DrainCancelled", "drain withdrawn")

@@ -216,7 +216,7 @@ class ModelController(Controller):
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
-            updated = await self.ctx.store.patch_status("models", key, p.status)
+            updated = await self.ctx.store.patch_status("models", key, p.status, current=model)
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 

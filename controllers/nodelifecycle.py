@@ -68,11 +68,11 @@ class NodeLifecycleController(Controller):
                 self.ctx.events.record(node, "Normal", "NodeReady", "heartbeat resumed")
             if held is not None and held.status == "True":
                 conds.append(_cond(HELD_BACK, "False", "HeartbeatResumed", "the node is back"))
-            await self._patch(key, conds)
+            await self._patch(node, conds)
             return None
 
         if ready is None or ready.status != "False" or ready.reason != "HeartbeatExpired":
-            await self._patch(key, [_cond("Ready", "False", "HeartbeatExpired",
+            await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired",
                                           "no heartbeat from the node's agent")])
             self.ctx.events.record(node, "Warning", "NodeNotReady", "heartbeat expired")
         now = self.ctx.clock()
@@ -88,11 +88,11 @@ class NodeLifecycleController(Controller):
             msg = (f"{silent}/{len(nodes)} nodes are silent (more than {fraction:.0%}): assuming the "
                    "control plane is cut off from them; evicting nothing")
             if held is None or held.status != "True" or held.message != msg:
-                await self._patch(key, [_cond(HELD_BACK, "True", HELD_BACK, msg)])
+                await self._patch(node, [_cond(HELD_BACK, "True", HELD_BACK, msg)])
                 self.ctx.events.record(node, "Warning", HELD_BACK, msg)
             return Result(requeue_after=max(grace / 3, 0.1))
         if held is not None and held.status == "True":
-            await self._patch(key, [_cond(HELD_BACK, "False", "EvictionAllowed",
+            await self._patch(node, [_cond(HELD_BACK, "False", "EvictionAllowed",
                                           f"only {silent}/{len(nodes)} nodes are silent")])
         await self._evict(node, now - since)
         return None
@@ -119,11 +119,12 @@ class NodeLifecycleController(Controller):
             self.ctx.events.record(rep, "Warning", "Evicted", f"{why}: replaced and deleted")
             self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
 
-    async def _patch(self, name: str, conds: list[dict]) -> None:
+    async def _patch(self, node, conds: list[dict]) -> None:
         if not conds:
             return
         try:
-            written = await self.ctx.store.patch_status("nodes", name, {"conditions": conds})
+            written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"conditions": conds},
+                                                        current=node)
         except NotFound:
             return
         self.ctx.cache.assume(written)

@@ -357,5 +357,5 @@ class ReplicaController(Controller):
             self.ctx.events.record(r, "Normal", "Ready", f"all {len(shards)} shard(s) up; serving at {endpoint}")
 
     async def _patch(self, r: Replica, patch: dict) -> None:
-        updated = await self.ctx.store.patch_status("replicas", r.name, patch)
+        updated = await self.ctx.store.patch_status("replicas", r.name, patch, current=r)
         self.ctx.cache.assume(updated)

@@ -122,7 +122,8 @@ class SchedulerController(Controller):
             return
         try:
             written = await self.ctx.store.patch_status("replicas", rep.metadata.name, {"conditions": [
-                {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]})
+                {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]},
+                current=rep)
         except NotFound:
             return
         self.ctx.cache.assume(written)

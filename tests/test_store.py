@@ -278,3 +278,23 @@ async def test_patch_status_from_a_stale_memory_loses_nothing(store, etcd):
     n = await store.patch_status("nodes", "n1", {"conditions": [{"type": "Ready", "status": "True"}]})
     assert (n.status.agentVersion, n.status.driverVersion) == ("1", "570")
     assert (await store.get("nodes", "n1")).status.driverVersion == "570"
+
+
+async def test_patch_status_of_a_held_copy_returns_the_stored_spec_and_loses_no_status(store, etcd):
+    """With current=, the result is built from the caller's copy only while its spec is the stored one."""
+    held = await store.create(Node(metadata=ObjectMeta(name="n1")))
+    n = await store.patch_status("nodes", "n1", {"agentVersion": "1"}, current=held)
+    assert n.status.agentVersion == "1" and n.metadata.resourceVersion == held.metadata.resourceVersion
+    assert n.revision > held.revision
+    async with Store(etcd.endpoint) as other:
+        cordoned = (await other.get("nodes", "n1")).model_copy(deep=True)
+        cordoned.spec.unschedulable = True
+        cordoned = await other.update(cordoned)  # the spec moves on; the status this store knows is current
+        n = await store.patch_status("nodes", "n1", {"driverVersion": "570"}, current=held)
+        assert n.spec.unschedulable is True and n.metadata.resourceVersion == cordoned.metadata.resourceVersion
+        await other.patch_status("nodes", "n1", {"addresses": ["10.0.0.1"]})  # now the status moves on
+    n = await store.patch_status("nodes", "n1", {"conditions": [{"type": "Ready", "status": "True"}]},
+                                 current=n)
+    assert (n.status.agentVersion, n.status.driverVersion, n.status.addresses) == ("1", "570", ["10.0.0.1"])
+    stored = await store.get("nodes", "n1")
+    assert stored == n and stored.revision == n.revision

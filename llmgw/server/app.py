@@ -243,7 +243,7 @@ class ApiServer:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
         current = await self._existing_for_status(request, kind, name)
-        return _json(_dump(await self.store.patch_status(kind, name, patch, node=_node_of(current))))
+        return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
 
     async def delete(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]

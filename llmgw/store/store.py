@@ -346,38 +346,45 @@ class Store:
         return _assemble(resp.responses[1].response_range.kvs[0], doc, resp.header.revision)
 
     async def patch_status(self, kind: str, name: str, patch: dict[str, Any],
-                           node: str | None = None) -> Object:
+                           node: str | None = None, *, current: Object | None = None) -> Object:
         """Atomically merge `patch` into the status: fields replaced, conditions merged by type.
 
-        When this Store has seen the current status (its own writes, reads and watches
-        remember it), the patch is one compare-and-swap with no read first.
+        `current` is the caller's copy of the object (from a cache, say). While its spec
+        is still the stored one and this Store has seen the stored status (its own
+        writes, reads and watches remember it), the patch is one compare-and-swap with
+        no read first, and the result is `current` with the new status. Otherwise, or
+        when the compare fails, the object is read and the patch tried again.
         """
+        if current is not None:
+            node = self._node_of(current)
         node = await self._find_node(kind, name, node)
         spec_key, status_key = self._keys(kind, name, node)
         status_cls = KINDS[kind].model_fields["status"].annotation
-        known = self._shared["statuses"].get(status_key)
+        known = (self._shared["statuses"].get(status_key)
+                 if current is not None and current.metadata.resourceVersion else None)
         for _ in range(20):
             if known is None:
                 current, _, status_rev = await self._read(kind, name, node)
-                status_doc = current.status.model_dump(mode="json")
+                new_status = status_cls.model_validate(
+                    _merge_status(current.status.model_dump(mode="json"), patch))
+                if new_status == current.status:
+                    return current
+                doc = new_status.model_dump_json().encode()
             else:
                 status_rev, raw = known
-                status_doc = json.loads(raw)
-            new_status = status_cls.model_validate(_merge_status(status_doc, patch))
-            if new_status == status_cls.model_validate(status_doc):
-                if known is None:
-                    return current
-                known = None  # nothing to write: read the object to return it
-                continue
-            doc = new_status.model_dump_json().encode()
+                new_status = status_cls.model_validate(_merge_status(json.loads(raw), patch))
+                doc = new_status.model_dump_json().encode()
+                if doc == raw:
+                    known = None  # nothing to write as far as this Store knows: read to be sure
+                    continue
             resp = await self._txn(
-                [_cmp(_b(spec_key), rpc.Compare.VERSION, rpc.Compare.GREATER, version=0),
+                [_cmp(_b(spec_key), rpc.Compare.MOD, mod_revision=current.metadata.resourceVersion),
                  _cmp(_b(status_key), rpc.Compare.MOD, mod_revision=status_rev)],
-                [_put(status_key, doc), _get(spec_key)])
+                [_put(status_key, doc)])
             if resp.succeeded:
                 self._remember_status(status_key, resp.header.revision, doc)
-                return _assemble(resp.responses[1].response_range.kvs[0], doc, resp.header.revision)
-            known = None  # stale or gone: read and retry
+                return current.model_copy(update={"status": new_status}).at_revision(resp.header.revision)
+            known = None  # spec or status moved on, or the object is gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
     async def delete(self, kind: str, name: str, node: str | None = None) -> Object:

@@ -210,7 +210,7 @@ class FakeAgents:
 
     async def _set_phase(self, shard, phase: str, **fields) -> None:
         patch = {"phase": phase, "phaseTime": now().isoformat(), **fields}
-        new = await self.store.patch_status("shards", shard.metadata.name, patch, node=shard.spec.node)
+        new = await self.store.patch_status("shards", shard.metadata.name, patch, current=shard)
         self.transitions.append((shard.metadata.name, phase))
         cur = self.shards.get(shard.metadata.name)
         if cur is not None and cur.metadata.resourceVersion == new.metadata.resourceVersion:
