@@ -76,6 +76,7 @@ def _victim_order(r: Replica) -> tuple:
 
 @dataclass
 class Plan:
+    template_hash: str                                              # of the model's current template
     create: list[int] = field(default_factory=list)                 # profile index per new replica
     delete: list[tuple[Replica, str, str]] = field(default_factory=list)   # (replica, reason, message)
     status: dict = field(default_factory=dict)                      # Model status fields to write
@@ -86,7 +87,7 @@ def plan(model: Model, replicas: list[Replica], now: datetime) -> Plan:
     spec = model.spec
     thash = template_hash(spec)
     want = spec.replicas
-    out = Plan()
+    out = Plan(template_hash=thash)
     active = [r for r in replicas if r.metadata.deletionTimestamp is None]
     names = {r.name for r in active}
     replaced = {r.metadata.annotations[DRAINING_REPLACEMENT_FOR] for r in active
@@ -212,7 +213,7 @@ class ModelController(Controller):
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
-            await asyncio.gather(*(self._create(model, index) for index in p.create[i:i + CREATE_BATCH]))
+            await asyncio.gather(*(self._create(model, p.template_hash, index) for index in p.create[i:i + CREATE_BATCH]))
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
@@ -220,9 +221,8 @@ class ModelController(Controller):
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 
-    async def _create(self, model: Model, index: int) -> None:
+    async def _create(self, model: Model, thash: str, index: int) -> None:
         spec = model.spec
-        thash = template_hash(spec)
         profile = spec.profiles[index]
         replica = Replica(
             metadata=ObjectMeta(

@@ -132,7 +132,7 @@ class Store:
                  key: str | None = None, timeout: float = 5.0, batch_writes: bool = True):
         """batch_writes: concurrent writing transactions go to etcd together (llmgw.store.batcher)."""
         self._conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
-        self._fence: tuple[bytes, int] | None = None
+        self._fence: tuple[bytes, int, rpc.Compare, rpc.RequestOp] | None = None
         self._shared = {"heartbeat_leases": {}, "event_lease": None, "event_ns": 0, "docs": {}, "statuses": {},
                         "batcher": TxnBatcher(self._send_txn) if batch_writes else None}
 
@@ -155,20 +155,23 @@ class Store:
     def fenced(self, leader_key: str, create_revision: int) -> "Store":
         """A view on the same connection whose writes require leader_key's create_revision."""
         view = copy.copy(self)
-        view._fence = (_b(leader_key), create_revision)
+        key = _b(leader_key)
+        # built once: every write of this view carries the same compare and read
+        view._fence = (key, create_revision, _cmp(key, rpc.Compare.CREATE, create_revision=create_revision),
+                       _get(key))
         return view
 
     # ------------------------------------------------------------ low level
 
-    async def _txn(self, compare: list, success: list, failure: list | None = None):
+    async def _txn(self, compare: list, success: list, *, writes: bool = True):
+        """One transaction; `writes=False` when success holds only reads."""
         compare = list(compare)
-        failure = list(failure or [])
+        failure = []
         if self._fence:
-            compare.append(_cmp(self._fence[0], rpc.Compare.CREATE, create_revision=self._fence[1]))
-            failure.append(_get(self._fence[0]))
+            compare.append(self._fence[2])
+            failure.append(self._fence[3])
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         batcher = self._shared["batcher"]
-        writes = any(op.WhichOneof("request") != "request_range" for op in (*success, *failure))
         # Reads stay out of batches: etcd serves a read-only transaction without raft.
         resp = await (batcher.txn(req) if batcher is not None and writes else self._send_txn(req))
         if not resp.succeeded and self._fence:
@@ -221,7 +224,7 @@ class Store:
         """(object, spec mod_revision, status mod_revision or 0), read atomically."""
         node = await self._find_node(kind, name, node)
         spec_key, status_key = self._keys(kind, name, node)
-        resp = await self._txn([], [_get(spec_key), _get(status_key)])
+        resp = await self._txn([], [_get(spec_key), _get(status_key)], writes=False)
         spec_kvs = resp.responses[0].response_range.kvs
         if not spec_kvs:
             raise NotFound(f"{kind}/{name} not found")
@@ -264,7 +267,7 @@ class Store:
         spec_prefix = K.kind_prefix(K.SPEC, kind, node)
         status_prefix = K.kind_prefix(K.STATUS, kind, node)
         resp = await self._txn([], [_get(spec_prefix, K.prefix_end(spec_prefix)),
-                                    _get(status_prefix, K.prefix_end(status_prefix))])
+                                    _get(status_prefix, K.prefix_end(status_prefix))], writes=False)
         statuses = {kv.key[len(status_prefix):]: kv for kv in resp.responses[1].response_range.kvs}
         items = []
         for kv in resp.responses[0].response_range.kvs:
