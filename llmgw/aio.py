@@ -1,7 +1,8 @@
-"""The event loop the long-running services use."""
+"""How the long-running services run: the event loop, and the garbage collector."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any, Coroutine
 
 
@@ -19,3 +20,21 @@ def run(main: Coroutine[Any, Any, Any]) -> Any:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def keep_heap_out_of_gc(young_threshold: int = 10_000) -> None:
+    """For a process that holds a large, long-lived cache: collect cycles less often.
+
+    CPython's cycle collector runs a young collection every 700 net allocations
+    and, every hundred of those, walks the whole heap again. The heap of the
+    controller-manager is mostly what never dies: its imports and a cache of
+    every object in the cluster. Freezing what exists at startup (the imports)
+    keeps it out of every collection, and a higher young threshold makes the
+    full walks rarer. Measured in hack/bench/controlplane.py (2026-12-03, the
+    collector timed through gc.callbacks): the controller-manager spent 1.3 s of
+    its 13.6 CPU seconds collecting (511 young, 47 middle and 4 full
+    collections; the full ones 0.15 s each), and 0.44 s with this (32 and 1).
+    """
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young_threshold, max(middle, 20), max(old, 20))

@@ -41,6 +41,7 @@ async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Store
 
+    aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
     manager = Manager(store, [cls() for cls in controllers.ALL], identity=identity, options=options)
