@@ -47,6 +47,25 @@ async def test_informer_lists_then_watches_into_cache(store):
         task.cancel()
 
 
+async def test_a_silent_stream_is_reopened_where_it_left_off(store):
+    """The watchdog re-opens a stream with no events; what comes after is seen once, with no relist."""
+    cache, rec = Cache(), Recorder()
+    inf = Informer(store, "models", cache, rec, idle_timeout=0.4)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 20)
+        await store.create(model("m1"))
+        await until(lambda: cache.get("models", "m1") is not None)
+        await until(lambda: inf.reopens >= 2)
+        await store.create(model("m2"))
+        await store.patch_status("models", "m2", {"readyReplicas": 2})
+        await until(lambda: (cache.get("models", "m2") or model("x")).status.readyReplicas == 2)
+        assert rec.events == [("ADDED", "m1"), ("ADDED", "m2"), ("MODIFIED", "m2")]
+        assert inf.lists == 1
+    finally:
+        task.cancel()
+
+
 class GatedInformer(Informer):
     """Opens its (real) watch only when the test lets it: changes in between go unseen."""
 

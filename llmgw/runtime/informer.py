@@ -5,8 +5,9 @@ produce DELETED), then watch from the list's revision + 1 applying events.
 
 * ``Compacted`` or ``StoreUnavailable`` (dropped stream, etcd down): relist,
   with exponential backoff between failed attempts.
-* Watchdog: a stream silent for ``idle_timeout`` seconds is re-opened from the
-  last seen revision + 1 (catches a stream that died without an error).
+* Watchdog: a stream silent for ``idle_timeout`` seconds (for at least half
+  of it, at most all of it) is re-opened from the last seen revision + 1
+  (catches a stream that died without an error).
 
 Every change calls ``handler(kind, type, obj)`` with type ADDED / MODIFIED /
 DELETED; for heartbeats obj is the node name.  ``synced`` is set after the
@@ -41,6 +42,7 @@ class Informer:
         self.backoff_max = backoff_max
         self.synced = asyncio.Event()
         self.lists = 0          # how many lists succeeded (1 + relists)
+        self.reopens = 0        # how many silent streams were re-opened
         self.last_revision = 0
 
     # -- per-source hooks (overridden by HeartbeatInformer) --
@@ -96,21 +98,28 @@ class Informer:
 
     async def _watch_until_broken(self) -> None:
         """Watch from last_revision + 1; re-open a silent stream; return never, raise to relist."""
+        loop = asyncio.get_running_loop()
         while True:
+            _raise_if_cancelling()
             stream = self._watch(self.last_revision + 1)
             try:
-                while True:
-                    _raise_if_cancelling()
-                    try:
-                        type, obj, rev = await asyncio.wait_for(stream.__anext__(), self.idle_timeout)
-                    except asyncio.TimeoutError:
-                        log.debug("%s informer: stream silent for %.0fs; re-opening", self.kind, self.idle_timeout)
-                        break
-                    except StopAsyncIteration:
-                        raise StoreUnavailable("watch stream ended") from None
-                    self.last_revision = max(self.last_revision, rev)
-                    if self._apply(type, obj, rev):
-                        self._emit(type, obj)
+                async with asyncio.timeout(self.idle_timeout) as deadline:
+                    async for type, obj, rev in stream:
+                        # The deadline moves only once less than half of it is left, so an
+                        # event costs no timer (a task and a timer per event, with wait_for,
+                        # were a tenth of what an event costs here).
+                        now = loop.time()
+                        if deadline.when() - now < self.idle_timeout / 2:
+                            deadline.reschedule(now + self.idle_timeout)
+                        self.last_revision = max(self.last_revision, rev)
+                        if self._apply(type, obj, rev):
+                            self._emit(type, obj)
+                raise StoreUnavailable("watch stream ended")
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                log.debug("%s informer: stream silent for %.0fs; re-opening", self.kind, self.idle_timeout / 2)
+                self.reopens += 1
             finally:
                 try:
                     await asyncio.wait_for(stream.aclose(), CLOSE_TIMEOUT)
