@@ -187,6 +187,25 @@ async def test_watch_from_revision(store):
     assert first[0].type == "ADDED" and first[0].object.name == "m1"
 
 
+async def test_every_watched_copy_is_the_object_as_stored_at_its_revision(store):
+    """Status events reuse the spec they follow; each copy must still be what a get would have read."""
+    await store.create(model("m1"))
+    _, rev = await store.list("models")
+    m = await store.patch_status("models", "m1", {"readyReplicas": 1})
+    m = m.model_copy(deep=True)
+    m.metadata.labels["team"] = "a"
+    m.spec.replicas = 3
+    await store.update(m)
+    await store.patch_status("models", "m1", {"readyReplicas": 2, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Up"}]})
+    events = await collect(store.watch("models", from_revision=rev + 1), 3)
+    seen = [(e.object.metadata.labels.get("team"), e.object.spec.replicas, e.object.metadata.generation,
+             e.object.status.readyReplicas, e.object.revision) for e in events]
+    assert seen == [(None, 1, 1, 1, events[0].revision), ("a", 3, 2, 1, events[1].revision),
+                    ("a", 3, 2, 2, events[2].revision)]
+    assert events[2].object == await store.get("models", "m1")
+
+
 async def test_watch_compacted_start_is_signalled(store):
     m = await store.create(model("m1"))
     for i in range(5):

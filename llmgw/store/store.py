@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Literal
 
 import aetcd.exceptions
 from aetcd import rpc
+from pydantic import ValidationError
 
 from llmgw.api import KINDS, Object, now, parse_stored, set_condition
 from llmgw.api.meta import Condition
@@ -81,6 +82,19 @@ def _assemble(spec_kv, status_value: bytes | None, revision: int) -> Object:
     obj = parse_stored(spec_kv.value, status_value)
     obj.metadata.resourceVersion = spec_kv.mod_revision
     return obj.at_revision(revision)
+
+
+def _with_status(obj: Object, status_cls: type, status_value: bytes, revision: int) -> Object | None:
+    """`obj` (shared, not changed) with another status document, as of store revision `revision`.
+
+    A third of the cost of decoding the whole object again. None when the status does
+    not validate: decoding the whole object (parse_stored) says what is wrong.
+    """
+    try:
+        status = status_cls.model_validate_json(status_value)
+    except ValidationError:
+        return None
+    return obj.model_copy(update={"status": status}).at_revision(revision)
 
 
 def _merge_status(current: dict, patch: dict) -> dict:
@@ -423,6 +437,8 @@ class Store:
         start, end = _b(spec_prefix), K.prefix_end(status_prefix)
         specs: dict[tuple, Any] = {}      # (node, name) -> latest spec kv
         statuses: dict[tuple, bytes | None] = {}  # (node, name) -> latest status value
+        latest: dict[tuple, Object] = {}  # (node, name) -> the object last yielded
+        status_cls = KINDS[kind].model_fields["status"].annotation
         async for ev in self._raw_events(start, end, from_revision, prev_kv=True):
             parsed = K.parse_object_key(ev.kv.key.decode())
             if parsed is None or parsed[1] != kind or (node is not None and parsed[2] != node):
@@ -434,6 +450,7 @@ class Store:
                 if ev.kind == "DELETE":
                     last = specs.pop(rel, None) or ev.prev_kv
                     status = statuses.pop(rel, None)
+                    latest.pop(rel, None)
                     if last is None or not last.value:
                         continue
                     obj = _assemble(last, status, ev.kv.mod_revision)
@@ -444,8 +461,8 @@ class Store:
                 self._remember(spec_key, ev.kv.mod_revision, ev.kv.value)
                 if rel not in statuses and ev.kv.version > 1:
                     statuses[rel] = await self._value_at(_b(status_key), ev.kv.mod_revision)
-                yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED",
-                                 _assemble(ev.kv, statuses.get(rel), ev.kv.mod_revision), ev.kv.mod_revision)
+                obj = latest[rel] = _assemble(ev.kv, statuses.get(rel), ev.kv.mod_revision)
+                yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED", obj, ev.kv.mod_revision)
             else:
                 if ev.kind == "DELETE":
                     continue  # deleted together with its spec; the spec event reports it
@@ -453,13 +470,19 @@ class Store:
                 self._remember_status(status_key, ev.kv.mod_revision, ev.kv.value)
                 if ev.kv.version == 1:
                     continue  # created with its spec, which follows in the same transaction
-                spec = specs.get(rel)
-                if spec is None:
-                    spec = await self._kv_at(_b(spec_key), ev.kv.mod_revision)
+                prev = latest.get(rel)
+                # the spec is the one prev was built from: only the new status needs decoding
+                obj = _with_status(prev, status_cls, ev.kv.value, ev.kv.mod_revision) if prev else None
+                if obj is None:
+                    spec = specs.get(rel)
                     if spec is None:
-                        continue
-                    specs[rel] = spec
-                yield WatchEvent("MODIFIED", _assemble(spec, ev.kv.value, ev.kv.mod_revision), ev.kv.mod_revision)
+                        spec = await self._kv_at(_b(spec_key), ev.kv.mod_revision)
+                        if spec is None:
+                            continue
+                        specs[rel] = spec
+                    obj = _assemble(spec, ev.kv.value, ev.kv.mod_revision)
+                latest[rel] = obj
+                yield WatchEvent("MODIFIED", obj, ev.kv.mod_revision)
 
     async def _kv_at(self, key: bytes, revision: int):
         resp = await self._range(key, revision=revision)
