@@ -94,19 +94,51 @@ interleaved pairs against the build before them, three pairs or more each):
       all Ready after 15.06s; binds: 2200 in 3.56s -> 619 binds/s; CPU etcd 6.8,
       hollow nodes + observer 4.2, controller-manager 13.7 (of 30.1 on 2 cores)
       binds/s=619 ratio_to_raw_etcd=0.14
-Targets (>= 500 binds/s, all Ready within 15 s): each is met in some runs, not
-reliably. What limits it now is CPU: from apply to the end the run uses 27-39
-of the two cores' 30-43 CPU seconds (controller-manager 12-17, etcd 6-8, hollow
-nodes 4-5). The Ready rate settles at ~200 replicas/s in the second half,
-with the controller-manager near a full core; two-node replicas come last (their
-models are applied last, and each waits for two shards). What got it here: the
+Session 7 (2026-12-03 evening), each change in 4 pairs interleaved with the
+build before it (A = the change, B = before; the machine's raw put rate
+2600-4300/s):
+    - patch_status(current=obj): a status patch of an object the caller holds
+      is one compare-and-swap on its spec's and status's mod revisions and
+      returns the caller's copy with the new status (no spec read, no object
+      parsed again): all Ready 13.9-14.6 s against 14.0-16.5.
+    - the fence's compare and read built once per term; the template hashed
+      once per model reconcile: all Ready 12.3-16.6 s against 14.9-16.8
+      (better in 3 of 4).
+    - the controller-manager's collector (aio.keep_heap_out_of_gc): 1.3 s of
+      its CPU in collections before, 0.44 s after (gc.callbacks); all Ready
+      12.3-13.6 s against 12.3-14.2, CPU within the spread.
+    - the informer's watchdog as one deadline per stream instead of wait_for
+      per event: all Ready 10.4-12.4 s against 11.9-14.0, controller-manager
+      9.1-10.1 CPU s against 11.0-12.3 (better in 4 of 4).
+    - a status event decodes only the status (Store.watch reuses the object it
+      last gave for that key): all Ready 9.9-13.3 s against 11.9-15.1,
+      controller-manager 8.4-10.4 CPU s against 9.8-11.2 (better in 4 of 4).
+    The build at the end of the session, 8 runs in a row: all Ready 10.6-13.8 s
+    (all 8 within 15 s), binds 459-590/s (5 of 8 at 500 or more), apply-to-Ready
+    p50 9.5-12.1 s; CPU from apply to the end: controller-manager 8.9-10.6,
+    etcd 5.3-6.2, hollow nodes + observer 3.5-4.1 (of 21-28), e.g.
+      all Ready after 11.54s; binds: 2200 in 3.73s -> 590 binds/s; p50 10.05s
+      p99 11.42s; CPU etcd 5.7, hollow nodes + observer 3.9, controller-manager
+      9.3 (of 23.1 on 2 cores)
+      binds/s=590 ratio_to_raw_etcd=0.17
+Targets: all Ready within 15 s is now met in every run of the session's last
+build (12 of 12, 9.9-13.8 s); >= 500 binds/s in 7 of those 12 (459-624/s).
+What limits binds: the scheduler binds as fast as the controller-manager's one
+core lets it, while the same core creates the replicas (done 2.2-2.9 s after
+apply), their shards and their status writes; the last binds (two-node
+replicas, whose models are applied last) come 1.2-1.9 s after the last
+replica is created. What limits the whole run is still CPU: the two cores are
+busy from apply to the end. What got it here: the
 model controller batches creates (32 at a time) and gathers replica events
 for 0.1 s before reconciling a model; the store groups concurrent writes into
-one etcd transaction and patches a status it has seen with one
-compare-and-swap; workers sized for etcd's latency; controllers told of a write
-by its writer. Next: what the controller-manager spends per replica (each
-replica costs ~10 writes and ~15 decoded watch events there; grpc.aio's Python
-per call and pydantic decoding are the largest shares, no single hotspot).
+one etcd transaction and patches the status of an object its caller holds
+with one compare-and-swap; workers sized for etcd's latency; controllers told
+of a write by its writer; watch events decoded once and only as far as they
+changed, with no task per event. Next: what the controller-manager spends per
+replica (~4 ms of CPU: ~10 writes and ~15 decoded watch events; pydantic
+decoding, grpc.aio's Python per call and the reconciles themselves, no single
+hotspot left), and letting binds go ahead of shard creation when the core is
+short.
 Splitting the controllers over processes helps only where there are spare
 cores (measured above).
 """
