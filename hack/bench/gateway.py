@@ -1,23 +1,62 @@
 #!/usr/bin/env python3
 """The same load sent straight to a sim engine and through `llmgw gateway`, in one run.
 
-    .venv/bin/python hack/bench/gateway.py [--concurrency 64] [--seconds 10] [--slice 0.5] [--max-tokens 4]
+    apt-get install wrk    # the default load generator (Debian's package)
+    .venv/bin/python hack/bench/gateway.py [--concurrency 64] [--seconds 10] [--slice 1] [--max-tokens 4]
+                                           [--generator wrk|python]
 
 Starts a sim engine (no token delay) and a gateway (--static routes to that
-engine) as their own processes, then runs the load generator in a third
-process (so it never shares an event loop with the gateway): --concurrency
-clients, each sending short non-streaming completions back to back on a
-keep-alive connection. The generator alternates between the engine and the
-gateway in --slice second turns (ABBA order) until each has had --seconds:
-on a shared machine, a run of one after the other mostly measures what else
-was running at the time. Reports requests/s and p50/p99 latency both ways
-and their ratios, and the CPU time per request of the engine and of the
-gateway (from /proc; the steadiest figure on a busy machine). The last line
-is `throughput_ratio=<r> added_p50_ms=<m>`: the throughput ratio at
---concurrency, and the p50 the hop adds for a single client (at saturation
-p50 is queueing, concurrency / throughput, so the loaded p50 difference is
-printed above it but is not the hop's cost). Targets: ratio >= 0.7, added
-p50 <= 1 ms.
+engine) as their own processes, then the load generator: --concurrency
+keep-alive connections, each sending short non-streaming completions back to
+back. `wrk` (the default: C, one thread, a fraction of the CPU per request of
+any Python client) or `--generator python` (aiohttp clients in a third Python
+process, the generator until 2026-12-04). The generator alternates between the
+engine and the gateway in --slice second turns (ABBA order; wrk's turns are
+whole seconds) until each has had --seconds: on a shared machine, a run of one
+after the other mostly measures what else was running at the time. Reports
+requests/s and p50/p99 latency both ways and their ratios, and the CPU time per
+request of the engine and of the gateway (from /proc; the steadiest figure on a
+busy machine). The last line is `throughput_ratio=<r> added_p50_ms=<m>`: the
+throughput ratio at --concurrency, and the p50 the hop adds for a single client
+(at saturation p50 is queueing, concurrency / throughput, so the loaded p50
+difference is printed above it but is not the hop's cost). Targets: ratio >=
+0.7, added p50 <= 1 ms. wrk's percentiles include the samples it adds for
+stalls (its coordinated-omission correction), the same on both paths.
+
+Why wrk (2026-12-04). On two cores the generator, the engine and the gateway
+share the CPU, so what the generator costs per request is taken from the other
+two. The aiohttp generator cost more per request than the gateway itself (about
+125-140 us against 40-150), and the throughput ratio it measured was mostly the
+generator's share of the cores. With wrk the gateway fits beside the engine,
+the engine is the bottleneck on both paths, and the ratio is about 1. It comes
+out above 1 in most runs because the engine itself costs more per request when
+wrk drives it directly (72-90 us) than through the gateway (62-70 us); the
+benchmark prints both. The likely cause: wrk sends the next request the moment
+an answer arrives, so the engine's loop wakes for one request at a time, while
+the gateway hands requests on in bursts. With the python generator (slower, so
+bursty too) the engine cost the same both ways (140 us and 140 us in one run).
+So a ratio above 1 says the gateway is not what limits throughput here, not
+that it makes engines faster. Same build, same machine, same day, interleaved,
+`--seconds 8`:
+    --generator python: throughput_ratio 0.61, 0.64 (added_p50_ms 0.19, 0.19);
+        gateway 56-63 us per request, engine 92-101 us
+    --generator wrk:    throughput_ratio 0.98, 0.87 (added_p50_ms 0.15, 0.15);
+        gateway 51-56 us per request, engine 72-76 us
+Then with wrk, `--seconds 10`, eight runs: throughput_ratio 0.92-1.25 (1.16,
+1.06, 1.22, 0.92, 1.17, 1.25, 1.02, 1.13); added_p50_ms 0.11-0.14; gateway 40-61 us
+per request, 0.63-0.69 of the engine's. A typical run:
+    direct  c=64   13919 req/s  p50   4.21 ms  p99   8.79 ms  (140782 ok, 0 failed)
+    gateway c=64   15770 req/s  p50   3.60 ms  p99   8.64 ms  (158108 ok, 0 failed)
+    direct  c=1     5867 req/s  p50   0.17 ms  p99   0.41 ms  (63939 ok, 0 failed)
+    gateway c=1     3358 req/s  p50   0.28 ms  p99   0.60 ms  (36255 ok, 0 failed)
+    cpu per request: engine 67 us, gateway 43 us (gateway/engine 0.65); the engine's while the load
+        went direct 72 us, through the gateway 62 us
+    c=64: throughput ratio 1.13, p50 ratio 0.86, p99 ratio 0.98, added p50 -0.61 ms
+    c=1: throughput ratio 0.57, p50 ratio 1.71, p99 ratio 1.45
+    throughput_ratio=1.13 added_p50_ms=0.12
+(The machine was about twice as fast as on 2026-12-03: the engine cost 64-101
+us per request, 224-270 us the day before.) The figures below were taken with
+the python generator.
 
 Measured on the 2-core development machine, shared with other test runs
 (load average 3-7), 2026-12-02, `--seconds 8`, uvloop in all three
@@ -49,13 +88,13 @@ processes; three runs each, median first:
         build: 0.71, 0.69, 0.66 (gateway 137-161 us per request, 0.58-0.60 of the
         engine's); four more later: 0.81, 0.69, 0.71, 0.69. Ten runs: 0.66-0.81,
         median 0.70, five of them at 0.70 or more.
-A typical run after:
+A typical run with the python generator, 2026-12-03:
     direct  c=64    6952 req/s  p50   9.22 ms  p99  14.53 ms
     gateway c=64    4721 req/s  p50  12.83 ms  p99  24.79 ms
     direct  c=1     2058 req/s  p50   0.44 ms  p99   1.10 ms
     gateway c=1     1418 req/s  p50   0.67 ms  p99   1.64 ms
-The added p50 meets its target; the throughput ratio meets it in some runs, not
-reliably (ten runs 0.66-0.81, median 0.70, with the exchange without a task). Engine (E),
+With the python generator the added p50 met its target; the throughput ratio met it in some
+runs, not reliably (ten runs 0.66-0.81, median 0.70, with the exchange without a task). Engine (E),
 load generator (L) and gateway (G) are all CPU-bound on two cores, so the ratio
 is about (L + E) / (L + E + G) at best, and E and L themselves cost more per
 request when a third busy process shares the cores (more preemptions): measured
@@ -75,6 +114,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,9 +149,114 @@ def wait_up(url: str, proc: subprocess.Popen) -> None:
     wait_http(url, alive, str(proc.args[:3]), timeout=20.0)
 
 
-# ------------------------------------------------------------------ load generator
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
-async def _load(urls: list[str], concurrency: int, seconds: float, max_tokens: int, slice_s: float) -> dict:
+
+# ------------------------------------------------------------------ load generators
+
+def _slices(seconds: float, slice_s: float) -> int:
+    return max(1, round(seconds / slice_s))
+
+
+def _summary(latencies_s: list[float], ok: int, failures: int, sent: int, elapsed: float,
+             engine_cpu: float) -> dict:
+    """`sent` includes the warm-up (for CPU per request); the rest is the measured slices.
+
+    engine_us: the engine's CPU per request while this target had the load, so the two
+    paths' engine costs can be told apart.
+    """
+    lat = sorted(latencies_s)
+    n = len(lat)
+    return {
+        "requests": ok, "failures": failures, "sent": sent, "rps": ok / elapsed if elapsed else 0.0,
+        "engine_us": engine_cpu / ok * 1e6 if ok else float("nan"),
+        "p50_ms": lat[n // 2] * 1000 if n else float("nan"),
+        "p99_ms": lat[min(n - 1, int(n * 0.99))] * 1000 if n else float("nan"),
+    }
+
+
+# wrk (C, one thread, epoll) costs a fraction of a Python client per request, so on two cores
+# the engine and the gateway get the CPU the aiohttp generator took. done() prints the counts and
+# the whole latency histogram (microseconds) so that the slices of one target can be merged.
+WRK_SCRIPT = """\
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("wrk-result %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+                         e.connect + e.read + e.write + e.timeout, e.status))
+  local parts = {}
+  for i = 1, #latency do
+    local value, count = latency(i)
+    parts[#parts + 1] = string.format("%%d:%%d", value, count)
+  end
+  io.write("wrk-latency ", table.concat(parts, " "), "\\n")
+end
+"""
+
+
+def _wrk(url: str, connections: int, seconds: int, script: Path) -> dict:
+    """One wrk run: completed requests, failed ones, its duration and its latency histogram."""
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script), url],
+        check=True, capture_output=True, text=True).stdout
+    result = hist = None
+    for line in out.splitlines():
+        if line.startswith("wrk-result "):
+            result = [int(x) for x in line.split()[1:]]
+        elif line.startswith("wrk-latency"):
+            hist = {int(v): int(c) for v, c in (pair.split(":") for pair in line.split()[1:])}
+    if result is None or hist is None:
+        raise SystemExit(f"wrk printed no result for {url}:\n{out}")
+    responses, duration_us, socket_errors, bad_status = result  # responses include bad statuses
+    return {"sent": responses + socket_errors, "ok": responses - bad_status, "elapsed": duration_us / 1e6,
+            "failures": socket_errors + bad_status, "hist": hist}
+
+
+def load_wrk(urls: list[str], concurrency: int, seconds: float, max_tokens: int, slice_s: float,
+             engine_pid: int) -> dict:
+    """As load_python, with wrk; its durations are whole seconds, so a slice is at least 1 s."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install wrk (or --generator python)")
+    body = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens})
+    slice_s = max(1, round(slice_s))
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp, "post.lua")
+        script.write_text(WRK_SCRIPT % body)
+        stats = {u: {"hist": {}, "ok": 0, "failures": 0, "elapsed": 0.0, "sent": 0, "engine_cpu": 0.0}
+                 for u in urls}
+        for url in urls:  # warm up: connections, caches
+            stats[url]["sent"] += _wrk(url, concurrency, 1, script)["sent"]
+        slices = _slices(seconds, slice_s)
+        for k in range(slices):
+            for url in (urls if k % 2 == 0 else urls[::-1]):
+                st, cpu0 = stats[url], cpu_seconds(engine_pid)
+                r = _wrk(url, concurrency, slice_s, script)
+                st["engine_cpu"] += cpu_seconds(engine_pid) - cpu0
+                for field in ("sent", "ok", "failures"):
+                    st[field] += r[field]
+                st["elapsed"] += r["elapsed"]
+                for value, count in r["hist"].items():
+                    st["hist"][value] = st["hist"].get(value, 0) + count
+    out = {}
+    for url, st in stats.items():
+        # wrk's histogram also holds the samples it adds for stalls (its coordinated-omission
+        # correction): percentiles come from it, the request count from what completed.
+        latencies = [v / 1e6 for v, c in sorted(st["hist"].items()) for _ in range(c)]
+        out[url] = _summary(latencies, st["ok"], st["failures"], st["sent"], st["elapsed"], st["engine_cpu"])
+    return out
+
+
+async def _load_python(urls: list[str], concurrency: int, seconds: float, max_tokens: int,
+                       slice_s: float, engine_pid: int) -> dict:
     """Each url gets `seconds` of load, in slices of `slice_s` taken in turn (ABBA order).
 
     Interleaving short slices makes both targets see the same outside load: on a
@@ -120,7 +265,7 @@ async def _load(urls: list[str], concurrency: int, seconds: float, max_tokens: i
     import aiohttp
     body = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens}).encode()
     headers = {"Content-Type": "application/json"}
-    stats = {u: {"latencies": [], "failures": 0, "elapsed": 0.0, "sent": 0} for u in urls}
+    stats = {u: {"latencies": [], "failures": 0, "elapsed": 0.0, "sent": 0, "engine_cpu": 0.0} for u in urls}
     sessions = {u: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) for u in urls}
     try:
         async def client(url: str, stop_at: float, record: bool) -> None:
@@ -142,70 +287,63 @@ async def _load(urls: list[str], concurrency: int, seconds: float, max_tokens: i
                     st["failures"] += 1
 
         async def run(url: str, duration: float, record: bool) -> None:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_seconds(engine_pid)
             await asyncio.gather(*(client(url, t0 + duration, record) for _ in range(concurrency)))
             if record:
                 stats[url]["elapsed"] += time.perf_counter() - t0
+                stats[url]["engine_cpu"] += cpu_seconds(engine_pid) - cpu0
 
         for url in urls:  # warm up: connections, caches
             await run(url, min(1.0, seconds / 5), False)
-        slices = max(1, round(seconds / slice_s))
+        slices = _slices(seconds, slice_s)
         for k in range(slices):
             for url in (urls if k % 2 == 0 else urls[::-1]):
                 await run(url, seconds / slices, True)
     finally:
         for session in sessions.values():
             await session.close()
-    out = {}
-    for url, st in stats.items():
-        lat = sorted(st["latencies"])
-        n = len(lat)
-        out[url] = {
-            "requests": n, "failures": st["failures"], "sent": st["sent"], "rps": n / st["elapsed"],
-            "p50_ms": lat[n // 2] * 1000 if n else float("nan"),
-            "p99_ms": lat[min(n - 1, int(n * 0.99))] * 1000 if n else float("nan"),
-        }
-    return out
+    return {url: _summary(st["latencies"], len(st["latencies"]), st["failures"], st["sent"], st["elapsed"],
+                          st["engine_cpu"])
+            for url, st in stats.items()}
 
 
-def load_main(argv: list[str]) -> None:
-    concurrency, seconds, max_tokens, slice_s = int(argv[0]), float(argv[1]), int(argv[2]), float(argv[3])
+def python_generator_main(argv: list[str]) -> None:
+    concurrency, seconds, max_tokens, slice_s, engine_pid = \
+        int(argv[0]), float(argv[1]), int(argv[2]), float(argv[3]), int(argv[4])
     try:
         import uvloop
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    print(json.dumps(run(_load(argv[4:], concurrency, seconds, max_tokens, slice_s))))
+    print(json.dumps(run(_load_python(argv[5:], concurrency, seconds, max_tokens, slice_s, engine_pid))))
 
 
-def run_load(urls: list[str], concurrency: int, args) -> dict:
+def load_python(urls: list[str], concurrency: int, seconds: float, max_tokens: int, slice_s: float,
+                engine_pid: int) -> dict:
+    """aiohttp clients in a process of their own (never on the gateway's event loop)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--load-generator", str(concurrency), str(args.seconds),
-         str(args.max_tokens), str(args.slice), *urls],
+        [sys.executable, __file__, "--load-generator", str(concurrency), str(seconds),
+         str(max_tokens), str(slice_s), str(engine_pid), *urls],
         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
+GENERATORS = {"wrk": load_wrk, "python": load_python}
 
 
 # ------------------------------------------------------------------ main
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--load-generator":
-        return load_main(sys.argv[2:])
+        return python_generator_main(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seconds", type=float, default=10.0, help="of load on each target, at each concurrency")
-    p.add_argument("--slice", type=float, default=0.5, help="seconds per turn when alternating targets")
+    p.add_argument("--slice", type=float, default=1.0, help="seconds per turn when alternating targets")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--generator", choices=sorted(GENERATORS), default="wrk",
+                   help="wrk (Debian's wrk; the default) or python (aiohttp clients, the generator "
+                        "before 2026-12-04: it costs more CPU per request than the gateway)")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra argument for llmgw gateway")
     args = p.parse_args()
 
@@ -230,10 +368,12 @@ def main() -> None:
             engine_url = f"http://127.0.0.1:{engine_port}/v1/completions"
             gw_url = f"http://127.0.0.1:{gw_port}/v1/completions"
             cpu0 = [cpu_seconds(p.pid) for p in procs]
-            loaded = run_load([engine_url, gw_url], args.concurrency, args)
+            load = GENERATORS[args.generator]
+            loaded = load([engine_url, gw_url], args.concurrency, args.seconds, args.max_tokens, args.slice,
+                          procs[0].pid)
             cpu1 = [cpu_seconds(p.pid) for p in procs]
             # One client, back to back: the hop's own latency, without queueing behind 63 others.
-            single = run_load([engine_url, gw_url], 1, args)
+            single = load([engine_url, gw_url], 1, args.seconds, args.max_tokens, args.slice, procs[0].pid)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -244,7 +384,8 @@ def main() -> None:
                     proc.kill()
     direct, via = loaded[engine_url], loaded[gw_url]
     direct1, via1 = single[engine_url], single[gw_url]
-    print(f"cpus={os.cpu_count()} seconds={args.seconds} slice={args.slice} max_tokens={args.max_tokens} "
+    print(f"generator={args.generator} cpus={os.cpu_count()} seconds={args.seconds} slice={args.slice} "
+          f"max_tokens={args.max_tokens} "
           f"load average {os.getloadavg()[0]:.1f}")
     rows = ((f"direct  c={args.concurrency}", direct), (f"gateway c={args.concurrency}", via),
             ("direct  c=1", direct1), ("gateway c=1", via1))
@@ -256,7 +397,8 @@ def main() -> None:
     engine_us = (cpu1[0] - cpu0[0]) / (direct["sent"] + via["sent"]) * 1e6
     gw_us = (cpu1[1] - cpu0[1]) / via["sent"] * 1e6
     print(f"cpu per request: engine {engine_us:.0f} us, gateway {gw_us:.0f} us "
-          f"(gateway/engine {gw_us / engine_us:.2f})")
+          f"(gateway/engine {gw_us / engine_us:.2f}); the engine's while the load went direct "
+          f"{direct['engine_us']:.0f} us, through the gateway {via['engine_us']:.0f} us")
     ratio = via["rps"] / direct["rps"] if direct["rps"] else 0.0
     print(f"c={args.concurrency}: throughput ratio {ratio:.2f}, p50 ratio {via['p50_ms'] / direct['p50_ms']:.2f}, "
           f"p99 ratio {via['p99_ms'] / direct['p99_ms']:.2f}, added p50 {via['p50_ms'] - direct['p50_ms']:.2f} ms")
