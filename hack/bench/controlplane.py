@@ -141,6 +141,19 @@ hotspot left), and letting binds go ahead of shard creation when the core is
 short.
 Splitting the controllers over processes helps only where there are spare
 cores (measured above).
+Session 8 (2026-12-04), the same build as session 7's end, 8 runs in a row on
+a machine about twice as fast as the day before (etcd's raw put rate
+5100-7400/s; the gateway benchmark's engine cost 64-101 us per request against
+224-270): all Ready 5.5-6.7 s, binds 873-1070/s (all 8 meet both targets),
+every replica created 1.1-1.5 s after apply, apply-to-Ready p50 4.8-5.9 s; CPU
+from apply to the end: controller-manager 4.5-5.6, etcd 3.2-3.9, hollow nodes +
+observer 1.8-2.3 (of 11.0-13.4: both cores busy from apply to the end, so CPU
+is still the limit), e.g.
+      all Ready after: 5.51s (2200/2200 Ready)
+      binds: 2200 in 2.06s -> 1070 binds/s; p50 4.84s p99 5.51s
+      binds/s=1070 ratio_to_raw_etcd=0.15
+On the slower machine of 2026-12-03 the same build met the Ready target in
+12 of 12 runs and the binds target in 7 of 12 (above).
 """
 from __future__ import annotations
 
