@@ -21,6 +21,8 @@ from llmgw.api import ObjectMeta, Shard, condition_true, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
 from llmgw.dev.process import free_port
 from llmgw.client import NotFound
+from llmgw.store import Store
+from llmgw.store import keys as K
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "fakes"))
@@ -148,6 +150,30 @@ async def test_registers_its_node_with_discovered_gpus(shared_api_server, agents
         assert "sim" in {e.name for e in st.engines}
         assert st.fabrics == []
         assert st.agentVersion
+
+
+async def test_heartbeats_before_its_node_appears(shared_api_server, agents):
+    """A Node that showed up before its heartbeat key would be marked NotReady (heartbeat
+    expired) by the node-lifecycle controller, then Ready again: a false alarm on every start.
+    etcd's watch gives the order of the writes."""
+    node = "reg-hb"
+    async with Store(shared_api_server.etcd) as store:
+        _, rev = await store.list_raw(K.heartbeat_key(node))
+        order: list[str] = []
+
+        async def watch():
+            async for ev in store.watch_raw("/llmgw/", rev + 1):
+                if ev.key in (K.heartbeat_key(node), K.object_key(K.SPEC, "nodes", node)) and ev.key not in order:
+                    order.append(ev.key)
+                    if len(order) == 2:
+                        return
+        watching = asyncio.create_task(watch())      # from a revision before the agent starts
+        agent = agents(node)
+        try:
+            await asyncio.wait_for(watching, WAIT)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"saw only {order}; agent log:\n{agent.tail()}") from None
+    assert order == [K.heartbeat_key(node), K.object_key(K.SPEC, "nodes", node)]
 
 
 async def test_failed_gpu_discovery_registers_with_a_condition_naming_the_path(shared_api_server, agents, tmp_path):

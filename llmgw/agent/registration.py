@@ -1,6 +1,6 @@
 """The agent's Node: register it, keep its status current, heartbeat.
 
-Registration creates the Node if it does not exist, then patches its status
+Registration heartbeats, creates the Node if it does not exist, then patches its status
 (top-level fields; conditions merged by type, so the node-lifecycle
 controller's own conditions survive). Ready=True (reason AgentReady) is set
 when the agent (re)registers: after start, and after every outage.
@@ -70,6 +70,10 @@ class Registration:
                  [f.name for f in status.fabrics] or "none (island)", [e.name for e in status.engines])
 
     async def _register_once(self) -> None:
+        # Heartbeat first: a Node that appeared before its heartbeat key would read, to the
+        # node-lifecycle controller, as one whose heartbeat expired (NotReady and a warning,
+        # then Ready again a moment later).
+        await self.client.heartbeat(self.node)
         try:
             await self.client.get("nodes", self.node)
         except NotFound:
