@@ -158,7 +158,7 @@ async def test_heartbeats_before_its_node_appears(shared_api_server, agents):
     etcd's watch gives the order of the writes."""
     node = "reg-hb"
     async with Store(shared_api_server.etcd) as store:
-        _, rev = await store.list_raw(K.heartbeat_key(node))
+        rev = await store.revision()
         order: list[str] = []
 
         async def watch():

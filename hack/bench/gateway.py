@@ -121,6 +121,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -161,8 +162,10 @@ def cpu_seconds(pid: int) -> float:
 
 # ------------------------------------------------------------------ load generators
 
-def _slices(seconds: float, slice_s: float) -> int:
-    return max(1, round(seconds / slice_s))
+def _turns(urls: list[str], slices: int) -> Iterator[str]:
+    """The targets in turn, `slices` rounds in ABBA order: the same outside load on both."""
+    for k in range(slices):
+        yield from (urls if k % 2 == 0 else urls[::-1])
 
 
 def _summary(latencies_s: list[float], ok: int, failures: int, sent: int, elapsed: float,
@@ -235,17 +238,15 @@ def load_wrk(urls: list[str], concurrency: int, seconds: float, max_tokens: int,
                  for u in urls}
         for url in urls:  # warm up: connections, caches
             stats[url]["sent"] += _wrk(url, concurrency, 1, script)["sent"]
-        slices = _slices(seconds, slice_s)
-        for k in range(slices):
-            for url in (urls if k % 2 == 0 else urls[::-1]):
-                st, cpu0 = stats[url], cpu_seconds(engine_pid)
-                r = _wrk(url, concurrency, slice_s, script)
-                st["engine_cpu"] += cpu_seconds(engine_pid) - cpu0
-                for field in ("sent", "ok", "failures"):
-                    st[field] += r[field]
-                st["elapsed"] += r["elapsed"]
-                for value, count in r["hist"].items():
-                    st["hist"][value] = st["hist"].get(value, 0) + count
+        for url in _turns(urls, max(1, round(seconds / slice_s))):
+            st, cpu0 = stats[url], cpu_seconds(engine_pid)
+            r = _wrk(url, concurrency, slice_s, script)
+            st["engine_cpu"] += cpu_seconds(engine_pid) - cpu0
+            for field in ("sent", "ok", "failures"):
+                st[field] += r[field]
+            st["elapsed"] += r["elapsed"]
+            for value, count in r["hist"].items():
+                st["hist"][value] = st["hist"].get(value, 0) + count
     out = {}
     for url, st in stats.items():
         # wrk's histogram also holds the samples it adds for stalls (its coordinated-omission
@@ -295,10 +296,9 @@ async def _load_python(urls: list[str], concurrency: int, seconds: float, max_to
 
         for url in urls:  # warm up: connections, caches
             await run(url, min(1.0, seconds / 5), False)
-        slices = _slices(seconds, slice_s)
-        for k in range(slices):
-            for url in (urls if k % 2 == 0 else urls[::-1]):
-                await run(url, seconds / slices, True)
+        slices = max(1, round(seconds / slice_s))
+        for url in _turns(urls, slices):
+            await run(url, seconds / slices, True)
     finally:
         for session in sessions.values():
             await session.close()
