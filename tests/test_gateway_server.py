@@ -4,13 +4,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import urllib.request
 
 import pytest
 
+from llmgw.dev.process import free_port
 from llmgw.gateway.server import Limits
 from llmgw.gateway.table import RoutingTable
-from tests.helpers.gateway import Sim, model, replica, running_gateway
+from tests.helpers.gateway import CLI, Sim, model, replica, running_gateway
 
 
 @pytest.fixture(scope="module")
@@ -296,3 +298,34 @@ async def test_a_keep_alive_client_is_unaffected_and_an_idle_one_is_closed():
         assert await until_closed(reader) == b""
         writer.close()
 
+
+async def test_the_gateway_command_sets_the_limits(tmp_path):
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("apiVersion: llmgw.io/v1\nkind: Model\nmetadata: {name: llama}\n"
+                      "spec: {profiles: [{engine: sim}]}\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([*CLI, "gateway", "--listen", url.removeprefix("http://"), "--static", str(routes),
+                             "--header-timeout", "0.3", "--max-conns-per-addr", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = None
+        for _ in range(600):  # until it listens, and has seen the connections of earlier tries close
+            try:
+                reader, writer = await connect(url)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.write(HEALTHZ)
+            status = (await response(reader))[0]
+            if status == 200:
+                break
+            writer.close()
+            await asyncio.sleep(0.05)
+        assert status == 200  # `writer` now holds the one connection the cap allows this address
+        assert last_word(await exchange(url, HEALTHZ)) == (429, "too_many_connections")
+        writer.write(HALF_HEAD)
+        assert last_word(await until_closed(reader)) == (408, "request_timeout")
+        writer.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
