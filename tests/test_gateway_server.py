@@ -223,6 +223,9 @@ async def test_a_head_that_never_ends_is_a_408_and_a_silent_connection_is_closed
             writer.close()
         assert await until_closed(silent_reader) == b""  # nothing asked: closed without a word
         silent.close()
+        # A whole request, then a head that stops: the first is answered, then the 408.
+        raw = await exchange(gw.url, HEALTHZ + HALF_HEAD)
+        assert [status for status, _, _ in responses(raw)] == [200, 408]
         assert not gw.gateway.server.conns
 
 
