@@ -10,7 +10,7 @@ from aiohttp import web
 
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.pki import Identity, identity_from_der
-from llmgw.server.authz import Action, Authorizer, Denied
+from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
@@ -98,8 +98,8 @@ class ApiServer:
             who = request.get("identity")
             if d.log_line:
                 log.warning("%s", d.log_line)
-            else:
-                log.info("forbidden: %s: %s", who, d)
+            else:  # every refusal: who, the rule, the object
+                log.warning("refused: certificate %s: %s: %s", who, d.action, d)
             return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
         except InvalidObject as err:
             return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
@@ -212,7 +212,8 @@ class ApiServer:
     async def create(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj)))
+        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj),
+                                          fields=written_fields(obj)))
         return _json(_dump(await self.store.create(obj)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
@@ -223,26 +224,30 @@ class ApiServer:
             raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
         return _json(_dump(await self.store.update(obj)))
 
-    async def _existing_for_status(self, request: web.Request, kind: str, name: str) -> Object:
+    async def _existing_for_status(self, request: web.Request, kind: str, name: str, fields) -> Object:
+        """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
         who = request["identity"]
         if who.role == "node" and kind != "shards":
             await self._check(request, Action("status", kind, name))  # before touching the store
         current = await self.store.get(kind, name, node=hint)
-        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current)))
+        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
+                                          fields=fields(current)))
         return current
 
     async def update_status(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        current = await self._existing_for_status(request, kind, obj.name)
+        current = await self._existing_for_status(
+            request, kind, obj.name, lambda cur: written_fields(cur.model_copy(update={"status": obj.status}), cur))
         new = current.model_copy(update={"status": obj.status})
         return _json(_dump(await self.store.update_status(new)))
 
     async def patch_status(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
-        current = await self._existing_for_status(request, kind, name)
+        current = await self._existing_for_status(request, kind, name,
+                                                  lambda cur: frozenset(f"status.{k}" for k in patch))
         return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
 
     async def delete(self, request: web.Request) -> web.Response:
