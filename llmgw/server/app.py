@@ -5,6 +5,8 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Callable
 
 from aiohttp import web
 
@@ -299,7 +301,8 @@ class ApiServer:
                      rv: int) -> web.StreamResponse:
         """JSON lines: events after rv (rv=0: every current object as ADDED first), BOOKMARKs while
         idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops:
-        re-watch from the last revision).
+        re-watch from the last revision; 401 when the client's certificate is revoked or
+        expires while the watch is open: see _end_with_identity).
 
         Served by the shared watch cache (llmgw.server.watchcache): one store watch per kind,
         whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
@@ -328,6 +331,7 @@ class ApiServer:
             except Expired as err:
                 expired = str(err)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
         try:
             await resp.prepare(request)
             if watcher is None:
@@ -341,8 +345,28 @@ class ApiServer:
             pass  # the client went away
         finally:
             if watcher is not None:
+                unbind()
                 watcher.close()
         return resp
+
+    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str, peer: str | None) -> Callable[[], None]:
+        """End `watcher` with a 401 ERROR and a log line when its certificate is revoked (the
+        revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
+        def end(reason: str, why: str) -> None:
+            log.warning("watch of %s by certificate %s from %s ended: %s", kind, who, peer, why)
+            watcher.fail(401, reason, f"client certificate {who} {why}")
+
+        delay = (who.not_after - datetime.now(timezone.utc)).total_seconds()
+        timer = asyncio.get_running_loop().call_later(
+            max(delay, 0.0), end, "CertificateExpired",
+            f"expired at {who.not_after.isoformat()}; issue a new one with `llmgw ca issue`")
+        unsubscribe = self.revocations.on_revoke(
+            who.serial, lambda: end("CertificateRevoked", "was revoked; ask an admin for a new one"))
+
+        def undo() -> None:
+            timer.cancel()
+            unsubscribe()
+        return undo
 
 
 async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[str, Object]:
