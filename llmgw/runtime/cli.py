@@ -8,14 +8,13 @@ import signal
 import click
 
 from llmgw import aio
+from llmgw.cli.etcdflags import etcd_tls
 
 
 @click.command("controller-manager")
 @click.option("--etcd", "etcd", required=True, envvar="LLMGW_ETCD",
               help="etcd endpoints, comma-separated (http(s)://HOST:PORT).")
-@click.option("--etcd-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle for https etcd.")
-@click.option("--etcd-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate for etcd.")
-@click.option("--etcd-key", type=click.Path(exists=True, dir_okay=False), help="Client key for etcd.")
+@etcd_tls
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @click.option("--node-grace", default=30.0, show_default=True, type=float,

@@ -11,6 +11,7 @@ import sys
 import click
 
 from llmgw import aio
+from llmgw.cli.etcdflags import etcd_tls
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -73,9 +74,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
 @click.option("--key", required=True, help="Server private key.")
 @click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
-@click.option("--etcd-ca", default=None)
-@click.option("--etcd-cert", default=None)
-@click.option("--etcd-key", default=None)
+@etcd_tls
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,
