@@ -13,7 +13,8 @@ from llmgw.cli.etcdflags import etcd_tls
 
 @click.command("controller-manager")
 @click.option("--etcd", "etcd", required=True, envvar="LLMGW_ETCD",
-              help="etcd endpoints, comma-separated (http(s)://HOST:PORT).")
+              help="etcd endpoints, comma-separated (http(s)://HOST:PORT); https with the --etcd-ca/"
+                   "--etcd-cert/--etcd-key below in production (README, \"Production security\").")
 @etcd_tls
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")

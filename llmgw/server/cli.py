@@ -70,7 +70,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.command()
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT (port 0: any free port).")
 @click.option("--etcd", envvar="LLMGW_ETCD", default="http://127.0.0.1:2379", show_default=True,
-              help="etcd endpoint(s), comma-separated.")
+              help="etcd endpoint(s), comma-separated; https with the --etcd-ca/--etcd-cert/--etcd-key "
+                   "below in production (README, \"Production security\").")
 @click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
 @click.option("--key", required=True, help="Server private key.")
 @click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
