@@ -86,3 +86,18 @@ async def test_server_and_revocation_over_tls_etcd(secured, tmp_path):
                 pytest.fail("the revoked certificate was still accepted after 10 s")
     finally:
         server.stop()
+
+
+async def test_three_members_form_a_cluster_over_peer_tls(tmp_path):
+    """Member certificates serve clients and authenticate to peers (--peer-client-cert-auth)."""
+    authority = CertificateAuthority(make_pki(tmp_path / "ca").dir)
+    etcd = etcd_cluster(tmp_path / "etcd", 3, ca=authority).start()
+    try:
+        client = authority.etcd().issue("etcd-client", "controller-manager")
+        tls = dict(ca=str(authority.etcd().cert_path), cert=client.cert, key=client.key)
+        async with Store(etcd.endpoints[0], **tls) as first:
+            await first.revoke("1f", {"name": "n1"})
+        async with Store(etcd.endpoints[2], **tls) as third:     # replicated to another member
+            assert "1f" in await third.revoked()
+    finally:
+        etcd.stop()
