@@ -9,7 +9,7 @@ import pytest
 from llmgw.api import parse_object
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
-from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server  # noqa: F401
+from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server, until_revoked  # noqa: F401
 
 
 async def test_unknown_ca_is_refused_and_logged(shared_api_server, tmp_path):
@@ -41,16 +41,7 @@ async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
         out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "doomed", "--dir", str(srv.pki.dir),
                                       "--etcd", srv.etcd)
         serial = out.split()[-1]
-        # the server learns of it through its watch on /llmgw/revoked/: poll until it does
-        for _ in range(200):
-            try:
-                await c.heartbeat("doomed")
-            except Unauthorized as err:
-                assert err.reason == "CertificateRevoked"
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("the revoked certificate was still accepted after 10 s")
+        await until_revoked(c, "doomed")
     line = srv.wait_for_log(f"serial={serial} from")
     assert "refused: certificate CN=doomed O=llmgw:nodes" in line and line.endswith("is revoked")
 
