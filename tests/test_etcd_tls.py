@@ -11,7 +11,7 @@ from llmgw.cli.ca import ca as ca_command
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.pki import CertificateAuthority
 from llmgw.store import Store, StoreUnavailable
-from tests.helpers.cluster import make_pki, start_api_server, until_revoked
+from tests.helpers.cluster import api_server, ca_dir, make_pki, start_api_server, until_revoked  # noqa: F401
 
 
 @pytest.fixture
@@ -75,6 +75,7 @@ async def test_server_and_revocation_over_tls_etcd(secured, tmp_path):
         assert done.exit_code == 0, done.output
         async with server.client(node) as c:
             await until_revoked(c, "n1")
+        assert not any("without TLS" in line or "without a client" in line for line in server.log_lines())
     finally:
         server.stop()
 
@@ -92,3 +93,9 @@ async def test_three_members_form_a_cluster_over_peer_tls(tmp_path):
             assert "1f" in await third.revoked()
     finally:
         etcd.stop()
+
+
+def test_a_server_on_plain_etcd_warns_once(api_server):
+    line = api_server.wait_for_log("without TLS")
+    assert "WARNING" in line and "Production security" in line
+    assert sum("without TLS" in line for line in api_server.log_lines()) == 1

@@ -1,6 +1,8 @@
 """The etcd TLS options of every command that talks to etcd (server, controller-manager, ca revoke)."""
 from __future__ import annotations
 
+import logging
+
 import click
 
 etcd_tls_options = [
@@ -18,3 +20,12 @@ def etcd_tls(fn):
     for option in reversed(etcd_tls_options):
         fn = option(fn)
     return fn
+
+
+def warn_unless_tls(endpoints: str, cert: str | None, log: logging.Logger) -> None:
+    """One warning at startup when etcd is reached without TLS and a client certificate."""
+    plain = [e for e in endpoints.split(",") if not e.strip().startswith("https://")]
+    if plain or not cert:
+        log.warning("etcd %s without %s: whoever reaches etcd can rewrite what nodes run and un-revoke "
+                    "certificates; see README, \"Production security\"", ",".join(plain) or endpoints,
+                    "TLS" if plain else "a client certificate (--etcd-cert)")

@@ -8,7 +8,7 @@ import signal
 import click
 
 from llmgw import aio
-from llmgw.cli.etcdflags import etcd_tls
+from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
 
 
 @click.command("controller-manager")
@@ -42,6 +42,7 @@ async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
     from llmgw.store import Store
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
+    warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
     manager = Manager(store, [cls() for cls in controllers.ALL], identity=identity, options=options)

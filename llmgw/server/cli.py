@@ -11,7 +11,7 @@ import sys
 import click
 
 from llmgw import aio
-from llmgw.cli.etcdflags import etcd_tls
+from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -40,6 +40,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}")
+    warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
         await store.connect()
