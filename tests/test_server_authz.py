@@ -176,7 +176,8 @@ async def test_cn_mismatch_is_refused_and_logged(cluster):
             await c.create(node("llmgw-node04"))
         await c.create(node("llmgw-node05"))  # its own is fine
     line = cluster.wait_for_log("claims node llmgw-node04")
-    assert line.endswith("refused: certificate CN=llmgw-node05 claims node llmgw-node04")
+    assert "refused: certificate CN=llmgw-node05 claims node llmgw-node04 (" in line
+    assert line.endswith(": rule node-heartbeat)")
 
 
 async def test_forbidden_status_body_names_the_rule(cluster):

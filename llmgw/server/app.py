@@ -98,9 +98,10 @@ class ApiServer:
             return _json(status_body(f.code, f.reason, f.message, **f.details), f.code)
         except Denied as d:
             who = request.get("identity")
+            # every refusal: who, the rule, the object
             if d.log_line:
-                log.warning("%s", d.log_line)
-            else:  # every refusal: who, the rule, the object
+                log.warning("%s (%s: rule %s)", d.log_line, d.action, d.rule)
+            else:
                 log.warning("refused: certificate %s: %s: %s", who, d.action, d)
             return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
         except InvalidObject as err:
@@ -349,7 +350,8 @@ class ApiServer:
                 watcher.close()
         return resp
 
-    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str, peer: str | None) -> Callable[[], None]:
+    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str,
+                           peer: str | None) -> Callable[[], None]:
         """End `watcher` with a 401 ERROR and a log line when its certificate is revoked (the
         revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
         def end(reason: str, why: str) -> None:
