@@ -101,6 +101,13 @@ class NodeStatus(Strict):
     agentVersion: str | None = None
 
 
+# The Node status fields its agent writes (registration, rediscovery); a node certificate may
+# write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
+# and drain progress are the controllers'.
+NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
+                            "agentVersion")
+
+
 class Node(Object):
     kind_plural: ClassVar[str] = "nodes"
     kind: Literal["Node"] = "Node"

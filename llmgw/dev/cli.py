@@ -16,7 +16,7 @@ from rich.table import Table
 
 from llmgw.api import condition_true, load_path
 from llmgw.client import ApiError, Client, ClientConfig
-from llmgw.dev.cluster import REPO, LocalCluster, default_nodes, down as cluster_down
+from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes, down as cluster_down
 
 DEFAULT_DIR = ".llmgw-dev"
 SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
@@ -33,7 +33,8 @@ def dev():
               help="Agents to start (8 fake GPUs each; fabrics ib-a, ib-a, ib-b, island, repeating).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True,
               help="Where all state goes (CA, etcd data, logs, agents' state).")
-@click.option("--gateway-port", type=int, default=8000, show_default=True)
+@click.option("--gateway-port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="Port of the gateway on 127.0.0.1 (another cluster on this machine needs another).")
 @click.option("--no-examples", is_flag=True, help="Do not apply the sim examples.")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds to wait for the examples to become Ready before giving up on showing progress.")
@@ -61,6 +62,9 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
         while not stop.is_set():
             cluster.check_alive()
             time.sleep(0.5)
+    except PortTaken as err:
+        console.print(f"[red]error:[/] {err}: choose another with --gateway-port", highlight=False, soft_wrap=True)
+        sys.exit(1)
     except (RuntimeError, TimeoutError) as err:
         console.print(f"[red]error:[/] {err}")
         sys.exit(1)
@@ -199,9 +203,9 @@ Send a request through the gateway ({c.gateway_url}):
   {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="none"); \\
 print(c.chat.completions.create(model="large", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
 
-Watch status in etcd:
+Watch status in etcd (TLS; the admin's etcd client certificate):
 
-  ETCDCTL_API=3 etcdctl --endpoints {c.etcd.endpoint} watch --prefix /llmgw/status/
+  . {c.dir / 'etcd' / 'etcdctl.env'}; etcdctl watch --prefix /llmgw/status/
 
 Ctrl-C here (or `{llmgw} dev down --dir {c.dir}`) stops everything.
 """)

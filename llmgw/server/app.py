@@ -5,12 +5,14 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Callable
 
 from aiohttp import web
 
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.pki import Identity, identity_from_der
-from llmgw.server.authz import Action, Authorizer, Denied
+from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
@@ -96,10 +98,11 @@ class ApiServer:
             return _json(status_body(f.code, f.reason, f.message, **f.details), f.code)
         except Denied as d:
             who = request.get("identity")
+            # every refusal: who, the rule, the object
             if d.log_line:
-                log.warning("%s", d.log_line)
+                log.warning("%s (%s: rule %s)", d.log_line, d.action, d.rule)
             else:
-                log.info("forbidden: %s: %s", who, d)
+                log.warning("refused: certificate %s: %s: %s", who, d.action, d)
             return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
         except InvalidObject as err:
             return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
@@ -212,7 +215,8 @@ class ApiServer:
     async def create(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj)))
+        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj),
+                                          fields=written_fields(obj)))
         return _json(_dump(await self.store.create(obj)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
@@ -223,26 +227,30 @@ class ApiServer:
             raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
         return _json(_dump(await self.store.update(obj)))
 
-    async def _existing_for_status(self, request: web.Request, kind: str, name: str) -> Object:
+    async def _existing_for_status(self, request: web.Request, kind: str, name: str, fields) -> Object:
+        """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
         who = request["identity"]
         if who.role == "node" and kind != "shards":
             await self._check(request, Action("status", kind, name))  # before touching the store
         current = await self.store.get(kind, name, node=hint)
-        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current)))
+        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
+                                          fields=fields(current)))
         return current
 
     async def update_status(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        current = await self._existing_for_status(request, kind, obj.name)
+        current = await self._existing_for_status(
+            request, kind, obj.name, lambda cur: written_fields(cur.model_copy(update={"status": obj.status}), cur))
         new = current.model_copy(update={"status": obj.status})
         return _json(_dump(await self.store.update_status(new)))
 
     async def patch_status(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
-        current = await self._existing_for_status(request, kind, name)
+        current = await self._existing_for_status(request, kind, name,
+                                                  lambda cur: frozenset(f"status.{k}" for k in patch))
         return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -294,7 +302,8 @@ class ApiServer:
                      rv: int) -> web.StreamResponse:
         """JSON lines: events after rv (rv=0: every current object as ADDED first), BOOKMARKs while
         idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops:
-        re-watch from the last revision).
+        re-watch from the last revision; 401 when the client's certificate is revoked or
+        expires while the watch is open: see _end_with_identity).
 
         Served by the shared watch cache (llmgw.server.watchcache): one store watch per kind,
         whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
@@ -323,6 +332,7 @@ class ApiServer:
             except Expired as err:
                 expired = str(err)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
         try:
             await resp.prepare(request)
             if watcher is None:
@@ -336,8 +346,29 @@ class ApiServer:
             pass  # the client went away
         finally:
             if watcher is not None:
+                unbind()
                 watcher.close()
         return resp
+
+    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str,
+                           peer: str | None) -> Callable[[], None]:
+        """End `watcher` with a 401 ERROR and a log line when its certificate is revoked (the
+        revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
+        def end(reason: str, why: str) -> None:
+            log.warning("watch of %s by certificate %s from %s ended: %s", kind, who, peer, why)
+            watcher.fail(401, reason, f"client certificate {who} {why}")
+
+        delay = (who.not_after - datetime.now(timezone.utc)).total_seconds()
+        timer = asyncio.get_running_loop().call_later(
+            max(delay, 0.0), end, "CertificateExpired",
+            f"expired at {who.not_after.isoformat()}; issue a new one with `llmgw ca issue`")
+        unsubscribe = self.revocations.on_revoke(
+            who.serial, lambda: end("CertificateRevoked", "was revoked; ask an admin for a new one"))
+
+        def undo() -> None:
+            timer.cancel()
+            unsubscribe()
+        return undo
 
 
 async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[str, Object]:
