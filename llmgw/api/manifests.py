@@ -9,7 +9,8 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
-from llmgw.api.limits import MAX_MANIFEST_BYTES, Duplicates, InputError, check_document, path_text, too_deep, too_large
+from llmgw.api.limits import (MAX_BODY_BYTES, MAX_MANIFEST_BYTES, Duplicates, InputError, check_document,
+                              path_text, too_deep, too_large)
 from llmgw.api.types import KIND_BY_NAME, Object
 
 # Any kind, told apart by its `kind` field, validated straight from JSON.
@@ -175,7 +176,9 @@ def load_file(path: str | Path) -> list[Object]:
             continue
         try:
             check_document(doc)
-            objects.append(parse_object(doc))
+            obj = parse_object(doc)
+            _check_size(obj)
+            objects.append(obj)
         except InputError as err:
             errors.append(DocumentError(str(path), index, [str(err)]))
         except InvalidObject as err:
@@ -187,6 +190,14 @@ def load_file(path: str | Path) -> list[Object]:
     if errors:
         raise ManifestError(errors)
     return objects
+
+
+def _check_size(obj: Object) -> None:
+    """InputError for an object the API server would refuse as too large (413): say so before sending."""
+    size = len(json.dumps(obj.model_dump(mode="json")).encode())
+    if size > MAX_BODY_BYTES:
+        raise InputError("<document>", f"{obj.kind} {obj.name!r} is {size} bytes as JSON, "
+                                       f"{too_large(MAX_BODY_BYTES)} for one object")
 
 
 def manifest_files(path: str | Path, recursive: bool = False) -> list[Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Annotated, ClassVar, Iterable, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, model_validator
 
@@ -203,20 +203,6 @@ class Model(Object):
     @property
     def served_names(self) -> list[str]:
         return [self.metadata.name, *self.spec.aliases]
-
-
-def served_name_conflict(model: Model, others: Iterable[Model]) -> str | None:
-    """Why `model` may not take its names, or None: a name or alias is served by one Model only."""
-    mine = {n: ("its name" if n == model.name else "an alias") for n in model.served_names}
-    for other in others:
-        if other.name == model.name:
-            continue
-        for theirs in other.served_names:
-            if theirs in mine:
-                held = "the name" if theirs == other.name else "an alias"
-                return (f"Model {model.name!r}: {mine[theirs]} {theirs!r} is {held} of Model {other.name!r}; "
-                        "a name or alias is served by one Model only")
-    return None
 
 
 def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:
