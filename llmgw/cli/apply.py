@@ -125,11 +125,14 @@ def _load(files, recursive) -> list[Object]:
 @connection_options
 def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
     """Create or update the objects of manifest files, printing created, configured or unchanged for each."""
-    if prune and not selector:
+    if prune and selector is None:
         raise usage_error("--prune needs --selector: it limits what may be deleted")
-    if selector and not prune:
+    if selector is not None and not prune:
         raise usage_error("--selector is only used with --prune")
     sel = selector_arg(selector)
+    if prune and not sel:  # a blank selector parses to match-all: never let it choose what to delete
+        raise usage_error(f"--selector {selector!r} selects every object; --prune needs one that limits "
+                          "what may be deleted")
     objects = _load(files, recursive)
     run(_apply(conn, objects, prune, sel, dry_run))
 
