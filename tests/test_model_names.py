@@ -80,3 +80,16 @@ async def test_of_concurrent_writes_claiming_one_alias_exactly_one_wins(store):
     # writes of different names do not wait on each other's names: all land
     results = await asyncio.gather(*(store.create(model(f"calm{i}", f"calm-alias{i}")) for i in range(12)))
     assert len(results) == 12
+
+
+async def test_a_model_stored_before_names_were_reserved_still_holds_its_names(store):
+    # written as an older llmgw did: the spec key alone, no /llmgw/names/ keys
+    old = model("old", "old-alias")
+    await store.put_raw("/llmgw/spec/models/old", old.model_dump_json(exclude={"status": True}).encode())
+    with pytest.raises(NameTaken) as err:
+        await store.create(model("thief", "old-alias"))
+    assert str(err.value).startswith("Model 'thief': the alias 'old-alias' is an alias of Model 'old'")
+    current = await store.get("models", "old")
+    current.spec.aliases = ["old-alias", "another"]
+    await store.update(current)  # its own names are its own; the change reserves them all
+    assert await reservations(store) == {"old": "old", "old-alias": "old", "another": "old"}

@@ -19,6 +19,8 @@ Port = bounded(1, MAX_PORT)
 Replicas = bounded(0, MAX_REPLICAS)
 NodeCount = bounded(1, MAX_NODES)
 GPUCount = bounded(1, MAX_GPUS_PER_NODE)
+Rank = bounded(0, MAX_NODES - 1)
+DeadlineSeconds = bounded(1, MAX_PLACEMENT_DEADLINE_SECONDS)
 
 
 def _check_source(value: str) -> str:
@@ -173,7 +175,7 @@ class ModelSpec(Strict):
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     update: UpdateStrategy = Field(default_factory=UpdateStrategy)
     # How long a replica may stay unplaced before the next profile is tried.
-    placementDeadlineSeconds: bounded(1, MAX_PLACEMENT_DEADLINE_SECONDS) = 60  # type: ignore[valid-type]
+    placementDeadlineSeconds: DeadlineSeconds = 60
 
 
 class ModelStatus(Strict):
@@ -223,7 +225,7 @@ ReplicaPhase = Literal["Pending", "Scheduled", "Starting", "Ready", "Failed", "T
 
 
 class Placement(Strict):
-    rank: bounded(0, MAX_NODES - 1)  # type: ignore[valid-type]
+    rank: Rank
     node: str
     gpus: list[Int] = Field(default_factory=list)
     fabric: str | None = None
@@ -274,7 +276,7 @@ class ShardSpec(Strict):
     replica: DNSLabel
     model: DNSLabel
     node: DNSLabel
-    rank: bounded(0, MAX_NODES - 1)  # type: ignore[valid-type]
+    rank: Rank
     worldSize: NodeCount
     gpus: list[Int] = Field(default_factory=list)
     ports: ShardPorts

@@ -97,6 +97,14 @@ def _with_status(obj: Object, status_cls: type, status_value: bytes, revision: i
     return obj.model_copy(update={"status": status}).at_revision(revision)
 
 
+def _holders(model_kvs, names: list[str]) -> dict[str, str]:
+    """Which stored Model serves each of `names`, from the Models' specs: a Model stored
+    before served names were reserved holds its names without /llmgw/names/ keys."""
+    wanted = set(names)
+    return {n: m.name for m in (parse_stored(kv.value, None) for kv in model_kvs)
+            for n in m.served_names if n in wanted}
+
+
 def _served(obj: Object) -> list[str]:
     """The names a Model serves (its name and aliases); none for other kinds."""
     return obj.served_names if obj.kind_plural == "models" else []
@@ -268,13 +276,18 @@ class Store:
         names never wait on each other.
         """
         names = [*keep, *drop]
-        resp = await self._txn([], [_get(K.served_name_key(n)) for n in names], writes=False)
+        models = K.kind_prefix(K.SPEC, "models")
+        resp = await self._txn([], [*(_get(K.served_name_key(n)) for n in names),
+                                    _get(models, K.prefix_end(models))], writes=False)
+        unreserved = [n for n, r in zip(keep, resp.responses) if not r.response_range.kvs]
+        legacy = _holders(resp.responses[-1].response_range.kvs, unreserved) if unreserved else {}
         compare, ops = [], []
         for n, r in zip(names, resp.responses):
             key = _b(K.served_name_key(n))
             kv = r.response_range.kvs[0] if r.response_range.kvs else None
             holder = kv.value.decode() if kv else None
             if n in keep:
+                holder = holder or legacy.get(n)
                 if holder not in (None, model.name):
                     what = "its name" if n == model.name else "the alias"
                     theirs = "the name" if n == holder else "an alias"
