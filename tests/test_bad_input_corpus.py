@@ -28,6 +28,24 @@ CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 API = "/apis/llmgw.io/v1"
 LIMIT = "a name or alias is served by one Model only"
 
+# case -> its problems, the same from `llmgw apply -f manifests/<case>.yaml` (exit 2, a line each,
+# after "<file>: document 0: ") and from POST /models of rest/<case>.json (422, joined by "; ").
+SCHEMA = {
+    "replicas-huge": ["spec.replicas: Input should be less than or equal to 10000"],
+    "gpus-huge": ["spec.profiles[0].nodes: Input should be less than or equal to 1024",
+                  "spec.profiles[0].gpusPerNode: Input should be less than or equal to 64"],
+    "replicas-string": ['spec.replicas: Input should be a valid integer, got string "3"'],
+    "replicas-bool": ["spec.replicas: Input should be a valid integer, got boolean true"],
+    "replicas-float": ["spec.replicas: Input should be a valid integer, got number 2.0"],
+    "env-names": [f"spec.profiles[0].env.{k}: '{k}' is not an environment variable name (a letter or '_', "
+                  "then letters, digits or '_')" for k in ("A=B", "1X")],
+    "label-key": ["metadata.labels.a b,c=d: 'a b,c=d' is not a valid label key (an optional DNS subdomain and "
+                  "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or "
+                  "digit)"],
+    "source-flag": ["spec.source: '--trust-remote-code' starts with '-': the engine would read it as a flag"],
+}
+TAKEN = f"Model 'corpus-thief': the alias 'corpus-small' is the name of Model 'corpus-small'; {LIMIT}"
+
 # file -> (exit code, stderr after "error: "; {f} is the file's path). Exit 2: invalid manifest,
 # nothing sent; exit 5: the server refused it (409).
 MANIFESTS = {
@@ -41,27 +59,12 @@ MANIFESTS = {
     "deep.yaml": (2, f"{{f}}: document 0: <document>: nested deeper than {MAX_DEPTH} levels"),
     "duplicate-key.yaml": (2, "{f}: document 0: spec.replicas: duplicate key (line 9)"),
     "duplicate-key.json": (2, "{f}: document 0: spec.profiles[0].nodes: duplicate key (line 2)"),
-    "replicas-huge.yaml": (2, "{f}: document 0: spec.replicas: Input should be less than or equal to 10000"),
-    "gpus-huge.yaml": (2, "{f}: document 0: spec.profiles[0].nodes: Input should be less than or equal to 1024\n"
-                          "{f}: document 0: spec.profiles[0].gpusPerNode: Input should be less than or equal to 64"),
-    "replicas-string.yaml": (2, '{f}: document 0: spec.replicas: Input should be a valid integer, got string "3"'),
-    "replicas-bool.yaml": (2, "{f}: document 0: spec.replicas: Input should be a valid integer, got boolean true"),
-    "replicas-float.yaml": (2, "{f}: document 0: spec.replicas: Input should be a valid integer, got number 2.0"),
-    "env-names.yaml": (2, "{f}: document 0: spec.profiles[0].env.A=B: 'A=B' is not an environment variable name "
-                          "(a letter or '_', then letters, digits or '_')\n"
-                          "{f}: document 0: spec.profiles[0].env.1X: '1X' is not an environment variable name "
-                          "(a letter or '_', then letters, digits or '_')"),
-    "label-key.yaml": (2, "{f}: document 0: metadata.labels.a b,c=d: 'a b,c=d' is not a valid label key (an "
-                          "optional DNS subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', "
-                          "starting and ending with a letter or digit)"),
-    "source-flag.yaml": (2, "{f}: document 0: spec.source: '--trust-remote-code' starts with '-': the engine "
-                            "would read it as a flag"),
     "alias-own-name.yaml": (2, "{f}: document 0: <document>: spec.aliases[0]: 'corpus-self' is already a name of "
                                "this Model"),
-    "alias-taken.yaml": (5, f"Model 'corpus-thief': the alias 'corpus-small' is the name of Model "
-                            f"'corpus-small'; {LIMIT}"),
+    "alias-taken.yaml": (5, TAKEN),
     "name-taken.yaml": (5, f"Model 'corpus-large': its name 'corpus-large' is an alias of Model 'corpus-big'; "
                            f"{LIMIT}"),
+    **{f"{case}.yaml": (2, "\n".join("{f}: document 0: " + p for p in problems)) for case, problems in SCHEMA.items()},
 }
 
 # (file, method, path, identity, status, reason, message)
@@ -79,33 +82,14 @@ REST = [
      "request body is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 31 "
      "(char 30)"),
     ("not-utf8.json", "POST", "/models", "admin", 400, "BadRequest", "request body is not valid JSON (not UTF-8)"),
-    ("replicas-huge.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.replicas: Input should be less than or equal to 10000"),
-    ("gpus-huge.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.profiles[0].nodes: Input should be less than or equal to 1024; "
-     "spec.profiles[0].gpusPerNode: Input should be less than or equal to 64"),
-    ("replicas-string.json", "POST", "/models", "admin", 422, "Invalid",
-     'spec.replicas: Input should be a valid integer, got string "3"'),
-    ("replicas-bool.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.replicas: Input should be a valid integer, got boolean true"),
-    ("replicas-float.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.replicas: Input should be a valid integer, got number 2.0"),
-    ("env-names.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.profiles[0].env.A=B: 'A=B' is not an environment variable name (a letter or '_', then letters, "
-     "digits or '_')"),
-    ("label-key.json", "POST", "/models", "admin", 422, "Invalid",
-     "metadata.labels.a b,c=d: 'a b,c=d' is not a valid label key (an optional DNS subdomain and '/', then at "
-     "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"),
-    ("source-flag.json", "POST", "/models", "admin", 422, "Invalid",
-     "spec.source: '--trust-remote-code' starts with '-': the engine would read it as a flag"),
-    ("alias-taken.json", "POST", "/models", "admin", 409, "NameTaken",
-     f"Model 'corpus-thief': the alias 'corpus-small' is the name of Model 'corpus-small'; {LIMIT}"),
-    ("alias-taken.json", "POST", "/models/corpus-thief/apply", "admin", 409, "NameTaken",
-     f"Model 'corpus-thief': the alias 'corpus-small' is the name of Model 'corpus-small'; {LIMIT}"),
+    ("alias-taken.json", "POST", "/models", "admin", 409, "NameTaken", TAKEN),
+    ("alias-taken.json", "POST", "/models/corpus-thief/apply", "admin", 409, "NameTaken", TAKEN),
     ("status-conditions.json", "PATCH", "/models/corpus-small/status", "admin", 422, "Invalid",
      "status.conditions: Input should be a valid list, got integer 5"),
     ("heartbeat-ttl-bool.json", "POST", "/heartbeat/corpus-node", "node", 400, "BadRequest",
      "ttl must be an integer number of seconds in 1..600, got True"),
+    *((f"{case}.json", "POST", "/models", "admin", 422, "Invalid", "; ".join(problems))
+      for case, problems in SCHEMA.items()),
 ]
 
 

@@ -120,7 +120,8 @@ def _load(files, recursive) -> list[Object]:
 @click.option("--prune", is_flag=True,
               help="After applying, delete objects of the applied kinds that match --selector and are "
                    "not in the manifests (objects owned by another object are never pruned).")
-@click.option("-l", "--selector", metavar="SELECTOR", help="With --prune: which live objects may be pruned.")
+@click.option("-l", "--selector", metavar="SELECTOR",
+              help="With --prune (and required by it, not blank): which live objects may be pruned.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")
 @connection_options
 def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
