@@ -63,8 +63,9 @@ class Duplicates(dict):
     line: int | None = None
 
 
-def check_document(doc: Any) -> None:
-    """InputError when `doc` is nested too deeply, is too big, or holds a Duplicates mapping."""
+def check_document(doc: Any, max_elements: int | None = MAX_ELEMENTS) -> None:
+    """InputError when `doc` is nested too deeply, holds a Duplicates mapping, or more than
+    max_elements values (None: no count, for JSON, which has no aliases: its size bounds it)."""
     if not isinstance(doc, (dict, list)):
         return
     stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]
@@ -77,8 +78,8 @@ def check_document(doc: Any) -> None:
             where = f" (line {value.line})" if value.line else ""
             raise InputError(path_text((*loc, str(value.key))), f"duplicate key{where}")
         seen += len(value)
-        if seen > MAX_ELEMENTS:
-            raise InputError("<document>", f"more than {MAX_ELEMENTS} values (YAML aliases expanded)")
+        if max_elements is not None and seen > max_elements:
+            raise InputError("<document>", f"more than {max_elements} values (YAML aliases expanded)")
         items = value.items() if isinstance(value, dict) else enumerate(value)
         stack.extend((v, (*loc, k if isinstance(k, int) and isinstance(value, list) else str(k)), depth + 1)
                      for k, v in items if isinstance(v, (dict, list)))
@@ -105,8 +106,8 @@ def parse_json(data: bytes | str, *, unique_keys: bool = True) -> Any:
         doc = json.loads(data, object_pairs_hook=_unique_pairs if unique_keys else None)
     except RecursionError:
         raise InputError("<document>", too_deep()) from None
-    if (unique_keys or _brackets(data) > MAX_DEPTH):
-        check_document(doc)
+    if unique_keys or _brackets(data) > MAX_DEPTH:
+        check_document(doc, max_elements=None)
     return doc
 
 
