@@ -155,6 +155,14 @@ def test_several_ports_of_one_adapter_in_number_order(tmp_path):
     assert [(p.port, p.state) for p in discover_ports(str(tmp_path))] == [(1, "INIT"), (2, "ACTIVE")]
 
 
+def test_bytes_that_are_not_utf8_in_sysfs_are_not_fatal(tmp_path):
+    make_sysfs(tmp_path, [FakePort("mlx5_0")])
+    (tmp_path / "mlx5_0" / "ports" / "1" / "rate").write_bytes(b"400 Gb/sec (4X \xff\xfe)\n")
+    (tmp_path / "mlx5_0" / "ports" / "\u00b2").mkdir()  # a digit to str.isdigit, not to int()
+    (port,) = discover_ports(str(tmp_path))
+    assert (port.state, port.rate) == ("ACTIVE", "400 Gb/sec (4X \ufffd\ufffd)")
+
+
 def test_no_sysfs_root_means_no_adapters(tmp_path):
     assert discover_ports(str(tmp_path / "absent")) == []
 
