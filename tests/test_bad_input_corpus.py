@@ -52,9 +52,9 @@ MANIFESTS = {
     "empty.yaml": (2, "{f}: document 0: <document>: no objects in this file (it is empty or holds only comments)"),
     "comments.yaml": (2, "{f}: document 0: <document>: no objects in this file (it is empty or holds only "
                          "comments)"),
-    "binary.yaml": (2, "{f}: document 0: <document>: not UTF-8 text (byte 0x80 at offset 128); manifests are "
+    "binary.yaml": (2, "{f}: document 0: <document>: not UTF-8 text (byte 0x80 at offset 128); write "
                        "YAML or JSON in UTF-8"),
-    "latin1.yaml": (2, "{f}: document 0: <document>: not UTF-8 text (byte 0xe9 at offset 72); manifests are "
+    "latin1.yaml": (2, "{f}: document 0: <document>: not UTF-8 text (byte 0xe9 at offset 72); write "
                        "YAML or JSON in UTF-8"),
     "deep.yaml": (2, f"{{f}}: document 0: <document>: nested deeper than {MAX_DEPTH} levels"),
     "duplicate-key.yaml": (2, "{f}: document 0: spec.replicas: duplicate key (line 9)"),
@@ -176,6 +176,21 @@ def test_prune_with_a_blank_selector_deletes_nothing(seeded, config, tmp_path, s
     out = llmgw(config, "apply", "-f", str(f), "--prune", "-l", selector)
     assert (out.exit_code, out.stdout, out.stderr) == (2, "", f"error: {message}\n")
     assert etcd_keys(seeded) == before
+
+
+# a client config (LLMGW_CONFIG) that cannot be read as one: exit 2, stderr after "error: {f}: "
+CONFIGS = {
+    "manifests/binary.yaml": "not UTF-8 text (byte 0x80 at offset 128); write YAML or JSON in UTF-8",
+    "manifests/deep.yaml": f"nested deeper than {MAX_DEPTH} levels",
+    "client-config-duplicate.yaml": "server: duplicate key (line 2)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_client_config_corpus(name):
+    path = CORPUS / name
+    out = llmgw(path, "get", "models")
+    assert (out.exit_code, out.stdout, out.stderr) == (2, "", f"error: {path}: {CONFIGS[name]}\n")
 
 
 def _send(server, identity: tuple[str, str], method: str, path: str, body: bytes) -> tuple[int, dict]:

@@ -119,25 +119,26 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode):
 _Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
 
 
-def _yaml_documents(path: Path) -> list[Any]:
-    """The documents of a manifest file; ManifestError for one that cannot be read as YAML."""
-    def refuse(problem: str) -> ManifestError:
-        return ManifestError([DocumentError(str(path), 0, [f"<document>: {problem}"])])
+def read_yaml(path: Path, max_bytes: int = MAX_MANIFEST_BYTES) -> list[Any]:
+    """The documents of a YAML (or JSON) file in UTF-8; InputError("<document>", problem) for a
+    file that cannot be read as that. Documents are not yet checked: check_document each."""
+    def refuse(problem: str) -> InputError:
+        return InputError("<document>", problem)
 
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+            raw = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise
     except OSError as err:
         raise refuse(f"cannot be read: {err.strerror or err}") from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise refuse(f"file is {too_large(MAX_MANIFEST_BYTES)}; split it into several files")
+    if len(raw) > max_bytes:
+        raise refuse(f"file is {too_large(max_bytes)}; split it into several files")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise refuse(f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                     "manifests are YAML or JSON in UTF-8") from None
+                     "write YAML or JSON in UTF-8") from None
     try:
         return list(yaml.load_all(text, Loader=_Loader))
     except RecursionError:
@@ -171,7 +172,11 @@ def load_file(path: str | Path) -> list[Object]:
     path = Path(path)
     objects, errors = [], []
     index = 0
-    for doc in _yaml_documents(path):
+    try:
+        docs = read_yaml(path)
+    except InputError as err:
+        raise ManifestError([DocumentError(str(path), 0, [str(err)])]) from None
+    for doc in docs:
         if doc is None:  # empty document, e.g. a trailing '---'
             continue
         try:
