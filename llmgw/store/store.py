@@ -277,10 +277,10 @@ class Store:
         """
         names = [*keep, *drop]
         models = K.kind_prefix(K.SPEC, "models")
-        resp = await self._txn([], [*(_get(K.served_name_key(n)) for n in names),
-                                    _get(models, K.prefix_end(models))], writes=False)
+        reads = [_get(K.served_name_key(n)) for n in names]
+        resp = await self._txn([], reads + ([_get(models, K.prefix_end(models))] if keep else []), writes=False)
         unreserved = [n for n, r in zip(keep, resp.responses) if not r.response_range.kvs]
-        legacy = _holders(resp.responses[-1].response_range.kvs, unreserved) if unreserved else {}
+        legacy = _holders(resp.responses[len(names)].response_range.kvs, unreserved) if unreserved else {}
         compare, ops = [], []
         for n, r in zip(names, resp.responses):
             key = _b(K.served_name_key(n))
