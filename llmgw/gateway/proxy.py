@@ -21,6 +21,7 @@ import logging
 import time
 from urllib.parse import unquote
 
+from llmgw.api.limits import parse_json
 from llmgw.gateway import errors
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
@@ -175,7 +176,8 @@ class Gateway:
         try:
             # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
             # before): decoding it here skips json's encoding detection, a Python function.
-            doc = json.loads(body.decode() if body[:1] == b"{" and body[1:2] != b"\x00" else body)
+            text = body.decode() if body[:1] == b"{" and body[1:2] != b"\x00" else body
+            doc = parse_json(text, unique_keys=False)  # bounded nesting: llmgw.api.limits
         except (ValueError, UnicodeDecodeError) as err:
             return errors.bad_request(
                 f"We could not parse the JSON body of your request ({err}); "

@@ -10,13 +10,17 @@ from typing import Callable
 
 from aiohttp import web
 
+from pydantic import ValidationError
+
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
+from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
+from llmgw.api.manifests import describe_validation_error
 from llmgw.pki import Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
-from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Selector, Store,
+from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Selector, Store,
                          StoreUnavailable)
 from llmgw.store.keys import NODE_SCOPED
 
@@ -44,7 +48,7 @@ def _node_of(obj: Object) -> str | None:
 
 _STORE_ERRORS = [
     (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
-    (FencedOut, 409, "Conflict"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
+    (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
 ]
 
 
@@ -61,7 +65,7 @@ class ApiServer:
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=8 << 20)
+        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
@@ -163,9 +167,17 @@ class ApiServer:
     @staticmethod
     async def _body(request: web.Request) -> dict:
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise Fail(400, "BadRequest", "request body is not valid JSON") from None
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise Fail(413, "RequestEntityTooLarge", f"request body: {too_large(MAX_BODY_BYTES)}") from None
+        try:
+            body = parse_json(raw)  # nesting, duplicate keys and size: llmgw.api.limits
+        except InputError as err:
+            raise Fail(400, "BadRequest", f"request body: {err}") from None
+        except UnicodeDecodeError:
+            raise Fail(400, "BadRequest", "request body is not valid JSON (not UTF-8)") from None
+        except ValueError as err:
+            raise Fail(400, "BadRequest", f"request body is not valid JSON: {err}") from None
         if not isinstance(body, dict):
             raise Fail(400, "BadRequest", "request body must be a JSON object")
         return body
@@ -195,7 +207,10 @@ class ApiServer:
             try:
                 rv = int(rv) if rv else 0
             except ValueError:
-                raise Fail(400, "BadRequest", f"resourceVersion must be an integer, got {rv!r}") from None
+                rv = -1
+            if not 0 <= rv <= INT64[1]:
+                raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), "
+                           f"got {q.get('resourceVersion')[:40]!r}")
             return await self._watch(request, kind, node, selector, rv)
         await self._check(request, Action("list", kind, node=node))
         items, rev = await self.store.list(kind, selector=selector, node=node)
@@ -249,6 +264,10 @@ class ApiServer:
     async def patch_status(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
+        try:  # every status field has a default, so the patch alone says whether its fields are well typed
+            KINDS[kind].model_fields["status"].annotation.model_validate(patch)
+        except ValidationError as err:
+            raise InvalidObject([f"status.{line}" for line in describe_validation_error(err)]) from None
         current = await self._existing_for_status(request, kind, name,
                                                   lambda cur: frozenset(f"status.{k}" for k in patch))
         return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
@@ -270,7 +289,7 @@ class ApiServer:
         await self._check(request, Action("heartbeat", "heartbeat", node))
         body = await self._body(request) if request.can_read_body else {}
         ttl = body.get("ttl") or 15
-        if not isinstance(ttl, int) or not 1 <= ttl <= 600:
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
         await self.store.heartbeat(node, ttl=ttl)
         return _json({"node": node, "ttl": ttl})

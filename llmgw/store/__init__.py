@@ -7,7 +7,7 @@ import os
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from llmgw.store.errors import (  # noqa: F401
-    AlreadyExists, Compacted, Conflict, FencedOut, NotFound, StoreError, StoreUnavailable,
+    AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, StoreError, StoreUnavailable,
 )
 from llmgw.api.selectors import Selector  # noqa: F401
 from llmgw.store.store import Leadership, RawEvent, Store, WatchEvent  # noqa: F401
