@@ -150,7 +150,7 @@ def test_llamacpp_single_node():
     out = render(make_shard("llamacpp", gpus=[3], gpusPerNode=1, args=["--ctx-size", "8192"]), node(), EXE)
     assert argvs(out) == [[
         "/usr/local/bin/llama-server", "--model", "/models/llama-70b", "--host", "10.0.0.10", "--port", "30001",
-        "--metrics", "--alias", "llama-70b", "--parallel", "4", "--n-gpu-layers", "999",
+        "--metrics", "--alias", "llama-70b,llama", "--parallel", "4", "--kv-unified", "--n-gpu-layers", "999",
         "--ctx-size", "8192",
     ]]
     assert out.commands[0].env["CUDA_VISIBLE_DEVICES"] == "3"
