@@ -366,18 +366,24 @@ time.sleep(600)
 """
 
 
-async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(shared_api_server, agents, tmp_path):
+def ray_node(agents, tmp_path, node: str, ray_program: str) -> tuple[AgentProcess, Shard]:
+    """An agent with the stand-in vllm and the given stand-in ray, and a vLLM-under-Ray shard for it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(FAKE_VLLM.format(python=sys.executable))
-    (bin_dir / "ray").write_text(FAKE_RAY.format(python=sys.executable))
+    (bin_dir / "ray").write_text(ray_program)
     for exe in ("vllm", "ray"):
         (bin_dir / exe).chmod(0o755)
     weights = tmp_path / "models" / "m"
     weights.mkdir(parents=True)
-    agent = agents("ray-1", "--engine", f"vllm={bin_dir / 'vllm'}", "--engine", f"ray={bin_dir / 'ray'}")
-    shard = sim_shard("ray-1-a", "ray-1", engine="vllm", source=str(weights))
+    agent = agents(node, "--engine", f"vllm={bin_dir / 'vllm'}", "--engine", f"ray={bin_dir / 'ray'}")
+    shard = sim_shard(f"{node}-a", node, engine="vllm", source=str(weights))
     shard.spec.launchMode = "ray"
+    return agent, shard
+
+
+async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(shared_api_server, agents, tmp_path):
+    agent, shard = ray_node(agents, tmp_path, "ray-1", FAKE_RAY.format(python=sys.executable))
     async with shared_api_server.client() as c:
         await c.create(shard)
         shard = await shard_in(c, "ray-1-a", agent, "Ready", "Failed")
@@ -401,17 +407,8 @@ async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(share
 
 async def test_a_ray_head_that_dies_before_it_listens_fails_the_shard_before_vllm_starts(
         shared_api_server, agents, tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(FAKE_VLLM.format(python=sys.executable))
-    (bin_dir / "ray").write_text("#!/bin/sh\necho 'Failed to start the GCS: address already in use'\nexit 1\n")
-    for exe in ("vllm", "ray"):
-        (bin_dir / exe).chmod(0o755)
-    weights = tmp_path / "models" / "m"
-    weights.mkdir(parents=True)
-    agent = agents("ray-2", "--engine", f"vllm={bin_dir / 'vllm'}", "--engine", f"ray={bin_dir / 'ray'}")
-    shard = sim_shard("ray-2-a", "ray-2", engine="vllm", source=str(weights))
-    shard.spec.launchMode = "ray"
+    agent, shard = ray_node(agents, tmp_path, "ray-2",
+                            "#!/bin/sh\necho 'Failed to start the GCS: address already in use'\nexit 1\n")
     async with shared_api_server.client() as c:
         await c.create(shard)
         shard = await shard_in(c, "ray-2-a", agent, "Failed")
