@@ -71,6 +71,7 @@ class LocalCluster:
     drain_delay: float = 2.0
     gpus_per_node: int = 8
     lease_seconds: float = 15.0
+    engines: dict[str, str] = field(default_factory=dict)  # agent --engine NAME=PATH, on every node
     etcd: EtcdCluster | None = None
     slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -200,6 +201,8 @@ class LocalCluster:
                 "--stop-grace-period", "10s", "--heartbeat-interval", "2s"]
         if n.fabric:
             argv += ["--fabric", n.fabric]
+        for name, path in self.engines.items():
+            argv += ["--engine", f"{name}={path}"]
         # engines inherit the agent's environment: NODE_MARKER finds a node's processes
         self._spawn(f"agent-{n.name}", argv, env={NODE_MARKER: n.name})
 
