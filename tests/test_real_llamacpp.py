@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "hack" / "llama-server.sh"
 CONTEXT = 2048
 pytestmark = pytest.mark.timeout(600)
-NODE = NodePlan("node01", "127.0.1.1", None)
+NODE = NodePlan("node01")
 
 
 def llama_server() -> Path:
