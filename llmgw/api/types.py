@@ -96,6 +96,7 @@ class NodeStatus(Strict):
     fabrics: list[Fabric] = Field(default_factory=list)
     engines: list[EngineInfo] = Field(default_factory=list)
     portRange: PortRange = Field(default_factory=PortRange)
+    foreignPorts: list[int] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
