@@ -108,15 +108,15 @@ class NodeLifecycleController(Controller):
         self._new_term()
         cache = self.ctx.cache
         now = self.ctx.clock()
-        silent, total = self._fleet(now)
         node = cache.get("nodes", key)
-        if node is None:
+        if node is None or key in cache.heartbeats():
             self.silent_since.pop(key, None)
+            if self._mass:      # this node's return (or deletion) may end a mass silence
+                self._fleet(now)
+            if node is not None:
+                await self._back(node)
             return None
-        if key in cache.heartbeats():
-            self.silent_since.pop(key, None)
-            await self._back(node)
-            return None
+        silent, total = self._fleet(now)
 
         ready = get_condition(node.status.conditions, "Ready")
         expired = ready is not None and ready.status == "False" and ready.reason == "HeartbeatExpired"

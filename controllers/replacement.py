@@ -6,7 +6,9 @@ references and finalizers, and the annotation
 `llmgw.io/draining-replacement-for: <original>` (llmgw/runtime/annotations.py
 describes how the model controller treats it). Its name derives from the
 original's uid, so a controller that restarts, or works from a stale cache,
-finds or re-creates the same one instead of making a second.
+finds or re-creates the same one instead of making a second. A move called
+off (drain withdrawn, lost node back) drops the annotation: the replacement
+becomes an ordinary replica.
 """
 from __future__ import annotations
 
