@@ -121,7 +121,8 @@ class NodeLifecycleController(Controller):
         ready = get_condition(node.status.conditions, "Ready")
         expired = ready is not None and ready.status == "False" and ready.reason == "HeartbeatExpired"
         if not expired:
-            await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired", "no heartbeat from the node's agent")])
+            node = await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired",
+                                                  "no heartbeat from the node's agent")])
             self.ctx.events.record(node, "Warning", "NodeNotReady", "heartbeat expired")
         if node_lost(node):
             return await self._evict(node)
