@@ -288,3 +288,23 @@ async def test_deleting_a_lost_node_releases_its_shards(store):
         assert await get_or_none(store, "shards", f"{orig.name}-0") is None
         (abandoned,) = cp.events("ShardAbandoned", orig.name)
         assert f"node {lost} was deleted" in abandoned.message
+
+
+def test_the_disruption_budget_is_set_from_the_command_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from llmgw.runtime import cli
+    started = {}
+
+    def run(main):                         # instead of connecting to etcd: keep what it was given
+        started.update(main.cr_frame.f_locals["options"])
+        main.close()
+    monkeypatch.setattr(cli.aio, "run", run)
+    args = ["--etcd", "http://127.0.0.1:1", "--node-grace", "12", "--max-silent-fraction", "0.4",
+            "--eviction-settle", "90", "--eviction-rate", "0.5"]
+    out = CliRunner().invoke(cli.controller_manager, args)
+    assert out.exit_code == 0, out.output
+    assert {k: started[k] for k in ("node_grace", "max_silent_fraction", "eviction_settle", "eviction_rate")} == {
+        "node_grace": 12.0, "max_silent_fraction": 0.4, "eviction_settle": 90.0, "eviction_rate": 0.5}
+    refused = CliRunner().invoke(cli.controller_manager, ["--etcd", "http://127.0.0.1:1", "--eviction-rate", "0"])
+    assert refused.exit_code == 2 and "--eviction-rate" in refused.output and "Traceback" not in refused.output
