@@ -43,6 +43,7 @@ Once the scheduler set ``spec.placement``:
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta, timezone
 
 from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
@@ -68,11 +69,16 @@ def backoff_seconds(streak: int, base: float = 10.0, cap: float = 300.0) -> floa
     return 0.0 if streak <= 1 else min(cap, base * 2 ** (streak - 2))
 
 
-def port_in_use(shard: Shard) -> bool:
-    """The agent refused to start the shard: a port of it is held by a process not ours."""
+def held_ports(shard: Shard) -> set[int]:
+    """Ports of its node to hand out no more when the agent refused to start the shard because a
+    process not ours holds one (PortInUse): the shard's own, and any the refusal names."""
     started = get_condition(shard.status.conditions, "Started")
-    return shard.status.phase == "Failed" and (
-        (started is not None and started.reason == "PortInUse") or shard.status.message.startswith("PortInUse:"))
+    refused = started is not None and started.reason == "PortInUse"
+    if shard.status.phase != "Failed" or not (refused or shard.status.message.startswith("PortInUse:")):
+        return set()
+    named = re.findall(r"\bport (\d+)", (started.message if refused else "") + " " + shard.status.message)
+    own = [shard.spec.ports.serve] + ([shard.spec.ports.distInit] if shard.spec.rank == 0 else [])
+    return {*own, *map(int, named)}
 
 
 def fold_phase(replica: Replica, shards: list[Shard]) -> str:
@@ -145,10 +151,11 @@ class ReplicaController(Controller):
 
         reason = self._failure(r, shards)
         if reason:
-            refused = [s for s in shards if port_in_use(s)]
-            for s in refused:
-                own = [s.spec.ports.serve] + ([s.spec.ports.distInit] if s.spec.rank == 0 else [])
-                self._port_held.setdefault(s.spec.node, set()).update(own)
+            refused = False
+            for s in shards:
+                if held := held_ports(s):
+                    self._port_held.setdefault(s.spec.node, set()).update(held)
+                    refused = True
             await self._fail(r, shards, reason, crash=not refused)
             return timer.result()
         if len(shards) < len(r.spec.placement):

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
-from controllers.replica import backoff_seconds, fold_phase
+from controllers.replica import backoff_seconds, fold_phase, held_ports
 from tests.helpers.controlplane import control_plane, until
 
 
@@ -199,3 +199,19 @@ def test_fold_phase_needs_rank0_ready_and_workers_up():
     assert fold_phase(rep, [sh(0, "Ready"), sh(1, "Starting")]) == "Starting"
     assert fold_phase(rep, [sh(0, "Running"), sh(1, "Ready")]) == "Starting"
     assert fold_phase(rep, [sh(0, "Ready"), sh(1, "Running")]) == "Ready"
+
+
+def test_held_ports_are_the_refused_shards_own_and_any_the_refusal_names():
+    from llmgw.api import Shard
+
+    def sh(rank, status):
+        return Shard.model_validate({"metadata": {"name": f"r-{rank}"}, "spec": {
+            "replica": "r", "model": "m", "node": "n", "rank": rank, "worldSize": 2,
+            "ports": {"serve": 30002 + rank, "distInit": 30001}, "headAddress": "h", "engine": "vllm",
+            "servedModelNames": ["m"]}, "status": status})
+    refused = {"phase": "Failed", "message": "PortInUse: port 30009 held by pid 7 (nc)", "conditions": [
+        {"type": "Started", "status": "False", "reason": "PortInUse", "message": "port 30009 held by pid 7 (nc)"}]}
+    assert held_ports(sh(0, refused)) == {30002, 30001, 30009}
+    assert held_ports(sh(1, refused)) == {30003, 30009}       # rank 0's dist-init port is on rank 0's node
+    assert held_ports(sh(0, {"phase": "Failed", "message": "PortInUse: port 30005 held"})) == {30002, 30001, 30005}
+    assert held_ports(sh(0, {"phase": "Failed", "message": "engine exited with code 1"})) == set()
