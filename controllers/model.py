@@ -22,7 +22,10 @@
   same name) its replicas are deleted; garbage collection does the same.
 
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
-observedGeneration, conditions Available and Progressing.
+observedGeneration, conditions Available and Progressing. Progressing is
+False with reason CrashLoop while a replica of the current template that is
+not Ready has failed ``CRASH_LOOP_FAILURES`` or more times in a row; its
+message carries that replica's last failure (with the end of the engine's log).
 
 ``plan(model, replicas, now)`` is the pure decision; ``ModelController``
 carries it out.
@@ -45,6 +48,7 @@ from llmgw.store import NotFound
 log = logging.getLogger("llmgw.controllers.model")
 
 REPLICA_NAME_MAX = 60
+CRASH_LOOP_FAILURES = 2
 CREATE_BATCH = 32
 
 
@@ -159,12 +163,24 @@ def plan(model: Model, replicas: list[Replica], now: datetime) -> Plan:
         reason, msg = "ReplicasUpdating", f"{len(new)}/{want} replicas of template {thash}, {len(old)} old remaining"
     else:
         reason, msg = "ScalingReplicas", f"{sum(1 for r in new if is_ready(r))}/{want} replicas Ready"
-    conds.append({"type": "Progressing", "status": "True", "reason": reason, "message": msg,
+    looping = crash_looping(new)
+    conds.append({"type": "Progressing", "status": "False" if looping else "True",
+                  "reason": "CrashLoop" if looping else reason, "message": looping or msg,
                   "observedGeneration": model.metadata.generation})
     out.status = {"observedGeneration": model.metadata.generation, "replicas": len(active),
                   "readyReplicas": ready_all, "updatedReplicas": updated, "templateHash": thash,
                   "conditions": conds}
     return out
+
+
+def crash_looping(replicas: list[Replica]) -> str:
+    """Why the first crash-looping replica (unready, failed again and again) keeps failing ('' if none)."""
+    for r in replicas:
+        if r.status.consecutiveFailures >= CRASH_LOOP_FAILURES and not is_ready(r):
+            ready = get_condition(r.status.conditions, "Ready")
+            cause = ready.message if ready is not None and ready.status == "False" else r.status.message
+            return f"replica {r.name} failed {r.status.consecutiveFailures} times in a row: {cause}"
+    return ""
 
 
 def _status_differs(model: Model, status: dict) -> bool:

@@ -30,7 +30,10 @@ Once the scheduler set ``spec.placement``:
   is not the engine's fault: rebuilt at once, on other ports, the streak
   left as it was. A node that is only silent is not a failure here: the node
   lifecycle controller moves its replicas, make-before-break;
-  every shard deleted; once they are gone and the backoff has passed the
+  every shard deleted (the last lines of a failed shard's engine log, at most
+  ``LOG_TAIL_LINES`` lines and ``LOG_TAIL_CHARS`` characters, go into the
+  ReplicaFailed event and the Ready condition: the shard that held them is
+  deleted within seconds); once they are gone and the backoff has passed the
   placement is cleared (Scheduled=False, reason Rebuilding) and the scheduler
   places it again;
 * a shard's ``llmgw.io/process`` finalizer is removed once its agent reports
@@ -57,6 +60,17 @@ from llmgw.store import NotFound
 log = logging.getLogger("llmgw.controllers.replica")
 
 REPLICA_LABEL = "llmgw.io/replica"
+
+
+LOG_TAIL_LINES = 20
+LOG_TAIL_CHARS = 2000
+
+
+def crash_log(shards: list[Shard]) -> str:
+    """The end of the first failed shard's engine log, bounded in lines and characters ('' when none)."""
+    tail = next((s.status.logTail for s in shards if s.status.phase == "Failed" and s.status.logTail), [])
+    text = "\n".join(tail[-LOG_TAIL_LINES:])
+    return text[-LOG_TAIL_CHARS:]
 
 
 def shard_name(replica: str, rank: int) -> str:
@@ -198,17 +212,20 @@ class ReplicaController(Controller):
             delay = backoff_seconds(streak, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
                                     float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
         until = now + timedelta(seconds=delay)
+        log_tail = crash_log(shards)
+        cause = f"{reason}\nlast lines of its log:\n{log_tail}" if log_tail else reason
         await self._patch(r, {
             "phase": "Failed", "endpoint": None, "restarts": restarts, "consecutiveFailures": streak,
             "message": f"{reason}; rebuilding in {delay:g}s",
             "backoffUntil": until.isoformat(),
-            "conditions": [{"type": "Ready", "status": "False", "reason": "Rebuilding", "message": reason}],
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Rebuilding", "message": cause}],
         })
         self.ctx.events.record(r, "Warning", "ReplicaFailed",
                                f"{reason}; rebuilding the whole replica in {delay:g}s "
                                f"(restart {restarts}, {streak} in a row)"
                                + ("" if crash else "; a port held by another process is no crash: "
-                                  "not counted, and the rebuild avoids the port"))
+                                  "not counted, and the rebuild avoids the port")
+                               + (f"\nlast lines of its log:\n{log_tail}" if log_tail else ""))
         await self._teardown(r, shards)
 
     async def _continue_rebuild(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:

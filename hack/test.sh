@@ -6,5 +6,11 @@ source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates
 ensure_venv "[test]"
+# A real llama-server for tests/test_real_llamacpp.py, built once per version and
+# cached outside the checkout; without a compiler that test says so and is skipped.
+if [[ -z ${LLMGW_LLAMA_SERVER:-} ]] && command -v cmake >/dev/null && command -v c++ >/dev/null; then
+  LLMGW_LLAMA_SERVER=$(PYTHON="$VENV/bin/python" "$ROOT/hack/llama-server.sh")
+  export LLMGW_LLAMA_SERVER
+fi
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -q "$@"

@@ -3,8 +3,11 @@ and InfiniBand discovery against fake sysfs trees (hack/fakes/make_sysfs.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from llmgw.agent.discovery.gpu import discover_gpus
@@ -152,6 +155,14 @@ def test_several_ports_of_one_adapter_in_number_order(tmp_path):
     assert [(p.port, p.state) for p in discover_ports(str(tmp_path))] == [(1, "INIT"), (2, "ACTIVE")]
 
 
+def test_bytes_that_are_not_utf8_in_sysfs_are_not_fatal(tmp_path):
+    make_sysfs(tmp_path, [FakePort("mlx5_0")])
+    (tmp_path / "mlx5_0" / "ports" / "1" / "rate").write_bytes(b"400 Gb/sec (4X \xff\xfe)\n")
+    (tmp_path / "mlx5_0" / "ports" / "\u00b2").mkdir()  # a digit to str.isdigit, not to int()
+    (port,) = discover_ports(str(tmp_path))
+    assert (port.state, port.rate) == ("ACTIVE", "400 Gb/sec (4X \ufffd\ufffd)")
+
+
 def test_no_sysfs_root_means_no_adapters(tmp_path):
     assert discover_ports(str(tmp_path / "absent")) == []
 
@@ -165,3 +176,63 @@ def test_make_sysfs_command_line(tmp_path):
     assert [(p.adapter, p.port, p.state, p.link_layer) for p in ports] == [
         ("mlx5_0", 1, "ACTIVE", "InfiniBand"), ("mlx5_1", 2, "DOWN", "InfiniBand"),
         ("mlx5_2", 1, "ACTIVE", "Ethernet")]
+
+
+# ------------------------------------------------------------------ hostile nvidia-smi
+
+def _script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def _goes(pid: int, within: float = 10.0) -> bool:
+    """Whether `pid` is gone within the bound (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + within
+    while is_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_output_that_is_not_utf8_still_lists_the_gpus(tmp_path):
+    # a GPU name in Latin-1 (0xe9); the agent used to die at startup on UnicodeDecodeError
+    line = "0, GPU-1, Caf\\351 GPU, 81559, 3, 0, 34, 570.86.15, 00000000:19:00.0, 9.0"
+    report = discover_gpus(_script(tmp_path, "smi", f"printf '{line}\\n'\n"))
+    assert report.ok, report.error
+    assert report.gpus[0].name == "Caf\ufffd GPU" and report.gpus[0].memoryMiB == 81559
+
+
+def test_a_child_holding_the_pipe_does_not_hold_discovery(tmp_path):
+    # nvidia-smi answers and exits, leaving a child with its stdout: reading to the pipe's
+    # end would wait for the child (for ever here) and then report a timeout
+    pidfile = tmp_path / "child"
+    path = fake_smi(tmp_path, gpus=2)
+    wrapper = _script(tmp_path, "smi-with-child", f'sleep 3600 & echo $! > "{pidfile}"\nexec "{path}" "$@"\n')
+    report = discover_gpus(wrapper, timeout=60)
+    assert report.ok, report.error
+    assert len(report.gpus) == 2
+    assert _goes(int(pidfile.read_text())), "the child left behind was not killed"
+
+
+def test_the_timeout_holds_when_a_child_escapes_the_kill(tmp_path):
+    # a child in its own session keeps the pipe open and survives killing nvidia-smi's
+    # group (as a process stuck in the kernel survives SIGKILL): discovery must still end
+    pidfile = tmp_path / "escaped"
+    path = _script(tmp_path, "smi-escaping", f'setsid sh -c \'echo $$ > "{pidfile}"; exec sleep 3600\' &\n'
+                                               "exec sleep 3600\n")
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(discover_gpus(path, timeout=0.5)), daemon=True)
+    worker.start()
+    worker.join(60)  # a bound on a hang, not a speed check: the old code waited for the pipe's end
+    try:
+        assert not worker.is_alive(), "discovery waited for the escaped child's pipe"
+        assert result[0].error == f"{path} did not answer within 0.5 s (killed)"
+    finally:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+                break
+            worker.join(0.05)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -335,8 +336,12 @@ async def test_shard_gets_its_fabrics_adapters_as_nccl_ib_hca(shared_api_server,
 
 FAKE_VLLM = """#!{python}
 # A stand-in for `vllm serve` (this machine has no vLLM): answers /health on --host/--port.
-import http.server, sys
+# Under Ray it first reaches its head at RAY_ADDRESS, as ray.init() does, and fails without it.
+import http.server, os, socket, sys
 argv = sys.argv[1:]
+if "ray" in argv:
+    head, _, head_port = os.environ["RAY_ADDRESS"].rpartition(":")
+    socket.create_connection((head, int(head_port)), timeout=2).close()
 host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -348,25 +353,37 @@ print("fake vllm serving", argv, flush=True)
 http.server.HTTPServer((host, port), Health).serve_forever()
 """
 
-FAKE_RAY = """#!/bin/sh
-# A stand-in for `ray start --block` (this machine has no Ray).
-echo "fake ray $*"
-exec sleep 600
+FAKE_RAY = """#!{python}
+# A stand-in for `ray start --block` (this machine has no Ray): a head listens on
+# --port, a moment after it starts, as the GCS does.
+import socket, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if "=" in a)
+print("fake ray", sys.argv[1:], flush=True)
+if "--head" in sys.argv:
+    time.sleep(1)
+    server = socket.create_server((args["node-ip-address"], int(args["port"])))
+time.sleep(600)
 """
 
 
-async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(shared_api_server, agents, tmp_path):
+def ray_node(agents, tmp_path, node: str, ray_program: str) -> tuple[AgentProcess, Shard]:
+    """An agent with the stand-in vllm and the given stand-in ray, and a vLLM-under-Ray shard for it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(FAKE_VLLM.format(python=sys.executable))
-    (bin_dir / "ray").write_text(FAKE_RAY)
+    (bin_dir / "ray").write_text(ray_program)
     for exe in ("vllm", "ray"):
         (bin_dir / exe).chmod(0o755)
     weights = tmp_path / "models" / "m"
     weights.mkdir(parents=True)
-    agent = agents("ray-1", "--engine", f"vllm={bin_dir / 'vllm'}", "--engine", f"ray={bin_dir / 'ray'}")
-    shard = sim_shard("ray-1-a", "ray-1", engine="vllm", source=str(weights))
+    agent = agents(node, "--engine", f"vllm={bin_dir / 'vllm'}", "--engine", f"ray={bin_dir / 'ray'}")
+    shard = sim_shard(f"{node}-a", node, engine="vllm", source=str(weights))
     shard.spec.launchMode = "ray"
+    return agent, shard
+
+
+async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(shared_api_server, agents, tmp_path):
+    agent, shard = ray_node(agents, tmp_path, "ray-1", FAKE_RAY.format(python=sys.executable))
     async with shared_api_server.client() as c:
         await c.create(shard)
         shard = await shard_in(c, "ray-1-a", agent, "Ready", "Failed")
@@ -386,6 +403,19 @@ async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(share
         assert shard.status.message.startswith(f"ray-head (pid {procs['ray-head']['pid']}) was killed by signal SIGKILL")
         assert "stopped vllm" in shard.status.message
         assert not is_alive(procs["vllm"]["pid"], procs["vllm"]["start_time"])
+
+
+async def test_a_ray_head_that_dies_before_it_listens_fails_the_shard_before_vllm_starts(
+        shared_api_server, agents, tmp_path):
+    agent, shard = ray_node(agents, tmp_path, "ray-2",
+                            "#!/bin/sh\necho 'Failed to start the GCS: address already in use'\nexit 1\n")
+    async with shared_api_server.client() as c:
+        await c.create(shard)
+        shard = await shard_in(c, "ray-2-a", agent, "Failed")
+    assert re.match(r"ray-head \(pid \d+\) exited with code 1 before it listened", shard.status.message)
+    assert shard.status.exitCode == 1
+    assert shard.status.logTail == ["Failed to start the GCS: address already in use"]
+    assert "started vllm" not in agent.log.read_text()
 
 
 async def test_a_shard_recreated_under_the_same_name_gets_a_new_engine(shared_api_server, agents):

@@ -63,6 +63,43 @@ async def test_sigterm_then_sigkill_of_the_whole_group(tmp_path):
     assert process.exit_description(await p.waiter()) == (137, "was killed by signal SIGKILL")
 
 
+# A head like `ray start --block`: on SIGTERM it stops its child itself (SIGKILL, no SIGTERM)
+# and exits 1; its child and the server note any SIGTERM they get. All append to argv[1].
+NOTE_SIGTERM = (
+    "import signal, sys, time\n"
+    "def term(*_):\n"
+    "    open(sys.argv[1], 'a').write(sys.argv[2] + ' got SIGTERM\\n'); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print(sys.argv[2], 'up', flush=True)\n"
+    "time.sleep(600)\n"
+)
+HEAD = (
+    "import signal, subprocess, sys, time\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {NOTE_SIGTERM!r}, sys.argv[1], 'child'])\n"
+    "def term(*_):\n"
+    "    open(sys.argv[1], 'a').write('head got SIGTERM\\n'); child.kill(); child.wait(); sys.exit(1)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "time.sleep(600)\n"
+)
+
+
+async def test_programs_stop_in_reverse_start_order_and_a_leader_stops_its_own_children(tmp_path):
+    order = tmp_path / "order"
+    procs = []
+    for name, code, leader in (("head", HEAD, True), ("serve", NOTE_SIGTERM, False)):
+        log = tmp_path / f"{name}.log"
+        child = await process.spawn([sys.executable, "-c", code, str(order), name], dict(os.environ), log, tmp_path)
+        rec = ProcessRecord(name=name, pid=child.pid, start_time=process.start_time(child.pid), log=str(log),
+                            term_leader=leader)
+        procs.append(EngineProcess(rec, child))
+    await wait_log(tmp_path / "head.log", "child up")
+    await wait_log(tmp_path / "serve.log", "serve up")
+    await terminate(procs, grace=30, label="test")
+    assert order.read_text().splitlines() == ["serve got SIGTERM", "head got SIGTERM"]
+    assert [await p.waiter() for p in procs] == [1, 0]     # stopped within the grace: no SIGKILL
+    assert all(process.group_members(p.pid) == [] for p in procs)
+
+
 async def test_a_recycled_pid_is_not_the_same_process(tmp_path):
     p = await start(tmp_path, POLITE)
     try:

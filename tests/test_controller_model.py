@@ -61,6 +61,23 @@ def test_scale_up_creates_the_missing_and_reports_status():
     assert avail["status"] == "False"
 
 
+def test_a_replica_failing_again_and_again_shows_as_a_crash_loop():
+    m = model(replicas=1)
+
+    def progressing(streak):
+        r = Replica.model_validate({**rep("a", m).model_dump(mode="json"), "status": {
+            "phase": "Failed", "consecutiveFailures": streak,
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Rebuilding",
+                            "message": "shard a-0 on n1 failed\nlast lines of its log:\nOSError: no such file"}]}})
+        return next(c for c in plan(m, [r], NOW).status["conditions"] if c["type"] == "Progressing")
+
+    assert (progressing(1)["status"], progressing(1)["reason"]) == ("True", "ScalingReplicas")
+    looping = progressing(2)
+    assert (looping["status"], looping["reason"]) == ("False", "CrashLoop")
+    assert looping["message"] == ("replica a failed 2 times in a row: shard a-0 on n1 failed\n"
+                                  "last lines of its log:\nOSError: no such file")
+
+
 def test_rolling_update_is_make_before_break_within_surge():
     m = model(replicas=2)                   # maxSurge 1, maxUnavailable 0
     old = [rep("o1", m, thash="old"), rep("o2", m, thash="old")]

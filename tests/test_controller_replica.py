@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
-from controllers.replica import backoff_seconds, fold_phase, held_ports
+from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from tests.helpers.controlplane import control_plane, until
 
 
@@ -215,3 +215,22 @@ def test_held_ports_are_the_refused_shards_own_and_any_the_refusal_names():
     assert held_ports(sh(1, refused)) == {30003, 30009}       # rank 0's dist-init port is on rank 0's node
     assert held_ports(sh(0, {"phase": "Failed", "message": "PortInUse: port 30005 held"})) == {30002, 30001, 30005}
     assert held_ports(sh(0, {"phase": "Failed", "message": "engine exited with code 1"})) == set()
+
+
+async def test_a_failed_engines_last_log_lines_outlive_its_shard(store):
+    async with control_plane(store) as cp:
+        await store.create(model("m"))
+        rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
+        log_tail = [f"line {i}: " + "x" * 150 for i in range(30)] + ["ValueError: unknown architecture 'llamax'"]
+        cp.placer.paused = True     # the first rebuild waits no backoff: keep it unplaced while we look
+        await cp.agents.fail_shard(f"{rep.name}-0", message="llama-server (pid 7) exited with code 1; log: /x",
+                                   log_tail=log_tail)
+        (failure,) = await until(lambda: cp.events("ReplicaFailed", rep.name))
+        assert failure.message.endswith("\nValueError: unknown architecture 'llamax'")
+        assert "last lines of its log:\n" in failure.message and "line 10: " not in failure.message
+        assert len(failure.message) < LOG_TAIL_CHARS + 400
+        ready = await until(lambda: (c := get_condition(cp.cache.get("replicas", rep.name).status.conditions, "Ready"))
+                            and c.reason == "Rebuilding" and c)
+        assert ready.message.startswith(f"shard {rep.name}-0 on ")
+        assert ready.message.endswith("ValueError: unknown architecture 'llamax'")
+        assert len(ready.message) < LOG_TAIL_CHARS + 400

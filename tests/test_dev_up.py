@@ -6,9 +6,11 @@ through the gateway is answered.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -17,8 +19,11 @@ import urllib.request
 
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
+from llmgw.api import parse_object
+from llmgw.client import Client, ClientConfig
+from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
+from llmgw.store import Store, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -89,3 +94,78 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
         assert code == 0, "\n".join(up.lines[-30:])
         assert "stopped; nothing left running" in up.lines[-1]
         assert not any("error" in line for line in up.lines), up.lines[-30:]
+
+
+def test_a_taken_gateway_port_is_one_line_naming_the_flag(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([*LocalCluster.llmgw, "dev", "up", "--dir", str(tmp_path / "dev"), "--gateway-port",
+                              str(port)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    text = (out.stdout + out.stderr).strip()
+    assert text == f"error: port {port} for the gateway is taken on 127.0.0.1: choose another with --gateway-port"
+    assert not (tmp_path / "dev" / "etcd").exists()   # nothing was started
+
+
+SIM = {"apiVersion": "llmgw.io/v1", "kind": "Model", "metadata": {"name": "solo"},
+       "spec": {"replicas": 1, "profiles": [{"engine": "sim", "gpusPerNode": 1}]}}
+
+
+async def _serves(c: LocalCluster, timeout: float = 150.0) -> None:
+    """Apply one sim model and wait (bounded) until the cluster's gateway answers for it."""
+    async with Client.from_config(ClientConfig.load(c.admin_config)) as client:
+        await client.apply(parse_object(SIM))
+    deadline = time.monotonic() + timeout
+    body = json.dumps({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    while True:
+        try:
+            req = urllib.request.Request(f"{c.gateway_url}/v1/chat/completions", body,
+                                         {"content-type": "application/json"})
+            with await asyncio.to_thread(urllib.request.urlopen, req, timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        c.check_alive()
+        assert time.monotonic() < deadline, f"{c.dir}: model solo not served within {timeout:.0f}s"
+        await asyncio.sleep(0.5)
+
+
+async def _node(c: LocalCluster):
+    async with Client.from_config(ClientConfig.load(c.admin_config)) as client:
+        return await client.get("nodes", "node01")
+
+
+async def _etcd_is_tls_with_client_certificates(c: LocalCluster) -> None:
+    assert c.etcd.endpoint.startswith("https://")
+    anonymous = Store(c.etcd.endpoint, ca=c.etcd_ca)
+    with pytest.raises(StoreUnavailable, match="refused this client's TLS certificate"):
+        await anonymous.connect()
+    await anonymous.close()
+    cert, key = c.etcd_certs["dev-admin"]
+    async with Store(c.etcd.endpoint, ca=c.etcd_ca, cert=cert, key=key) as store:
+        assert (await store.get("nodes", "node01")).name == "node01"
+
+
+def test_two_dev_clusters_side_by_side(tmp_path):
+    """Same node names, one machine: each cluster has its own loopback addresses and engine ports."""
+    clusters = [LocalCluster(tmp_path / name, [NodePlan("node01", "ib-a")], gateway_port=free_port())
+                for name in ("a", "b")]
+    try:
+        for c in clusters:
+            c.start()
+
+        async def check():
+            await asyncio.gather(*(_serves(c) for c in clusters))
+            nodes = [await _node(c) for c in clusters]
+            assert nodes[0].status.addresses != nodes[1].status.addresses
+            ranges = [(n.status.portRange.first, n.status.portRange.last) for n in nodes]
+            assert ranges[0][1] < ranges[1][0] or ranges[1][1] < ranges[0][0], ranges
+            for c in clusters:
+                await _etcd_is_tls_with_client_certificates(c)
+        asyncio.run(check())
+    finally:
+        for c in clusters:
+            c.stop()

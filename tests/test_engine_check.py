@@ -143,11 +143,29 @@ def test_truncated_ray_help_misses_flags_and_warns(bindir):
     assert "ray: the help text does not document --help itself" in result.stderr
 
 
-def test_an_engine_that_is_not_installed_is_skipped(bindir):
-    result, rows = run("vllm", "--executable", str(bindir / "missing" / "vllm"), path=bindir)
+def test_an_engine_that_is_not_on_path_is_skipped(bindir):
+    result, rows = run("vllm", path=bindir)
     assert result.exit_code == 0
     assert set(rows.values()) == {"skipped"} and len(rows) == len(VLLM_FLAGS_MP)
     assert "not installed" in result.output
+
+
+@pytest.mark.parametrize("engine, name", [("vllm", "vllm"), ("llamacpp", "llama-server"), ("sglang", "python3")])
+def test_a_named_executable_that_is_not_there_fails(bindir, engine, name):
+    missing = str(bindir / "missing" / name)
+    result, rows = run(engine, "--executable", missing, path=bindir)
+    assert result.exit_code == 1
+    assert f"error: {'llama-server' if engine == 'llamacpp' else engine}: --executable {missing}: not installed" \
+        in result.stderr
+    assert set(rows.values()) == {"skipped"}
+
+
+def test_a_named_executable_that_cannot_be_executed_fails(bindir):
+    plain = bindir / "llama-server"
+    plain.write_text("not a program")
+    result, _ = run("llamacpp", "--executable", str(plain), path=bindir)
+    assert result.exit_code == 1
+    assert "cannot run" in result.stderr
 
 
 def test_a_program_that_fails_instead_of_printing_help_is_skipped(bindir):

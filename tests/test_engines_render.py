@@ -150,7 +150,7 @@ def test_llamacpp_single_node():
     out = render(make_shard("llamacpp", gpus=[3], gpusPerNode=1, args=["--ctx-size", "8192"]), node(), EXE)
     assert argvs(out) == [[
         "/usr/local/bin/llama-server", "--model", "/models/llama-70b", "--host", "10.0.0.10", "--port", "30001",
-        "--metrics", "--alias", "llama-70b", "--parallel", "4", "--n-gpu-layers", "999",
+        "--metrics", "--alias", "llama-70b,llama", "--parallel", "4", "--kv-unified", "--n-gpu-layers", "999",
         "--ctx-size", "8192",
     ]]
     assert out.commands[0].env["CUDA_VISIBLE_DEVICES"] == "3"
@@ -197,7 +197,7 @@ def test_env_of_a_multi_node_shard():
 def test_every_command_of_a_ray_shard_gets_the_same_env():
     out = render(make_shard("vllm", 0, 2, "ray"), node(0, 2), EXE)
     ray, serve = out.commands
-    assert ray.env == serve.env
+    assert ray.env == {k: v for k, v in serve.env.items() if k != "RAY_ADDRESS"}
     assert ray.env["NCCL_IB_HCA"] == "=mlx5_2:1,mlx5_3:1" and ray.env["VLLM_HOST_IP"] == "10.0.0.10"
 
 
@@ -238,3 +238,13 @@ def test_programs_default_to_their_names_on_path():
     assert render(make_shard("vllm"), node(), {}).commands[0].argv[0] == "vllm"
     assert render(make_shard("llamacpp", args=[]), node(), {}).commands[0].argv[0] == "llama-server"
 
+
+
+def test_vllm_under_ray_joins_its_own_head_once_it_listens_and_the_head_stops_itself():
+    """ray.init() without an address joins the machine's newest Ray cluster: RAY_ADDRESS names this one."""
+    head, serve = render(make_shard("vllm", 0, 2, "ray"), node(0, 2), EXE).commands
+    assert serve.env["RAY_ADDRESS"] == "10.0.0.10:30002"
+    assert head.listens == ("10.0.0.10", 30002) and serve.listens is None
+    assert head.term_leader and not serve.term_leader
+    (worker,) = render(make_shard("vllm", 1, 2, "ray"), node(1, 2), EXE).commands
+    assert worker.listens is None and worker.term_leader

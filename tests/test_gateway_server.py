@@ -4,12 +4,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import urllib.request
 
 import pytest
 
+from llmgw.dev.process import free_port
+from llmgw.gateway.server import Limits
 from llmgw.gateway.table import RoutingTable
-from tests.helpers.gateway import Sim, model, replica, running_gateway
+from tests.helpers.gateway import CLI, Sim, model, replica, running_gateway
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +37,33 @@ def post(body: bytes, extra: bytes = b"") -> bytes:
 COMPLETION = json.dumps({"model": "llama", "prompt": "x", "max_tokens": 1}).encode()
 
 
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def until_closed(reader: asyncio.StreamReader) -> bytes:
+    """What the gateway sends until it closes the connection (bounded far above the test's timeouts)."""
+    return await asyncio.wait_for(reader.read(), 20)
+
+
 async def exchange(url: str, data: bytes, *, half_close: bool = False) -> bytes:
     """Send `data`, then read until the gateway closes the connection."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await connect(url)
     writer.write(data)
     if half_close:
         writer.write_eof()
     try:
-        return await asyncio.wait_for(reader.read(), 20)
+        return await until_closed(reader)
     finally:
         writer.close()
+
+
+async def response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
+    """One Content-Length response from a connection that stays open."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+    [(status, headers, _)] = responses(head)
+    return status, headers, await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 20)
 
 
 def responses(raw: bytes) -> list[tuple[int, dict, bytes]]:
@@ -179,3 +198,137 @@ async def test_a_client_that_leaves_mid_stream_stops_the_engine():
             assert not gw.gateway.balancer.inflight.get("llama-0")
     finally:
         slow.stop()
+
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
+HEALTHZ_CLOSE = b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+HALF_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: appl"
+
+
+def last_word(raw: bytes) -> tuple[int, str | None]:
+    """The status and error code of the one answer the gateway sent before it closed the connection."""
+    [(status, headers, body)] = responses(raw)
+    assert headers["connection"] == "close"
+    return status, json.loads(body)["error"]["code"]
+
+
+async def test_a_head_that_never_ends_is_a_408_and_a_silent_connection_is_closed():
+    async with running_gateway(RoutingTable(), limits=Limits(header_timeout=0.3)) as gw:
+        slow = [await connect(gw.url) for _ in range(4)]
+        for _, writer in slow:
+            writer.write(HALF_HEAD)  # slowloris: a head begun and never finished
+        silent_reader, silent = await connect(gw.url)
+        for reader, writer in slow:
+            assert last_word(await until_closed(reader)) == (408, "request_timeout")
+            writer.close()
+        assert await until_closed(silent_reader) == b""  # nothing asked: closed without a word
+        silent.close()
+        # A whole request, then a head that stops: the first is answered, then the 408.
+        raw = await exchange(gw.url, HEALTHZ + HALF_HEAD)
+        assert [status for status, _, _ in responses(raw)] == [200, 408]
+        assert not gw.gateway.server.conns
+
+
+async def test_a_body_that_stops_coming_is_a_408():
+    async with running_gateway(RoutingTable(), limits=Limits(body_timeout=0.3)) as gw:
+        cut = post(COMPLETION)[:-5]  # the head and most of the body, never the rest
+        chunk = b"%x\r\n%s\r\n" % (len(COMPLETION), COMPLETION)
+        for data in (cut, b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk):
+            assert last_word(await exchange(gw.url, data)) == (408, "request_timeout")
+
+
+async def test_a_slow_body_gets_more_time_while_it_keeps_the_minimum_rate():
+    # 100 kB in ten pieces at most 10 kB/s: each piece buys a second more than the 0.3 s
+    # body timeout, far more than the pauses between them.
+    doc = json.dumps({"model": "nope", "prompt": "x" * 100_000}).encode()
+    async with running_gateway(RoutingTable(), limits=Limits(body_timeout=0.3, body_min_rate=10_000)) as gw:
+        reader, writer = await connect(gw.url)
+        data = post(doc)
+        step = len(data) // 10 + 1
+        for i in range(0, len(data), step):
+            writer.write(data[i:i + step])
+            await asyncio.sleep(0.2)  # the client's pace, the input under test (not a wait for the gateway)
+        status, _, body = await response(reader)
+        writer.close()
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"  # the body was read whole
+
+
+async def test_a_malformed_chunk_size_is_a_400_and_the_connection_closes():
+    async with running_gateway(RoutingTable()) as gw:
+        raw = await exchange(gw.url, b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
+                             b"\r\n2\r\n{}\r\nzz\r\n")
+    [(status, headers, body)] = responses(raw)  # read to EOF: the gateway closed the connection
+    assert status == 400 and headers["connection"] == "close"
+    assert "chunk size" in json.loads(body)["error"]["message"]
+
+
+async def test_connections_over_the_cap_per_address_are_refused_with_429():
+    async with running_gateway(RoutingTable(), limits=Limits(max_conns_per_addr=2)) as gw:
+        kept = [await connect(gw.url) for _ in range(2)]
+        for reader, writer in kept:
+            writer.write(HEALTHZ)
+            assert (await response(reader))[0] == 200
+        assert last_word(await exchange(gw.url, HEALTHZ)) == (429, "too_many_connections")
+        for reader, writer in kept:  # those within the cap go on as before
+            writer.write(HEALTHZ)
+            assert (await response(reader))[0] == 200
+        kept[0][1].close()
+        for _ in range(200):  # once the gateway has seen a connection close, one more is let in
+            [(status, _, _)] = responses(await exchange(gw.url, HEALTHZ_CLOSE))
+            if status == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert status == 200
+        kept[1][1].close()
+
+
+async def test_a_keep_alive_client_is_unaffected_and_an_idle_one_is_closed():
+    limits = Limits(header_timeout=0.3, body_timeout=0.3, keepalive=30.0)
+    async with running_gateway(RoutingTable(), limits=limits) as gw:
+        reader, writer = await connect(gw.url)
+        for _ in range(3):
+            writer.write(post(b'{"model": "nope"}'))
+            assert (await response(reader))[0] == 404
+            # Idle longer than the head and body timeouts: only the keep-alive timeout applies.
+            await asyncio.sleep(0.6)
+        writer.write(HEALTHZ)
+        assert (await response(reader))[0] == 200
+        writer.close()
+    async with running_gateway(RoutingTable(), limits=Limits(keepalive=0.3)) as gw:
+        reader, writer = await connect(gw.url)
+        writer.write(HEALTHZ)
+        assert (await response(reader))[0] == 200
+        assert await until_closed(reader) == b""
+        writer.close()
+
+
+async def test_the_gateway_command_sets_the_limits(tmp_path):
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("apiVersion: llmgw.io/v1\nkind: Model\nmetadata: {name: llama}\n"
+                      "spec: {profiles: [{engine: sim}]}\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([*CLI, "gateway", "--listen", url.removeprefix("http://"), "--static", str(routes),
+                             "--header-timeout", "0.3", "--max-conns-per-addr", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = None
+        for _ in range(600):  # until it listens, and has seen the connections of earlier tries close
+            try:
+                reader, writer = await connect(url)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.write(HEALTHZ)
+            status = (await response(reader))[0]
+            if status == 200:
+                break
+            writer.close()
+            await asyncio.sleep(0.05)
+        assert status == 200  # `writer` now holds the one connection the cap allows this address
+        assert last_word(await exchange(url, HEALTHZ)) == (429, "too_many_connections")
+        writer.write(HALF_HEAD)
+        assert last_word(await until_closed(reader)) == (408, "request_timeout")
+        writer.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -5,6 +5,7 @@ import asyncio
 import stat
 from datetime import datetime, timezone
 
+import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -12,7 +13,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.cli.ca import ca
 from llmgw.client import ClientConfig
-from llmgw.pki import CertificateAuthority, identity_from_pem_file
+from llmgw.pki import CAError, CertificateAuthority, identity_from_pem_file
 from tests.helpers.cluster import ca_dir, llmgw_ca  # noqa: F401
 
 
@@ -122,3 +123,27 @@ def test_write_config_gives_a_loadable_client_config(ca_dir, tmp_path):
 def test_not_before_moves_validity(ca_dir):
     cert = _cert(ca_dir.issue("node", "late", "--not-before", "2030-05-01")[0])
     assert cert.not_valid_before_utc == datetime(2030, 5, 1, tzinfo=timezone.utc)
+
+
+def test_etcd_certificates_come_from_a_separate_etcd_ca(ca_dir):
+    """etcd trusts only the etcd CA: no node or admin certificate of the main root can open it."""
+    etcd_root = _cert(ca_dir.dir / "etcd" / "ca.crt")       # made by `llmgw ca init`
+    out = llmgw_ca("issue", "etcd-member", "etcd1", "--san", "10.0.0.5", "--san", "etcd1.example",
+                   "--dir", str(ca_dir.dir))
+    member = _cert(ca_dir.dir / "etcd" / "issued" / "etcd-member-etcd1.crt")
+    assert "serial" in out
+    member.verify_directly_issued_by(etcd_root)
+    eku = list(member.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert eku == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]  # serves, and dials peers
+    llmgw_ca("issue", "etcd-client", "controller-manager", "--dir", str(ca_dir.dir))
+    client = _cert(ca_dir.dir / "etcd" / "issued" / "etcd-client-controller-manager.crt")
+    client.verify_directly_issued_by(etcd_root)
+    assert client.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "llmgw:etcd-clients"
+    node = _cert(ca_dir.issue("node", "gpu-01")[0])
+    assert node.issuer != etcd_root.subject
+    listed = llmgw_ca("list", "--dir", str(ca_dir.dir))
+    assert "etcd-member  etcd1" in listed and "etcd-client  controller-manager" in listed
+    no_san = CliRunner().invoke(ca, ["issue", "etcd-member", "etcd2", "--dir", str(ca_dir.dir)])
+    assert no_san.exit_code != 0 and "--san" in no_san.output
+    with pytest.raises(CAError, match="comes from the etcd CA"):
+        CertificateAuthority(ca_dir.dir).issue("etcd-client", "x")

@@ -29,8 +29,9 @@ def shard(name, node, replica_name, model_name):
                                   "headAddress": "127.0.0.1", "engine": "sim", "servedModelNames": [model_name]}})
 
 
-def node(name):
-    return parse_object({"apiVersion": V1, "kind": "Node", "metadata": {"name": name}})
+def node(name, spec=None, **metadata):
+    return parse_object({"apiVersion": V1, "kind": "Node", "metadata": {"name": name, **metadata},
+                         "spec": spec or {}})
 
 
 @pytest.fixture(scope="module")
@@ -61,24 +62,40 @@ async def _first_event(c, kind, **kw):
         return ev
 
 
-async def _update_node(c, name):
+async def _update_node(c, name, change=lambda n: n.metadata.labels.update(zone="a")):
     n = await c.get("nodes", name)
-    n.metadata.labels["zone"] = "a"
+    change(n)
     return await c.update(n)
+
+
+async def _put_node_status(c, name, change):
+    n = await c.get("nodes", name)
+    change(n.status)
+    return await c.update_status(n)
 
 
 # (identity, action, rule that refuses it or None when allowed)
 CASES = [
     # node n1: its own Node
     ("n1", lambda c: c.get("nodes", "n1"), None),
-    ("n1", lambda c: _update_node(c, "n1"), None),
     ("n1", lambda c: c.patch_status("nodes", "n1", {"agentVersion": "1"}), None),
-    ("n1", lambda c: c.apply(node("n1")), None),
+    ("n1", lambda c: _put_node_status(c, "n1", lambda s: setattr(s, "driverVersion", "550.1")), None),
+    # ... but never its spec, labels, annotations or finalizers, nor the controllers' status fields
+    ("n1", lambda c: _update_node(c, "n1"), "node-spec"),
+    ("n1", lambda c: _update_node(c, "n1", lambda n: setattr(n.spec, "unschedulable", False)), "node-spec"),
+    ("n1", lambda c: _update_node(c, "n1", lambda n: n.metadata.finalizers.append("x.io/keep")), "node-spec"),
+    ("n1", lambda c: c.apply(node("n1")), "node-spec"),
+    ("n1", lambda c: c.patch_status("nodes", "n1", {"drain": None}), "node-status"),
+    ("n1", lambda c: c.patch_status("nodes", "n1", {"observedGeneration": 7, "agentVersion": "1"}), "node-status"),
+    ("n1", lambda c: _put_node_status(c, "n1", lambda s: setattr(s, "observedGeneration", 9)), "node-status"),
     ("n1", lambda c: c.heartbeat("n1"), None),
     ("n1", lambda c: c.get("nodes", "n2"), "node-self"),
     ("n1", lambda c: _update_node(c, "n2"), "node-self"),
     ("n1", lambda c: c.patch_status("nodes", "n2", {"agentVersion": "1"}), "node-self"),
     ("n1", lambda c: c.create(node("n3")), "node-self"),
+    ("n1", lambda c: c.create(node("n1", {"unschedulable": True})), "node-registration"),
+    ("n1", lambda c: c.create(node("n1", finalizers=["x.io/keep"])), "node-registration"),
+    ("n1", lambda c: c.create(node("n1", annotations={"a": "b"})), "node-registration"),
     ("n1", lambda c: c.list("nodes"), "node-self"),
     ("n1", lambda c: _first_event(c, "nodes"), "node-self"),
     ("n1", lambda c: c.delete("nodes", "n1"), "node-self"),
@@ -159,7 +176,8 @@ async def test_cn_mismatch_is_refused_and_logged(cluster):
             await c.create(node("llmgw-node04"))
         await c.create(node("llmgw-node05"))  # its own is fine
     line = cluster.wait_for_log("claims node llmgw-node04")
-    assert line.endswith("refused: certificate CN=llmgw-node05 claims node llmgw-node04")
+    assert "refused: certificate CN=llmgw-node05 claims node llmgw-node04 (" in line
+    assert line.endswith(": rule node-heartbeat)")
 
 
 async def test_forbidden_status_body_names_the_rule(cluster):
@@ -170,3 +188,30 @@ async def test_forbidden_status_body_names_the_rule(cluster):
     # nothing was deleted
     async with cluster.client() as c:
         assert (await c.get("models", "m1")).name == "m1"
+
+
+async def test_node_cannot_undo_an_admins_cordon_and_each_refusal_is_logged(cluster):
+    """node01 removed an admin's cordon, cleared drain, added a label and a finalizer (issue 22)."""
+    async with cluster.client() as admin:
+        await admin.create(node("n-cordoned", {"unschedulable": True, "drain": True}))
+    ident = cluster.issue_node("n-cordoned")
+    changes = {
+        "cordon": lambda n: setattr(n.spec, "unschedulable", False),
+        "drain": lambda n: setattr(n.spec, "drain", False),
+        "label": lambda n: n.metadata.labels.update(gpu="h100"),
+        "finalizer": lambda n: n.metadata.finalizers.append("x.io/keep"),
+    }
+    async with cluster.client(ident) as c:
+        for what, change in changes.items():
+            with pytest.raises(Forbidden) as err:
+                await _update_node(c, "n-cordoned", change)
+            assert err.value.code == 403 and "rule node-spec:" in str(err.value), what
+        await c.patch_status("nodes", "n-cordoned", {"agentVersion": "9"})  # its status is its own
+    async with cluster.client() as admin:
+        stored = await admin.get("nodes", "n-cordoned")
+    assert (stored.spec.unschedulable, stored.spec.drain) == (True, True)
+    assert (stored.metadata.labels, stored.metadata.finalizers) == ({}, [])
+    assert stored.status.agentVersion == "9"
+    line = cluster.wait_for_log("update nodes/n-cordoned")
+    assert "refused: certificate CN=n-cordoned O=llmgw:nodes" in line and "rule node-spec:" in line
+    assert sum("update nodes/n-cordoned: forbidden by rule node-spec" in ln for ln in cluster.log_lines()) == 4

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from llmgw.api import parse_object
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
-from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server  # noqa: F401
+from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server, until_revoked  # noqa: F401
 
 
 async def test_unknown_ca_is_refused_and_logged(shared_api_server, tmp_path):
@@ -39,18 +41,62 @@ async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
         out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "doomed", "--dir", str(srv.pki.dir),
                                       "--etcd", srv.etcd)
         serial = out.split()[-1]
-        # the server learns of it through its watch on /llmgw/revoked/: poll until it does
-        for _ in range(200):
-            try:
-                await c.heartbeat("doomed")
-            except Unauthorized as err:
-                assert err.reason == "CertificateRevoked"
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("the revoked certificate was still accepted after 10 s")
+        await until_revoked(c, "doomed")
     line = srv.wait_for_log(f"serial={serial} from")
     assert "refused: certificate CN=doomed O=llmgw:nodes" in line and line.endswith("is revoked")
+
+
+def _shard(name: str, node: str):
+    return parse_object({"apiVersion": "llmgw.io/v1", "kind": "Shard", "metadata": {"name": name},
+                         "spec": {"replica": "r", "model": "m", "node": node, "rank": 0, "worldSize": 1,
+                                  "ports": {"serve": 30000, "distInit": 30001}, "headAddress": "127.0.0.1",
+                                  "engine": "sim", "servedModelNames": ["m"]}})
+
+
+async def _open_watch(srv, ident, node: str):
+    """A watch of `node`'s shards by `ident`, once it is open (its first event arrived)."""
+    async with srv.client() as admin:
+        await admin.create(_shard(f"{node}-s", node))
+    client = srv.client(ident)
+    events = client.watch("shards", node=node)
+    first = await anext(events)
+    assert first.object.name == f"{node}-s"
+    return client, events
+
+
+async def _end_of(events) -> Unauthorized:
+    """The error that ends `events`; bounded, since without it the watch streams forever."""
+    async with asyncio.timeout(60):
+        with pytest.raises(Unauthorized) as err:
+            async for _ in events:
+                pass
+    return err.value
+
+
+async def test_revocation_ends_an_open_watch_with_a_logged_reason(shared_api_server):
+    srv = shared_api_server
+    ident = srv.issue_node("watch-doomed")
+    client, events = await _open_watch(srv, ident, "watch-doomed")
+    async with client:
+        out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "watch-doomed", "--dir", str(srv.pki.dir),
+                                      "--etcd", srv.etcd)
+        err = await _end_of(events)
+    assert err.reason == "CertificateRevoked" and "was revoked" in str(err)
+    line = srv.wait_for_log("watch of shards by certificate CN=watch-doomed")
+    assert f"serial={out.split()[-1]} from 127.0.0.1 ended: was revoked" in line
+
+
+async def test_a_watch_ends_when_its_certificate_expires(shared_api_server):
+    srv = shared_api_server
+    # valid for one day, of which 8 seconds are left
+    start = datetime.now(timezone.utc) - timedelta(days=1) + timedelta(seconds=8)
+    ident = srv.issue_node("short-lived", "--not-before", start.strftime("%Y-%m-%dT%H:%M:%S"), "--days", "1")
+    client, events = await _open_watch(srv, ident, "short-lived")
+    async with client:
+        err = await _end_of(events)
+    assert err.reason == "CertificateExpired" and "expired at" in str(err)
+    line = srv.wait_for_log("watch of shards by certificate CN=short-lived")
+    assert line.split("ended: ")[1].startswith("expired at ")
 
 
 async def test_wrong_purpose_certificate_is_refused(shared_api_server):

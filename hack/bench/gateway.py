@@ -361,7 +361,9 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "sim.log"), "w")))
             procs.append(subprocess.Popen(
                 [*llmgw, "gateway", "--listen", f"127.0.0.1:{gw_port}", "--static", str(routes),
-                 "--log-level", "warning", *args.gateway_arg],
+                 "--log-level", "warning",
+                 "--max-conns-per-addr", "0",  # every connection of the generator comes from 127.0.0.1
+                 *args.gateway_arg],
                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "gateway.log"), "w")))
             wait_up(f"http://127.0.0.1:{engine_port}/health", procs[0])
             wait_up(f"http://127.0.0.1:{gw_port}/healthz", procs[1])

@@ -12,21 +12,17 @@ import logging
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from llmgw.api import Node, NodeStatus, ObjectMeta, set_condition
+from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
 from llmgw.client import AlreadyExists, Client, NotFound
 
 log = logging.getLogger(__name__)
-
-# Node status fields the agent owns (drain progress and observedGeneration are the controllers').
-AGENT_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions", "agentVersion")
-
 
 def status_patch(status: NodeStatus, ready: bool) -> dict:
     conds = [c.model_copy() for c in status.conditions]
     if ready:
         set_condition(conds, "Ready", "True", "AgentReady", "the agent registered and is heartbeating")
     data = status.model_copy(update={"conditions": conds}).model_dump(mode="json")
-    return {k: data[k] for k in AGENT_FIELDS}
+    return {k: data[k] for k in NODE_AGENT_STATUS_FIELDS}
 
 
 def _log_retry(what: str):

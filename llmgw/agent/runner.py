@@ -8,6 +8,7 @@ A shard never restarts: after Failed its replica is rebuilt elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 UNHEALTHY_AFTER = 3          # failed probes in a row before Ready falls back to Running
 POLL = 0.2                   # how often an adopted (not our child) process is checked
+LISTEN_TIMEOUT = 120.0       # how long a command gets to listen before the next one starts
 
 
 @dataclass
@@ -210,14 +212,42 @@ class ShardRunner:
                 return
             started = process.start_time(child.pid) or 0
             rec = ProcessRecord(name=cmd.name, pid=child.pid, start_time=started, log=str(log_path),
-                                serves=cmd.serves)
+                                serves=cmd.serves, term_leader=cmd.term_leader)
             record.processes.append(rec)
             self.procs.append(EngineProcess(rec, child))
             state.save(record)      # after each start, so a crash mid-launch still leaves a record
             log.info("shard %s: started %s (pid %d): %s", self.name, cmd.name, child.pid, " ".join(cmd.argv))
+            if cmd.listens and not await self._listening(self.procs[-1], *cmd.listens):
+                return
         self.record = record
         serving = self._serving()
         self._set("Running", pid=(serving or self.procs[0]).pid, startedAt=now(), message="")
+
+    async def _listening(self, proc: EngineProcess, host: str, port: int) -> bool:
+        """Wait until `proc` accepts connections on host:port; on its exit or a timeout, fail the shard."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LISTEN_TIMEOUT
+        while proc.alive() and not self.stop_requested.is_set():
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=1.0)
+                writer.close()
+                return True
+            except (OSError, asyncio.TimeoutError):
+                if loop.time() >= deadline:
+                    break
+                await asyncio.sleep(POLL)
+        if self.stop_requested.is_set():
+            return False    # _stop takes it from here
+        if proc.alive():
+            code, why = None, f"did not listen on {host}:{port} within {LISTEN_TIMEOUT:g} s"
+        else:
+            code, why = process.exit_description(await proc.waiter())
+        await self._terminate(self.procs, grace=min(5.0, self.ctx.config.stop_grace_period))
+        self.procs = []
+        self.ctx.state.remove(self.name)
+        self._set("Failed", exitCode=code, logTail=process.tail(proc.record.log, self.ctx.config.log_lines),
+                  message=f"{proc.record.name} (pid {proc.pid}) {why} before it listened; log: {proc.record.log}")
+        return False
 
     def _serving(self) -> EngineProcess | None:
         return next((p for p in self.procs if p.record.serves), self.procs[0] if self.procs else None)
@@ -295,11 +325,21 @@ class ShardRunner:
 
 
 async def terminate(procs: list[EngineProcess], grace: float, label: str) -> None:
-    """SIGTERM each program's process group, wait up to `grace`, SIGKILL what is left."""
+    """Stop the programs in reverse start order, each gone before the next gets SIGTERM, all
+    within `grace`; then SIGKILL what is left. A program that serves through the ones started
+    before it (vllm serve on its Ray head) so stops while they still answer it."""
     groups = [p.pid for p in procs]
-    for pgid in groups:
-        process.signal_group(pgid, signal.SIGTERM)
-    if await _groups_gone(procs, grace):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    for p in reversed(procs):
+        if p.record.term_leader and p.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)   # it stops its own children, in their order
+            await _until(lambda p=p: not p.alive(), deadline - loop.time())
+        process.signal_group(p.pid, signal.SIGTERM)
+        if not await _groups_gone([p], deadline - loop.time()):
+            break
+    if not any(process.group_members(pgid) for pgid in groups):
         return
     for pgid in groups:
         if process.group_members(pgid):
@@ -307,6 +347,16 @@ async def terminate(procs: list[EngineProcess], grace: float, label: str) -> Non
         process.signal_group(pgid, signal.SIGKILL)
     if not await _groups_gone(procs, 10.0):
         log.error("%s: process groups %s survive SIGKILL", label, groups)
+
+
+async def _until(done, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not done():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 async def _groups_gone(procs: list[EngineProcess], timeout: float) -> bool:

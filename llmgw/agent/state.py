@@ -24,6 +24,7 @@ class ProcessRecord:
     start_time: int      # /proc/<pid>/stat field 22, to defeat pid reuse
     log: str
     serves: bool = False
+    term_leader: bool = False   # SIGTERM to the leader alone first (see llmgw.engines.base.Command)
 
 
 @dataclass

@@ -4,7 +4,9 @@ from llmgw.api.meta import (  # noqa: F401
     condition_true, get_condition, now, set_condition,
 )
 from llmgw.api.types import *  # noqa: F401,F403
-from llmgw.api.types import KIND_BY_NAME, KINDS, Object, resolve_kind, template_hash  # noqa: F401
+from llmgw.api.types import (  # noqa: F401
+    KIND_BY_NAME, KINDS, Object, resolve_kind, template_hash,
+)
 from llmgw.api.manifests import (  # noqa: F401
     InvalidObject, ManifestError, load_file, load_path, parse_object, parse_stored,
 )

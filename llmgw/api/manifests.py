@@ -4,25 +4,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Union
+from typing import Annotated, Any, Union
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
+from llmgw.api.limits import (MAX_BODY_BYTES, MAX_MANIFEST_BYTES, Duplicates, InputError, check_document,
+                              path_text, too_deep, too_large)
 from llmgw.api.types import KIND_BY_NAME, Object
 
 # Any kind, told apart by its `kind` field, validated straight from JSON.
 _STORED = TypeAdapter(Annotated[Union[tuple(KIND_BY_NAME.values())], Field(discriminator="kind")])
-
-
-def _path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
 
 
 def describe_validation_error(err: ValidationError) -> list[str]:
@@ -31,18 +23,29 @@ def describe_validation_error(err: ValidationError) -> list[str]:
     for e in err.errors():
         loc = list(e["loc"])
         # Drop pydantic's internal markers for validators and unions.
-        loc = [p for p in loc if not (isinstance(p, str) and ("function-" in p or p.startswith("literal[")))]
+        loc = [p for p in loc if not (isinstance(p, str) and ("function-" in p or p.startswith("literal[")
+                                                             or p == "[key]"))]
         if e["type"] == "extra_forbidden":
             field = loc.pop() if loc else "?"
-            lines.append(f"{_path(loc) or '<document>'}: unknown field {field!r}")
+            lines.append(f"{path_text(loc) or '<document>'}: unknown field {field!r}")
             continue
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         if e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{_path(loc) or '<document>'}: {msg}")
+        elif e["type"].endswith("_type"):  # strict: say what came instead ("3", true, 2.0)
+            msg += f", got {_json_type(e['input'])} {json.dumps(e['input'], default=str)[:60]}"
+        lines.append(f"{path_text(loc) or '<document>'}: {msg}")
     return lines
+
+
+def _json_type(value: Any) -> str:
+    for cls, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                      (dict, "mapping"), (list, "list")):
+        if isinstance(value, cls):
+            return name
+    return "null" if value is None else type(value).__name__
 
 
 class InvalidObject(ValueError):
@@ -87,6 +90,65 @@ def parse_stored(spec_doc: bytes, status_doc: bytes | None) -> Object:
         return parse_object(doc)
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key repeated in one mapping is kept for
+    check_document to report (YAML says keys are unique; PyYAML keeps the last)."""
+
+
+def _construct_map(loader: _Loader, node: yaml.MappingNode):
+    seen: set = set()
+    dup = None
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *base` then overriding a key of base is what merge keys are for
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                dup = (key, key_node.start_mark.line + 1)
+                break
+            seen.add(key)
+        except TypeError:
+            break  # an unhashable key: construct_mapping says so
+    data = Duplicates() if dup else {}
+    if dup:
+        data.key, data.line = dup
+    yield data
+    data.update(loader.construct_mapping(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+
+def read_yaml(path: Path, max_bytes: int = MAX_MANIFEST_BYTES) -> list[Any]:
+    """The documents of a YAML (or JSON) file in UTF-8; InputError("<document>", problem) for a
+    file that cannot be read as that. Documents are not yet checked: check_document each."""
+    def refuse(problem: str) -> InputError:
+        return InputError("<document>", problem)
+
+    try:
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise refuse(f"cannot be read: {err.strerror or err}") from None
+    if len(raw) > max_bytes:
+        raise refuse(f"file is {too_large(max_bytes)}; split it into several files")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise refuse(f"not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                     "write YAML or JSON in UTF-8") from None
+    try:
+        return list(yaml.load_all(text, Loader=_Loader))
+    except RecursionError:
+        raise refuse(too_deep()) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise refuse(f"not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+
+
 @dataclass
 class DocumentError:
     file: str
@@ -108,25 +170,39 @@ class ManifestError(ValueError):
 def load_file(path: str | Path) -> list[Object]:
     """All objects of a multi-document YAML file, or ManifestError naming every bad one."""
     path = Path(path)
-    try:
-        docs = list(yaml.safe_load_all(path.read_text()))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ManifestError([DocumentError(str(path), 0, [f"<document>: not valid YAML{where}: {getattr(err, 'problem', err)}"])]) from None
     objects, errors = [], []
     index = 0
+    try:
+        docs = read_yaml(path)
+    except InputError as err:
+        raise ManifestError([DocumentError(str(path), 0, [str(err)])]) from None
     for doc in docs:
         if doc is None:  # empty document, e.g. a trailing '---'
             continue
         try:
-            objects.append(parse_object(doc))
+            check_document(doc)
+            obj = parse_object(doc)
+            _check_size(obj)
+            objects.append(obj)
+        except InputError as err:
+            errors.append(DocumentError(str(path), index, [str(err)]))
         except InvalidObject as err:
             errors.append(DocumentError(str(path), index, err.problems))
         index += 1
+    if not objects and not errors:
+        errors.append(DocumentError(str(path), 0, ["<document>: no objects in this file (it is empty "
+                                                    "or holds only comments)"]))
     if errors:
         raise ManifestError(errors)
     return objects
+
+
+def _check_size(obj: Object) -> None:
+    """InputError for an object the API server would refuse as too large (413): say so before sending."""
+    size = len(json.dumps(obj.model_dump(mode="json")).encode())
+    if size > MAX_BODY_BYTES:
+        raise InputError("<document>", f"{obj.kind} {obj.name!r} is {size} bytes as JSON, "
+                                       f"{too_large(MAX_BODY_BYTES)} for one object")
 
 
 def manifest_files(path: str | Path, recursive: bool = False) -> list[Path]:

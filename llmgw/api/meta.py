@@ -11,6 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from llmgw.api.limits import INT64
+from llmgw.api.selectors import check_label_key, check_label_value
+
 API_VERSION = "llmgw.io/v1"
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -26,6 +29,29 @@ def check_dns1123_label(value: str) -> str:
 
 
 DNSLabel = Annotated[str, AfterValidator(check_dns1123_label)]
+LabelKey = Annotated[str, AfterValidator(check_label_key)]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name (a letter or '_', "
+                         "then letters, digits or '_')")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(check_env_name)]
+
+
+def bounded(low: int, high: int) -> type[int]:
+    """An integer in low..high, given as one: "3", true and 2.0 are refused, not converted."""
+    return Annotated[int, Field(strict=True, ge=low, le=high)]  # type: ignore[return-value]
+
+
+Int = bounded(*INT64)
+Bool = Annotated[bool, Field(strict=True)]
 
 
 def now() -> datetime:
@@ -42,17 +68,17 @@ class OwnerReference(Strict):
     kind: str
     name: str
     uid: str
-    controller: bool = True
+    controller: Bool = True
 
 
 class ObjectMeta(Strict):
     name: DNSLabel
     uid: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    generation: int = 0
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    annotations: dict[LabelKey, str] = Field(default_factory=dict)
+    generation: Int = 0
     # etcd's mod_revision of the spec key; compare-and-swap token for updates.
-    resourceVersion: int | None = None
+    resourceVersion: Int | None = None
     creationTimestamp: datetime | None = None
     deletionTimestamp: datetime | None = None
     finalizers: list[str] = Field(default_factory=list)
@@ -68,7 +94,7 @@ class Condition(Strict):
     reason: str = ""
     message: str = ""
     lastTransitionTime: datetime | None = None
-    observedGeneration: int | None = None
+    observedGeneration: Int | None = None
 
 
 def set_condition(

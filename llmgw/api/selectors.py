@@ -8,6 +8,22 @@ _KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
+def check_label_key(key: str) -> str:
+    """A label key as Kubernetes has them: [DNS-subdomain prefix '/'] name of at most 63 characters."""
+    prefix, _, name = key.rpartition("/")
+    if not _KEY.match(key) or len(name) > 63 or len(prefix) > 253:
+        raise ValueError(f"{key!r} is not a valid label key (an optional DNS subdomain and '/', then at most "
+                         "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)")
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if not _VALUE.match(value) or len(value) > 63:
+        raise ValueError(f"{value!r} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', "
+                         "starting and ending with a letter or digit)")
+    return value
+
+
 class SelectorError(ValueError):
     """A selector that does not parse; the message names the offending part."""
 

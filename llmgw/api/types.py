@@ -4,14 +4,33 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, model_validator
 
 from llmgw.api.flags import reserved_flag
-from llmgw.api.meta import API_VERSION, Condition, DNSLabel, ObjectMeta, Strict
+from llmgw.api.limits import (MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT,
+                              MAX_REPLICAS)
+from llmgw.api.meta import (API_VERSION, Bool, Condition, DNSLabel, EnvName, Int, LabelKey, LabelValue,
+                            ObjectMeta, Strict, bounded)
 
 Engine = Literal["vllm", "sglang", "llamacpp", "sim"]
+Port = bounded(1, MAX_PORT)
+Replicas = bounded(0, MAX_REPLICAS)
+NodeCount = bounded(1, MAX_NODES)
+GPUCount = bounded(1, MAX_GPUS_PER_NODE)
+Rank = bounded(0, MAX_NODES - 1)
+DeadlineSeconds = bounded(1, MAX_PLACEMENT_DEADLINE_SECONDS)
+
+
+def _check_source(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': the engine would read it as a flag")
+    return value
+
+
+# Weights: a path or a hub id, never something an engine's command line takes for a flag.
+Source = Annotated[str, AfterValidator(_check_source)]
 LaunchMode = Literal["mp", "ray"]
 
 
@@ -44,17 +63,17 @@ class Object(Strict):
 # --------------------------------------------------------------------- Node
 
 class GPU(Strict):
-    index: int
+    index: Int
     uuid: str | None = None
     name: str | None = None
-    memoryMiB: int | None = None
+    memoryMiB: Int | None = None
     computeCap: str | None = None
     pciBusId: str | None = None
 
 
 class Adapter(Strict):
     name: str
-    port: int = 1
+    port: Int = 1
     state: str = ""
     linkLayer: str = ""
     rate: str = ""
@@ -72,24 +91,24 @@ class EngineInfo(Strict):
 
 
 class PortRange(Strict):
-    first: int = Field(30000, ge=1, le=65535)
-    last: int = Field(32767, ge=1, le=65535)
+    first: Port = 30000
+    last: Port = 32767
 
 
 class DrainStatus(Strict):
     phase: Literal["Draining", "Drained", "Stuck"] = "Draining"
-    remaining: int = 0
+    remaining: Int = 0
     current: str | None = None
     message: str = ""
 
 
 class NodeSpec(Strict):
-    unschedulable: bool = False
-    drain: bool = False
+    unschedulable: Bool = False
+    drain: Bool = False
 
 
 class NodeStatus(Strict):
-    observedGeneration: int = 0
+    observedGeneration: Int = 0
     addresses: list[str] = Field(default_factory=list)
     gpus: list[GPU] = Field(default_factory=list)
     driverVersion: str | None = None
@@ -100,6 +119,13 @@ class NodeStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
+
+
+# The Node status fields its agent writes (registration, rediscovery); a node certificate may
+# write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
+# and drain progress are the controllers'.
+NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
+                            "agentVersion")
 
 
 class Node(Object):
@@ -114,10 +140,10 @@ class Node(Object):
 class Profile(Strict):
     engine: Engine
     launchMode: LaunchMode | None = None
-    nodes: int = Field(1, ge=1)
-    gpusPerNode: int = Field(1, ge=1)
+    nodes: NodeCount = 1
+    gpusPerNode: GPUCount = 1
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _rules(self) -> "Profile":
@@ -139,8 +165,8 @@ class Profile(Strict):
 
 
 class UpdateStrategy(Strict):
-    maxSurge: int = Field(1, ge=0)
-    maxUnavailable: int = Field(0, ge=0)
+    maxSurge: Replicas = 1
+    maxUnavailable: Replicas = 0
 
     @model_validator(mode="after")
     def _progress(self) -> "UpdateStrategy":
@@ -150,21 +176,21 @@ class UpdateStrategy(Strict):
 
 
 class ModelSpec(Strict):
-    replicas: int = Field(1, ge=0)
+    replicas: Replicas = 1
     aliases: list[DNSLabel] = Field(default_factory=list)
-    source: str | None = None
+    source: Source | None = None
     profiles: list[Profile] = Field(min_length=1)
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     update: UpdateStrategy = Field(default_factory=UpdateStrategy)
     # How long a replica may stay unplaced before the next profile is tried.
-    placementDeadlineSeconds: int = Field(60, ge=1)
+    placementDeadlineSeconds: DeadlineSeconds = 60
 
 
 class ModelStatus(Strict):
-    observedGeneration: int = 0
-    replicas: int = 0
-    readyReplicas: int = 0
-    updatedReplicas: int = 0
+    observedGeneration: Int = 0
+    replicas: Int = 0
+    readyReplicas: Int = 0
+    updatedReplicas: Int = 0
     templateHash: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
@@ -174,6 +200,15 @@ class Model(Object):
     kind: Literal["Model"] = "Model"
     spec: ModelSpec
     status: ModelStatus = Field(default_factory=ModelStatus)
+
+    @model_validator(mode="after")
+    def _aliases_once(self) -> "Model":
+        seen = {self.metadata.name}
+        for i, alias in enumerate(self.spec.aliases):
+            if alias in seen:
+                raise ValueError(f"spec.aliases[{i}]: {alias!r} is already a name of this Model")
+            seen.add(alias)
+        return self
 
     @property
     def served_names(self) -> list[str]:
@@ -198,32 +233,32 @@ ReplicaPhase = Literal["Pending", "Scheduled", "Starting", "Ready", "Failed", "T
 
 
 class Placement(Strict):
-    rank: int = Field(ge=0)
+    rank: Rank
     node: str
-    gpus: list[int] = Field(default_factory=list)
+    gpus: list[Int] = Field(default_factory=list)
     fabric: str | None = None
 
 
 class ReplicaSpec(Strict):
     model: DNSLabel
     templateHash: str
-    profileIndex: int = 0
+    profileIndex: Int = 0
     profile: Profile
-    source: str | None = None
+    source: Source | None = None
     servedModelNames: list[str] = Field(default_factory=list)
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     placement: list[Placement] = Field(default_factory=list)
 
 
 class ReplicaStatus(Strict):
-    observedGeneration: int = 0
+    observedGeneration: Int = 0
     phase: ReplicaPhase = "Pending"
     endpoint: str | None = None
     message: str = ""
-    restarts: int = 0
+    restarts: Int = 0
     # Failures in a row: back to 1 when the replica had stayed Ready for the controller's
     # backoff-reset period (10 min by default). This, not ``restarts``, sets the crash-loop delay.
-    consecutiveFailures: int = 0
+    consecutiveFailures: Int = 0
     backoffUntil: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
@@ -241,34 +276,34 @@ ShardPhase = Literal["Pending", "Starting", "Running", "Ready", "Failed", "Stopp
 
 
 class ShardPorts(Strict):
-    serve: int = Field(ge=1, le=65535)
-    distInit: int = Field(ge=1, le=65535)
+    serve: Port
+    distInit: Port
 
 
 class ShardSpec(Strict):
     replica: DNSLabel
     model: DNSLabel
     node: DNSLabel
-    rank: int = Field(ge=0)
-    worldSize: int = Field(ge=1)
-    gpus: list[int] = Field(default_factory=list)
+    rank: Rank
+    worldSize: NodeCount
+    gpus: list[Int] = Field(default_factory=list)
     ports: ShardPorts
     headAddress: str
     fabric: str | None = None
     engine: Engine
     launchMode: LaunchMode | None = None
-    gpusPerNode: int = Field(1, ge=1)
-    source: str | None = None
+    gpusPerNode: GPUCount = 1
+    source: Source | None = None
     servedModelNames: list[str] = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
 
 class ShardStatus(Strict):
-    observedGeneration: int = 0
+    observedGeneration: Int = 0
     phase: ShardPhase = "Pending"
-    pid: int | None = None
-    exitCode: int | None = None
+    pid: Int | None = None
+    exitCode: Int | None = None
     message: str = ""
     logTail: list[str] = Field(default_factory=list)
     startedAt: datetime | None = None

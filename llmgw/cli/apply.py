@@ -120,16 +120,20 @@ def _load(files, recursive) -> list[Object]:
 @click.option("--prune", is_flag=True,
               help="After applying, delete objects of the applied kinds that match --selector and are "
                    "not in the manifests (objects owned by another object are never pruned).")
-@click.option("-l", "--selector", metavar="SELECTOR", help="With --prune: which live objects may be pruned.")
+@click.option("-l", "--selector", metavar="SELECTOR",
+              help="With --prune (and required by it, not blank): which live objects may be pruned.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")
 @connection_options
 def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
     """Create or update the objects of manifest files, printing created, configured or unchanged for each."""
-    if prune and not selector:
+    if prune and selector is None:
         raise usage_error("--prune needs --selector: it limits what may be deleted")
-    if selector and not prune:
+    if selector is not None and not prune:
         raise usage_error("--selector is only used with --prune")
     sel = selector_arg(selector)
+    if prune and not sel:  # a blank selector parses to match-all: never let it choose what to delete
+        raise usage_error(f"--selector {selector!r} selects every object; --prune needs one that limits "
+                          "what may be deleted")
     objects = _load(files, recursive)
     run(_apply(conn, objects, prune, sel, dry_run))
 

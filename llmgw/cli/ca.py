@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from llmgw.pki import DEFAULT_DAYS, CAError, CertificateAuthority, normalize_serial
+from llmgw.cli.etcdflags import etcd_tls
+from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, normalize_serial
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
                           show_default=True, help="CA directory (or $LLMGW_CA_DIR).")
@@ -29,7 +30,8 @@ def _fail(err: Exception) -> None:
 def _issue(directory, role, name, sans=(), days=DEFAULT_DAYS, not_before=None):
     start = not_before.replace(tzinfo=timezone.utc) if not_before else None
     try:
-        entry = _ca(directory).issue(role, name, list(sans), days=days, not_before=start)
+        authority = _ca(directory).etcd() if role in ETCD_ROLES else _ca(directory)
+        entry = authority.issue(role, name, list(sans), days=days, not_before=start)
     except CAError as err:
         _fail(err)
     click.echo(f"issued {role} {name}: serial {entry.serial}, valid until {entry.not_after}")
@@ -53,11 +55,13 @@ def init(directory, days):
     except CAError as err:
         _fail(err)
     click.echo(f"CA created: {path} (private key {path.with_name('ca.key')}, mode 0600)")
+    click.echo(f"etcd CA created: {path.parent / 'etcd' / 'ca.crt'} (signs only etcd's member and client "
+               "certificates: `llmgw ca issue etcd-member|etcd-client`)")
 
 
 @ca.group()
 def issue():
-    """Issue a certificate for a node, an admin, a component or the server."""
+    """Issue a certificate for a node, an admin, a component, the server, or etcd."""
 
 
 @issue.command("node")
@@ -108,14 +112,35 @@ def issue_server(sans, name, directory, days, not_before):
     _issue(directory, "server", name, sans=sans, days=days, not_before=not_before)
 
 
+@issue.command("etcd-member")
+@click.argument("name")
+@click.option("--san", "sans", multiple=True, required=True,
+              help="DNS name or IP address clients and peers dial this member at (repeatable).")
+@dir_option
+@days_option
+@not_before_option
+def issue_etcd_member(name, sans, directory, days, not_before):
+    """An etcd member's certificate (etcd's --cert-file and --peer-cert-file), from the etcd CA."""
+    _issue(directory, "etcd-member", name, sans=sans, days=days, not_before=not_before)
+
+
+@issue.command("etcd-client")
+@click.argument("name")
+@dir_option
+@days_option
+@not_before_option
+def issue_etcd_client(name, directory, days, not_before):
+    """A client certificate for etcd, from the etcd CA: for the server, the controller-manager and an
+    admin who runs `llmgw ca revoke` (their --etcd-cert). Never for a node or the gateway."""
+    _issue(directory, "etcd-client", name, days=days, not_before=not_before)
+
+
 @ca.command()
 @click.argument("serial", required=False)
 @click.option("--node", default=None, help="Revoke every certificate issued to this node.")
 @dir_option
 @click.option("--etcd", envvar="LLMGW_ETCD", required=True, help="etcd endpoint(s), comma-separated (or $LLMGW_ETCD).")
-@click.option("--etcd-ca", default=None)
-@click.option("--etcd-cert", default=None)
-@click.option("--etcd-key", default=None)
+@etcd_tls
 def revoke(serial, node, directory, etcd, etcd_ca, etcd_cert, etcd_key):
     """Record SERIAL (or every certificate of --node) under /llmgw/revoked/; the server refuses it."""
     if bool(serial) == bool(node):
@@ -155,7 +180,8 @@ def list_(directory):
         _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
     now = datetime.now(timezone.utc)
     rows = [("SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE")]
-    for e in authority.index():
+    etcd_index = authority.etcd().index() if (authority.dir / "etcd").exists() else []
+    for e in authority.index() + etcd_index:
         state = "revoked" if e.revoked else ("expired" if datetime.fromisoformat(e.not_after) < now else "valid")
         rows.append((e.serial, e.role, e.name, e.not_after[:19], state))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]

@@ -33,7 +33,8 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
     Renders the widest command lines llmgw produces (a 2-node replica) and
     looks every flag up in the help of the program that receives it: ray's in
     `ray start --help`, vLLM's in `vllm serve --help=all`. A program that
-    cannot be run is skipped. Exits 1 when a flag is missing.
+    cannot be run is skipped, except the one --executable names. Exits 1 when a
+    flag is missing or the --executable path cannot be run.
     """
     from llmgw.engines.check import check  # the renderers pull in the API types
 
@@ -53,6 +54,8 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
     console.print(table)
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
+    for error in report.errors:
+        click.echo(f"error: {error}", err=True)
     summary = ", ".join(f"{report.count(s)} {s}" for s in ("found", "missing", "skipped"))
     click.echo(f"{len(report.results)} flags: {summary}")
     if report.failed:

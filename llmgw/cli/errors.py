@@ -19,7 +19,8 @@ EXIT_CODES_HELP = (
     "  2  usage error, invalid manifest (file, document and field are named), bad client config\n"
     "  3  server unreachable or TLS failure\n"
     "  4  forbidden (403) or certificate refused (401)\n"
-    "  5  conflict (409): the object changed meanwhile, re-run the command"
+    "  5  conflict (409): the object changed meanwhile, re-run the command; or another Model\n"
+    "     serves a name or alias of this one (the message names it)"
 )
 
 

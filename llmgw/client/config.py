@@ -15,6 +15,9 @@ from pathlib import Path
 
 import yaml
 
+from llmgw.api.limits import InputError, check_document
+from llmgw.api.manifests import read_yaml
+
 DEFAULT_PATH = "~/.config/llmgw/config.yaml"
 DEFAULT_SERVER = "https://127.0.0.1:7443"
 
@@ -43,9 +46,11 @@ class ClientConfig:
                 f"{p}: no client configuration; run `llmgw ca issue admin NAME --write-config` "
                 "or set LLMGW_CONFIG to one")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{p}: not valid YAML: {err}") from None
+            docs = read_yaml(p, max_bytes=1 << 20)
+            data = (docs[0] if docs else None) or {}
+            check_document(data)
+        except InputError as err:
+            raise ConfigError(f"{p}: {err.message if err.path == '<document>' else err}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping with server, ca, cert, key")
         unknown = set(data) - {"server", "ca", "cert", "key"}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -14,9 +16,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from llmgw.agent.config import ENGINE_EXECUTABLES
 from llmgw.api import condition_true, load_path
 from llmgw.client import ApiError, Client, ClientConfig
-from llmgw.dev.cluster import REPO, LocalCluster, default_nodes, down as cluster_down
+from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes, down as cluster_down
 
 DEFAULT_DIR = ".llmgw-dev"
 SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
@@ -33,11 +36,15 @@ def dev():
               help="Agents to start (8 fake GPUs each; fabrics ib-a, ib-a, ib-b, island, repeating).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True,
               help="Where all state goes (CA, etcd data, logs, agents' state).")
-@click.option("--gateway-port", type=int, default=8000, show_default=True)
+@click.option("--gateway-port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="Port of the gateway on 127.0.0.1 (another cluster on this machine needs another).")
 @click.option("--no-examples", is_flag=True, help="Do not apply the sim examples.")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds to wait for the examples to become Ready before giving up on showing progress.")
-def up(node_count, directory, gateway_port, no_examples, timeout):
+@click.option("--engine", "engines", multiple=True, metavar="NAME[=PATH]",
+              help="Give every agent a real engine: llamacpp (or llama-server), vllm, ray, or sglang=PYTHON; "
+                   "without =PATH the program is looked for on PATH. Repeatable.")
+def up(node_count, directory, gateway_port, no_examples, timeout, engines):
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
     Exit codes: 0 after a clean Ctrl-C or `llmgw dev down`; 1 when a component failed.
@@ -48,7 +55,8 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
     if (cluster_dir / "etcd").exists():
         console.print(f"reusing the state an earlier run left in {cluster_dir}: replicas whose engines stopped "
                       f"with it are rebuilt first (for a fresh start, remove the directory)")
-    cluster = LocalCluster(cluster_dir, default_nodes(node_count), gateway_port=gateway_port)
+    cluster = LocalCluster(cluster_dir, default_nodes(node_count), gateway_port=gateway_port,
+                           engines=engine_paths(engines))
     stop = _stop_on_signals()
     try:
         with console.status("starting etcd, server, controller-manager, gateway and agents..."):
@@ -61,6 +69,9 @@ def up(node_count, directory, gateway_port, no_examples, timeout):
         while not stop.is_set():
             cluster.check_alive()
             time.sleep(0.5)
+    except PortTaken as err:
+        console.print(f"[red]error:[/] {err}: choose another with --gateway-port", highlight=False, soft_wrap=True)
+        sys.exit(1)
     except (RuntimeError, TimeoutError) as err:
         console.print(f"[red]error:[/] {err}")
         sys.exit(1)
@@ -77,6 +88,27 @@ def down(directory):
     running is asked to stop first, and says so where it runs."""
     n = cluster_down(Path(directory))
     click.echo(f"stopped {n} process(es)" if n else "nothing was running")
+
+
+def engine_paths(values: tuple[str, ...]) -> dict[str, str]:
+    """--engine NAME[=PATH] values as the agent's --engine NAME=PATH pairs, each path checked."""
+    out = {}
+    for value in values:
+        name, _, path = value.partition("=")
+        name = "llama-server" if name == "llamacpp" else name
+        if name not in ENGINE_EXECUTABLES:
+            raise click.BadParameter(f"unknown engine {name!r}: use llamacpp, vllm, ray or sglang", param_hint="--engine")
+        if not path:
+            if name == "sglang":
+                raise click.BadParameter("sglang needs =PATH: the Python that has SGLang installed",
+                                         param_hint="--engine")
+            path = shutil.which(name) or ""
+            if not path:
+                raise click.BadParameter(f"{name} is not on PATH: give --engine {name}=PATH", param_hint="--engine")
+        if not os.access(path, os.X_OK) or os.path.isdir(path):
+            raise click.BadParameter(f"{name}={path}: not an executable file", param_hint="--engine")
+        out[name] = str(Path(path).resolve())
+    return out
 
 
 def _stop_on_signals() -> threading.Event:
@@ -199,9 +231,9 @@ Send a request through the gateway ({c.gateway_url}):
   {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="none"); \\
 print(c.chat.completions.create(model="large", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
 
-Watch status in etcd:
+Watch status in etcd (TLS; the admin's etcd client certificate):
 
-  ETCDCTL_API=3 etcdctl --endpoints {c.etcd.endpoint} watch --prefix /llmgw/status/
+  . {c.dir / 'etcd' / 'etcdctl.env'}; etcdctl watch --prefix /llmgw/status/
 
 Ctrl-C here (or `{llmgw} dev down --dir {c.dir}`) stops everything.
 """)

@@ -3,15 +3,19 @@
 Used by `llmgw dev up` and by the end-to-end test. Layout under the cluster
 directory:
 
-    ca/                       the certificate authority (ca.crt, issued/...)
+    ca/                       the certificate authority (ca.crt, issued/...; etcd/: the etcd CA)
     admin/config.yaml         client configuration for `llmgw` (LLMGW_CONFIG)
-    etcd/                     etcd's data, log and `endpoint`
+    etcd/                     etcd's data, log, `endpoint` and `etcdctl.env`
     logs/<component>.log      server, controller-manager, gateway, agent-<node>
     nodes/<node>/             fake nvidia-smi, fake sysfs, the agent's state dir
     cluster.json              addresses and pids, read by `llmgw dev down`
 
-Each node gets its own loopback address (127.0.1.N), so engines bind where a
-real node's engines would: on the node's address.
+Each node gets its own loopback address, so engines bind where a real node's
+engines would: on the node's address. The addresses (127.0.K.N) and the engines'
+port range come from the cluster's slot (llmgw.dev.slots): two clusters on one
+machine never share them. etcd runs as in production: TLS with client
+certificates from the etcd CA, held by the server, the controller-manager and
+the admin (for etcdctl) only.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw.dev import slots
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.process import free_port, wait_http
 from llmgw.pki.ca import CertificateAuthority
@@ -38,14 +43,22 @@ NODE_MARKER = "LLMGW_DEV_NODE"
 @dataclass
 class NodePlan:
     name: str
-    address: str
-    fabric: str | None  # None: an island
+    fabric: str | None = None   # None: an island
+    address: str | None = None  # None: the cluster's slot gives one
+
+
+class PortTaken(RuntimeError):
+    """A port the cluster must listen on is in use."""
+
+    def __init__(self, port: int, what: str):
+        self.port = port
+        super().__init__(f"port {port} for the {what} is taken on 127.0.0.1")
 
 
 def default_nodes(count: int) -> list[NodePlan]:
     """Two nodes on ib-a, one on ib-b, one island; more nodes continue the pattern."""
     pattern = ["ib-a", "ib-a", "ib-b", None]
-    return [NodePlan(f"node{i + 1:02d}", f"127.0.1.{i + 1}", pattern[i % len(pattern)]) for i in range(count)]
+    return [NodePlan(f"node{i + 1:02d}", pattern[i % len(pattern)]) for i in range(count)]
 
 
 @dataclass
@@ -58,7 +71,9 @@ class LocalCluster:
     drain_delay: float = 2.0
     gpus_per_node: int = 8
     lease_seconds: float = 15.0
+    engines: dict[str, str] = field(default_factory=dict)  # agent --engine NAME=PATH, on every node
     etcd: EtcdCluster | None = None
+    slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -103,6 +118,12 @@ class LocalCluster:
             issued = ca.issue("node", n.name)
             self.certs[n.name] = (issued.cert, issued.key)
         self.ca_cert = str(ca.cert_path)
+        etcd_ca = ca.etcd()
+        self.etcd_ca = str(etcd_ca.cert_path)
+        self.etcd_certs = {}
+        for name in ("llmgw-server", "controller-manager", "dev-admin"):  # never a node or the gateway
+            issued = etcd_ca.issue("etcd-client", name)
+            self.etcd_certs[name] = (issued.cert, issued.key)
         self.admin_config.parent.mkdir(parents=True, exist_ok=True)
         cert, key = self.certs["dev-admin"]
         self.admin_config.write_text(
@@ -138,6 +159,7 @@ class LocalCluster:
             "etcd": self.etcd.endpoints if self.etcd else [],
             "pids": {name: p.pid for name, p in self.procs.items()},
             "etcd_pids": [m.proc.pid for m in self.etcd.members] if self.etcd else [],
+            "slot": self.slot.index if self.slot else None,
         }
         (self.dir / "cluster.json").write_text(json.dumps(state, indent=1))
 
@@ -145,14 +167,20 @@ class LocalCluster:
 
     llmgw = [sys.executable, "-m", "llmgw.cli.main"]
 
+    def etcd_flags(self, name: str) -> list[str]:
+        """--etcd and its TLS flags, with the etcd client certificate issued to `name`."""
+        cert, key = self.etcd_certs[name]
+        return ["--etcd", ",".join(self.etcd.endpoints), "--etcd-ca", self.etcd_ca, "--etcd-cert", cert,
+                "--etcd-key", key]
+
     def start_server(self) -> None:
         cert, key = self.certs["llmgw-server"]
         self._spawn("server", [*self.llmgw, "server", "--listen", f"127.0.0.1:{self.server_port}",
-                               "--etcd", ",".join(self.etcd.endpoints), "--cert", cert, "--key", key,
+                               *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                                "--client-ca", self.ca_cert])
 
     def start_controller_manager(self, name: str = "controller-manager") -> None:
-        self._spawn(name, [*self.llmgw, "controller-manager", "--etcd", ",".join(self.etcd.endpoints),
+        self._spawn(name, [*self.llmgw, "controller-manager", *self.etcd_flags("controller-manager"),
                            "--metrics-listen", f"127.0.0.1:{free_port()}",
                            "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
 
@@ -168,23 +196,32 @@ class LocalCluster:
                 "--ca", self.ca_cert, "--cert", cert, "--key", key,
                 "--nvidia-smi", str(smi), "--ib-root", str(sysfs),
                 "--state-dir", str(self.dir / "nodes" / n.name / "state"),
-                "--advertise-address", n.address, "--drain-delay", f"{self.drain_delay}s",
+                "--advertise-address", self.address(n), "--port-range", self.slot.port_range,
+                "--drain-delay", f"{self.drain_delay}s",
                 "--stop-grace-period", "10s", "--heartbeat-interval", "2s"]
         if n.fabric:
             argv += ["--fabric", n.fabric]
+        for name, path in self.engines.items():
+            argv += ["--engine", f"{name}={path}"]
         # engines inherit the agent's environment: NODE_MARKER finds a node's processes
         self._spawn(f"agent-{n.name}", argv, env={NODE_MARKER: n.name})
+
+    def address(self, n: NodePlan) -> str:
+        """The node's own address, or the one the slot gives its place in the cluster."""
+        return n.address or self.slot.address(next(i for i, p in enumerate(self.nodes) if p.name == n.name))
 
     def node_pids(self, node: str) -> list[int]:
         """The agent and engine processes of one node."""
         return marked_pids(self.dir, f"{NODE_MARKER}={node}")
 
     def start(self) -> "LocalCluster":
+        _check_free(self.gateway_port, "gateway")
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
+        self.slot = slots.acquire(prefer=_last_slot(self.dir))
         self._pki()
-        self.etcd = etcd_cluster(self.dir / "etcd", 1).start()
-        (self.dir / "etcd" / "endpoint").write_text(self.etcd.endpoint + "\n")
+        self.etcd = etcd_cluster(self.dir / "etcd", 1, ca=CertificateAuthority(self.dir / "ca")).start()
+        self._write_etcd_access()
         self.start_server()
         self.wait_server()
         self.start_controller_manager()
@@ -195,6 +232,14 @@ class LocalCluster:
         return self
 
     # --------------------------------------------------------------- waiting
+
+    def _write_etcd_access(self) -> None:
+        """etcd/endpoint, and etcd/etcdctl.env: `. etcdctl.env; etcdctl get --prefix /llmgw/` as the admin."""
+        (self.dir / "etcd" / "endpoint").write_text(self.etcd.endpoint + "\n")
+        cert, key = self.etcd_certs["dev-admin"]
+        (self.dir / "etcd" / "etcdctl.env").write_text(
+            f"export ETCDCTL_API=3 ETCDCTL_ENDPOINTS={self.etcd.endpoint} ETCDCTL_CACERT={self.etcd_ca} "
+            f"ETCDCTL_CERT={cert} ETCDCTL_KEY={key}\n")
 
     def check_alive(self) -> None:
         for name, p in self.procs.items():
@@ -242,6 +287,24 @@ class LocalCluster:
         kill_marked(self.dir)
         if self.etcd:
             self.etcd.stop()
+        if self.slot:
+            self.slot.release()
+
+
+def _check_free(port: int, what: str) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will: only a listener counts
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise PortTaken(port, what) from None
+
+
+def _last_slot(cluster_dir: Path) -> int | None:
+    try:
+        return json.loads((cluster_dir / "cluster.json").read_text()).get("slot")
+    except (OSError, ValueError):
+        return None
 
 
 def marked_pids(cluster_dir: Path, also: str | None = None) -> list[int]:

@@ -1,12 +1,20 @@
-"""Start real etcd members on loopback (for `llmgw dev up` and the tests)."""
+"""Start real etcd members on loopback (for `llmgw dev up` and the tests).
+
+With an llmgw CA (`etcd_cluster(..., ca=...)`) the members run as production ones should
+(README, "Production security"): TLS to clients and peers, a client certificate from the
+etcd CA required of both (--client-cert-auth, --peer-client-cert-auth). Without one, plain
+http, which the tests' store fixtures use for speed.
+"""
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.dev.process import free_port, terminate, wait_http
+from llmgw.pki import CertificateAuthority
 
 
 def etcd_binary() -> str:
@@ -17,26 +25,42 @@ def etcd_binary() -> str:
 
 
 @dataclass
+class EtcdTLS:
+    """The etcd CA's certificate, each member's certificate, and one client's (for health checks)."""
+    ca: str
+    members: dict[str, tuple[str, str]]
+    client: tuple[str, str]
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.load_cert_chain(*self.client)
+        return ctx
+
+
+@dataclass
 class Member:
     name: str
     data_dir: Path
     client_port: int
     peer_port: int
     log_path: Path
+    host: str = "127.0.0.1"
+    scheme: str = "http"
     proc: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://{self.host}:{self.peer_port}"
 
 
 @dataclass
 class EtcdCluster:
     members: list[Member] = field(default_factory=list)
+    tls: EtcdTLS | None = None
 
     @property
     def endpoint(self) -> str:
@@ -54,6 +78,14 @@ class EtcdCluster:
             self._wait_ready(m, timeout)
         return self
 
+    def _tls_flags(self, m: Member) -> list[str]:
+        if self.tls is None:
+            return []
+        cert, key = self.tls.members[m.name]
+        return ["--cert-file", cert, "--key-file", key, "--client-cert-auth", "--trusted-ca-file", self.tls.ca,
+                "--peer-cert-file", cert, "--peer-key-file", key, "--peer-client-cert-auth",
+                "--peer-trusted-ca-file", self.tls.ca]
+
     def _spawn(self, m: Member, cluster: str) -> None:
         m.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -65,18 +97,18 @@ class EtcdCluster:
             # loopback tests: short timeouts; no auto-compaction (llmgw compacts itself)
             "--heartbeat-interval", "50", "--election-timeout", "500",
             "--max-request-bytes", str(16 * 1024 * 1024),
+            *self._tls_flags(m),
         ]
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
-    @staticmethod
-    def _wait_ready(m: Member, timeout: float) -> None:
+    def _wait_ready(self, m: Member, timeout: float) -> None:
         def alive() -> None:
             if m.proc.poll() is not None:
                 raise RuntimeError(f"etcd {m.name} exited with {m.proc.returncode}; see {m.log_path}")
         wait_http(f"{m.endpoint}/health", alive, f"etcd {m.name} (log: {m.log_path})", timeout,
-                  ready=lambda body: b'"true"' in body)
+                  ready=lambda body: b'"true"' in body, context=self.tls.client_context() if self.tls else None)
 
     def stop_member(self, m: Member) -> None:
         if m.proc:
@@ -87,11 +119,21 @@ class EtcdCluster:
             self.stop_member(m)
 
 
-def etcd_cluster(base: Path, size: int = 1) -> EtcdCluster:
+def etcd_cluster(base: Path, size: int = 1, ca: CertificateAuthority | None = None,
+                 host: str = "127.0.0.1") -> EtcdCluster:
+    """Members on free ports of `host`; with `ca`, over TLS with certificates from its etcd CA."""
     base = Path(base)
     members = [
-        Member(f"m{i}", base / f"m{i}", free_port(), free_port(), base / f"m{i}.log")
+        Member(f"m{i}", base / f"m{i}", free_port(host), free_port(host), base / f"m{i}.log", host,
+               "https" if ca else "http")
         for i in range(size)
     ]
     base.mkdir(parents=True, exist_ok=True)
-    return EtcdCluster(members)
+    tls = None
+    if ca is not None:
+        etcd_ca = ca.etcd()
+        issued = {m.name: etcd_ca.issue("etcd-member", m.name, sans=[host, "localhost"]) for m in members}
+        health = etcd_ca.issue("etcd-client", "etcd-health")
+        tls = EtcdTLS(str(etcd_ca.cert_path), {n: (e.cert, e.key) for n, e in issued.items()},
+                      (health.cert, health.key))
+    return EtcdCluster(members, tls)

@@ -2,31 +2,33 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from typing import Callable
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of `host` (loopback) nobody listens on right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 60.0,
-              ready: Callable[[bytes], bool] = lambda body: True) -> None:
+              ready: Callable[[bytes], bool] = lambda body: True, context: ssl.SSLContext | None = None) -> None:
     """Poll `url` until it answers 2xx with a body `ready` accepts.
 
     `alive()` raises when the process behind the URL died (so a crash is reported
-    at once, not as a timeout); TimeoutError names `what` otherwise.
+    at once, not as a timeout); TimeoutError names `what` otherwise. `context`: TLS for an
+    https URL (a client certificate, where the server asks for one).
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive()
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if ready(r.read()):
                     return
         except OSError:

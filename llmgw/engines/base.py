@@ -28,12 +28,17 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class Command:
-    """One program to start. A shard's commands are started in list order."""
+    """One program to start. A shard's commands start in list order and stop in reverse order."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     serves: bool  # True for the program that answers the shard's serve port
+    # (host, port) the program listens on before the next command may start.
+    listens: tuple[str, int] | None = None
+    # SIGTERM to the program alone, which stops its own children in order, instead
+    # of to its whole process group at once (the group follows once it has exited).
+    term_leader: bool = False
 
 
 @dataclass(frozen=True)

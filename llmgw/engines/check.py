@@ -4,7 +4,8 @@ Each command a renderer emits goes to one program (ray, vllm, sglang's
 launch_server, llama-server, the sim). That program's --help is read in full
 (vLLM's with --help=all and VLLM_TARGET_DEVICE=cpu, so it answers on a machine
 without accelerators) and every flag the command uses must appear on one of its
-option lines. A program that cannot be run is skipped, not failed.
+option lines. A program that cannot be run is skipped, not failed, unless it is
+the one `--executable` named: a path that is not there fails the check.
 """
 from __future__ import annotations
 
@@ -38,13 +39,14 @@ class FlagResult:
 class Report:
     results: list[FlagResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     def count(self, status: Status) -> int:
         return sum(1 for r in self.results if r.status == status)
 
     @property
     def failed(self) -> bool:
-        return self.count("missing") > 0
+        return self.count("missing") > 0 or bool(self.errors)
 
 
 @dataclass
@@ -129,12 +131,13 @@ def programs(engine: str, launch_mode: str | None, executables: dict[str, str]) 
 class Help:
     text: str | None  # None: could not be obtained
     reason: str = ""  # why not, or a caveat
+    unrunnable: bool = False  # the program is not there or cannot be executed at all
 
 
 def run_help(prog: Program, timeout: float = HELP_TIMEOUT) -> Help:
     """The program's help; when that fails and the program has an older way to ask, that one's."""
     got = _run_help(prog.help_argv, prog.help_env, timeout)
-    if got.text is not None or not prog.fallback_help_argv or got.reason.startswith("not installed"):
+    if got.text is not None or not prog.fallback_help_argv or got.unrunnable:
         return got
     older = _run_help(prog.fallback_help_argv, prog.help_env, timeout)
     if older.text is None:
@@ -151,13 +154,13 @@ def _run_help(argv: list[str], env: dict[str, str], timeout: float) -> Help:
             env={**os.environ, **env}, timeout=timeout,
         )
     except FileNotFoundError:
-        return Help(None, f"not installed: {argv[0]} not found")
+        return Help(None, f"not installed: {argv[0]} not found", unrunnable=True)
     except PermissionError:
-        return Help(None, f"cannot run {argv[0]}: not executable")
+        return Help(None, f"cannot run {argv[0]}: not executable", unrunnable=True)
     except subprocess.TimeoutExpired:
         return Help(None, f"`{command}` did not finish within {timeout:g} s")
     except OSError as e:
-        return Help(None, f"cannot run {argv[0]}: {e}")
+        return Help(None, f"cannot run {argv[0]}: {e}", unrunnable=True)
     text = done.stdout.decode(errors="replace")
     if done.returncode != 0:
         if not documented_flags(text):
@@ -179,6 +182,8 @@ def check(engine: str, launch_mode: str | None = None, executable: str | None = 
             got = Help(help_text)
         else:
             got = run_help(prog, timeout)
+        if got.text is None and got.unrunnable and executable and prog.name == main:
+            report.errors.append(f"{prog.name}: --executable {executable}: {got.reason}")
         if got.text is None:
             report.results += [FlagResult(prog.name, f, "skipped", got.reason) for f in prog.flags]
             report.warnings.append(f"{prog.name}: skipped, {got.reason}")

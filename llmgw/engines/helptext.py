@@ -19,16 +19,7 @@ _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
 
 def documented_flags(help_text: str) -> set[str]:
     """Every spelling of every flag the help's option lines list (long, short, --[no-]x)."""
-    flags: set[str] = set()
-    for line in help_text.splitlines():
-        stripped = line.lstrip()
-        if not stripped.startswith("-") or len(line) - len(stripped) > MAX_OPTION_INDENT:
-            continue
-        synopsis = _DESCRIPTION_GAP.split(stripped, maxsplit=1)[0]
-        for name in _NEGATABLE.findall(synopsis):
-            flags.update((f"--{name}", f"--no-{name}"))
-        flags.update(_FLAG.findall(_NEGATABLE.sub("", synopsis)))
-    return flags
+    return set().union(*option_groups(help_text))
 
 
 def used_flags(args: list[str]) -> list[str]:
@@ -45,3 +36,18 @@ def is_documented(flag: str, documented: set[str]) -> bool:
     if flag in documented:
         return True
     return "." in flag and flag.split(".", 1)[0] in documented
+
+
+def option_groups(help_text: str) -> list[set[str]]:
+    """The spellings of each option line's flag: {'--nnodes', '-n'} from `--nnodes NNODES, -n NNODES`."""
+    groups = []
+    for line in help_text.splitlines():
+        stripped = line.lstrip()
+        if not stripped.startswith("-") or len(line) - len(stripped) > MAX_OPTION_INDENT:
+            continue
+        synopsis = _DESCRIPTION_GAP.split(stripped, maxsplit=1)[0]
+        group = set(_FLAG.findall(_NEGATABLE.sub("", synopsis)))
+        for name in _NEGATABLE.findall(synopsis):
+            group.update((f"--{name}", f"--no-{name}"))
+        groups.append(group)
+    return groups

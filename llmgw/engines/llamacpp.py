@@ -1,8 +1,12 @@
 """llama.cpp's `llama-server`: single node.
 
 `--parallel` and `--n-gpu-layers` get defaults (4 slots, every layer on the
-GPUs); a model's args come last, so they can override both.
-llama-server takes one alias: the model's name (the first of servedModelNames).
+GPUs); a model's args come last, so they can override both. `--kv-unified`
+keeps one KV cache shared by the slots, so one request can use the whole
+`--ctx-size`: llama-server turns it on by itself only when it picks the slot
+count, and with a slot count given it splits the context between the slots
+(4 slots of an 8192-token context would take 2048-token requests at most).
+`--alias` takes a comma-separated list: every name in servedModelNames.
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--host", node.address,
         "--port", str(spec.ports.serve),
         "--metrics",
-        "--alias", spec.servedModelNames[0],
+        "--alias", ",".join(spec.servedModelNames),
         "--parallel", str(DEFAULT_PARALLEL),
+        "--kv-unified",
         "--n-gpu-layers", str(ALL_LAYERS),
         *spec.args,
     ]

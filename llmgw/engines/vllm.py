@@ -7,7 +7,12 @@ mp (vLLM >= 0.11.1): every rank runs `vllm serve` with `--nnodes --node-rank
 
 ray: rank 0 runs `ray start --head` and then `vllm serve ...
 --distributed-executor-backend ray`; the other ranks only join the Ray
-cluster with `ray start --address=HEAD:PORT --block`.
+cluster with `ray start --address=HEAD:PORT --block`. `vllm serve` starts
+once the head listens, with RAY_ADDRESS naming this shard's head: without it
+vLLM's ray.init() joins whichever Ray cluster on the machine started last.
+`ray start --block` gets SIGTERM alone: it stops raylet before the GCS; a
+signal to its whole group reaches the GCS first, and the head then waits 30 s
+on its drain before it exits.
 """
 from __future__ import annotations
 
@@ -78,14 +83,16 @@ def _ray_start(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> li
 
 def _render_ray(shard: Shard, node: NodeFacts, executables: dict[str, str], env: dict[str, str]) -> RenderedShard:
     spec = shard.spec
+    head = (node.address, spec.ports.distInit) if spec.rank == 0 else None
     ray = Command("ray-head" if spec.rank == 0 else "ray-worker", _ray_start(shard, node, executables),
-                  env, serves=False)
+                  env, serves=False, listens=head, term_leader=True)
     if spec.rank > 0:
         return RenderedShard([ray], PROCESS_PROBE)
+    serve_env = {**env, "RAY_ADDRESS": join_host_port(node.address, spec.ports.distInit)}
     serve = [
         program(executables, "vllm"), "serve", weights(shard),
         *_serving(shard, node), *_parallel(shard),
         "--distributed-executor-backend", "ray",
         *spec.args,
     ]
-    return RenderedShard([ray, Command("vllm", serve, env, serves=True)], health_probe(node, spec.ports.serve))
+    return RenderedShard([ray, Command("vllm", serve, serve_env, serves=True)], health_probe(node, spec.ports.serve))

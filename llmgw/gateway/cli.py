@@ -10,6 +10,7 @@ import click
 from llmgw import aio
 
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
+from llmgw.gateway.server import Limits
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -43,9 +44,23 @@ def _describe(kind, type_, obj) -> None:
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY, show_default=True)
 @click.option("--retry-after", type=click.IntRange(min=1), default=2, show_default=True,
               help="Seconds in Retry-After when a model has no Ready replica.")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=Limits.header_timeout,
+              show_default=True, help="Seconds for a request's line and headers, from its first byte (a new "
+              "connection's first request: from the accept); then 408, or a plain close if nothing came.")
+@click.option("--keepalive-timeout", type=click.FloatRange(min=0, min_open=True), default=Limits.keepalive,
+              show_default=True, help="Seconds an idle keep-alive connection is kept between requests.")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=Limits.body_timeout,
+              show_default=True, help="Seconds for a request body (plus a second per --body-min-rate bytes "
+              "received); then 408.")
+@click.option("--body-min-rate", type=click.IntRange(min=0), default=Limits.body_min_rate, show_default=True,
+              help="Bytes per second a slow body must keep up to get more than --body-timeout (0: no extra time).")
+@click.option("--max-conns-per-addr", type=click.IntRange(min=0), default=Limits.max_conns_per_addr,
+              show_default=True, help="Open connections one client address may hold; one more is answered "
+              "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, retry_after, log_level):
+def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, retry_after, header_timeout,
+            keepalive_timeout, body_timeout, body_min_rate, max_conns_per_addr, log_level):
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(server) == bool(static):
@@ -57,7 +72,10 @@ def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, ret
         keys = ApiKeys(api_keys)
         if not len(keys):
             log.warning("%s holds no key: every request will be refused with 401", api_keys)
-    gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False)
+    limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
+                    body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
+    gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
+                 limits=limits)
     aio.run(_serve(gw, host, port, server, ca, cert, key, static))
 
 

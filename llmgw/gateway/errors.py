@@ -51,6 +51,17 @@ def headers_too_large(limit: int) -> Response:
     )
 
 
+def request_timeout(message: str) -> Response:
+    return error_response(408, message, "invalid_request_error", None, "request_timeout")
+
+
+def too_many_connections(cap: int) -> Response:
+    return error_response(
+        429, f"This address has {cap} connections open to the gateway, its limit; send on those, "
+        "or close one first", "rate_limit_error", None, "too_many_connections",
+    )
+
+
 def unauthorized(message: str) -> Response:
     return error_response(
         401, message, "invalid_request_error", None, "invalid_api_key",

@@ -21,12 +21,13 @@ import logging
 import time
 from urllib.parse import unquote
 
+from llmgw.api.limits import parse_json
 from llmgw.gateway import errors
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.response import Response, json_response
-from llmgw.gateway.server import BodyError, HttpServer, Request, Stream, TooLarge
+from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Conn, Pool, UpstreamError
 
@@ -67,6 +68,7 @@ class Gateway:
         retry_after: int = 2,
         connect_timeout: float = 5.0,
         synced: bool = True,
+        limits: Limits = Limits(),
     ):
         self.table = table if table is not None else RoutingTable()
         self.api_keys = api_keys
@@ -77,7 +79,7 @@ class Gateway:
         self.metrics = Metrics(self._inflight_samples)
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout)
-        self.server = HttpServer(self.handle, max_body=max_body_bytes, begin=self.begin)
+        self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         """Serve on host:port (0: any free port); the port."""
@@ -154,9 +156,12 @@ class Gateway:
             return denied, "-"
         try:
             raw = await request.body()
-        except BodyError as err:
-            return (errors.too_large(self.max_body_bytes) if isinstance(err, TooLarge) else
-                    errors.bad_request("The request body ended before its Content-Length")), "-"
+        except TooLarge:
+            return errors.too_large(self.max_body_bytes), "-"
+        except TimedOut as err:
+            return errors.request_timeout(str(err)), "-"
+        except BodyError as err:  # cut short, or its chunks malformed
+            return errors.bad_request(str(err)), "-"
         parsed = self._parse(raw)
         if parsed.__class__ is Response:
             return parsed, "-"
@@ -171,7 +176,8 @@ class Gateway:
         try:
             # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
             # before): decoding it here skips json's encoding detection, a Python function.
-            doc = json.loads(body.decode() if body[:1] == b"{" and body[1:2] != b"\x00" else body)
+            text = body.decode() if body[:1] == b"{" and body[1:2] != b"\x00" else body
+            doc = parse_json(text, unique_keys=False)  # bounded nesting: llmgw.api.limits
         except (ValueError, UnicodeDecodeError) as err:
             return errors.bad_request(
                 f"We could not parse the JSON body of your request ({err}); "

@@ -4,7 +4,7 @@ aiohttp's server cost about a third of the gateway's CPU per proxied request
 (request, payload and response objects, header multidicts, a router, timers).
 This is what the gateway needs of it:
 
-    server = HttpServer(handler, max_body=16 << 20, begin=None)
+    server = HttpServer(handler, max_body=16 << 20, limits=Limits(), begin=None)
     await server.start("0.0.0.0", 8000)
     await server.close(grace=60.0)          # stop listening, finish what is in flight
 
@@ -32,7 +32,18 @@ MAX_QUEUED wait). A request's body is read as it arrives, up to `max_body`;
 Malformed input is answered 400 (a head over MAX_HEAD 431) after the requests
 before it, then the connection closes. A client that disconnects cancels the
 handler of its request (which closes the engine's connection: the engine stops
-generating). Idle keep-alive connections close after `keepalive` seconds.
+generating).
+
+What a client may hold of the server is bounded by `Limits`: a request's line and
+headers must arrive within `header_timeout` of its first byte (a new connection's
+first request: of the accept), a body within `body_timeout` plus a second per
+`body_min_rate` bytes received, an idle keep-alive connection closes after
+`keepalive` seconds, and one address may hold `max_conns_per_addr` connections.
+A late head or body is answered 408 and the connection closes; a connection
+over the cap is answered 429 and closed. The timeouts cost the common exchange
+no timer: each connection has one timer, which looks at the connection at most
+a tick (the shortest timeout) apart; the parser's callbacks only note which part
+of a request is awaited and since when.
 """
 from __future__ import annotations
 
@@ -41,6 +52,7 @@ import collections
 import logging
 import socket
 import time
+from dataclasses import dataclass
 
 import httptools
 
@@ -56,9 +68,33 @@ LINGER = 10.0  # seconds input is still read (and dropped) after a final answer,
 _CLOSE = b"Connection: close\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
 
+# What a connection awaits from its client, hence which timeout applies (HttpConn._phase).
+_FIRST = 0  # the first byte of its first request: header_timeout from the accept
+_HEAD = 1  # the rest of a request's line and headers: header_timeout from its first byte
+_BODY = 2  # a request's body: body_timeout plus a second per body_min_rate bytes, from the end of the head
+_IDLE = 3  # the next request on a keep-alive connection: keepalive from the end of the last answer
+_NOTHING = 4  # an answer is under way, or no more input is read: no timeout
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the server; the gateway's flags set them (see docs/gateway.md)."""
+
+    header_timeout: float = 10.0  # seconds for a request's line and headers
+    keepalive: float = 3630.0  # seconds idle between requests: longer than load balancers keep theirs
+    body_timeout: float = 60.0  # seconds for a body, plus a second per body_min_rate bytes received
+    body_min_rate: int = 1024  # bytes/s; 0: the whole body within body_timeout
+    max_conns_per_addr: int = 256  # open connections from one client address; 0: no cap
+
+    def __post_init__(self):
+        if min(self.header_timeout, self.keepalive, self.body_timeout) <= 0:
+            raise ValueError("the timeouts must be positive")
+        if self.body_min_rate < 0 or self.max_conns_per_addr < 0:
+            raise ValueError("body_min_rate and max_conns_per_addr must be 0 or more")
+
 
 class BodyError(Exception):
-    pass
+    """Why a request's body cannot be had; the message is for the client."""
 
 
 class TooLarge(BodyError):
@@ -69,12 +105,20 @@ class Incomplete(BodyError):
     """The client stopped sending before the end of the body."""
 
 
+class Malformed(BodyError):
+    """The body's framing cannot be parsed (e.g. a chunk size that is not hexadecimal)."""
+
+
+class TimedOut(BodyError):
+    """The body did not arrive within the server's body timeout."""
+
+
 class _HeadTooLarge(Exception):
     pass
 
 
 class Request:
-    __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "truncated",
+    __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
                  "canned", "on_lost", "_conn", "_chunks", "_size", "_continue", "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
@@ -84,7 +128,7 @@ class Request:
         self.keep_alive, self.http10 = keep_alive, http10
         self.complete = False
         self.too_large = False
-        self.truncated = False
+        self.failed: BodyError | None = None  # the body will not come whole: why
         self.canned: Response | None = None  # the answer to input that could not be parsed
         self.on_lost = None  # begin's cleanup, called if the client leaves before the answer
         self._chunks: list[bytes] = []
@@ -107,8 +151,11 @@ class Request:
         if not self.complete and not self.too_large:
             if self._continue:
                 self._continue = False
-                self._conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            while not (self.complete or self.too_large or self.truncated):
+                conn = self._conn
+                conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                if conn._cur is self:
+                    conn._since = time.monotonic()  # the body's time starts when it is asked for
+            while not (self.complete or self.too_large or self.failed):
                 self._waiter = fut = asyncio.get_running_loop().create_future()
                 try:
                     await fut
@@ -116,8 +163,8 @@ class Request:
                     self._waiter = None
         if self.too_large:
             raise TooLarge()
-        if self.truncated:
-            raise Incomplete()
+        if self.failed is not None:
+            raise self.failed
         return self.body_at_hand()
 
     def body_at_hand(self) -> bytes | None:
@@ -204,7 +251,11 @@ class HttpConn(asyncio.Protocol):
         self.lost = False
         self.stream: Stream | None = None  # the streamed answer to the request in progress, if any
         self.write_paused = False
-        self.idle_since = time.monotonic()
+        self._phase = _FIRST  # what is awaited from the client (the timeout that applies)...
+        self._since = time.monotonic()  # ...since when
+        self._timer: asyncio.TimerHandle | None = None  # the connection's one timer (_check)
+        self._addr: str | None = None  # the client's address, where connections per address are counted
+        self._stalled = False  # a timeout expired: close right after the answer
         self._read_paused = False
         self._client_eof = False
         self._discard = False  # input is no longer parsed, only dropped
@@ -218,15 +269,26 @@ class HttpConn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.server.conns.add(self)
+        server = self.server
+        server.conns.add(self)
+        self._timer = asyncio.get_running_loop().call_later(server.tick, self._check)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # find dead peers
             except OSError:
                 pass
-        if self.server.closing:
+        if server.closing:
             self.shutdown()
+            return
+        cap = server.limits.max_conns_per_addr
+        if cap:
+            peer = transport.get_extra_info("peername")
+            if peer:
+                addr = self._addr = peer[0]
+                n = server.per_addr[addr] = server.per_addr.get(addr, 0) + 1
+                if n > cap:
+                    self._turn_away(cap)
 
     def data_received(self, data: bytes) -> None:
         if self._discard:
@@ -235,26 +297,39 @@ class HttpConn(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # No protocol switching here: answer the request as a plain one, then close.
-            self.no_more = self._discard = True
+            self._stop_reading()
         except httptools.HttpParserCallbackError as err:
             if not isinstance(err.__context__, _HeadTooLarge):
                 raise
             self._refuse(errors.headers_too_large(MAX_HEAD))
         except httptools.HttpParserError as err:
-            self._refuse(errors.bad_request(f"Malformed HTTP request: {err}"))
+            message = f"Malformed HTTP request: {err}"
+            if self._cur is not None:  # in a body (a bad chunk size): its request is answered 400
+                self._fail_body(Malformed(message))
+            else:
+                self._refuse(errors.bad_request(message))
         self._dispatch()
 
     def eof_received(self) -> bool:
-        cur = self._cur
-        if cur is not None:  # the client stopped sending in the middle of a body
-            cur.truncated = True
-            cur._wake()
-        self._client_eof = self.no_more = True
+        if self._cur is not None:  # the client stopped sending in the middle of a body
+            self._fail_body(Incomplete("The client stopped sending before the end of the request body"))
+        self._client_eof = True
+        self._stop_reading()
         return self.busy  # keep the transport open to answer what is queued
 
     def connection_lost(self, exc) -> None:
         self.lost = True
-        self.server.conns.discard(self)
+        server = self.server
+        server.conns.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        addr = self._addr
+        if addr is not None:
+            n = server.per_addr[addr] - 1
+            if n:
+                server.per_addr[addr] = n
+            else:
+                del server.per_addr[addr]
         if self.task is not None:
             self.task.cancel()  # the caller left: stop working for it
             if self._resume is not None:  # the task had not started
@@ -290,6 +365,9 @@ class HttpConn(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._head_size = 0
+        if self._phase != _FIRST:  # a new connection's first head is timed from the accept
+            self._since = time.monotonic()
+        self._phase = _HEAD
 
     def on_url(self, url: bytes) -> None:  # may come in pieces
         self._url += url
@@ -322,6 +400,8 @@ class HttpConn(asyncio.Protocol):
             elif lk == b"expect" and v.lower() == b"100-continue" and not req.http10:
                 req._continue = True
         self._cur = req
+        self._phase = _BODY
+        self._since = time.monotonic()
         self._enqueue(req)
 
     def on_body(self, body: bytes) -> None:
@@ -339,6 +419,7 @@ class HttpConn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         req = self._cur
         self._cur = None
+        self._phase = _NOTHING
         req.complete = True
         req._wake()
 
@@ -354,8 +435,78 @@ class HttpConn(asyncio.Protocol):
         req = Request(self, b"", b"", [], False, False)
         req.complete = True
         req.canned = answer
-        self.no_more = self._discard = True
+        self._stop_reading()
         self._enqueue(req)
+
+    def _fail_body(self, why: BodyError) -> None:
+        """The body being received will not come whole: its request is answered (the handler
+        gets `why` from body()), then the connection closes."""
+        cur = self._cur
+        cur.failed = why
+        self._stop_reading()
+        cur._wake()
+
+    def _stop_reading(self) -> None:
+        """No request follows those queued: what arrives is dropped, and no timeout applies."""
+        self.no_more = self._discard = True
+        self._phase = _NOTHING
+
+    def _turn_away(self, cap: int) -> None:
+        """Over the cap of connections from one address: a 429 at once, then close."""
+        self._stop_reading()
+        self._send(Request(self, b"", b"", [], False, False), errors.too_many_connections(cap))
+        self._close()
+
+    # ------------------------------------------------------------ timeouts
+
+    def _deadline(self) -> float | None:
+        """When what the connection awaits from its client is late (monotonic time), or None."""
+        if self._read_paused:
+            return None  # not the client's delay: we stopped reading (too many requests queued)
+        phase = self._phase
+        limits = self.server.limits
+        if phase == _HEAD or phase == _FIRST:
+            return self._since + limits.header_timeout
+        if phase == _IDLE:
+            return self._since + limits.keepalive
+        if phase == _BODY:
+            cur = self._cur
+            if cur._continue and not cur._size:
+                return None  # not the client's delay: it waits for our "100 Continue"
+            return self._since + limits.body_timeout + cur._size * self.server.per_byte
+        return None
+
+    def _check(self) -> None:
+        """The connection's timer: act on a timeout that has expired, then look again at the
+        deadline or in a tick, whichever comes first. Every timeout is at least a tick, so a
+        deadline set between two looks (by a callback, which only notes the phase and its
+        start) never falls before the next look."""
+        if self.lost:
+            return
+        now = time.monotonic()
+        deadline = self._deadline()
+        if deadline is not None and now >= deadline:
+            self._expire()
+            deadline = None
+        tick = self.server.tick
+        delay = tick if deadline is None else min(tick, deadline - now)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _expire(self) -> None:
+        phase = self._phase
+        if phase == _FIRST or phase == _IDLE:  # no request begun: close without a word
+            self._phase = _NOTHING
+            self.transport.close()
+            return
+        self._stalled = True
+        limits = self.server.limits
+        if phase == _HEAD:
+            self._refuse(errors.request_timeout(
+                f"The request's line and headers did not arrive within {limits.header_timeout:g} s"))
+            self._dispatch()
+        else:
+            rate = f", plus a second per {limits.body_min_rate} bytes received" if limits.body_min_rate else ""
+            self._fail_body(TimedOut(f"The request body did not arrive within {limits.body_timeout:g} s{rate}"))
 
     def _enqueue(self, req: Request) -> None:
         self.queue.append(req)
@@ -433,7 +584,9 @@ class HttpConn(asyncio.Protocol):
     def _answered(self) -> None:
         """The head of the queue has its answer: go on with the next request, or close."""
         self.queue.popleft()
-        self.idle_since = time.monotonic()
+        if not self.queue and self._phase == _NOTHING and not self._discard:
+            self._phase = _IDLE  # the keep-alive timeout runs from here
+            self._since = time.monotonic()
         if self.lost:
             return
         if self.closing or self.transport.is_closing() or (self.no_more and not self.queue):
@@ -441,6 +594,7 @@ class HttpConn(asyncio.Protocol):
             return
         if self._read_paused and len(self.queue) <= MAX_QUEUED // 2:
             self._read_paused = False
+            self._since = time.monotonic()  # the time reading was paused was ours, not the client's
             self.transport.resume_reading()
         self._dispatch()
 
@@ -458,10 +612,11 @@ class HttpConn(asyncio.Protocol):
         t = self.transport
         if t.is_closing():
             return
-        if self._client_eof or (self._cur is None and not self._discard):
+        # A client that stalled gets no time to send more; nor does one that sent all it had.
+        if self._client_eof or self._stalled or (self._cur is None and not self._discard):
             t.close()
             return
-        self._discard = True
+        self._stop_reading()
         if t.can_write_eof():
             t.write_eof()
         asyncio.get_running_loop().call_later(LINGER, t.close)
@@ -474,21 +629,22 @@ class HttpConn(asyncio.Protocol):
 
 
 class HttpServer:
-    def __init__(self, handler, max_body: int, keepalive: float = 3630.0, begin=None):
+    def __init__(self, handler, max_body: int, limits: Limits = Limits(), begin=None):
         self.handler = handler
         self.begin = begin
         self.max_body = max_body
-        self.keepalive = keepalive  # aiohttp's default: longer than load balancers keep theirs
+        self.limits = limits
+        self.tick = min(limits.header_timeout, limits.keepalive, limits.body_timeout)
+        self.per_byte = 1 / limits.body_min_rate if limits.body_min_rate else 0.0  # body time allowed per byte
         self.conns: set[HttpConn] = set()
+        self.per_addr: dict[str, int] = {}  # open connections by client address (with a cap)
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: HttpConn(self), host, port, backlog=backlog,
                                                 reuse_address=True)
-        self._sweeper = loop.call_later(min(60.0, self.keepalive / 2), self._sweep)
 
     @property
     def port(self) -> int:
@@ -497,8 +653,6 @@ class HttpServer:
     async def close(self, grace: float = 60.0) -> None:
         """Stop accepting; idle connections close now, busy ones after their answer (at most `grace` s)."""
         self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
         self._server.close()
         for conn in list(self.conns):
             conn.shutdown()
@@ -508,10 +662,3 @@ class HttpServer:
         for conn in list(self.conns):
             conn.transport.abort()
         await asyncio.sleep(0)  # let connection_lost run
-
-    def _sweep(self) -> None:
-        cutoff = time.monotonic() - self.keepalive
-        for conn in list(self.conns):
-            if not conn.busy and conn.idle_since < cutoff:
-                conn.transport.close()
-        self._sweeper = asyncio.get_running_loop().call_later(min(60.0, self.keepalive / 2), self._sweep)

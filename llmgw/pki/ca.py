@@ -7,11 +7,17 @@ Layout of a CA directory (mode 0700; every private key 0600):
     index.json                      every certificate ever issued: serial, role,
                                     name, validity, revoked (a re-issue keeps the
                                     old entry, so `revoke --node` finds them all)
+    etcd/                           the etcd CA: a second root, same layout
 
 Roles map to the subject's organisation, which is what the server authorizes:
 node -> O=llmgw:nodes (CN = node id), admin -> O=llmgw:admins,
 component -> O=llmgw:components (CN controller-manager or gateway),
 server -> O=llmgw:servers (with DNS/IP subject alternative names).
+
+etcd trusts only the etcd CA, which signs nothing but etcd's certificates: etcd-member ->
+O=llmgw:etcd (a member: serves clients and peers, with subject alternative names),
+etcd-client -> O=llmgw:etcd-clients (the API server, the controller-manager, an admin who
+revokes). So no node certificate, and no admin's API certificate, opens etcd.
 """
 from __future__ import annotations
 
@@ -29,7 +35,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.api import check_dns1123_label
 
-ORG = {"node": "llmgw:nodes", "admin": "llmgw:admins", "component": "llmgw:components", "server": "llmgw:servers"}
+ORG = {"node": "llmgw:nodes", "admin": "llmgw:admins", "component": "llmgw:components", "server": "llmgw:servers",
+       "etcd-member": "llmgw:etcd", "etcd-client": "llmgw:etcd-clients"}
+ETCD_ROLES = ("etcd-member", "etcd-client")
 COMPONENTS = ("controller-manager", "gateway")
 DEFAULT_DAYS = 365
 CA_DAYS = 3650
@@ -91,8 +99,17 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
 
 
 class CertificateAuthority:
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, for_etcd: bool = False):
         self.dir = Path(directory).expanduser().resolve()
+        self.for_etcd = for_etcd  # the etcd CA issues only ETCD_ROLES, the main one everything else
+
+    def etcd(self) -> "CertificateAuthority":
+        """The etcd CA in <dir>/etcd, created on first use (a CA made before it existed gets it then)."""
+        sub = CertificateAuthority(self.dir / "etcd", for_etcd=True)
+        if not sub.exists():
+            self._load()  # no etcd CA without the main one
+            sub.init("llmgw-etcd-ca")
+        return sub
 
     # ------------------------------------------------------------ paths
     @property
@@ -137,6 +154,8 @@ class CertificateAuthority:
         _write_private(self.key_path, _key_pem(key))
         _write_public(self.cert_path, _cert_pem(cert))
         self._save_index([])
+        if not self.for_etcd:
+            self.etcd()
         return self.cert_path
 
     def _load(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -158,18 +177,22 @@ class CertificateAuthority:
     # ------------------------------------------------------------ issue
     def issue(self, role: str, name: str, sans: list[str] = (), days: int = DEFAULT_DAYS,
               not_before: datetime | None = None) -> Issued:
-        """Issue a certificate for `role` (node, admin, component, server) named `name`."""
+        """Issue a certificate for `role` (node, admin, component, server; etcd-member and
+        etcd-client from the etcd CA) named `name`."""
         if role not in ORG:
             raise CAError(f"unknown role {role!r}: use one of {', '.join(ORG)}")
-        if role == "node":
+        if (role in ETCD_ROLES) != self.for_etcd:
+            which = "the etcd CA (CertificateAuthority.etcd())" if role in ETCD_ROLES else "the main CA"
+            raise CAError(f"a {role} certificate comes from {which}, not {self.dir}")
+        if role in ("node", "etcd-client"):
             try:
                 check_dns1123_label(name)
             except ValueError as err:
-                raise CAError(f"node name {err}") from None
+                raise CAError(f"{role} name {err}") from None
         if role == "component" and name not in COMPONENTS:
             raise CAError(f"unknown component {name!r}: use one of {', '.join(COMPONENTS)}")
-        if role == "server" and not sans:
-            raise CAError("a server certificate needs at least one --san (a DNS name or IP address clients dial)")
+        if role in ("server", "etcd-member") and not sans:
+            raise CAError(f"a {role} certificate needs at least one --san (a DNS name or IP address clients dial)")
         if days <= 0:
             raise CAError(f"validity must be at least one day, got {days}")
         ca_cert, ca_key = self._load()
@@ -179,7 +202,10 @@ class CertificateAuthority:
             start = start.replace(tzinfo=timezone.utc)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
                              x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])])
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if role == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
+        usage = {"server": [ExtendedKeyUsageOID.SERVER_AUTH],
+                 # a member serves clients and peers, and dials its peers
+                 "etcd-member": [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                 }.get(role, [ExtendedKeyUsageOID.CLIENT_AUTH])
         builder = (
             x509.CertificateBuilder()
             .subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
@@ -190,7 +216,7 @@ class CertificateAuthority:
                                          content_commitment=False, key_encipherment=False,
                                          data_encipherment=False, key_agreement=True,
                                          encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         )
         if sans:

@@ -8,14 +8,14 @@ import signal
 import click
 
 from llmgw import aio
+from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
 
 
 @click.command("controller-manager")
 @click.option("--etcd", "etcd", required=True, envvar="LLMGW_ETCD",
-              help="etcd endpoints, comma-separated (http(s)://HOST:PORT).")
-@click.option("--etcd-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle for https etcd.")
-@click.option("--etcd-cert", type=click.Path(exists=True, dir_okay=False), help="Client certificate for etcd.")
-@click.option("--etcd-key", type=click.Path(exists=True, dir_okay=False), help="Client key for etcd.")
+              help="etcd endpoints, comma-separated (http(s)://HOST:PORT); https with the --etcd-ca/"
+                   "--etcd-cert/--etcd-key below in production (README, \"Production security\").")
+@etcd_tls
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @click.option("--node-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
@@ -50,6 +50,7 @@ async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
     from llmgw.store import Store
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
+    warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
     manager = Manager(store, [cls() for cls in controllers.ALL], identity=identity, options=options)

@@ -5,16 +5,22 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Callable
 
 from aiohttp import web
 
+from pydantic import ValidationError
+
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
+from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
+from llmgw.api.manifests import describe_validation_error
 from llmgw.pki import Identity, identity_from_der
-from llmgw.server.authz import Action, Authorizer, Denied
+from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
-from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Selector, Store,
+from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Selector, Store,
                          StoreUnavailable)
 from llmgw.store.keys import NODE_SCOPED
 
@@ -42,7 +48,7 @@ def _node_of(obj: Object) -> str | None:
 
 _STORE_ERRORS = [
     (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
-    (FencedOut, 409, "Conflict"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
+    (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
 ]
 
 
@@ -59,7 +65,7 @@ class ApiServer:
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=8 << 20)
+        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
@@ -96,10 +102,11 @@ class ApiServer:
             return _json(status_body(f.code, f.reason, f.message, **f.details), f.code)
         except Denied as d:
             who = request.get("identity")
+            # every refusal: who, the rule, the object
             if d.log_line:
-                log.warning("%s", d.log_line)
+                log.warning("%s (%s: rule %s)", d.log_line, d.action, d.rule)
             else:
-                log.info("forbidden: %s: %s", who, d)
+                log.warning("refused: certificate %s: %s: %s", who, d.action, d)
             return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
         except InvalidObject as err:
             return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
@@ -160,9 +167,17 @@ class ApiServer:
     @staticmethod
     async def _body(request: web.Request) -> dict:
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise Fail(400, "BadRequest", "request body is not valid JSON") from None
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise Fail(413, "RequestEntityTooLarge", f"request body: {too_large(MAX_BODY_BYTES)}") from None
+        try:
+            body = parse_json(raw)  # nesting, duplicate keys and size: llmgw.api.limits
+        except InputError as err:
+            raise Fail(400, "BadRequest", f"request body: {err}") from None
+        except UnicodeDecodeError:
+            raise Fail(400, "BadRequest", "request body is not valid JSON (not UTF-8)") from None
+        except ValueError as err:
+            raise Fail(400, "BadRequest", f"request body is not valid JSON: {err}") from None
         if not isinstance(body, dict):
             raise Fail(400, "BadRequest", "request body must be a JSON object")
         return body
@@ -192,7 +207,10 @@ class ApiServer:
             try:
                 rv = int(rv) if rv else 0
             except ValueError:
-                raise Fail(400, "BadRequest", f"resourceVersion must be an integer, got {rv!r}") from None
+                rv = -1
+            if not 0 <= rv <= INT64[1]:
+                raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), "
+                           f"got {q.get('resourceVersion')[:40]!r}")
             return await self._watch(request, kind, node, selector, rv)
         await self._check(request, Action("list", kind, node=node))
         items, rev = await self.store.list(kind, selector=selector, node=node)
@@ -212,7 +230,8 @@ class ApiServer:
     async def create(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj)))
+        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj),
+                                          fields=written_fields(obj)))
         return _json(_dump(await self.store.create(obj)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
@@ -223,26 +242,34 @@ class ApiServer:
             raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
         return _json(_dump(await self.store.update(obj)))
 
-    async def _existing_for_status(self, request: web.Request, kind: str, name: str) -> Object:
+    async def _existing_for_status(self, request: web.Request, kind: str, name: str, fields) -> Object:
+        """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
         who = request["identity"]
         if who.role == "node" and kind != "shards":
             await self._check(request, Action("status", kind, name))  # before touching the store
         current = await self.store.get(kind, name, node=hint)
-        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current)))
+        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
+                                          fields=fields(current)))
         return current
 
     async def update_status(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        current = await self._existing_for_status(request, kind, obj.name)
+        current = await self._existing_for_status(
+            request, kind, obj.name, lambda cur: written_fields(cur.model_copy(update={"status": obj.status}), cur))
         new = current.model_copy(update={"status": obj.status})
         return _json(_dump(await self.store.update_status(new)))
 
     async def patch_status(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
-        current = await self._existing_for_status(request, kind, name)
+        try:  # every status field has a default, so the patch alone says whether its fields are well typed
+            KINDS[kind].model_fields["status"].annotation.model_validate(patch)
+        except ValidationError as err:
+            raise InvalidObject([f"status.{line}" for line in describe_validation_error(err)]) from None
+        current = await self._existing_for_status(request, kind, name,
+                                                  lambda cur: frozenset(f"status.{k}" for k in patch))
         return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -262,7 +289,7 @@ class ApiServer:
         await self._check(request, Action("heartbeat", "heartbeat", node))
         body = await self._body(request) if request.can_read_body else {}
         ttl = body.get("ttl") or 15
-        if not isinstance(ttl, int) or not 1 <= ttl <= 600:
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
         await self.store.heartbeat(node, ttl=ttl)
         return _json({"node": node, "ttl": ttl})
@@ -294,7 +321,8 @@ class ApiServer:
                      rv: int) -> web.StreamResponse:
         """JSON lines: events after rv (rv=0: every current object as ADDED first), BOOKMARKs while
         idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops:
-        re-watch from the last revision).
+        re-watch from the last revision; 401 when the client's certificate is revoked or
+        expires while the watch is open: see _end_with_identity).
 
         Served by the shared watch cache (llmgw.server.watchcache): one store watch per kind,
         whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
@@ -323,6 +351,7 @@ class ApiServer:
             except Expired as err:
                 expired = str(err)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
+        unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
         try:
             await resp.prepare(request)
             if watcher is None:
@@ -336,8 +365,29 @@ class ApiServer:
             pass  # the client went away
         finally:
             if watcher is not None:
+                unbind()
                 watcher.close()
         return resp
+
+    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str,
+                           peer: str | None) -> Callable[[], None]:
+        """End `watcher` with a 401 ERROR and a log line when its certificate is revoked (the
+        revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
+        def end(reason: str, why: str) -> None:
+            log.warning("watch of %s by certificate %s from %s ended: %s", kind, who, peer, why)
+            watcher.fail(401, reason, f"client certificate {who} {why}")
+
+        delay = (who.not_after - datetime.now(timezone.utc)).total_seconds()
+        timer = asyncio.get_running_loop().call_later(
+            max(delay, 0.0), end, "CertificateExpired",
+            f"expired at {who.not_after.isoformat()}; issue a new one with `llmgw ca issue`")
+        unsubscribe = self.revocations.on_revoke(
+            who.serial, lambda: end("CertificateRevoked", "was revoked; ask an admin for a new one"))
+
+        def undo() -> None:
+            timer.cancel()
+            unsubscribe()
+        return undo
 
 
 async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[str, Object]:

@@ -1,10 +1,12 @@
-"""Authorization by client certificate (issue 3, part 3).
+"""Authorization by client certificate (issue 3, part 3; node rights: docs/contracts.md, "Node rights").
 
 Rules, by the certificate's organisation:
   admins           (O=llmgw:admins)      everything
   controller-manager (O=llmgw:components) everything
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes
-  node N           (O=llmgw:nodes, CN=N) its own Node (get/create/update/status/apply),
+  node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
+                                         status fields only; write the agent's status fields of
+                                         it (never its spec, labels, annotations or finalizers);
                                          heartbeat as N, get/list/watch Shards bound to N
                                          (list and watch must say node=N), their status,
                                          events about N and its shards, and get the Models
@@ -15,9 +17,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmgw.api import NODE_AGENT_STATUS_FIELDS, Object
 from llmgw.pki import Identity
 
 READ = {"get", "list", "watch"}
+
+# What a node may write of its own Node: when registering (creating it), the labels its agent
+# was given (--label) and the agent's status fields; afterwards, the agent's status fields.
+NODE_STATUS_FIELDS = frozenset(f"status.{f}" for f in NODE_AGENT_STATUS_FIELDS)
+NODE_CREATE_FIELDS = NODE_STATUS_FIELDS | {"metadata.labels"}
+# Metadata a client writes; the rest (uid, generation, resourceVersion, ...) the store sets.
+CLIENT_METADATA = ("labels", "annotations", "finalizers", "ownerReferences", "deletionTimestamp")
+
+
+def written_fields(new: Object, old: Object | None = None) -> frozenset[str]:
+    """The fields (`metadata.labels`, `spec.drain`, `status.gpus`, ...) that `new` sets: those that
+    differ from `old`, or, for a new object, from their defaults (a required field always counts)."""
+    out = set()
+    for part in ("metadata", "spec", "status"):
+        value, before = getattr(new, part), getattr(old, part) if old is not None else None
+        for name, info in type(value).model_fields.items():
+            if part == "metadata" and name not in CLIENT_METADATA:
+                continue
+            if before is not None:
+                base = getattr(before, name)
+            elif info.is_required():
+                out.add(f"{part}.{name}")
+                continue
+            else:
+                base = info.get_default(call_default_factory=True)
+            if getattr(value, name) != base:
+                out.add(f"{part}.{name}")
+    return frozenset(out)
 
 
 @dataclass
@@ -27,6 +58,8 @@ class Action:
     name: str | None = None   # object name (for create/apply: the body's name)
     node: str | None = None   # ?node= of a list/watch
     obj_node: str | None = None  # for an existing Shard: its spec.node
+    # the fields a create or status write sets (written_fields); None where not known yet
+    fields: frozenset[str] | None = None
 
     def __str__(self) -> str:
         what = f"{self.kind}/{self.name}" if self.name else self.kind
@@ -38,6 +71,7 @@ class Denied(Exception):
 
     def __init__(self, rule: str, message: str, log_line: str | None = None):
         self.rule, self.log_line = rule, log_line
+        self.action: Action | None = None  # set by Authorizer.check, for the log
         super().__init__(f"forbidden by rule {rule}: {message}")
 
 
@@ -47,6 +81,13 @@ class Authorizer:
         self._referenced = referenced
 
     async def check(self, who: Identity, act: Action) -> None:
+        try:
+            await self._check(who, act)
+        except Denied as denied:
+            denied.action = act
+            raise
+
+    async def _check(self, who: Identity, act: Action) -> None:
         if who.role == "admin":
             return
         if who.role == "component":
@@ -75,11 +116,12 @@ class Authorizer:
                           log_line=f"refused: certificate CN={me} claims node {other}")
 
         if act.kind == "nodes":
-            if act.verb in ("get", "create", "update", "status", "apply"):
-                if act.name != me:
-                    raise claims(act.name, "node-self", "read and write a Node")
-                return
-            raise Denied("node-self", f"node {me} may only get, create and update its own Node; it asked to {act}")
+            if act.verb not in ("get", "create", "update", "status", "apply"):
+                raise Denied("node-self", f"node {me} may only get, register and write the status of its own "
+                             f"Node; it asked to {act}")
+            if act.name != me:
+                raise claims(act.name, "node-self", "read and write a Node")
+            return self._own_node(me, act)
         if act.kind == "heartbeat":
             if act.name != me:
                 raise claims(act.name, "node-heartbeat", "heartbeat")
@@ -114,3 +156,18 @@ class Authorizer:
                 return
             raise Denied("node-events", f"node {me} may only record events about itself and its shards")
         raise Denied("node", f"a node certificate may not {act}")
+
+    @staticmethod
+    def _own_node(me: str, act: Action) -> None:
+        if act.verb == "get":
+            return
+        if act.verb in ("update", "apply"):
+            raise Denied("node-spec", f"node {me} may not change its Node's spec, labels, annotations or "
+                         "finalizers (they are the admins' and the controllers'); it may write the agent's "
+                         "status fields and heartbeat")
+        allowed = NODE_CREATE_FIELDS if act.verb == "create" else NODE_STATUS_FIELDS
+        extra = sorted(act.fields - allowed) if act.fields is not None else []
+        if extra:
+            rule = "node-registration" if act.verb == "create" else "node-status"
+            raise Denied(rule, f"node {me} may not set {', '.join(extra)} of its Node; it may set "
+                         f"{', '.join(sorted(allowed))}")

@@ -11,6 +11,7 @@ import sys
 import click
 
 from llmgw import aio
+from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -39,6 +40,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}")
+    warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
         await store.connect()
@@ -69,13 +71,12 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.command()
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT (port 0: any free port).")
 @click.option("--etcd", envvar="LLMGW_ETCD", default="http://127.0.0.1:2379", show_default=True,
-              help="etcd endpoint(s), comma-separated.")
+              help="etcd endpoint(s), comma-separated; https with the --etcd-ca/--etcd-cert/--etcd-key "
+                   "below in production (README, \"Production security\").")
 @click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
 @click.option("--key", required=True, help="Server private key.")
 @click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
-@click.option("--etcd-ca", default=None)
-@click.option("--etcd-cert", default=None)
-@click.option("--etcd-key", default=None)
+@etcd_tls
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,

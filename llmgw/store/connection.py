@@ -137,7 +137,7 @@ class Connection:
                     raise
                 last = err
                 await self._rotate(c)
-        raise StoreUnavailable(f"no etcd endpoint answered ({', '.join(self._urls())}): {last}")
+        raise StoreUnavailable(f"no etcd endpoint answered ({', '.join(self._urls())}): {describe_failure(last)}")
 
     def _urls(self) -> list[str]:
         return [f"{s}://{h}:{p}" for s, h, p in self.endpoints]
@@ -146,6 +146,21 @@ class Connection:
         if self._client is not None:
             c, self._client = self._client, None
             await _close_client(c)
+
+
+def describe_failure(err: BaseException | None) -> str:
+    """One line for why an endpoint did not answer, with the likely fix for a TLS mismatch."""
+    if not isinstance(err, grpc.aio.AioRpcError):
+        return str(err)
+    details = err.details() or str(err.code())
+    if "BAD_CERTIFICATE" in details or "TSI_DATA_CORRUPTED" in details or "CERTIFICATE_REQUIRED" in details:
+        return (f"{details}: etcd refused this client's TLS certificate; give --etcd-cert/--etcd-key "
+                "from the etcd CA (`llmgw ca issue etcd-client`)")
+    if "CERTIFICATE_VERIFY_FAILED" in details or "Handshake failed" in details:
+        return f"{details}: check --etcd-ca (the etcd CA's ca.crt) and that etcd serves TLS"
+    if "Socket closed" in details:
+        return f"{details}: plain http to an etcd that requires TLS? use https:// endpoints and --etcd-ca/--etcd-cert/--etcd-key"
+    return details
 
 
 async def _close_client(client: aetcd.Client) -> None:

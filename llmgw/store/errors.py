@@ -18,6 +18,10 @@ class Conflict(StoreError):
     """A compare-and-swap lost: the object changed since it was read. Re-read and retry."""
 
 
+class NameTaken(StoreError):
+    """A Model would serve a name or alias another Model serves; the message names that Model."""
+
+
 class FencedOut(StoreError):
     """This writer no longer holds the leader key it was fenced on."""
 

@@ -8,6 +8,7 @@ HEARTBEAT = f"{ROOT}/heartbeat/"
 LEADER = f"{ROOT}/leader/"
 REVOKED = f"{ROOT}/revoked/"
 EVENTS = f"{ROOT}/events/"
+NAMES = f"{ROOT}/names/"  # a served model name or alias -> the Model that serves it
 
 NODE_SCOPED = {"shards"}  # kinds keyed by node, so an agent's watch is one prefix
 
@@ -41,6 +42,10 @@ def parse_object_key(key: str) -> tuple[str, str, str | None, str] | None:
                 return section, parts[0], parts[1], parts[2]
             return None
     return None
+
+
+def served_name_key(name: str) -> str:
+    return f"{NAMES}{name}"
 
 
 def heartbeat_key(node: str) -> str:

@@ -24,7 +24,7 @@ from llmgw.api.meta import Condition
 from llmgw.store import keys as K
 from llmgw.store.batcher import TxnBatcher
 from llmgw.store.connection import Connection
-from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NotFound,
+from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound,
                                 StoreUnavailable)
 from llmgw.api.selectors import Selector
 
@@ -95,6 +95,19 @@ def _with_status(obj: Object, status_cls: type, status_value: bytes, revision: i
     except ValidationError:
         return None
     return obj.model_copy(update={"status": status}).at_revision(revision)
+
+
+def _holders(model_kvs, names: list[str]) -> dict[str, str]:
+    """Which stored Model serves each of `names`, from the Models' specs: a Model stored
+    before served names were reserved holds its names without /llmgw/names/ keys."""
+    wanted = set(names)
+    return {n: m.name for m in (parse_stored(kv.value, None) for kv in model_kvs)
+            for n in m.served_names if n in wanted}
+
+
+def _served(obj: Object) -> list[str]:
+    """The names a Model serves (its name and aliases); none for other kinds."""
+    return obj.served_names if obj.kind_plural == "models" else []
 
 
 def _merge_status(current: dict, patch: dict) -> dict:
@@ -251,6 +264,59 @@ class Store:
             self._remember_status(status_key, status_kvs[0].mod_revision, status_value)
         return obj, spec_kvs[0].mod_revision, (status_kvs[0].mod_revision if status_kvs else 0)
 
+    async def _served_names(self, model: Object, keep: list[str], drop: list[str]) -> tuple[list, list]:
+        """Compares and writes that reserve `keep` for `model` and release `drop`; NameTaken
+        (naming the holder) when another Model holds one of `keep`.
+
+        A served name (a Model's name or alias) is a key, /llmgw/names/<name>, holding the
+        Model that serves it. The write that changes a Model's names puts and deletes those
+        keys in its own transaction, on a compare that they are as read here: of two writes
+        claiming one name, the second fails its compare (the batcher never puts two writes
+        of one key in one request), reads again and gets NameTaken. Writes of different
+        names never wait on each other.
+        """
+        names = [*keep, *drop]
+        models = K.kind_prefix(K.SPEC, "models")
+        reads = [_get(K.served_name_key(n)) for n in names]
+        resp = await self._txn([], reads + ([_get(models, K.prefix_end(models))] if keep else []), writes=False)
+        unreserved = [n for n, r in zip(keep, resp.responses) if not r.response_range.kvs]
+        legacy = _holders(resp.responses[len(names)].response_range.kvs, unreserved) if unreserved else {}
+        compare, ops = [], []
+        for n, r in zip(names, resp.responses):
+            key = _b(K.served_name_key(n))
+            kv = r.response_range.kvs[0] if r.response_range.kvs else None
+            holder = kv.value.decode() if kv else None
+            if n in keep:
+                holder = holder or legacy.get(n)
+                if holder not in (None, model.name):
+                    what = "its name" if n == model.name else "the alias"
+                    theirs = "the name" if n == holder else "an alias"
+                    raise NameTaken(f"Model {model.name!r}: {what} {n!r} is {theirs} of Model {holder!r}; "
+                                    "a name or alias is served by one Model only")
+                if kv is None:
+                    compare.append(_cmp(key, rpc.Compare.VERSION, version=0))
+                    ops.append(_put(key, model.name.encode()))
+                else:
+                    compare.append(_cmp(key, rpc.Compare.MOD, mod_revision=kv.mod_revision))
+            elif holder == model.name:
+                compare.append(_cmp(key, rpc.Compare.MOD, mod_revision=kv.mod_revision))
+                ops.append(_delete(key))
+        return compare, ops
+
+    async def _write(self, obj: Object, compare: list, success: list, keep: list[str] | None = None,
+                     drop: list[str] = ()):
+        """One transaction of obj's write; for a Model with `keep` or `drop`, with its served
+        names reserved and released (_served_names). Lost only on those compares (another
+        write took or freed a name meanwhile), it reads the names again."""
+        if obj.kind_plural != "models" or (keep is None and not drop):
+            return await self._txn(compare, success)
+        for _ in range(20):
+            guard, names = await self._served_names(obj, keep or [], list(drop))
+            resp = await self._txn([*compare, *guard], [*success, *names])
+            if resp.succeeded or not guard or not (await self._txn(compare, [], writes=False)).succeeded:
+                return resp  # done, or the object's own compare failed: the caller says why
+        raise Conflict(f"{obj.kind_plural}/{obj.name}: its served names kept changing; re-run")
+
     async def create(self, obj: Object) -> Object:
         meta = obj.metadata.model_copy(update={
             "uid": obj.metadata.uid or str(uuid.uuid4()), "creationTimestamp": now(), "generation": 1,
@@ -259,9 +325,9 @@ class Store:
         spec_key, status_key = self._keys(obj.kind_plural, meta.name, self._node_of(obj))
         spec_doc = _spec_doc(obj)
         # status first: a watcher sees the status put, then the spec put that completes the object
-        resp = await self._txn(
-            [_cmp(_b(spec_key), rpc.Compare.VERSION, version=0)],
-            [_put(status_key, _status_doc(obj)), _put(spec_key, spec_doc)],
+        resp = await self._write(
+            obj, [_cmp(_b(spec_key), rpc.Compare.VERSION, version=0)],
+            [_put(status_key, _status_doc(obj)), _put(spec_key, spec_doc)], keep=_served(obj),
         )
         if not resp.succeeded:
             raise AlreadyExists(f"{obj.kind_plural}/{meta.name} already exists")
@@ -337,13 +403,16 @@ class Store:
         compare = [_cmp(_b(spec_key), rpc.Compare.MOD, mod_revision=spec_rev)]
         if meta.deletionTimestamp is not None and not meta.finalizers:
             # the last finalizer went: the real delete
-            resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
+            resp = await self._write(new, compare, [_delete(status_key), _delete(spec_key)], drop=_served(new))
             if not resp.succeeded:
                 raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
             meta.resourceVersion = resp.header.revision
             return new.at_revision(resp.header.revision)
         spec_doc = json.dumps(new_doc, separators=(",", ":")).encode()
-        resp = await self._txn(compare, [_put(spec_key, spec_doc)])
+        before = [name, *current["spec"].get("aliases", [])] if kind == "models" else []
+        keep = _served(new) if before != _served(new) else None
+        resp = await self._write(new, compare, [_put(spec_key, spec_doc)], keep=keep,
+                                 drop=[n for n in before if keep is not None and n not in keep])
         if not resp.succeeded:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
         meta.resourceVersion = resp.header.revision
@@ -417,7 +486,8 @@ class Store:
                 obj.metadata.deletionTimestamp = now()
                 resp = await self._txn(compare, [_put(spec_key, _spec_doc(obj))])
             else:
-                resp = await self._txn(compare, [_delete(status_key), _delete(spec_key)])
+                resp = await self._write(obj, compare, [_delete(status_key), _delete(spec_key)],
+                                         drop=_served(obj))
             if resp.succeeded:
                 obj.metadata.resourceVersion = resp.header.revision
                 return obj.at_revision(resp.header.revision)

@@ -15,6 +15,7 @@ ApiServer: .url .ca .admin (cert, key) .issue_node(name) .issue_component(name) 
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -27,7 +28,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.ca import ca as ca_command
-from llmgw.client import Client
+from llmgw.client import Client, Unauthorized
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
 
@@ -147,6 +148,19 @@ def _wait_listening(proc: subprocess.Popen, log_path: Path, skip: int = 0) -> tu
             proc.kill()
             raise RuntimeError(f"llmgw server did not start (exit {proc.poll()}):\n{text[-3000:]}")
         time.sleep(0.05)
+
+
+async def until_revoked(client: Client, node: str, tries: int = 200) -> None:
+    """Heartbeat as `node` until the server refuses it as revoked: it learns of a revocation
+    through its watch of /llmgw/revoked/, a moment after `llmgw ca revoke` returns."""
+    for _ in range(tries):
+        try:
+            await client.heartbeat(node)
+        except Unauthorized as err:
+            assert err.reason == "CertificateRevoked"
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"the revoked certificate was still accepted after {tries} tries")
 
 
 @pytest.fixture

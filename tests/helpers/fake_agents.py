@@ -146,9 +146,10 @@ class FakeAgents:
             if replica is None or shard.spec.replica == replica:
                 self._queue.add(shard.metadata.name)
 
-    async def fail_shard(self, name: str, message: str = "engine exited with code 1", exit_code: int = 1) -> None:
+    async def fail_shard(self, name: str, message: str = "engine exited with code 1", exit_code: int = 1,
+                         log_tail: list[str] | None = None) -> None:
         shard = self.shards[name]
-        await self._set_phase(shard, "Failed", exitCode=exit_code, message=message)
+        await self._set_phase(shard, "Failed", exitCode=exit_code, message=message, logTail=log_tail or [])
 
     def phase(self, name: str) -> str | None:
         s = self.shards.get(name)

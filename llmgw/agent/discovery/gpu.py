@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import csv
 import os
+import selectors
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 
 from llmgw.api import GPU
@@ -75,28 +78,68 @@ def discover_gpus(nvidia_smi: str | None = None, timeout: float = 10.0) -> GPURe
 
 
 def _run(path: str, fields: list[str], timeout: float) -> tuple[int, str]:
+    """nvidia-smi's exit code and output, within `timeout` seconds whatever it and its children do.
+
+    The output is read until nvidia-smi exits, not until the pipe's end: a child it left
+    behind may hold the pipe open for ever. Then its whole session is killed, and it is
+    reaped only if it goes at once: a process stuck in the kernel does not die on SIGKILL.
+    """
     argv = [path, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
     try:
         # Own session, so a hung nvidia-smi and anything it started can be killed together.
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except PermissionError:
         raise _Failed(f"{path} is not executable") from None
     except OSError as err:
         raise _Failed(f"{path} could not be run: {err.strerror or err}") from None
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+        out, answered = _read_until_exit(proc, time.monotonic() + timeout)
+    finally:
         _kill_group(proc.pid)
-        proc.communicate()
-        raise _Failed(f"{path} did not answer within {timeout:g} s (killed)") from None
-    return proc.returncode, out
+        proc.stdout.close()
+        _reap(proc)
+    if not answered:
+        raise _Failed(f"{path} did not answer within {timeout:g} s (killed)")
+    # Not UTF-8 (a GPU name in another encoding, a garbled line) is replaced, not fatal.
+    return proc.returncode, out.decode("utf-8", errors="replace")
+
+
+def _read_until_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool]:
+    """(output, whether the process exited before the deadline)."""
+    chunks: list[bytes] = []
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"".join(chunks), proc.poll() is not None
+            # A short wait while nvidia-smi runs, so its exit is seen though a child holds the pipe.
+            if sel.select(min(left, 0.05)):
+                data = os.read(fd, 65536)
+                if not data:  # end of the pipe, but nvidia-smi may have closed it and still run
+                    try:
+                        proc.wait(left)
+                    except subprocess.TimeoutExpired:
+                        return b"".join(chunks), False
+                    return b"".join(chunks), True
+                chunks.append(data)
+            elif proc.poll() is not None:
+                return b"".join(chunks), True  # exited and nothing more to read
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(timeout=1)
+    except subprocess.TimeoutExpired:  # stuck in the kernel: reap it whenever it goes
+        threading.Thread(target=proc.wait, name="reap-nvidia-smi", daemon=True).start()
 
 
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 

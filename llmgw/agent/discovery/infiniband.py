@@ -68,12 +68,12 @@ def discover_ports(root: str = DEFAULT_IB_ROOT) -> list[Port]:
 
 
 def _port_number(name: str) -> int:
-    return int(name) if name.isdigit() else -1
+    return int(name) if name.isascii() and name.isdigit() else -1
 
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text().strip()
+        return path.read_text(errors="replace").strip()  # a driver's odd bytes are not fatal
     except OSError:
         return ""
 

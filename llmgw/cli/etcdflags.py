@@ -1,0 +1,31 @@
+"""The etcd TLS options of every command that talks to etcd (server, controller-manager, ca revoke)."""
+from __future__ import annotations
+
+import logging
+
+import click
+
+etcd_tls_options = [
+    click.option("--etcd-ca", envvar="LLMGW_ETCD_CA", type=click.Path(exists=True, dir_okay=False),
+                 help="CA of etcd's certificate (the etcd CA's ca.crt) for https endpoints; or $LLMGW_ETCD_CA."),
+    click.option("--etcd-cert", envvar="LLMGW_ETCD_CERT", type=click.Path(exists=True, dir_okay=False),
+                 help="Client certificate for etcd (`llmgw ca issue etcd-client`); or $LLMGW_ETCD_CERT."),
+    click.option("--etcd-key", envvar="LLMGW_ETCD_KEY", type=click.Path(exists=True, dir_okay=False),
+                 help="Its private key; or $LLMGW_ETCD_KEY."),
+]
+
+
+def etcd_tls(fn):
+    """The --etcd-ca/--etcd-cert/--etcd-key options of every command that talks to etcd."""
+    for option in reversed(etcd_tls_options):
+        fn = option(fn)
+    return fn
+
+
+def warn_unless_tls(endpoints: str, cert: str | None, log: logging.Logger) -> None:
+    """One warning at startup when etcd is reached without TLS and a client certificate."""
+    plain = [e for e in endpoints.split(",") if not e.strip().startswith("https://")]
+    if plain or not cert:
+        log.warning("etcd %s without %s: whoever reaches etcd can rewrite what nodes run and un-revoke "
+                    "certificates; see README, \"Production security\"", ",".join(plain) or endpoints,
+                    "TLS" if plain else "a client certificate (--etcd-cert)")

@@ -1,0 +1,101 @@
+"""etcd secured end to end: TLS with client certificates from the etcd CA, and nothing else gets in."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from click.testing import CliRunner
+
+from llmgw.api import parse_object
+from llmgw.cli.ca import ca as ca_command
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.pki import CertificateAuthority
+from llmgw.store import Store, StoreUnavailable
+from tests.helpers.cluster import api_server, ca_dir, make_pki, start_api_server, until_revoked  # noqa: F401
+
+
+@pytest.fixture
+def secured(tmp_path):
+    """A CA (with its etcd CA) and a one-member etcd that requires a client certificate from the etcd CA."""
+    pki = make_pki(tmp_path / "ca")
+    etcd = etcd_cluster(tmp_path / "etcd", 1, ca=CertificateAuthority(pki.dir)).start()
+    yield pki, etcd
+    etcd.stop()
+
+
+def _etcd_client(pki, name: str) -> list[str]:
+    """--etcd-ca/--etcd-cert/--etcd-key for an etcd-client certificate issued to `name`."""
+    issued = CertificateAuthority(pki.dir).etcd().issue("etcd-client", name)
+    return ["--etcd-ca", str(pki.dir / "etcd" / "ca.crt"), "--etcd-cert", issued.cert, "--etcd-key", issued.key]
+
+
+async def test_etcd_refuses_clients_without_an_etcd_client_certificate(secured):
+    pki, etcd = secured
+    assert etcd.endpoint.startswith("https://")
+    etcd_ca = str(pki.dir / "etcd" / "ca.crt")
+    node_cert, node_key = pki.issue("node", "gpu-01")        # signed by the main root, not the etcd CA
+    refused = {
+        "no certificate": Store(etcd.endpoint, ca=etcd_ca),
+        "a node's certificate": Store(etcd.endpoint, ca=etcd_ca, cert=node_cert, key=node_key),
+    }
+    for what, store in refused.items():
+        with pytest.raises(StoreUnavailable) as err:
+            await store.connect()
+        await store.close()
+        assert "etcd refused this client's TLS certificate" in str(err.value), what
+        assert "\n" not in str(err.value)
+    plain = Store(etcd.endpoint.replace("https://", "http://"))
+    with pytest.raises(StoreUnavailable, match="requires TLS"):
+        await plain.connect()
+    await plain.close()
+    args = _etcd_client(pki, "controller-manager")
+    async with Store(etcd.endpoint, ca=args[1], cert=args[3], key=args[5]) as store:
+        await store.revoke("abc", {"name": "x"})
+        assert "abc" in await store.revoked()
+
+
+async def test_server_and_revocation_over_tls_etcd(secured, tmp_path):
+    pki, etcd = secured
+    server = start_api_server(pki, etcd.endpoint, tmp_path, *_etcd_client(pki, "llmgw-server"))
+    try:
+        node = pki.issue("node", "n1")
+        async with server.client(node) as c:
+            await c.heartbeat("n1")
+        async with server.client() as admin:
+            await admin.create(parse_object({"apiVersion": "llmgw.io/v1", "kind": "Model", "metadata": {"name": "m"},
+                                             "spec": {"profiles": [{"engine": "sim"}]}}))
+        revoke = ["revoke", "--node", "n1", "--dir", str(pki.dir), "--etcd", etcd.endpoint]
+        without = await asyncio.to_thread(CliRunner().invoke, ca_command,   # no etcd client certificate
+                                          revoke + ["--etcd-ca", str(pki.dir / "etcd" / "ca.crt")])
+        assert without.exit_code == 1
+        assert without.output.startswith("Error: cannot record the revocation in etcd at https://")
+        assert "etcd refused this client's TLS certificate" in without.output
+        assert len(without.output.strip().splitlines()) == 1
+        done = await asyncio.to_thread(CliRunner().invoke, ca_command, revoke + _etcd_client(pki, "admin-alice"))
+        assert done.exit_code == 0, done.output
+        async with server.client(node) as c:
+            await until_revoked(c, "n1")
+        assert not any("without TLS" in line or "without a client" in line for line in server.log_lines())
+    finally:
+        server.stop()
+
+
+async def test_three_members_form_a_cluster_over_peer_tls(tmp_path):
+    """Member certificates serve clients and authenticate to peers (--peer-client-cert-auth)."""
+    authority = CertificateAuthority(make_pki(tmp_path / "ca").dir)
+    etcd = etcd_cluster(tmp_path / "etcd", 3, ca=authority).start()
+    try:
+        client = authority.etcd().issue("etcd-client", "controller-manager")
+        tls = dict(ca=str(authority.etcd().cert_path), cert=client.cert, key=client.key)
+        async with Store(etcd.endpoints[0], **tls) as first:
+            await first.revoke("1f", {"name": "n1"})
+        async with Store(etcd.endpoints[2], **tls) as third:     # replicated to another member
+            assert "1f" in await third.revoked()
+    finally:
+        etcd.stop()
+
+
+def test_a_server_on_plain_etcd_warns_once(api_server):
+    line = api_server.wait_for_log("without TLS")
+    assert "WARNING" in line and "Production security" in line
+    assert sum("without TLS" in line for line in api_server.log_lines()) == 1
