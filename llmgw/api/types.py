@@ -125,7 +125,7 @@ class NodeStatus(Strict):
 # write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
 # and drain progress are the controllers'.
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
-                            "agentVersion")
+                            "agentVersion", "foreignPorts")
 
 
 class Node(Object):
