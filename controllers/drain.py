@@ -28,7 +28,7 @@ from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 from llmgw.runtime.controller import Controller, Result
 from llmgw.store import NotFound
 
-from controllers.replacement import ensure_replacement, find_replacement
+from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 
 
 def unplaceable(rep: Replica) -> str | None:
@@ -177,9 +177,7 @@ class DrainController(Controller):
             repl = find_replacement(self.ctx.cache, orig)
             if repl is None or DRAINING_REPLACEMENT_FOR not in repl.metadata.annotations:
                 continue
-            plain = repl.model_copy(deep=True)
-            del plain.metadata.annotations[DRAINING_REPLACEMENT_FOR]
-            self.ctx.cache.assume(await self.ctx.store.update(plain))   # Conflict: retried
+            await abandon_replacement(self.ctx, repl)
         written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"drain": None}, current=node)
         self.ctx.cache.assume(written)
         self.ctx.events.record(node, "Normal", "DrainCancelled", "drain withdrawn")

@@ -1,138 +1,260 @@
-"""Node lifecycle: heartbeats -> Node Ready condition; lost nodes' replicas rebuilt elsewhere.
+"""Node lifecycle: heartbeats -> Node Ready; lost nodes' replicas moved elsewhere, within a disruption budget.
 
-Keys are node names; a node's key is enqueued when its Node changes and when
-its heartbeat key (/llmgw/heartbeat/<node>, bound to an etcd lease) appears
-or vanishes.
+Modelled on Kubernetes' node lifecycle controller and Nomad's heartbeat
+handling. Keys are node names; a node's key is enqueued when its Node
+changes, when its heartbeat key (/llmgw/heartbeat/<node>, bound to an etcd
+lease) appears or vanishes, and when a replacement for one of its replicas
+changes.
 
-- heartbeat gone: condition Ready=False, reason HeartbeatExpired;
-  back: Ready=True, reason HeartbeatResumed (only undoing what this
-  controller set; the agent owns Ready otherwise).
-- silent for longer than option `node_grace` (s, default 30) since this
-  controller saw it go: each replica placed on the node gets a replacement
-  (replacement.py, the drain's mechanism; the scheduler places it where there
-  is room), then is annotated `llmgw.io/evict: node-lost` and deleted; the
-  replica controller tears it down.
-- if more than option `max_silent_fraction` (default 0.5) of all nodes are
-  silent at once, the likelier story is that the control plane lost the
-  network, not that half the fleet died: nothing is evicted, each silent node
-  past its grace gets condition EvictionHeldBack=True (reason
-  EvictionHeldBack) and an event; it is re-checked every `node_grace` / 3 s.
+- heartbeat gone: condition Ready=False, reason HeartbeatExpired; back:
+  Ready=True, reason HeartbeatResumed (only undoing what this controller set;
+  the agent owns Ready otherwise).
+- silent for option ``node_grace`` seconds (default 30) since this controller
+  saw it go, the node is judged. The verdict is the condition ``Evicting``
+  (llmgw/runtime/nodes.py: the one answer other controllers read), and every
+  change of it is also an event of the same reason:
 
-The grace clock lives in memory: a restarted controller starts it again,
-which can only delay an eviction, never hasten one.
+  * False, ``MassSilence``: half or more of the nodes (option
+    ``max_silent_fraction``, default 0.5; at least two) are silent at once,
+    so the likelier story is that the control plane lost the network, not
+    that the fleet died: nothing is evicted; looked at again every
+    ``node_grace`` / 3 s.
+  * False, ``Settling``: mass silence ended less than option
+    ``eviction_settle`` seconds ago (default 60): agents of a healing
+    partition come back one by one, and the last ones must not be judged in
+    the moment before they do.
+  * False, ``RateLimited``: nodes are judged lost at most option
+    ``eviction_rate`` per second (default 0.1, like Kubernetes): the first at
+    once, the next when its turn comes.
+  * False, ``LeaderChanged``: the node was already silent when this
+    controller-manager took over; it gets a fresh ``node_grace`` (the clock
+    lives in memory, so a new leader can only delay a verdict, never hasten one).
+  * True, ``NodeLost``: each replica placed on the node gets a replacement
+    (replacement.py, the drain's mechanism; the scheduler places it where
+    there is room, never on a NotReady node). Make-before-break, because only
+    the agent may be cut off and the engines still serving: the original is
+    annotated ``llmgw.io/evict: node-lost`` and deleted once its replacement
+    is Ready (at once if it was not Ready itself; without replacement if its
+    model is gone). Deleting it does not free its GPUs and ports: its shards
+    stay (Terminating) until the agent confirms it stopped them or an operator
+    deletes the Node (controllers/replica.py).
+  * False, ``HeartbeatResumed``: the node is back; replacements still in
+    flight for its replicas are called off (they become ordinary replicas and
+    the model controller scales the surplus down), unless the node is draining.
+
+A node already judged lost stays lost across a leadership change: the new
+leader carries the moves on.
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 from llmgw.api import get_condition
-from llmgw.runtime.annotations import EVICT
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.controller import Controller, Result
+from llmgw.runtime.nodes import EVICTING, mass_silence, node_lost
 from llmgw.store import NotFound
 
-from controllers.replacement import ensure_replacement
-
-HELD_BACK = "EvictionHeldBack"
+from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 
 
 class NodeLifecycleController(Controller):
     name = "nodelifecycle"
-    # replicas and models are read from the cache (what to evict, whether its model lives)
+    # replicas: a replacement's progress wakes its original's node; models: whether a model lives
     watches = ("nodes", "heartbeats", "replicas", "models")
 
     def __init__(self) -> None:
+        self._term: Any = None              # the cache (one per leadership term) the state below is for
         self.silent_since: dict[str, float] = {}
+        self._mass = False                  # mass silence as last seen
+        self._settle_until = 0.0
+        self._next_eviction = 0.0           # when the rate limit lets the next node be judged lost
+
+    def _new_term(self) -> None:
+        """A new leadership term starts with a clean slate: every silent node a fresh grace."""
+        if self._term is not self.ctx.cache:
+            self._term = self.ctx.cache
+            self.silent_since.clear()
+            self._mass, self._settle_until, self._next_eviction = False, 0.0, 0.0
 
     def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
-        if kind in ("replicas", "models"):
+        self._new_term()
+        if kind == "models":
             return []
+        if kind == "replicas":
+            orig = obj.metadata.annotations.get(DRAINING_REPLACEMENT_FOR)
+            o = self.ctx.cache.get("replicas", orig) if orig else None
+            if o is None:
+                return []
+            nodes = (self.ctx.cache.get("nodes", p.node) for p in o.spec.placement)
+            return [n.metadata.name for n in nodes if n is not None and node_lost(n)]
         return [obj if isinstance(obj, str) else obj.metadata.name]
 
     def _opt(self, name: str, default: float) -> float:
         return float(self.ctx.options.get(name, default))
 
-    async def reconcile(self, key: str) -> Result | None:
-        cache = self.ctx.cache
-        node = cache.get("nodes", key)
-        if node is None:
-            self.silent_since.pop(key, None)
-            return None
-        alive = cache.heartbeats()
-        ready = get_condition(node.status.conditions, "Ready")
-        held = get_condition(node.status.conditions, HELD_BACK)
-        if key in alive:
-            self.silent_since.pop(key, None)
-            conds = []
-            if ready is not None and ready.status != "True" and ready.reason == "HeartbeatExpired":
-                conds.append(_cond("Ready", "True", "HeartbeatResumed", "the node's agent is heartbeating again"))
-                self.ctx.events.record(node, "Normal", "NodeReady", "heartbeat resumed")
-            if held is not None and held.status == "True":
-                conds.append(_cond(HELD_BACK, "False", "HeartbeatResumed", "the node is back"))
-            await self._patch(node, conds)
-            return None
+    def _fleet(self, now: float) -> tuple[int, int]:
+        """(silent, total) nodes; notes when mass silence ends, to start the settle period."""
+        nodes = self.ctx.cache.list("nodes")
+        alive = self.ctx.cache.heartbeats()
+        silent = sum(1 for n in nodes if n.metadata.name not in alive)
+        mass = mass_silence(silent, len(nodes), self._opt("max_silent_fraction", 0.5))
+        if self._mass and not mass:
+            self._settle_until = now + self._opt("eviction_settle", 60.0)
+        self._mass = mass
+        return silent, len(nodes)
 
-        if ready is None or ready.status != "False" or ready.reason != "HeartbeatExpired":
-            await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired",
-                                          "no heartbeat from the node's agent")])
-            self.ctx.events.record(node, "Warning", "NodeNotReady", "heartbeat expired")
+    async def reconcile(self, key: str) -> Result | None:
+        self._new_term()
+        cache = self.ctx.cache
         now = self.ctx.clock()
-        since = self.silent_since.setdefault(key, now)
+        node = cache.get("nodes", key)
+        if node is None or key in cache.heartbeats():
+            self.silent_since.pop(key, None)
+            if self._mass:      # this node's return (or deletion) may end a mass silence
+                self._fleet(now)
+            if node is not None:
+                await self._back(node)
+            return None
+        silent, total = self._fleet(now)
+
+        ready = get_condition(node.status.conditions, "Ready")
+        expired = ready is not None and ready.status == "False" and ready.reason == "HeartbeatExpired"
+        if not expired:
+            node = await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired",
+                                                  "no heartbeat from the node's agent")])
+            self.ctx.events.record(node, "Warning", "NodeNotReady", "heartbeat expired")
+        if node_lost(node):
+            return await self._evict(node)
         grace = self._opt("node_grace", 30.0)
+        since = self.silent_since.get(key)
+        if since is None:
+            since = self.silent_since[key] = now
+            if expired:    # silent before this term: the verdict waits for a grace of our own
+                await self._decide(node, "False", "LeaderChanged",
+                                   f"silent since before the controller-manager's leadership changed: "
+                                   f"judged after a fresh grace of {grace:g}s")
         if now - since < grace:
             return Result(requeue_after=grace - (now - since))
 
-        nodes = cache.list("nodes")
-        silent = sum(1 for n in nodes if n.metadata.name not in alive)
-        fraction = self._opt("max_silent_fraction", 0.5)
-        if silent > fraction * len(nodes):
-            msg = (f"{silent}/{len(nodes)} nodes are silent (more than {fraction:.0%}): assuming the "
-                   "control plane is cut off from them; evicting nothing")
-            if held is None or held.status != "True" or held.message != msg:
-                await self._patch(node, [_cond(HELD_BACK, "True", HELD_BACK, msg)])
-                self.ctx.events.record(node, "Warning", HELD_BACK, msg)
+        if self._mass:
+            share = self._opt("max_silent_fraction", 0.5)
+            await self._decide(node, "False", "MassSilence",
+                               f"{silent}/{total} nodes are silent (at least {share:.0%}): assuming the "
+                               "control plane is cut off from them; evicting nothing")
             return Result(requeue_after=max(grace / 3, 0.1))
-        if held is not None and held.status == "True":
-            await self._patch(node, [_cond(HELD_BACK, "False", "EvictionAllowed",
-                                          f"only {silent}/{len(nodes)} nodes are silent")])
-        await self._evict(node, now - since)
-        return None
+        if now < self._settle_until:
+            await self._decide(node, "False", "Settling",
+                               f"mass silence ended; nodes still silent are judged "
+                               f"{self._opt('eviction_settle', 60.0):g}s after it, when the partition has healed")
+            return Result(requeue_after=self._settle_until - now)
+        if now < self._next_eviction:
+            await self._decide(node, "False", "RateLimited",
+                               f"nodes are judged lost at most {self._opt('eviction_rate', 0.1):g} per second: "
+                               "waiting for this node's turn")
+            return Result(requeue_after=self._next_eviction - now)
+        self._next_eviction = now + 1.0 / self._opt("eviction_rate", 0.1)
+        node = await self._decide(node, "True", "NodeLost",
+                                  f"silent for {now - since:.0f}s (grace {grace:g}s): moving its replicas "
+                                  "elsewhere, each original stopped once its replacement is Ready")
+        return await self._evict(node)
 
-    async def _evict(self, node, silent_for: float) -> None:
+    # ------------------------------------------------------------ verdicts
+    async def _decide(self, node, status: str, reason: str, message: str):
+        """Write the verdict as the Evicting condition and an event, once per change."""
+        c = get_condition(node.status.conditions, EVICTING)
+        if c is not None and (c.status, c.reason, c.message) == (status, reason, message):
+            return node
+        quiet = reason in ("HeartbeatResumed", "LeaderChanged")
+        self.ctx.events.record(node, "Normal" if quiet else "Warning", reason, message)
+        return await self._patch(node, [_cond(EVICTING, status, reason, message)])
+
+    async def _back(self, node) -> None:
+        conds = []
+        ready = get_condition(node.status.conditions, "Ready")
+        if ready is not None and ready.status != "True" and ready.reason == "HeartbeatExpired":
+            conds.append(_cond("Ready", "True", "HeartbeatResumed", "the node's agent is heartbeating again"))
+            self.ctx.events.record(node, "Normal", "NodeReady", "heartbeat resumed")
+        node = await self._patch(node, conds)
+        verdict = get_condition(node.status.conditions, EVICTING)
+        if verdict is None or (verdict.status, verdict.reason) == ("False", "HeartbeatResumed"):
+            return
+        called_off = await self._call_off(node) if verdict.status == "True" else []
+        await self._decide(node, "False", "HeartbeatResumed", "the node is back" + (
+            f"; replacements called off: {', '.join(called_off)}" if called_off else ""))
+
+    async def _call_off(self, node) -> list[str]:
+        """The node is back: replacements not yet needed are dropped (a drain keeps its own)."""
+        if node.spec.drain:
+            return []
+        out = []
+        for orig in _by_name(self.ctx.cache.index("replicas", "node", node.metadata.name)):
+            if orig.metadata.deletionTimestamp is not None or self._on_other_lost_node(orig, node.metadata.name):
+                continue
+            repl = find_replacement(self.ctx.cache, orig)
+            if repl is not None and DRAINING_REPLACEMENT_FOR in repl.metadata.annotations:
+                await abandon_replacement(self.ctx, repl)
+                out.append(repl.metadata.name)
+        return out
+
+    def _on_other_lost_node(self, rep, back: str) -> bool:
+        nodes = (self.ctx.cache.get("nodes", p.node) for p in rep.spec.placement if p.node != back)
+        return any(n is not None and node_lost(n) for n in nodes)
+
+    # ------------------------------------------------------------ eviction
+    async def _evict(self, node) -> Result | None:
+        """Make-before-break for every replica on the node; looked at again while an original waits."""
         name = node.metadata.name
-        for rep in cache_sorted(self.ctx.cache.index("replicas", "node", name)):
+        waiting = 0
+        for rep in _by_name(self.ctx.cache.index("replicas", "node", name)):
             if rep.metadata.deletionTimestamp is not None:
                 continue
-            why = f"node {name} silent for {silent_for:.0f}s"
-            if self.ctx.cache.get("models", rep.spec.model) is not None:
-                await ensure_replacement(self.ctx, rep, why)
-            marked = rep.model_copy(deep=True)
-            marked.metadata.annotations[EVICT] = "node-lost"
-            try:
-                marked = await self.ctx.store.update(marked)     # Conflict: the key is retried
-                gone = await self.ctx.store.delete("replicas", rep.metadata.name)
-            except NotFound:
+            why = f"node {name} is lost"
+            if self.ctx.cache.get("models", rep.spec.model) is None:
+                await self._delete(node, rep, f"{why}; model {rep.spec.model} is gone: deleted without replacement")
                 continue
-            if gone.metadata.finalizers:
-                self.ctx.cache.assume(gone)
+            repl = await ensure_replacement(self.ctx, rep, why)
+            if repl.status.phase == "Ready":
+                await self._delete(node, rep, f"{why}; replacement {repl.metadata.name} is Ready: deleted")
+            elif rep.status.phase != "Ready":
+                await self._delete(node, rep, f"{why}; it was not serving: deleted before its replacement "
+                                              f"{repl.metadata.name} is Ready")
             else:
-                self.ctx.cache.assume_deleted("replicas", gone.metadata.name)
-            self.ctx.events.record(rep, "Warning", "Evicted", f"{why}: replaced and deleted")
-            self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
+                waiting += 1
+        # Replacement events wake this key (keys_for); the requeue is a safety net.
+        return Result(requeue_after=self._opt("node_grace", 30.0)) if waiting else None
 
-    async def _patch(self, node, conds: list[dict]) -> None:
-        if not conds:
+    async def _delete(self, node, rep, why: str) -> None:
+        marked = rep.model_copy(deep=True)
+        marked.metadata.annotations[EVICT] = "node-lost"
+        try:
+            await self.ctx.store.update(marked)     # Conflict: the key is retried
+            gone = await self.ctx.store.delete("replicas", rep.metadata.name)
+        except NotFound:
+            self.ctx.cache.assume_deleted("replicas", rep.metadata.name)
             return
+        if gone.metadata.finalizers:
+            self.ctx.cache.assume(gone)
+        else:
+            self.ctx.cache.assume_deleted("replicas", gone.metadata.name)
+        self.ctx.events.record(rep, "Warning", "Evicted", why)
+        self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
+
+    async def _patch(self, node, conds: list[dict]):
+        if not conds:
+            return node
         try:
             written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"conditions": conds},
                                                         current=node)
         except NotFound:
-            return
+            return node
         self.ctx.cache.assume(written)
+        return written
 
 
 def _cond(type: str, status: str, reason: str, message: str) -> dict:
     return {"type": type, "status": status, "reason": reason, "message": message}
 
 
-def cache_sorted(replicas: list) -> list:
+def _by_name(replicas: list) -> list:
     return sorted(replicas, key=lambda r: r.metadata.name)

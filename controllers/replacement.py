@@ -6,7 +6,9 @@ references and finalizers, and the annotation
 `llmgw.io/draining-replacement-for: <original>` (llmgw/runtime/annotations.py
 describes how the model controller treats it). Its name derives from the
 original's uid, so a controller that restarts, or works from a stale cache,
-finds or re-creates the same one instead of making a second.
+finds or re-creates the same one instead of making a second. A move called
+off (drain withdrawn, lost node back) drops the annotation: the replacement
+becomes an ordinary replica.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from llmgw.api import ObjectMeta, Replica
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-from llmgw.store import AlreadyExists
+from llmgw.store import AlreadyExists, NotFound
 
 
 def replacement_name(orig: Replica) -> str:
@@ -56,3 +58,14 @@ async def ensure_replacement(ctx: Any, orig: Replica, why: str) -> Replica:
         created = await ctx.store.get("replicas", new.metadata.name)
     ctx.cache.assume(created)
     return created
+
+
+async def abandon_replacement(ctx: Any, repl: Replica) -> None:
+    """The move is called off: `repl` becomes an ordinary replica, and the model
+    controller scales the surplus down (the replica that serves least goes first)."""
+    plain = repl.model_copy(deep=True)
+    plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)
+    try:
+        ctx.cache.assume(await ctx.store.update(plain))   # Conflict: the caller's key is retried
+    except NotFound:
+        ctx.cache.assume_deleted("replicas", repl.metadata.name)

@@ -6,8 +6,10 @@ Once the scheduler set ``spec.placement``:
   an ownerReference to the Replica and the finalizer ``llmgw.io/process``;
   ports come from the node's ``status.portRange`` and avoid every port of any
   other shard on that node; rank 0 gets a serve and a dist-init port, other
-  ranks a serve port and rank 0's dist-init port; ``headAddress`` is rank 0's
-  node's first address;
+  ranks a serve port and rank 0's dist-init port; never a port in the node's
+  ``status.foreignPorts`` (held by processes that are not engines of this
+  node, as its agent reports) nor one a shard there failed on with PortInUse
+  this term; ``headAddress`` is rank 0's node's first address;
 * folds shard phases into the replica phase: Scheduled (shards created),
   Starting (any started), Ready (rank 0 Ready, the others Running or Ready),
   and ``status.endpoint`` = ``<head address>:<rank 0 serve port>``; the same
@@ -17,14 +19,17 @@ Once the scheduler set ``spec.placement``:
   quickly cost one status write, not one per phase;
 * rebuilds the replica as a unit when any shard fails (or stops, or is
   deleted, or sits on another node than the placement says) or a node of it
-  is lost (llmgw.runtime.nodes.node_lost: gone, or NotReady past
-  ``node_grace`` unless many nodes are silent at once):
-  phase Failed, ``restarts`` + 1, ``backoffUntil`` = now + 10 s doubling per
-  consecutive failure up to 5 min (options ``rebuild_backoff_base`` /
-  ``rebuild_backoff_max``); a replica that had been Ready for
-  ``rebuild_backoff_reset`` (10 min) when it failed starts again from 10 s, so
-  a failure now and then is not punished like a crash loop
-  (``status.consecutiveFailures`` counts the streak, ``restarts`` every rebuild);
+  was deleted: phase Failed, ``restarts`` + 1, ``backoffUntil`` = now for the
+  first failure (a crash costs no wait beyond the rebuild), then 10 s
+  doubling per further consecutive failure up to 5 min (options
+  ``rebuild_backoff_base`` / ``rebuild_backoff_max``); a replica that had
+  been Ready for ``rebuild_backoff_reset`` (10 min) when it failed starts the
+  streak again, so a failure now and then is not punished like a crash loop
+  (``status.consecutiveFailures`` counts the streak, ``restarts`` every
+  rebuild). A shard refused for a port held by a foreign process (PortInUse)
+  is not the engine's fault: rebuilt at once, on other ports, the streak
+  left as it was. A node that is only silent is not a failure here: the node
+  lifecycle controller moves its replicas, make-before-break;
   every shard deleted (the last lines of a failed shard's engine log, at most
   ``LOG_TAIL_LINES`` lines and ``LOG_TAIL_CHARS`` characters, go into the
   ReplicaFailed event and the Ready condition: the shard that held them is
@@ -32,20 +37,23 @@ Once the scheduler set ``spec.placement``:
   placement is cleared (Scheduled=False, reason Rebuilding) and the scheduler
   places it again;
 * a shard's ``llmgw.io/process`` finalizer is removed once its agent reports
-  phase Stopped, or its node is lost;
+  phase Stopped, or its Node object is deleted (by an operator: the one way to
+  give up on an agent). Never merely because the node is silent or lost: its
+  engines may still run, so its GPUs and ports stay booked;
 * a Replica with deletionTimestamp: phase Terminating, shards deleted and
   stopped, then the Replica's ``llmgw.io/shards`` finalizer is removed.
 """
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta, timezone
 
 from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
 from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result
-from llmgw.runtime.nodes import node_lost
+from llmgw.runtime.nodes import node_deleted
 from llmgw.scheduling import describe
 from llmgw.store import NotFound
 
@@ -70,8 +78,21 @@ def shard_name(replica: str, rank: int) -> str:
 
 
 def backoff_seconds(streak: int, base: float = 10.0, cap: float = 300.0) -> float:
-    """Crash-loop delay after the ``streak``-th failure in a row (1-based): base doubling to cap."""
-    return min(cap, base * 2 ** max(0, streak - 1))
+    """Crash-loop delay after the ``streak``-th failure in a row (1-based): none for the
+    first, then base doubling to cap."""
+    return 0.0 if streak <= 1 else min(cap, base * 2 ** (streak - 2))
+
+
+def held_ports(shard: Shard) -> set[int]:
+    """Ports of its node to hand out no more when the agent refused to start the shard because a
+    process not ours holds one (PortInUse): the shard's own, and any the refusal names."""
+    started = get_condition(shard.status.conditions, "Started")
+    refused = started is not None and started.reason == "PortInUse"
+    if shard.status.phase != "Failed" or not (refused or shard.status.message.startswith("PortInUse:")):
+        return set()
+    named = re.findall(r"\bport (\d+)", (started.message if refused else "") + " " + shard.status.message)
+    own = [shard.spec.ports.serve] + ([shard.spec.ports.distInit] if shard.spec.rank == 0 else [])
+    return {*own, *map(int, named)}
 
 
 def fold_phase(replica: Replica, shards: list[Shard]) -> str:
@@ -106,6 +127,9 @@ class ReplicaController(Controller):
 
     def __init__(self):
         self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
+        # node -> ports a shard failed on with PortInUse: never handed out again (until the
+        # agent's status.foreignPorts, which outlives this memory, lists them anyway)
+        self._port_held: dict[str, set[int]] = {}
 
     def keys_for(self, kind, obj):
         if kind == "replicas":
@@ -124,14 +148,14 @@ class ReplicaController(Controller):
         shards = sorted(cache.index("shards", "replica", key), key=lambda s: s.spec.rank)
         timer = _MinTimer()
         if r is None:
-            await self._teardown(None, shards, timer)
+            await self._teardown(None, shards)
             return timer.result()
         if r.metadata.deletionTimestamp is not None:
-            await self._terminate(r, shards, timer)
+            await self._terminate(r, shards)
             return timer.result()
         if not r.spec.placement:
             if shards:
-                await self._teardown(r, shards, timer)
+                await self._teardown(r, shards)
             elif r.status.phase not in ("Pending",) or r.status.endpoint:
                 await self._patch(r, {"phase": "Pending", "endpoint": None})
             return timer.result()
@@ -139,9 +163,14 @@ class ReplicaController(Controller):
             await self._continue_rebuild(r, shards, timer)
             return timer.result()
 
-        reason = self._failure(r, shards, timer)
+        reason = self._failure(r, shards)
         if reason:
-            await self._fail(r, shards, reason, timer)
+            refused = False
+            for s in shards:
+                if held := held_ports(s):
+                    self._port_held.setdefault(s.spec.node, set()).update(held)
+                    refused = True
+            await self._fail(r, shards, reason, crash=not refused)
             return timer.result()
         if len(shards) < len(r.spec.placement):
             shards = await self._create_shards(r, shards, timer)
@@ -151,7 +180,7 @@ class ReplicaController(Controller):
         return timer.result()
 
     # -------------------------------------------------------------- failures
-    def _failure(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> str | None:
+    def _failure(self, r: Replica, shards: list[Shard]) -> str | None:
         nodes_by_rank = {p.rank: p.node for p in r.spec.placement}
         for s in shards:
             if s.metadata.deletionTimestamp is not None:
@@ -164,22 +193,24 @@ class ReplicaController(Controller):
             if s.status.phase in ("Stopping", "Stopped"):
                 return f"shard {s.name} on {s.spec.node} stopped unexpectedly"
         for node in dict.fromkeys(p.node for p in r.spec.placement):
-            lost, left = node_lost(self.ctx.cache, node, self.ctx.options)
-            if lost:
-                return f"node {node} is lost"
-            timer.add(left)
+            if self.ctx.cache.get("nodes", node) is None:
+                return f"node {node} was deleted"
         return None
 
-    async def _fail(self, r: Replica, shards: list[Shard], reason: str, timer: _MinTimer) -> None:
+    async def _fail(self, r: Replica, shards: list[Shard], reason: str, crash: bool = True) -> None:
+        """crash=False: not the engine's fault (PortInUse): rebuilt at once, the streak as it was."""
         now = datetime.now(timezone.utc)
         restarts = r.status.restarts + 1
         ready = get_condition(r.status.conditions, "Ready")
         stable = (ready is not None and ready.status == "True" and ready.lastTransitionTime is not None
                   and (now - ready.lastTransitionTime).total_seconds()
                   >= float(self.ctx.options.get("rebuild_backoff_reset", 600.0)))
-        streak = 1 if stable else r.status.consecutiveFailures + 1
-        delay = backoff_seconds(streak, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
-                                float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
+        if not crash:
+            streak, delay = r.status.consecutiveFailures, 0.0
+        else:
+            streak = 1 if stable else r.status.consecutiveFailures + 1
+            delay = backoff_seconds(streak, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
+                                    float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
         until = now + timedelta(seconds=delay)
         log_tail = crash_log(shards)
         cause = f"{reason}\nlast lines of its log:\n{log_tail}" if log_tail else reason
@@ -192,11 +223,13 @@ class ReplicaController(Controller):
         self.ctx.events.record(r, "Warning", "ReplicaFailed",
                                f"{reason}; rebuilding the whole replica in {delay:g}s "
                                f"(restart {restarts}, {streak} in a row)"
+                               + ("" if crash else "; a port held by another process is no crash: "
+                                  "not counted, and the rebuild avoids the port")
                                + (f"\nlast lines of its log:\n{log_tail}" if log_tail else ""))
-        await self._teardown(r, shards, timer)
+        await self._teardown(r, shards)
 
     async def _continue_rebuild(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:
-        if shards and not await self._teardown(r, shards, timer):
+        if shards and not await self._teardown(r, shards):
             return
         left = ((r.status.backoffUntil - datetime.now(timezone.utc)).total_seconds()
                 if r.status.backoffUntil else 0.0)
@@ -215,8 +248,8 @@ class ReplicaController(Controller):
         self.ctx.events.record(r, "Normal", "Rebuilding", "old shards gone and backoff over; placement cleared")
 
     # ---------------------------------------------------------- tearing down
-    async def _teardown(self, r: Replica | None, shards: list[Shard], timer: _MinTimer) -> bool:
-        """Delete shards, release the stopped ones; True once none is left."""
+    async def _teardown(self, r: Replica | None, shards: list[Shard]) -> bool:
+        """Delete shards, release the stopped ones (and those of deleted nodes); True once none is left."""
         left = 0
         for s in shards:
             if s.metadata.deletionTimestamp is None:
@@ -230,15 +263,17 @@ class ReplicaController(Controller):
                     continue
                 self.ctx.cache.assume(s)
             if PROCESS_FINALIZER in s.metadata.finalizers:
+                # Only the agent's word (Stopped) or the Node's deletion frees the shard's GPUs
+                # and ports: a silent node's engines may still hold them.
                 stopped = s.status.phase == "Stopped"
-                lost, wait = (False, None) if stopped else node_lost(self.ctx.cache, s.spec.node, self.ctx.options)
-                if not (stopped or lost):
-                    timer.add(wait)
+                deleted = not stopped and await node_deleted(self.ctx.cache, self.ctx.store, s.spec.node)
+                if not (stopped or deleted):
                     left += 1
                     continue
-                if lost and r is not None:
-                    self.ctx.events.record(r, "Warning", "ShardAbandoned",
-                                           f"node {s.spec.node} is lost: shard {s.name} released without its agent")
+                if deleted:
+                    self.ctx.events.record(r if r is not None else s, "Warning", "ShardAbandoned",
+                                           f"node {s.spec.node} was deleted: shard {s.name} released "
+                                           "without its agent")
                 s = s.model_copy(deep=True)
                 s.metadata.finalizers = [f for f in s.metadata.finalizers if f != PROCESS_FINALIZER]
                 try:
@@ -253,12 +288,12 @@ class ReplicaController(Controller):
                 self.ctx.cache.assume_deleted("shards", s.name)
         return left == 0
 
-    async def _terminate(self, r: Replica, shards: list[Shard], timer: _MinTimer) -> None:
+    async def _terminate(self, r: Replica, shards: list[Shard]) -> None:
         if r.status.phase != "Terminating":
             await self._patch(r, {"phase": "Terminating", "endpoint": None,
                                   "message": "stopping shards before the replica goes"})
             self.ctx.events.record(r, "Normal", "Terminating", f"stopping {len(shards)} shard(s)")
-        if not await self._teardown(r, shards, timer):
+        if not await self._teardown(r, shards):
             return
         if SHARDS_FINALIZER in r.metadata.finalizers:
             new = r.model_copy(deep=True)
@@ -277,6 +312,7 @@ class ReplicaController(Controller):
     # -------------------------------------------------------------- creating
     def _allocate(self, node, count: int) -> list[int]:
         used = set(self._reserved.get(node.name, ()))
+        used.update(node.status.foreignPorts, self._port_held.get(node.name, ()))
         for s in self.ctx.cache.index("shards", "node", node.name):
             used.update((s.spec.ports.serve, s.spec.ports.distInit))
         out = []

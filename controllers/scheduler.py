@@ -3,7 +3,9 @@
 Keys are replica names. The controller keeps a `Ledger` (free GPUs, ports and
 replicas per model, per node) in step with the shared cache from the events
 that reach `keys_for`, so a bind costs a walk of the free-GPU buckets, not a
-scan of every replica. A decision and its booking in the ledger happen with no
+scan of every replica. Shards are watched too: one that outlives its replica's
+placement (a lost node's, until its agent confirms it stopped) keeps its GPUs
+and ports booked. A decision and its booking in the ledger happen with no
 `await` between them, so concurrent workers never hand out one GPU twice; the
 placement is then written with a compare-and-swap update, and a lost compare
 releases the booking and retries the key.
@@ -28,7 +30,7 @@ from llmgw.store import Conflict, FencedOut, NotFound
 
 class SchedulerController(Controller):
     name = "scheduler"
-    watches = ("replicas", "nodes")
+    watches = ("replicas", "nodes", "shards")
     workers = 64         # decisions are synchronous; workers overlap the etcd writes
 
     def __init__(self) -> None:
@@ -45,6 +47,8 @@ class SchedulerController(Controller):
                 led.observe_node(node)
             for rep in self.ctx.cache.list("replicas"):
                 led.observe_replica(rep)
+            for shard in self.ctx.cache.list("shards"):
+                led.observe_shard(shard)
             self.ledger, self._ledger_of = led, self.ctx.cache
             self.unschedulable = set()
         return self.ledger
@@ -59,6 +63,11 @@ class SchedulerController(Controller):
             else:
                 led.observe_node(cur)
             return list(self.unschedulable)
+        if kind == "shards":
+            if cur is not None:
+                led.observe_shard(cur)
+                return []
+            return list(self.unschedulable) if led.forget_shard(name, obj.spec.replica) else []
         if cur is None:
             had = name in led.replicas
             led.forget_replica(name)

@@ -1,42 +1,11 @@
 """Drain controller with the scheduler on a real etcd: make-before-break, stuck, resume."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 
 from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
-from tests.helpers.ctrlkit import ReadyPlayer, get_or_none, model, node, replica, running, until
-
-
-class ReplicaWatch:
-    """Follows every replica change from a revision on: names ever seen, least Ready count."""
-
-    def __init__(self, store, model_name: str, ready: dict[str, bool], rev: int):
-        self.store, self.model, self.rev = store, model_name, rev
-        self.ready = dict(ready)           # name -> Ready and not being deleted
-        self.seen = set(ready)
-        self.least = sum(ready.values())
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self):
-        async for ev in self.store.watch("replicas", from_revision=self.rev + 1):
-            r = ev.object
-            if r.spec.model != self.model:
-                continue
-            self.seen.add(r.metadata.name)
-            if ev.type == "DELETED":
-                self.ready.pop(r.metadata.name, None)
-            else:
-                self.ready[r.metadata.name] = (r.status.phase == "Ready" and r.metadata.deletionTimestamp is None)
-            self.least = min(self.least, sum(self.ready.values()))
-
-    async def stop(self):
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
+from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running, until
 
 
 async def setup_model(store, names, node_name="n1", replicas=None, gpus=1):

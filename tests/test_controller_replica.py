@@ -6,8 +6,11 @@ from datetime import datetime, timezone
 
 from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
-from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase
+from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from tests.helpers.controlplane import control_plane, until
+
+
+SLOW_BACKOFF = {"rebuild_backoff_base": 3600, "rebuild_backoff_max": 3600}   # a wait no test sits out
 
 
 def model(name, replicas=1, nodes=1, gpus=1, **spec) -> Model:
@@ -15,8 +18,8 @@ def model(name, replicas=1, nodes=1, gpus=1, **spec) -> Model:
         "replicas": replicas, "profiles": [{"engine": "sim", "nodes": nodes, "gpusPerNode": gpus}], **spec}})
 
 
-def test_backoff_doubles_from_10s_to_5min():
-    assert [backoff_seconds(n) for n in (1, 2, 3, 6, 7, 20)] == [10, 20, 40, 300, 300, 300]
+def test_first_rebuild_is_at_once_then_backoff_doubles_from_10s_to_5min():
+    assert [backoff_seconds(n) for n in (1, 2, 3, 6, 7, 20)] == [0, 10, 20, 160, 300, 300]
 
 
 async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store):
@@ -58,9 +61,9 @@ async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
         old_uids = {s.metadata.uid for s in cp.cache.index("shards", "replica", rep.name)}
 
         await cp.agents.fail_shard(f"{rep.name}-1", message="NCCL timeout")
-        # the Failed phase lasts the 0.5 s backoff: the event and the counters say it happened
+        # the Failed phase is brief (the first rebuild waits no backoff): the event and the counters say it happened
         (failure,) = await until(lambda: cp.events("ReplicaFailed", rep.name))
-        assert "NCCL timeout" in failure.message and "in 0.5s (restart 1, 1 in a row)" in failure.message
+        assert "NCCL timeout" in failure.message and "in 0s (restart 1, 1 in a row)" in failure.message
         failed = cp.cache.get("replicas", rep.name)
         assert failed.status.restarts == 1 and failed.status.backoffUntil is not None
         # rebuilt as a unit: both ranks are new shards, the replica is Ready again
@@ -77,7 +80,7 @@ async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
         await cp.agents.fail_shard(f"{rep.name}-0")
         failures = await until(lambda: (f := cp.events("ReplicaFailed", rep.name)) and len(f) >= 3 and f)
         assert [f.message.split("rebuilding the whole replica in ")[1] for f in failures[:3]] == [
-            "0.5s (restart 1, 1 in a row)", "1s (restart 2, 2 in a row)", "2s (restart 3, 3 in a row)"]
+            "0s (restart 1, 1 in a row)", "0.5s (restart 2, 2 in a row)", "1s (restart 3, 3 in a row)"]
 
 
 async def test_a_replica_ready_for_the_reset_period_starts_its_backoff_over(store):
@@ -93,15 +96,15 @@ async def test_a_replica_ready_for_the_reset_period_starts_its_backoff_over(stor
             return await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == restarts and r)
 
         name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
-        assert "rebuilding in 0.5s" in (await fail(1)).status.message
+        assert "rebuilding in 0s" in (await fail(1)).status.message
         await ready_again(1)
         second = await fail(2)      # failed again soon after coming back: the streak goes on
-        assert "rebuilding in 1s" in second.status.message and second.status.consecutiveFailures == 2
+        assert "rebuilding in 0.5s" in second.status.message and second.status.consecutiveFailures == 2
         back = await ready_again(2)
         since = get_condition(back.status.conditions, "Ready").lastTransitionTime
         await asyncio.sleep(3.5 - (datetime.now(timezone.utc) - since).total_seconds())
-        third = await fail(3)       # Ready for longer than the reset period: from the base delay again
-        assert "rebuilding in 0.5s" in third.status.message
+        third = await fail(3)       # Ready for longer than the reset period: the streak starts over
+        assert "rebuilding in 0s" in third.status.message
         assert (third.status.restarts, third.status.consecutiveFailures) == (3, 1)
         assert any("restart 3, 1 in a row" in e.message for e in cp.events("ReplicaFailed", name))
 
@@ -116,26 +119,69 @@ async def test_deleted_replica_waits_for_stopped_shards_then_goes(store):
         term = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Terminating" and r)
         assert term.status.endpoint is None
         await until(lambda: cp.agents.phase(f"{rep.name}-0") in ("Stopped", None))
-        # the silent node's shard holds the replica until the node counts as lost
+        # the silent node's shard holds the replica, NotReady or not: its engine may still run
+        await cp.agents.set_node_ready(rep.spec.placement[1].node, False)
+        await until(lambda: cp.cache.get("shards", f"{rep.name}-0") is None)
         assert cp.cache.get("shards", f"{rep.name}-1") is not None
         assert cp.cache.get("replicas", rep.name) is not None
-        await cp.agents.set_node_ready(rep.spec.placement[1].node, False)
+        # only deleting the Node gives up on its agent
+        await store.delete("nodes", rep.spec.placement[1].node)
         await until(lambda: cp.cache.get("replicas", rep.name) is None)
         assert cp.cache.index("shards", "replica", rep.name) == []
-        assert cp.events("ShardAbandoned", rep.name)
+        (abandoned,) = cp.events("ShardAbandoned", rep.name)
+        assert f"node {rep.spec.placement[1].node} was deleted" in abandoned.message
 
 
-async def test_lost_node_rebuilds_replica_elsewhere(store):
+async def test_deleted_node_rebuilds_replica_elsewhere(store):
     async with control_plane(store, nodes=("n1", "n2")) as cp:
         await store.create(model("m", gpus=2))
         rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
         node = rep.spec.placement[0].node
         await cp.agents.silence(node)
-        await cp.agents.set_node_ready(node, False)
+        await store.delete("nodes", node)
         moved = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Ready"
                             and r.spec.placement[0].node != node and r)
         assert moved.status.restarts == 1
-        assert any(f"node {node} is lost" in e.message for e in cp.events("ReplicaFailed", rep.name))
+        assert any(f"node {node} was deleted" in e.message for e in cp.events("ReplicaFailed", rep.name))
+        assert cp.events("ShardAbandoned", rep.name)
+
+
+async def test_first_crash_rebuilds_at_once_and_the_second_waits_the_backoff(store):
+    async with control_plane(store, nodes=("n1",), options=SLOW_BACKOFF) as cp:
+        await store.create(model("m"))
+        name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
+        await cp.agents.fail_shard(f"{name}-0")
+        back = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 1
+                           and r.status.phase == "Ready" and r)
+        assert back.status.consecutiveFailures == 1
+        await cp.agents.fail_shard(f"{name}-0")
+        second = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 2 and r)
+        assert second.status.phase == "Failed" and "rebuilding in 3600s" in second.status.message
+
+
+async def test_port_held_by_a_foreign_process_is_never_handed_out_again(store):
+    # one node, one GPU: the rebuild can only land on the same node, so the ports must change
+    async with control_plane(store, nodes=("n1",), gpus=1, options=SLOW_BACKOFF) as cp:
+        await store.patch_status("nodes", "n1", {"foreignPorts": [30000]})   # as its agent reports
+        await until(lambda: (n := cp.cache.get("nodes", "n1")) and n.status.foreignPorts == [30000])
+        await store.create(model("m"))
+        name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
+        first = cp.cache.get("shards", f"{name}-0").spec.ports
+        assert 30000 not in (first.serve, first.distInit)
+
+        # the agent refuses the next start: another process took the serve port meanwhile
+        shard = cp.cache.get("shards", f"{name}-0")
+        await store.patch_status("shards", shard.name, {
+            "phase": "Failed", "message": f"PortInUse: port {first.serve} held by pid 4242 (nc)",
+            "conditions": [{"type": "Started", "status": "False", "reason": "PortInUse",
+                            "message": f"port {first.serve} held by pid 4242 (nc)"}]}, node="n1")
+        back = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 1
+                           and r.status.phase == "Ready" and r)      # at once, despite the 3600 s backoff
+        assert back.status.consecutiveFailures == 0                   # not counted as a crash
+        again = cp.cache.get("shards", f"{name}-0").spec.ports
+        assert not {again.serve, again.distInit} & {30000, first.serve, first.distInit}
+        (failed,) = cp.events("ReplicaFailed", name)
+        assert "not counted" in failed.message
 
 
 def test_fold_phase_needs_rank0_ready_and_workers_up():
@@ -155,11 +201,28 @@ def test_fold_phase_needs_rank0_ready_and_workers_up():
     assert fold_phase(rep, [sh(0, "Ready"), sh(1, "Running")]) == "Ready"
 
 
+def test_held_ports_are_the_refused_shards_own_and_any_the_refusal_names():
+    from llmgw.api import Shard
+
+    def sh(rank, status):
+        return Shard.model_validate({"metadata": {"name": f"r-{rank}"}, "spec": {
+            "replica": "r", "model": "m", "node": "n", "rank": rank, "worldSize": 2,
+            "ports": {"serve": 30002 + rank, "distInit": 30001}, "headAddress": "h", "engine": "vllm",
+            "servedModelNames": ["m"]}, "status": status})
+    refused = {"phase": "Failed", "message": "PortInUse: port 30009 held by pid 7 (nc)", "conditions": [
+        {"type": "Started", "status": "False", "reason": "PortInUse", "message": "port 30009 held by pid 7 (nc)"}]}
+    assert held_ports(sh(0, refused)) == {30002, 30001, 30009}
+    assert held_ports(sh(1, refused)) == {30003, 30009}       # rank 0's dist-init port is on rank 0's node
+    assert held_ports(sh(0, {"phase": "Failed", "message": "PortInUse: port 30005 held"})) == {30002, 30001, 30005}
+    assert held_ports(sh(0, {"phase": "Failed", "message": "engine exited with code 1"})) == set()
+
+
 async def test_a_failed_engines_last_log_lines_outlive_its_shard(store):
     async with control_plane(store) as cp:
         await store.create(model("m"))
         rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
         log_tail = [f"line {i}: " + "x" * 150 for i in range(30)] + ["ValueError: unknown architecture 'llamax'"]
+        cp.placer.paused = True     # the first rebuild waits no backoff: keep it unplaced while we look
         await cp.agents.fail_shard(f"{rep.name}-0", message="llama-server (pid 7) exited with code 1; log: /x",
                                    log_tail=log_tail)
         (failure,) = await until(lambda: cp.events("ReplicaFailed", rep.name))

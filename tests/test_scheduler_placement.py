@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from llmgw.api import Node, Replica
+from llmgw.api import Node, Replica, Shard
 from llmgw.scheduling import Fit, Ledger, NodeInfo, Request, Unfit, place, request_for
 from llmgw.scheduling.placer import node_reason
 
@@ -148,6 +148,36 @@ def test_observed_placements_are_accounted_and_released():
     assert led.free_gpus("n") == [0, 1] and led.free_count("n") == 2
 
 
+def test_a_shard_keeps_its_gpus_and_ports_booked_after_its_replica_lets_go():
+    # A lost node's shard: its engine may still hold the GPU and the ports until the
+    # agent confirms it stopped, whatever became of its replica's placement or object.
+    led = ledger_of(node("n", gpus=2, ports=4))
+    rep = _replica("r", "m", placement=[{"rank": 0, "node": "n", "gpus": [1]}])
+    led.observe_replica(rep)
+    led.observe_shard(_shard("r-0", rep, "n", [1]))
+    assert led.free_gpus("n") == [0]                 # placement and shard: one booking, not two
+    rep.spec.placement = []
+    led.observe_replica(rep)                         # placement cleared: the shard still holds GPU 1
+    assert led.free_gpus("n") == [0] and led.free_ports("n") == 2
+    led.forget_replica("r")                          # replica object gone: still held
+    assert led.free_gpus("n") == [0] and "r" in led.replicas
+    assert not led.forget_shard("r-9", "r")          # an unknown shard frees nothing
+    assert led.forget_shard("r-0", "r")              # the agent confirmed: free
+    assert led.free_gpus("n") == [0, 1] and led.free_ports("n") == 4 and "r" not in led.replicas
+    assert list(led.check()) == []
+
+
+def test_foreign_ports_are_not_the_nodes_to_hand_out():
+    n = Node.model_validate({"metadata": {"name": "n1"}, "status": {
+        "portRange": {"first": 100, "last": 104}, "foreignPorts": [100, 103, 103, 7000],
+        "gpus": [{"index": 0}], "engines": [{"name": "sim", "path": "/x"}], "conditions": [{"type": "Ready", "status": "True"}]}})
+    info = NodeInfo.from_node(n)
+    assert info.ports == 3            # 5 in range, 100 and 103 held by others; 7000 is out of range
+    led = ledger_of(info)
+    bind(led, Request("a", "a", gpus=0))             # takes two of the three
+    assert place(led, Request("b", "b", gpus=0)).reasons == {"no free ports": 1}
+
+
 def test_request_from_replica_needs_ray_for_vllm_ray():
     rep = _replica("r", "m", profile={"engine": "vllm", "launchMode": "ray", "nodes": 2, "gpusPerNode": 8},
                    nodeSelector={"gpu": "h200"})
@@ -168,6 +198,13 @@ def test_node_info_from_node_reads_conditions_cordon_and_drain():
     info = NodeInfo.from_node(n)
     assert (info.ready, info.cordoned, info.gpus, info.fabrics, info.ports) == (
         True, True, (0, 1), ("fab-a",), 10)
+
+
+def _shard(name, rep, node_name, gpus) -> Shard:
+    return Shard.model_validate({"metadata": {"name": name}, "spec": {
+        "replica": rep.metadata.name, "model": rep.spec.model, "node": node_name, "rank": 0,
+        "worldSize": 1, "gpus": gpus, "ports": {"serve": 30000, "distInit": 30001}, "headAddress": "h", "engine": "sim",
+        "servedModelNames": [rep.spec.model]}})
 
 
 def _replica(name, model, placement=(), profile=None, nodeSelector=None) -> Replica:

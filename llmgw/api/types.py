@@ -115,6 +115,7 @@ class NodeStatus(Strict):
     fabrics: list[Fabric] = Field(default_factory=list)
     engines: list[EngineInfo] = Field(default_factory=list)
     portRange: PortRange = Field(default_factory=PortRange)
+    foreignPorts: list[int] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
@@ -124,7 +125,7 @@ class NodeStatus(Strict):
 # write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
 # and drain progress are the controllers'.
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
-                            "agentVersion")
+                            "agentVersion", "foreignPorts")
 
 
 class Node(Object):

@@ -18,19 +18,27 @@ from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
 @etcd_tls
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
-@click.option("--node-grace", default=30.0, show_default=True, type=float,
-              help="Seconds a node may be NotReady before its replicas are rebuilt elsewhere.")
-@click.option("--max-silent-fraction", default=0.5, show_default=True, type=float,
-              help="If more than this share of nodes is silent, assume the control plane is cut off: evict nothing.")
+@click.option("--node-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds a node may be silent before it is judged lost and its replicas are moved "
+                   "elsewhere (make-before-break); also the fresh grace every silent node gets after a "
+                   "leadership change.")
+@click.option("--max-silent-fraction", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+              help="If at least this share of nodes (and at least two) is silent, assume the control plane "
+                   "is cut off: judge no node lost.")
+@click.option("--eviction-settle", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds after mass silence ends before nodes still silent are judged lost.")
+@click.option("--eviction-rate", default=0.1, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Most nodes judged lost per second (the first at once).")
 @click.option("--lease-seconds", default=15.0, show_default=True, type=float, help="Leader lease.")
 @click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_grace,
-                       max_silent_fraction, lease_seconds, identity, log_level):
+                       max_silent_fraction, eviction_settle, eviction_rate, lease_seconds, identity, log_level):
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = {"node_grace": node_grace, "max_silent_fraction": max_silent_fraction,
+               "eviction_settle": eviction_settle, "eviction_rate": eviction_rate,
                "lease_seconds": lease_seconds}
     aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, options, identity))
 

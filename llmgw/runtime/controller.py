@@ -49,8 +49,10 @@ the watch event arrives.
   reason, message)`` is synchronous and never raises (written in background).
 * ``ctx.clock``: ``time.monotonic``-like callable (seconds).
 * ``ctx.options``: dict of manager options: ``node_grace`` (s, default 30),
-  ``max_silent_fraction`` (default 0.5), ``lease_seconds`` (default 15), and
-  anything else passed on the command line.
+  ``max_silent_fraction`` (default 0.5), ``eviction_settle`` (s, default 60),
+  ``eviction_rate`` (nodes/s, default 0.1) (controllers/nodelifecycle.py says
+  what they do), ``lease_seconds`` (default 15), and anything else passed on
+  the command line.
 """
 from __future__ import annotations
 
@@ -82,6 +84,8 @@ class Context:
 DEFAULT_OPTIONS: dict[str, Any] = {
     "node_grace": 30.0,
     "max_silent_fraction": 0.5,
+    "eviction_settle": 60.0,
+    "eviction_rate": 0.1,
     "lease_seconds": 15.0,
 }
 

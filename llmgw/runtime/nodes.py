@@ -1,18 +1,25 @@
-"""When is a node lost? One answer shared by the replica, node-lifecycle and drain controllers.
+"""When is a node lost? One answer, decided by the node lifecycle controller and read by the rest.
 
-A node is *lost* when it is missing from the cache, or its Ready condition has
-not been True for longer than ``node_grace`` seconds, unless more than
-``max_silent_fraction`` of all nodes are not Ready (then the control plane is
-probably the one cut off, and nothing is treated as lost).  The node
-lifecycle controller owns the Ready condition (heartbeat expiry -> Ready
-False/Unknown); this module only reads it.
+The node lifecycle controller (controllers/nodelifecycle.py) alone applies
+the policy (grace, mass silence, settle period, eviction rate, a fresh grace
+after a leadership change) and writes its verdict on the Node: condition
+``Evicting``, True once the node is judged lost, False with the reason it is
+held back. Other controllers read the verdict here instead of recomputing it
+from timestamps, so two controllers never disagree about a node and a new
+leader inherits a verdict rather than reaching a different one.
+
+Lost is not gone: a lost node's engines may still run (only its agent may be
+cut off), so its shards keep their GPUs and ports until the agent confirms it
+stopped them (phase Stopped) or the Node object is deleted (``node_deleted``).
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from llmgw.api import get_condition
+from llmgw.store import NotFound
+
+EVICTING = "Evicting"   # Node condition owned by the node lifecycle controller
 
 
 def node_ready(node: Any) -> bool:
@@ -20,38 +27,27 @@ def node_ready(node: Any) -> bool:
     return c is not None and c.status == "True"
 
 
-def not_ready_for(node: Any, now: datetime | None = None) -> float:
-    """Seconds the node has not been Ready (0 when Ready)."""
-    if node_ready(node):
-        return 0.0
-    c = get_condition(node.status.conditions, "Ready")
-    since = (c.lastTransitionTime if c else None) or node.metadata.creationTimestamp
-    if since is None:
-        return 0.0
-    now = now or datetime.now(timezone.utc)
-    return max(0.0, (now - since).total_seconds())
+def node_lost(node: Any) -> bool:
+    """The node lifecycle controller has judged the node lost (its replicas are being moved)."""
+    c = get_condition(node.status.conditions, EVICTING)
+    return c is not None and c.status == "True"
 
 
-def mass_silence(cache: Any, max_silent_fraction: float) -> bool:
-    nodes = cache.list("nodes")
-    if not nodes:
+def mass_silence(silent: int, total: int, fraction: float) -> bool:
+    """Too many nodes silent at once to believe each failed: the control plane is likelier cut off.
+
+    At least two nodes and at least ``fraction`` of all of them: an even split is the
+    likeliest shape of a partition; one silent node is judged on its own.
+    """
+    return silent >= 2 and silent >= fraction * total
+
+
+async def node_deleted(cache: Any, store: Any, name: str) -> bool:
+    """The Node object is gone: missing from the cache and confirmed with etcd."""
+    if cache.get("nodes", name) is not None:
         return False
-    down = sum(1 for n in nodes if not node_ready(n))
-    return down / len(nodes) > max_silent_fraction
-
-
-def node_lost(cache: Any, name: str, options: dict[str, Any],
-              now: datetime | None = None) -> tuple[bool, float | None]:
-    """(lost, seconds until it would count as lost, or None when that cannot be said yet)."""
-    node = cache.get("nodes", name)
-    if node is None:
-        return True, None
-    if node_ready(node):
-        return False, None
-    grace = float(options.get("node_grace", 30.0))
-    left = grace - not_ready_for(node, now)
-    if left > 0:
-        return False, left
-    if mass_silence(cache, float(options.get("max_silent_fraction", 0.5))):
-        return False, grace
-    return True, None
+    try:
+        await store.get("nodes", name)
+    except NotFound:
+        return True
+    return False

@@ -2,7 +2,13 @@
 
 Every replica that still exists (deleting or not) holds the GPUs and ports of
 its placement until its object is gone; so does a placement the scheduler has
-*assumed* but whose write it has not yet seen come back. The ledger keeps, per
+*assumed* but whose write it has not yet seen come back; and so does every
+Shard that exists, terminating ones included, whatever became of its replica's
+placement or object: a shard is released only once its agent confirmed its
+engine gone (or its Node was deleted), and until then the engine may hold
+them. A replica's booking is its placement plus the slots of its shards
+that the placement does not cover. Ports in the node's ``status.foreignPorts``
+(held by other processes) are not counted as the node's. The ledger keeps, per
 node, the used GPU indices, the number of ranks placed (each rank takes two
 ports: serve and dist-init), and per model the ranks on each node. Nodes are
 bucketed by their number of free GPUs, globally and per fabric, so that a
@@ -10,14 +16,14 @@ placement walks from the tightest fitting bucket up instead of scanning every
 replica or node (see placer.py).
 
 Pure data structure: no etcd, no asyncio. Fed by the scheduler controller from
-its cache (observe_node / observe_replica / forget_*).
+its cache (observe_node / observe_replica / observe_shard / forget_*).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from llmgw.api import Node, Replica, condition_true
+from llmgw.api import Node, Replica, Shard, condition_true
 
 PORTS_PER_RANK = 2  # serve + dist-init (ShardPorts)
 
@@ -38,6 +44,8 @@ class NodeInfo:
     @classmethod
     def from_node(cls, node: Node) -> "NodeInfo":
         st = node.status
+        rng = st.portRange
+        foreign = {p for p in st.foreignPorts if rng.first <= p <= rng.last}
         return cls(
             name=node.metadata.name,
             ready=condition_true(st.conditions, "Ready"),
@@ -46,7 +54,7 @@ class NodeInfo:
             engines=frozenset(e.name for e in st.engines),
             fabrics=tuple(f.name for f in st.fabrics),
             gpus=tuple(sorted({g.index for g in st.gpus})),
-            ports=max(0, st.portRange.last - st.portRange.first + 1),
+            ports=max(0, rng.last - rng.first + 1 - len(foreign)),
         )
 
 
@@ -67,7 +75,10 @@ class Ledger:
         self.used: dict[str, dict[int, int]] = {}
         self.ranks: dict[str, int] = {}              # node -> ranks placed there
         self.model_ranks: dict[str, dict[str, int]] = {}   # model -> node -> ranks
-        self.replicas: dict[str, tuple[str, Slots]] = {}   # replica -> (model, slots)
+        self.replicas: dict[str, tuple[str, Slots]] = {}   # replica -> (model, slots) booked
+        self.placements: dict[str, tuple[str, Slots]] = {}  # replica -> (model, its placement)
+        # replica -> shard -> (model, node, gpus) of every shard that exists
+        self.shards: dict[str, dict[str, tuple[str, str, tuple[int, ...]]]] = {}
         self.assumed: set[str] = set()
         # free-GPU buckets: free count -> ordered set of node names
         self.by_free: dict[int, dict[str, None]] = {}
@@ -116,25 +127,62 @@ class Ledger:
             # until the write comes back or is refused (unassume).
             return
         self.assumed.discard(name)
-        self._set(name, replica.spec.model, slots)
+        self._place(name, replica.spec.model, slots)
 
     def forget_replica(self, name: str) -> None:
-        """The replica object is gone: its GPUs and ports are free again."""
+        """The replica object is gone: its GPUs and ports are free again, but for its shards."""
         self.assumed.discard(name)
-        self._set(name, "", ())
+        self._place(name, "", ())
 
     def assume(self, name: str, model: str, slots: Slots) -> None:
         """Book a placement before its write is confirmed."""
         self.assumed.add(name)
-        self._set(name, model, slots)
+        self._place(name, model, slots)
 
     def unassume(self, name: str) -> None:
         """The write of an assumed placement failed: release it."""
         if name in self.assumed:
             self.assumed.discard(name)
-            self._set(name, "", ())
+            self._place(name, "", ())
+
+    # ------------------------------------------------------------- shards
+    def observe_shard(self, shard: Shard) -> bool:
+        """Account a shard that exists; True when that changed a booking."""
+        spec = shard.spec
+        held = (spec.model, spec.node, tuple(spec.gpus))
+        per = self.shards.setdefault(spec.replica, {})
+        if per.get(shard.metadata.name) == held:
+            return False
+        per[shard.metadata.name] = held
+        return self._book(spec.replica)
+
+    def forget_shard(self, name: str, replica: str) -> bool:
+        """The shard object is gone; True when that freed anything."""
+        per = self.shards.get(replica, {})
+        if per.pop(name, None) is None:
+            return False
+        if not per:
+            del self.shards[replica]
+        return self._book(replica)
 
     # ----------------------------------------------------------- internal
+    def _place(self, name: str, model: str, slots: Slots) -> None:
+        if slots:
+            self.placements[name] = (model, slots)
+        else:
+            self.placements.pop(name, None)
+        self._book(name)
+
+    def _book(self, name: str) -> bool:
+        """Book the replica's placement plus any of its shards the placement does not cover."""
+        model, slots = self.placements.get(name, ("", ()))
+        for shard_model, node, gpus in self.shards.get(name, {}).values():
+            if (node, gpus) not in slots:
+                model, slots = model or shard_model, slots + ((node, gpus),)
+        before = self.replicas.get(name)
+        self._set(name, model, slots)
+        return self.replicas.get(name) != before
+
     def _set(self, name: str, model: str, slots: Slots) -> None:
         old = self.replicas.get(name)
         if old == (model, slots) or (old is None and not slots):

@@ -1,5 +1,6 @@
 """`control_plane(store, ...)`: FakeAgents + a Manager running the model and replica
-controllers and the FirstFitPlacer, for controller tests."""
+controllers and the FirstFitPlacer (or `placer=`, e.g. the real scheduler), plus
+any `extra` controllers, for controller tests."""
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,7 @@ class ControlPlane:
     store: Any
     agents: FakeAgents
     manager: Manager
-    placer: FirstFitPlacer
+    placer: Any
 
     @property
     def cache(self):
@@ -37,10 +38,10 @@ class ControlPlane:
 
 @contextlib.asynccontextmanager
 async def control_plane(store, nodes=("n1", "n2", "n3"), *, gpus: int = 2, fabric: str | None = "fab-a",
-                        options: dict | None = None):
+                        options: dict | None = None, placer: Any = None, extra: tuple = ()):
     agents = await FakeAgents(store, nodes, gpus=gpus, fabric=fabric).start()
-    placer = FirstFitPlacer()
-    manager = Manager(store, [ModelController(), ReplicaController(), placer], identity="test",
+    placer = placer or FirstFitPlacer()
+    manager = Manager(store, [ModelController(), ReplicaController(), placer, *extra], identity="test",
                       options={**FAST, **(options or {})})
     task = asyncio.create_task(manager.run())
     try:

@@ -3,7 +3,9 @@
 Objects are written through the real store; nothing is mocked.
 `ReadyPlayer` stands in for the replica controller and the agents where a
 test only needs "a placed replica becomes Ready": it sets phase Ready on
-every placed replica (unless `hold` is set) and nothing else.
+every placed replica (unless `hold` is set) and nothing else. `ReplicaWatch`
+follows a model's replicas through etcd's watch, for "never fewer than N
+Ready" (make-before-break) assertions.
 """
 from __future__ import annotations
 
@@ -122,3 +124,31 @@ class ReadyPlayer(Controller):
             return Result(requeue_after=0.1)
         self.ctx.cache.assume(await self.ctx.store.patch_status("replicas", key, {"phase": "Ready"}))
         return None
+
+
+class ReplicaWatch:
+    """Follows every replica change from a revision on: names ever seen, least Ready count."""
+
+    def __init__(self, store, model_name: str, ready: dict[str, bool], rev: int):
+        self.store, self.model, self.rev = store, model_name, rev
+        self.ready = dict(ready)           # name -> Ready and not being deleted
+        self.seen = set(ready)
+        self.least = sum(ready.values())
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self):
+        async for ev in self.store.watch("replicas", from_revision=self.rev + 1):
+            r = ev.object
+            if r.spec.model != self.model:
+                continue
+            self.seen.add(r.metadata.name)
+            if ev.type == "DELETED":
+                self.ready.pop(r.metadata.name, None)
+            else:
+                self.ready[r.metadata.name] = (r.status.phase == "Ready" and r.metadata.deletionTimestamp is None)
+            self.least = min(self.least, sum(self.ready.values()))
+
+    async def stop(self):
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
