@@ -18,7 +18,8 @@ from llmgw.client import AlreadyExists, Client, NotFound
 log = logging.getLogger(__name__)
 
 # Node status fields the agent owns (drain progress and observedGeneration are the controllers').
-AGENT_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions", "agentVersion")
+AGENT_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions", "agentVersion",
+                "foreignPorts")
 
 
 def status_patch(status: NodeStatus, ready: bool) -> dict:
