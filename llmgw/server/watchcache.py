@@ -16,9 +16,12 @@ Like the Kubernetes apiserver's watch cache. Per kind, started on the first watc
 
 A watch from revision R gets the ring's events after R when R is inside the ring's window
 (R >= `oldest`, the revision of the last event evicted, or the revision the cache started
-at), and then every later event. Older R: 410 Expired, as for a compacted revision; the
-client relists. The window never reaches below what etcd itself still has: the server checks
-that R was not compacted in etcd before serving it from the ring (see `check_revision`).
+at), and then every later event. An older R that etcd still has (the server checks that R
+was not compacted first, see `check_revision`) rewinds the cache: its store watch starts
+again from R + 1 and the ring is rebuilt from there. Each watcher remembers the last
+revision it was offered, so the replay reaches only watchers that have not had it yet, in
+order. So a restarted server (whose cache starts at the first watch's revision) or a client
+far behind costs a replay from etcd, not a relist; only a compacted R gets 410 Expired.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ _DELETED = b'{"type": "DELETED"'
 
 
 class Expired(Exception):
-    """The requested revision is not available (compacted in etcd, or older than the ring)."""
+    """The requested revision was compacted in etcd."""
 
 
 def error_line(code: int, reason: str, message: str) -> bytes:
@@ -109,7 +112,7 @@ class Watcher:
         self._waiter: asyncio.Future | None = None
 
     def accept(self, ev: CachedEvent) -> bytes | None:
-        """The line this watcher should get for `ev`, or None."""
+        """The line this watcher should get for `ev`, or None (also when it was offered before)."""
         if ev.revision <= self.after:
             return None
         if self.node is not None and ev.node != self.node:
@@ -121,6 +124,7 @@ class Watcher:
     def offer(self, ev: CachedEvent) -> bool:
         """Queue `ev` if it passes the filter; False when the queue is full (the watcher failed)."""
         line = self.accept(ev)
+        self.after = max(self.after, ev.revision)   # offered: a replay after a rewind skips it
         if line is None or self.error is not None:
             return True
         if len(self.pending) >= self.allowance:
@@ -190,6 +194,7 @@ class KindCache:
         self.rev = 0      # every event up to this revision has been dispatched
         self._watchers: dict[str | None, set[Watcher]] = {}  # by node; None: every node
         self._task: asyncio.Task | None = None
+        self._retired: set[asyncio.Task] = set()   # pumps cancelled by a rewind, still ending
 
     @property
     def started(self) -> bool:
@@ -207,7 +212,7 @@ class KindCache:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.gather(self._task, *self._retired, return_exceptions=True)
         for w in [w for ws in self._watchers.values() for w in ws]:
             w.fail(503, "ServiceUnavailable", "the server is shutting down; watch again")
         self._watchers.clear()
@@ -215,13 +220,13 @@ class KindCache:
     # ------------------------------------------------------------ watchers
     def subscribe(self, after: int, node: str | None = None, selector: Selector | None = None,
                   who: str = "") -> Watcher:
-        """A watcher of the events after revision `after`; those already in the ring are queued
-        at once. Raises Expired when `after` is older than the ring's window."""
+        """A watcher of the events after revision `after`, which etcd must still have (see
+        `check_revision`); those already in the ring are queued at once. An `after` older than
+        the ring's window rewinds the cache to it."""
         if self._task is None:
             raise RuntimeError("start() the cache before subscribing")
         if after < self.oldest:
-            raise Expired(f"resourceVersion {after} is older than the server's watch cache of {self.kind} "
-                          f"(it starts after {self.oldest}); relist and watch from the list's resourceVersion")
+            self._rewind(after)
         w = Watcher(self, after, node, selector, self.queue_limit, who)
         backlog = []
         for ev in reversed(self.ring):
@@ -232,6 +237,7 @@ class KindCache:
                 backlog.append(line)
         backlog.reverse()
         w.pending.extend(backlog)
+        w.after = max(after, self.rev)   # every event up to rev has been offered to it
         w.allowance = self.queue_limit + len(backlog)
         self._watchers.setdefault(node, set()).add(w)
         return w
@@ -260,6 +266,18 @@ class KindCache:
                         self.kind, w.who or "?", w.limit)
         if ev.revision > self.rev:
             self.rev = ev.revision
+
+    def _rewind(self, after: int) -> None:
+        """Watch etcd again from `after` + 1 and rebuild the ring from there; open watchers keep
+        going (each skips what it was already offered)."""
+        log.info("watch cache of %s rewinds from %d to revision %d for a watch resumed from there",
+                 self.kind, self.oldest, after)
+        self._task.cancel()     # suspended at an await: it dispatches nothing more
+        self._retired.add(self._task)
+        self._task.add_done_callback(self._retired.discard)
+        self.ring.clear()
+        self.oldest = self.rev = after
+        self._task = asyncio.create_task(self._run(), name=f"watch-cache-{self.kind}")
 
     def _rebase(self, revision: int, why: str) -> None:
         """Start over at `revision`: the events in between are lost, so every watcher relists."""
