@@ -6,6 +6,7 @@ Real `llmgw agent` processes against a real server (tests/test_agent_e2e.py's fi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,14 @@ from llmgw.api import get_condition
 from llmgw.dev.process import free_port
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 from tests.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
+
+
+@contextlib.contextmanager
+def _listening(host: str, port: int):
+    with socket.socket() as s:
+        s.bind((host, port))
+        s.listen()
+        yield s
 
 
 def serving_pids(port: int) -> set[int | None]:
@@ -89,9 +98,7 @@ async def test_a_probe_answered_by_another_process_is_not_ready(shared_api_serve
 
 
 async def test_a_port_held_by_a_foreign_process_fails_the_shard_with_port_in_use(shared_api_server, agents):
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
+    with _listening("127.0.0.1", 0) as held:
         port = held.getsockname()[1]
         agent = agents("busy-1", "--port-range", f"{port}-{port}")
         async with shared_api_server.client() as c:
@@ -112,15 +119,18 @@ async def test_a_port_held_by_a_foreign_process_fails_the_shard_with_port_in_use
             assert (cond.status, cond.reason) == ("False", "PortInUse") and cond.message.startswith(words)
             assert shard.status.pid is None, "an engine was started"
 
-    # The port is free again: the next start's check finds it so and foreignPorts empties.
-    async with shared_api_server.client() as c:
-        shard = sim_shard("busy-1-b", "busy-1")
-        shard.spec.ports.serve, shard.spec.ports.distInit = port, free_port()
-        await c.create(shard)
-        shard = await shard_in(c, "busy-1-b", agent, "Ready", "Failed")
-        assert shard.status.phase == "Ready", shard.status
+    # The port is free again on the node's address (held on another address only, as by another
+    # node's engine on a machine of several loopback nodes): the next start's check finds it
+    # free and foreignPorts empties.
+    with _listening("127.0.0.2", port):
+        async with shared_api_server.client() as c:
+            shard = sim_shard("busy-1-b", "busy-1")
+            shard.spec.ports.serve, shard.spec.ports.distInit = port, free_port()
+            await c.create(shard)
+            shard = await shard_in(c, "busy-1-b", agent, "Ready", "Failed")
+            assert shard.status.phase == "Ready", shard.status
 
-        async def cleared():
-            n = await c.get("nodes", "busy-1")
-            return n if n.status.foreignPorts == [] else None
-        await wait_for("foreignPorts emptied", cleared, agent)
+            async def cleared():
+                n = await c.get("nodes", "busy-1")
+                return n if n.status.foreignPorts == [] else None
+            await wait_for("foreignPorts emptied", cleared, agent)

@@ -123,10 +123,11 @@ class Agent:
     async def _scan_foreign_ports(self) -> list[int]:
         rng = self.config.port_range
         held = await asyncio.to_thread(ports.holders, range(rng.first, rng.last + 1),
-                                       self.supervisor.engine_groups())
+                                       self.supervisor.engine_groups(), self.facts.address)
         found = ports.foreign(held)
         for h in found:
-            log.warning("%s, not an engine of this node: no shard will be given it", h.describe())
+            if h.port not in self.foreign_ports:
+                log.warning("%s, not an engine of this node: no shard will be given it", h.describe())
         return sorted({h.port for h in found})
 
     async def _set_foreign_ports(self, found: list[int]) -> None:

@@ -1,11 +1,12 @@
 """Who holds a TCP port on this node: bound sockets from /proc/net/tcp{,6}, owners from /proc/PID/fd.
 
-    held = holders(range(30000, 32768), ours=[engine pgids])   # {port: [Holder, ...]}
-    foreign(held)                                              # the holders that are not ours
+    held = holders(range(30000, 32768), ours=[engine pgids], address="10.0.0.5")
+    foreign(held)                   # the holders that are not ours
 
 A socket is "held" when it listens (state 0A) or is bound without being
-connected (state 07): either makes an engine's bind() of that port fail. Its
-owner is found by the socket's inode among the open files of processes:
+connected (state 07) on the engines' bind address or on a wildcard address
+(0.0.0.0, ::): either makes an engine's bind() of that address and port
+fail, and either could answer a probe sent there. Its owner is found by the socket's inode among the open files of processes:
 first among the members of our engines' process groups (cheap, and enough
 when nothing foreign is there), then among every process, to name a
 stranger. A socket whose owner cannot be seen (another user's process, when
@@ -13,6 +14,7 @@ the agent is not root) counts as foreign with an unknown pid.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Container, Iterable
@@ -36,9 +38,28 @@ class Holder:
         return f"port {self.port} held by pid {self.pid} ({self.command})"
 
 
-def bound_sockets(ports: Container[int]) -> dict[int, set[int]]:
-    """Inodes of the sockets holding each of `ports` (only ports held appear)."""
+def _local_address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """/proc/net/tcp's address: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hex_addr)
+    data = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(data)
+    return addr.ipv4_mapped or addr if addr.version == 6 else addr
+
+
+def _bind_address(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The engines' bind address; None (every address counts) for none, a wildcard or a name."""
+    try:
+        addr = ipaddress.ip_address(address) if address else None
+    except ValueError:
+        return None
+    return None if addr is None or addr.is_unspecified else addr
+
+
+def bound_sockets(ports: Container[int], address: str | None = None) -> dict[int, set[int]]:
+    """Inodes of the sockets holding each of `ports` on `address` (None: any address); only
+    ports held appear."""
     out: dict[int, set[int]] = {}
+    mine = _bind_address(address)
     for table in NET_TABLES:
         try:
             with open(table) as f:
@@ -49,9 +70,12 @@ def bound_sockets(ports: Container[int]) -> dict[int, set[int]]:
             fields = line.split()
             if len(fields) < 10 or fields[3] not in _HELD_STATES:
                 continue
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            inode = int(fields[9])
-            if inode and port in ports:
+            hex_addr, hex_port = fields[1].rsplit(":", 1)
+            port, inode = int(hex_port, 16), int(fields[9])
+            if not inode or port not in ports:
+                continue
+            local = _local_address(hex_addr)
+            if mine is None or local.is_unspecified or local == mine:
                 out.setdefault(port, set()).add(inode)
     return out
 
@@ -88,9 +112,10 @@ def command_line(pid: int, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def holders(ports: Container[int], ours: Iterable[int]) -> dict[int, list[Holder]]:
-    """Each held port among `ports` and who holds it; `ours` are the engines' process group ids."""
-    sockets = bound_sockets(ports)
+def holders(ports: Container[int], ours: Iterable[int], address: str | None = None) -> dict[int, list[Holder]]:
+    """Each port among `ports` held on `address` and who holds it; `ours` are the engines'
+    process group ids."""
+    sockets = bound_sockets(ports, address)
     if not sockets:
         return {}
     wanted = set().union(*sockets.values())

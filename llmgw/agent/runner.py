@@ -274,7 +274,7 @@ class ShardRunner:
         """Who holds the node's engine ports and this shard's; the foreign ones are reported."""
         rng = self.ctx.config.port_range
         watched = set(range(rng.first, rng.last + 1)) | self.claim.ports
-        held = await asyncio.to_thread(ports.holders, watched, self.ctx.claims.groups())
+        held = await asyncio.to_thread(ports.holders, watched, self.ctx.claims.groups(), self.ctx.facts.address)
         if self.ctx.foreign_ports is not None:
             await self.ctx.foreign_ports(sorted({h.port for h in ports.foreign(held)
                                                  if rng.first <= h.port <= rng.last}))
@@ -290,7 +290,7 @@ class ShardRunner:
         port = urlsplit(self.record.probe_url).port if self.record and self.record.probe_url else None
         if port is None:
             return ""
-        held = await asyncio.to_thread(ports.holders, {port}, [p.pid for p in self.procs])
+        held = await asyncio.to_thread(ports.holders, {port}, [p.pid for p in self.procs], self.ctx.facts.address)
         others = ports.foreign(held)
         if others:
             await self._port_holders()      # a stranger may be new: refresh the node's foreignPorts
