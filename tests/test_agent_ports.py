@@ -64,6 +64,35 @@ async def test_returning_agent_stops_the_old_engine_before_starting_a_new_one_on
         assert "cannot bind" not in log, log
 
 
+async def test_restarted_agent_stops_an_engine_being_deleted_before_starting_one_on_its_port(
+        shared_api_server, agents):
+    """The agent restarts while its shard is being deleted and a new shard has its GPU and port:
+    it adopts the old engine, stops it (which takes the drain delay) and only then starts the
+    new one."""
+    agent = agents("restart-1", "--drain-delay", "3")
+    async with shared_api_server.client() as c:
+        await c.create(sim_shard("restart-1-a", "restart-1", finalizers=["test/keep"]))
+        old = await shard_in(c, "restart-1-a", agent, "Ready", "Failed")
+        assert old.status.phase == "Ready", old.status
+        old_pid, old_started = old.status.pid, start_time(old.status.pid)
+        port = old.spec.ports.serve
+
+        agent.stop()
+        await c.delete("shards", "restart-1-a")       # kept by its finalizer, deletionTimestamp set
+        new = sim_shard("restart-1-b", "restart-1")
+        new.spec.ports.serve = port
+        await c.create(new)
+        agent.start()
+
+        stopped = await shard_in(c, "restart-1-a", agent, "Stopped")
+        assert stopped.status.message == "engine stopped"
+        new = await shard_in(c, "restart-1-b", agent, "Ready", "Failed")
+        assert new.status.phase == "Ready", new.status
+        assert not is_alive(old_pid, old_started)
+        assert serving_pids(port) == {new.status.pid}
+        assert new.status.startedAt >= stopped.status.phaseTime, "the new engine started before the old one stopped"
+
+
 async def test_a_probe_answered_by_another_process_is_not_ready(shared_api_server, agents, tmp_path):
     """An engine that never listens, and a stranger answering 200 on its port: no Ready."""
     exe = tmp_path / "bin" / "vllm"
