@@ -183,6 +183,35 @@ async def test_a_slow_watcher_is_closed_with_410_and_others_keep_going(srv):
             await cache.stop()
 
 
+async def test_events_of_one_transaction_all_reach_a_watcher_and_a_rewind_repeats_none(srv):
+    """Concurrent writes share a transaction, so several events can have one revision."""
+    async with Store(srv.etcd) as store:
+        _, rv = await store.list("models")
+        filler = await store.create(model("txn-before"))
+        cache = KindCache(store, "models", size=100, queue_limit=100)
+        cache.start(filler.metadata.resourceVersion)   # as if its first watch came from a later list
+        try:
+            async def read(w, count):
+                stream, names = w.stream(idle=60), []
+                while len(names) < count:
+                    for line in (await stream.__anext__()).splitlines():
+                        ev = json.loads(line)
+                        assert ev["type"] in ("ADDED", "MODIFIED"), f"{ev['type']} after {names}: an event was lost"
+                        names.append(ev["object"]["metadata"]["name"])
+                return names
+            live = cache.subscribe(filler.metadata.resourceVersion)
+            made = await asyncio.gather(*(store.create(model(f"txn-{i}")) for i in range(8)))
+            assert len({m.metadata.resourceVersion for m in made}) < 8, "no two writes shared a transaction"
+            assert sorted(await read(live, 8)) == sorted(m.name for m in made)
+            old = cache.subscribe(rv)           # older than the cache: it rewinds to rv
+            assert sorted(await read(old, 9)) == sorted([filler.name] + [m.name for m in made])
+            late = await store.create(model("txn-late"))
+            assert await read(live, 1) == ["txn-late"], "the open watch was sent the replay again"
+            assert (await read(old, 1)) == [late.name]
+        finally:
+            await cache.stop()
+
+
 async def test_the_cache_starts_over_when_its_history_was_compacted(srv):
     async with Store(srv.etcd) as store:
         rv = await store.revision()
