@@ -97,10 +97,10 @@ def kill_recorded_engines(state_dir: Path) -> None:
 
 
 def sim_shard(name: str, node: str, *, engine: str = "sim", source: str | None = None,
-              finalizers: list[str] | None = None, fabric: str | None = None) -> Shard:
+              finalizers: list[str] | None = None, fabric: str | None = None, gpus: tuple[int, ...] = (0,)) -> Shard:
     return Shard(
         metadata=ObjectMeta(name=name, finalizers=finalizers or []),
-        spec=ShardSpec(replica=f"{name}-r", model="m", node=node, rank=0, worldSize=1, gpus=[0],
+        spec=ShardSpec(replica=f"{name}-r", model="m", node=node, rank=0, worldSize=1, gpus=list(gpus),
                        ports=ShardPorts(serve=free_port(), distInit=free_port()), headAddress="127.0.0.1",
                        engine=engine, source=source, servedModelNames=["m"], fabric=fabric),
     )

@@ -34,8 +34,8 @@ async def test_server_outage_keeps_engines_and_sends_the_latest_status_once(api_
     pids = []
     try:
         async with api_server.client() as c:
-            for name in ("out-1-a", "out-1-b"):
-                await c.create(sim_shard(name, "out-1"))
+            for gpu, name in enumerate(("out-1-a", "out-1-b")):  # a GPU each: the agent never shares one
+                await c.create(sim_shard(name, "out-1", gpus=(gpu,)))
             a = await shard_in(c, "out-1-a", agent, "Ready", "Failed")
             b = await shard_in(c, "out-1-b", agent, "Ready", "Failed")
             assert (a.status.phase, b.status.phase) == ("Ready", "Ready")

@@ -1,5 +1,6 @@
 """The server's shared watch cache (llmgw.server.watchcache): one etcd watch per kind, a ring of
-recent events, per-watcher filters and bounded queues, 410 outside the window, restarts."""
+recent events, per-watcher filters and bounded queues, etcd's history behind the window (410
+only when compacted), restarts."""
 from __future__ import annotations
 
 import asyncio
@@ -96,7 +97,7 @@ async def test_many_watches_share_one_etcd_watch_and_the_same_bytes(srv):
     assert after - before <= 1, f"{after - before} new etcd watches for 10 HTTP watches of one kind"
 
 
-async def test_resume_inside_the_ring_and_410_outside_it(srv):
+async def test_resume_inside_the_ring_and_from_etcd_outside_it(srv):
     async with srv.client() as c, session(srv) as http:
         _, rv = await c.list("models")
         live = await open_watch(http, srv, "models", resourceVersion=rv)
@@ -105,22 +106,21 @@ async def test_resume_inside_the_ring_and_410_outside_it(srv):
         assert [(e["object"]["metadata"]["name"], e["revision"]) for e in seen] == \
             [(f"win-{i}", revs[i]) for i in range(6)]
         # the ring keeps the last 4 events (win-2..win-5): from win-1's revision, all of them
-        events = []
-        async for ev in c.watch("models", resource_version=revs[1]):
-            events.append((ev.type, ev.object.name, ev.revision))
-            if len(events) == 4:
-                break
-        assert events == [("ADDED", f"win-{i}", revs[i]) for i in range(2, 6)]
-        # from win-0's revision, win-1 would be needed: it left the ring, so the client relists
-        with pytest.raises(Expired) as err:
-            async for ev in c.watch("models", resource_version=revs[0]):
-                pytest.fail(f"a watch from outside the ring's window got {ev.type} {ev.object.name}")
-        assert err.value.code == 410 and "watch cache" in str(err.value)
-    # etcd itself still has that history: it is the ring's window that said 410
-    async with Store(srv.etcd) as store:
-        async for ev in store.watch("models", revs[0] + 1):
-            assert ev.object.name == "win-1"
-            break
+        assert await watched(c, revs[1], 4) == [("ADDED", f"win-{i}", revs[i]) for i in range(2, 6)]
+        # from win-0's revision, win-1 left the ring: etcd still has it, so the cache rewinds
+        assert await watched(c, revs[0], 5) == [("ADDED", f"win-{i}", revs[i]) for i in range(1, 6)]
+        # the open watch is not offered the replay again: its next event is the next change
+        later = await c.create(model("win-6"))
+        _, ev = await next_line(live)
+        assert (ev["object"]["metadata"]["name"], ev["revision"]) == ("win-6", later.metadata.resourceVersion)
+
+
+async def watched(c, rv: int, count: int) -> list[tuple[str, str, int]]:
+    events = []
+    async for ev in c.watch("models", resource_version=rv):
+        events.append((ev.type, ev.object.name, ev.revision))
+        if len(events) == count:
+            return events
 
 
 async def test_node_scoping_and_label_selector(srv):
@@ -183,6 +183,35 @@ async def test_a_slow_watcher_is_closed_with_410_and_others_keep_going(srv):
             await cache.stop()
 
 
+async def test_events_of_one_transaction_all_reach_a_watcher_and_a_rewind_repeats_none(srv):
+    """Concurrent writes share a transaction, so several events can have one revision."""
+    async with Store(srv.etcd) as store:
+        _, rv = await store.list("models")
+        filler = await store.create(model("txn-before"))
+        cache = KindCache(store, "models", size=100, queue_limit=100)
+        cache.start(filler.metadata.resourceVersion)   # as if its first watch came from a later list
+        try:
+            async def read(w, count):
+                stream, names = w.stream(idle=60), []
+                while len(names) < count:
+                    for line in (await stream.__anext__()).splitlines():
+                        ev = json.loads(line)
+                        assert ev["type"] in ("ADDED", "MODIFIED"), f"{ev['type']} after {names}: an event was lost"
+                        names.append(ev["object"]["metadata"]["name"])
+                return names
+            live = cache.subscribe(filler.metadata.resourceVersion)
+            made = await asyncio.gather(*(store.create(model(f"txn-{i}")) for i in range(8)))
+            assert len({m.metadata.resourceVersion for m in made}) < 8, "no two writes shared a transaction"
+            assert sorted(await read(live, 8)) == sorted(m.name for m in made)
+            old = cache.subscribe(rv)           # older than the cache: it rewinds to rv
+            assert sorted(await read(old, 9)) == sorted([filler.name] + [m.name for m in made])
+            late = await store.create(model("txn-late"))
+            assert await read(live, 1) == ["txn-late"], "the open watch was sent the replay again"
+            assert (await read(old, 1)) == [late.name]
+        finally:
+            await cache.stop()
+
+
 async def test_the_cache_starts_over_when_its_history_was_compacted(srv):
     async with Store(srv.etcd) as store:
         rv = await store.revision()
@@ -230,5 +259,33 @@ async def test_open_watches_survive_an_etcd_restart(etcd, ca_dir, tmp_path):
             assert (ev["type"], ev["object"]["metadata"]["name"], ev["revision"]) == \
                 ("ADDED", "after-restart", created.metadata.resourceVersion)
         assert server.wait_for_log("watch cache of models interrupted")
+    finally:
+        server.stop()
+
+
+async def test_a_restarted_server_resumes_old_watches_from_etcd_and_410s_only_compacted_ones(etcd, ca_dir, tmp_path):
+    """After a restart the cache starts at its first watch's revision; an older resumed watch is
+    served from etcd's history (no relist storm); only a compacted revision gets 410."""
+    server = start_api_server(ca_dir, etcd.endpoint, tmp_path)
+    try:
+        async with server.client() as c:
+            _, old_rv = await c.list("models")
+            made = [await c.create(model(f"back-{i}")) for i in range(3)]
+        server.restart()
+        async with server.client() as c, session(server) as http:
+            _, now_rv = await c.list("models")
+            first = await open_watch(http, server, "models", resourceVersion=now_rv)  # starts the cache
+            assert await watched(c, old_rv, 3) == [
+                ("ADDED", f"back-{i}", m.metadata.resourceVersion) for i, m in enumerate(made)]
+            after = await c.create(model("back-after"))
+            _, ev = await next_line(first)
+            assert (ev["object"]["metadata"]["name"], ev["revision"]) == ("back-after", after.metadata.resourceVersion)
+
+            async with Store(etcd.endpoint) as store:
+                await store.compact(keep=1)
+            with pytest.raises(Expired) as err:
+                async for ev in c.watch("models", resource_version=old_rv):
+                    pytest.fail(f"a watch from a compacted revision got {ev.type} {ev.object.name}")
+            assert err.value.code == 410 and "compacted" in str(err.value)
     finally:
         server.stop()

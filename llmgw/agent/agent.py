@@ -5,12 +5,15 @@
     await agent.run()            # until cancelled; engines outlive it
 
 Ending the agent never stops engines: a restarted agent adopts them.
+The Node's status.foreignPorts lists the ports of its range that processes other than
+its engines hold: found at registration, at each rediscovery and at each engine start.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
 from llmgw.agent.registration import Registration, retry_forever
@@ -31,6 +34,7 @@ class Agent:
         self.facts: Facts | None = None
         self.supervisor: Supervisor | None = None
         self.registration: Registration | None = None
+        self.foreign_ports: list[int] = []
 
     def discover(self) -> Facts:
         self.facts = gather(self.config)
@@ -48,7 +52,8 @@ class Agent:
         state.prepare()
         client = Client(cfg.server_url, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
         reporter = StatusReporter(self._shard_writer(client), self.node)
-        ctx = Context(node=self.node, config=cfg, facts=self.facts, state=state, reporter=reporter)
+        ctx = Context(node=self.node, config=cfg, facts=self.facts, state=state, reporter=reporter,
+                      foreign_ports=self._set_foreign_ports)
         self.supervisor = Supervisor(ctx)
         if self.supervisor.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
@@ -57,7 +62,8 @@ class Agent:
         reg.on_reconnect.append(reporter.kick)
         tasks: list[asyncio.Task] = []
         try:
-            await reg.register(node_status(self.facts, cfg))
+            self.foreign_ports = await self._scan_foreign_ports()
+            await reg.register(self._node_status())
             tasks = [asyncio.ensure_future(c) for c in (
                 reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover())]
             await asyncio.gather(*tasks)
@@ -106,4 +112,27 @@ class Agent:
                 continue
             self.facts = facts
             self.supervisor.ctx.facts = facts
-            await self.registration.update_status(node_status(facts, self.config))
+            self.foreign_ports = await self._scan_foreign_ports()
+            await self.registration.update_status(self._node_status())
+
+    def _node_status(self):
+        status = node_status(self.facts, self.config)
+        status.foreignPorts = list(self.foreign_ports)
+        return status
+
+    async def _scan_foreign_ports(self) -> list[int]:
+        rng = self.config.port_range
+        held = await asyncio.to_thread(ports.holders, range(rng.first, rng.last + 1),
+                                       self.supervisor.engine_groups(), self.facts.address)
+        found = ports.foreign(held)
+        for h in found:
+            if h.port not in self.foreign_ports:
+                log.warning("%s, not an engine of this node: no shard will be given it", h.describe())
+        return sorted({h.port for h in found})
+
+    async def _set_foreign_ports(self, found: list[int]) -> None:
+        if found != self.foreign_ports:
+            log.warning("ports of this node's range held by other processes: %s", found or "none")
+            self.foreign_ports = found
+            if self.registration is not None:
+                await self.registration.update_status(self._node_status())

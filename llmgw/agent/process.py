@@ -40,14 +40,21 @@ def is_alive(pid: int, started: int | None = None) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group pgid."""
-    members = []
+    return members({pgid})
+
+
+def members(pgids: set[int]) -> list[int]:
+    """Live (non-zombie) processes in any of the process groups `pgids` (one pass over /proc)."""
+    found = []
+    if not pgids:
+        return found
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
-        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if fields and fields[0] not in ("Z", "X") and int(fields[2]) in pgids:
+            found.append(int(entry.name))
+    return found
 
 
 def signal_group(pgid: int, sig: int) -> bool:

@@ -1,9 +1,14 @@
 """One shard's life on this node: preflight, start, probe, report, stop; or adopt and carry on.
 
-Phases: Pending -> Starting (preflight, launching) -> Running (processes alive,
+Phases: Pending (preflight, waiting its turn) -> Starting (launching) -> Running (processes alive,
 not yet healthy) -> Ready (probe passes); Failed (exitCode, message, logTail);
 Stopping -> Stopped once a deleted shard's processes are confirmed gone.
 A shard never restarts: after Failed its replica is rebuilt elsewhere.
+
+Before launching, a runner waits its turn (llmgw.agent.claims: no other engine
+of this node may still hold its GPUs or ports) and checks that no foreign
+process holds its ports (else Failed, reason PortInUse). Ready needs the probe
+to pass and the port it probes to be held by this engine's processes alone.
 """
 from __future__ import annotations
 
@@ -13,16 +18,19 @@ import logging
 import os
 import signal
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 
-from llmgw.agent import process
+from llmgw.agent import ports, process
+from llmgw.agent.claims import Claim, Claims
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts
 from llmgw.agent.preflight import PreflightError, prepare
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
-from llmgw.api import Shard, ShardStatus, now
+from llmgw.api import Shard, ShardStatus, now, set_condition
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,9 @@ class Context:
     state: StateDir
     reporter: StatusReporter
     http: dict = field(default_factory=dict)     # shared aiohttp session, made on first probe
+    claims: Claims = field(default_factory=Claims)
+    # Called with the ports of the node's range held by foreign processes, at each check.
+    foreign_ports: Callable[[list[int]], Awaitable[None]] | None = None
 
     async def session(self) -> aiohttp.ClientSession:
         s = self.http.get("session")
@@ -89,6 +100,12 @@ class EngineProcess:
         return bool(process.group_members(self.pid))
 
 
+def own_ports(shard: Shard) -> list[int]:
+    """The ports a shard's engine binds on its node: serve, and dist-init on rank 0."""
+    p = shard.spec.ports
+    return [p.serve, p.distInit] if shard.spec.rank == 0 else [p.serve]
+
+
 class ShardRunner:
     def __init__(self, ctx: Context, shard: Shard, record: ShardRecord | None = None):
         self.ctx = ctx
@@ -96,6 +113,10 @@ class ShardRunner:
         self.name = shard.name
         self.uid = shard.metadata.uid
         self.record = record
+        self.claim = ctx.claims.add(Claim(f"shard {shard.name}", shard.spec.gpus, own_ports(shard),
+                                          held=record is not None))
+        if record is not None:
+            self.claim.pgids = [p.pid for p in record.processes]
         self.status = shard.status.model_copy(deep=True)
         self.procs: list[EngineProcess] = []
         self.stop_requested = asyncio.Event()
@@ -144,6 +165,7 @@ class ShardRunner:
             self._set("Failed", message=f"agent error: {err}")
             await self.stop_requested.wait()
             await self._stop(drain=False)
+        self.ctx.claims.discard(self.claim)
 
     async def _life(self) -> None:
         if self.record is not None:
@@ -155,6 +177,7 @@ class ShardRunner:
                                       grace=self.ctx.config.stop_grace_period)
                 self.ctx.state.remove(self.name)
                 self.record = None
+                self.claim.release()
         if not self.procs and not self.stop_requested.is_set():
             phase = self.status.phase
             if phase == "Pending":
@@ -183,22 +206,34 @@ class ShardRunner:
         await self._terminate([p for p in procs if p.has_processes()],
                               grace=min(5.0, self.ctx.config.stop_grace_period))
         self.ctx.state.remove(self.name)
+        self.claim.release()
         tail = process.tail(dead[0].record.log, self.ctx.config.log_lines) if dead else []
         names = ", ".join(p.record.name for p in dead) or "the engine"
         self._set("Failed", exitCode=None, logTail=tail,
                   message=f"{names} exited while the agent was not running (exit code unknown)")
 
     async def _launch(self) -> None:
-        self._set("Starting", message="", exitCode=None, logTail=[])
         try:
             rendered = prepare(self.shard, self.ctx.facts)
         except PreflightError as err:
             self._set("Failed", message=f"preflight: {err}")
             return
+        if not await self._wait_turn():
+            return
+        self._set("Starting", message="", exitCode=None, logTail=[])
+        taken = [h for h in ports.foreign(await self._port_holders()) if h.port in self.claim.ports]
+        if taken:
+            self.claim.release()
+            words = "; ".join(h.describe() for h in taken)
+            conditions = [c.model_copy() for c in self.status.conditions]
+            set_condition(conditions, "Started", "False", "PortInUse", words)
+            self._set("Failed", message=f"PortInUse: {words}", conditions=conditions)
+            return
         state = self.ctx.state
         workdir = state.work_dir(self.name)
         record = ShardRecord(shard=self.name, uid=self.uid, probe_kind=rendered.probe.kind,
-                             probe_url=rendered.probe.url, started_at=now().isoformat())
+                             probe_url=rendered.probe.url, started_at=now().isoformat(),
+                             gpus=sorted(self.claim.gpus), ports=sorted(self.claim.ports))
         for cmd in rendered.commands:
             log_path = state.log_path(self.name, cmd.name)
             env = {**os.environ, **cmd.env}
@@ -208,8 +243,10 @@ class ShardRunner:
                 await self._terminate(self.procs, grace=0)
                 self.procs = []
                 state.remove(self.name)
+                self.claim.release()
                 self._set("Failed", message=f"cannot start {cmd.argv[0]}: {err.strerror or err}")
                 return
+            self.claim.pgids.append(child.pid)
             started = process.start_time(child.pid) or 0
             rec = ProcessRecord(name=cmd.name, pid=child.pid, start_time=started, log=str(log_path),
                                 serves=cmd.serves, term_leader=cmd.term_leader)
@@ -245,9 +282,54 @@ class ShardRunner:
         await self._terminate(self.procs, grace=min(5.0, self.ctx.config.stop_grace_period))
         self.procs = []
         self.ctx.state.remove(self.name)
+        self.claim.release()
         self._set("Failed", exitCode=code, logTail=process.tail(proc.record.log, self.ctx.config.log_lines),
                   message=f"{proc.record.name} (pid {proc.pid}) {why} before it listened; log: {proc.record.log}")
         return False
+
+    async def _wait_turn(self) -> bool:
+        """Hold this shard's claim once no other engine holds its GPUs or ports; False when the
+        shard is deleted first."""
+        turn = asyncio.ensure_future(self.ctx.claims.wait_turn(
+            self.claim, lambda why: self._set("Pending", message=why)))
+        stop = asyncio.ensure_future(self.stop_requested.wait())
+        await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if turn.done() and not self.stop_requested.is_set():
+            return True
+        turn.cancel()
+        self.claim.release()
+        return False
+
+    async def _port_holders(self) -> dict[int, list[ports.Holder]]:
+        """Who holds the node's engine ports and this shard's; the foreign ones are reported."""
+        rng = self.ctx.config.port_range
+        watched = set(range(rng.first, rng.last + 1)) | self.claim.ports
+        held = await asyncio.to_thread(ports.holders, watched, self.ctx.claims.groups(), self.ctx.facts.address)
+        if self.ctx.foreign_ports is not None:
+            await self.ctx.foreign_ports(sorted({h.port for h in ports.foreign(held)
+                                                 if rng.first <= h.port <= rng.last}))
+        return held
+
+    async def _answered_by_another(self) -> str:
+        """Why the probe's success is not this engine's ("" when the port is this engine's alone).
+
+        A probe can be answered by whatever listens on the port: an engine that has not
+        stopped yet, or a stranger. The listening sockets are checked to belong to this
+        shard's process groups, once, when the shard would go Ready.
+        """
+        port = urlsplit(self.record.probe_url).port if self.record and self.record.probe_url else None
+        if port is None:
+            return ""
+        held = await asyncio.to_thread(ports.holders, {port}, [p.pid for p in self.procs], self.ctx.facts.address)
+        others = ports.foreign(held)
+        if others:
+            await self._port_holders()      # a stranger may be new: refresh the node's foreignPorts
+            return ("the health probe was answered by another process: "
+                    + "; ".join(h.describe() for h in others))
+        if not held:
+            return f"the health probe passed, but no process of this engine listens on port {port}"
+        return ""
 
     def _serving(self) -> EngineProcess | None:
         return next((p for p in self.procs if p.record.serves), self.procs[0] if self.procs else None)
@@ -270,7 +352,11 @@ class ShardRunner:
                 if await self._probe():
                     failures = 0
                     if self.status.phase != "Ready":
-                        self._set("Ready", message="")
+                        why_not = await self._answered_by_another()
+                        if why_not:
+                            self._set("Running", message=why_not)
+                        else:
+                            self._set("Ready", message="")
                 else:
                     failures += 1
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
@@ -296,6 +382,7 @@ class ShardRunner:
         await self._terminate(self.procs, grace=min(5.0, self.ctx.config.stop_grace_period))
         self.procs = []
         self.ctx.state.remove(self.name)
+        self.claim.release()
         tail = process.tail(proc.record.log, self.ctx.config.log_lines)
         message = f"{proc.record.name} (pid {proc.pid}) {words}"
         if others:
@@ -312,6 +399,7 @@ class ShardRunner:
                 await asyncio.sleep(self.ctx.config.drain_delay)
             await self._terminate(live, grace=self.ctx.config.stop_grace_period)
         self.ctx.state.remove(self.name)
+        self.claim.release()
         exit_code = self.status.exitCode
         serving = self._serving()
         if serving is not None and serving.child is not None and serving.child.returncode is not None:

@@ -1,6 +1,7 @@
 """The agent's state directory: one record per shard it runs, so a restarted agent can adopt.
 
-    <state-dir>/shards/<shard>.json    shard name and uid, and per command: pid, start time, log
+    <state-dir>/shards/<shard>.json    shard name and uid, its GPUs and ports, and per command:
+                                       pid, start time, log
     <state-dir>/logs/<shard>/<command>.log
 
 A record is written right after the engine processes start and removed once
@@ -35,6 +36,9 @@ class ShardRecord:
     probe_kind: str = "process"
     probe_url: str | None = None
     started_at: str | None = None   # ISO time the engine was started
+    # What the engine was given; None (a record written before these were kept): everything.
+    gpus: list[int] | None = None
+    ports: list[int] | None = None
 
 
 class StateDir:

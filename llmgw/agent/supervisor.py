@@ -4,12 +4,15 @@ On start it loads the state directory's records. A record whose shard shows
 up (same uid) is adopted by that shard's runner, engine untouched. Once the
 first full list has been seen (`synced`), records nobody claimed belong to
 shards that no longer exist: their engines are stopped and the records go.
+No runner launches an engine before that (ctx.claims.ready), and none on GPUs
+or ports that such an engine, or another shard's, may still hold.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from llmgw.agent.claims import Claim
 from llmgw.agent.runner import Context, EngineProcess, ShardRunner, terminate
 from llmgw.agent.state import ShardRecord
 from llmgw.api import Shard
@@ -68,7 +71,8 @@ class Supervisor:
             runner.task.add_done_callback(drop)
 
     def synced(self) -> None:
-        """The first full list is in: stop the engines of records no shard claimed."""
+        """The first full list is in: stop the engines of records no shard claimed; then
+        runners may launch."""
         if self._synced:
             return
         self._synced = True
@@ -76,13 +80,22 @@ class Supervisor:
             del self.records[name]
             log.warning("shard %s (uid %s) no longer exists: stopping its engine (pids %s)",
                         name, record.uid, [p.pid for p in record.processes])
-            self._orphans.append(asyncio.ensure_future(self._stop_orphan(record)))
+            claim = self.ctx.claims.add(Claim(f"shard {name} (deleted)", record.gpus, record.ports, held=True))
+            claim.pgids = [p.pid for p in record.processes]
+            self._orphans.append(asyncio.ensure_future(self._stop_orphan(record, claim)))
+        self.ctx.claims.ready.set()
 
-    async def _stop_orphan(self, record: ShardRecord) -> None:
+    def engine_groups(self) -> list[int]:
+        """Process groups of every engine of this node that may run, records not yet claimed too."""
+        return self.ctx.claims.groups() + [p.pid for r in self.records.values() for p in r.processes]
+
+    async def _stop_orphan(self, record: ShardRecord, claim: Claim) -> None:
         procs = [EngineProcess(p) for p in record.processes]
         await terminate([p for p in procs if p.has_processes()], self.ctx.config.stop_grace_period,
                         f"orphaned shard {record.shard}")
         self.ctx.state.remove(record.shard)
+        claim.release()
+        self.ctx.claims.discard(claim)
 
     async def wait_orphans(self) -> None:
         if self._orphans:

@@ -119,6 +119,9 @@ class NodeStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
+    # Ports of portRange held by processes that are not this node's engines (the agent
+    # refreshes it at registration and at each engine start); never assigned to a shard.
+    foreignPorts: list[int] = Field(default_factory=list)
 
 
 # The Node status fields its agent writes (registration, rediscovery); a node certificate may

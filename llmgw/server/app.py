@@ -344,12 +344,9 @@ class ApiServer:
         else:
             initial, rv = await self.store.list(kind, selector=selector, node=node)
             cache.start(rv)
-        if expired is None:
-            try:  # no await since the revision check or the list: nothing can slip in between
-                who = f"{request['identity']} ({request.remote})"
-                watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
-            except Expired as err:
-                expired = str(err)
+        if expired is None:  # no await since the revision check or the list: nothing can slip in between
+            who = f"{request['identity']} ({request.remote})"
+            watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
         try:

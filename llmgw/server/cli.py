@@ -80,7 +80,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,
-              help="Recent events kept per kind; a watch from an older resourceVersion relists.")
+              help="Recent events kept per kind; a watch from an older resourceVersion is "
+                   "replayed from etcd (410 only when etcd compacted it).")
 @click.option("--watch-queue-limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)

@@ -16,15 +16,20 @@ Like the Kubernetes apiserver's watch cache. Per kind, started on the first watc
 
 A watch from revision R gets the ring's events after R when R is inside the ring's window
 (R >= `oldest`, the revision of the last event evicted, or the revision the cache started
-at), and then every later event. Older R: 410 Expired, as for a compacted revision; the
-client relists. The window never reaches below what etcd itself still has: the server checks
-that R was not compacted in etcd before serving it from the ring (see `check_revision`).
+at), and then every later event. An older R that etcd still has (the server checks that R
+was not compacted first, see `check_revision`) rewinds the cache: its store watch starts
+again from R + 1 and the ring is rebuilt from there. Each watcher remembers the last
+event it was offered, as (revision, place among that revision's events: one transaction
+can change several objects), so the replay reaches only watchers that have not had it yet,
+in order. So a restarted server (whose cache starts at the first watch's revision) or a client
+far behind costs a replay from etcd, not a relist; only a compacted R gets 410 Expired.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import sys
 from collections import deque
 from typing import AsyncIterator
 
@@ -35,11 +40,12 @@ from llmgw.server.status import status_body
 log = logging.getLogger("llmgw.server")
 
 _MODIFIED = b'{"type": "MODIFIED"'
+ALL = sys.maxsize     # (R, ALL): every event of revision R and before
 _DELETED = b'{"type": "DELETED"'
 
 
 class Expired(Exception):
-    """The requested revision is not available (compacted in etcd, or older than the ring)."""
+    """The requested revision was compacted in etcd."""
 
 
 def error_line(code: int, reason: str, message: str) -> bytes:
@@ -79,11 +85,12 @@ async def check_revision(store: Store, after: int) -> int:
 class CachedEvent:
     """One change, serialized once; the fields the watchers' filters need."""
 
-    __slots__ = ("type", "revision", "node", "labels", "line", "_as_deleted")
+    __slots__ = ("type", "revision", "position", "node", "labels", "line", "_as_deleted")
 
     def __init__(self, ev: WatchEvent):
         obj = ev.object
         self.type, self.revision = ev.type, ev.revision
+        self.position = (ev.revision, 0)   # (revision, place in it), set by the cache
         self.node = obj.spec.node if obj.kind_plural in K.NODE_SCOPED else None
         self.labels = obj.metadata.labels
         self.line = event_line(ev.type, obj.model_dump(mode="json"), ev.revision)
@@ -101,7 +108,8 @@ class Watcher:
 
     def __init__(self, cache: "KindCache", after: int, node: str | None, selector: Selector | None,
                  limit: int, who: str):
-        self.cache, self.after, self.node, self.selector = cache, after, node, selector
+        self.cache, self.node, self.selector = cache, node, selector
+        self.seen = (after, ALL)  # the position of the last event offered to it
         self.limit, self.who = limit, who
         self.pending: deque[bytes] = deque()
         self.allowance = limit    # the backlog from the ring is allowed on top of the limit
@@ -109,8 +117,8 @@ class Watcher:
         self._waiter: asyncio.Future | None = None
 
     def accept(self, ev: CachedEvent) -> bytes | None:
-        """The line this watcher should get for `ev`, or None."""
-        if ev.revision <= self.after:
+        """The line this watcher should get for `ev`, or None (also when it was offered before)."""
+        if ev.position <= self.seen:
             return None
         if self.node is not None and ev.node != self.node:
             return None
@@ -121,6 +129,7 @@ class Watcher:
     def offer(self, ev: CachedEvent) -> bool:
         """Queue `ev` if it passes the filter; False when the queue is full (the watcher failed)."""
         line = self.accept(ev)
+        self.seen = max(self.seen, ev.position)   # offered: a replay after a rewind skips it
         if line is None or self.error is not None:
             return True
         if len(self.pending) >= self.allowance:
@@ -145,7 +154,7 @@ class Watcher:
 
     def bookmark_revision(self) -> int:
         # Every event up to cache.rev has been offered, and nothing is pending.
-        return max(self.after, self.cache.rev)
+        return max(self.seen[0], self.cache.rev)
 
     async def stream(self, idle: float) -> AsyncIterator[bytes]:
         """Chunks to write: the queued lines (as one chunk), a BOOKMARK after `idle` seconds without
@@ -188,8 +197,10 @@ class KindCache:
         self.ring: deque[CachedEvent] = deque()
         self.oldest = 0   # a watch from R >= oldest is served from the ring
         self.rev = 0      # every event up to this revision has been dispatched
+        self.pos = (0, ALL)  # the position of the last event dispatched
         self._watchers: dict[str | None, set[Watcher]] = {}  # by node; None: every node
         self._task: asyncio.Task | None = None
+        self._retired: set[asyncio.Task] = set()   # pumps cancelled by a rewind, still ending
 
     @property
     def started(self) -> bool:
@@ -202,12 +213,13 @@ class KindCache:
         """Start watching after `revision` (a revision etcd still has), unless already started."""
         if self._task is None:
             self.oldest = self.rev = revision
+            self.pos = (revision, ALL)
             self._task = asyncio.create_task(self._run(), name=f"watch-cache-{self.kind}")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.gather(self._task, *self._retired, return_exceptions=True)
         for w in [w for ws in self._watchers.values() for w in ws]:
             w.fail(503, "ServiceUnavailable", "the server is shutting down; watch again")
         self._watchers.clear()
@@ -215,13 +227,13 @@ class KindCache:
     # ------------------------------------------------------------ watchers
     def subscribe(self, after: int, node: str | None = None, selector: Selector | None = None,
                   who: str = "") -> Watcher:
-        """A watcher of the events after revision `after`; those already in the ring are queued
-        at once. Raises Expired when `after` is older than the ring's window."""
+        """A watcher of the events after revision `after`, which etcd must still have (see
+        `check_revision`); those already in the ring are queued at once. An `after` older than
+        the ring's window rewinds the cache to it."""
         if self._task is None:
             raise RuntimeError("start() the cache before subscribing")
         if after < self.oldest:
-            raise Expired(f"resourceVersion {after} is older than the server's watch cache of {self.kind} "
-                          f"(it starts after {self.oldest}); relist and watch from the list's resourceVersion")
+            self._rewind(after)
         w = Watcher(self, after, node, selector, self.queue_limit, who)
         backlog = []
         for ev in reversed(self.ring):
@@ -232,6 +244,7 @@ class KindCache:
                 backlog.append(line)
         backlog.reverse()
         w.pending.extend(backlog)
+        w.seen = max(w.seen, self.pos)   # every event dispatched has been offered to it
         w.allowance = self.queue_limit + len(backlog)
         self._watchers.setdefault(node, set()).add(w)
         return w
@@ -245,6 +258,8 @@ class KindCache:
 
     # ------------------------------------------------------------ the pump
     def _dispatch(self, ev: CachedEvent) -> None:
+        place = self.pos[1] + 1 if ev.revision == self.pos[0] else 0
+        ev.position = self.pos = (ev.revision, place)
         self.ring.append(ev)
         if len(self.ring) > self.size:
             self.oldest = self.ring.popleft().revision
@@ -261,6 +276,19 @@ class KindCache:
         if ev.revision > self.rev:
             self.rev = ev.revision
 
+    def _rewind(self, after: int) -> None:
+        """Watch etcd again from `after` + 1 and rebuild the ring from there; open watchers keep
+        going (each skips what it was already offered)."""
+        log.info("watch cache of %s rewinds from %d to revision %d for a watch resumed from there",
+                 self.kind, self.oldest, after)
+        self._task.cancel()     # suspended at an await: it dispatches nothing more
+        self._retired.add(self._task)
+        self._task.add_done_callback(self._retired.discard)
+        self.ring.clear()
+        self.oldest = self.rev = after
+        self.pos = (after, ALL)
+        self._task = asyncio.create_task(self._run(), name=f"watch-cache-{self.kind}")
+
     def _rebase(self, revision: int, why: str) -> None:
         """Start over at `revision`: the events in between are lost, so every watcher relists."""
         watchers = [w for ws in self._watchers.values() for w in ws]
@@ -269,6 +297,7 @@ class KindCache:
         self._watchers.clear()
         self.ring.clear()
         self.oldest = self.rev = revision
+        self.pos = (revision, ALL)
         log.warning("watch cache of %s starts over at revision %d (%s); %d open watches relist",
                     self.kind, revision, why, len(watchers))
 
