@@ -10,7 +10,7 @@ Keys: "replicas/<name>" and "shards/<name>" for owned objects, and
   before anything is deleted, so a lagging cache cannot cost a live object.
 - Every option `compact_interval` seconds (default 300) etcd is compacted,
   keeping the last option `compact_keep` revisions (default 10000). etcd's
-  compaction is off by default (DESIGN.md): without this, history grows
+  compaction is off by default (docs/architecture.md, "etcd layout"): without this, history grows
   without bound.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The four kinds: Node, Model, Replica, Shard (see DESIGN.md, "Objects")."""
+"""The four kinds: Node, Model, Replica, Shard (docs/architecture.md, "Objects")."""
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,4 @@
-"""The etcd key layout (DESIGN.md, "etcd layout"): a public interface people watch with etcdctl."""
+"""The etcd key layout (docs/architecture.md, "etcd layout"): a public interface people watch with etcdctl."""
 from __future__ import annotations
 
 ROOT = "/llmgw"
