@@ -148,6 +148,27 @@ class UpdateStrategy(Strict):
         return self
 
 
+class RoutingSpec(Strict):
+    """How the gateway picks one of a model's replicas for a request (docs/gateway.md, Routing)."""
+
+    policy: Literal["least-outstanding", "prefix-hash", "prefix-score"] = Field(
+        "least-outstanding",
+        description="least-outstanding: fewest requests in flight at this gateway. prefix-hash: "
+                    "consistent hashing of the prompt's prefix (or session) with bounded loads; "
+                    "gateways agree without sharing state. prefix-score: a prefix index kept in the "
+                    "gateway weighed against load, within the same load bound.")
+    prefixBytes: int = Field(
+        2048, ge=64, le=65536,
+        description="characters of the rendered prompt that make its prefix key")
+    loadBound: float = Field(
+        1.25, ge=1.0, le=10.0,
+        description="no replica is given a request that would put it past loadBound x the "
+                    "average requests in flight (prefix-hash and prefix-score)")
+    indexBytes: int = Field(
+        8 * 1024 * 1024, ge=65536,
+        description="memory bound of prefix-score's prefix index in this gateway, per model")
+
+
 class ModelSpec(Strict):
     replicas: int = Field(1, ge=0)
     aliases: list[DNSLabel] = Field(default_factory=list)
@@ -157,6 +178,7 @@ class ModelSpec(Strict):
     update: UpdateStrategy = Field(default_factory=UpdateStrategy)
     # How long a replica may stay unplaced before the next profile is tried.
     placementDeadlineSeconds: int = Field(60, ge=1)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
 
 class ModelStatus(Strict):
