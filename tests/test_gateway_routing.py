@@ -98,11 +98,22 @@ def test_a_replica_that_joins_or_leaves_moves_only_its_own_keys():
     assert all(gone[k] == before[k] for k in ks if before[k] != "r1")
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2**64 - 1)), min_size=1, max_size=300),
+def _pick_hashed(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend:
+    return bal.pick_hashed("m", bs, which, c)
+
+
+def _pick_scored(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend:
+    blocks = prefix.key_blocks({"prompt": f"prompt {which} " * 60}, None, 2048)
+    return bal.pick_scored("m", bs, blocks, RoutingSpec(policy="prefix-score", loadBound=c))
+
+
+@pytest.mark.parametrize("pick", [_pick_hashed, _pick_scored])
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2**64 - 1)), min_size=1, max_size=250),
        st.sampled_from([1.0, 1.1, 1.25, 2.0]), st.integers(1, 6))
-def test_chwbl_never_puts_a_replica_past_its_load_bound(ops, c, n):
-    """Whatever the keys (all the same one, too) and whenever requests end."""
+def test_no_replica_is_pushed_past_its_load_bound(pick, ops, c, n):
+    """Whatever the prefixes (few of them: hot spots the bound must spread) and whenever
+    requests end, a pick leaves its replica at most at ceil(c x (in flight + 1) / n)."""
     bs = backends(*(f"r{i}" for i in range(n)))
     bal, held = Balancer(), []
     for finish, key in ops:
@@ -110,7 +121,7 @@ def test_chwbl_never_puts_a_replica_past_its_load_bound(ops, c, n):
             bal.release(held.pop(key % len(held)))
             continue
         total = sum(bal.inflight.values())
-        b = bal.pick_hashed("m", bs, key % 7, c)  # few keys: hot spots the bound must spread
+        b = pick(bal, bs, key % 7, c)
         bal.acquire(b)
         held.append(b)
         assert bal.inflight[b.replica] <= load_bound(total, n, c)
@@ -151,22 +162,6 @@ def test_prefix_score_gives_way_to_load_at_the_bound():
         picks.append(b.replica)
     assert picks[0] == picks[1] and set(picks) == {"r0", "r1"}
     assert max(bal.inflight.values()) <= load_bound(5, 2, SCORE.loadBound)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), min_size=1, max_size=200), st.integers(1, 5))
-def test_prefix_score_never_puts_a_replica_past_its_load_bound(ops, n):
-    bs = backends(*(f"r{i}" for i in range(n)))
-    bal, held = Balancer(), []
-    for finish, which in ops:
-        if finish and held:
-            bal.release(held.pop(which % len(held)))
-            continue
-        total = sum(bal.inflight.values())
-        b = bal.pick_scored("m", bs, prefix.key_blocks({"prompt": f"prompt {which} " * 60}, None, 2048), SCORE)
-        bal.acquire(b)
-        held.append(b)
-        assert bal.inflight[b.replica] <= load_bound(total, n, SCORE.loadBound)
 
 
 # ------------------------------------------------------------------ the index

@@ -3,7 +3,7 @@ policy (prefix-hash, prefix-score; see docs/gateway.md) within a bound on load."
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Collection, Iterable
 
 from llmgw.api import RoutingSpec
 from llmgw.gateway.prefixindex import PrefixIndex
@@ -41,7 +41,7 @@ class Balancer:
         return best[turn % len(best)]
 
     def pick_hashed(self, model: str, backends: list[Backend], key: int, bound: float,
-                    exclude: Iterable[str] = ()) -> Backend | None:
+                    exclude: Collection[str] = ()) -> Backend | None:
         """prefix-hash: the first replica clockwise from `key` on the ring that stays within the
         load bound after taking the request (CHWBL)."""
         held = self._rings.get(model)
@@ -59,7 +59,7 @@ class Balancer:
         return None  # unreachable: some replica is always under the bound
 
     def pick_scored(self, model: str, backends: list[Backend], blocks: list[int], routing: RoutingSpec,
-                    exclude: Iterable[str] = ()) -> Backend | None:
+                    exclude: Collection[str] = ()) -> Backend | None:
         """prefix-score: among the replicas within the load bound, the highest
         (share of the prefix's blocks in the index) - (load / bound); the index then
         records that the choice was sent these blocks."""
