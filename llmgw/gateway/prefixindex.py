@@ -30,17 +30,24 @@ class PrefixIndex:
         """For each replica, how many of the leading blocks it was sent."""
         counts = dict.fromkeys(replicas, 0)
         bits = self._bits
-        alive = 0
+        had = 0
         for r in replicas:
-            alive |= bits.get(r, 0)
+            had |= bits.get(r, 0)
         entries = self._entries
-        for i, h in enumerate(blocks, 1):
-            alive &= entries.get(h, 0)
-            if not alive:
-                break
-            for r in replicas:
-                if alive & bits.get(r, 0):
-                    counts[r] = i
+        n = 0
+        for h in blocks:
+            alive = had & entries.get(h, 0)
+            if alive != had:  # some replicas' runs end at this block
+                for r in replicas:
+                    if had & ~alive & bits.get(r, 0):
+                        counts[r] = n
+                if not alive:
+                    return counts
+                had = alive
+            n += 1
+        for r in replicas:  # matched every block
+            if had & bits.get(r, 0):
+                counts[r] = n
         return counts
 
     def record(self, blocks: Sequence[int], replica: str) -> None:
