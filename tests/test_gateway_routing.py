@@ -240,10 +240,18 @@ async def test_a_conversation_stays_on_one_engine_and_hits_its_cache(engines, po
             assert len(where) == 1
 
 
-def test_least_outstanding_stays_the_default():
+def test_least_outstanding_stays_the_default_and_a_policy_change_is_a_routing_change():
+    def m(routing: dict | None = None) -> Model:
+        spec = {"profiles": [{"engine": "sim"}], **({"routing": routing} if routing else {})}
+        return Model.model_validate({"metadata": {"name": "m"}, "spec": spec})
+
     t = RoutingTable()
-    t.apply("models", "ADDED", Model.model_validate({"metadata": {"name": "m"},
-                                                     "spec": {"profiles": [{"engine": "sim"}]}}))
+    t.apply("models", "ADDED", m())
+    assert t.routing("m") is None
+    assert t.apply("models", "MODIFIED", m({"policy": "prefix-hash", "loadBound": 1.5}))
+    assert (t.routing("m").policy, t.routing("m").loadBound) == ("prefix-hash", 1.5)
+    assert not t.apply("models", "MODIFIED", m({"policy": "prefix-hash", "loadBound": 1.5}))
+    assert t.apply("models", "MODIFIED", m({"policy": "least-outstanding"}))
     assert t.routing("m") is None
     with pytest.raises(ValueError, match="policy"):
         Model.model_validate({"metadata": {"name": "m"},
