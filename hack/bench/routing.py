@@ -25,7 +25,36 @@ throughput_ratio=<best cache-aware tokens/s / least-outstanding tokens/s> hit_ra
 The best cache-aware policy is the one with the lowest TTFT p50 at overload.
 Targets (issue 24): at overload ttft_p50_ratio >= 5 and throughput_ratio >= 1.3;
 at moderate load no cache-aware p99 more than 5% above least-outstanding's; the
-gateway's CPU per request within 1.2x of least-outstanding's.
+gateway's CPU per request within 1.2x of least-outstanding's. It also prints what
+choosing a replica costs per request by each policy (the key and the pick, timed in
+this process), beside the body's parse.
+
+Measured 2026-12-04 on the 2-core development machine, shared with seven other
+helpers' builds and tests (load average 3-7 during the runs), so the latencies are
+noisy; the sim's sleeps, not the CPU, set the service times. Defaults (4 replicas,
+8192-token caches, prefill 0.2 ms/token, decode 2 ms/token/request, 16 running,
+12 system prompts of 1200 words, 64 users, 20% one-off prompts), `--seconds 30`:
+    moderate  10.0 req/s  least-outstanding  ttft p50   64 ms p99   462 ms  e2e p50   103 ms p99   623 ms  156.5 tok/s  hit 0.46
+    moderate  10.0 req/s  prefix-hash        ttft p50   23 ms p99   295 ms  e2e p50    63 ms p99   399 ms  156.7 tok/s  hit 0.74
+    moderate  10.0 req/s  prefix-score       ttft p50   33 ms p99   295 ms  e2e p50    69 ms p99   338 ms  156.7 tok/s  hit 0.71
+    overload  36.0 req/s  least-outstanding  ttft p50 7772 ms p99 17609 ms  e2e p50 10441 ms p99 19369 ms  363.2 tok/s  hit 0.40
+    overload  36.0 req/s  prefix-hash        ttft p50  270 ms p99  1272 ms  e2e p50   894 ms p99  2738 ms  569.8 tok/s  hit 0.68
+    overload  36.0 req/s  prefix-score       ttft p50  750 ms p99  3674 ms  e2e p50  2263 ms p99  5481 ms  512.3 tok/s  hit 0.65
+    prefix-hash: moderate p99 ttft 0.64x e2e 0.64x least-outstanding's; gateway CPU per request 0.86x
+    prefix-score: moderate p99 ttft 0.64x e2e 0.54x least-outstanding's; gateway CPU per request 0.85x
+    selection per request (parse, then key and pick): parse 14.5 us, least-outstanding 0.9 us,
+        prefix-hash 5.4 us, prefix-score 14.3 us
+    routing: ttft_p50_ratio=28.7 throughput_ratio=1.57 hit_rate=0.68
+An earlier run with `--seconds 20`: ttft_p50_ratio=19.0 throughput_ratio=1.58
+hit_rate=0.68 (prefix-hash again the best); at moderate load prefix-hash's e2e p99
+was 1.08x least-outstanding's there (394 against 365 ms, the 2nd-worst of 193
+requests: noise at that count), its TTFT p99 0.91x; gateway CPU per request
+1.04x (prefix-hash) and 0.92x (prefix-score). The gateway's CPU per request
+(1.2-2.3 ms here, mostly relaying 18 server-sent events per request on a loaded
+machine) does not tell the policies apart; what a policy adds is the selection
+line: 4-13 us more than least-outstanding's, against that whole. prefix-score's
+index defaults to 8 MiB per model. Overload TTFT grows with --seconds for
+least-outstanding (its queue grows without bound), so the ratio does too.
 """
 from __future__ import annotations
 
