@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -348,3 +349,104 @@ def test_bad_command_line_says_what_is_wrong(sims):
     sim, _ = single(sims, "--rank", "1")
     assert sim.exit_code() == 2
     assert "--rank 1 is not below --world-size 1" in sim.text()
+
+
+# ------------------------------------------------------------- prefix cache and step model
+
+def post(port: int, body: dict, path: str = "/v1/completions") -> dict:
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=DEADLINE) as r:
+        return json.loads(r.read())
+
+
+def cached(port: int, prompt: str) -> int:
+    usage = post(port, {"model": "llama", "prompt": prompt, "max_tokens": 1})["usage"]
+    assert usage["prompt_tokens"] == len(prompt.split())
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def test_a_repeated_prefix_hits_the_cache_in_whole_blocks(sims):
+    _, port = single(sims, "--block-size", "4", "--kv-cache-tokens", "64")
+    ready(port)
+    prompt = words("a", 10)  # two whole blocks and a partial one (never cached)
+    assert cached(port, prompt) == 0
+    assert cached(port, prompt) == 8
+    assert cached(port, words("a", 5) + " other words here") == 4  # shares the first block only
+    assert cached(port, "x " + prompt) == 0  # a prefix, not any shared run of words
+    chat = {"model": "llama", "max_tokens": 1,
+            "messages": [{"role": "system", "content": words("a", 8)}, {"role": "user", "content": "hi"}]}
+    assert post(port, chat, "/v1/chat/completions")["usage"]["prompt_tokens_details"]["cached_tokens"] == 8
+    assert metric(port, "vllm:prefix_cache_queries_total") == 10 + 10 + 8 + 11 + 9
+    assert metric(port, "vllm:prefix_cache_hits_total") == 8 + 4 + 8
+    urllib.request.urlopen(urllib.request.Request(f"http://{HOST}:{port}/reset_prefix_cache", method="POST"),
+                           timeout=DEADLINE).close()
+    assert cached(port, prompt) == 0
+
+
+def test_the_least_recently_used_blocks_are_evicted_at_capacity(sims):
+    _, port = single(sims, "--block-size", "4", "--kv-cache-tokens", "16")  # four blocks
+    ready(port)
+    a, b, c = words("a", 8), words("b", 8), words("c", 8)
+    assert (cached(port, a), cached(port, b)) == (0, 0)  # the cache is full
+    assert cached(port, a) == 8  # a is now the most recently used
+    assert cached(port, c) == 0  # evicts b, the least recently used
+    assert cached(port, a) == 8
+    assert cached(port, b) == 0
+
+
+def test_kv_cache_tokens_0_caches_nothing(sims):
+    _, port = single(sims, "--kv-cache-tokens", "0")
+    ready(port)
+    prompt = words("a", 40)
+    assert (cached(port, prompt), cached(port, prompt)) == (0, 0)
+
+
+def test_the_step_model_queues_past_max_num_seqs_and_reports_it(sims):
+    _, port = single(sims, "--max-num-seqs", "1", "--decode-ms-per-token", "20", "--block-size", "4")
+    ready(port)
+    prompt = words("a", 8)
+    results: list[dict] = []
+
+    def send() -> None:
+        results.append(post(port, {"model": "llama", "prompt": prompt, "max_tokens": 200}))
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for t in threads:
+        t.start()
+    until(lambda: metric(port, "vllm:num_requests_waiting") == 1, "one request waiting")
+    assert metric(port, "vllm:num_requests_running") == 1
+    assert metric(port, "vllm:kv_cache_usage_perc") > 0
+    for t in threads:
+        t.join(DEADLINE)
+    # The second was admitted after the first had cached the prompt's blocks.
+    assert sorted(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results) == [0, 8]
+    assert [r["usage"]["completion_tokens"] for r in results] == [200, 200]
+    assert (metric(port, "vllm:num_requests_running"), metric(port, "vllm:num_requests_waiting")) == (0, 0)
+    assert metric(port, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_the_step_model_streams_with_usage_through_the_openai_client(sims):
+    _, port = single(sims, "--prefill-ms-per-token", "0.01", "--decode-ms-per-token", "0.01")
+    ready(port)
+    client = openai.OpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="none", max_retries=0)
+    messages = [{"role": "system", "content": words("s", 40)}, {"role": "user", "content": "hello there"}]
+    for expect_cached in (0, 32):  # 42 tokens: two whole blocks of 16 cached the second time
+        chunks = list(client.chat.completions.create(
+            model="llama", messages=messages, max_tokens=5, stream=True,
+            stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).split() == \
+            "lorem ipsum dolor sit amet".split()
+        usage = chunks[-1].usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (42, 5)
+        assert usage.prompt_tokens_details.cached_tokens == expect_cached
+
+
+def test_the_step_model_does_not_go_with_per_request_pacing(sims):
+    sim, _ = single(sims, "--decode-ms-per-token", "1", "--tokens-per-second", "10")
+    assert sim.exit_code() == 2
+    assert "do not go with the step model" in sim.text()

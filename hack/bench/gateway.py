@@ -160,6 +160,17 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to all, then wait for each (killed after 15 s)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 # ------------------------------------------------------------------ load generators
 
 def _turns(urls: list[str], slices: int) -> Iterator[str]:
@@ -377,13 +388,7 @@ def main() -> None:
             # One client, back to back: the hop's own latency, without queueing behind 63 others.
             single = load([engine_url, gw_url], 1, args.seconds, args.max_tokens, args.slice, procs[0].pid)
         finally:
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs)
     direct, via = loaded[engine_url], loaded[gw_url]
     direct1, via1 = single[engine_url], single[gw_url]
     print(f"generator={args.generator} cpus={os.cpu_count()} seconds={args.seconds} slice={args.slice} "

@@ -21,6 +21,8 @@ NodeCount = bounded(1, MAX_NODES)
 GPUCount = bounded(1, MAX_GPUS_PER_NODE)
 Rank = bounded(0, MAX_NODES - 1)
 DeadlineSeconds = bounded(1, MAX_PLACEMENT_DEADLINE_SECONDS)
+PrefixBytes = bounded(64, 65536)
+IndexBytes = bounded(65536, 1 << 40)
 
 
 def _check_source(value: str) -> str:
@@ -178,6 +180,27 @@ class UpdateStrategy(Strict):
         return self
 
 
+class RoutingSpec(Strict):
+    """How the gateway picks one of a model's replicas for a request (docs/gateway.md, Routing)."""
+
+    policy: Literal["least-outstanding", "prefix-hash", "prefix-score"] = Field(
+        "least-outstanding",
+        description="least-outstanding: fewest requests in flight at this gateway. prefix-hash: "
+                    "consistent hashing of the prompt's prefix (or session) with bounded loads; "
+                    "gateways agree without sharing state. prefix-score: a prefix index kept in the "
+                    "gateway weighed against load, within the same load bound.")
+    prefixBytes: PrefixBytes = Field(
+        2048,
+        description="characters of the rendered prompt that make its prefix key")
+    loadBound: float = Field(
+        1.25, ge=1.0, le=10.0, strict=True,
+        description="no replica is given a request that would put it past loadBound x the "
+                    "average requests in flight (prefix-hash and prefix-score)")
+    indexBytes: IndexBytes = Field(
+        8 * 1024 * 1024,
+        description="memory bound of prefix-score's prefix index in this gateway, per model")
+
+
 class ModelSpec(Strict):
     replicas: Replicas = 1
     aliases: list[DNSLabel] = Field(default_factory=list)
@@ -187,6 +210,7 @@ class ModelSpec(Strict):
     update: UpdateStrategy = Field(default_factory=UpdateStrategy)
     # How long a replica may stay unplaced before the next profile is tried.
     placementDeadlineSeconds: DeadlineSeconds = 60
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
 
 class ModelStatus(Strict):

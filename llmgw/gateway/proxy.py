@@ -3,7 +3,8 @@
 A lean HTTP/1.1 server (server.py, httptools' parser) faces the clients; a lean
 keep-alive pool (upstream.py, the same parser) talks to the engines. A request
 is routed by its body's `model` (a model name or an alias) to the replica
-with the fewest outstanding requests. A connection failure before the
+with the fewest outstanding requests, or by the model's cache-aware policy
+(balancer.py, prefix.py). A connection failure before the
 engine's first byte (refused, reset, disconnected before the headers) or a
 503 from the engine is retried once on another replica. Server-sent events
 are relayed chunk by chunk as they arrive, never buffered.
@@ -22,7 +23,7 @@ import time
 from urllib.parse import unquote
 
 from llmgw.api.limits import parse_json
-from llmgw.gateway import errors
+from llmgw.gateway import errors, prefix
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
@@ -206,11 +207,11 @@ class Gateway:
             last = self._failed(model, b, reason, retrying=True)
             tried.append(b.replica)
         for attempt in (1,) if failed is not None else (0, 1):
-            b = self.balancer.pick(model, self.table.backends_for(model) if attempt else backends, tried)
+            b = self._pick(request, body, model, self.table.backends_for(model) if attempt else backends, tried)
             fresh = False
             if b is None and attempt:
                 # No other replica: one more try on the same one, on a fresh connection.
-                b = self.balancer.pick(model, self.table.backends_for(model))
+                b = self._pick(request, body, model, self.table.backends_for(model))
                 fresh = True
             if b is None:
                 break
@@ -224,6 +225,21 @@ class Gateway:
         if not self.table.backends_for(model) or last.endswith(_ENGINE_503):
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
+
+    def _pick(self, request: Request, body: "_Body", model: str, backends: list[Backend],
+              exclude: list[str] | tuple = ()) -> Backend | None:
+        """The replica for this request by its model's policy; the key is made once per request."""
+        routing = self.table.routing(model)
+        if routing is None:
+            return self.balancer.pick(model, backends, exclude)
+        if body.key is None or body.key[0] is not routing:  # (a retry may find the Model changed)
+            header = request.header(prefix.SESSION_HEADER)
+            make = prefix.key_hash if routing.policy == "prefix-hash" else prefix.key_blocks
+            body.key = (routing, make(body.doc, header, routing.prefixBytes))
+        key = body.key[1]
+        if routing.policy == "prefix-hash":
+            return self.balancer.pick_hashed(model, backends, key, routing.loadBound, exclude)
+        return self.balancer.pick_scored(model, backends, key, routing, exclude)
 
     def _failed(self, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
@@ -314,7 +330,7 @@ class Gateway:
         model = self.table.resolve(name)
         if model is None:
             return False
-        b = self.balancer.pick(model, self.table.backends_for(model))
+        b = self._pick(request, body, model, self.table.backends_for(model))
         if b is None:
             return False
         _Exchange(self, request, body, name, model, b, self.pool.idle(b.endpoint))
@@ -456,10 +472,11 @@ def _buffered(length: int | None, sse: bool) -> bool:
 class _Body:
     """The request body, rewritten only for an engine that does not serve the requested name."""
 
-    __slots__ = ("raw", "doc")
+    __slots__ = ("raw", "doc", "key")
 
     def __init__(self, raw: bytes, doc: dict):
         self.raw, self.doc = raw, doc
+        self.key = None  # (routing, key) of a cache-aware policy, once made
 
     def for_backend(self, b: Backend, name: str) -> bytes:
         other = b.upstream_name(name)

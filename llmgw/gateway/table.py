@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.api import Model, Replica
+from llmgw.api import Model, Replica, RoutingSpec
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class _ModelEntry:
     name: str
     aliases: tuple[str, ...]
     created: int = 0
+    routing: RoutingSpec | None = None  # None: least-outstanding
 
 
 @dataclass
@@ -75,7 +76,8 @@ class RoutingTable:
         if type_ == "DELETED":
             return self._forget("models", name)
         created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
-        entry = _ModelEntry(name, tuple(m.spec.aliases), created)
+        routing = m.spec.routing if m.spec.routing.policy != "least-outstanding" else None
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created, routing)
         if self.models.get(name) == entry:
             return False
         self.models[name] = entry
@@ -134,6 +136,11 @@ class RoutingTable:
     def resolve(self, name: str) -> str | None:
         """The model a name or alias belongs to, or None when nobody knows it."""
         return self._names.get(name)
+
+    def routing(self, model: str) -> RoutingSpec | None:
+        """The model's cache-aware routing, or None for least-outstanding."""
+        entry = self.models.get(model)
+        return entry.routing if entry is not None else None
 
     def backends_for(self, model: str) -> list[Backend]:
         return self._by_model.get(model, [])

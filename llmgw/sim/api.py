@@ -11,12 +11,14 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
 from llmgw.sim import tokens
 from llmgw.sim.config import SimConfig
+from llmgw.sim.kvcache import PrefixCache
+from llmgw.sim.scheduler import Scheduler, Seq
 
 DEFAULT_MAX_TOKENS = 16
 JSON = "application/json"
@@ -45,6 +47,14 @@ class SimApi:
         self.crash = crash
         self.names = set(cfg.served_model_names)
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
+        self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens)
+        # The step model when it has a cost; else requests are paced one by one (--ttft-ms,
+        # --tokens-per-second) and never wait for each other.
+        self.scheduler = None
+        if cfg.prefill_ms_per_token or cfg.decode_ms_per_token:
+            self.scheduler = Scheduler(self.cache, cfg.prefill_ms_per_token, cfg.decode_ms_per_token,
+                                       cfg.max_num_seqs)
+        self.held_tokens = 0  # prompt + completion tokens of the requests in flight (paced)
         self.ready = False
         self.draining = False
         self.running = 0
@@ -65,6 +75,7 @@ class SimApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         return app
 
     async def start(self) -> None:
@@ -150,16 +161,32 @@ class SimApi:
 
     async def metrics(self, request: web.Request) -> web.Response:
         label = '{model_name="%s"}' % self.cfg.model
+        sched = self.scheduler
+        running = len(sched.running) if sched else self.running
+        waiting = len(sched.waiting) if sched else 0
+        held = sched.context_tokens if sched else self.held_tokens
+        capacity = self.cache.capacity_blocks * self.cache.block_size
         lines = []
         for name, kind, help_, value in (
-            ("vllm:num_requests_running", "gauge", "Requests being generated.", self.running),
-            ("vllm:num_requests_waiting", "gauge", "Requests waiting (the sim never queues).", 0),
+            ("vllm:num_requests_running", "gauge", "Requests being prefilled or decoded.", running),
+            ("vllm:num_requests_waiting", "gauge", "Requests waiting for a running slot.", waiting),
+            ("vllm:kv_cache_usage_perc", "gauge", "Share of the KV cache the running requests hold "
+             "(1 = full).", min(1.0, held / capacity) if capacity else 0.0),
+            ("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+             self.cache.queries),
+            ("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+             self.cache.hits),
             ("vllm:prompt_tokens_total", "counter", "Prompt tokens processed.", self.prompt_tokens),
             ("vllm:generation_tokens_total", "counter", "Tokens generated.", self.generation_tokens),
             ("vllm:request_success_total", "counter", "Requests finished.", self.succeeded),
         ):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's endpoint of the same name: forget every cached block (the counters stay)."""
+        self.cache.reset()
+        return web.Response(text="OK")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -178,32 +205,49 @@ class SimApi:
                 if not isinstance(messages, list) or not messages:
                     raise _BadRequest(error(400, "messages must be a non-empty list", "BadRequestError"))
                 n = self._max_tokens(body, "max_completion_tokens", "max_tokens")
-                prompt = tokens.count_messages(messages)
+                prompt = tokens.message_tokens(messages)
             else:
                 if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
                     raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
                 n = self._max_tokens(body, "max_tokens")
-                prompt = tokens.count_text(body["prompt"])
+                prompt = tokens.text_tokens(body["prompt"])
         except _BadRequest as bad:
             return bad.response
         self._admit()
+        seq = Seq(prompt, n)
+        if self.scheduler is None:
+            seq.cached = self.cache.admit(prompt)
+        held = len(prompt) + n
         self.running += 1
-        self.prompt_tokens += prompt
+        self.held_tokens += held
+        self.prompt_tokens += len(prompt)
         try:
             if body.get("stream"):
                 options = body.get("stream_options") or {}
                 usage = bool(isinstance(options, dict) and options.get("include_usage"))
-                return await self._stream(request, body["model"], chat, prompt, n, usage)
-            await self.pacer.wait_all(n)
+                return await self._stream(request, body["model"], chat, seq, usage)
+            if self.scheduler is not None:
+                async for _ in self.scheduler.generate(seq):
+                    pass
+            else:
+                await self.pacer.wait_all(n)
             self.generation_tokens += n
             self.succeeded += 1
-            return web.Response(body=json.dumps(self._complete(body["model"], chat, prompt, n)).encode(),
+            return web.Response(body=json.dumps(self._complete(body["model"], chat, seq)).encode(),
                                 content_type=JSON)
         finally:
             self.running -= 1
+            self.held_tokens -= held
 
-    def _complete(self, model: str, chat: bool, prompt: int, n: int) -> dict:
-        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+    def _ticks(self, seq: Seq) -> AsyncIterator[int]:
+        """The indices of a request's tokens, each when it is due."""
+        if self.scheduler is not None:
+            return self.scheduler.generate(seq)
+        return self.pacer.ticks(seq.n)
+
+    def _complete(self, model: str, chat: bool, seq: Seq) -> dict:
+        n = seq.n
+        usage = _usage(seq)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": tokens.text(n)},
                       "logprobs": None, "finish_reason": "length"}
@@ -214,8 +258,9 @@ class SimApi:
         return {"id": self._id(prefix), "object": kind, "created": int(time.time()), "model": model,
                 "choices": [choice], "usage": usage}
 
-    async def _stream(self, request: web.Request, model: str, chat: bool, prompt: int, n: int,
+    async def _stream(self, request: web.Request, model: str, chat: bool, seq: Seq,
                       include_usage: bool) -> web.StreamResponse:
+        n = seq.n
         kind, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
         head = {"id": self._id(prefix), "object": kind, "created": int(time.time()), "model": model}
 
@@ -236,7 +281,7 @@ class SimApi:
         def tail() -> bytes:
             out = b""
             if include_usage:
-                out += chunk([], usage={"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
+                out += chunk([], usage=_usage(seq))
             return out + DONE
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -245,19 +290,30 @@ class SimApi:
         if chat:
             first = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}])
+        ticks = None
         try:
-            if self.pacer.instant:
+            if self.scheduler is None and self.pacer.instant:
                 await response.write(first + b"".join(token_chunk(i) for i in range(n)) + tail())
                 self.generation_tokens += n
             else:
                 if first:
                     await response.write(first)
-                async for i in self.pacer.ticks(n):
+                ticks = self._ticks(seq)
+                async for i in ticks:
                     await response.write(token_chunk(i))
                     self.generation_tokens += 1
                 await response.write(tail())
             await response.write_eof()
         except ConnectionError:
             return response  # the client went away; nothing to finish
+        finally:
+            if ticks is not None:
+                await ticks.aclose()  # a request the client left stops taking a running slot
         self.succeeded += 1
         return response
+
+
+def _usage(seq: Seq) -> dict:
+    prompt, n = len(seq.tokens), seq.n
+    return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+            "prompt_tokens_details": {"cached_tokens": seq.cached}}

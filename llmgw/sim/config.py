@@ -20,6 +20,11 @@ class SimConfig:
     drain_grace: float = 30.0
     fail_after: float | None = None
     crash_on_request: int | None = None
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_token: float = 0.0
+    max_num_seqs: int = 256
+    block_size: int = 16
+    kv_cache_tokens: int = 262144
 
     @property
     def model(self) -> str:
@@ -70,7 +75,32 @@ def parser() -> argparse.ArgumentParser:
                    help="injected failure: exit with status 3 this many seconds after start")
     p.add_argument("--crash-on-request", type=int, metavar="N",
                    help="injected failure: exit with status 3 on receiving the N-th generation request")
+    model = p.add_argument_group(
+        "step model", "a scheduler and prefix cache like vLLM's: a prompt's tokens are its words; "
+        "requests wait for one of --max-num-seqs running slots; each step prefills the uncached "
+        "prompt tokens of the requests it admits and decodes one token of every running request, "
+        "and lasts --prefill-ms-per-token per prefilled token plus --decode-ms-per-token per "
+        "decoding request. Either cost > 0 turns it on (instead of --ttft-ms/--tokens-per-second); "
+        "the prefix cache is used either way")
+    model.add_argument("--prefill-ms-per-token", type=_nonnegative(float), default=0.0, metavar="MS",
+                       help="step time per uncached prompt token, in ms (default: 0)")
+    model.add_argument("--decode-ms-per-token", type=_nonnegative(float), default=0.0, metavar="MS",
+                       help="step time per running request, in ms: each gets one token per step (default: 0)")
+    model.add_argument("--max-num-seqs", type=_positive, default=256, metavar="N",
+                       help="requests running at once; the rest wait (default: 256)")
+    model.add_argument("--block-size", type=_positive, default=16, metavar="N",
+                       help="tokens per prefix-cache block (default: 16)")
+    model.add_argument("--kv-cache-tokens", type=_nonnegative(int), default=262144, metavar="N",
+                       help="prefix-cache capacity in tokens, least recently used blocks evicted "
+                            "first; 0 = no prefix caching (default: 262144)")
     return p
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
 
 
 def parse(argv: list[str]) -> SimConfig:
@@ -84,6 +114,9 @@ def parse(argv: list[str]) -> SimConfig:
         p.error(f"--crash-on-request counts from 1, not {a.crash_on_request}")
     if not 0 <= a.port < 65536:
         p.error(f"--port {a.port} is not a TCP port")
+    if (a.prefill_ms_per_token or a.decode_ms_per_token) and (a.ttft_ms or a.tokens_per_second):
+        p.error("--ttft-ms and --tokens-per-second pace requests one by one; they do not go with "
+                "the step model (--prefill-ms-per-token, --decode-ms-per-token)")
     head_host, dist_port = "", 0
     if a.world_size > 1:
         if not a.dist_init_addr:
@@ -97,4 +130,6 @@ def parse(argv: list[str]) -> SimConfig:
         rank=a.rank, world_size=a.world_size, head_host=head_host, dist_port=dist_port,
         load_seconds=a.load_seconds, tokens_per_second=a.tokens_per_second, ttft_ms=a.ttft_ms,
         drain_grace=a.drain_grace, fail_after=a.fail_after, crash_on_request=a.crash_on_request,
+        prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_token=a.decode_ms_per_token,
+        max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_cache_tokens=a.kv_cache_tokens,
     )

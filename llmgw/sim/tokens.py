@@ -17,27 +17,31 @@ def text(n: int) -> str:
     return "".join(token(i) for i in range(n))
 
 
-def count_text(value) -> int:
-    """Tokens in a prompt: words of a string, items of a token-id list, summed over a list of prompts."""
+def text_tokens(value) -> list:
+    """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
+    string without any is one empty token), the items of a token-id list, those of each prompt
+    of a list of prompts one after the other. The same prompt always gives the same tokens."""
     if isinstance(value, str):
-        return max(1, len(value.split()))
+        return value.split() or [""]
     if isinstance(value, list):
         if value and all(isinstance(v, int) for v in value):
-            return len(value)
-        return sum(count_text(v) for v in value) if value else 0
-    return 0
+            return value
+        return [t for v in value for t in text_tokens(v)]
+    return []
 
 
-def count_messages(messages: list) -> int:
-    total = 0
+def message_tokens(messages: list) -> list:
+    """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
+    out: list = []
     for message in messages:
         if not isinstance(message, dict):
             continue
         content = message.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             content = [part.get("text", "") for part in content if isinstance(part, dict)]
-        total += count_text(content) if content else 0
-    return max(1, total)
+        if content:
+            out += text_tokens(content)
+    return out or [""]
 
 
 class Pacer:
