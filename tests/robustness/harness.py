@@ -27,12 +27,12 @@ from pathlib import Path
 from llmgw.api import Model
 from llmgw.cli.nodes import set_node_spec
 from llmgw.client import Client, ClientConfig
-from llmgw.client.errors import ApiError, Unreachable
+from llmgw.client.errors import ApiError, Expired, Unreachable
 from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import free_port
-from llmgw.store import Store, StoreUnavailable
-from tests.robustness.history import History
+from llmgw.store import Compacted, Store, StoreUnavailable
+from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
 from tests.robustness.recorder import Recorder
 
@@ -161,6 +161,24 @@ class FaultCluster(LocalCluster):
             except AssertionError:
                 self.history.unconverged.append(what)
 
+    async def resume_watch(self, kind: str, revision: int, trigger) -> None:
+        """Watch `kind` after `revision` on etcd and through the server while `trigger()` makes a
+        change; records both outcomes (history.resumes)."""
+        async def first(stream) -> str:
+            try:
+                async for _ in stream:
+                    return "events"
+                return "ended"
+            except (Expired, Compacted):
+                return "Expired"
+            except Exception as err:  # noqa: BLE001 - any other answer is an outcome to report
+                return repr(err)[:120]
+        etcd = asyncio.create_task(first(self.store.watch(kind, from_revision=revision + 1)))
+        server = asyncio.create_task(first(self.api.watch(kind, resource_version=revision)))
+        await trigger()
+        outcomes = await asyncio.wait_for(asyncio.gather(etcd, server), WAIT)
+        self.history.resumes.append(WatchResume(time.monotonic(), revision, *outcomes))
+
     def holds(self, **checks: list[str]) -> None:
         """Assert that every named invariant held (each value: that checker's violations)."""
         broken = {name: v for name, v in checks.items() if v}
@@ -175,9 +193,10 @@ def node_plans(count: int) -> list[NodePlan]:
 
 
 @contextlib.asynccontextmanager
-async def fault_cluster(base: Path, nodes: int = 3, *, etcd_members: int = 1, gpus: int = 2,
+async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_members: int = 1, gpus: int = 2,
                         node_grace: float = 3.0):
-    c = FaultCluster(base / "cluster", node_plans(nodes), gateway_port=free_port(), node_grace=node_grace,
+    plans = node_plans(nodes) if isinstance(nodes, int) else nodes
+    c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
                      drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members)
     try:
         await asyncio.to_thread(c.start)

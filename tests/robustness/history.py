@@ -60,12 +60,13 @@ class Fault:
 
 @dataclass(frozen=True)
 class WatchResume:
-    """A watch resumed through the server at `revision`; `outcome` is "events", "Expired" or an error."""
+    """A watch resumed at `revision`, once on etcd itself and once through the server; each
+    outcome is "events" (the next change came), "Expired" (410 / compacted) or an error."""
 
     t: float
     revision: int
-    compacted_below: int
-    outcome: str
+    etcd: str
+    server: str
 
 
 @dataclass

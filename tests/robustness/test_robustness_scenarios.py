@@ -8,13 +8,16 @@ fails on the invariant its bug breaks (the reason names the case).
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from collections import Counter
 
 import pytest
 
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
-from tests.robustness.harness import fault_cluster
+from tests.robustness.harness import fault_cluster, node_plans
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,3 +51,253 @@ async def test_drain_under_load_loses_no_request(tmp_path):
             end = time.monotonic()
         c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
                 ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+
+
+async def test_rolling_update_under_load_keeps_ready_floor_and_surge(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        old = {r.name for r in await c.replicas("m")}
+        async with c.load(["m"]):
+            start = time.monotonic()
+            await c.set_args("m", ["--tokens-per-second", "400"])
+
+            async def rolled():
+                live = await c.replicas("m")
+                return (len(live) == 2 and not {r.name for r in live} & old
+                        and all(r.status.phase == "Ready" for r in live))
+            await c.wait("m rolled to the new template", rolled)
+            await c.settle({"m": 2})
+            end = time.monotonic()
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
+                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+
+
+async def test_leader_kill_mid_drain_makes_one_replacement(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        victim = (await c.replicas("m"))[0].spec.placement[0].node
+        async with c.load(["m"]):
+            start = time.monotonic()
+            await c.drain(victim)
+
+            async def replacing():
+                return any(DRAINING_REPLACEMENT_FOR in r.metadata.annotations for r in await c.replicas("m"))
+            await c.wait("a drain replacement", replacing)
+            await nemesis.kill_leader(c)
+
+            async def drained():
+                node = await c.store.get("nodes", victim)
+                return node.status.drain is not None and node.status.drain.phase == "Drained"
+            await c.wait(f"{victim} Drained after the leader's death", drained)
+            await c.settle({"m": 2})
+            end = time.monotonic()
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
+                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+
+
+async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        victim = (await c.replicas("m"))[0].spec.placement[0].node
+        before = {e.pid for e in c.engines(victim)}
+        async with c.load(["m"]):
+            nemesis.kill_agent(c, victim)
+            nemesis.restart_agent(c, victim)
+
+            async def adopted():
+                shards = await c.shards(victim)
+                return shards and all(s.status.phase == "Ready" for s in shards) and \
+                    (await c.node_condition(victim, "Ready")) == "True"
+            await c.wait(f"{victim}'s agent back with its shards Ready", adopted)
+            await c.settle({"m": 2})
+        assert {e.pid for e in c.engines(victim)} == before, "the restarted agent did not adopt its engines"
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history))
+
+
+async def test_server_kill_loses_no_request(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        async with c.load(["m"]):
+            nemesis.kill_server(c)
+            await c.apply_model("m2", replicas=1)   # the control plane works again
+            await c.wait_model_ready("m2", 1)
+            await c.settle({"m": 2, "m2": 1})
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history))
+
+
+async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
+    async with fault_cluster(tmp_path, etcd_members=3) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        old = {r.name for r in await c.replicas("m")}
+        async with c.load(["m"]):
+            start = time.monotonic()
+            await c.set_args("m", ["--tokens-per-second", "400"])
+            nemesis.kill_etcd_member(c, 0)
+
+            async def rolled():
+                live = await c.replicas("m")
+                return (len(live) == 2 and not {r.name for r in live} & old
+                        and all(r.status.phase == "Ready" for r in live))
+            await c.wait("m rolled to the new template", rolled)
+            await c.settle({"m": 2})
+            end = time.monotonic()
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
+                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+
+
+# ------------------------------------------------------------------ issue 21's cases
+
+def by_load(replicas: list) -> list[str]:
+    """Nodes hosting replicas, the busiest first."""
+    count = Counter(p.node for r in replicas for p in r.spec.placement)
+    return [n for n, _ in count.most_common()]
+
+
+async def evicted_or(c, nodes: list[str], cond: str):
+    """True once every node in `nodes` has condition `cond` True, or a replica on one is evicted."""
+    if inv.no_eviction(c.history, set(nodes)):
+        return True
+    return all([await c.node_condition(n, cond) == "True" for n in nodes])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 1: a node back after it was declared lost gets "
+                                       "new engines on the GPUs and ports its old engines still hold")
+async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=6)      # every GPU of the cluster
+        await c.wait_model_ready("m", 6)
+        victim = by_load(await c.replicas("m"))[0]
+        nemesis.stop_agent(c, victim)
+
+        async def evicted():
+            return not [r for r in await c.replicas("m") if victim in {p.node for p in r.spec.placement}]
+        await c.wait(f"{victim} declared lost and its replicas evicted", evicted)
+        nemesis.cont_agent(c, victim)
+        await c.settle({"m": 6})
+        c.holds(**common(c, "m", 6))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 2: as a partition heals, the nodes still silent "
+                                       "are evicted the moment the silent share drops to half")
+async def test_staggered_partition_heal_evicts_nothing(tmp_path):
+    async with fault_cluster(tmp_path, nodes=6, node_grace=12.0) as c:
+        await c.apply_model("m", replicas=6)
+        await c.wait_model_ready("m", 6)
+        busiest = by_load(await c.replicas("m"))
+        silent = (busiest + [n.name for n in c.nodes if n.name not in busiest])[:4][::-1]  # busiest heal last
+        async with c.load(["m"]):
+            start = time.monotonic()
+            for n in silent:
+                nemesis.stop_agent(c, n)
+            await c.wait("eviction held back on the partitioned nodes",
+                         lambda: evicted_or(c, silent, "EvictionHeldBack"))
+            for n in silent:
+                nemesis.cont_agent(c, n)
+                await c.wait(f"{n} Ready again", lambda n=n: _is_true(c.node_condition(n, "Ready")))
+                await asyncio.sleep(4.5)   # the heal's schedule: longer than the re-check (grace / 3)
+            await c.settle({"m": 6})
+        c.holds(**common(c, "m", 6), no_eviction=inv.no_eviction(c.history, set(silent), start),
+                no_failed_requests=inv.no_failed_requests(c.history))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 3: exactly half the nodes silent evicts everything")
+async def test_half_silent_evicts_nothing(tmp_path):
+    async with fault_cluster(tmp_path, nodes=6) as c:
+        await c.apply_model("m", replicas=6)
+        await c.wait_model_ready("m", 6)
+        busiest = by_load(await c.replicas("m"))
+        silent = (busiest + [n.name for n in c.nodes if n.name not in busiest])[:3]
+        async with c.load(["m"]):
+            start = time.monotonic()
+            for n in silent:
+                nemesis.stop_agent(c, n)
+            await c.wait("eviction held back on half the nodes",
+                         lambda: evicted_or(c, silent, "EvictionHeldBack"))
+            for n in silent:
+                nemesis.cont_agent(c, n)
+            await c.settle({"m": 6})
+        c.holds(**common(c, "m", 6), no_eviction=inv.no_eviction(c.history, set(silent), start),
+                no_failed_requests=inv.no_failed_requests(c.history))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 4: eviction of a silent node is break-before-make")
+async def test_silent_node_eviction_loses_no_request(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        victim = by_load(await c.replicas("m"))[0]
+        async with c.load(["m"]):
+            nemesis.stop_agent(c, victim)
+
+            async def moved():
+                live = await c.replicas("m")
+                return len(live) == 2 and all(r.status.phase == "Ready" and
+                                              victim not in {p.node for p in r.spec.placement} for r in live)
+            await c.wait(f"m's replicas moved off the silent {victim}", moved)
+            nemesis.cont_agent(c, victim)
+            await c.settle({"m": 2})
+        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 5: the first rebuild after an engine crash waits "
+                                       "the crash-loop backoff (10 s of outage for a single replica)")
+async def test_single_replica_crash_rebuilds_at_once(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=1)
+        await c.wait_model_ready("m", 1)
+        first = (await c.replicas("m"))[0]
+        pid = next(s.status.pid for s in await c.shards() if s.spec.replica == first.name)
+        nemesis.kill_engine(c, pid)
+
+        async def back():
+            live = await c.ready("m")
+            return live and (live[0].name != first.name or live[0].status.restarts > first.status.restarts)
+        await c.wait("m Ready again after the crash", back)
+        await c.settle({"m": 1})
+        c.holds(**common(c, "m", 1), first_rebuild_at_once=inv.first_rebuild_at_once(c.history))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 6: a restarted server answers resumed watches "
+                                       "with 410 though etcd still holds that history")
+async def test_restarted_server_resumes_watches(tmp_path):
+    async with fault_cluster(tmp_path) as c:
+        await c.apply_model("m", replicas=1)
+        await c.wait_model_ready("m", 1)
+        _, rev = await c.api.list("models")
+        nemesis.kill_server(c)
+        await c.resume_watch("models", rev, lambda: c.apply_model("m2", replicas=1))
+        await c.settle({"m": 1, "m2": 1})
+        c.holds(**common(c, "m", 1), watches_resume=inv.watches_resume(c.history))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 case 7: a port taken by a foreign process is given "
+                                       "to shard after shard")
+async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
+    plans = node_plans(2)
+    squatters = []
+    for p in plans:      # a foreign process listens on each node's first engine port
+        s = socket.socket()
+        s.bind((p.address, 30000))
+        s.listen()
+        squatters.append(s)
+    try:
+        async with fault_cluster(tmp_path, plans) as c:
+            await c.apply_model("m", replicas=1)
+
+            async def ready_or_reused():
+                return await c.ready("m") or inv.foreign_port_once(c.history)
+            await c.wait("m Ready (or the foreign port given twice)", ready_or_reused)
+            await c.settle({"m": 1})
+            c.holds(**common(c, "m", 1), foreign_port_once=inv.foreign_port_once(c.history))
+    finally:
+        for s in squatters:
+            s.close()
+
+
+async def _is_true(value) -> bool:
+    return await value == "True"
