@@ -103,16 +103,18 @@ class FaultCluster(LocalCluster):
             "metadata": {"name": name},
             "spec": {"replicas": replicas, "profiles": [{"engine": "sim", "gpusPerNode": 1, "args": args or []}],
                      "update": {"maxSurge": max_surge, "maxUnavailable": max_unavailable}}})
-        _, obj = await self.api.apply(model)
+        _, obj = await self.wait(f"model {name} applied", lambda: self.api.apply(model))
         return obj
 
     async def set_args(self, name: str, args: list[str]) -> None:
-        model = await self.api.get("models", name)
-        model.spec.profiles[0].args = args
-        await self.api.update(model)
+        async def update():
+            model = await self.api.get("models", name)
+            model.spec.profiles[0].args = args
+            return await self.api.update(model)
+        await self.wait(f"model {name} updated", update)
 
     async def drain(self, node: str) -> None:
-        await set_node_spec(self.api, node, unschedulable=True, drain=True)
+        await self.wait(f"{node} drained", lambda: set_node_spec(self.api, node, unschedulable=True, drain=True))
 
     def load(self, models: list[str], concurrency: int = 3) -> Load:
         return Load(self.gateway_url, models, self.history, concurrency)
@@ -125,7 +127,7 @@ class FaultCluster(LocalCluster):
         while time.monotonic() < deadline:
             try:
                 last = await check()
-            except (StoreUnavailable, Unreachable, ApiError) as err:   # a nemesis may be at work
+            except (StoreUnavailable, Unreachable, ApiError) as err:   # a nemesis may be at work: retry
                 last = err
             else:
                 if last:

@@ -6,6 +6,8 @@
     no_orphans             no engine left without its Shard for longer than a bound
     ready_on_own_engine    no shard reported Ready whose engine then could not bind its serve port
                            (the Ready came from another process's answer on that port)
+    ports_free_when_given  no engine found its port taken by another engine of the cluster (a port
+                           booked twice), as its bind failure in the shard's log tail says
     no_failed_requests     every request through the gateway succeeded (inside the given windows)
     no_eviction            no replica on the given nodes evicted or rebuilt as "node lost" after a time
     first_rebuild_at_once  the first failure of a streak is rebuilt without a crash-loop delay
@@ -105,12 +107,28 @@ def ready_on_own_engine(h: History) -> list[str]:
         key = (s.metadata.uid, s.status.startedAt)
         if s.status.phase == "Ready":
             ready.add(key)
-        elif s.status.phase == "Failed" and key in ready:
-            text = " ".join([s.status.message, *s.status.logTail])
-            if any(b in text for b in BIND_FAILED):
-                out.append(f"shard {s.name} on {s.spec.node} was Ready, then its engine could not bind "
-                           f"{s.spec.ports.serve}: the Ready answer came from another process")
-                ready.discard(key)
+        elif key in ready and _bind_failed(s):
+            out.append(f"shard {s.name} on {s.spec.node} was Ready, then its engine could not bind "
+                       f"{s.spec.ports.serve}: the Ready answer came from another process")
+            ready.discard(key)
+    return out
+
+
+def _bind_failed(shard) -> bool:
+    return shard.status.phase == "Failed" and any(
+        b in " ".join([shard.status.message, *shard.status.logTail]) for b in BIND_FAILED)
+
+
+def ports_free_when_given(h: History) -> list[str]:
+    foreign = {(a, p) for s in h.samples for a, p, _ in s.foreign}
+    out, said = [], set()
+    for c in h.ordered("shards"):
+        s = c.obj
+        where = (h.addresses.get(s.spec.node), s.spec.ports.serve)
+        if _bind_failed(s) and where not in foreign and s.metadata.uid not in said:
+            said.add(s.metadata.uid)
+            out.append(f"shard {s.name} on {s.spec.node} was given port {s.spec.ports.serve}, which another "
+                       f"engine held: {s.status.logTail[-1] if s.status.logTail else s.status.message}")
     return out
 
 

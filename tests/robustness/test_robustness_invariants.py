@@ -85,6 +85,17 @@ def test_ready_on_own_engine_reports_a_ready_answered_by_another_process():
     assert not inv.ready_on_own_engine(never_ready)
 
 
+def test_ports_free_when_given_blames_a_port_another_engine_held_not_a_foreign_one():
+    died = shard("m-a-0", "Failed", exitCode=2,
+                 logTail=["cannot bind the serve port 127.0.9.1:30000: [Errno 98] address already in use"])
+    h = History(changes=changes("shards", shard("m-a-0", "Running"), died), addresses={"n1": "127.0.9.1"})
+    assert "was given port 30000, which another engine held" in inv.ports_free_when_given(h)[0]
+    h.samples = [Sample(0.5, (), (("127.0.9.1", 30000, 77),))]
+    assert not inv.ports_free_when_given(h)
+    crashed = shard("m-a-0", "Failed", exitCode=137, message="sim (pid 10) killed by SIGKILL")
+    assert not inv.ports_free_when_given(History(changes=changes("shards", crashed)))
+
+
 def test_no_failed_requests_within_windows():
     h = History(requests=[Request(1.0, 1.1, "m", True), Request(5.0, 5.2, "m", False, "502 upstream")])
     assert "1 of 2 requests failed" in inv.no_failed_requests(h)[0]

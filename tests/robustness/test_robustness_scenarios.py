@@ -31,6 +31,7 @@ def common(c, model: str, replicas: int, max_surge: int = 1) -> dict:
             "surge_bound": inv.surge_bound(h, model, replicas, max_surge),
             "no_orphans": inv.no_orphans(h, ORPHAN_BOUND),
             "ready_on_own_engine": inv.ready_on_own_engine(h),
+            "ports_free_when_given": inv.ports_free_when_given(h),
             "converged": inv.converged(h)}
 
 
