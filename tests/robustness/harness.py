@@ -7,7 +7,7 @@ store, an admin client, the recorder, the load and the conditions the scenarios 
         async with c.load(["m"]):
             nemesis.kill_agent(c, "n1") ...
         await c.settle({"m": 2})
-        c.holds(invariants.no_failed_requests(c.history), ...)
+        c.holds(no_failed_requests=invariants.no_failed_requests(c.history), ...)
 
 Nodes get addresses in a loopback /24 of their own (127.0.<random>.N), so engines of two
 clusters on one machine (two test sessions) never share an address, and the recorder can
@@ -37,6 +37,10 @@ from tests.robustness.load import Load
 from tests.robustness.recorder import Recorder
 
 WAIT = 120.0          # bound of every condition wait (s): generous, the machine is shared
+
+
+class InvariantViolated(AssertionError):
+    """An invariant did not hold over the history (a wait that timed out is a plain AssertionError)."""
 
 
 @dataclass
@@ -116,6 +120,11 @@ class FaultCluster(LocalCluster):
     async def drain(self, node: str) -> None:
         await self.wait(f"{node} drained", lambda: set_node_spec(self.api, node, unschedulable=True, drain=True))
 
+    async def cordon(self, node: str, on: bool) -> None:
+        """`llmgw cordon` (on) or `uncordon` (off)."""
+        changes = {"unschedulable": True} if on else {"unschedulable": False, "drain": False}
+        await self.wait(f"{node} cordoned={on}", lambda: set_node_spec(self.api, node, **changes))
+
     def load(self, models: list[str], concurrency: int = 3) -> Load:
         return Load(self.gateway_url, models, self.history, concurrency)
 
@@ -186,7 +195,7 @@ class FaultCluster(LocalCluster):
         broken = {name: v for name, v in checks.items() if v}
         if broken:
             lines = [f"{name}: {v}" for name, found in broken.items() for v in found[:5]]
-            raise AssertionError(f"invariants violated ({self.history.summary()}):\n" + "\n".join(lines))
+            raise InvariantViolated(f"invariants violated ({self.history.summary()}):\n" + "\n".join(lines))
 
 
 def node_plans(count: int) -> list[NodePlan]:

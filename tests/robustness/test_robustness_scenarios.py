@@ -17,11 +17,16 @@ import pytest
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
-from tests.robustness.harness import fault_cluster, node_plans
+from tests.robustness.harness import InvariantViolated, fault_cluster, node_plans
 
 pytestmark = pytest.mark.timeout(600)
 
 ORPHAN_BOUND = 30.0   # s an engine may outlive its shard: drain delay + stop grace + a loaded machine
+
+
+def known(reason: str):
+    """An issue 21 case not fixed yet: it must fail, and on an invariant (not on a wait's bound)."""
+    return pytest.mark.xfail(strict=True, raises=InvariantViolated, reason=reason)
 
 
 def common(c, model: str, replicas: int, max_surge: int = 1) -> dict:
@@ -166,7 +171,7 @@ async def evicted_or(c, nodes: list[str], cond: str):
     return all([await c.node_condition(n, cond) == "True" for n in nodes])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 1: a node back after it was declared lost gets "
+@known(reason="issue 21 case 1: a node back after it was declared lost gets "
                                        "new engines on the GPUs and ports its old engines still hold")
 async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
     async with fault_cluster(tmp_path) as c:
@@ -183,7 +188,7 @@ async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
         c.holds(**common(c, "m", 6))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 2: as a partition heals, the nodes still silent "
+@known(reason="issue 21 case 2: as a partition heals, the nodes still silent "
                                        "are evicted the moment the silent share drops to half")
 async def test_staggered_partition_heal_evicts_nothing(tmp_path):
     async with fault_cluster(tmp_path, nodes=6, node_grace=12.0) as c:
@@ -206,7 +211,7 @@ async def test_staggered_partition_heal_evicts_nothing(tmp_path):
                 no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 3: exactly half the nodes silent evicts everything")
+@known(reason="issue 21 case 3: exactly half the nodes silent evicts everything")
 async def test_half_silent_evicts_nothing(tmp_path):
     async with fault_cluster(tmp_path, nodes=6) as c:
         await c.apply_model("m", replicas=6)
@@ -226,26 +231,25 @@ async def test_half_silent_evicts_nothing(tmp_path):
                 no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 4: eviction of a silent node is break-before-make")
+@known(reason="issue 21 case 4: eviction of a silent node is break-before-make")
 async def test_silent_node_eviction_loses_no_request(tmp_path):
     async with fault_cluster(tmp_path) as c:
-        await c.apply_model("m", replicas=2)
-        await c.wait_model_ready("m", 2)
+        await c.apply_model("m", replicas=1)     # its one replica on the node that goes silent
+        await c.wait_model_ready("m", 1)
         victim = by_load(await c.replicas("m"))[0]
         async with c.load(["m"]):
-            nemesis.stop_agent(c, victim)
+            nemesis.stop_agent(c, victim)   # the engine serves on: a replacement can be made before the break
 
             async def moved():
-                live = await c.replicas("m")
-                return len(live) == 2 and all(r.status.phase == "Ready" and
-                                              victim not in {p.node for p in r.spec.placement} for r in live)
-            await c.wait(f"m's replicas moved off the silent {victim}", moved)
+                live = await c.ready("m")
+                return live and victim not in {p.node for p in live[0].spec.placement}
+            await c.wait(f"m moved off the silent {victim}", moved)
             nemesis.cont_agent(c, victim)
-            await c.settle({"m": 2})
-        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history))
+            await c.settle({"m": 1})
+        c.holds(**common(c, "m", 1), no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 5: the first rebuild after an engine crash waits "
+@known(reason="issue 21 case 5: the first rebuild after an engine crash waits "
                                        "the crash-loop backoff (10 s of outage for a single replica)")
 async def test_single_replica_crash_rebuilds_at_once(tmp_path):
     async with fault_cluster(tmp_path) as c:
@@ -263,20 +267,26 @@ async def test_single_replica_crash_rebuilds_at_once(tmp_path):
         c.holds(**common(c, "m", 1), first_rebuild_at_once=inv.first_rebuild_at_once(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 6: a restarted server answers resumed watches "
+@known(reason="issue 21 case 6: a restarted server answers resumed watches "
                                        "with 410 though etcd still holds that history")
 async def test_restarted_server_resumes_watches(tmp_path):
     async with fault_cluster(tmp_path) as c:
         await c.apply_model("m", replicas=1)
         await c.wait_model_ready("m", 1)
-        _, rev = await c.api.list("models")
+        _, before = await c.api.list("nodes")
         nemesis.kill_server(c)
-        await c.resume_watch("models", rev, lambda: c.apply_model("m2", replicas=1))
-        await c.settle({"m": 1, "m2": 1})
+        await c.cordon("n1", True)
+        _, now = await c.api.list("nodes")
+        # Nodes, which no component watches through the server: the test's watches are its
+        # first. One that listed after the restart watches first (it starts the server's cache
+        # of nodes); then one resumes from before the restart, as every informer does.
+        await c.resume_watch("nodes", now, lambda: c.cordon("n1", False))
+        await c.resume_watch("nodes", before, lambda: c.cordon("n2", True))
+        await c.settle({"m": 1})
         c.holds(**common(c, "m", 1), watches_resume=inv.watches_resume(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 case 7: a port taken by a foreign process is given "
+@known(reason="issue 21 case 7: a port taken by a foreign process is given "
                                        "to shard after shard")
 async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
     plans = node_plans(2)
@@ -293,7 +303,8 @@ async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
             async def ready_or_reused():
                 return await c.ready("m") or inv.foreign_port_once(c.history)
             await c.wait("m Ready (or the foreign port given twice)", ready_or_reused)
-            await c.settle({"m": 1})
+            if not inv.foreign_port_once(c.history):
+                await c.settle({"m": 1})
             c.holds(**common(c, "m", 1), foreign_port_once=inv.foreign_port_once(c.history))
     finally:
         for s in squatters:

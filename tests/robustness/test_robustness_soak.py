@@ -25,7 +25,6 @@ import time
 
 import pytest
 
-from llmgw.cli.nodes import set_node_spec
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.harness import fault_cluster
@@ -45,7 +44,7 @@ async def _drain_and_back(c, rng) -> str:
         n = await c.store.get("nodes", node)
         return n.status.drain is not None and n.status.drain.phase == "Drained"
     await c.wait(f"{node} Drained", drained)
-    await c.wait(f"{node} uncordoned", lambda: set_node_spec(c.api, node, unschedulable=False, drain=False))
+    await c.cordon(node, False)
     return f"drain {node}"
 
 
