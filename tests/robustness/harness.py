@@ -151,6 +151,20 @@ class FaultCluster(LocalCluster):
             return len(live) == replicas and all(r.status.phase == "Ready" for r in live)
         await self.wait(f"{replicas} Ready replicas of {model}", done, timeout)
 
+    async def wait_drained(self, node: str) -> None:
+        async def drained():
+            n = await self.store.get("nodes", node)
+            return n.status.drain is not None and n.status.drain.phase == "Drained"
+        await self.wait(f"{node} Drained", drained)
+
+    async def wait_rolled(self, model: str, old: set[str], replicas: int) -> None:
+        """Until `replicas` replicas, none of them in `old`, are all Ready."""
+        async def rolled():
+            live = await self.replicas(model)
+            return (len(live) == replicas and not {r.name for r in live} & old
+                    and all(r.status.phase == "Ready" for r in live))
+        await self.wait(f"{model} rolled to its new template", rolled)
+
     async def settle(self, models: dict[str, int], timeout: float = WAIT) -> None:
         """Wait until every model has exactly its replicas, all Ready, and every engine has its shard;
         what is not reached within `timeout` is written into history.unconverged."""

@@ -40,6 +40,12 @@ def common(c, model: str, replicas: int, max_surge: int = 1) -> dict:
             "converged": inv.converged(h)}
 
 
+def serving(c, model: str, replicas: int, start: float, end: float) -> dict:
+    """The common invariants, and: no request failed, and from start to end no fewer than all Ready."""
+    return {**common(c, model, replicas), "no_failed_requests": inv.no_failed_requests(c.history),
+            "ready_floor": inv.ready_floor(c.history, model, replicas, [(start, end)])}
+
+
 async def test_drain_under_load_loses_no_request(tmp_path):
     async with fault_cluster(tmp_path) as c:
         await c.apply_model("m", replicas=2)
@@ -48,15 +54,10 @@ async def test_drain_under_load_loses_no_request(tmp_path):
         async with c.load(["m"]):
             start = time.monotonic()
             await c.drain(victim)
-
-            async def drained():
-                node = await c.store.get("nodes", victim)
-                return node.status.drain is not None and node.status.drain.phase == "Drained"
-            await c.wait(f"{victim} Drained", drained)
+            await c.wait_drained(victim)
             await c.settle({"m": 2})
             end = time.monotonic()
-        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
-                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+        c.holds(**serving(c, "m", 2, start, end))
 
 
 async def test_rolling_update_under_load_keeps_ready_floor_and_surge(tmp_path):
@@ -67,16 +68,10 @@ async def test_rolling_update_under_load_keeps_ready_floor_and_surge(tmp_path):
         async with c.load(["m"]):
             start = time.monotonic()
             await c.set_args("m", ["--tokens-per-second", "400"])
-
-            async def rolled():
-                live = await c.replicas("m")
-                return (len(live) == 2 and not {r.name for r in live} & old
-                        and all(r.status.phase == "Ready" for r in live))
-            await c.wait("m rolled to the new template", rolled)
+            await c.wait_rolled("m", old, 2)
             await c.settle({"m": 2})
             end = time.monotonic()
-        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
-                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+        c.holds(**serving(c, "m", 2, start, end))
 
 
 async def test_leader_kill_mid_drain_makes_one_replacement(tmp_path):
@@ -92,15 +87,10 @@ async def test_leader_kill_mid_drain_makes_one_replacement(tmp_path):
                 return any(DRAINING_REPLACEMENT_FOR in r.metadata.annotations for r in await c.replicas("m"))
             await c.wait("a drain replacement", replacing)
             await nemesis.kill_leader(c)
-
-            async def drained():
-                node = await c.store.get("nodes", victim)
-                return node.status.drain is not None and node.status.drain.phase == "Drained"
-            await c.wait(f"{victim} Drained after the leader's death", drained)
+            await c.wait_drained(victim)
             await c.settle({"m": 2})
             end = time.monotonic()
-        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
-                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+        c.holds(**serving(c, "m", 2, start, end))
 
 
 async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
@@ -144,16 +134,10 @@ async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
             start = time.monotonic()
             await c.set_args("m", ["--tokens-per-second", "400"])
             nemesis.kill_etcd_member(c, 0)
-
-            async def rolled():
-                live = await c.replicas("m")
-                return (len(live) == 2 and not {r.name for r in live} & old
-                        and all(r.status.phase == "Ready" for r in live))
-            await c.wait("m rolled to the new template", rolled)
+            await c.wait_rolled("m", old, 2)
             await c.settle({"m": 2})
             end = time.monotonic()
-        c.holds(**common(c, "m", 2), no_failed_requests=inv.no_failed_requests(c.history),
-                ready_floor=inv.ready_floor(c.history, "m", 2, [(start, end)]))
+        c.holds(**serving(c, "m", 2, start, end))
 
 
 # ------------------------------------------------------------------ issue 21's cases

@@ -39,11 +39,7 @@ MODELS = {"m": 2, "s": 1}
 async def _drain_and_back(c, rng) -> str:
     node = rng.choice(sorted({p.node for r in await c.replicas("m") for p in r.spec.placement}))
     await c.drain(node)
-
-    async def drained():
-        n = await c.store.get("nodes", node)
-        return n.status.drain is not None and n.status.drain.phase == "Drained"
-    await c.wait(f"{node} Drained", drained)
+    await c.wait_drained(node)
     await c.cordon(node, False)
     return f"drain {node}"
 
