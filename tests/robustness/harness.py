@@ -151,6 +151,12 @@ class FaultCluster(LocalCluster):
             return len(live) == replicas and all(r.status.phase == "Ready" for r in live)
         await self.wait(f"{replicas} Ready replicas of {model}", done, timeout)
 
+    async def wait_serving(self, model: str, which, what: str) -> None:
+        """Until a Ready replica of `model` satisfies `which(replica)`."""
+        async def found():
+            return any(which(r) for r in await self.ready(model))
+        await self.wait(what, found)
+
     async def wait_drained(self, node: str) -> None:
         async def drained():
             n = await self.store.get("nodes", node)

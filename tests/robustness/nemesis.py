@@ -7,7 +7,8 @@
                                               a fresh one is started so two stay in the race
     kill_server                               SIGKILL the API server and start it on the same port
     kill_etcd_member                          SIGKILL one etcd member and start it again on its data
-    partition_heal                            SIGSTOP several agents, then SIGCONT them one by one
+    partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
+                                              each an interval after the last is Ready again
 """
 from __future__ import annotations
 
@@ -105,11 +106,16 @@ def kill_etcd_member(c, index: int) -> None:
 
 
 async def partition_heal(c, nodes: list[str], held, interval: float) -> None:
-    """SIGSTOP the agents of `nodes`; once `held()` is true, SIGCONT them one by one, `interval` apart."""
+    """SIGSTOP the agents of `nodes`; once `held()` is true, SIGCONT them one by one in that order,
+    each `interval` after the one before was seen Ready again."""
     for n in nodes:
         stop_agent(c, n)
-    await c.wait(f"the partition of {nodes} noticed", held, timeout=120)
-    for i, n in enumerate(nodes):
-        if i:
-            await asyncio.sleep(interval)    # the schedule of the heal, not a synchronisation
+    await c.wait(f"the partition of {nodes} noticed", held)
+    for n in nodes:
         cont_agent(c, n)
+        await c.wait(f"{n} Ready again", lambda n=n: _ready(c, n))
+        await asyncio.sleep(interval)    # the heal's schedule, not a synchronisation
+
+
+async def _ready(c, node: str) -> bool:
+    return await c.node_condition(node, "Ready") == "True"
