@@ -75,11 +75,14 @@ def cont_engine(c, pid: int) -> None:
 
 
 async def kill_leader(c) -> str:
-    """SIGKILL the leading controller-manager; returns its process name."""
-    holder = (await c.store.leader("controller-manager") or {}).get("holder", "")
-    pid = int(holder.rsplit("-", 1)[1]) if holder else 0
-    name = next((n for n, p in c.procs.items() if p.pid == pid and "controller-manager" in n), None)
-    assert name, f"no controller-manager of this cluster holds the leader key ({holder!r})"
+    """SIGKILL the leading controller-manager (once a live one holds the key: a killed leader's
+    lease outlives it by up to the lease time); returns its process name."""
+    async def live_leader():
+        holder = (await c.store.leader("controller-manager") or {}).get("holder", "")
+        pid = int(holder.rsplit("-", 1)[1]) if holder else 0
+        return next((n for n, p in c.procs.items()
+                     if p.pid == pid and n.startswith("controller-manager") and p.poll() is None), None)
+    name = await c.wait("a live controller-manager holding the leader key", live_leader)
     c.stop_process(name, signal.SIGKILL)
     c.procs[f"stopped:{name}"] = c.procs.pop(name)
     _fault(c, "kill-leader", name)
