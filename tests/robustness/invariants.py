@@ -1,7 +1,8 @@
 """Invariant checkers: pure functions over a History; each returns its violations (empty: it held).
 
     exclusive_engines      never a GPU or a port claimed by two live engines of a node at once
-    surge_bound            never more than replicas + maxSurge replicas of a model (not being deleted)
+    surge_bound            never more than replicas + maxSurge replicas of a model (not being deleted,
+                           nor replaced by a drain)
     ready_floor            never fewer Ready than replicas - maxUnavailable inside the given windows
     no_orphans             no engine left without its Shard for longer than a bound
     ready_on_own_engine    no shard reported Ready whose engine then could not bind its serve port
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from llmgw.api import get_condition
-from llmgw.runtime.annotations import EVICT
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.robustness.history import History
 
 BIND_FAILED = ("cannot bind the serve port", "address already in use")
@@ -48,9 +49,13 @@ def exclusive_engines(h: History) -> list[str]:
 
 
 def surge_bound(h: History, model: str, replicas: int, max_surge: int) -> list[str]:
+    """An original a drain replacement stands in for is not counted: a drain moves a replica
+    make-before-break on its own budget (llmgw/runtime/annotations.py)."""
     out = []
     for c, live in h.states("replicas"):
         mine = [r for r in live.values() if r.spec.model == model and r.metadata.deletionTimestamp is None]
+        replaced = {r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) for r in mine}
+        mine = [r for r in mine if r.name not in replaced]
         if len(mine) > replicas + max_surge:
             out.append(f"revision {c.revision}: {len(mine)} replicas of {model} "
                        f"(more than {replicas} + maxSurge {max_surge}): {sorted(r.name for r in mine)}")

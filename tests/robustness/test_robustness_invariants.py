@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from llmgw.api import Replica, Shard
-from llmgw.runtime.annotations import EVICT
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.robustness import invariants as inv
 from tests.robustness.history import Change, Engine, History, Request, Sample, WatchResume
 
@@ -55,6 +55,9 @@ def test_surge_bound_counts_replicas_not_being_deleted():
     going = History(changes=changes("replicas", replica("a"), replica("b"), replica("c", deleting=True),
                                     replica("d")))
     assert not inv.surge_bound(going, "m", replicas=2, max_surge=1)
+    drained = History(changes=changes("replicas", replica("a"), replica("b"), replica("c"),
+                                      replica("d", annotations={DRAINING_REPLACEMENT_FOR: "a"})))
+    assert not inv.surge_bound(drained, "m", replicas=2, max_surge=1)
 
 
 def test_ready_floor_only_inside_its_windows():

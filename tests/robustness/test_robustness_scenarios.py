@@ -122,6 +122,10 @@ async def test_server_kill_loses_no_request(tmp_path):
         await c.wait_model_ready("m2", 1)
 
 
+@pytest.mark.xfail(strict=False, raises=InvariantViolated, reason=(
+    "found by this suite, intermittent (1 run in 9): after an etcd member is killed mid-update the "
+    "model controller once had 2 new replicas beside the 2 old ones (surge 2 > maxSurge 1): a create "
+    "retried after an ambiguous etcd failure?"))
 async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
     async with under_load(tmp_path, etcd_members=3) as c:
         old = {r.name for r in await c.replicas("m")}
