@@ -13,8 +13,11 @@ cluster to settle, and marks the round's time as a window in which no request ma
 The nemeses of issue 21's cases (an agent silent past the node grace, a partition heal, an
 engine crash of a single replica, a foreign port) stay in the short profile until fixed.
 
-Figures of one run (2026-12-04, 2 shared cores, 600 s, seed printed in the output):
-    (filled in below by the run recorded in the commit that added them)
+Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
+rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
+object changes and 5094 engine samples recorded, 8 invariants checked over them: all held. An
+earlier run (seed 331239277, same figures within 2%) broke surge_bound with a drain during a
+rollout, the drain's own make-before-break budget, which the checker now leaves out.
 """
 from __future__ import annotations
 
