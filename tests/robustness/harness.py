@@ -1,0 +1,252 @@
+"""A fault-injection cluster: llmgw.dev's LocalCluster (every component a real process) plus a
+store, an admin client, the recorder, the load and the conditions the scenarios wait on.
+
+    async with fault_cluster(tmp_path, nodes=3, etcd_members=1) as c:
+        await c.apply_model("m", replicas=2)
+        await c.wait_model_ready("m", 2)
+        async with c.load(["m"]):
+            nemesis.kill_agent(c, "n1") ...
+        await c.settle({"m": 2})
+        c.holds(no_failed_requests=invariants.no_failed_requests(c.history), ...)
+
+Nodes get addresses in a loopback /24 of their own (127.0.<random>.N), so engines of two
+clusters on one machine (two test sessions) never share an address, and the recorder can
+tell a foreign listener on a node's address from everything else.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmgw.api import Model
+from llmgw.cli.nodes import set_node_spec
+from llmgw.client import Client, ClientConfig
+from llmgw.client.errors import ApiError, Expired, Unreachable
+from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import free_port
+from llmgw.store import Compacted, Store, StoreUnavailable
+from tests.robustness.history import History, WatchResume
+from tests.robustness.load import Load
+from tests.robustness.recorder import Recorder
+
+WAIT = 120.0          # bound of every condition wait (s): generous, the machine is shared
+
+
+class InvariantViolated(AssertionError):
+    """An invariant did not hold over the history (a wait that timed out is a plain AssertionError)."""
+
+
+@dataclass
+class FaultCluster(LocalCluster):
+    etcd_members: int = 1
+    managers: int = 2
+    managers_started: int = 0
+    history: History = field(default_factory=History)
+    store: Store | None = None
+    api: Client | None = None
+
+    def start(self) -> "FaultCluster":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self._pki()
+        self.etcd = etcd_cluster(self.dir / "etcd", self.etcd_members).start()
+        self.start_server()
+        self.wait_server()
+        for _ in range(self.managers):
+            self.managers_started += 1
+            self.start_controller_manager(f"controller-manager-{self.managers_started}")
+        self.start_gateway()
+        for n in self.nodes:
+            self.start_agent(n)
+        self.wait_http(f"{self.gateway_url}/healthz", "gateway")
+        self.history.addresses = {n.name: n.address for n in self.nodes}
+        return self
+
+    def stop(self) -> None:
+        for pid in marked_pids(self.dir):      # a SIGSTOPped process would sit out its SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        super().stop()
+
+    def restart_etcd_member(self, m) -> None:
+        peers = ",".join(f"{x.name}={x.peer_url}" for x in self.etcd.members)
+        self.etcd._spawn(m, peers)          # its data dir is kept: it rejoins as itself
+        self.etcd._wait_ready(m, WAIT)
+
+    # ------------------------------------------------------------ reading
+    async def replicas(self, model: str) -> list:
+        items, _ = await self.store.list("replicas")
+        return [r for r in items if r.spec.model == model and r.metadata.deletionTimestamp is None]
+
+    async def shards(self, node: str | None = None) -> list:
+        items, _ = await self.store.list("shards", node=node)
+        return items
+
+    async def ready(self, model: str) -> list:
+        return [r for r in await self.replicas(model) if r.status.phase == "Ready"]
+
+    def engines(self, node: str | None = None) -> list:
+        """The engines the sampler sees now."""
+        return [e for e in self.recorder.sample().engines if node is None or e.node == node]
+
+    async def node_condition(self, node: str, type_: str) -> str | None:
+        n = await self.store.get("nodes", node)
+        return next((c.status for c in n.status.conditions if c.type == type_), None)
+
+    # ------------------------------------------------------------ acting
+    async def apply_model(self, name: str, replicas: int, args: list[str] | None = None,
+                          max_surge: int = 1, max_unavailable: int = 0) -> Model:
+        model = Model.model_validate({
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas, "profiles": [{"engine": "sim", "gpusPerNode": 1, "args": args or []}],
+                     "update": {"maxSurge": max_surge, "maxUnavailable": max_unavailable}}})
+        _, obj = await self.wait(f"model {name} applied", lambda: self.api.apply(model))
+        return obj
+
+    async def set_args(self, name: str, args: list[str]) -> None:
+        async def update():
+            model = await self.api.get("models", name)
+            model.spec.profiles[0].args = args
+            return await self.api.update(model)
+        await self.wait(f"model {name} updated", update)
+
+    async def drain(self, node: str) -> None:
+        await self.wait(f"{node} drained", lambda: set_node_spec(self.api, node, unschedulable=True, drain=True))
+
+    async def cordon(self, node: str, on: bool) -> None:
+        """`llmgw cordon` (on) or `uncordon` (off)."""
+        changes = {"unschedulable": True} if on else {"unschedulable": False, "drain": False}
+        await self.wait(f"{node} cordoned={on}", lambda: set_node_spec(self.api, node, **changes))
+
+    def load(self, models: list[str], concurrency: int = 3) -> Load:
+        return Load(self.gateway_url, models, self.history, concurrency)
+
+    # ------------------------------------------------------------ waiting
+    async def wait(self, what: str, check, timeout: float = WAIT, interval: float = 0.3):
+        """Poll the async `check` until it returns something true; AssertionError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = await check()
+            except (StoreUnavailable, Unreachable, ApiError) as err:   # a nemesis may be at work: retry
+                last = err
+            else:
+                if last:
+                    return last
+            await asyncio.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r}); "
+                             f"history: {self.history.summary()}")
+
+    async def wait_model_ready(self, model: str, replicas: int, timeout: float = WAIT) -> None:
+        async def done():
+            live = await self.replicas(model)
+            return len(live) == replicas and all(r.status.phase == "Ready" for r in live)
+        await self.wait(f"{replicas} Ready replicas of {model}", done, timeout)
+
+    async def wait_serving(self, model: str, which, what: str) -> None:
+        """Until a Ready replica of `model` satisfies `which(replica)`."""
+        async def found():
+            return any(which(r) for r in await self.ready(model))
+        await self.wait(what, found)
+
+    async def wait_drained(self, node: str) -> None:
+        async def drained():
+            n = await self.store.get("nodes", node)
+            return n.status.drain is not None and n.status.drain.phase == "Drained"
+        await self.wait(f"{node} Drained", drained)
+
+    async def wait_rolled(self, model: str, old: set[str], replicas: int) -> None:
+        """Until `replicas` replicas, none of them in `old`, are all Ready."""
+        async def rolled():
+            live = await self.replicas(model)
+            return (len(live) == replicas and not {r.name for r in live} & old
+                    and all(r.status.phase == "Ready" for r in live))
+        await self.wait(f"{model} rolled to its new template", rolled)
+
+    async def settle(self, models: dict[str, int], timeout: float = WAIT) -> None:
+        """Wait until every model has exactly its replicas, all Ready, and every engine has its shard;
+        what is not reached within `timeout` is written into history.unconverged."""
+        async def ready():
+            for model, n in models.items():
+                live = await self.replicas(model)
+                if len(live) != n or any(r.status.phase != "Ready" for r in live):
+                    return False
+            return True
+
+        async def no_orphan():
+            shards = await self.shards()
+            serving = {(s.spec.node, s.spec.ports.serve) for s in shards}
+            return all(any((e.node, p) in serving for p in e.ports) for e in self.engines())
+
+        for what, check in (("every model Ready", ready), ("every engine owned by a shard", no_orphan)):
+            try:
+                await self.wait(what, check, timeout)
+            except AssertionError:
+                self.history.unconverged.append(what)
+
+    async def resume_watch(self, kind: str, revision: int, trigger) -> None:
+        """Watch `kind` after `revision` on etcd and through the server while `trigger()` makes a
+        change; records both outcomes (history.resumes)."""
+        async def first(stream) -> str:
+            try:
+                async for _ in stream:
+                    return "events"
+                return "ended"
+            except (Expired, Compacted):
+                return "Expired"
+            except Exception as err:  # noqa: BLE001 - any other answer is an outcome to report
+                return repr(err)[:120]
+        etcd = asyncio.create_task(first(self.store.watch(kind, from_revision=revision + 1)))
+        server = asyncio.create_task(first(self.api.watch(kind, resource_version=revision)))
+        await trigger()
+        outcomes = await asyncio.wait_for(asyncio.gather(etcd, server), WAIT)
+        self.history.resumes.append(WatchResume(time.monotonic(), revision, *outcomes))
+
+    def holds(self, **checks: list[str]) -> None:
+        """Assert that every named invariant held (each value: that checker's violations)."""
+        broken = {name: v for name, v in checks.items() if v}
+        if broken:
+            lines = [f"{name}: {v}" for name, found in broken.items() for v in found[:5]]
+            raise InvariantViolated(f"invariants violated ({self.history.summary()}):\n" + "\n".join(lines))
+
+
+def node_plans(count: int) -> list[NodePlan]:
+    net = random.randrange(100, 250)
+    return [NodePlan(f"n{i + 1}", f"127.0.{net}.{i + 1}", "ib-a") for i in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_members: int = 1, gpus: int = 2,
+                        node_grace: float = 3.0):
+    plans = node_plans(nodes) if isinstance(nodes, int) else nodes
+    c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
+                     drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members)
+    try:
+        await asyncio.to_thread(c.start)
+        c.store = await Store(c.etcd.endpoints).connect()
+        c.api = Client.from_config(ClientConfig.load(c.admin_config))
+        await c.wait("every node Ready", lambda: _all_ready(c), WAIT)
+        c.recorder = await Recorder(c.store, c.dir, c.history).start()
+        yield c
+    finally:
+        if getattr(c, "recorder", None):
+            await c.recorder.stop()
+        if c.api:
+            await c.api.close()
+        if c.store:
+            await c.store.close()
+        await asyncio.to_thread(c.stop)
+
+
+async def _all_ready(c: FaultCluster) -> bool:
+    items, _ = await c.store.list("nodes")
+    return len(items) == len(c.nodes) and all(
+        any(cd.type == "Ready" and cd.status == "True" for cd in n.status.conditions) for n in items)

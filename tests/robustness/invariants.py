@@ -1,0 +1,204 @@
+"""Invariant checkers: pure functions over a History; each returns its violations (empty: it held).
+
+    exclusive_engines      never a GPU or a port claimed by two live engines of a node at once
+    surge_bound            never more than replicas + maxSurge replicas of a model (not being deleted,
+                           nor replaced by a drain)
+    ready_floor            never fewer Ready than replicas - maxUnavailable inside the given windows
+    no_orphans             no engine left without its Shard for longer than a bound
+    ready_on_own_engine    no shard reported Ready whose engine then could not bind its serve port
+                           (the Ready came from another process's answer on that port)
+    ports_free_when_given  no engine found its port taken by another engine of the cluster (a port
+                           booked twice), as its bind failure in the shard's log tail says
+    no_failed_requests     every request through the gateway succeeded (inside the given windows)
+    no_eviction            no replica on the given nodes evicted or rebuilt as "node lost" after a time
+    first_rebuild_at_once  the first failure of a streak is rebuilt without a crash-loop delay
+    watches_resume         a watch resumed at a revision etcd still holds is not answered 410 Expired
+    foreign_port_once      a (node, port) a foreign process listens on is given to one shard at most
+    converged              the scenario's settle() reached what it waited for
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from llmgw.api import get_condition
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from tests.robustness.history import History
+
+BIND_FAILED = ("cannot bind the serve port", "address already in use")
+
+
+def _within(t: float, windows: list[tuple[float, float]] | None) -> bool:
+    return windows is None or any(a <= t <= b for a, b in windows)
+
+
+def exclusive_engines(h: History) -> list[str]:
+    out, seen = [], set()
+    for s in h.samples:
+        for what, claims in (("GPU", lambda e: [(e.node, g) for g in e.gpus]),
+                             ("port", lambda e: [(e.host, p) for p in e.ports])):
+            holders = defaultdict(list)
+            for e in s.engines:
+                for claim in claims(e):
+                    holders[claim].append(e.pid)
+            for (where, which), pids in holders.items():
+                key = (what, where, which, tuple(sorted(pids)))
+                if len(pids) > 1 and key not in seen:
+                    seen.add(key)
+                    out.append(f"t={s.t:.1f}: {what} {which} on {where} held by live engines {sorted(pids)}")
+    return out
+
+
+def surge_bound(h: History, model: str, replicas: int, max_surge: int) -> list[str]:
+    """An original a drain replacement stands in for is not counted: a drain moves a replica
+    make-before-break on its own budget (llmgw/runtime/annotations.py)."""
+    out = []
+    for c, live in h.states("replicas"):
+        mine = [r for r in live.values() if r.spec.model == model and r.metadata.deletionTimestamp is None]
+        replaced = {r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) for r in mine}
+        mine = [r for r in mine if r.name not in replaced]
+        if len(mine) > replicas + max_surge:
+            out.append(f"revision {c.revision}: {len(mine)} replicas of {model} "
+                       f"(more than {replicas} + maxSurge {max_surge}): {sorted(r.name for r in mine)}")
+    return out
+
+
+def ready_floor(h: History, model: str, minimum: int, windows: list[tuple[float, float]]) -> list[str]:
+    out = []
+    for c, live in h.states("replicas"):
+        if not _within(c.t, windows):
+            continue
+        ready = [r.name for r in live.values() if r.spec.model == model
+                 and r.status.phase == "Ready" and r.metadata.deletionTimestamp is None]
+        if len(ready) < minimum:
+            out.append(f"revision {c.revision} (t={c.t:.1f}): {len(ready)} Ready replicas of {model}, "
+                       f"fewer than {minimum}")
+    return out
+
+
+def _shard_for(engine, shards: dict) -> bool:
+    return any(s.spec.node == engine.node and s.spec.ports.serve in engine.ports for s in shards.values())
+
+
+def no_orphans(h: History, bound: float) -> list[str]:
+    """An engine is an orphan while no Shard (even one being deleted) on its node has its serve port."""
+    first: dict[int, float] = {}
+    worst: dict[int, tuple[float, object]] = {}
+    changes = sorted((c for c in h.changes if c.kind == "shards"), key=lambda c: c.t)
+    live: dict[str, object] = {}
+    i = 0
+    for s in sorted(h.samples, key=lambda s: s.t):
+        while i < len(changes) and changes[i].t <= s.t:
+            c = changes[i]
+            if c.deleted:
+                live.pop(c.name, None)
+            else:
+                live[c.name] = c.obj
+            i += 1
+        for e in s.engines:
+            if _shard_for(e, live):
+                first.pop(e.pid, None)
+                continue
+            since = first.setdefault(e.pid, s.t)
+            if s.t - since > worst.get(e.pid, (0.0, None))[0]:
+                worst[e.pid] = (s.t - since, e)
+    return [f"engine pid {pid} on {e.node} (GPUs {list(e.gpus)}, ports {list(e.ports)}) ran without its "
+            f"shard for {age:.0f}s (bound {bound:g}s)" for pid, (age, e) in worst.items() if age > bound]
+
+
+def ready_on_own_engine(h: History) -> list[str]:
+    out, ready = [], set()
+    for c in h.ordered("shards"):
+        s = c.obj
+        key = (s.metadata.uid, s.status.startedAt)
+        if s.status.phase == "Ready":
+            ready.add(key)
+        elif key in ready and _bind_failed(s):
+            out.append(f"shard {s.name} on {s.spec.node} was Ready, then its engine could not bind "
+                       f"{s.spec.ports.serve}: the Ready answer came from another process")
+            ready.discard(key)
+    return out
+
+
+def _bind_failed(shard) -> bool:
+    return shard.status.phase == "Failed" and any(
+        b in " ".join([shard.status.message, *shard.status.logTail]) for b in BIND_FAILED)
+
+
+def ports_free_when_given(h: History) -> list[str]:
+    foreign = {(a, p) for s in h.samples for a, p, _ in s.foreign}
+    out, said = [], set()
+    for c in h.ordered("shards"):
+        s = c.obj
+        where = (h.addresses.get(s.spec.node), s.spec.ports.serve)
+        if _bind_failed(s) and where not in foreign and s.metadata.uid not in said:
+            said.add(s.metadata.uid)
+            out.append(f"shard {s.name} on {s.spec.node} was given port {s.spec.ports.serve}, which another "
+                       f"engine held: {s.status.logTail[-1] if s.status.logTail else s.status.message}")
+    return out
+
+
+def no_failed_requests(h: History, windows: list[tuple[float, float]] | None = None) -> list[str]:
+    failed = [r for r in h.requests if not r.ok and _within(r.start, windows)]
+    if not failed:
+        return []
+    kinds = Counter(r.detail[:80] for r in failed)
+    return [f"{len(failed)} of {len(h.requests)} requests failed; e.g. "
+            + "; ".join(f"{n}x {d}" for d, n in kinds.most_common(3))]
+
+
+def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:
+    out, said = [], set()
+    for c in h.ordered("replicas"):
+        r = c.obj
+        if c.t < after or c.deleted or r.name in said:
+            continue
+        placed = {p.node for p in r.spec.placement}
+        lost = r.status.phase == "Failed" and any(f"node {n} is lost" in r.status.message for n in nodes)
+        if (placed & nodes and EVICT in r.metadata.annotations) or lost:
+            said.add(r.name)
+            out.append(f"t={c.t:.1f}: replica {r.name} on {sorted(placed)} evicted "
+                       f"({r.metadata.annotations.get(EVICT) or r.status.message})")
+    return out
+
+
+def first_rebuild_at_once(h: History, slack: float = 1.0) -> list[str]:
+    out, said = [], set()
+    for c in h.ordered("replicas"):
+        st = c.obj.status
+        ready = get_condition(st.conditions, "Ready")
+        if (st.phase != "Failed" or st.consecutiveFailures != 1 or st.backoffUntil is None
+                or ready is None or ready.lastTransitionTime is None):
+            continue
+        delay = (st.backoffUntil - ready.lastTransitionTime).total_seconds()
+        if delay > slack and (c.name, st.restarts) not in said:
+            said.add((c.name, st.restarts))
+            out.append(f"replica {c.name}: first failure ({st.message}) waits {delay:.0f}s before its rebuild")
+    return out
+
+
+def watches_resume(h: History) -> list[str]:
+    return [f"t={w.t:.1f}: a watch resumed at revision {w.revision} through the server was answered "
+            f"{w.server}, though etcd still holds that history"
+            for w in h.resumes if w.etcd == "events" and w.server != "events"]
+
+
+def foreign_port_once(h: History) -> list[str]:
+    seen: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for s in h.samples:
+        for addr, port, _inode in s.foreign:
+            seen[(addr, port)].append(s.t)
+    held = {k: (min(ts), max(ts)) for k, ts in seen.items() if len(ts) > 1}
+    given: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for c in h.ordered("shards"):
+        s = c.obj
+        addr = h.addresses.get(s.spec.node)
+        for port in (s.spec.ports.serve, s.spec.ports.distInit if s.spec.rank == 0 else None):
+            span = held.get((addr, port))
+            if span and span[0] <= c.t <= span[1] and s.metadata.uid not in given[(addr, port)]:
+                given[(addr, port)].append(s.metadata.uid)
+    return [f"{addr}:{port}, held by a foreign process, was given to {len(uids)} shards"
+            for (addr, port), uids in given.items() if len(uids) > 1]
+
+
+def converged(h: History) -> list[str]:
+    return [f"never settled: {what}" for what in h.unconverged]

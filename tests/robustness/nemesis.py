@@ -1,0 +1,124 @@
+"""Nemeses: small faults on a running FaultCluster, each written into its History.
+
+    kill_agent / stop_agent / cont_agent      the node agent (its engines keep running)
+    restart_agent                             a new agent process for a node
+    kill_engine / stop_engine / cont_engine   one engine process (by pid)
+    kill_leader                               SIGKILL the controller-manager holding the leader key;
+                                              a fresh one is started so two stay in the race
+    kill_server                               SIGKILL the API server and start it on the same port
+    kill_etcd_member                          SIGKILL one etcd member and start it again on its data
+    partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
+                                              each an interval after the last is Ready again
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from tests.robustness.history import Fault
+
+
+def _fault(c, nemesis: str, target: str) -> None:
+    c.history.faults.append(Fault(time.monotonic(), nemesis, target))
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _agent(c, node: str):
+    return c.procs[f"agent-{node}"]
+
+
+def kill_agent(c, node: str) -> None:
+    proc = _agent(c, node)
+    _signal(proc.pid, signal.SIGKILL)
+    proc.wait()
+    c.procs[f"stopped:agent-{node}"] = c.procs.pop(f"agent-{node}")
+    _fault(c, "kill-agent", node)
+
+
+def restart_agent(c, node: str) -> None:
+    c.procs.pop(f"stopped:agent-{node}", None)
+    c.start_agent(next(n for n in c.nodes if n.name == node))
+    _fault(c, "start-agent", node)
+
+
+def stop_agent(c, node: str) -> None:
+    _signal(_agent(c, node).pid, signal.SIGSTOP)
+    _fault(c, "stop-agent", node)
+
+
+def cont_agent(c, node: str) -> None:
+    _signal(_agent(c, node).pid, signal.SIGCONT)
+    _fault(c, "cont-agent", node)
+
+
+def kill_engine(c, pid: int) -> None:
+    _signal(pid, signal.SIGKILL)
+    _fault(c, "kill-engine", str(pid))
+
+
+def stop_engine(c, pid: int) -> None:
+    _signal(pid, signal.SIGSTOP)
+    _fault(c, "stop-engine", str(pid))
+
+
+def cont_engine(c, pid: int) -> None:
+    _signal(pid, signal.SIGCONT)
+    _fault(c, "cont-engine", str(pid))
+
+
+async def kill_leader(c) -> str:
+    """SIGKILL the leading controller-manager (once a live one holds the key: a killed leader's
+    lease outlives it by up to the lease time); returns its process name."""
+    async def live_leader():
+        holder = (await c.store.leader("controller-manager") or {}).get("holder", "")
+        pid = int(holder.rsplit("-", 1)[1]) if holder else 0
+        return next((n for n, p in c.procs.items()
+                     if p.pid == pid and n.startswith("controller-manager") and p.poll() is None), None)
+    name = await c.wait("a live controller-manager holding the leader key", live_leader)
+    c.stop_process(name, signal.SIGKILL)
+    c.procs[f"stopped:{name}"] = c.procs.pop(name)
+    _fault(c, "kill-leader", name)
+    c.managers_started += 1
+    c.start_controller_manager(f"controller-manager-{c.managers_started}")
+    return name
+
+
+def kill_server(c) -> None:
+    c.stop_process("server", signal.SIGKILL)
+    _fault(c, "kill-server", "server")
+    c.start_server()
+    c.wait_server()
+    _fault(c, "start-server", "server")
+
+
+def kill_etcd_member(c, index: int) -> None:
+    m = c.etcd.members[index]
+    m.proc.kill()
+    m.proc.wait()
+    _fault(c, "kill-etcd", m.name)
+    c.restart_etcd_member(m)
+    _fault(c, "start-etcd", m.name)
+
+
+async def partition_heal(c, nodes: list[str], held, interval: float) -> None:
+    """SIGSTOP the agents of `nodes`; once `held()` is true, SIGCONT them one by one in that order,
+    each `interval` after the one before was seen Ready again."""
+    for n in nodes:
+        stop_agent(c, n)
+    await c.wait(f"the partition of {nodes} noticed", held)
+    for n in nodes:
+        cont_agent(c, n)
+        await c.wait(f"{n} Ready again", lambda n=n: _ready(c, n))
+        await asyncio.sleep(interval)    # the heal's schedule, not a synchronisation
+
+
+async def _ready(c, node: str) -> bool:
+    return await c.node_condition(node, "Ready") == "True"

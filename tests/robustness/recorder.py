@@ -1,0 +1,166 @@
+"""The recorder: every model/replica/shard/node change from etcd's watch, and engine samples from /proc.
+
+    rec = Recorder(store, cluster_dir, history)
+    await rec.start()      # lists, then watches from the list's revision; the sampler thread starts
+    ...
+    await rec.stop()
+
+Engines are found by the cluster's marker in their environment (llmgw.dev.cluster) and
+`-m llmgw.sim` in their argv; each sample holds every engine's node, GPUs
+(CUDA_VISIBLE_DEVICES), declared ports (--port, and the --dist-init-addr port on rank 0)
+and the sockets it listens on (/proc/net/tcp matched with its fds), plus the listeners
+on the nodes' addresses in the engine port range that no engine owns (a foreign process).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from llmgw.dev.cluster import MARKER, NODE_MARKER
+from llmgw.store import Compacted, StoreUnavailable
+from tests.robustness.history import Change, Engine, History, Sample
+
+KINDS = ("models", "replicas", "shards", "nodes")
+PORT_RANGE = range(30000, 32768)   # the agent's default engine port range
+
+
+class Recorder:
+    def __init__(self, store, cluster_dir: Path, history: History, interval: float = 0.1):
+        self.store, self.history, self.interval = store, history, interval
+        self.addresses = set(history.addresses.values())
+        self.marker = f"{MARKER}={Path(cluster_dir).resolve()}".encode()
+        self.revision = 0
+        self._tasks: list[asyncio.Task] = []
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, daemon=True, name="engine-sampler")
+
+    async def start(self) -> "Recorder":
+        for kind in KINDS:
+            items, rev = await self.store.list(kind)
+            now = time.monotonic()
+            self.history.changes += [Change(now, o.revision or rev, kind, o.name, o) for o in items]
+            self._tasks.append(asyncio.create_task(self._watch(kind, rev + 1)))
+        self._thread.start()
+        return self
+
+    async def stop(self) -> None:
+        self._halt.set()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self._thread.join)
+
+    async def _watch(self, kind: str, start: int) -> None:
+        while True:
+            try:
+                async for ev in self.store.watch(kind, from_revision=start):
+                    self.history.changes.append(Change(time.monotonic(), ev.revision, kind, ev.object.name,
+                                                       ev.object, deleted=ev.type == "DELETED"))
+                    start = ev.revision + 1
+                    self.revision = max(self.revision, ev.revision)
+            except StoreUnavailable:     # an etcd member went away: watch again from where we were
+                await asyncio.sleep(0.2)
+            except Compacted as err:
+                raise AssertionError(f"the recorder lost {kind} history: compacted at {err}") from None
+
+    # ------------------------------------------------------------------ /proc
+    def _sample_loop(self) -> None:
+        while not self._halt.wait(self.interval):
+            try:
+                self.history.samples.append(self.sample())
+            except Exception as err:  # noqa: BLE001 - a sampler bug must show, not end the sampling quietly
+                self.history.unconverged.append(f"sampler error: {err!r}")
+                return
+
+    def sample(self) -> Sample:
+        listeners = _listeners()
+        engines, owned = [], set()
+        for pid, argv, env in _marked_processes(self.marker):
+            if not _is_engine(argv):
+                continue
+            inodes = _socket_inodes(pid)
+            owned |= inodes
+            engines.append(Engine(
+                pid=pid, node=env.get(NODE_MARKER, "?"), host=_arg(argv, "--host") or "?",
+                gpus=tuple(int(g) for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g),
+                ports=_declared_ports(argv),
+                listening=tuple(sorted(listeners[i] for i in inodes if i in listeners)),
+                stopped=_state(pid) == "T"))
+        foreign = tuple(sorted((a, p, i) for i, (a, p) in listeners.items()
+                               if i not in owned and a in self.addresses and p in PORT_RANGE))
+        return Sample(time.monotonic(), tuple(e for e in engines if _state(e.pid) not in ("Z", "")), foreign)
+
+
+def _is_engine(argv: list[str]) -> bool:
+    """`<python> -m llmgw.sim ...` or `<...>/llmgw sim ...` (how the agent runs the sim engine)."""
+    return "llmgw.sim" in argv or any(a.endswith("llmgw") and b == "sim" for a, b in zip(argv, argv[1:]))
+
+
+def _arg(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+
+def _declared_ports(argv: list[str]) -> tuple[int, ...]:
+    ports = [int(_arg(argv, "--port") or 0)]
+    if _arg(argv, "--rank") in (None, "0") and int(_arg(argv, "--world-size") or 1) > 1:
+        ports.append(int((_arg(argv, "--dist-init-addr") or ":0").rsplit(":", 1)[1]))
+    return tuple(p for p in ports if p)
+
+
+def _marked_processes(marker: bytes):
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                raw = f.read()
+            if marker not in raw:
+                continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw.split(b"\0") if b"=" in kv)
+        yield int(entry.name), argv, env
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return ""
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                out.add(int(target[8:-1]))
+    except OSError:
+        pass
+    return out
+
+
+def _listeners() -> dict[int, tuple[str, int]]:
+    """inode -> (IPv4 address, port) of every listening TCP socket."""
+    out = {}
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 10 or cols[3] != "0A":     # 0A: LISTEN
+            continue
+        hexaddr, hexport = cols[1].split(":")
+        addr = ".".join(str(b) for b in bytes.fromhex(hexaddr)[::-1])
+        out[int(cols[9])] = (addr, int(hexport, 16))
+    return out
