@@ -44,6 +44,20 @@ async def test_create_get_and_keys_readable_with_etcdctl(store, etcd):
     assert spec_doc["spec"]["replicas"] == 1 and "status" not in spec_doc
 
 
+async def test_a_create_sent_again_after_it_committed_is_done_not_already_exists(store):
+    """Connection.call sends a write again to the next member when the first died before it
+    answered; a create that had committed then meets itself (the same uid) and is done. The
+    model controller answered AlreadyExists with yet another replica (surge past maxSurge)."""
+    first = await store.create(model("m1"))
+    resent = model("m1", replicas=1)
+    resent.metadata.uid = first.metadata.uid
+    again = await store.create(resent)
+    assert again.metadata.uid == first.metadata.uid
+    assert again.metadata.resourceVersion == first.metadata.resourceVersion
+    with pytest.raises(AlreadyExists):      # another object of the same name is still refused
+        await store.create(model("m1"))
+
+
 async def test_concurrent_writers_lose_no_update(store):
     await store.create(model("m1", replicas=0))
 

@@ -330,11 +330,26 @@ class Store:
             [_put(status_key, _status_doc(obj)), _put(spec_key, spec_doc)], keep=_served(obj),
         )
         if not resp.succeeded:
-            raise AlreadyExists(f"{obj.kind_plural}/{meta.name} already exists")
+            return await self._own_create(obj)
         meta.resourceVersion = resp.header.revision
         self._remember(spec_key, resp.header.revision, spec_doc)
         self._remember_status(status_key, resp.header.revision, _status_doc(obj))
         return obj.at_revision(resp.header.revision)
+
+    async def _own_create(self, obj: Object) -> Object:
+        """The stored object when it is `obj` itself (the same uid), else AlreadyExists.
+
+        A create that etcd committed just as its member died is sent again to the next
+        member (Connection.call) and loses its compare to its own first attempt; the
+        caller must see its create done, not a conflict it would answer with another create.
+        """
+        try:
+            stored = await self.get(obj.kind_plural, obj.name, self._node_of(obj))
+        except NotFound:
+            stored = None
+        if stored is None or stored.metadata.uid != obj.metadata.uid:
+            raise AlreadyExists(f"{obj.kind_plural}/{obj.name} already exists")
+        return stored
 
     async def get(self, kind: str, name: str, node: str | None = None) -> Object:
         return (await self._read(kind, name, node))[0]

@@ -97,8 +97,13 @@ class FaultCluster(LocalCluster):
         return [e for e in self.recorder.sample().engines if node is None or e.node == node]
 
     async def node_condition(self, node: str, type_: str) -> str | None:
+        """The condition's status ("True", "False", ...), or None when the node has none."""
+        reason = await self.node_condition_reason(node, type_)
+        return reason[0] if reason else None
+
+    async def node_condition_reason(self, node: str, type_: str) -> tuple[str, str] | None:
         n = await self.store.get("nodes", node)
-        return next((c.status for c in n.status.conditions if c.type == type_), None)
+        return next(((c.status, c.reason) for c in n.status.conditions if c.type == type_), None)
 
     # ------------------------------------------------------------ acting
     async def apply_model(self, name: str, replicas: int, args: list[str] | None = None,

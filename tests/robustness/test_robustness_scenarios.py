@@ -2,8 +2,8 @@
 nemesis, then the invariants over the recorded history (see invariants.py, docs/robustness.md).
 
 Each scenario has its own cluster (3 nodes x 2 fake GPUs unless it says otherwise, node grace
-3 s, two controller-managers). The scenarios marked xfail are the failures of issue 21; each
-fails on the invariant its bug breaks (the reason names the case).
+3 s, two controller-managers). The scenarios named for issue 21's cases
+failed, before their fixes, on the invariant each bug breaks.
 """
 from __future__ import annotations
 
@@ -18,16 +18,11 @@ import pytest
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
-from tests.robustness.harness import InvariantViolated, fault_cluster, node_plans
+from tests.robustness.harness import fault_cluster, node_plans
 
 pytestmark = pytest.mark.timeout(600)
 
 ORPHAN_BOUND = 30.0   # s an engine may outlive its shard: drain delay + stop grace + a loaded machine
-
-
-def known(reason: str):
-    """An issue 21 case not fixed yet: it must fail, and on an invariant (not on a wait's bound)."""
-    return pytest.mark.xfail(strict=True, raises=InvariantViolated, reason=reason)
 
 
 def common(c, model: str, replicas: int, max_surge: int = 1) -> dict:
@@ -122,10 +117,6 @@ async def test_server_kill_loses_no_request(tmp_path):
         await c.wait_model_ready("m2", 1)
 
 
-@pytest.mark.xfail(strict=False, raises=InvariantViolated, reason=(
-    "found by this suite, under load (2 of 3 full runs, 0 of 13 alone): a replica create that etcd committed while "
-    "its member died is retried on the next member, answers AlreadyExists, the model controller's "
-    "reconcile fails and creates another replica: 2 new beside 2 old, surge 2 > maxSurge 1"))
 async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
     async with under_load(tmp_path, etcd_members=3) as c:
         old = {r.name for r in await c.replicas("m")}
@@ -142,15 +133,14 @@ def by_load(replicas: list) -> list[str]:
     return [n for n, _ in count.most_common()]
 
 
-async def evicted_or(c, nodes: list[str], cond: str):
-    """True once every node in `nodes` has condition `cond` True, or a replica on one is evicted."""
+async def evicted_or_held(c, nodes: list[str]):
+    """True once every node in `nodes` is held back for mass silence (condition Evicting False,
+    reason MassSilence), or a replica on one is evicted."""
     if inv.no_eviction(c.history, set(nodes)):
         return True
-    return all([await c.node_condition(n, cond) == "True" for n in nodes])
+    return all([await c.node_condition_reason(n, "Evicting") == ("False", "MassSilence") for n in nodes])
 
 
-@known(reason="issue 21 case 1: a node back after it was declared lost gets "
-       "new engines on the GPUs and ports its old engines still hold")
 async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
     async with with_model(tmp_path, 6) as c:      # every GPU of the cluster
         victim = by_load(await c.replicas("m"))[0]
@@ -165,11 +155,8 @@ async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
 
 
 @pytest.mark.parametrize("silent_nodes, node_grace, interval", [
-    pytest.param(4, 12.0, 4.5, id="staggered-heal-4-of-6", marks=known(
-        reason="issue 21 case 2: as a partition heals, the nodes still silent are evicted the moment "
-               "the silent share drops to half")),
-    pytest.param(3, 3.0, 0.0, id="half-silent-3-of-6", marks=known(
-        reason="issue 21 case 3: exactly half the nodes silent evicts everything")),
+    pytest.param(4, 12.0, 4.5, id="staggered-heal-4-of-6"),
+    pytest.param(3, 3.0, 0.0, id="half-silent-3-of-6"),
 ])
 async def test_partition_evicts_nothing(tmp_path, silent_nodes, node_grace, interval):
     """Agents of the busiest nodes stop (their engines serve on); once the controllers noticed
@@ -180,14 +167,13 @@ async def test_partition_evicts_nothing(tmp_path, silent_nodes, node_grace, inte
         silent = (busiest + [n.name for n in c.nodes if n.name not in busiest])[:silent_nodes]
         async with c.load(["m"]):
             start = time.monotonic()
-            await nemesis.partition_heal(c, silent[::-1], lambda: evicted_or(c, silent, "EvictionHeldBack"),
+            await nemesis.partition_heal(c, silent[::-1], lambda: evicted_or_held(c, silent),
                                          interval)
             await c.settle({"m": 6})
         c.holds(**common(c, "m", 6), no_eviction=inv.no_eviction(c.history, set(silent), start),
                 no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@known(reason="issue 21 case 4: eviction of a silent node is break-before-make")
 async def test_silent_node_eviction_loses_no_request(tmp_path):
     async with with_model(tmp_path, 1) as c:     # its one replica on the node that goes silent
         victim = by_load(await c.replicas("m"))[0]
@@ -200,8 +186,6 @@ async def test_silent_node_eviction_loses_no_request(tmp_path):
         c.holds(**common(c, "m", 1), no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@known(reason="issue 21 case 5: the first rebuild after an engine crash waits "
-       "the crash-loop backoff (10 s of outage for a single replica)")
 async def test_single_replica_crash_rebuilds_at_once(tmp_path):
     async with with_model(tmp_path, 1) as c:
         first = (await c.replicas("m"))[0]
@@ -213,8 +197,6 @@ async def test_single_replica_crash_rebuilds_at_once(tmp_path):
         c.holds(**common(c, "m", 1), first_rebuild_at_once=inv.first_rebuild_at_once(c.history))
 
 
-@known(reason="issue 21 case 6: a restarted server answers resumed watches "
-       "with 410 though etcd still holds that history")
 async def test_restarted_server_resumes_watches(tmp_path):
     async with with_model(tmp_path, 1) as c:
         _, before = await c.api.list("nodes")
@@ -230,8 +212,6 @@ async def test_restarted_server_resumes_watches(tmp_path):
         c.holds(**common(c, "m", 1), watches_resume=inv.watches_resume(c.history))
 
 
-@known(reason="issue 21 case 7: a port taken by a foreign process is given "
-       "to shard after shard")
 async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
     plans = node_plans(2)
     squatters = []
