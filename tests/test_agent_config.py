@@ -1,6 +1,8 @@
 """Agent configuration: the YAML file, flag overrides, and errors that name the key and file."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,34 @@ def test_connection_settings_are_required_to_run(tmp_path):
     cfg = load_config(None, {"server": "control", "ca": str(tmp_path / "ca.crt"), "cert": "c", "key": "k"})
     with pytest.raises(ConfigError, match=f"ca file not found: {tmp_path}/ca.crt"):
         cfg.require_connection()
+
+
+# Files that cannot be read as a config: `llmgw agent --config FILE` (the real command, in its
+# own process) prints "Error: FILE: PROBLEM" and exits 1, with no traceback.
+UNREADABLE = {
+    "binary.yaml": (b"node: a\n" + bytes(range(0x80, 0x90)), "not UTF-8 text (byte 0x80 at offset 8)"),
+    "latin1.yaml": ("node: a\nlabels: {site: k\u00f8benhavn}\n".encode("latin-1"),
+                    "not UTF-8 text (byte 0xf8 at offset 24)"),
+    "deep.yaml": (b"labels: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested deeper than 64 levels"),
+    "duplicate.yaml": (b"node: a\nstate-dir: /x\nnode: b\n", "node: duplicate key (line 3)"),
+    "two-documents.yaml": (b"node: a\n---\nnode: b\n", "2 YAML documents; the agent reads one"),
+    "not-yaml.yaml": (b"node: [a\n", "not valid YAML at line 2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_an_unreadable_config_is_one_line_from_the_agent_command(tmp_path, name):
+    content, problem = UNREADABLE[name]
+    path = tmp_path / name
+    path.write_bytes(content)
+    done = subprocess.run([sys.executable, "-m", "llmgw.cli.main", "agent", "--config", str(path), "--discover"],
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"Error: {path}: ") and done.stderr.count("\n") == 1, done.stderr
+    assert problem in done.stderr
+
+
+def test_an_empty_config_file_means_every_default(tmp_path):
+    cfg = load_config(write(tmp_path, ""))
+    assert cfg.state_dir == "/var/lib/llmgw/agent" and cfg.fabrics == []

@@ -13,8 +13,11 @@ NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 
 def node(name="n1", ready="True", unschedulable=False, drain=False, drain_phase=None, gpu_discovery=None,
-         gpus=4, age=timedelta(hours=2)):
+         gpus=4, age=timedelta(hours=2), evicting=None):
     conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+    if evicting:
+        status_, reason = evicting
+        conditions.append({"type": "Evicting", "status": status_, "reason": reason})
     if gpu_discovery:
         conditions.append({"type": "GPUDiscovery", "status": gpu_discovery, "reason": "SmiFailed"})
     status = {
@@ -55,6 +58,14 @@ def replica(name, placement, model="llama", phase="Ready"):
     # a leftover drain status without a drain request is not shown
     ({"drain_phase": "Drained"}, "Ready"),
     ({"ready": "False", "unschedulable": True}, "NotReady,SchedulingDisabled"),
+    # the node lifecycle controller's verdict (condition Evicting), right after readiness
+    ({"ready": "False", "evicting": ("True", "NodeLost")}, "NotReady,Lost"),
+    ({"ready": "False", "evicting": ("False", "MassSilence")}, "NotReady,EvictionHeld(MassSilence)"),
+    ({"ready": "False", "evicting": ("False", "Settling")}, "NotReady,EvictionHeld(Settling)"),
+    ({"ready": "False", "evicting": ("False", "RateLimited")}, "NotReady,EvictionHeld(RateLimited)"),
+    ({"ready": "False", "evicting": ("False", "LeaderChanged"), "unschedulable": True},
+     "NotReady,EvictionHeld(LeaderChanged),SchedulingDisabled"),
+    ({"ready": "True", "evicting": ("False", "HeartbeatResumed")}, "Ready"),
 ])
 def test_node_status_combines_like_kubectl(kw, expected):
     assert node_status(node(**kw)) == expected

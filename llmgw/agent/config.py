@@ -10,12 +10,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmgw.agent.discovery.infiniband import DEFAULT_IB_ROOT
 from llmgw.agent.fabrics import FabricError, FabricSpec
 from llmgw.api import PortRange, check_dns1123_label
+from llmgw.api.limits import InputError, check_document
+from llmgw.api.manifests import read_yaml
 
 # Engine executables the agent knows, and the engine (Profile.engine) each one serves.
 # `ray` is the Ray launcher that vLLM's ray launch mode needs.
@@ -24,6 +25,7 @@ _EXECUTABLE_ALIASES = {"llamacpp": "llama-server"}
 
 DEFAULT_STATE_DIR = "/var/lib/llmgw/agent"
 DEFAULT_SERVER_PORT = 7443
+MAX_CONFIG_BYTES = 1 << 20  # a config of a few dozen lines; anything near this is not one
 
 
 class ConfigError(Exception):
@@ -172,16 +174,18 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if path:
         source = path
         try:
-            text = Path(path).read_text()
+            docs = read_yaml(Path(path), max_bytes=MAX_CONFIG_BYTES)
+            if len(docs) > 1:
+                raise InputError("<document>", f"{len(docs)} YAML documents; the agent reads one")
+            loaded = docs[0] if docs else None
+            check_document(loaded)
         except OSError as err:
             raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        except InputError as err:
+            raise ConfigError(f"{path}: {err.message if err.path == '<document>' else err}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of settings, found {type(loaded).__name__}")
-        data = {_kebab(k): v for k, v in (loaded or {}).items()}
+        data = {_kebab(str(k)): v for k, v in (loaded or {}).items()}
     for key, value in (overrides or {}).items():
         if value is None or value == () or value == []:
             continue

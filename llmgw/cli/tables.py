@@ -47,7 +47,7 @@ def _unique(items: Iterable[str]) -> list[str]:
 def node_status(node: Node) -> str:
     """kubectl-style combined status: Ready | NotReady, then the flags that apply."""
     ready = get_condition(node.status.conditions, "Ready")
-    parts = ["Ready" if ready is not None and ready.status == "True" else "NotReady"]
+    parts = ["Ready" if ready is not None and ready.status == "True" else "NotReady", _eviction(node)]
     gpu = get_condition(node.status.conditions, "GPUDiscovery")
     if gpu is not None and gpu.status == "False":
         parts.append("GPUDiscoveryFailed")
@@ -58,7 +58,16 @@ def node_status(node: Node) -> str:
         parts.append({"Stuck": "DrainStuck"}.get(phase, phase))
     if node.metadata.deletionTimestamp is not None:
         parts.append("Terminating")
-    return ",".join(parts)
+    return ",".join(p for p in parts if p)
+
+
+def _eviction(node: Node) -> str:
+    """The node lifecycle controller's verdict (condition Evicting): Lost, EvictionHeld(REASON)
+    while a silent node's judgement is held back, nothing once the node is back (HeartbeatResumed)."""
+    verdict = get_condition(node.status.conditions, "Evicting")
+    if verdict is None or verdict.reason == "HeartbeatResumed":
+        return ""
+    return "Lost" if verdict.status == "True" else f"EvictionHeld({verdict.reason})"
 
 
 def gpus_used(replicas: Iterable[Replica]) -> dict[str, set[int]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 import click
@@ -87,15 +88,22 @@ async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None
         n = load_static(static, gw.table)
         gw.synced = True
         log.info("routing table: %d objects from %s", n, static)
-    else:
+    # Bound before the server is watched, so a taken port leaves no watch to stop; /healthz
+    # answers 503 until the watch has synced (gw.synced), as it did when the watch started first.
+    try:
+        await gw.start(host, port)
+    except OSError as err:  # EADDRINUSE, EACCES, an unknown host name (gaierror: errno < 0)
+        # uvloop's strerror repeats the address in its own words; the errno's text does not.
+        why = os.strerror(err.errno) if (err.errno or 0) > 0 else err.strerror or str(err)
+        raise click.ClickException(f"cannot listen on {host}:{port} (--listen): {why}") from None
+    log.info("gateway listening on %s:%d", host, port)
+    if not static:
         from llmgw.client import Client
         from llmgw.gateway.source import ServerSource
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
         source.start()
-    await gw.start(host, port)
-    log.info("gateway listening on %s:%d", host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
