@@ -172,7 +172,7 @@ class DrainController(Controller):
         self.ctx.cache.assume(written)
 
     async def _cancel(self, node) -> None:
-        """Drain withdrawn: forget progress; replacements in flight become ordinary replicas."""
+        """Drain withdrawn: forget progress; replacements in flight are called off (replacement.py)."""
         for orig in self.ctx.cache.index("replicas", "node", node.metadata.name):
             repl = find_replacement(self.ctx.cache, orig)
             if repl is None or DRAINING_REPLACEMENT_FOR not in repl.metadata.annotations:

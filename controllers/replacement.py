@@ -7,8 +7,8 @@ references and finalizers, and the annotation
 describes how the model controller treats it). Its name derives from the
 original's uid, so a controller that restarts, or works from a stale cache,
 finds or re-creates the same one instead of making a second. A move called
-off (drain withdrawn, lost node back) drops the annotation: the replacement
-becomes an ordinary replica.
+off (drain withdrawn, lost node back) deletes a replacement that never served;
+a Ready one drops the annotation and becomes an ordinary replica.
 """
 from __future__ import annotations
 
@@ -61,11 +61,21 @@ async def ensure_replacement(ctx: Any, orig: Replica, why: str) -> Replica:
 
 
 async def abandon_replacement(ctx: Any, repl: Replica) -> None:
-    """The move is called off: `repl` becomes an ordinary replica, and the model
-    controller scales the surplus down (the replica that serves least goes first)."""
-    plain = repl.model_copy(deep=True)
-    plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)
+    """The move is called off. A replacement that never served is deleted: kept, it would
+    be one replica more than the model's maxSurge allows until the model controller
+    scaled it down. A Ready one becomes an ordinary replica, and the model controller
+    scales the surplus down (the replica that serves least goes first)."""
     try:
+        if repl.status.phase != "Ready":
+            gone = await ctx.store.delete("replicas", repl.metadata.name)
+            ctx.events.record(repl, "Normal", "ReplacementCalledOff", "the move was called off before it served")
+            if gone.metadata.finalizers:
+                ctx.cache.assume(gone)
+            else:
+                ctx.cache.assume_deleted("replicas", repl.metadata.name)
+            return
+        plain = repl.model_copy(deep=True)
+        plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)
         ctx.cache.assume(await ctx.store.update(plain))   # Conflict: the caller's key is retried
     except NotFound:
         ctx.cache.assume_deleted("replicas", repl.metadata.name)

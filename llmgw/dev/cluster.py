@@ -72,6 +72,7 @@ class LocalCluster:
     gpus_per_node: int = 8
     lease_seconds: float = 15.0
     engines: dict[str, str] = field(default_factory=dict)  # agent --engine NAME=PATH, on every node
+    etcd_members: int = 1
     etcd: EtcdCluster | None = None
     slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -179,6 +180,9 @@ class LocalCluster:
                                *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                                "--client-ca", self.ca_cert])
 
+    def start_controller_managers(self) -> None:
+        self.start_controller_manager()
+
     def start_controller_manager(self, name: str = "controller-manager") -> None:
         self._spawn(name, [*self.llmgw, "controller-manager", *self.etcd_flags("controller-manager"),
                            "--metrics-listen", f"127.0.0.1:{free_port()}",
@@ -220,11 +224,11 @@ class LocalCluster:
         (self.dir / "logs").mkdir(exist_ok=True)
         self.slot = slots.acquire(prefer=_last_slot(self.dir))
         self._pki()
-        self.etcd = etcd_cluster(self.dir / "etcd", 1, ca=CertificateAuthority(self.dir / "ca")).start()
+        self.etcd = etcd_cluster(self.dir / "etcd", self.etcd_members, ca=CertificateAuthority(self.dir / "ca")).start()
         self._write_etcd_access()
         self.start_server()
         self.wait_server()
-        self.start_controller_manager()
+        self.start_controller_managers()
         self.start_gateway()
         for n in self.nodes:
             self.start_agent(n)

@@ -29,7 +29,6 @@ from llmgw.cli.nodes import set_node_spec
 from llmgw.client import Client, ClientConfig
 from llmgw.client.errors import ApiError, Expired, Unreachable
 from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
-from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
 from tests.robustness.history import History, WatchResume
@@ -45,7 +44,6 @@ class InvariantViolated(AssertionError):
 
 @dataclass
 class FaultCluster(LocalCluster):
-    etcd_members: int = 1
     managers: int = 2
     managers_started: int = 0
     history: History = field(default_factory=History)
@@ -53,21 +51,19 @@ class FaultCluster(LocalCluster):
     api: Client | None = None
 
     def start(self) -> "FaultCluster":
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "logs").mkdir(exist_ok=True)
-        self._pki()
-        self.etcd = etcd_cluster(self.dir / "etcd", self.etcd_members).start()
-        self.start_server()
-        self.wait_server()
+        super().start()
+        self.history.addresses = {n.name: self.address(n) for n in self.nodes}
+        return self
+
+    def start_controller_managers(self) -> None:
         for _ in range(self.managers):
             self.managers_started += 1
             self.start_controller_manager(f"controller-manager-{self.managers_started}")
-        self.start_gateway()
-        for n in self.nodes:
-            self.start_agent(n)
-        self.wait_http(f"{self.gateway_url}/healthz", "gateway")
-        self.history.addresses = {n.name: n.address for n in self.nodes}
-        return self
+
+    def connect_store(self) -> Store:
+        """A store on the cluster's etcd (TLS), as its admin."""
+        cert, key = self.etcd_certs["dev-admin"]
+        return Store(self.etcd.endpoints, ca=self.etcd_ca, cert=cert, key=key)
 
     def stop(self) -> None:
         for pid in marked_pids(self.dir):      # a SIGSTOPped process would sit out its SIGTERM
@@ -92,7 +88,7 @@ class FaultCluster(LocalCluster):
     async def ready(self, model: str) -> list:
         return [r for r in await self.replicas(model) if r.status.phase == "Ready"]
 
-    def engines(self, node: str | None = None) -> list:
+    def engine_processes(self, node: str | None = None) -> list:
         """The engines the sampler sees now."""
         return [e for e in self.recorder.sample().engines if node is None or e.node == node]
 
@@ -189,7 +185,7 @@ class FaultCluster(LocalCluster):
         async def no_orphan():
             shards = await self.shards()
             serving = {(s.spec.node, s.spec.ports.serve) for s in shards}
-            return all(any((e.node, p) in serving for p in e.ports) for e in self.engines())
+            return all(any((e.node, p) in serving for p in e.ports) for e in self.engine_processes())
 
         for what, check in (("every model Ready", ready), ("every engine owned by a shard", no_orphan)):
             try:
@@ -225,7 +221,7 @@ class FaultCluster(LocalCluster):
 
 def node_plans(count: int) -> list[NodePlan]:
     net = random.randrange(100, 250)
-    return [NodePlan(f"n{i + 1}", f"127.0.{net}.{i + 1}", "ib-a") for i in range(count)]
+    return [NodePlan(f"n{i + 1}", "ib-a", f"127.0.{net}.{i + 1}") for i in range(count)]
 
 
 @contextlib.asynccontextmanager
@@ -236,7 +232,7 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
                      drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members)
     try:
         await asyncio.to_thread(c.start)
-        c.store = await Store(c.etcd.endpoints).connect()
+        c.store = await c.connect_store().connect()
         c.api = Client.from_config(ClientConfig.load(c.admin_config))
         await c.wait("every node Ready", lambda: _all_ready(c), WAIT)
         c.recorder = await Recorder(c.store, c.dir, c.history).start()

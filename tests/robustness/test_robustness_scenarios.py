@@ -98,7 +98,7 @@ async def test_leader_kill_mid_drain_makes_one_replacement(tmp_path):
 async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
     async with under_load(tmp_path) as c:
         victim = await victim_of(c)
-        before = {e.pid for e in c.engines(victim)}
+        before = {e.pid for e in c.engine_processes(victim)}
         nemesis.kill_agent(c, victim)
         nemesis.restart_agent(c, victim)
 
@@ -107,7 +107,7 @@ async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
             return shards and all(s.status.phase == "Ready" for s in shards) and \
                 (await c.node_condition(victim, "Ready")) == "True"
         await c.wait(f"{victim}'s agent back with its shards Ready", adopted)
-        assert {e.pid for e in c.engines(victim)} == before, "the restarted agent did not adopt its engines"
+        assert {e.pid for e in c.engine_processes(victim)} == before, "the restarted agent did not adopt its engines"
 
 
 async def test_server_kill_loses_no_request(tmp_path):
@@ -146,9 +146,13 @@ async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
         victim = by_load(await c.replicas("m"))[0]
         nemesis.stop_agent(c, victim)
 
-        async def evicted():
+        async def lost():
+            """Judged lost (with every GPU taken, its replacements have nowhere to go while its
+            GPUs stay booked), or its replicas already gone (released before their engines were)."""
+            if await c.node_condition_reason(victim, "Evicting") == ("True", "NodeLost"):
+                return True
             return not [r for r in await c.replicas("m") if victim in {p.node for p in r.spec.placement}]
-        await c.wait(f"{victim} declared lost and its replicas evicted", evicted)
+        await c.wait(f"{victim} declared lost", lost)
         nemesis.cont_agent(c, victim)
         await c.settle({"m": 6})
         c.holds(**common(c, "m", 6))
@@ -213,15 +217,15 @@ async def test_restarted_server_resumes_watches(tmp_path):
 
 
 async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
-    plans = node_plans(2)
     squatters = []
-    for p in plans:      # a foreign process listens on each node's first engine port
-        s = socket.socket()
-        s.bind((p.address, 30000))
-        s.listen()
-        squatters.append(s)
     try:
-        async with fault_cluster(tmp_path, plans) as c:
+        async with fault_cluster(tmp_path, node_plans(2)) as c:
+            first = int(c.slot.port_range.split("-")[0])
+            for n in c.nodes:      # a foreign process listens on each node's first engine port
+                s = socket.socket()
+                s.bind((c.address(n), first))
+                s.listen()
+                squatters.append(s)
             await c.apply_model("m", replicas=1)
 
             async def ready_or_reused():
