@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from llmgw.api import get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
+from llmgw.api import get_condition
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.helpers.controlplane import control_plane
-from tests.helpers.ctrlkit import (ReadyPlayer, ReplicaWatch, get_or_none, heartbeat, model, node, replica,
-                                   running, silence, until)
+from tests.helpers.ctrlkit import (
+    ReadyPlayer,
+    ReplicaWatch,
+    get_or_none,
+    heartbeat,
+    model,
+    node,
+    replica,
+    running,
+    silence,
+    until,
+)
 
 
 async def cond(store, name, type, status, reason=None):

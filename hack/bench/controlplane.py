@@ -168,14 +168,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from controllers import ALL  # noqa: E402
-from llmgw import aio  # noqa: E402
-from llmgw.api import Model  # noqa: E402
-from llmgw.dev.etcd import etcd_cluster  # noqa: E402
-from llmgw.dev.process import terminate  # noqa: E402
-from llmgw.runtime.manager import Manager  # noqa: E402
-from llmgw.store import Store  # noqa: E402
-from tests.helpers.fake_agents import FakeAgents  # noqa: E402
+from controllers import ALL
+from llmgw import aio
+from llmgw.api import Model
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import terminate
+from llmgw.runtime.manager import Manager
+from llmgw.store import Store
+from tests.helpers.fake_agents import FakeAgents
 
 FABRICS = ("fab-a", "fab-b", "fab-c", "fab-d")
 
