@@ -302,7 +302,7 @@ async def test_deleting_a_lost_node_releases_its_shards(store):
 def test_the_disruption_budget_is_set_from_the_command_line(monkeypatch):
     from click.testing import CliRunner
 
-    from llmgw.runtime import cli
+    from llmgw.cmd import controller_manager as cli
     started = {}
 
     def run(main):                         # instead of connecting to etcd: keep what it was given
