@@ -14,22 +14,13 @@ from pydantic import ValidationError
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
+from llmgw.api.selectors import Selector
 from llmgw.pki import Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
-from llmgw.store import (
-    AlreadyExists,
-    Compacted,
-    Conflict,
-    FencedOut,
-    NameTaken,
-    NotFound,
-    Selector,
-    Store,
-    StoreUnavailable,
-)
+from llmgw.store import AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Store, StoreUnavailable
 from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
