@@ -229,7 +229,8 @@ class ModelController(Controller):
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
-            await asyncio.gather(*(self._create(model, p.template_hash, index) for index in p.create[i:i + CREATE_BATCH]))
+            await asyncio.gather(*(self._create(model, p.template_hash, index)
+                                   for index in p.create[i:i + CREATE_BATCH]))
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):

@@ -49,13 +49,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from llmgw.api import get_condition
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.nodes import EVICTING, mass_silence, node_lost
 from llmgw.store import NotFound
-
-from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 
 
 class NodeLifecycleController(Controller):

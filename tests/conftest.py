@@ -8,8 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests.helpers` importable
 
-from llmgw.dev.etcd import etcd_cluster  # noqa: E402
-from llmgw.store import Store  # noqa: E402
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.store import Store
 
 
 @pytest.fixture

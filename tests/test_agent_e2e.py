@@ -20,14 +20,14 @@ import pytest
 from llmgw.agent.process import is_alive, start_time
 from llmgw.api import ObjectMeta, Shard, condition_true, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
-from llmgw.dev.process import free_port
 from llmgw.client import NotFound
+from llmgw.dev.process import free_port
 from llmgw.store import Store
 from llmgw.store import keys as K
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "fakes"))
-from make_sysfs import FakePort, make_sysfs  # noqa: E402
+from make_sysfs import FakePort, make_sysfs
 
 REPO = Path(__file__).resolve().parent.parent
 LLMGW = Path(sys.executable).parent / "llmgw"
@@ -297,7 +297,7 @@ async def test_two_rank_replica_across_two_agents(shared_api_server, agents):
     head, worker = agents("mn-1"), agents("mn-2")
     ports = ShardPorts(serve=free_port(), distInit=free_port())
     async with shared_api_server.client() as c:
-        for rank, (agent, node) in enumerate([(head, "mn-1"), (worker, "mn-2")]):
+        for rank, (_agent, node) in enumerate([(head, "mn-1"), (worker, "mn-2")]):
             await c.create(Shard(
                 metadata=ObjectMeta(name=f"mn-r-{rank}"),
                 spec=ShardSpec(replica="mn-r", model="m", node=node, rank=rank, worldSize=2, gpus=[0, 1],
@@ -400,7 +400,8 @@ async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(share
         os.kill(procs["ray-head"]["pid"], signal.SIGKILL)
         shard = await shard_in(c, "ray-1-a", agent, "Failed")
         assert shard.status.exitCode == 137
-        assert shard.status.message.startswith(f"ray-head (pid {procs['ray-head']['pid']}) was killed by signal SIGKILL")
+        head_pid = procs['ray-head']['pid']
+        assert shard.status.message.startswith(f"ray-head (pid {head_pid}) was killed by signal SIGKILL")
         assert "stopped vllm" in shard.status.message
         assert not is_alive(procs["vllm"]["pid"], procs["vllm"]["start_time"])
 

@@ -35,13 +35,16 @@ def problems(doc) -> list[str]:
     ({"engine": "vllm", "nodes": 0}, "spec.profiles[0].nodes: Input should be greater than or equal to 1"),
     ({"engine": "vllm", "gpusPerNode": 0}, "spec.profiles[0].gpusPerNode: Input should be greater than or equal to 1"),
     ({"engine": "vllm", "args": ["--tensor-parallel-size=4"]},
-     "spec.profiles[0]: args may not set --tensor-parallel-size: llmgw derives parallel sizes from the profile's nodes and gpusPerNode"),
+     "spec.profiles[0]: args may not set --tensor-parallel-size: "
+     "llmgw derives parallel sizes from the profile's nodes and gpusPerNode"),
     ({"engine": "vllm", "args": ["--port", "9000"]},
      "spec.profiles[0]: args may not set --port: llmgw assigns the serve port from the node's port range"),
     ({"engine": "sglang", "args": ["--dist-init-addr", "x:1"]},
-     "spec.profiles[0]: args may not set --dist-init-addr: llmgw sets the multi-node rendezvous from the replica's placement"),
+     "spec.profiles[0]: args may not set --dist-init-addr: "
+     "llmgw sets the multi-node rendezvous from the replica's placement"),
     ({"engine": "llamacpp", "args": ["--alias", "x"]},
-     "spec.profiles[0]: args may not set --alias: llmgw passes the model's name and aliases so the gateway can route by them"),
+     "spec.profiles[0]: args may not set --alias: "
+     "llmgw passes the model's name and aliases so the gateway can route by them"),
 ])
 def test_profile_rules(profile, expected):
     assert expected in problems(model_doc(profiles=[profile]))
@@ -59,7 +62,8 @@ def test_unknown_top_level_field_and_kind():
     doc = model_doc()
     doc["spce"] = {}
     assert "<document>: unknown field 'spce'" in problems(doc)
-    assert problems({"apiVersion": "llmgw.io/v1", "kind": "Deployment"})[0].startswith("kind: unknown kind 'Deployment'")
+    found = problems({"apiVersion": "llmgw.io/v1", "kind": "Deployment"})
+    assert found[0].startswith("kind: unknown kind 'Deployment'")
 
 
 def test_multi_document_file_loads_nothing_when_any_document_is_bad(tmp_path):
@@ -94,13 +98,15 @@ def test_invalid_yaml_names_the_line(tmp_path):
 
 
 def test_kind_words():
-    assert [resolve_kind(w) for w in ("no", "Node", "models", "rep", "sh")] == ["nodes", "nodes", "models", "replicas", "shards"]
+    assert ([resolve_kind(w) for w in ("no", "Node", "models", "rep", "sh")]
+            == ["nodes", "nodes", "models", "replicas", "shards"])
     with pytest.raises(ValueError, match="unknown kind 'pods'"):
         resolve_kind("pods")
 
 
 def test_crds_are_current():
-    result = subprocess.run([sys.executable, str(ROOT / "hack" / "gen_crds.py"), "--check"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(ROOT / "hack" / "gen_crds.py"), "--check"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

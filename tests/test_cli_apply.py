@@ -44,7 +44,8 @@ def test_apply_is_idempotent_and_reports_each_object(config, tmp_path):
 
 
 def test_dry_run_reports_and_writes_nothing(config, tmp_path):
-    write(tmp_path / "live.yaml", model_doc("dry-a", labels={"set": "dry"}), model_doc("dry-gone", labels={"set": "dry"}))
+    write(tmp_path / "live.yaml", model_doc("dry-a", labels={"set": "dry"}),
+          model_doc("dry-gone", labels={"set": "dry"}))
     assert llmgw(config, "apply", "-f", str(tmp_path / "live.yaml")).exit_code == 0
     gen = generation(config, "dry-a")
 

@@ -57,7 +57,7 @@ def columns(text: str) -> list[list[str]]:
     return [line.split()[:age] + line.split()[age + 1:] for line in lines]
 
 
-def test_nodes_table_status_gpus_and_ctl_nodes(shared_api_server, config):  # noqa: F811
+def test_nodes_table_status_gpus_and_ctl_nodes(shared_api_server, config):
     asyncio.run(seed(
         shared_api_server,
         obj("Node", "tbl-a", {}, node_status(4), labels={"pool": "tbl"}),
@@ -99,7 +99,7 @@ def test_nodes_table_status_gpus_and_ctl_nodes(shared_api_server, config):  # no
     assert described[reps_at + 2].split() == ["tbl-r2", "tbl-m", "Starting", "0,1,2,3"]
 
 
-def test_get_outputs_and_describe_events(shared_api_server, config, tmp_path):  # noqa: F811
+def test_get_outputs_and_describe_events(shared_api_server, config, tmp_path):
     manifest = {"apiVersion": "llmgw.io/v1", "kind": "Model",
                 "metadata": {"name": "out-m", "labels": {"app": "out"}},
                 "spec": {"replicas": 2, "aliases": ["om"], "profiles": [{"engine": "sim"}]}}
@@ -129,7 +129,7 @@ def test_get_outputs_and_describe_events(shared_api_server, config, tmp_path):  
     assert row[:2] == ["Warning", "Unschedulable"] and row[3:] == "0/3 nodes: 3 insufficient GPUs".split()
 
 
-def test_cordon_uncordon(shared_api_server, config):  # noqa: F811
+def test_cordon_uncordon(shared_api_server, config):
     asyncio.run(seed(shared_api_server, obj("Node", "cor-a", {}, node_status(2))))
     assert llmgw(config, "cordon", "cor-a").stdout.strip() == "node/cor-a cordoned"
     assert llmgw(config, "cordon", "cor-a").stdout.strip() == "node/cor-a already cordoned"
@@ -145,7 +145,7 @@ def _expect(proc: subprocess.Popen, line: str) -> None:
     assert got == line, f"expected {line!r}, got {got!r}; stderr: {proc.stderr.read() if not got else ''}"
 
 
-def test_drain_wait_follows_status_until_drained(shared_api_server, config):  # noqa: F811
+def test_drain_wait_follows_status_until_drained(shared_api_server, config):
     asyncio.run(seed(shared_api_server, obj("Node", "dr-a", {}, node_status(2))))
     # a Drained left over from an earlier drain must not end this one
     asyncio.run(_patch(shared_api_server, "dr-a", {"phase": "Drained", "remaining": 0}))
@@ -174,7 +174,7 @@ def test_drain_wait_follows_status_until_drained(shared_api_server, config):  # 
     assert again.stdout.splitlines()[-1] == "node/dr-a drained"
 
 
-def test_drain_wait_exits_1_when_stuck(shared_api_server, config):  # noqa: F811
+def test_drain_wait_exits_1_when_stuck(shared_api_server, config):
     asyncio.run(seed(shared_api_server, obj("Node", "dr-s", {}, node_status(2))))
     proc = spawn(config, "drain", "dr-s", "--wait")
     try:
@@ -199,7 +199,7 @@ async def _patch(server, node: str, drain: dict) -> None:
         await c.patch_status("nodes", node, {"drain": drain})
 
 
-def test_get_watch_prints_changed_rows(shared_api_server, config, tmp_path):  # noqa: F811
+def test_get_watch_prints_changed_rows(shared_api_server, config, tmp_path):
     doc = {"apiVersion": "llmgw.io/v1", "kind": "Model", "metadata": {"name": "w-m", "labels": {"app": "w"}},
            "spec": {"replicas": 1, "profiles": [{"engine": "sim"}]}}
     f = tmp_path / "m.yaml"
@@ -236,7 +236,7 @@ def test_wrong_ca_is_a_tls_error_naming_the_server_side(config, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_node_certificate_is_forbidden_naming_the_rule(shared_api_server, config, tmp_path):  # noqa: F811
+def test_node_certificate_is_forbidden_naming_the_rule(shared_api_server, config, tmp_path):
     cert, key = shared_api_server.issue_node("err-n1")
     node_cfg = tmp_path / "node.yaml"
     ClientConfig(server=shared_api_server.url, ca=shared_api_server.ca, cert=cert, key=key).save(node_cfg)
@@ -266,7 +266,7 @@ def test_missing_or_bad_config_is_a_usage_error(tmp_path):
     assert out.exit_code == 2 and "unknown kind 'pods'" in out.stderr
 
 
-def test_get_nodes_watch_follows_replica_placements(shared_api_server, config):  # noqa: F811
+def test_get_nodes_watch_follows_replica_placements(shared_api_server, config):
     asyncio.run(seed(shared_api_server, obj("Node", "wn-a", {}, node_status(2), labels={"pool": "wn"})))
     proc = spawn(config, "get", "nodes", "-l", "pool=wn", "-w")
     try:

@@ -1,10 +1,9 @@
 """Drain controller with the scheduler on a real etcd: make-before-break, stuck, resume."""
 from __future__ import annotations
 
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
-
 from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running, until
 
 
@@ -12,7 +11,8 @@ async def setup_model(store, names, node_name="n1", replicas=None, gpus=1):
     m = await store.create(model("m", replicas=replicas or len(names)))
     for i, name in enumerate(names):
         await store.create(replica(name, "m", owner=m, gpus=gpus,
-                                   placement=[{"rank": 0, "node": node_name, "gpus": list(range(i * gpus, (i + 1) * gpus))}]))
+                                   placement=[{"rank": 0, "node": node_name,
+                                               "gpus": list(range(i * gpus, (i + 1) * gpus))}]))
         await store.patch_status("replicas", name, {"phase": "Ready"})
     _, rev = await store.list("replicas")
     return m, rev

@@ -5,9 +5,8 @@ from collections import Counter
 
 import pytest
 
-from llmgw.store import Compacted
-
 from controllers.gc import GarbageCollector
+from llmgw.store import Compacted
 from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard, until
 
 

@@ -5,11 +5,11 @@ import asyncio
 import re
 from datetime import datetime, timedelta, timezone
 
+from controllers.model import plan, replica_name
 from llmgw.api import Model, Replica, template_hash
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer
-from controllers.model import plan, replica_name
 from tests.helpers.controlplane import control_plane, until
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -198,7 +198,8 @@ async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
             assert {r.name for r in cp.replicas("m") if r.spec.templateHash != new_hash} == old
             assert len(cp.replicas("m")) == 3                           # maxSurge 1
             await cp.agents.release()
-            await until(lambda: len(ready(cp, "m")) == 2 and all(r.spec.templateHash == new_hash for r in cp.replicas("m")))
+            await until(lambda: len(ready(cp, "m")) == 2
+                        and all(r.spec.templateHash == new_hash for r in cp.replicas("m")))
             st = await until(lambda: (x := cp.cache.get("models", "m")) and x.status.updatedReplicas == 2
                              and x.status.replicas == 2 and x.status)
             assert next(c for c in st.conditions if c.type == "Progressing").reason == "RolloutComplete"

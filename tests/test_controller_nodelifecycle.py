@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from llmgw.api import get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
+from llmgw.api import get_condition
+from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.helpers.controlplane import control_plane
-from tests.helpers.ctrlkit import (ReadyPlayer, ReplicaWatch, get_or_none, heartbeat, model, node, replica,
-                                   running, silence, until)
+from tests.helpers.ctrlkit import (
+    ReadyPlayer,
+    ReplicaWatch,
+    get_or_none,
+    heartbeat,
+    model,
+    node,
+    replica,
+    running,
+    silence,
+    until,
+)
 
 
 async def cond(store, name, type, status, reason=None):
@@ -292,7 +301,7 @@ async def test_deleting_a_lost_node_releases_its_shards(store):
 def test_the_disruption_budget_is_set_from_the_command_line(monkeypatch):
     from click.testing import CliRunner
 
-    from llmgw.runtime import cli
+    from llmgw.cmd import controller_manager as cli
     started = {}
 
     def run(main):                         # instead of connecting to etcd: keep what it was given

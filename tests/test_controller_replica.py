@@ -4,11 +4,10 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 
+from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from llmgw.api import Model, get_condition
 from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
-from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from tests.helpers.controlplane import control_plane, until
-
 
 SLOW_BACKOFF = {"rebuild_backoff_base": 3600, "rebuild_backoff_max": 3600}   # a wait no test sits out
 
@@ -48,7 +47,8 @@ async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store
         # the small replica shares a node with the big one: no port is used twice on any node
         await until(lambda: any(r.status.phase == "Ready" for r in cp.replicas("small")))
         for node in ("n1", "n2", "n3"):
-            ports = [p for s in cp.cache.index("shards", "node", node) for p in (s.spec.ports.serve, s.spec.ports.distInit)
+            ports = [p for s in cp.cache.index("shards", "node", node)
+                     for p in (s.spec.ports.serve, s.spec.ports.distInit)
                      if not (s.spec.rank > 0 and p == s.spec.ports.distInit)]
             assert len(ports) == len(set(ports)), (node, ports)
             assert all(30000 <= p <= 32767 for p in ports)

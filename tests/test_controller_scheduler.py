@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.api import get_condition
-
 from controllers.scheduler import SchedulerController
+from llmgw.api import get_condition
 from tests.helpers.ctrlkit import node, replica, running, until
 
 

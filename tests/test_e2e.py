@@ -153,7 +153,8 @@ async def test_2_drain_under_load_loses_no_request(cluster, client):
     drained = sorted(nodes_of(large))[0]
     async with Load(cluster.gateway_url, ["sim-large", "sim-small"]) as load:
         llmgw_cli(cluster, "drain", drained)
-        assert node_status(cluster, drained).startswith("Ready,SchedulingDisabled") or "Draining" in node_status(cluster, drained)
+        assert (node_status(cluster, drained).startswith("Ready,SchedulingDisabled")
+                or "Draining" in node_status(cluster, drained))
 
         async def drained_done():
             node = await client.get("nodes", drained)

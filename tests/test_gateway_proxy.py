@@ -9,10 +9,10 @@ import aiohttp
 import openai
 import pytest
 
+from llmgw.dev.process import free_port
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
-from llmgw.dev.process import free_port
 from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
 
 NAMES = ("llama", "small")
@@ -126,7 +126,7 @@ async def test_a_replica_marked_for_deletion_gets_no_new_requests(sims):
 async def test_an_engine_that_dies_on_the_request_is_retried_on_another_replica(sims):
     doomed = [Sim.start(*NAMES, extra=["--crash-on-request", "1"], wait=False) for _ in range(2)]
     try:
-        for stream, engine in zip((False, True), doomed):
+        for stream, engine in zip((False, True), doomed, strict=False):
             engine.wait_ready()
             # "llama-0" sorts first, so the round robin tries the doomed engine first.
             async with running_gateway(llama_table(engine.endpoint, sims[1].endpoint)) as gw, \

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from llmgw.api import Model, Replica
+from llmgw.dev.process import free_port
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.store import Store
-from llmgw.dev.process import free_port
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 from tests.helpers.gateway import CLI, Sim, metric
 
@@ -49,7 +49,7 @@ async def eventually(check, what: str, timeout: float = 30.0):
         await asyncio.sleep(0.1)
 
 
-async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tmp_path):  # noqa: F811
+async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tmp_path):
     sims = {n: Sim.start("llama", "small", wait=False) for n in ("a", "b", "c")}
     cert, key = api_server.issue_component("gateway")
     port = free_port()

@@ -104,7 +104,8 @@ async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
         await until(lambda: any(m.is_leader for m in managers))
         leader = next(m for m in managers if m.is_leader)
         other = next(m for m in managers if m is not leader)
-        await until(lambda: (leader.cache.get("models", "a") or model("x")).metadata.labels.get("by") == leader.identity)
+        await until(lambda: (leader.cache.get("models", "a") or model("x")).metadata.labels.get("by")
+                    == leader.identity)
         assert not other.is_leader
         fenced = leader.controllers[0].ctx.store
 
@@ -138,7 +139,8 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
     task = asyncio.create_task(mgr.run())
     try:
         await store.create(model("b"))
-        await until(lambda: mgr.is_leader and (mgr.cache.get("models", "b") or model("x")).metadata.labels.get("by") == "solo")
+        await until(lambda: mgr.is_leader
+                    and (mgr.cache.get("models", "b") or model("x")).metadata.labels.get("by") == "solo")
         assert ctrl.calls["b"] >= 4
         assert mgr.events.find(name="b", reason="Labeled")
         async with aiohttp.ClientSession() as http:

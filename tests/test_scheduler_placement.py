@@ -1,7 +1,8 @@
 """Pure placement logic: filters, fabric rule, islands, GPU picking, spreading, reasons."""
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.api import Node, Replica, Shard
 from llmgw.scheduling import Fit, Ledger, NodeInfo, Request, Unfit, place, request_for
@@ -170,7 +171,8 @@ def test_a_shard_keeps_its_gpus_and_ports_booked_after_its_replica_lets_go():
 def test_foreign_ports_are_not_the_nodes_to_hand_out():
     n = Node.model_validate({"metadata": {"name": "n1"}, "status": {
         "portRange": {"first": 100, "last": 104}, "foreignPorts": [100, 103, 103, 7000],
-        "gpus": [{"index": 0}], "engines": [{"name": "sim", "path": "/x"}], "conditions": [{"type": "Ready", "status": "True"}]}})
+        "gpus": [{"index": 0}], "engines": [{"name": "sim", "path": "/x"}],
+        "conditions": [{"type": "Ready", "status": "True"}]}})
     info = NodeInfo.from_node(n)
     assert info.ports == 3            # 5 in range, 100 and 103 held by others; 7000 is out of range
     led = ledger_of(info)
@@ -252,7 +254,7 @@ def test_random_placements_keep_the_invariants(nodes, ops):
             continue
         infos = [led.nodes[s.node] for s in out.slots]
         assert len(set(out.nodes)) == width                        # one rank per node
-        for s, info in zip(out.slots, infos):
+        for s, info in zip(out.slots, infos, strict=False):
             assert node_reason(led, info, req) is None
             assert len(s.gpus) == gpus and set(s.gpus) <= set(led.free_gpus(s.node))
         if width > 1:

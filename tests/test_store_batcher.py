@@ -7,8 +7,8 @@ import aetcd.exceptions
 import pytest
 
 from llmgw.dev.process import free_port
-from llmgw.store.connection import Connection
 from llmgw.store import AlreadyExists, Conflict, FencedOut, Store, StoreUnavailable
+from llmgw.store.connection import Connection
 from tests.test_store import model
 
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgw.api import parse_object  # noqa: E402
-from llmgw.dev.etcd import etcd_cluster  # noqa: E402
-from llmgw.store import Store  # noqa: E402
-from tests.helpers.cluster import make_pki, start_api_server  # noqa: E402
+from llmgw.api import parse_object
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.store import Store
+from tests.helpers.cluster import make_pki, start_api_server
 
 
 def model(name: str, replicas: int = 1):
@@ -110,7 +110,8 @@ async def main(args) -> None:
     server = start_api_server(make_pki(base / "ca"), etcd.endpoint, base)
     try:
         async with Store(etcd.endpoint) as store:
-            d_create, d_update = await run_ops(args.ops, args.concurrency, store.create, store.get, store.update, "direct")
+            d_create, d_update = await run_ops(args.ops, args.concurrency, store.create, store.get, store.update,
+                                               "direct")
         async with server.client(connections=args.concurrency) as c:
             s_create, s_update = await run_ops(args.ops, args.concurrency, c.create, c.get, c.update, "server")
         print(f"direct:  creates {d_create:.0f}/s  updates {d_update:.0f}/s")

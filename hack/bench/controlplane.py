@@ -7,7 +7,7 @@ Starts its own etcd, measures etcd's raw put rate (concurrent put_raw of
 small values), registers --nodes hollow nodes (tests/helpers/fake_agents.py,
 in-process: 8 GPUs each, spread over 4 fabrics; they move shards
 Pending -> Starting -> Ready), starts a controller manager with every
-controller in controllers.ALL, then applies models at once: single-node
+controller in llmgw.cmd.controller_manager.CONTROLLERS, then applies models at once: single-node
 replicas (2 GPUs each, 20 models) and two-node replicas (8 GPUs per node,
 4 models), --replicas in all, one in eleven of them two-node (2000 + 200 for
 2200). A separate connection watches replicas and records when each got its
@@ -168,14 +168,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from controllers import ALL  # noqa: E402
-from llmgw import aio  # noqa: E402
-from llmgw.api import Model  # noqa: E402
-from llmgw.dev.etcd import etcd_cluster  # noqa: E402
-from llmgw.dev.process import terminate  # noqa: E402
-from llmgw.runtime.manager import Manager  # noqa: E402
-from llmgw.store import Store  # noqa: E402
-from tests.helpers.fake_agents import FakeAgents  # noqa: E402
+from llmgw import aio
+from llmgw.api import Model
+from llmgw.cmd.controller_manager import CONTROLLERS
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import terminate
+from llmgw.runtime.manager import Manager
+from llmgw.store import Store
+from tests.helpers.fake_agents import FakeAgents
 
 FABRICS = ("fab-a", "fab-b", "fab-c", "fab-d")
 
@@ -298,7 +298,7 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     print(f"registered {len(names)} hollow nodes in {time.perf_counter() - t0:.1f}s", flush=True)
 
     todo = models(args.replicas)
-    classes = [c for c in ALL if c.name == "scheduler"] if args.scheduler_only else ALL
+    classes = [c for c in CONTROLLERS if c.name == "scheduler"] if args.scheduler_only else CONTROLLERS
     manager = proc = None
     if args.in_process or args.backlog:
         manager = Manager(store, [cls() for cls in classes], identity="bench",

@@ -257,7 +257,7 @@ def selection_us(schedule: list[tuple[float, dict]], replicas: int) -> dict[str,
         best = float("inf")
         for _ in range(5):  # the least of five passes: the machine is shared
             t0 = time.perf_counter()
-            for d, r in zip(docs, raws):
+            for d, r in zip(docs, raws, strict=False):
                 fn(d, r)
             best = min(best, time.perf_counter() - t0)
         out[name] = best / len(docs) * 1e6
@@ -313,7 +313,7 @@ def main() -> None:
                      "--decode-ms-per-token", str(args.decode_ms_per_token),
                      "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-tokens", str(args.kv_cache_tokens)],
                     stdout=subprocess.DEVNULL, stderr=open(Path(tmp, f"sim-{i}.log"), "w")))
-            for port, proc in zip(ports, engines):
+            for port, proc in zip(ports, engines, strict=False):
                 wait_up(f"http://127.0.0.1:{port}/health", proc)
             for level, rate in levels.items():
                 schedule = workload(args, rate, args.seed)

@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import aetcd  # noqa: E402
-from aetcd import rpc  # noqa: E402
+import aetcd
+from aetcd import rpc
 
-from llmgw.api import parse_object  # noqa: E402
-from llmgw.dev.etcd import etcd_cluster  # noqa: E402
-from llmgw.store import Conflict, Store  # noqa: E402
+from llmgw.api import parse_object
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.store import Conflict, Store
 
 
 def doc(name: str, replicas: int) -> dict:
@@ -67,7 +67,7 @@ async def bench_store(endpoint: str, n: int, c: int) -> tuple[float, float]:
             try:
                 await store.update(m)
             except Conflict:
-                raise SystemExit("unexpected conflict")
+                raise SystemExit("unexpected conflict") from None
         return await bounded(n, c, create), await bounded(n, c, update)
 
 
@@ -90,7 +90,8 @@ async def bench_raw(endpoint: str, n: int, c: int) -> tuple[float, float]:
     async def update(i):
         key = f"/raw/spec/models/r{i}".encode()
         value = json.dumps(doc(f"r{i}", 2)).encode()
-        resp = await client.kvstub.Txn(txn(key, value, rpc.Compare(key=key, target=rpc.Compare.MOD, mod_revision=revs[i])))
+        compare = rpc.Compare(key=key, target=rpc.Compare.MOD, mod_revision=revs[i])
+        resp = await client.kvstub.Txn(txn(key, value, compare))
         assert resp.succeeded
     try:
         return await bounded(n, c, create), await bounded(n, c, update)

@@ -38,7 +38,7 @@ def parse_spec(spec: str) -> FakePort:
     head, *rest = spec.split(":")
     adapter, _, port = head.partition("/")
     fields = {"adapter": adapter, "port": int(port) if port else 1}
-    for key, value in zip(("state", "link_layer", "rate_gbps"), rest):
+    for key, value in zip(("state", "link_layer", "rate_gbps"), rest, strict=False):
         fields[key] = int(value) if key == "rate_gbps" else value
     return FakePort(**fields)
 

@@ -107,7 +107,7 @@ class Agent:
             await asyncio.sleep(interval)
             try:
                 facts = await asyncio.to_thread(gather, self.config)
-            except Exception as err:       # e.g. an adapter vanished: keep the facts we started with
+            except Exception as err:  # noqa: BLE001 e.g. an adapter vanished: keep the facts we started with
                 log.error("rediscovery failed, keeping earlier facts: %s", err)
                 continue
             self.facts = facts

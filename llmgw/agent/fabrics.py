@@ -83,7 +83,8 @@ def assign_fabrics(specs: list[FabricSpec], ports: list[Port], ib_root: str,
             key = (port.adapter, port.port)
             if key in owner:
                 other = owner[key]
-                where = f"twice under fabric {s.name}" if other == s.name else f"under two fabrics: {other} and {s.name}"
+                where = (f"twice under fabric {s.name}" if other == s.name
+                         else f"under two fabrics: {other} and {s.name}")
                 raise FabricError(f"adapter {port.adapter} port {port.port} appears {where}; "
                                   "an adapter belongs to one fabric")
             owner[key] = s.name

@@ -11,12 +11,12 @@ import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from llmgw.agent.version import agent_version
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery.gpu import GPUReport, discover_gpus
 from llmgw.agent.discovery.infiniband import IBDiscoveryError, Port, discover_ports
 from llmgw.agent.fabrics import Assignment, FabricError, assign_fabrics
 from llmgw.agent.inventory import Inventory, take_inventory
+from llmgw.agent.version import agent_version
 from llmgw.api import Condition, NodeStatus, set_condition
 
 

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.agent.version import agent_version
 from llmgw.agent.config import ENGINE_EXECUTABLES
+from llmgw.agent.version import agent_version
 from llmgw.api import EngineInfo
 
 # Python distribution whose version an executable reports.

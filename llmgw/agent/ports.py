@@ -6,7 +6,8 @@
 A socket is "held" when it listens (state 0A) or is bound without being
 connected (state 07) on the engines' bind address or on a wildcard address
 (0.0.0.0, ::): either makes an engine's bind() of that address and port
-fail, and either could answer a probe sent there. Its owner is found by the socket's inode among the open files of processes:
+fail, and either could answer a probe sent there. Its owner is found by the
+socket's inode among the open files of processes:
 first among the members of our engines' process groups (cheap, and enough
 when nothing foreign is there), then among every process, to name a
 stranger. A socket whose owner cannot be seen (another user's process, when

@@ -99,7 +99,7 @@ def tail(path: str | os.PathLike, lines: int) -> list[str]:
 async def spawn(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> asyncio.subprocess.Process:
     """Start argv in its own session (so it outlives the agent), output appended to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log:  # noqa: ASYNC230 a local file, opened once per start
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
             env=env, cwd=str(cwd), start_new_session=True,

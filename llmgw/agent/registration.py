@@ -92,7 +92,7 @@ class Registration:
         if self.connected.is_set():
             try:
                 await self._send()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 whatever failed, resend once reconnected
                 log.warning("node %s: status update failed, will resend when reconnected: %s", self.node, err)
                 self.connected.clear()
 
@@ -113,7 +113,7 @@ class Registration:
                 await asyncio.sleep(self.interval)
             except asyncio.CancelledError:
                 raise
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 whatever failed counts as a failed beat
                 failures += 1
                 if self.connected.is_set():
                     log.warning("node %s: heartbeat failed, engines keep running; retrying: %s", self.node, err)

@@ -114,7 +114,7 @@ class StatusReporter:
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception as err:        # server or etcd away: keep the latest, retry later
+            except Exception as err:  # noqa: BLE001 server or etcd away: keep the latest, retry later
                 log.warning("shard %s: status write failed, will retry: %s", name, err)
                 ok = False
                 break

@@ -78,7 +78,7 @@ class EngineProcess:
     async def _wait_exit(self) -> int | None:
         if self.child is not None:
             return await self.child.wait()
-        while process.is_alive(self.pid, self.record.start_time):
+        while process.is_alive(self.pid, self.record.start_time):  # noqa: ASYNC110 not our child: nothing to await
             await asyncio.sleep(POLL)
         return None
 

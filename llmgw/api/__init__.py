@@ -1,12 +1,28 @@
 """API types of llmgw.io/v1: Node, Model, Replica, Shard, and manifest loading."""
-from llmgw.api.meta import (  # noqa: F401
-    API_VERSION, Condition, ObjectMeta, OwnerReference, check_dns1123_label,
-    condition_true, get_condition, now, set_condition,
-)
-from llmgw.api.types import *  # noqa: F401,F403
-from llmgw.api.types import (  # noqa: F401
-    KIND_BY_NAME, KINDS, Object, resolve_kind, template_hash,
-)
 from llmgw.api.manifests import (  # noqa: F401
-    InvalidObject, ManifestError, load_file, load_path, parse_object, parse_stored,
+    InvalidObject,
+    ManifestError,
+    load_file,
+    load_path,
+    parse_object,
+    parse_stored,
+)
+from llmgw.api.meta import (  # noqa: F401
+    API_VERSION,
+    Condition,
+    ObjectMeta,
+    OwnerReference,
+    check_dns1123_label,
+    condition_true,
+    get_condition,
+    now,
+    set_condition,
+)
+from llmgw.api.types import *  # noqa: F403
+from llmgw.api.types import (  # noqa: F401
+    KIND_BY_NAME,
+    KINDS,
+    Object,
+    resolve_kind,
+    template_hash,
 )

@@ -9,8 +9,16 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
-from llmgw.api.limits import (MAX_BODY_BYTES, MAX_MANIFEST_BYTES, Duplicates, InputError, check_document,
-                              path_text, too_deep, too_large)
+from llmgw.api.limits import (
+    MAX_BODY_BYTES,
+    MAX_MANIFEST_BYTES,
+    Duplicates,
+    InputError,
+    check_document,
+    path_text,
+    too_deep,
+    too_large,
+)
 from llmgw.api.types import KIND_BY_NAME, Object
 
 # Any kind, told apart by its `kind` field, validated straight from JSON.

@@ -9,10 +9,20 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, Field, PrivateAttr, model_validator
 
 from llmgw.api.flags import reserved_flag
-from llmgw.api.limits import (MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT,
-                              MAX_REPLICAS)
-from llmgw.api.meta import (API_VERSION, Bool, Condition, DNSLabel, EnvName, Int, LabelKey, LabelValue,
-                            ObjectMeta, Strict, bounded)
+from llmgw.api.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT, MAX_REPLICAS
+from llmgw.api.meta import (
+    API_VERSION,
+    Bool,
+    Condition,
+    DNSLabel,
+    EnvName,
+    Int,
+    LabelKey,
+    LabelValue,
+    ObjectMeta,
+    Strict,
+    bounded,
+)
 
 Engine = Literal["vllm", "sglang", "llamacpp", "sim"]
 Port = bounded(1, MAX_PORT)

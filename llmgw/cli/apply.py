@@ -6,12 +6,12 @@ from pathlib import Path
 import click
 
 from llmgw.api import Object, load_path
+from llmgw.api.selectors import Selector
 from llmgw.cli import errors as ec
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 from llmgw.cli.get import kind_arg, selector_arg
 from llmgw.cli.render import applied_view, ref, unified_diff
-from llmgw.api.selectors import Selector
 
 
 def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:
@@ -21,7 +21,8 @@ def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:
     for f in files:
         loaded = load_path(f, recursive=recursive)
         if not loaded and Path(f).is_dir():
-            raise usage_error(f"{f}: no .yaml, .yml or .json files" + ("" if recursive else " (use -R for subdirectories)"))
+            raise usage_error(f"{f}: no .yaml, .yml or .json files"
+                              + ("" if recursive else " (use -R for subdirectories)"))
         for path, obj in loaded:
             key = (obj.kind_plural, obj.name)
             if key in seen:
@@ -106,7 +107,7 @@ def _load(files, recursive) -> list[Object]:
         return load_manifests(files, recursive)
     except CliError:
         raise
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         from llmgw.cli.connect import explain
 
         cli_err = explain(err)

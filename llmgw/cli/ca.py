@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
@@ -81,7 +79,8 @@ def issue_node(name, directory, days, not_before):
 @not_before_option
 @click.option("--write-config", is_flag=True, help="Also write the client configuration for this admin.")
 @click.option("--server", default="https://127.0.0.1:7443", show_default=True, help="Server URL for --write-config.")
-@click.option("--config", "config", default=None, help="Where --write-config writes (default $LLMGW_CONFIG or ~/.config/llmgw/config.yaml).")
+@click.option("--config", "config", default=None,
+              help="Where --write-config writes (default $LLMGW_CONFIG or ~/.config/llmgw/config.yaml).")
 def issue_admin(name, directory, days, not_before, write_config, server, config):
     """A person's certificate: O=llmgw:admins may do anything."""
     entry = _issue(directory, "admin", name, days=days, not_before=not_before)
@@ -186,4 +185,4 @@ def list_(directory):
         rows.append((e.serial, e.role, e.name, e.not_after[:19], state))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])

@@ -67,9 +67,18 @@ def connection_options(f: Callable) -> Callable:
 def explain(err: BaseException) -> CliError | None:
     """The one-line message and exit code for an error from the client, a manifest or a config."""
     from llmgw.api import ManifestError
-    from llmgw.client import (AlreadyExists, ApiError, ConfigError, Conflict, Forbidden, NotFound,
-                              TLSError, Unauthorized, Unreachable)
     from llmgw.api.selectors import SelectorError
+    from llmgw.client import (
+        AlreadyExists,
+        ApiError,
+        ConfigError,
+        Conflict,
+        Forbidden,
+        NotFound,
+        TLSError,
+        Unauthorized,
+        Unreachable,
+    )
 
     if isinstance(err, CliError):
         return err
@@ -110,7 +119,7 @@ def run(coro: Awaitable[Any]) -> Any:
         return asyncio.run(coro)
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None
-    except Exception as err:  # noqa: BLE001 - translated below or re-raised
+    except Exception as err:
         cli_err = explain(err)
         if cli_err is None:
             raise

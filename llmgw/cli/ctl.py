@@ -25,7 +25,8 @@ def ctl() -> None:
                    "default: found on PATH. For vLLM under Ray, ray is looked for next to it first.")
 @click.option("--help-output", metavar="TEXT", help="Check against this help text instead of running the engine.")
 @click.option("--help-file", type=click.File("r"), help="Check against the help text in this file.")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds each program gets to print its help.")
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Seconds each program gets to print its help.")
 def engine_check(engine: str, launch_mode: str | None, executable: str | None, help_output: str | None,
                  help_file, timeout: float) -> None:
     """Check every flag llmgw passes to ENGINE's programs against their own --help.

@@ -7,12 +7,12 @@ import json
 import click
 
 from llmgw.api import Object, resolve_kind
+from llmgw.api.selectors import Selector, parse_selector
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.output import RowPrinter, is_terminal, print_table, rich_table
 from llmgw.cli.render import describe as describe_text
 from llmgw.cli.render import format_objects, to_dict
-from llmgw.api.selectors import Selector, parse_selector
 from llmgw.cli.tables import format_table, gpus_used, table
 
 
@@ -120,7 +120,8 @@ async def _render_loop(queue, kind, kinds, name, output, sel) -> None:
             if synced != set(kinds):
                 continue
             objects = _by_name(o for o in cache[kind].values() if _wanted(o, name, sel))
-            headers, rows = table(kind, objects, wide=output == "wide", replicas=list(cache.get("replicas", {}).values()))
+            headers, rows = table(kind, objects, wide=output == "wide",
+                                  replicas=list(cache.get("replicas", {}).values()))
             if is_terminal():
                 if live is None:
                     from rich.live import Live

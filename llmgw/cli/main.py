@@ -11,7 +11,7 @@ import click
 COMMANDS: dict[str, str] = {
     "ca": "llmgw.cli.ca:ca",
     "server": "llmgw.server.cli:server",
-    "controller-manager": "llmgw.runtime.cli:controller_manager",
+    "controller-manager": "llmgw.cmd.controller_manager:controller_manager",
     "agent": "llmgw.agent.cli:agent",
     "gateway": "llmgw.gateway.cli:gateway",
     "sim": "llmgw.sim.cli:sim",

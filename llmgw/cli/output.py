@@ -41,7 +41,7 @@ class RowPrinter:
         self.started = False
 
     def _line(self, row: Sequence[str]) -> str:
-        return "   ".join(c.ljust(w) for c, w in zip(row, self.widths)).rstrip()
+        return "   ".join(c.ljust(w) for c, w in zip(row, self.widths, strict=False)).rstrip()
 
     def show(self, rows: Sequence[Sequence[str]]) -> None:
         """Print the rows (keyed by their first cell) that differ from what was printed last."""
@@ -49,7 +49,7 @@ class RowPrinter:
         if not changed and self.started:
             return
         for r in changed:
-            self.widths = [max(w, len(c)) for w, c in zip(self.widths, r)]
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, r, strict=False)]
         if not self.started:
             click.echo(self._line(self.headers))
             self.started = True

@@ -199,5 +199,5 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: 
     """Plain text, columns separated by three spaces, as kubectl prints them."""
     all_rows = ([list(headers)] if header else []) + [list(r) for r in rows]
     widths = [max(len(r[i]) for r in [list(headers), *rows]) for i in range(len(headers))]
-    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in all_rows]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in all_rows]
     return "\n".join(lines)

@@ -32,6 +32,15 @@ Errors (each str() is one actionable line):
 from llmgw.client.client import Client, WatchEvent  # noqa: F401
 from llmgw.client.config import ClientConfig, ConfigError, config_path  # noqa: F401
 from llmgw.client.errors import (  # noqa: F401
-    AlreadyExists, ApiError, BadRequest, Conflict, Expired, Forbidden, NotFound, TLSError, Unauthorized,
-    Unavailable, Unreachable,
+    AlreadyExists,
+    ApiError,
+    BadRequest,
+    Conflict,
+    Expired,
+    Forbidden,
+    NotFound,
+    TLSError,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
 )

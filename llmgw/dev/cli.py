@@ -19,7 +19,8 @@ from rich.table import Table
 from llmgw.agent.config import ENGINE_EXECUTABLES
 from llmgw.api import condition_true, load_path
 from llmgw.client import ApiError, Client, ClientConfig
-from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes, down as cluster_down
+from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes
+from llmgw.dev.cluster import down as cluster_down
 
 DEFAULT_DIR = ".llmgw-dev"
 SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
@@ -97,7 +98,8 @@ def engine_paths(values: tuple[str, ...]) -> dict[str, str]:
         name, _, path = value.partition("=")
         name = "llama-server" if name == "llamacpp" else name
         if name not in ENGINE_EXECUTABLES:
-            raise click.BadParameter(f"unknown engine {name!r}: use llamacpp, vllm, ray or sglang", param_hint="--engine")
+            raise click.BadParameter(f"unknown engine {name!r}: use llamacpp, vllm, ray or sglang",
+                                     param_hint="--engine")
         if not path:
             if name == "sglang":
                 raise click.BadParameter("sglang needs =PATH: the Python that has SGLang installed",
@@ -229,7 +231,8 @@ Send a request through the gateway ({c.gateway_url}):
     -d '{{"model": "small", "messages": [{{"role": "user", "content": "hello"}}]}}'
 
   {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="none"); \\
-print(c.chat.completions.create(model="large", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
+print(c.chat.completions.create(model="large",
+      messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
 
 Watch status in etcd (TLS; the admin's etcd client certificate):
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,7 +264,8 @@ class LocalCluster:
                 return
             except OSError:
                 time.sleep(0.1)
-        raise TimeoutError(f"server did not listen on {self.server_port} within {timeout:.0f}s; see {self.log('server')}")
+        raise TimeoutError(f"server did not listen on {self.server_port} within {timeout:.0f}s; "
+                           f"see {self.log('server')}")
 
     # --------------------------------------------------------------- stopping
 
@@ -355,7 +356,7 @@ def _is_dev_up(pid: int) -> bool:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(a == b"dev" and b == b"up" for a, b in zip(args, args[1:])) and not _zombie(pid)
+    return any(a == b"dev" and b == b"up" for a, b in zip(args, args[1:], strict=False)) and not _zombie(pid)
 
 
 def _stop_owner(pid: int, timeout: float = 60.0) -> None:

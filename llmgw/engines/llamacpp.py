@@ -20,7 +20,8 @@ ALL_LAYERS = 999
 def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> RenderedShard:
     spec = shard.spec
     if spec.worldSize != 1:
-        raise RenderError(f"shard {shard.metadata.name}: llama-server is single-node, but worldSize is {spec.worldSize}")
+        raise RenderError(f"shard {shard.metadata.name}: llama-server is single-node, "
+                          f"but worldSize is {spec.worldSize}")
     argv = [
         program(executables, "llama-server"),
         "--model", weights(shard),

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from llmgw.api import Shard
 from llmgw.engines.base import (
-    PROCESS_PROBE, Command, NodeFacts, RenderedShard, base_env, health_probe,
-    join_host_port, weights,
+    PROCESS_PROBE,
+    Command,
+    NodeFacts,
+    RenderedShard,
+    base_env,
+    health_probe,
+    join_host_port,
+    weights,
 )
 
 

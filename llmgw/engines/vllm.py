@@ -18,8 +18,16 @@ from __future__ import annotations
 
 from llmgw.api import Shard
 from llmgw.engines.base import (
-    PROCESS_PROBE, Command, NodeFacts, RenderedShard, RenderError, base_env,
-    health_probe, join_host_port, program, weights,
+    PROCESS_PROBE,
+    Command,
+    NodeFacts,
+    RenderedShard,
+    RenderError,
+    base_env,
+    health_probe,
+    join_host_port,
+    program,
+    weights,
 )
 
 

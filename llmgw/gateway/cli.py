@@ -9,7 +9,6 @@ import signal
 import click
 
 from llmgw import aio
-
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 from llmgw.gateway.server import Limits
 

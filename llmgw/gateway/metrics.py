@@ -85,7 +85,7 @@ class _Requests:
             "Time from request to the last byte of the response, by model", labels=["model"])
         for model, (counts, sum_) in sorted(self.latency.items()):
             cumulative, acc = [], 0
-            for bound, n in zip(self._BOUNDS, counts):
+            for bound, n in zip(self._BOUNDS, counts, strict=False):
                 acc += n
                 cumulative.append((bound, acc))
             hist.add_metric([model], cumulative, sum_)

@@ -657,7 +657,7 @@ class HttpServer:
         for conn in list(self.conns):
             conn.shutdown()
         deadline = time.monotonic() + grace
-        while self.conns and time.monotonic() < deadline:
+        while self.conns and time.monotonic() < deadline:  # noqa: ASYNC110 connections close on their own
             await asyncio.sleep(0.05)
         for conn in list(self.conns):
             conn.transport.abort()

@@ -59,7 +59,7 @@ class ServerSource:
                         self.on_change(kind, type_, obj)
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # Forbidden, a bad object...: keep serving what we have
+            except Exception as err:  # noqa: BLE001 Forbidden, a bad object...: keep serving what we have
                 log.error("watching %s failed: %s; retrying in %.0f s", kind, err, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)

@@ -5,6 +5,14 @@
     identity_from_der(der) -> Identity(role, name, org, serial, not_before, not_after)
 """
 from llmgw.pki.ca import (  # noqa: F401
-    COMPONENTS, DEFAULT_DAYS, ETCD_ROLES, ORG, CAError, CertificateAuthority, Issued, normalize_serial, serial_hex,
+    COMPONENTS,
+    DEFAULT_DAYS,
+    ETCD_ROLES,
+    ORG,
+    CAError,
+    CertificateAuthority,
+    Issued,
+    normalize_serial,
+    serial_hex,
 )
 from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file  # noqa: F401

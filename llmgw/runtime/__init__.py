@@ -2,5 +2,6 @@
 
 Modules: controller (the Controller interface), cache (shared informer cache),
 informer (list + watch into the cache), workqueue, events (EventRecorder),
-leader (leader election loop), manager (runs controllers), metrics, cli.
+leader (leader election loop), manager (runs controllers), metrics. It
+knows no controller: llmgw/cmd/controller_manager.py hands them over.
 """

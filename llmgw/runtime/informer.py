@@ -66,7 +66,7 @@ class Informer:
     def _emit(self, type: str, obj: Any) -> None:
         try:
             self.handler(self.kind, type, obj)
-        except Exception:  # noqa: BLE001 - a handler bug must not stop the informer
+        except Exception:
             log.exception("%s informer: handler failed", self.kind)
 
     async def run(self) -> None:

@@ -114,7 +114,7 @@ class Manager:
                     delay = c.batch_seconds if kind != c.primary_kind else 0.0
                     for key in c.keys_for(kind, obj):
                         self.queues[c.name].add_after(key, delay)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("%s: keys_for(%s) failed", c.name, kind)
 
         # Controllers hear of each other's writes from the writer's assume (at once)
@@ -166,7 +166,7 @@ class Manager:
                 result = await c.reconcile(key)
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # noqa: BLE001 - any error: retry with backoff
+            except Exception as err:
                 errors.inc()
                 delay = queue.add_rate_limited(key)
                 if isinstance(err, Conflict):

@@ -45,7 +45,8 @@ class ManagerMetrics:
         return generate_latest(self.registry)
 
 
-async def serve(metrics: ManagerMetrics, healthy: Callable[[], tuple[bool, str]], host: str, port: int) -> web.AppRunner:
+async def serve(metrics: ManagerMetrics, healthy: Callable[[], tuple[bool, str]], host: str,
+                port: int) -> web.AppRunner:
     """Start /metrics and /healthz on host:port; returns the runner (``await runner.cleanup()``)."""
 
     async def get_metrics(_request: web.Request) -> web.Response:

@@ -5,6 +5,6 @@
   per-node accounting of free GPUs, used ports and replicas per model.
 - `placer.place()`: pick nodes and GPU indices for a request, or explain why not.
 """
-from llmgw.scheduling.request import Request, request_for  # noqa: F401
 from llmgw.scheduling.ledger import Ledger, NodeInfo  # noqa: F401
 from llmgw.scheduling.placer import Fit, Unfit, describe, place  # noqa: F401
+from llmgw.scheduling.request import Request, request_for  # noqa: F401

@@ -9,19 +9,18 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from aiohttp import web
-
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
+from llmgw.api.selectors import Selector
 from llmgw.pki import Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
-from llmgw.server.watchcache import Expired, Watcher, WatchCache, check_revision, error_line, event_line
-from llmgw.store import (AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Selector, Store,
-                         StoreUnavailable)
+from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
+from llmgw.store import AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Store, StoreUnavailable
 from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
@@ -48,7 +47,8 @@ def _node_of(obj: Object) -> str | None:
 
 _STORE_ERRORS = [
     (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
-    (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"), (StoreUnavailable, 503, "ServiceUnavailable"),
+    (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"),
+    (StoreUnavailable, 503, "ServiceUnavailable"),
 ]
 
 

@@ -33,19 +33,19 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     log = logging.getLogger("llmgw.server")
     host, port = _listen(listen)
     for what, path in (("--cert", cert), ("--key", key), ("--client-ca", client_ca)):
-        if not os.path.exists(path):
+        if not os.path.exists(path):  # noqa: ASYNC240 once, before serving
             raise click.ClickException(f"{what} {path}: no such file")
     try:
         ctx = server_context(cert, key, client_ca)
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
-                                   f"{client_ca}: {err.reason or err}")
+                                   f"{client_ca}: {err.reason or err}") from None
     warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
         await store.connect()
     except (StoreError, OSError) as err:
-        raise click.ClickException(f"cannot reach etcd at {etcd}: {err}")
+        raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
@@ -56,7 +56,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except OSError as err:
         await runner.cleanup()
         await store.close()
-        raise click.ClickException(f"cannot listen on {listen}: {err.strerror or err}")
+        raise click.ClickException(f"cannot listen on {listen}: {err.strerror or err}") from None
     log.info("listening on https://%s:%d (etcd %s)", host, site.port, etcd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

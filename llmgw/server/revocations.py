@@ -63,6 +63,6 @@ class Revocations:
                         self.serials.discard(serial)
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # etcd away or the stream dropped: relist after a pause
+            except Exception as err:  # noqa: BLE001 etcd away or the stream dropped: relist after a pause
                 log.warning("revocation watch interrupted (%s); relisting in %.0fs", err, self._retry)
                 await asyncio.sleep(self._retry)

@@ -60,7 +60,7 @@ class _AlertingSSLProtocol(SSLProtocol):
         if handshake_exc is not None:
             try:
                 self._process_outgoing()
-            except Exception:  # the peer may be gone already
+            except Exception:  # noqa: BLE001 the peer may be gone already
                 pass
         super()._on_handshake_complete(handshake_exc)
 

@@ -33,9 +33,9 @@ import sys
 from collections import deque
 from typing import AsyncIterator
 
+from llmgw.server.status import status_body
 from llmgw.store import Compacted, Selector, Store, StoreUnavailable, WatchEvent
 from llmgw.store import keys as K
-from llmgw.server.status import status_body
 
 log = logging.getLogger("llmgw.server")
 
@@ -320,7 +320,7 @@ class KindCache:
             except Compacted as err:
                 log.warning("watch cache of %s: revision %d was compacted (%s)", self.kind, self.rev + 1, err)
                 rebase = True
-            except Exception as err:  # StoreUnavailable, mostly: re-watch from where it stopped
+            except Exception as err:  # noqa: BLE001 StoreUnavailable, mostly: re-watch from where it stopped
                 log.warning("watch cache of %s interrupted (%s); watching again from revision %d in %.1fs",
                             self.kind, err, self.rev + 1, delay)
                 await asyncio.sleep(delay)

@@ -6,8 +6,15 @@ import os
 # (connection.describe_failure). GRPC_VERBOSITY=ERROR brings them back.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-from llmgw.store.errors import (  # noqa: F401
-    AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, StoreError, StoreUnavailable,
-)
 from llmgw.api.selectors import Selector  # noqa: F401
+from llmgw.store.errors import (  # noqa: F401
+    AlreadyExists,
+    Compacted,
+    Conflict,
+    FencedOut,
+    NameTaken,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from llmgw.store.store import Leadership, RawEvent, Store, WatchEvent  # noqa: F401

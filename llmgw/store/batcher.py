@@ -128,6 +128,6 @@ class TxnBatcher:
                 if not item.future.done():
                     item.future.set_exception(err)
             return
-        for item, response in zip(batch, responses):
+        for item, response in zip(batch, responses, strict=False):
             if not item.future.done():
                 item.future.set_result(response)

@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 import aetcd
 import aetcd.exceptions
 import aetcd.watcher
-from aetcd import rpc
 import grpc
+from aetcd import rpc
 
 from llmgw.store.errors import StoreUnavailable
 
@@ -159,7 +159,8 @@ def describe_failure(err: BaseException | None) -> str:
     if "CERTIFICATE_VERIFY_FAILED" in details or "Handshake failed" in details:
         return f"{details}: check --etcd-ca (the etcd CA's ca.crt) and that etcd serves TLS"
     if "Socket closed" in details:
-        return f"{details}: plain http to an etcd that requires TLS? use https:// endpoints and --etcd-ca/--etcd-cert/--etcd-key"
+        return (f"{details}: plain http to an etcd that requires TLS? "
+                "use https:// endpoints and --etcd-ca/--etcd-cert/--etcd-key")
     return details
 
 
@@ -168,9 +169,9 @@ async def _close_client(client: aetcd.Client) -> None:
     full request queue once its stream is gone, so bound it and close the channel."""
     try:
         await asyncio.wait_for(client.close(), 3.0)
-    except (Exception, asyncio.TimeoutError):  # a dead channel may fail to close; nothing to recover
+    except (Exception, asyncio.TimeoutError):  # noqa: BLE001 a dead channel may fail to close; nothing to recover
         if client.channel is not None:
             try:
                 await client.channel.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 the channel may be half gone; closing is best effort
                 pass

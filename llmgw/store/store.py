@@ -21,12 +21,11 @@ from pydantic import ValidationError
 
 from llmgw.api import KINDS, Object, now, parse_stored, set_condition
 from llmgw.api.meta import Condition
+from llmgw.api.selectors import Selector
 from llmgw.store import keys as K
 from llmgw.store.batcher import TxnBatcher
 from llmgw.store.connection import Connection
-from llmgw.store.errors import (AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound,
-                                StoreUnavailable)
-from llmgw.api.selectors import Selector
+from llmgw.store.errors import AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, StoreUnavailable
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
@@ -150,7 +149,7 @@ class Leadership:
     async def resign(self) -> None:
         try:
             await self.store._conn.call(lambda c: c.revoke_lease(self.lease_id))
-        except Exception:  # the lease expires by itself anyway
+        except Exception:  # noqa: BLE001 the lease expires by itself anyway
             pass
 
 
@@ -279,10 +278,10 @@ class Store:
         models = K.kind_prefix(K.SPEC, "models")
         reads = [_get(K.served_name_key(n)) for n in names]
         resp = await self._txn([], reads + ([_get(models, K.prefix_end(models))] if keep else []), writes=False)
-        unreserved = [n for n, r in zip(keep, resp.responses) if not r.response_range.kvs]
+        unreserved = [n for n, r in zip(keep, resp.responses, strict=False) if not r.response_range.kvs]
         legacy = _holders(resp.responses[len(names)].response_range.kvs, unreserved) if unreserved else {}
         compare, ops = [], []
-        for n, r in zip(names, resp.responses):
+        for n, r in zip(names, resp.responses, strict=False):
             key = _b(K.served_name_key(n))
             kv = r.response_range.kvs[0] if r.response_range.kvs else None
             holder = kv.value.decode() if kv else None
@@ -597,14 +596,14 @@ class Store:
             raise Compacted(err.compacted_revision) from None
         except asyncio.CancelledError:
             raise
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 aetcd/grpc raise many kinds; all mean the stream is gone
             raise StoreUnavailable(f"watch stream from {self._conn.endpoint} dropped: {err}") from None
         finally:
             # aetcd's cancel can block on its request queue when the stream is
             # gone; never let closing a watch hang its caller.
             try:
                 await asyncio.wait_for(watch.cancel(), 2.0)
-            except (Exception, asyncio.TimeoutError):  # the stream may already be gone
+            except (Exception, asyncio.TimeoutError):  # noqa: BLE001 the stream may already be gone
                 pass
         raise StoreUnavailable(f"watch stream from {self._conn.endpoint} ended")
 

@@ -11,8 +11,8 @@ from typing import Any
 from controllers.model import ModelController
 from controllers.replica import ReplicaController
 from llmgw.runtime.manager import Manager
-from tests.helpers.fake_agents import FakeAgents
 from tests.helpers.ctrlkit import until  # noqa: F401  (re-exported for the controller tests)
+from tests.helpers.fake_agents import FakeAgents
 from tests.helpers.placer import FirstFitPlacer
 
 FAST = {"lease_seconds": 2, "node_grace": 1.0, "rebuild_backoff_base": 0.5, "rebuild_backoff_max": 4.0}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter, GGUFValueType
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 WIDTH, LAYERS, FF, HEADS = 64, 2, 128, 4
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "

@@ -96,7 +96,7 @@ class Recorder:
 
 def _is_engine(argv: list[str]) -> bool:
     """`<python> -m llmgw.sim ...` or `<...>/llmgw sim ...` (how the agent runs the sim engine)."""
-    return "llmgw.sim" in argv or any(a.endswith("llmgw") and b == "sim" for a, b in zip(argv, argv[1:]))
+    return "llmgw.sim" in argv or any(a.endswith("llmgw") and b == "sim" for a, b in zip(argv, argv[1:], strict=False))
 
 
 def _arg(argv: list[str], flag: str) -> str | None:

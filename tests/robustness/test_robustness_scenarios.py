@@ -7,7 +7,6 @@ failed, before their fixes, on the invariant each bug breaks.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import time

@@ -171,7 +171,7 @@ def _parse(path: str, fields: list[str], out: str) -> tuple[list[GPU], str | Non
         if len(row) != len(fields):
             raise _Failed(f"{path} printed line {lineno} with {len(row)} fields, expected "
                           f"{len(fields)} ({','.join(fields)}): {','.join(row)[:200]!r}")
-        values = dict(zip(fields, (_value(c) for c in row)))
+        values = dict(zip(fields, (_value(c) for c in row), strict=False))
         index = _int(values["index"])
         if index is None:
             raise _Failed(f"{path} printed line {lineno} without a GPU index: {','.join(row)[:200]!r}")

@@ -28,7 +28,8 @@ class Port:
         return self.state == "ACTIVE" and self.link_layer == "InfiniBand"
 
     def describe(self) -> str:
-        return f"{self.adapter} port {self.port} ({self.state or 'state unknown'}, {self.link_layer or 'link layer unknown'})"
+        return (f"{self.adapter} port {self.port} "
+                f"({self.state or 'state unknown'}, {self.link_layer or 'link layer unknown'})")
 
     def to_api(self) -> Adapter:
         return Adapter(name=self.adapter, port=self.port, state=self.state,

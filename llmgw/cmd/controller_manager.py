@@ -1,4 +1,4 @@
-"""`llmgw controller-manager`: run every controller in controllers.ALL with leader election."""
+"""`llmgw controller-manager`: run every controller in CONTROLLERS with leader election."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +7,19 @@ import signal
 
 import click
 
+from controllers.drain import DrainController
+from controllers.gc import GarbageCollector
+from controllers.model import ModelController
+from controllers.nodelifecycle import NodeLifecycleController
+from controllers.replica import ReplicaController
+from controllers.scheduler import SchedulerController
 from llmgw import aio
 from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
+
+# Every controller the manager runs, in the order it starts them; a new
+# controller is registered here (docs/architecture.md, "Adding a controller").
+CONTROLLERS: list[type] = [ModelController, ReplicaController, SchedulerController, NodeLifecycleController,
+                           DrainController, GarbageCollector]
 
 
 @click.command("controller-manager")
@@ -44,7 +55,6 @@ def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_
 
 
 async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
-    import controllers
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Store
@@ -53,7 +63,7 @@ async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
-    manager = Manager(store, [cls() for cls in controllers.ALL], identity=identity, options=options)
+    manager = Manager(store, [cls() for cls in CONTROLLERS], identity=identity, options=options)
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)
