@@ -29,7 +29,23 @@ gateway's CPU per request within 1.2x of least-outstanding's. It also prints wha
 choosing a replica costs per request by each policy (the key and the pick, timed in
 this process), beside the body's parse.
 
-Measured 2026-12-04 on the 2-core development machine, shared with seven other
+Measured 2026-12-04 on the idle 2-core development machine (load average 0.4), defaults,
+`--seconds 30`, the gateway without its cap on connections per client address (the generator's
+connections all come from 127.0.0.1; with the default cap of 256, least-outstanding's
+overload lost 210 of 1100 requests to 429s in a first run):
+    moderate  10.0 req/s  least-outstanding  ttft p50   62 ms p99   460 ms  e2e p50    98 ms p99   642 ms  156.5 tok/s  hit 0.42
+    moderate  10.0 req/s  prefix-hash        ttft p50   23 ms p99   286 ms  e2e p50    60 ms p99   395 ms  157.4 tok/s  hit 0.74
+    moderate  10.0 req/s  prefix-score       ttft p50   39 ms p99   286 ms  e2e p50    79 ms p99   351 ms  156.7 tok/s  hit 0.68
+    overload  36.0 req/s  least-outstanding  ttft p50 7701 ms p99 17265 ms  e2e p50 10247 ms p99 18791 ms  366.7 tok/s  hit 0.39
+    overload  36.0 req/s  prefix-hash        ttft p50  311 ms p99  1512 ms  e2e p50  1139 ms p99  2977 ms  564.0 tok/s  hit 0.67
+    overload  36.0 req/s  prefix-score       ttft p50  473 ms p99  1779 ms  e2e p50  1902 ms p99  3706 ms  552.4 tok/s  hit 0.67
+    prefix-hash: moderate p99 ttft 0.62x e2e 0.61x least-outstanding's; gateway CPU per request 1.05x
+    prefix-score: moderate p99 ttft 0.62x e2e 0.55x least-outstanding's; gateway CPU per request 1.16x
+    selection per request (parse, then key and pick): parse 15.9 us, least-outstanding 0.9 us,
+        prefix-hash 6.7 us, prefix-score 15.6 us
+    routing: ttft_p50_ratio=24.8 throughput_ratio=1.54 hit_rate=0.67
+
+Earlier the same day, on the same machine shared with seven other
 helpers' builds and tests (load average 3-7 during the runs), so the latencies are
 noisy; the sim's sleeps, not the CPU, set the service times. Defaults (4 replicas,
 8192-token caches, prefill 0.2 ms/token, decode 2 ms/token/request, 16 running,
@@ -215,7 +231,8 @@ def run_policy(llmgw: list[str], tmp: str, policy: str, ports: list[int],
             f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=10).close()
     gw_port = free_port()
     gw = subprocess.Popen([*llmgw, "gateway", "--listen", f"127.0.0.1:{gw_port}", "--static", str(routes),
-                           "--log-level", "warning"],
+                           # every generator connection comes from 127.0.0.1: no per-address cap
+                           "--max-conns-per-addr", "0", "--log-level", "warning"],
                           stdout=subprocess.DEVNULL, stderr=open(Path(tmp, f"gateway-{policy}.log"), "w"))
     try:
         wait_up(f"http://127.0.0.1:{gw_port}/healthz", gw)
