@@ -18,6 +18,8 @@ rounds, 445 faults written (a kill and its restart count as two), 26910 requests
 object changes and 5094 engine samples recorded, 8 invariants checked over them: all held. An
 earlier run (seed 331239277, same figures within 2%) broke surge_bound with a drain during a
 rollout, the drain's own make-before-break budget, which the checker now leaves out.
+After issue 21's fixes landed (2026-12-04, idle 2 cores, 300 s, seed 924973823): 182 rounds, 222
+faults, 14718 requests, 0 failed, 1564 changes and 2835 samples, 8 invariants: all held.
 """
 from __future__ import annotations
 
