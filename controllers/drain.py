@@ -153,10 +153,7 @@ class DrainController(Controller):
         except NotFound:
             self.ctx.cache.assume_deleted("replicas", orig.metadata.name)
             return
-        if gone.metadata.deletionTimestamp is not None and gone.metadata.finalizers:
-            self.ctx.cache.assume(gone)
-        else:
-            self.ctx.cache.assume_deleted("replicas", orig.metadata.name)
+        self.ctx.cache.assume_deletion(gone)
         self.ctx.events.record(node, "Normal", "DrainStep", message)
         self.ctx.events.record(orig, "Normal", "Evicted", f"node {node.metadata.name} is draining: {message}")
 

@@ -74,10 +74,7 @@ class GarbageCollector(Controller):
                     gone = await self.ctx.store.delete(kind, name, node=node)
                 except NotFound:
                     return None
-                if gone.metadata.finalizers:
-                    self.ctx.cache.assume(gone)
-                else:
-                    self.ctx.cache.assume_deleted(kind, name)
+                self.ctx.cache.assume_deletion(gone)
                 self.ctx.events.record(obj, "Normal", "GarbageCollected",
                                        f"owner {ref.kind} {ref.name} (uid {ref.uid}) is gone")
                 return None

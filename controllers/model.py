@@ -264,9 +264,6 @@ class ModelController(Controller):
         except NotFound:
             self.ctx.cache.assume_deleted("replicas", r.name)
             return
-        if gone.metadata.finalizers:
-            self.ctx.cache.assume(gone)
-        else:
-            self.ctx.cache.assume_deleted("replicas", r.name)
+        self.ctx.cache.assume_deletion(gone)
         model = self.ctx.cache.get("models", r.spec.model)
         self.ctx.events.record(model or r, "Normal", reason, f"deleting replica {r.name}: {message}")

@@ -50,10 +50,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
-from llmgw.api import get_condition
+from llmgw.api import EVICTING, get_condition
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.controller import Controller, Result
-from llmgw.runtime.nodes import EVICTING, mass_silence, node_lost
+from llmgw.runtime.nodes import mass_silence, node_lost
 from llmgw.store import NotFound
 
 
@@ -232,10 +232,7 @@ class NodeLifecycleController(Controller):
         except NotFound:
             self.ctx.cache.assume_deleted("replicas", rep.metadata.name)
             return
-        if gone.metadata.finalizers:
-            self.ctx.cache.assume(gone)
-        else:
-            self.ctx.cache.assume_deleted("replicas", gone.metadata.name)
+        self.ctx.cache.assume_deletion(gone)
         self.ctx.events.record(rep, "Warning", "Evicted", why)
         self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
 

@@ -69,10 +69,7 @@ async def abandon_replacement(ctx: Any, repl: Replica) -> None:
         if repl.status.phase != "Ready":
             gone = await ctx.store.delete("replicas", repl.metadata.name)
             ctx.events.record(repl, "Normal", "ReplacementCalledOff", "the move was called off before it served")
-            if gone.metadata.finalizers:
-                ctx.cache.assume(gone)
-            else:
-                ctx.cache.assume_deleted("replicas", repl.metadata.name)
+            ctx.cache.assume_deletion(gone)
             return
         plain = repl.model_copy(deep=True)
         plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)

@@ -303,10 +303,7 @@ class ReplicaController(Controller):
             except NotFound:
                 gone = new
                 gone.metadata.finalizers = []
-            if gone.metadata.finalizers:
-                self.ctx.cache.assume(gone)
-            else:
-                self.ctx.cache.assume_deleted("replicas", r.name)
+            self.ctx.cache.assume_deletion(gone)
             self.ctx.events.record(r, "Normal", "ShardsGone", "every shard stopped; replica released")
 
     # -------------------------------------------------------------- creating

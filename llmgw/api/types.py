@@ -142,6 +142,10 @@ class NodeStatus(Strict):
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
                             "agentVersion", "foreignPorts")
 
+# The node lifecycle controller's verdict on a silent node, a Node condition
+# (docs/contracts.md, "Failure semantics"); its reason says why.
+EVICTING = "Evicting"
+
 
 class Node(Object):
     kind_plural: ClassVar[str] = "nodes"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
-from llmgw.api import Model, Node, Object, Replica, Shard, get_condition
+from llmgw.api import EVICTING, Model, Node, Object, Replica, Shard, get_condition
 
 NONE = "<none>"
 
@@ -64,7 +64,7 @@ def node_status(node: Node) -> str:
 def _eviction(node: Node) -> str:
     """The node lifecycle controller's verdict (condition Evicting): Lost, EvictionHeld(REASON)
     while a silent node's judgement is held back, nothing once the node is back (HeartbeatResumed)."""
-    verdict = get_condition(node.status.conditions, "Evicting")
+    verdict = get_condition(node.status.conditions, EVICTING)
     if verdict is None or verdict.reason == "HeartbeatResumed":
         return ""
     return "Lost" if verdict.status == "True" else f"EvictionHeld({verdict.reason})"

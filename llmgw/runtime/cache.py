@@ -97,6 +97,13 @@ class Cache:
         if self._on_assume is not None:
             self._on_assume(kind, "ADDED" if cur is None else "MODIFIED", obj)
 
+    def assume_deletion(self, obj: Any) -> None:
+        """What a delete returned: the object marked for deletion (finalizers hold it), or gone."""
+        if obj.metadata.finalizers:
+            self.assume(obj)
+        else:
+            self.assume_deleted(obj.kind_plural, obj.metadata.name)
+
     def assume_deleted(self, kind: str, name: str) -> None:
         cur = self._items.get(kind, {}).get(name)
         if cur is None:

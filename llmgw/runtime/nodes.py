@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.api import get_condition
+from llmgw.api import EVICTING, get_condition
 from llmgw.store import NotFound
-
-EVICTING = "Evicting"   # Node condition owned by the node lifecycle controller
 
 
 def node_ready(node: Any) -> bool:
