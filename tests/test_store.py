@@ -331,3 +331,21 @@ async def test_patch_status_of_a_held_copy_returns_the_stored_spec_and_loses_no_
     assert (n.status.agentVersion, n.status.driverVersion, n.status.addresses) == ("1", "570", ["10.0.0.1"])
     stored = await store.get("nodes", "n1")
     assert stored == n and stored.revision == n.revision
+
+
+def test_etcd_starts_on_other_ports_when_its_port_is_taken_first(tmp_path):
+    """free_port's answer can be taken by another process before etcd binds it."""
+    import socket
+
+    from llmgw.dev.etcd import etcd_cluster
+    cluster = etcd_cluster(tmp_path, size=1)
+    taken = cluster.members[0].client_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        cluster.start()
+        try:
+            assert cluster.members[0].client_port != taken
+            assert b"address already in use" in cluster.members[0].log_path.read_bytes()
+        finally:
+            cluster.stop()

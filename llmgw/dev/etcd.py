@@ -70,13 +70,30 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members]
 
-    def start(self, timeout: float = 30.0) -> "EtcdCluster":
-        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        for m in self.members:
-            self._spawn(m, cluster)
-        for m in self.members:
-            self._wait_ready(m, timeout)
-        return self
+    def start(self, timeout: float = 30.0, tries: int = 3) -> "EtcdCluster":
+        """Start a new cluster. A free port can be taken by another process before etcd binds
+        it: then the members start again, new and on other ports."""
+        attempt = 1
+        while True:
+            cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+            for m in self.members:
+                self._spawn(m, cluster)
+            try:
+                for m in self.members:
+                    self._wait_ready(m, timeout)
+                return self
+            except RuntimeError:
+                if attempt == tries or not self._lost_a_port():
+                    raise
+            attempt += 1
+            self.stop()
+            for m in self.members:
+                shutil.rmtree(m.data_dir, ignore_errors=True)
+                m.client_port, m.peer_port = free_port(m.host), free_port(m.host)
+
+    def _lost_a_port(self) -> bool:
+        return any(m.proc is not None and m.proc.poll() is not None
+                   and b"address already in use" in m.log_path.read_bytes() for m in self.members)
 
     def _tls_flags(self, m: Member) -> list[str]:
         if self.tls is None:
