@@ -1,4 +1,5 @@
-"""API types of llmgw.io/v1: Node, Model, Replica, Shard, and manifest loading."""
+"""API types of llmgw.io/v1: Node, Model, Replica, Shard, manifest loading, the ObjectClient protocol."""
+from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent, kind_name  # noqa: F401
 from llmgw.api.manifests import (  # noqa: F401
     InvalidObject,
     ManifestError,
@@ -22,7 +23,9 @@ from llmgw.api.types import *  # noqa: F403
 from llmgw.api.types import (  # noqa: F401
     KIND_BY_NAME,
     KINDS,
+    AnyObject,
     Object,
+    ObjectT,
     resolve_kind,
     template_hash,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 
 from pydantic import AfterValidator, Field, PrivateAttr, model_validator
 
@@ -46,12 +46,26 @@ Source = Annotated[str, AfterValidator(_check_source)]
 LaunchMode = Literal["mp", "ray"]
 
 
-class Object(Strict):
-    """Common shape: apiVersion, kind, metadata, spec, status."""
+SpecT = TypeVar("SpecT", bound=Strict)
+StatusT = TypeVar("StatusT", bound=Strict)
+Scope = Literal["Cluster", "Node"]
+
+
+class Object(Strict, Generic[SpecT, StatusT]):
+    """Common shape: apiVersion, kind, metadata, spec, status.
+
+    A kind is a subclass ``Object[ItsSpec, ItsStatus]`` that states its class facts:
+    ``kind_plural`` (the name in keys, URLs and the CLI) and ``scope``: "Node" when
+    the store files each object under the node it runs on (shards), else "Cluster".
+    """
 
     kind_plural: ClassVar[str]
+    scope: ClassVar[Scope] = "Cluster"
     apiVersion: Literal["llmgw.io/v1"] = API_VERSION
+    kind: str  # each kind narrows it to its Literal name, so a document names what it is
     metadata: ObjectMeta
+    spec: SpecT
+    status: StatusT
     # The store revision this copy reflects: the later of its spec's and its status's
     # last writes, set by llmgw.store. Not serialised. resourceVersion alone cannot
     # order two copies: a status write leaves it unchanged.
@@ -66,10 +80,15 @@ class Object(Strict):
         """The store revision this copy reflects (resourceVersion when not known)."""
         return self._revision or self.metadata.resourceVersion or 0
 
-    def at_revision(self, revision: int) -> "Object":
+    def at_revision(self, revision: int) -> Self:
         """Record the store revision this copy reflects; returns self."""
         self._revision = revision
         return self
+
+
+# Any kind; ``ObjectT`` is one kind, in signatures that return what they were given.
+AnyObject = Object[Any, Any]
+ObjectT = TypeVar("ObjectT", bound=AnyObject)
 
 
 # --------------------------------------------------------------------- Node
@@ -147,7 +166,7 @@ NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "en
 EVICTING = "Evicting"
 
 
-class Node(Object):
+class Node(Object[NodeSpec, NodeStatus]):
     kind_plural: ClassVar[str] = "nodes"
     kind: Literal["Node"] = "Node"
     spec: NodeSpec = Field(default_factory=NodeSpec)
@@ -236,7 +255,7 @@ class ModelStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class Model(Object):
+class Model(Object[ModelSpec, ModelStatus]):
     kind_plural: ClassVar[str] = "models"
     kind: Literal["Model"] = "Model"
     spec: ModelSpec
@@ -304,7 +323,7 @@ class ReplicaStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class Replica(Object):
+class Replica(Object[ReplicaSpec, ReplicaStatus]):
     kind_plural: ClassVar[str] = "replicas"
     kind: Literal["Replica"] = "Replica"
     spec: ReplicaSpec
@@ -352,8 +371,9 @@ class ShardStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class Shard(Object):
+class Shard(Object[ShardSpec, ShardStatus]):
     kind_plural: ClassVar[str] = "shards"
+    scope: ClassVar[Scope] = "Node"
     kind: Literal["Shard"] = "Shard"
     spec: ShardSpec
     status: ShardStatus = Field(default_factory=ShardStatus)
@@ -361,8 +381,8 @@ class Shard(Object):
 
 # --------------------------------------------------------------- registry
 
-KINDS: dict[str, type[Object]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard}
-KIND_BY_NAME: dict[str, type[Object]] = {cls.model_fields["kind"].default: cls for cls in KINDS.values()}
+KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard}
+KIND_BY_NAME: dict[str, type[AnyObject]] = {cls.model_fields["kind"].default: cls for cls in KINDS.values()}
 
 _KIND_ALIASES = {
     "node": "nodes", "nodes": "nodes", "no": "nodes",
