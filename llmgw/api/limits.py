@@ -56,7 +56,7 @@ def path_text(loc: Iterable[Any]) -> str:
     return out
 
 
-class Duplicates(dict):
+class Duplicates(dict[Any, Any]):
     """A mapping in which a key appeared twice; check_document reports where."""
 
     key: Any = None
@@ -68,7 +68,7 @@ def check_document(doc: Any, max_elements: int | None = MAX_ELEMENTS) -> None:
     max_elements values (None: no count, for JSON, which has no aliases: its size bounds it)."""
     if not isinstance(doc, (dict, list)):
         return
-    stack: list[tuple[Any, tuple, int]] = [(doc, (), 0)]
+    stack: list[tuple[Any, tuple[str | int, ...], int]] = [(doc, (), 0)]
     seen = 0
     while stack:
         value, loc, depth = stack.pop()
@@ -85,13 +85,17 @@ def check_document(doc: Any, max_elements: int | None = MAX_ELEMENTS) -> None:
                      for k, v in items if isinstance(v, (dict, list)))
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) == len(pairs):
         return out
     dup = Duplicates(out)
     seen: set[str] = set()
-    dup.key = next(k for k, _ in pairs if k in seen or seen.add(k))
+    for key, _ in pairs:
+        if key in seen:
+            dup.key = key
+            break
+        seen.add(key)
     return dup
 
 

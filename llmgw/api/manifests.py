@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError
@@ -19,10 +20,11 @@ from llmgw.api.limits import (
     too_deep,
     too_large,
 )
-from llmgw.api.types import KIND_BY_NAME, Object
+from llmgw.api.types import KIND_BY_NAME, AnyObject, Model, Node, Replica, Shard
 
-# Any kind, told apart by its `kind` field, validated straight from JSON.
-_STORED = TypeAdapter(Annotated[Union[tuple(KIND_BY_NAME.values())], Field(discriminator="kind")])
+# Any kind (those of KIND_BY_NAME), told apart by its `kind` field, validated straight from JSON.
+_STORED: TypeAdapter[Node | Model | Replica | Shard] = TypeAdapter(
+    Annotated[Node | Model | Replica | Shard, Field(discriminator="kind")])
 
 
 def describe_validation_error(err: ValidationError) -> list[str]:
@@ -64,7 +66,7 @@ class InvalidObject(ValueError):
         super().__init__("; ".join(problems))
 
 
-def parse_object(doc: Any) -> Object:
+def parse_object(doc: Any) -> AnyObject:
     if not isinstance(doc, dict):
         raise InvalidObject([f"<document>: expected a mapping, got {type(doc).__name__}"])
     kind = doc.get("kind")
@@ -79,7 +81,7 @@ def parse_object(doc: Any) -> Object:
         raise InvalidObject(describe_validation_error(err)) from None
 
 
-def parse_stored(spec_doc: bytes, status_doc: bytes | None) -> Object:
+def parse_stored(spec_doc: bytes, status_doc: bytes | None) -> AnyObject:
     """An object from its two stored JSON documents (the status one may be missing).
 
     pydantic parses and validates JSON in one pass, about half the cost of
@@ -103,8 +105,8 @@ class _Loader(yaml.SafeLoader):
     check_document to report (YAML says keys are unique; PyYAML keeps the last)."""
 
 
-def _construct_map(loader: _Loader, node: yaml.MappingNode):
-    seen: set = set()
+def _construct_map(loader: _Loader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+    seen: set[Any] = set()
     dup = None
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -117,8 +119,9 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode):
             seen.add(key)
         except TypeError:
             break  # an unhashable key: construct_mapping says so
-    data = Duplicates() if dup else {}
+    data: dict[Any, Any] = {}
     if dup:
+        data = Duplicates()
         data.key, data.line = dup
     yield data
     data.update(loader.construct_mapping(node))
@@ -175,7 +178,7 @@ class ManifestError(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
-def load_file(path: str | Path) -> list[Object]:
+def load_file(path: str | Path) -> list[AnyObject]:
     """All objects of a multi-document YAML file, or ManifestError naming every bad one."""
     path = Path(path)
     objects, errors = [], []
@@ -205,7 +208,7 @@ def load_file(path: str | Path) -> list[Object]:
     return objects
 
 
-def _check_size(obj: Object) -> None:
+def _check_size(obj: AnyObject) -> None:
     """InputError for an object the API server would refuse as too large (413): say so before sending."""
     size = len(json.dumps(obj.model_dump(mode="json")).encode())
     if size > MAX_BODY_BYTES:
@@ -223,9 +226,10 @@ def manifest_files(path: str | Path, recursive: bool = False) -> list[Path]:
     return sorted(p for p in path.glob(pattern) if p.is_file() and p.suffix in (".yaml", ".yml", ".json"))
 
 
-def load_path(path: str | Path, recursive: bool = False) -> list[tuple[Path, Object]]:
+def load_path(path: str | Path, recursive: bool = False) -> list[tuple[Path, AnyObject]]:
     """Objects from a file or directory; a bad document in any file loads nothing at all."""
-    loaded, errors = [], []
+    loaded: list[tuple[Path, AnyObject]] = []
+    errors: list[DocumentError] = []
     for f in manifest_files(path, recursive):
         try:
             loaded.extend((f, obj) for obj in load_file(f))

@@ -21,18 +21,17 @@ from llmgw.api.meta import (
     LabelValue,
     ObjectMeta,
     Strict,
-    bounded,
 )
 
 Engine = Literal["vllm", "sglang", "llamacpp", "sim"]
-Port = bounded(1, MAX_PORT)
-Replicas = bounded(0, MAX_REPLICAS)
-NodeCount = bounded(1, MAX_NODES)
-GPUCount = bounded(1, MAX_GPUS_PER_NODE)
-Rank = bounded(0, MAX_NODES - 1)
-DeadlineSeconds = bounded(1, MAX_PLACEMENT_DEADLINE_SECONDS)
-PrefixBytes = bounded(64, 65536)
-IndexBytes = bounded(65536, 1 << 40)
+Port = Annotated[int, Field(strict=True, ge=1, le=MAX_PORT)]
+Replicas = Annotated[int, Field(strict=True, ge=0, le=MAX_REPLICAS)]
+NodeCount = Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)]
+GPUCount = Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS_PER_NODE)]
+Rank = Annotated[int, Field(strict=True, ge=0, le=MAX_NODES - 1)]
+DeadlineSeconds = Annotated[int, Field(strict=True, ge=1, le=MAX_PLACEMENT_DEADLINE_SECONDS)]
+PrefixBytes = Annotated[int, Field(strict=True, ge=64, le=65536)]
+IndexBytes = Annotated[int, Field(strict=True, ge=65536, le=1 << 40)]
 
 
 def _check_source(value: str) -> str:
@@ -146,13 +145,12 @@ class NodeStatus(Strict):
     fabrics: list[Fabric] = Field(default_factory=list)
     engines: list[EngineInfo] = Field(default_factory=list)
     portRange: PortRange = Field(default_factory=PortRange)
+    # Ports of portRange held by processes that are not this node's engines (the agent
+    # refreshes it at registration and at each engine start); never assigned to a shard.
     foreignPorts: list[int] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
-    # Ports of portRange held by processes that are not this node's engines (the agent
-    # refreshes it at registration and at each engine start); never assigned to a shard.
-    foreignPorts: list[int] = Field(default_factory=list)
 
 
 # The Node status fields its agent writes (registration, rediscovery); a node certificate may
@@ -217,20 +215,20 @@ class RoutingSpec(Strict):
     """How the gateway picks one of a model's replicas for a request (docs/gateway.md, Routing)."""
 
     policy: Literal["least-outstanding", "prefix-hash", "prefix-score"] = Field(
-        "least-outstanding",
+        default="least-outstanding",
         description="least-outstanding: fewest requests in flight at this gateway. prefix-hash: "
                     "consistent hashing of the prompt's prefix (or session) with bounded loads; "
                     "gateways agree without sharing state. prefix-score: a prefix index kept in the "
                     "gateway weighed against load, within the same load bound.")
     prefixBytes: PrefixBytes = Field(
-        2048,
+        default=2048,
         description="characters of the rendered prompt that make its prefix key")
     loadBound: float = Field(
-        1.25, ge=1.0, le=10.0, strict=True,
+        default=1.25, ge=1.0, le=10.0, strict=True,
         description="no replica is given a request that would put it past loadBound x the "
                     "average requests in flight (prefix-hash and prefix-score)")
     indexBytes: IndexBytes = Field(
-        8 * 1024 * 1024,
+        default=8 * 1024 * 1024,
         description="memory bound of prefix-score's prefix index in this gateway, per model")
 
 
