@@ -1,6 +1,6 @@
 """API types of llmgw.io/v1: Node, Model, Replica, Shard, manifest loading, the ObjectClient protocol."""
-from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent, kind_name  # noqa: F401
-from llmgw.api.manifests import (  # noqa: F401
+from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent, kind_name
+from llmgw.api.manifests import (
     InvalidObject,
     ManifestError,
     load_file,
@@ -8,7 +8,7 @@ from llmgw.api.manifests import (  # noqa: F401
     parse_object,
     parse_stored,
 )
-from llmgw.api.meta import (  # noqa: F401
+from llmgw.api.meta import (
     API_VERSION,
     Condition,
     ObjectMeta,
@@ -20,7 +20,7 @@ from llmgw.api.meta import (  # noqa: F401
     set_condition,
 )
 from llmgw.api.types import *  # noqa: F403
-from llmgw.api.types import (  # noqa: F401
+from llmgw.api.types import (
     KIND_BY_NAME,
     KINDS,
     AnyObject,
@@ -29,3 +29,13 @@ from llmgw.api.types import (  # noqa: F401
     resolve_kind,
     template_hash,
 )
+
+# The names above are this package's interface (mypy's no_implicit_reexport reads this list);
+# the kinds and their parts come with llmgw.api.types' names.
+__all__ = [
+    "EventType", "ObjectClient", "StatusPatch", "WatchEvent", "kind_name",
+    "InvalidObject", "ManifestError", "load_file", "load_path", "parse_object", "parse_stored",
+    "API_VERSION", "Condition", "ObjectMeta", "OwnerReference", "check_dns1123_label", "condition_true",
+    "get_condition", "now", "set_condition",
+    "KIND_BY_NAME", "KINDS", "AnyObject", "Object", "ObjectT", "resolve_kind", "template_hash",
+]
