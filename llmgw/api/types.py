@@ -20,6 +20,7 @@ from llmgw.api.meta import (
     LabelKey,
     LabelValue,
     ObjectMeta,
+    OwnerReference,
     Strict,
 )
 
@@ -84,6 +85,12 @@ class Object(Strict, Generic[SpecT, StatusT]):
         self._revision = revision
         return self
 
+    def owner_reference(self) -> OwnerReference:
+        """A reference to this object as the owner of another; it must be stored (have a uid)."""
+        if self.metadata.uid is None:
+            raise ValueError(f"{self.kind} {self.name} has no uid (not stored yet): it cannot own objects")
+        return OwnerReference(kind=self.kind, name=self.name, uid=self.metadata.uid)
+
 
 # Any kind; ``ObjectT`` is one kind, in signatures that return what they were given.
 AnyObject = Object[Any, Any]
@@ -125,8 +132,11 @@ class PortRange(Strict):
     last: Port = 32767
 
 
+DrainPhase = Literal["Draining", "Drained", "Stuck"]
+
+
 class DrainStatus(Strict):
-    phase: Literal["Draining", "Drained", "Stuck"] = "Draining"
+    phase: DrainPhase = "Draining"
     remaining: Int = 0
     current: str | None = None
     message: str = ""

@@ -1,0 +1,28 @@
+"""The typed status patches (llmgw.api.patches) stay in step with the status models they patch."""
+from llmgw.api import Condition
+from llmgw.api.patches import (
+    ConditionPatch,
+    DrainStatusPatch,
+    ModelStatusPatch,
+    NodeStatusPatch,
+    ReplicaStatusPatch,
+)
+from llmgw.api.types import DrainStatus, ModelStatus, NodeStatus, ReplicaStatus
+
+PATCHES = [(NodeStatusPatch, NodeStatus), (ModelStatusPatch, ModelStatus), (ReplicaStatusPatch, ReplicaStatus),
+           (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus)]
+
+
+def test_a_patch_names_only_fields_of_its_status():
+    for patch, model in PATCHES:
+        assert set(patch.__annotations__) <= set(model.model_fields), patch.__name__
+
+
+def test_a_condition_patch_requires_what_a_condition_requires():
+    required = {name for name, f in Condition.model_fields.items() if f.is_required()}
+    assert ConditionPatch.__required_keys__ == required
+
+
+def test_a_drain_patch_gives_the_whole_drain_status():
+    # `drain` is one status field: a patch replaces all of it, so it must say all of it.
+    assert DrainStatusPatch.__required_keys__ == set(DrainStatus.model_fields)
