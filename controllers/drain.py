@@ -21,13 +21,15 @@ their annotation, so the model controller scales the surplus back down.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
+from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE, SHARDS_BY_NODE
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
-from llmgw.api import DrainStatus, Replica, get_condition
+from llmgw.api import AnyObject, DrainStatus, Model, Node, Replica, Shard, get_condition
+from llmgw.api.patches import NodeStatusPatch
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
-from llmgw.runtime.controller import Controller, Result
-from llmgw.store import NotFound
+from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.store.errors import NotFound
 
 
 def unplaceable(rep: Replica) -> str | None:
@@ -45,29 +47,30 @@ def _age(r: Replica) -> tuple[float, str]:
 
 class DrainController(Controller):
     name = "drain"
-    watches = ("nodes", "replicas", "shards", "models")   # models: to tell a gone model
+    watches = (Node, Replica, Shard, Model)   # models: to tell a gone model
+    indexes = (REPLICAS_BY_NODE, REPLICAS_BY_MODEL, SHARDS_BY_NODE)
 
     def _draining(self, node_name: str) -> bool:
-        node = self.ctx.cache.get("nodes", node_name)
+        node = self.ctx.cache.get(Node, node_name)
         return node is not None and (node.spec.drain or node.status.drain is not None)
 
-    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
-        if kind == "nodes":
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
+        if isinstance(obj, Node):
             return [obj.metadata.name]
-        if kind == "models":
-            return []
-        if kind == "shards":
+        if isinstance(obj, Shard):
             nodes = {obj.spec.node}
-        else:
+        elif isinstance(obj, Replica):
             nodes = {p.node for p in obj.spec.placement}
             orig = obj.metadata.annotations.get(DRAINING_REPLACEMENT_FOR)
-            if orig and (o := self.ctx.cache.get("replicas", orig)) is not None:
+            if orig and (o := self.ctx.cache.get(Replica, orig)) is not None:
                 nodes |= {p.node for p in o.spec.placement}
+        else:
+            return []
         return [n for n in nodes if self._draining(n)]
 
     async def reconcile(self, key: str) -> Result | None:
         cache, store = self.ctx.cache, self.ctx.store
-        node = cache.get("nodes", key)
+        node = cache.get(Node, key)
         if node is None:
             return None
         if not node.spec.drain:
@@ -83,8 +86,8 @@ class DrainController(Controller):
             cache.assume(node)
             self.ctx.events.record(node, "Normal", "Cordoned", "no new replicas will be placed here")
 
-        on_node = sorted(cache.index("replicas", "node", key), key=_age)
-        shards = cache.index("shards", "node", key)
+        on_node = sorted(cache.index(Replica, "node", key), key=_age)
+        shards = cache.index(Shard, "node", key)
         if not on_node and not shards:
             await self._progress(node, DrainStatus(phase="Drained", remaining=0,
                                                    message="no replica has a shard on the node"))
@@ -134,46 +137,48 @@ class DrainController(Controller):
     # ------------------------------------------------------------- steps
     async def _model_gone(self, name: str) -> bool:
         """Confirmed with etcd: a lagging cache must not cost a replica its replacement."""
-        if self.ctx.cache.get("models", name) is not None:
+        if self.ctx.cache.get(Model, name) is not None:
             return False
         try:
-            await self.ctx.store.get("models", name)
+            await self.ctx.store.get(Model, name)
         except NotFound:
             return True
         return False
 
-    async def _finish(self, node, orig: Replica, repl: Replica) -> None:
+    async def _finish(self, node: Node, orig: Replica, repl: Replica) -> None:
         where = ", ".join(p.node for p in repl.spec.placement)
         await self._delete(node, orig, f"replacement {repl.metadata.name} is Ready on {where}: "
                                        f"stopping {orig.metadata.name}")
 
-    async def _delete(self, node, orig: Replica, message: str) -> None:
+    async def _delete(self, node: Node, orig: Replica, message: str) -> None:
         try:
-            gone = await self.ctx.store.delete("replicas", orig.metadata.name)
+            gone = await self.ctx.store.delete(Replica, orig.metadata.name)
         except NotFound:
-            self.ctx.cache.assume_deleted("replicas", orig.metadata.name)
+            self.ctx.cache.assume_deleted(Replica, orig.metadata.name)
             return
         self.ctx.cache.assume_deletion(gone)
         self.ctx.events.record(node, "Normal", "DrainStep", message)
         self.ctx.events.record(orig, "Normal", "Evicted", f"node {node.metadata.name} is draining: {message}")
 
-    async def _progress(self, node, status: DrainStatus) -> None:
+    async def _progress(self, node: Node, status: DrainStatus) -> None:
         if node.status.drain == status:
             return
         if status.phase != (node.status.drain.phase if node.status.drain else None):
             kind = "Warning" if status.phase == "Stuck" else "Normal"
             self.ctx.events.record(node, kind, f"Drain{status.phase}", status.message)
-        written = await self.ctx.store.patch_status("nodes", node.metadata.name,
-                                                    {"drain": status.model_dump(mode="json")}, current=node)
+        patch: NodeStatusPatch = {"drain": {"phase": status.phase, "remaining": status.remaining,
+                                            "current": status.current, "message": status.message}}
+        written = await self.ctx.store.patch_status(Node, node.metadata.name, patch, current=node)
         self.ctx.cache.assume(written)
 
-    async def _cancel(self, node) -> None:
+    async def _cancel(self, node: Node) -> None:
         """Drain withdrawn: forget progress; replacements in flight are called off (replacement.py)."""
-        for orig in self.ctx.cache.index("replicas", "node", node.metadata.name):
+        for orig in self.ctx.cache.index(Replica, "node", node.metadata.name):
             repl = find_replacement(self.ctx.cache, orig)
             if repl is None or DRAINING_REPLACEMENT_FOR not in repl.metadata.annotations:
                 continue
             await abandon_replacement(self.ctx, repl)
-        written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"drain": None}, current=node)
+        patch: NodeStatusPatch = {"drain": None}
+        written = await self.ctx.store.patch_status(Node, node.metadata.name, patch, current=node)
         self.ctx.cache.assume(written)
         self.ctx.events.record(node, "Normal", "DrainCancelled", "drain withdrawn")

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-from llmgw.api import KIND_BY_NAME
-from llmgw.runtime.controller import Controller, Result
-from llmgw.store import NotFound
+from controllers.indexes import REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
+from llmgw.api import KIND_BY_NAME, KINDS, AnyObject, Model, OwnerReference, Replica, Shard
+from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.store.errors import NotFound
 
 COMPACT = "compact"
 log = logging.getLogger("llmgw.gc")
@@ -28,7 +29,8 @@ log = logging.getLogger("llmgw.gc")
 
 class GarbageCollector(Controller):
     name = "gc"
-    watches = ("replicas", "shards", "models")
+    watches = (Replica, Shard, Model)
+    indexes = (REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
     workers = 1
 
     def __init__(self) -> None:
@@ -37,39 +39,44 @@ class GarbageCollector(Controller):
         # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
         # is gone changes only when the references change or an owner goes (which enqueues
         # its dependants below), so a status change does not need another look.
-        self._looked_at: dict[tuple[str, str], tuple] = {}
+        self._looked_at: dict[tuple[str, str], tuple[str | None, tuple[tuple[str, str, str], ...]]] = {}
 
-    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         keys: list[str] = []
         if self._compaction_for is not self.ctx.cache:   # first event of a leadership term
             self._compaction_for = self.ctx.cache
             self._looked_at.clear()
             keys.append(COMPACT)
-        name = obj.metadata.name
-        live = self.ctx.cache.get(kind, name) is not None
-        if kind in ("replicas", "shards") and live and obj.metadata.ownerReferences:
+        if isinstance(obj, str):
+            return keys
+        plural, name = obj.kind_plural, obj.metadata.name
+        live = self.ctx.cache.get(type(obj), name) is not None
+        if plural in ("replicas", "shards") and live and obj.metadata.ownerReferences:
             owners = (obj.metadata.uid, tuple((r.kind, r.name, r.uid) for r in obj.metadata.ownerReferences))
-            if self._looked_at.get((kind, name)) != owners:
-                self._looked_at[(kind, name)] = owners
-                keys.append(f"{kind}/{name}")
+            if self._looked_at.get((plural, name)) != owners:
+                self._looked_at[(plural, name)] = owners
+                keys.append(f"{plural}/{name}")
         if not live:   # an owner went: look at what it owned
-            self._looked_at.pop((kind, name), None)
-            dependants = {"models": ("replicas", "model"), "replicas": ("shards", "replica")}.get(kind)
-            if dependants:
-                dkind, index = dependants
-                keys += [f"{dkind}/{o.metadata.name}" for o in self.ctx.cache.index(dkind, index, name)]
+            self._looked_at.pop((plural, name), None)
+            owned: list[AnyObject] = []
+            if isinstance(obj, Model):
+                owned += self.ctx.cache.index(Replica, "model", name)
+            elif isinstance(obj, Replica):
+                owned += self.ctx.cache.index(Shard, "replica", name)
+            keys += [f"{o.kind_plural}/{o.metadata.name}" for o in owned]
         return keys
 
     async def reconcile(self, key: str) -> Result | None:
         if key == COMPACT:
             return await self._compact()
-        kind, _, name = key.partition("/")
+        plural, _, name = key.partition("/")
+        kind = KINDS[plural]
         obj = self.ctx.cache.get(kind, name)
         if obj is None or obj.metadata.deletionTimestamp is not None:
             return None
         for ref in obj.metadata.ownerReferences:
             if await self._owner_gone(ref):
-                node = obj.spec.node if kind == "shards" else None
+                node = obj.spec.node if isinstance(obj, Shard) else None
                 try:
                     gone = await self.ctx.store.delete(kind, name, node=node)
                 except NotFound:
@@ -80,11 +87,10 @@ class GarbageCollector(Controller):
                 return None
         return None
 
-    async def _owner_gone(self, ref) -> bool:
-        cls = KIND_BY_NAME.get(ref.kind)
-        if cls is None:
+    async def _owner_gone(self, ref: OwnerReference) -> bool:
+        kind = KIND_BY_NAME.get(ref.kind)
+        if kind is None:
             return False          # an owner kind we do not know: leave it alone
-        kind = cls.kind_plural
         cached = self.ctx.cache.get(kind, ref.name)
         if cached is not None and cached.metadata.uid == ref.uid:
             return False

@@ -38,12 +38,15 @@ import random
 import string
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Iterable
 
-from llmgw.api import Model, ObjectMeta, OwnerReference, Replica, get_condition, template_hash
+from controllers.indexes import REPLICAS_BY_MODEL
+from llmgw.api import AnyObject, Model, ObjectMeta, Replica, get_condition, template_hash
+from llmgw.api.patches import ConditionPatch, ModelStatusPatch
 from llmgw.api.types import ReplicaSpec
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
-from llmgw.runtime.controller import Controller, Result
-from llmgw.store import NotFound
+from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.store.errors import NotFound
 
 log = logging.getLogger("llmgw.controllers.model")
 
@@ -72,7 +75,7 @@ def unplaced_since(r: Replica) -> datetime:
     return max(times)
 
 
-def _victim_order(r: Replica) -> tuple:
+def _victim_order(r: Replica) -> tuple[bool, bool, float]:
     """Sort key: the replica to remove first comes first."""
     created = (r.metadata.creationTimestamp or datetime.now(timezone.utc)).timestamp()
     return (bool(r.spec.placement), is_ready(r), -created)
@@ -83,7 +86,7 @@ class Plan:
     template_hash: str                                              # of the model's current template
     create: list[int] = field(default_factory=list)                 # profile index per new replica
     delete: list[tuple[Replica, str, str]] = field(default_factory=list)   # (replica, reason, message)
-    status: dict = field(default_factory=dict)                      # Model status fields to write
+    status: ModelStatusPatch = field(default_factory=ModelStatusPatch)  # Model status fields to write
     requeue_after: float | None = None
 
 
@@ -150,7 +153,7 @@ def plan(model: Model, replicas: list[Replica], now: datetime) -> Plan:
     updated = sum(1 for r in active if r.spec.templateHash == thash)
     staying_ready = sum(1 for r in staying if is_ready(r))
     available = staying_ready >= min_ready
-    conds = [{
+    conds: list[ConditionPatch] = [{
         "type": "Available", "status": "True" if available else "False",
         "reason": "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
         "message": f"{staying_ready}/{want} replicas Ready (at least {min_ready} required)",
@@ -183,11 +186,11 @@ def crash_looping(replicas: list[Replica]) -> str:
     return ""
 
 
-def _status_differs(model: Model, status: dict) -> bool:
+def _status_differs(model: Model, status: ModelStatusPatch) -> bool:
     st = model.status
     for k, v in status.items():
         if k == "conditions":
-            for c in v:
+            for c in status["conditions"]:
                 cur = get_condition(st.conditions, c["type"])
                 if cur is None or (cur.status, cur.reason, cur.message, cur.observedGeneration) != (
                         c["status"], c["reason"], c["message"], c["observedGeneration"]):
@@ -199,25 +202,29 @@ def _status_differs(model: Model, status: dict) -> bool:
 
 class ModelController(Controller):
     name = "model"
-    watches = ("models", "replicas")
+    watches = (Model, Replica)
+    indexes = (REPLICAS_BY_MODEL,)
     batch_seconds = 0.1
     workers = 8   # models reconcile on their own: the creates of several overlap
 
-    def keys_for(self, kind, obj):
-        if kind == "models":
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
+        if isinstance(obj, Model):
             return [obj.metadata.name]
-        return [obj.spec.model]
+        if isinstance(obj, Replica):
+            return [obj.spec.model]
+        return []
 
     async def reconcile(self, key: str) -> Result | None:
         cache = self.ctx.cache
-        model = cache.get("models", key)
-        replicas = cache.index("replicas", "model", key)
+        model = cache.get(Model, key)
+        replicas = cache.index(Replica, "model", key)
         if model is None or model.metadata.deletionTimestamp is not None:
             for r in replicas:
                 if r.metadata.deletionTimestamp is None:
                     await self._delete(r, "ModelDeleted", f"model {key} is being deleted")
             return None
-        mine, foreign = [], []
+        mine: list[Replica] = []
+        foreign: list[Replica] = []
         for r in replicas:
             owners = [o for o in r.metadata.ownerReferences if o.kind == "Model"]
             (foreign if owners and owners[0].uid != model.metadata.uid else mine).append(r)
@@ -234,7 +241,7 @@ class ModelController(Controller):
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
-            updated = await self.ctx.store.patch_status("models", key, p.status, current=model)
+            updated = await self.ctx.store.patch_status(Model, key, p.status, current=model)
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 
@@ -246,7 +253,7 @@ class ModelController(Controller):
                 name=replica_name(model.name, thash),
                 labels={MODEL_LABEL: model.name},
                 finalizers=[SHARDS_FINALIZER],
-                ownerReferences=[OwnerReference(kind="Model", name=model.name, uid=model.metadata.uid)],
+                ownerReferences=[model.owner_reference()],
             ),
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
                              source=spec.source, servedModelNames=model.served_names,
@@ -260,10 +267,10 @@ class ModelController(Controller):
 
     async def _delete(self, r: Replica, reason: str, message: str) -> None:
         try:
-            gone = await self.ctx.store.delete("replicas", r.name)
+            gone = await self.ctx.store.delete(Replica, r.name)
         except NotFound:
-            self.ctx.cache.assume_deleted("replicas", r.name)
+            self.ctx.cache.assume_deleted(Replica, r.name)
             return
         self.ctx.cache.assume_deletion(gone)
-        model = self.ctx.cache.get("models", r.spec.model)
+        model = self.ctx.cache.get(Model, r.spec.model)
         self.ctx.events.record(model or r, "Normal", reason, f"deleting replica {r.name}: {message}")

@@ -47,23 +47,28 @@ leader carries the moves on.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
+from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
-from llmgw.api import EVICTING, get_condition
+from llmgw.api import EVICTING, AnyObject, Model, Node, Replica, get_condition
+from llmgw.api.meta import ConditionStatus
+from llmgw.api.patches import ConditionPatch, NodeStatusPatch
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-from llmgw.runtime.controller import Controller, Result
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.controller import HEARTBEATS, Controller, Result, WatchedKind
 from llmgw.runtime.nodes import mass_silence, node_lost
-from llmgw.store import NotFound
+from llmgw.store.errors import NotFound
 
 
 class NodeLifecycleController(Controller):
     name = "nodelifecycle"
     # replicas: a replacement's progress wakes its original's node; models: whether a model lives
-    watches = ("nodes", "heartbeats", "replicas", "models")
+    watches = (Node, HEARTBEATS, Replica, Model)
+    indexes = (REPLICAS_BY_NODE, REPLICAS_BY_MODEL)
 
     def __init__(self) -> None:
-        self._term: Any = None              # the cache (one per leadership term) the state below is for
+        self._term: Cache | None = None     # the cache (one per leadership term) the state below is for
         self.silent_since: dict[str, float] = {}
         self._mass = False                  # mass silence as last seen
         self._settle_until = 0.0
@@ -76,25 +81,27 @@ class NodeLifecycleController(Controller):
             self.silent_since.clear()
             self._mass, self._settle_until, self._next_eviction = False, 0.0, 0.0
 
-    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         self._new_term()
-        if kind == "models":
-            return []
-        if kind == "replicas":
+        if isinstance(obj, str):        # a heartbeat: the node's name
+            return [obj]
+        if isinstance(obj, Node):
+            return [obj.metadata.name]
+        if isinstance(obj, Replica):
             orig = obj.metadata.annotations.get(DRAINING_REPLACEMENT_FOR)
-            o = self.ctx.cache.get("replicas", orig) if orig else None
+            o = self.ctx.cache.get(Replica, orig) if orig else None
             if o is None:
                 return []
-            nodes = (self.ctx.cache.get("nodes", p.node) for p in o.spec.placement)
+            nodes = (self.ctx.cache.get(Node, p.node) for p in o.spec.placement)
             return [n.metadata.name for n in nodes if n is not None and node_lost(n)]
-        return [obj if isinstance(obj, str) else obj.metadata.name]
+        return []
 
     def _opt(self, name: str, default: float) -> float:
         return float(self.ctx.options.get(name, default))
 
     def _fleet(self, now: float) -> tuple[int, int]:
         """(silent, total) nodes; notes when mass silence ends, to start the settle period."""
-        nodes = self.ctx.cache.list("nodes")
+        nodes = self.ctx.cache.list(Node)
         alive = self.ctx.cache.heartbeats()
         silent = sum(1 for n in nodes if n.metadata.name not in alive)
         mass = mass_silence(silent, len(nodes), self._opt("max_silent_fraction", 0.5))
@@ -107,7 +114,7 @@ class NodeLifecycleController(Controller):
         self._new_term()
         cache = self.ctx.cache
         now = self.ctx.clock()
-        node = cache.get("nodes", key)
+        node = cache.get(Node, key)
         if node is None or key in cache.heartbeats():
             self.silent_since.pop(key, None)
             if self._mass:      # this node's return (or deletion) may end a mass silence
@@ -159,7 +166,7 @@ class NodeLifecycleController(Controller):
         return await self._evict(node)
 
     # ------------------------------------------------------------ verdicts
-    async def _decide(self, node, status: str, reason: str, message: str):
+    async def _decide(self, node: Node, status: ConditionStatus, reason: str, message: str) -> Node:
         """Write the verdict as the Evicting condition and an event, once per change."""
         c = get_condition(node.status.conditions, EVICTING)
         if c is not None and (c.status, c.reason, c.message) == (status, reason, message):
@@ -168,8 +175,8 @@ class NodeLifecycleController(Controller):
         self.ctx.events.record(node, "Normal" if quiet else "Warning", reason, message)
         return await self._patch(node, [_cond(EVICTING, status, reason, message)])
 
-    async def _back(self, node) -> None:
-        conds = []
+    async def _back(self, node: Node) -> None:
+        conds: list[ConditionPatch] = []
         ready = get_condition(node.status.conditions, "Ready")
         if ready is not None and ready.status != "True" and ready.reason == "HeartbeatExpired":
             conds.append(_cond("Ready", "True", "HeartbeatResumed", "the node's agent is heartbeating again"))
@@ -182,12 +189,12 @@ class NodeLifecycleController(Controller):
         await self._decide(node, "False", "HeartbeatResumed", "the node is back" + (
             f"; replacements called off: {', '.join(called_off)}" if called_off else ""))
 
-    async def _call_off(self, node) -> list[str]:
+    async def _call_off(self, node: Node) -> list[str]:
         """The node is back: replacements not yet needed are dropped (a drain keeps its own)."""
         if node.spec.drain:
             return []
         out = []
-        for orig in _by_name(self.ctx.cache.index("replicas", "node", node.metadata.name)):
+        for orig in _by_name(self.ctx.cache.index(Replica, "node", node.metadata.name)):
             if orig.metadata.deletionTimestamp is not None or self._on_other_lost_node(orig, node.metadata.name):
                 continue
             repl = find_replacement(self.ctx.cache, orig)
@@ -196,20 +203,20 @@ class NodeLifecycleController(Controller):
                 out.append(repl.metadata.name)
         return out
 
-    def _on_other_lost_node(self, rep, back: str) -> bool:
-        nodes = (self.ctx.cache.get("nodes", p.node) for p in rep.spec.placement if p.node != back)
+    def _on_other_lost_node(self, rep: Replica, back: str) -> bool:
+        nodes = (self.ctx.cache.get(Node, p.node) for p in rep.spec.placement if p.node != back)
         return any(n is not None and node_lost(n) for n in nodes)
 
     # ------------------------------------------------------------ eviction
-    async def _evict(self, node) -> Result | None:
+    async def _evict(self, node: Node) -> Result | None:
         """Make-before-break for every replica on the node; looked at again while an original waits."""
         name = node.metadata.name
         waiting = 0
-        for rep in _by_name(self.ctx.cache.index("replicas", "node", name)):
+        for rep in _by_name(self.ctx.cache.index(Replica, "node", name)):
             if rep.metadata.deletionTimestamp is not None:
                 continue
             why = f"node {name} is lost"
-            if self.ctx.cache.get("models", rep.spec.model) is None:
+            if self.ctx.cache.get(Model, rep.spec.model) is None:
                 await self._delete(node, rep, f"{why}; model {rep.spec.model} is gone: deleted without replacement")
                 continue
             repl = await ensure_replacement(self.ctx, rep, why)
@@ -223,34 +230,34 @@ class NodeLifecycleController(Controller):
         # Replacement events wake this key (keys_for); the requeue is a safety net.
         return Result(requeue_after=self._opt("node_grace", 30.0)) if waiting else None
 
-    async def _delete(self, node, rep, why: str) -> None:
+    async def _delete(self, node: Node, rep: Replica, why: str) -> None:
         marked = rep.model_copy(deep=True)
         marked.metadata.annotations[EVICT] = "node-lost"
         try:
             await self.ctx.store.update(marked)     # Conflict: the key is retried
-            gone = await self.ctx.store.delete("replicas", rep.metadata.name)
+            gone = await self.ctx.store.delete(Replica, rep.metadata.name)
         except NotFound:
-            self.ctx.cache.assume_deleted("replicas", rep.metadata.name)
+            self.ctx.cache.assume_deleted(Replica, rep.metadata.name)
             return
         self.ctx.cache.assume_deletion(gone)
         self.ctx.events.record(rep, "Warning", "Evicted", why)
         self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
 
-    async def _patch(self, node, conds: list[dict]):
+    async def _patch(self, node: Node, conds: list[ConditionPatch]) -> Node:
         if not conds:
             return node
+        patch: NodeStatusPatch = {"conditions": conds}
         try:
-            written = await self.ctx.store.patch_status("nodes", node.metadata.name, {"conditions": conds},
-                                                        current=node)
+            written = await self.ctx.store.patch_status(Node, node.metadata.name, patch, current=node)
         except NotFound:
             return node
         self.ctx.cache.assume(written)
         return written
 
 
-def _cond(type: str, status: str, reason: str, message: str) -> dict:
+def _cond(type: str, status: ConditionStatus, reason: str, message: str) -> ConditionPatch:
     return {"type": type, "status": status, "reason": reason, "message": message}
 
 
-def _by_name(replicas: list) -> list:
+def _by_name(replicas: list[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: r.metadata.name)

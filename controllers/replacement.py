@@ -13,11 +13,12 @@ a Ready one drops the annotation and becomes an ordinary replica.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from llmgw.api import ObjectMeta, Replica
 from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-from llmgw.store import AlreadyExists, NotFound
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.controller import Context
+from llmgw.store.errors import AlreadyExists, NotFound
 
 
 def replacement_name(orig: Replica) -> str:
@@ -25,16 +26,16 @@ def replacement_name(orig: Replica) -> str:
     return f"{orig.spec.model[:50].rstrip('-')}-m{digest}"
 
 
-def find_replacement(cache: Any, orig: Replica) -> Replica | None:
-    """The live replacement of `orig` in the cache, if any."""
+def find_replacement(cache: Cache, orig: Replica) -> Replica | None:
+    """The live replacement of `orig` in the cache, if any (reads the index REPLICAS_BY_MODEL)."""
     name = orig.metadata.name
-    for r in cache.index("replicas", "model", orig.spec.model):
+    for r in cache.index(Replica, "model", orig.spec.model):
         if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == name and r.metadata.deletionTimestamp is None:
             return r
-    return cache.get("replicas", replacement_name(orig))
+    return cache.get(Replica, replacement_name(orig))
 
 
-async def ensure_replacement(ctx: Any, orig: Replica, why: str) -> Replica:
+async def ensure_replacement(ctx: Context, orig: Replica, why: str) -> Replica:
     """The replacement of `orig`: found, or created (and recorded as an event)."""
     found = find_replacement(ctx.cache, orig)
     if found is not None:
@@ -55,19 +56,19 @@ async def ensure_replacement(ctx: Any, orig: Replica, why: str) -> Replica:
         ctx.events.record(orig, "Normal", "ReplacementCreated",
                           f"{why}: created replacement {created.metadata.name}")
     except AlreadyExists:
-        created = await ctx.store.get("replicas", new.metadata.name)
+        created = await ctx.store.get(Replica, new.metadata.name)
     ctx.cache.assume(created)
     return created
 
 
-async def abandon_replacement(ctx: Any, repl: Replica) -> None:
+async def abandon_replacement(ctx: Context, repl: Replica) -> None:
     """The move is called off. A replacement that never served is deleted: kept, it would
     be one replica more than the model's maxSurge allows until the model controller
     scaled it down. A Ready one becomes an ordinary replica, and the model controller
     scales the surplus down (the replica that serves least goes first)."""
     try:
         if repl.status.phase != "Ready":
-            gone = await ctx.store.delete("replicas", repl.metadata.name)
+            gone = await ctx.store.delete(Replica, repl.metadata.name)
             ctx.events.record(repl, "Normal", "ReplacementCalledOff", "the move was called off before it served")
             ctx.cache.assume_deletion(gone)
             return
@@ -75,4 +76,4 @@ async def abandon_replacement(ctx: Any, repl: Replica) -> None:
         plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)
         ctx.cache.assume(await ctx.store.update(plain))   # Conflict: the caller's key is retried
     except NotFound:
-        ctx.cache.assume_deleted("replicas", repl.metadata.name)
+        ctx.cache.assume_deleted(Replica, repl.metadata.name)

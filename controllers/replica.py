@@ -48,14 +48,17 @@ from __future__ import annotations
 import logging
 import re
 from datetime import datetime, timedelta, timezone
+from typing import Iterable
 
-from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
-from llmgw.api.types import ShardPorts, ShardSpec
+from controllers.indexes import REPLICAS_BY_NODE, SHARDS_BY_NODE, SHARDS_BY_REPLICA
+from llmgw.api import AnyObject, Node, ObjectMeta, Replica, Shard, get_condition
+from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
+from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
 from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
-from llmgw.runtime.controller import Controller, Result
+from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.runtime.nodes import node_deleted
 from llmgw.scheduling import describe
-from llmgw.store import NotFound
+from llmgw.store.errors import NotFound
 
 log = logging.getLogger("llmgw.controllers.replica")
 
@@ -87,15 +90,15 @@ def held_ports(shard: Shard) -> set[int]:
     """Ports of its node to hand out no more when the agent refused to start the shard because a
     process not ours holds one (PortInUse): the shard's own, and any the refusal names."""
     started = get_condition(shard.status.conditions, "Started")
-    refused = started is not None and started.reason == "PortInUse"
-    if shard.status.phase != "Failed" or not (refused or shard.status.message.startswith("PortInUse:")):
+    refusal = started.message if started is not None and started.reason == "PortInUse" else None
+    if shard.status.phase != "Failed" or not (refusal is not None or shard.status.message.startswith("PortInUse:")):
         return set()
-    named = re.findall(r"\bport (\d+)", (started.message if refused else "") + " " + shard.status.message)
+    named = re.findall(r"\bport (\d+)", (refusal or "") + " " + shard.status.message)
     own = [shard.spec.ports.serve] + ([shard.spec.ports.distInit] if shard.spec.rank == 0 else [])
     return {*own, *map(int, named)}
 
 
-def fold_phase(replica: Replica, shards: list[Shard]) -> str:
+def fold_phase(replica: Replica, shards: list[Shard]) -> ReplicaPhase:
     """Replica phase from complete, healthy shards (one per rank)."""
     by_rank = {s.spec.rank: s for s in shards}
     head = by_rank.get(0)
@@ -108,7 +111,7 @@ def fold_phase(replica: Replica, shards: list[Shard]) -> str:
 
 
 class _MinTimer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.value: float | None = None
 
     def add(self, seconds: float | None) -> None:
@@ -121,31 +124,34 @@ class _MinTimer:
 
 class ReplicaController(Controller):
     name = "replica"
-    watches = ("replicas", "shards", "nodes")
+    watches = (Replica, Shard, Node)
+    indexes = (SHARDS_BY_REPLICA, SHARDS_BY_NODE, REPLICAS_BY_NODE)
     workers = 32  # each replica's steps are a few etcd round trips: overlap them
     batch_seconds = 0.05
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
         # node -> ports a shard failed on with PortInUse: never handed out again (until the
         # agent's status.foreignPorts, which outlives this memory, lists them anyway)
         self._port_held: dict[str, set[int]] = {}
 
-    def keys_for(self, kind, obj):
-        if kind == "replicas":
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
+        if isinstance(obj, Replica):
             return [obj.metadata.name]
-        if kind == "shards":
+        if isinstance(obj, Shard):
             return [obj.spec.replica]
+        if not isinstance(obj, Node):
+            return []
         cache = self.ctx.cache
-        keys = {r.metadata.name for r in cache.index("replicas", "node", obj.metadata.name)}
-        keys |= {s.spec.replica for s in cache.index("shards", "node", obj.metadata.name)}
+        keys = {r.metadata.name for r in cache.index(Replica, "node", obj.metadata.name)}
+        keys |= {s.spec.replica for s in cache.index(Shard, "node", obj.metadata.name)}
         return keys
 
     # ------------------------------------------------------------------ main
     async def reconcile(self, key: str) -> Result | None:
         cache = self.ctx.cache
-        r = cache.get("replicas", key)
-        shards = sorted(cache.index("shards", "replica", key), key=lambda s: s.spec.rank)
+        r = cache.get(Replica, key)
+        shards = sorted(cache.index(Shard, "replica", key), key=lambda s: s.spec.rank)
         timer = _MinTimer()
         if r is None:
             await self._teardown(None, shards)
@@ -173,9 +179,10 @@ class ReplicaController(Controller):
             await self._fail(r, shards, reason, crash=not refused)
             return timer.result()
         if len(shards) < len(r.spec.placement):
-            shards = await self._create_shards(r, shards, timer)
-            if shards is None:
+            complete = await self._create_shards(r, shards, timer)
+            if complete is None:
                 return timer.result()
+            shards = complete
         await self._fold(r, shards)
         return timer.result()
 
@@ -193,7 +200,7 @@ class ReplicaController(Controller):
             if s.status.phase in ("Stopping", "Stopped"):
                 return f"shard {s.name} on {s.spec.node} stopped unexpectedly"
         for node in dict.fromkeys(p.node for p in r.spec.placement):
-            if self.ctx.cache.get("nodes", node) is None:
+            if self.ctx.cache.get(Node, node) is None:
                 return f"node {node} was deleted"
         return None
 
@@ -254,12 +261,12 @@ class ReplicaController(Controller):
         for s in shards:
             if s.metadata.deletionTimestamp is None:
                 try:
-                    s = await self.ctx.store.delete("shards", s.name, node=s.spec.node)
+                    s = await self.ctx.store.delete(Shard, s.name, node=s.spec.node)
                 except NotFound:
-                    self.ctx.cache.assume_deleted("shards", s.name)
+                    self.ctx.cache.assume_deleted(Shard, s.name)
                     continue
                 if not s.metadata.finalizers:
-                    self.ctx.cache.assume_deleted("shards", s.name)
+                    self.ctx.cache.assume_deleted(Shard, s.name)
                     continue
                 self.ctx.cache.assume(s)
             if PROCESS_FINALIZER in s.metadata.finalizers:
@@ -279,13 +286,13 @@ class ReplicaController(Controller):
                 try:
                     s = await self.ctx.store.update(s)
                 except NotFound:
-                    self.ctx.cache.assume_deleted("shards", s.name)
+                    self.ctx.cache.assume_deleted(Shard, s.name)
                     continue
             if s.metadata.finalizers:
                 self.ctx.cache.assume(s)
                 left += 1       # someone else's finalizer
             else:
-                self.ctx.cache.assume_deleted("shards", s.name)
+                self.ctx.cache.assume_deleted(Shard, s.name)
         return left == 0
 
     async def _terminate(self, r: Replica, shards: list[Shard]) -> None:
@@ -307,10 +314,10 @@ class ReplicaController(Controller):
             self.ctx.events.record(r, "Normal", "ShardsGone", "every shard stopped; replica released")
 
     # -------------------------------------------------------------- creating
-    def _allocate(self, node, count: int) -> list[int]:
+    def _allocate(self, node: Node, count: int) -> list[int]:
         used = set(self._reserved.get(node.name, ()))
         used.update(node.status.foreignPorts, self._port_held.get(node.name, ()))
-        for s in self.ctx.cache.index("shards", "node", node.name):
+        for s in self.ctx.cache.index(Shard, "node", node.name):
             used.update((s.spec.ports.serve, s.spec.ports.distInit))
         out = []
         rng = node.status.portRange
@@ -333,7 +340,7 @@ class ReplicaController(Controller):
         cache = self.ctx.cache
         have = {s.spec.rank: s for s in shards}
         placement = sorted(r.spec.placement, key=lambda p: p.rank)
-        head_node = cache.get("nodes", placement[0].node)
+        head_node = cache.get(Node, placement[0].node)
         if head_node is None or not head_node.status.addresses:
             self.ctx.events.record(r, "Warning", "NoHeadAddress",
                                    f"node {placement[0].node} reports no address; cannot start rank 0")
@@ -345,7 +352,7 @@ class ReplicaController(Controller):
         for p in placement:
             if p.rank in have:
                 continue
-            node = cache.get("nodes", p.node)
+            node = cache.get(Node, p.node)
             if node is None:
                 timer.add(1.0)
                 return None
@@ -360,7 +367,7 @@ class ReplicaController(Controller):
                         name=shard_name(r.name, p.rank),
                         labels={MODEL_LABEL: r.spec.model, REPLICA_LABEL: r.name},
                         finalizers=[PROCESS_FINALIZER],
-                        ownerReferences=[OwnerReference(kind="Replica", name=r.name, uid=r.metadata.uid)],
+                        ownerReferences=[r.owner_reference()],
                     ),
                     spec=ShardSpec(
                         replica=r.name, model=r.spec.model, node=p.node, rank=p.rank,
@@ -392,7 +399,7 @@ class ReplicaController(Controller):
         msg = {"Ready": f"serving at {endpoint}",
                "Starting": f"{sum(s.status.phase in ('Ready', 'Running') for s in shards)}/{len(shards)} shards up",
                "Scheduled": f"{len(shards)} shard(s) created, waiting for agents"}[phase]
-        conds = [{"type": "Ready", "status": "True" if ready else "False",
+        conds: list[ConditionPatch] = [{"type": "Ready", "status": "True" if ready else "False",
                   "reason": "ShardsReady" if ready else "ShardsNotReady", "message": msg},
                  {"type": "Scheduled", "status": "True", "reason": "Scheduled",
                   "message": describe(r.spec.placement)}]
@@ -406,6 +413,6 @@ class ReplicaController(Controller):
         if phase != st.phase and phase == "Ready":
             self.ctx.events.record(r, "Normal", "Ready", f"all {len(shards)} shard(s) up; serving at {endpoint}")
 
-    async def _patch(self, r: Replica, patch: dict) -> None:
-        updated = await self.ctx.store.patch_status("replicas", r.name, patch, current=r)
+    async def _patch(self, r: Replica, patch: ReplicaStatusPatch) -> None:
+        updated = await self.ctx.store.patch_status(Replica, r.name, patch, current=r)
         self.ctx.cache.assume(updated)

@@ -20,22 +20,24 @@ anyway), not as a second write here.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
-from llmgw.api import Placement, get_condition
-from llmgw.runtime.controller import Controller, Result
+from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
+from llmgw.api.patches import ReplicaStatusPatch
+from llmgw.runtime.cache import Cache
+from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.scheduling import Fit, Ledger, describe, place, request_for
-from llmgw.store import Conflict, FencedOut, NotFound
+from llmgw.store.errors import Conflict, FencedOut, NotFound
 
 
 class SchedulerController(Controller):
     name = "scheduler"
-    watches = ("replicas", "nodes", "shards")
+    watches = (Replica, Node, Shard)
     workers = 64         # decisions are synchronous; workers overlap the etcd writes
 
     def __init__(self) -> None:
         self.ledger: Ledger | None = None
-        self._ledger_of: Any = None            # the cache (one per leadership term) it mirrors
+        self._ledger_of: Cache | None = None   # the cache (one per leadership term) it mirrors
         self.unschedulable: set[str] = set()   # replicas waiting for room
 
     # ------------------------------------------------------------ ledger
@@ -43,31 +45,35 @@ class SchedulerController(Controller):
         """Built from the cache on first use in a term; afterwards kept current by keys_for."""
         if self.ledger is None or self._ledger_of is not self.ctx.cache:
             led = Ledger()
-            for node in self.ctx.cache.list("nodes"):
+            for node in self.ctx.cache.list(Node):
                 led.observe_node(node)
-            for rep in self.ctx.cache.list("replicas"):
+            for rep in self.ctx.cache.list(Replica):
                 led.observe_replica(rep)
-            for shard in self.ctx.cache.list("shards"):
+            for shard in self.ctx.cache.list(Shard):
                 led.observe_shard(shard)
             self.ledger, self._ledger_of = led, self.ctx.cache
             self.unschedulable = set()
         return self.ledger
 
-    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         led = self._ledger()
-        name = obj.metadata.name
-        cur = self.ctx.cache.get(kind, name)
-        if kind == "nodes":
-            if cur is None:
-                led.forget_node(name)
+        if isinstance(obj, Node):
+            node = self.ctx.cache.get(Node, obj.name)
+            if node is None:
+                led.forget_node(obj.name)
             else:
-                led.observe_node(cur)
+                led.observe_node(node)
             return list(self.unschedulable)
-        if kind == "shards":
-            if cur is not None:
-                led.observe_shard(cur)
+        if isinstance(obj, Shard):
+            shard = self.ctx.cache.get(Shard, obj.name)
+            if shard is not None:
+                led.observe_shard(shard)
                 return []
-            return list(self.unschedulable) if led.forget_shard(name, obj.spec.replica) else []
+            return list(self.unschedulable) if led.forget_shard(obj.name, obj.spec.replica) else []
+        if not isinstance(obj, Replica):
+            return []
+        name = obj.name
+        cur = self.ctx.cache.get(Replica, name)
         if cur is None:
             had = name in led.replicas
             led.forget_replica(name)
@@ -82,7 +88,7 @@ class SchedulerController(Controller):
     # --------------------------------------------------------- reconcile
     async def reconcile(self, key: str) -> Result | None:
         cache, led = self.ctx.cache, self._ledger()
-        rep = cache.get("replicas", key)
+        rep = cache.get(Replica, key)
         if rep is None or rep.spec.placement or rep.metadata.deletionTimestamp:
             self.unschedulable.discard(key)
             return None
@@ -90,7 +96,7 @@ class SchedulerController(Controller):
         if key in led.assumed:
             # An earlier write ended without an answer: see what the store has.
             try:
-                rep = await self.ctx.store.get("replicas", key)
+                rep = await self.ctx.store.get(Replica, key)
             except NotFound:
                 led.forget_replica(key)
                 return None
@@ -124,15 +130,15 @@ class SchedulerController(Controller):
         self.ctx.events.record(written, "Normal", "Scheduled", f"placed {describe(out.slots)}")
         return None
 
-    async def _unschedulable(self, rep, message: str) -> None:
+    async def _unschedulable(self, rep: Replica, message: str) -> None:
         self.ctx.events.record(rep, "Warning", "FailedScheduling", message)
         cond = get_condition(rep.status.conditions, "Scheduled")
         if cond and (cond.status, cond.reason, cond.message) == ("False", "Unschedulable", message):
             return
+        patch: ReplicaStatusPatch = {"conditions": [
+            {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
         try:
-            written = await self.ctx.store.patch_status("replicas", rep.metadata.name, {"conditions": [
-                {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]},
-                current=rep)
+            written = await self.ctx.store.patch_status(Replica, rep.metadata.name, patch, current=rep)
         except NotFound:
             return
         self.ctx.cache.assume(written)

@@ -1,6 +1,9 @@
 """Cache: indexes, assume ordering, and that assumed writes still reach handlers."""
+import pytest
+
+from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from llmgw.api import Replica
-from llmgw.runtime.cache import Cache
+from llmgw.runtime.cache import Cache, Index
 
 
 def rep(name, model="m", nodes=(), rv=1, phase="Pending") -> Replica:
@@ -10,7 +13,7 @@ def rep(name, model="m", nodes=(), rv=1, phase="Pending") -> Replica:
 
 
 def test_indexes_follow_changes():
-    c = Cache()
+    c = Cache(indexes=(REPLICAS_BY_NODE, REPLICAS_BY_MODEL))
     c.apply("replicas", "ADDED", rep("a", nodes=("n1", "n2")), 5)
     c.apply("replicas", "ADDED", rep("b", model="x", nodes=("n2",)), 6)
     assert sorted(r.name for r in c.index("replicas", "node", "n2")) == ["a", "b"]
@@ -95,3 +98,26 @@ def test_an_assume_that_changes_the_entry_is_reported_like_an_event():
     c.apply("replicas", "MODIFIED", rep("a", rv=9), 9)      # the watch is ahead of the next answer
     c.assume(rep("a", rv=7))                                 # older than what the cache has: no news
     assert heard == [("replicas", "ADDED", "a", 5), ("replicas", "MODIFIED", "a", 6)]
+
+
+def test_a_kind_is_named_by_its_class_or_its_plural():
+    c = Cache(indexes=(REPLICAS_BY_NODE,))
+    c.apply("replicas", "ADDED", rep("a", nodes=("n1",)), 5)
+    a = c.get(Replica, "a")
+    assert a is not None and c.get("replicas", "a") is a
+    assert c.list(Replica) == [a] and c.index(Replica, "node", "n1") == [a]
+    c.assume_deleted(Replica, "a")
+    assert c.get(Replica, "a") is None and c.index(Replica, "node", "n1") == []
+
+
+def test_an_index_nobody_registered_is_named_in_the_error():
+    c = Cache(indexes=(REPLICAS_BY_NODE,))
+    with pytest.raises(KeyError, match="replicas/model"):
+        c.index(Replica, "model", "m")
+
+
+def test_one_name_cannot_stand_for_two_indexes():
+    Cache(indexes=(REPLICAS_BY_NODE, REPLICAS_BY_NODE))      # named twice: registered once
+    other = Index(Replica, "node", lambda r: [r.spec.model])
+    with pytest.raises(ValueError, match="replicas/node"):
+        Cache(indexes=(REPLICAS_BY_NODE, other))

@@ -1,14 +1,14 @@
 """The informers' shared in-memory cache of every kind, with indexes.
 
-Interface for controllers (read-only except ``assume``)::
+Interface for controllers (read-only except ``assume``); a kind is named by its
+class, as in ``llmgw.api.ObjectClient`` (its plural name, "replicas", is taken too)::
 
-    cache.get(kind, name) -> obj | None
-    cache.list(kind) -> list[obj]
-    cache.index(kind, index, value) -> list[obj]
-        ("shards", "node")      shards whose spec.node == value
-        ("shards", "replica")   shards whose spec.replica == value
-        ("replicas", "model")   replicas whose spec.model == value
-        ("replicas", "node")    replicas with any placement rank on node value
+    cache.get(Replica, name) -> Replica | None
+    cache.list(Replica) -> list[Replica]
+    cache.index(Replica, "node", value) -> list[Replica]
+        replicas filed under value by the index "node" of replicas: indexes are
+        registered by whoever builds the cache (``Cache(indexes=...)``; the
+        manager registers those its controllers declare in ``Controller.indexes``)
     cache.heartbeats() -> set[str]       nodes with a live /llmgw/heartbeat/<node> key
     cache.assume(obj)                    write-through after our own write
     cache.assume_deleted(kind, name)     after our own delete that removed the object
@@ -36,47 +36,79 @@ level-based, so hearing twice costs a look, never a wrong step.
 """
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generic, Iterable, cast
 
-Indexer = Callable[[Any], Iterable[str]]
+from llmgw.api import KINDS, AnyObject, EventType, ObjectT
 
-INDEXERS: dict[tuple[str, str], Indexer] = {
-    ("shards", "node"): lambda s: [s.spec.node],
-    ("shards", "replica"): lambda s: [s.spec.replica],
-    ("replicas", "model"): lambda r: [r.spec.model],
-    ("replicas", "node"): lambda r: {p.node for p in r.spec.placement},
-}
+# A kind's plural name, from its class or its plural name: one dict lookup, on every read.
+_PLURAL: dict[type[AnyObject] | str, str] = {**{cls: plural for plural, cls in KINDS.items()},
+                                             **{plural: plural for plural in KINDS}}
+
+
+@dataclass(frozen=True)
+class Index(Generic[ObjectT]):
+    """A named index of one kind: ``values(obj)`` are the values ``obj`` is filed under."""
+
+    kind: type[ObjectT]
+    name: str
+    values: Callable[[ObjectT], Iterable[str]]
 
 
 @dataclass
 class _Entry:
-    obj: Any
+    obj: AnyObject
     rev: int
     assumed: bool = False
 
 
+_NONE: dict[str, _Entry] = {}   # the entries of a kind the cache has none of; never written
+
+
 class Cache:
-    def __init__(self, on_assume: Callable[[str, str, Any], None] | None = None) -> None:
+    def __init__(self, on_assume: Callable[[str, EventType, AnyObject], None] | None = None,
+                 indexes: Iterable[Index[Any]] = ()) -> None:
         self._on_assume = on_assume
         self._items: dict[str, dict[str, _Entry]] = {}
         self._revision: dict[str, int] = {}          # highest revision applied per kind
-        self._index: dict[tuple[str, str], dict[str, set[str]]] = {k: {} for k in INDEXERS}
+        self._index: dict[tuple[str, str], dict[str, set[str]]] = {}   # (kind, index) -> value -> names
+        self._indexes: dict[str, builtins.list[tuple[Index[Any], dict[str, set[str]]]]] = {}  # kind -> the above
         self._tombstones: dict[str, dict[str, str | None]] = {}   # kind -> name -> uid
         self._heartbeats: set[str] = set()
+        for index in indexes:
+            self._add_index(index)
+
+    def _add_index(self, index: Index[Any]) -> None:
+        """Register an index (before any object arrives); one name per kind, one function per name."""
+        kind = index.kind.kind_plural
+        same = next((i for i, _ in self._indexes.get(kind, ()) if i.name == index.name), None)
+        if same is not None:
+            if same.values is not index.values:
+                raise ValueError(f"two different indexes named {kind}/{index.name}")
+            return
+        values: dict[str, set[str]] = {}
+        self._index[(kind, index.name)] = values
+        self._indexes.setdefault(kind, []).append((index, values))
 
     # ------------------------------------------------------------ reading
-    def get(self, kind: str, name: str) -> Any | None:
-        e = self._items.get(kind, {}).get(name)
-        return e.obj if e else None
+    # The entries of a kind hold objects of that kind's class: the casts below say so.
+    def get(self, kind: type[ObjectT], name: str) -> ObjectT | None:
+        e = self._items.get(_PLURAL.get(kind, ""), _NONE).get(name)
+        return cast(ObjectT, e.obj) if e else None
 
-    def list(self, kind: str) -> list[Any]:
-        return [e.obj for e in self._items.get(kind, {}).values()]
+    def list(self, kind: type[ObjectT]) -> builtins.list[ObjectT]:
+        return cast("builtins.list[ObjectT]", [e.obj for e in self._items.get(_PLURAL.get(kind, ""), _NONE).values()])
 
-    def index(self, kind: str, index: str, value: str) -> list[Any]:
-        names = self._index[(kind, index)].get(value, ())
-        items = self._items.get(kind, {})
-        return [items[n].obj for n in names if n in items]
+    def index(self, kind: type[ObjectT], index: str, value: str) -> builtins.list[ObjectT]:
+        plural = _PLURAL.get(kind, "")
+        try:
+            names = self._index[(plural, index)].get(value, ())
+        except KeyError:
+            raise KeyError(f"no index {plural}/{index}: a controller that reads it names it in its "
+                           "indexes") from None
+        items = self._items.get(plural, {})
+        return cast("builtins.list[ObjectT]", [items[n].obj for n in names if n in items])
 
     def heartbeats(self) -> set[str]:
         return set(self._heartbeats)
@@ -85,7 +117,7 @@ class Cache:
         return self._revision.get(kind, 0)
 
     # ----------------------------------------------------------- assuming
-    def assume(self, obj: Any) -> None:
+    def assume(self, obj: AnyObject) -> None:
         kind = obj.kind_plural
         name = obj.metadata.name
         cur = self._items.get(kind, {}).get(name)
@@ -97,22 +129,23 @@ class Cache:
         if self._on_assume is not None:
             self._on_assume(kind, "ADDED" if cur is None else "MODIFIED", obj)
 
-    def assume_deletion(self, obj: Any) -> None:
+    def assume_deletion(self, obj: AnyObject) -> None:
         """What a delete returned: the object marked for deletion (finalizers hold it), or gone."""
         if obj.metadata.finalizers:
             self.assume(obj)
         else:
-            self.assume_deleted(obj.kind_plural, obj.metadata.name)
+            self.assume_deleted(type(obj), obj.metadata.name)
 
-    def assume_deleted(self, kind: str, name: str) -> None:
-        cur = self._items.get(kind, {}).get(name)
+    def assume_deleted(self, kind: type[AnyObject], name: str) -> None:
+        plural = _PLURAL.get(kind, "")
+        cur = self._items.get(plural, {}).get(name)
         if cur is None:
             return
-        self._tombstones.setdefault(kind, {})[name] = cur.obj.metadata.uid
-        self._remove(kind, name)
+        self._tombstones.setdefault(plural, {})[name] = cur.obj.metadata.uid
+        self._remove(plural, name)
 
     # ------------------------------------------------------ informer side
-    def apply(self, kind: str, type: str, obj: Any, revision: int) -> tuple[bool, Any | None]:
+    def apply(self, kind: str, type: str, obj: AnyObject, revision: int) -> tuple[bool, AnyObject | None]:
         """Apply a watch event; returns (whether handlers should hear of it, the old object).
 
         Events confirming our own assumed writes are reported too: without an
@@ -139,13 +172,14 @@ class Cache:
         self._put(kind, name, _Entry(obj, revision))
         return True, cur.obj if cur else None
 
-    def replace(self, kind: str, objs: list[Any], revision: int) -> list[tuple[str, Any]]:
+    def replace(self, kind: str, objs: builtins.list[AnyObject],
+                revision: int) -> builtins.list[tuple[str, AnyObject]]:
         """Replace a kind's contents after a (re)list; returns the events it implies."""
         self._revision[kind] = max(self.revision(kind), revision)
         self._tombstones.pop(kind, None)
-        events: list[tuple[str, Any]] = []
+        events: builtins.list[tuple[str, AnyObject]] = []
         items = self._items.setdefault(kind, {})
-        seen = set()
+        seen: set[str] = set()
         for obj in objs:
             name = obj.metadata.name
             seen.add(name)
@@ -166,7 +200,7 @@ class Cache:
         (self._heartbeats.add if alive else self._heartbeats.discard)(node)
         return True
 
-    def replace_heartbeats(self, nodes: Iterable[str]) -> list[tuple[str, str]]:
+    def replace_heartbeats(self, nodes: Iterable[str]) -> builtins.list[tuple[str, str]]:
         new = set(nodes)
         events = [("ADDED", n) for n in new - self._heartbeats]
         events += [("DELETED", n) for n in self._heartbeats - new]
@@ -179,22 +213,20 @@ class Cache:
         if name in items:
             self._unindex(kind, name, items[name].obj)
         items[name] = entry
-        for (k, idx), fn in INDEXERS.items():
-            if k == kind:
-                for value in fn(entry.obj):
-                    self._index[(k, idx)].setdefault(value, set()).add(name)
+        for index, values in self._indexes.get(kind, ()):
+            for value in index.values(entry.obj):
+                values.setdefault(value, set()).add(name)
 
     def _remove(self, kind: str, name: str) -> None:
         entry = self._items.get(kind, {}).pop(name, None)
         if entry is not None:
             self._unindex(kind, name, entry.obj)
 
-    def _unindex(self, kind: str, name: str, obj: Any) -> None:
-        for (k, idx), fn in INDEXERS.items():
-            if k == kind:
-                for value in fn(obj):
-                    names = self._index[(k, idx)].get(value)
-                    if names is not None:
-                        names.discard(name)
-                        if not names:
-                            del self._index[(k, idx)][value]
+    def _unindex(self, kind: str, name: str, obj: AnyObject) -> None:
+        for index, values in self._indexes.get(kind, ()):
+            for value in index.values(obj):
+                names = values.get(value)
+                if names is not None:
+                    names.discard(name)
+                    if not names:
+                        del values[value]

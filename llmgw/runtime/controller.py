@@ -1,32 +1,34 @@
 """The controller interface every reconciler in ``controllers/`` implements.
 
-A controller is a subclass of :class:`Controller`::
+A controller is a subclass of :class:`Controller`; kinds are named by their
+class (``llmgw.api``), and the cache and the store hand back that class::
 
     class SchedulerController(Controller):
         name = "scheduler"
-        watches = ("replicas", "nodes")   # first entry is the primary kind
+        watches = (Replica, Node)            # first entry is the primary kind
 
         def keys_for(self, kind, obj):
-            if kind == "replicas":
-                return [obj.metadata.name]
+            if isinstance(obj, Replica):
+                return [obj.name]
             # a node changed: every pending replica may fit now
-            return [r.metadata.name for r in self.ctx.cache.list("replicas")
-                    if not r.spec.placement]
+            return [r.name for r in self.ctx.cache.list(Replica) if not r.spec.placement]
 
         async def reconcile(self, key):
-            replica = self.ctx.cache.get("replicas", key)
+            replica = self.ctx.cache.get(Replica, key)   # Replica | None
             if replica is None:
                 return None                      # done
             ...
             return Result(requeue_after=5.0)     # look again in 5 s
 
 The manager (llmgw.runtime.manager.Manager) runs one informer per kind
-(kinds: "nodes", "models", "replicas", "shards", and the pseudo-kind
-"heartbeats") into a shared :class:`~llmgw.runtime.cache.Cache`; every
-event on a kind listed in ``watches`` calls ``keys_for(kind, obj)`` and
-enqueues the keys in the controller's own work queue.  For "heartbeats" obj
-is the node name (a ``str``) and the event fires when that node's heartbeat
-key appears or vanishes.  On deletion events ``obj`` is the last known object.
+(Node, Model, Replica, Shard, and the pseudo-kind ``HEARTBEATS``) into a
+shared :class:`~llmgw.runtime.cache.Cache`; every event on a kind listed in
+``watches`` calls ``keys_for(kind, obj)``, with the kind as ``watches`` names
+it, and enqueues the keys in the controller's own work queue.  For
+``HEARTBEATS`` obj is the node name (a ``str``) and the event fires when that
+node's heartbeat key appears or vanishes.  On deletion events ``obj`` is the
+last known object.  (A kind's plural name, "replicas", is taken wherever a
+class is, for tests; typed code names the class.)
 
 ``reconcile(key)`` reads the cache, compares desired with actual, makes one
 step and returns:
@@ -36,14 +38,20 @@ step and returns:
 * raises: the key is retried with per-key exponential backoff (5 ms doubling
   to 5 min).  ``FencedOut`` / ``Conflict`` are ordinary errors here.
 
+``indexes`` names the cache indexes a controller reads (``cache.index(Replica,
+"node", name)`` reads an ``Index(Replica, "node", ...)``, llmgw/runtime/cache.py):
+the manager registers them in each term's cache.
+
 A key is never reconciled by two workers at once.  After each own write,
 call ``ctx.cache.assume(written_obj)`` so the next reconcile sees it before
 the watch event arrives.
 
 ``ctx`` is set by the manager before the controller starts:
 
-* ``ctx.store``: a *fenced* Store: writes raise ``FencedOut`` once this
-  manager lost leadership.  Reads are plain.
+* ``ctx.store``: a *fenced* store (a :class:`ControllerStore`): writes raise
+  ``FencedOut`` once this manager lost leadership.  Reads are plain.  Status
+  is written with ``patch_status(kind, name, patch, current=obj)``, the patch
+  typed per kind (``llmgw.api.patches``).
 * ``ctx.cache``: the shared Cache (get/list/index/heartbeats/assume).
 * ``ctx.events``: EventRecorder; ``ctx.events.record(obj, "Normal"|"Warning",
   reason, message)`` is synchronous and never raises (written in background).
@@ -58,11 +66,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from llmgw.runtime.cache import Cache
-    from llmgw.runtime.events import EventRecorder
+from llmgw.api import AnyObject, ObjectClient, ObjectT, StatusPatch
+from llmgw.runtime.cache import Cache, Index
+from llmgw.runtime.events import EventRecorder
+
+# The pseudo-kind of node heartbeats: its objects are node names.
+HEARTBEATS = "heartbeats"
+
+# A kind as ``watches`` names it: its class, or HEARTBEATS (or a plural name, for tests).
+WatchedKind = type[AnyObject] | str
+
+
+class ControllerStore(ObjectClient, Protocol):
+    """What controllers write through: an ObjectClient (llmgw.store.Store, fenced) whose
+    patch_status may start from the caller's copy of the object (``current``, from the
+    cache): no read first while that copy is the stored one."""
+
+    async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch,
+                           node: str | None = None, *, current: ObjectT | None = None) -> ObjectT: ...
 
 
 @dataclass
@@ -74,9 +97,9 @@ class Result:
 
 @dataclass
 class Context:
-    store: Any                      # llmgw.store.Store (fenced)
-    cache: "Cache"
-    events: "EventRecorder"
+    store: ControllerStore          # fenced: writes fail once leadership is lost
+    cache: Cache
+    events: EventRecorder
     clock: Callable[[], float] = time.monotonic
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -94,7 +117,9 @@ class Controller:
     """Base class of a reconciler; see the module docstring."""
 
     name: str = ""
-    watches: tuple[str, ...] = ()
+    watches: tuple[WatchedKind, ...] = ()
+    # The cache indexes reconcile and keys_for read (cache.index); the manager registers them.
+    indexes: tuple[Index[Any], ...] = ()
     workers: int = 2
     # Seconds to gather events of a secondary kind before reconciling their key:
     # a model with a hundred replicas then reconciles once per burst of replica
@@ -103,10 +128,10 @@ class Controller:
     ctx: Context
 
     @property
-    def primary_kind(self) -> str:
+    def primary_kind(self) -> WatchedKind:
         return self.watches[0]
 
-    def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
+    def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         """Keys to enqueue for an event on ``obj`` of ``kind``.
 
         Default: the object's name when ``kind`` is the primary kind.

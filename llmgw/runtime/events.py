@@ -12,7 +12,9 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Protocol
+
+from llmgw.api import AnyObject
 
 log = logging.getLogger("llmgw.events")
 
@@ -28,17 +30,23 @@ class Event:
     message: str
 
 
+class EventWriter(Protocol):
+    """Where events go: llmgw.store.Store (kind, name, type, reason, message each)."""
+
+    async def record_events(self, events: list[tuple[str, str, str, str, str]]) -> None: ...
+
+
 class EventRecorder:
-    def __init__(self, store: Any = None, *, maxlen: int = 2000, queue_limit: int = 10000,
+    def __init__(self, store: EventWriter | None = None, *, maxlen: int = 2000, queue_limit: int = 10000,
                  dedup_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.recent: deque[Event] = deque(maxlen=maxlen)
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=queue_limit)
-        self._last: dict[tuple, float] = {}
+        self._last: dict[tuple[str, str, str, str, str], float] = {}
         self._dedup = dedup_seconds
         self._clock = clock
 
-    def record(self, obj: Any, type: str, reason: str, message: str) -> None:
+    def record(self, obj: AnyObject, type: str, reason: str, message: str) -> None:
         ev = Event(obj.kind_plural, obj.metadata.name, type, reason, message)
         key = (ev.kind, ev.name, ev.type, ev.reason, ev.message)
         t = self._clock()

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import DEFAULT_OPTIONS, Context, Controller
+from llmgw.runtime.controller import DEFAULT_OPTIONS, Context, Controller, WatchedKind
 from llmgw.runtime.events import EventRecorder
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.runtime.leader import LeaderElector
@@ -37,6 +37,10 @@ STOP_TIMEOUT = 10.0
 
 def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def _all_set(events: list[asyncio.Event]) -> None:
+    await asyncio.gather(*(e.wait() for e in events))
 
 
 class Manager:
@@ -57,7 +61,7 @@ class Manager:
         self.events: EventRecorder | None = None
         self.terms = 0
         self._resign = True
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.leading = asyncio.Event()     # set while leader with synced caches
 
     # ------------------------------------------------------------------ life
@@ -103,23 +107,25 @@ class Manager:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
         self.queues = {c.name: WorkQueue() for c in self.controllers}
-        watchers: dict[str, list[Controller]] = {}
+        # plural name -> (controller, the kind as its watches name it)
+        watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
         for c in self.controllers:
             for kind in c.watches:
-                watchers.setdefault(kind, []).append(c)
+                plural = kind if isinstance(kind, str) else kind.kind_plural
+                watchers.setdefault(plural, []).append((c, kind))
 
-        def handler(kind: str, type: str, obj: Any) -> None:
-            for c in watchers.get(kind, ()):
+        def handler(plural: str, type: str, obj: Any) -> None:
+            for c, kind in watchers.get(plural, ()):
                 try:
                     delay = c.batch_seconds if kind != c.primary_kind else 0.0
                     for key in c.keys_for(kind, obj):
                         self.queues[c.name].add_after(key, delay)
                 except Exception:
-                    log.exception("%s: keys_for(%s) failed", c.name, kind)
+                    log.exception("%s: keys_for(%s) failed", c.name, plural)
 
         # Controllers hear of each other's writes from the writer's assume (at once)
         # as well as from the watch (later).
-        cache = Cache(on_assume=handler)
+        cache = Cache(on_assume=handler, indexes=[i for c in self.controllers for i in c.indexes])
         events = EventRecorder(fenced)
         self.cache, self.events = cache, events
         for c in self.controllers:
@@ -134,7 +140,7 @@ class Manager:
         tasks.append(asyncio.create_task(events.run(), name="events"))
         hold = asyncio.create_task(self.elector.hold(leadership), name="leader-hold")
         try:
-            synced = asyncio.ensure_future(asyncio.gather(*(i.synced.wait() for i in informers)))
+            synced = asyncio.create_task(_all_set([i.synced for i in informers]), name="informers-synced")
             tasks.append(synced)
             await asyncio.wait({hold, synced}, return_when=asyncio.FIRST_COMPLETED)
             if hold.done():

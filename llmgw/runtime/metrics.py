@@ -9,7 +9,7 @@ Metrics (one registry per Manager, so several managers can live in one process):
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,7 +21,7 @@ class _QueueDepth:
     def __init__(self, depths: Callable[[], dict[str, int]]):
         self._depths = depths
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         g = GaugeMetricFamily("llmgw_controller_queue_depth", "Keys waiting in a controller's work queue",
                               labels=["controller"])
         for name, depth in self._depths().items():

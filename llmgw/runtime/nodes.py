@@ -14,18 +14,17 @@ stopped them (phase Stopped) or the Node object is deleted (``node_deleted``).
 """
 from __future__ import annotations
 
-from typing import Any
+from llmgw.api import EVICTING, Node, ObjectClient, get_condition
+from llmgw.runtime.cache import Cache
+from llmgw.store.errors import NotFound
 
-from llmgw.api import EVICTING, get_condition
-from llmgw.store import NotFound
 
-
-def node_ready(node: Any) -> bool:
+def node_ready(node: Node) -> bool:
     c = get_condition(node.status.conditions, "Ready")
     return c is not None and c.status == "True"
 
 
-def node_lost(node: Any) -> bool:
+def node_lost(node: Node) -> bool:
     """The node lifecycle controller has judged the node lost (its replicas are being moved)."""
     c = get_condition(node.status.conditions, EVICTING)
     return c is not None and c.status == "True"
@@ -40,12 +39,12 @@ def mass_silence(silent: int, total: int, fraction: float) -> bool:
     return silent >= 2 and silent >= fraction * total
 
 
-async def node_deleted(cache: Any, store: Any, name: str) -> bool:
+async def node_deleted(cache: Cache, store: ObjectClient, name: str) -> bool:
     """The Node object is gone: missing from the cache and confirmed with etcd."""
-    if cache.get("nodes", name) is not None:
+    if cache.get(Node, name) is not None:
         return False
     try:
-        await store.get("nodes", name)
+        await store.get(Node, name)
     except NotFound:
         return True
     return False

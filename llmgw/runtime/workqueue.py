@@ -22,7 +22,7 @@ class WorkQueue:
         self._processing: set[str] = set()
         self._failures: dict[str, int] = {}
         self._delayed: dict[str, tuple[float, asyncio.TimerHandle]] = {}
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._base = base_delay
         self._max = max_delay
         self._shutdown = False
@@ -87,7 +87,7 @@ class WorkQueue:
     def backoff(self, key: str) -> float:
         """The delay the next ``add_rate_limited(key)`` would use."""
         n = self._failures.get(key, 0)
-        return min(self._base * (2 ** min(n, 64)), self._max)
+        return min(self._base * (1 << min(n, 64)), self._max)
 
     def add_rate_limited(self, key: str) -> float:
         delay = self.backoff(key)

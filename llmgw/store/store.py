@@ -19,7 +19,7 @@ import aetcd.exceptions
 from aetcd import rpc
 from pydantic import ValidationError
 
-from llmgw.api import KINDS, Object, now, parse_stored, set_condition
+from llmgw.api import KINDS, Object, kind_name, now, parse_stored, set_condition
 from llmgw.api.meta import Condition
 from llmgw.api.selectors import Selector
 from llmgw.store import keys as K
@@ -351,7 +351,7 @@ class Store:
         return stored
 
     async def get(self, kind: str, name: str, node: str | None = None) -> Object:
-        return (await self._read(kind, name, node))[0]
+        return (await self._read(kind_name(kind), name, node))[0]
 
     async def list(self, kind: str, selector: str | dict | None = None,
                    node: str | None = None) -> tuple[list[Object], int]:
@@ -455,6 +455,7 @@ class Store:
         no read first, and the result is `current` with the new status. Otherwise, or
         when the compare fails, the object is read and the patch tried again.
         """
+        kind = kind_name(kind)
         if current is not None:
             node = self._node_of(current)
         node = await self._find_node(kind, name, node)
@@ -489,6 +490,7 @@ class Store:
 
     async def delete(self, kind: str, name: str, node: str | None = None) -> Object:
         """Delete now, or set deletionTimestamp when finalizers remain (they go via update)."""
+        kind = kind_name(kind)
         node = await self._find_node(kind, name, node)
         for _ in range(20):
             obj, spec_rev, _ = await self._read(kind, name, node)

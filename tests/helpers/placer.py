@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from controllers.indexes import REPLICAS_BY_NODE
 from llmgw.api import Placement
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.nodes import node_ready
@@ -17,6 +18,7 @@ from llmgw.runtime.nodes import node_ready
 class FirstFitPlacer(Controller):
     name = "test-placer"
     watches = ("replicas", "nodes")
+    indexes = (REPLICAS_BY_NODE,)
     workers = 1
     paused = False
 
