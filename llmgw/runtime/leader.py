@@ -12,15 +12,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Protocol
 
 from llmgw.store.errors import StoreError
 
 log = logging.getLogger("llmgw.leader")
 
 
+class Leadership(Protocol):
+    """A held leader key, bound to a lease (llmgw.store's Leadership)."""
+
+    key: str
+    lease_id: int
+    create_revision: int       # of the leader key: the fence of every write while it is held
+
+    async def resign(self) -> None: ...
+
+
+class Campaigner(Protocol):
+    """What leader election needs of the store."""
+
+    async def campaign(self, component: str, identity: str, ttl: int = ...) -> Leadership | None: ...
+
+    async def refresh_lease(self, lease_id: int) -> bool: ...
+
+
 class LeaderElector:
-    def __init__(self, store: Any, component: str, identity: str, lease_seconds: float = 15.0):
+    def __init__(self, store: Campaigner, component: str, identity: str, lease_seconds: float = 15.0):
         self.store = store
         self.component = component
         self.identity = identity
@@ -28,7 +46,7 @@ class LeaderElector:
         self.renew_deadline = self.lease_seconds * 2 / 3
         self.retry = max(0.2, self.lease_seconds / 7.5)
 
-    async def acquire(self) -> Any:
+    async def acquire(self) -> Leadership:
         """Block until this identity holds the leader key; returns the store's Leadership."""
         while True:
             try:
@@ -42,7 +60,7 @@ class LeaderElector:
                 return leadership
             await asyncio.sleep(self.retry)
 
-    async def hold(self, leadership: Any) -> None:
+    async def hold(self, leadership: Leadership) -> None:
         """Renew until leadership is lost; then return."""
         last_ok = time.monotonic()
         while True:

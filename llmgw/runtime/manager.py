@@ -25,7 +25,7 @@ from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import DEFAULT_OPTIONS, Context, Controller, WatchedKind
 from llmgw.runtime.events import EventRecorder
 from llmgw.runtime.informer import HeartbeatInformer, Informer
-from llmgw.runtime.leader import LeaderElector
+from llmgw.runtime.leader import LeaderElector, Leadership
 from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.workqueue import WorkQueue
 from llmgw.store.errors import Conflict
@@ -56,7 +56,7 @@ class Manager:
         self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
         self.is_leader = False
-        self.leadership: Any = None
+        self.leadership: Leadership | None = None
         self.cache: Cache | None = None
         self.events: EventRecorder | None = None
         self.terms = 0
@@ -103,7 +103,7 @@ class Manager:
         return running, f"ok leader={self.is_leader} identity={self.identity}" if running else "stopped"
 
     # ---------------------------------------------------------------- a term
-    async def _lead(self, leadership: Any) -> None:
+    async def _lead(self, leadership: Leadership) -> None:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
         self.queues = {c.name: WorkQueue() for c in self.controllers}
