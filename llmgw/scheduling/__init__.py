@@ -5,6 +5,8 @@
   per-node accounting of free GPUs, used ports and replicas per model.
 - `placer.place()`: pick nodes and GPU indices for a request, or explain why not.
 """
-from llmgw.scheduling.ledger import Ledger, NodeInfo  # noqa: F401
-from llmgw.scheduling.placer import Fit, Unfit, describe, place  # noqa: F401
-from llmgw.scheduling.request import Request, request_for  # noqa: F401
+from llmgw.scheduling.ledger import Ledger, NodeInfo
+from llmgw.scheduling.placer import Fit, Unfit, describe, place
+from llmgw.scheduling.request import Request, request_for
+
+__all__ = ["Ledger", "NodeInfo", "Fit", "Unfit", "describe", "place", "Request", "request_for"]

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Iterable
 
+from llmgw.api import Placement
 from llmgw.scheduling.ledger import PORTS_PER_RANK, Ledger, NodeInfo
 from llmgw.scheduling.request import Request
 
@@ -50,11 +52,11 @@ class Fit:
         return [s.node for s in self.slots]
 
 
-def describe(slots) -> str:
+def describe(slots: Iterable[Slot | Placement]) -> str:
     """"rank 0 on n1 GPUs 0,1, rank 1 on n2 GPUs 0,1 over fabric fab-a" for Slots or Placements."""
-    slots = sorted(slots, key=lambda s: s.rank)
-    where = ", ".join(f"rank {s.rank} on {s.node} GPUs {','.join(map(str, s.gpus))}" for s in slots)
-    fabric = slots[0].fabric if slots else None
+    ranked = sorted(slots, key=lambda s: s.rank)
+    where = ", ".join(f"rank {s.rank} on {s.node} GPUs {','.join(map(str, s.gpus))}" for s in ranked)
+    fabric = ranked[0].fabric if ranked else None
     return where + (f" over fabric {fabric}" if fabric else "")
 
 
