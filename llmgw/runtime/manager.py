@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import DEFAULT_OPTIONS, Context, Controller, WatchedKind
+from llmgw.runtime.controller import DEFAULT_OPTIONS, HEARTBEATS, Context, Controller, WatchedKind
 from llmgw.runtime.events import EventRecorder
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.runtime.leader import LeaderElector, Leadership
@@ -132,7 +132,7 @@ class Manager:
             c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic, options=self.options)
         informers = [
             HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
-            if kind == "heartbeats" else
+            if kind == HEARTBEATS else
             Informer(self.store, kind, cache, handler, idle_timeout=self.informer_idle_timeout)
             for kind in watchers
         ]
