@@ -55,11 +55,11 @@ class DrainController(Controller):
         return node is not None and (node.spec.drain or node.status.drain is not None)
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        if isinstance(obj, Node):
+        if type(obj) is Node:
             return [obj.metadata.name]
-        if isinstance(obj, Shard):
+        if type(obj) is Shard:
             nodes = {obj.spec.node}
-        elif isinstance(obj, Replica):
+        elif type(obj) is Replica:
             nodes = {p.node for p in obj.spec.placement}
             orig = obj.metadata.annotations.get(DRAINING_REPLACEMENT_FOR)
             if orig and (o := self.ctx.cache.get(Replica, orig)) is not None:

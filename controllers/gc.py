@@ -59,9 +59,9 @@ class GarbageCollector(Controller):
         if not live:   # an owner went: look at what it owned
             self._looked_at.pop((plural, name), None)
             owned: list[AnyObject] = []
-            if isinstance(obj, Model):
+            if type(obj) is Model:
                 owned += self.ctx.cache.index(Replica, "model", name)
-            elif isinstance(obj, Replica):
+            elif type(obj) is Replica:
                 owned += self.ctx.cache.index(Shard, "replica", name)
             keys += [f"{o.kind_plural}/{o.metadata.name}" for o in owned]
         return keys

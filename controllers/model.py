@@ -208,9 +208,9 @@ class ModelController(Controller):
     workers = 8   # models reconcile on their own: the creates of several overlap
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        if isinstance(obj, Model):
+        if type(obj) is Model:
             return [obj.metadata.name]
-        if isinstance(obj, Replica):
+        if type(obj) is Replica:
             return [obj.spec.model]
         return []
 

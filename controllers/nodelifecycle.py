@@ -85,9 +85,9 @@ class NodeLifecycleController(Controller):
         self._new_term()
         if isinstance(obj, str):        # a heartbeat: the node's name
             return [obj]
-        if isinstance(obj, Node):
+        if type(obj) is Node:
             return [obj.metadata.name]
-        if isinstance(obj, Replica):
+        if type(obj) is Replica:
             orig = obj.metadata.annotations.get(DRAINING_REPLACEMENT_FOR)
             o = self.ctx.cache.get(Replica, orig) if orig else None
             if o is None:

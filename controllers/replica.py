@@ -136,11 +136,11 @@ class ReplicaController(Controller):
         self._port_held: dict[str, set[int]] = {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        if isinstance(obj, Replica):
+        if type(obj) is Replica:
             return [obj.metadata.name]
-        if isinstance(obj, Shard):
+        if type(obj) is Shard:
             return [obj.spec.replica]
-        if not isinstance(obj, Node):
+        if type(obj) is not Node:
             return []
         cache = self.ctx.cache
         keys = {r.metadata.name for r in cache.index(Replica, "node", obj.metadata.name)}

@@ -57,20 +57,20 @@ class SchedulerController(Controller):
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         led = self._ledger()
-        if isinstance(obj, Node):
+        if type(obj) is Node:
             node = self.ctx.cache.get(Node, obj.name)
             if node is None:
                 led.forget_node(obj.name)
             else:
                 led.observe_node(node)
             return list(self.unschedulable)
-        if isinstance(obj, Shard):
+        if type(obj) is Shard:
             shard = self.ctx.cache.get(Shard, obj.name)
             if shard is not None:
                 led.observe_shard(shard)
                 return []
             return list(self.unschedulable) if led.forget_shard(obj.name, obj.spec.replica) else []
-        if not isinstance(obj, Replica):
+        if type(obj) is not Replica:
             return []
         name = obj.name
         cur = self.ctx.cache.get(Replica, name)

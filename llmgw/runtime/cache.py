@@ -42,7 +42,7 @@ from typing import Any, Callable, Generic, Iterable, cast
 
 from llmgw.api import KINDS, AnyObject, EventType, ObjectT
 
-# A kind's plural name, from its class or its plural name: one dict lookup, on every read.
+# A kind's plural name, from its class or its plural name.
 _PLURAL: dict[type[AnyObject] | str, str] = {**{cls: plural for plural, cls in KINDS.items()},
                                              **{plural: plural for plural in KINDS}}
 
@@ -70,7 +70,10 @@ class Cache:
     def __init__(self, on_assume: Callable[[str, EventType, AnyObject], None] | None = None,
                  indexes: Iterable[Index[Any]] = ()) -> None:
         self._on_assume = on_assume
-        self._items: dict[str, dict[str, _Entry]] = {}
+        self._items: dict[str, dict[str, _Entry]] = {plural: {} for plural in KINDS}
+        # The same entries by class or plural name: a read is one lookup, as it was by name alone.
+        self._of: dict[type[AnyObject] | str, dict[str, _Entry]] = {
+            kind: self._items[plural] for kind, plural in _PLURAL.items()}
         self._revision: dict[str, int] = {}          # highest revision applied per kind
         self._index: dict[tuple[str, str], dict[str, set[str]]] = {}   # (kind, index) -> value -> names
         self._indexes: dict[str, builtins.list[tuple[Index[Any], dict[str, set[str]]]]] = {}  # kind -> the above
@@ -94,11 +97,11 @@ class Cache:
     # ------------------------------------------------------------ reading
     # The entries of a kind hold objects of that kind's class: the casts below say so.
     def get(self, kind: type[ObjectT], name: str) -> ObjectT | None:
-        e = self._items.get(_PLURAL.get(kind, ""), _NONE).get(name)
+        e = self._of.get(kind, _NONE).get(name)
         return cast(ObjectT, e.obj) if e else None
 
     def list(self, kind: type[ObjectT]) -> builtins.list[ObjectT]:
-        return cast("builtins.list[ObjectT]", [e.obj for e in self._items.get(_PLURAL.get(kind, ""), _NONE).values()])
+        return cast("builtins.list[ObjectT]", [e.obj for e in self._of.get(kind, _NONE).values()])
 
     def index(self, kind: type[ObjectT], index: str, value: str) -> builtins.list[ObjectT]:
         plural = _PLURAL.get(kind, "")

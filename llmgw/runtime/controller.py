@@ -8,7 +8,7 @@ class (``llmgw.api``), and the cache and the store hand back that class::
         watches = (Replica, Node)            # first entry is the primary kind
 
         def keys_for(self, kind, obj):
-            if isinstance(obj, Replica):
+            if type(obj) is Replica:
                 return [obj.name]
             # a node changed: every pending replica may fit now
             return [r.name for r in self.ctx.cache.list(Replica) if not r.spec.placement]
@@ -28,7 +28,10 @@ it, and enqueues the keys in the controller's own work queue.  For
 ``HEARTBEATS`` obj is the node name (a ``str``) and the event fires when that
 node's heartbeat key appears or vanishes.  On deletion events ``obj`` is the
 last known object.  (A kind's plural name, "replicas", is taken wherever a
-class is, for tests; typed code names the class.)
+class is, for tests; typed code names the class.)  ``keys_for`` runs for every
+event: it tells kinds apart by ``type(obj) is Replica``, which narrows ``obj``
+for mypy as isinstance does (a kind is never subclassed) at a quarter of the
+cost of isinstance's miss (pydantic's metaclass is an ABCMeta).
 
 ``reconcile(key)`` reads the cache, compares desired with actual, makes one
 step and returns:
