@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from llmgw.api import DrainStatus, Replica, get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.runtime.controller import Controller, Result
 from llmgw.store import NotFound
 

@@ -51,7 +51,7 @@ from typing import Any, Iterable
 
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from llmgw.api import EVICTING, get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.nodes import mass_silence, node_lost
 from llmgw.store import NotFound

@@ -51,16 +51,13 @@ from datetime import datetime, timedelta, timezone
 
 from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
-from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
+from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.nodes import node_deleted
 from llmgw.scheduling import describe
 from llmgw.store import NotFound
 
 log = logging.getLogger("llmgw.controllers.replica")
-
-REPLICA_LABEL = "llmgw.io/replica"
-
 
 LOG_TAIL_LINES = 20
 LOG_TAIL_CHARS = 2000

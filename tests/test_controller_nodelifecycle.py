@@ -8,7 +8,7 @@ from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
 from llmgw.api import get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.helpers.controlplane import control_plane
 from tests.helpers.ctrlkit import (
     ReadyPlayer,

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from llmgw.api import Model, get_condition
-from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
+from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
 from tests.helpers.controlplane import control_plane, until
 
 SLOW_BACKOFF = {"rebuild_backoff_base": 3600, "rebuild_backoff_max": 3600}   # a wait no test sits out

@@ -239,7 +239,7 @@ async def write_backlog(store: Store, todo: list[Model]) -> None:
     from controllers.model import replica_name
     from llmgw.api import ObjectMeta, OwnerReference, Replica, template_hash
     from llmgw.api.types import ReplicaSpec
-    from llmgw.runtime.annotations import MODEL_LABEL, SHARDS_FINALIZER
+    from llmgw.api.wellknown import MODEL_LABEL, SHARDS_FINALIZER
 
     sem = asyncio.Semaphore(64)
 

@@ -15,7 +15,7 @@ import inspect
 from typing import Any, Awaitable, Callable
 
 from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
-from llmgw.runtime.annotations import MODEL_LABEL
+from llmgw.api.wellknown import MODEL_LABEL
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.store import NotFound, keys
