@@ -11,7 +11,7 @@ changes.
   the agent owns Ready otherwise).
 - silent for option ``node_grace`` seconds (default 30) since this controller
   saw it go, the node is judged. The verdict is the condition ``Evicting``
-  (llmgw/runtime/nodes.py: the one answer other controllers read), and every
+  (controllers/nodes.py: the one answer other controllers read), and every
   change of it is also an event of the same reason:
 
   * False, ``MassSilence``: half or more of the nodes (option
@@ -49,12 +49,21 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from controllers.nodes import node_lost
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from llmgw.api import EVICTING, get_condition
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.controller import Controller, Result
-from llmgw.runtime.nodes import mass_silence, node_lost
 from llmgw.store import NotFound
+
+
+def mass_silence(silent: int, total: int, fraction: float) -> bool:
+    """Too many nodes silent at once to believe each failed: the control plane is likelier cut off.
+
+    At least two nodes and at least ``fraction`` of all of them: an even split is the
+    likeliest shape of a partition; one silent node is judged on its own.
+    """
+    return silent >= 2 and silent >= fraction * total
 
 
 class NodeLifecycleController(Controller):

@@ -49,11 +49,11 @@ import logging
 import re
 from datetime import datetime, timedelta, timezone
 
+from controllers.nodes import node_deleted
 from llmgw.api import ObjectMeta, OwnerReference, Replica, Shard, get_condition
 from llmgw.api.types import ShardPorts, ShardSpec
 from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result
-from llmgw.runtime.nodes import node_deleted
 from llmgw.scheduling import describe
 from llmgw.store import NotFound
 
