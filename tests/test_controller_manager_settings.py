@@ -90,8 +90,11 @@ def test_a_misspelt_setting_in_the_file_is_refused_naming_the_file_and_the_key(t
     ("max_silent_fraction: 2\n", "max_silent_fraction: Input should be less than or equal to 1 (got 2)"),
     ("compact_keep: many\n", "compact_keep: Input should be a valid integer, unable to parse string as an integer"),
     ("node_grace: [1, 2]\n", "node_grace: Input should be a valid number"),
+    ("- node_grace\n- 30\n", "expected a mapping of setting names to values"),
+    ("30\n", "expected a mapping of setting names to values"),
+    ("node_grace: [1\n", "not YAML: expected ',' or ']'"),
 ])
-def test_a_bad_value_in_the_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, why):
+def test_a_bad_value_or_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, why):
     path = config(tmp_path, text)
     out = refused("--config", path)
     assert out.startswith(f"Error: {path}: {why}") and out.count("\n") == 1, out
@@ -101,17 +104,6 @@ def test_a_bad_value_in_the_file_is_refused_even_when_a_flag_overrides_it(tmp_pa
     """The file is the operator's: a mistake in it is worth hearing about, whatever the flags say."""
     path = config(tmp_path, "node_grace: -1\n")
     assert refused("--config", path, "--node-grace", "5").startswith(f"Error: {path}: node_grace: ")
-
-
-@pytest.mark.parametrize("text, why", [
-    ("- node_grace\n- 30\n", "expected a mapping of setting names to values"),
-    ("node_grace: [1\n", "not YAML: expected ',' or ']'"),
-    ("30\n", "expected a mapping of setting names to values"),
-])
-def test_a_file_that_is_no_mapping_is_one_line_naming_it(tmp_path, text, why):
-    path = config(tmp_path, text)
-    out = refused("--config", path)
-    assert out.startswith(f"Error: {path}: {why}") and out.count("\n") == 1, out
 
 
 def test_a_missing_config_file_is_a_usage_error():
