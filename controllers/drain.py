@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import DrainStatus, Replica, get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.runtime.controller import Controller, Result
 from llmgw.store import NotFound
 
@@ -46,6 +47,9 @@ def _age(r: Replica) -> tuple[float, str]:
 class DrainController(Controller):
     name = "drain"
     watches = ("nodes", "replicas", "shards", "models")   # models: to tell a gone model
+
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
 
     def _draining(self, node_name: str) -> bool:
         node = self.ctx.cache.get("nodes", node_name)
@@ -129,7 +133,7 @@ class DrainController(Controller):
                                  message="waiting for " + ", ".join(left) + " to stop")
         await self._progress(node, status)
         # Replica and shard events wake this key; the requeue is a safety net.
-        return Result(requeue_after=float(self.ctx.options.get("drain_resync", 30.0)))
+        return Result(requeue_after=self.settings.drain_resync)
 
     # ------------------------------------------------------------- steps
     async def _model_gone(self, name: str) -> bool:
