@@ -25,9 +25,10 @@ from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE, SHARDS_BY_NODE
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, DrainStatus, Model, Node, Replica, Shard, get_condition
 from llmgw.api.patches import NodeStatusPatch
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.store.errors import NotFound
 
@@ -49,6 +50,9 @@ class DrainController(Controller):
     name = "drain"
     watches = (Node, Replica, Shard, Model)   # models: to tell a gone model
     indexes = (REPLICAS_BY_NODE, REPLICAS_BY_MODEL, SHARDS_BY_NODE)
+
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
 
     def _draining(self, node_name: str) -> bool:
         node = self.ctx.cache.get(Node, node_name)
@@ -132,7 +136,7 @@ class DrainController(Controller):
                                  message="waiting for " + ", ".join(left) + " to stop")
         await self._progress(node, status)
         # Replica and shard events wake this key; the requeue is a safety net.
-        return Result(requeue_after=float(self.ctx.options.get("drain_resync", 30.0)))
+        return Result(requeue_after=self.settings.drain_resync)
 
     # ------------------------------------------------------------- steps
     async def _model_gone(self, name: str) -> bool:

@@ -8,8 +8,8 @@ Keys: "replicas/<name>" and "shards/<name>" for owned objects, and
   finalizers still let the replica controller and the agent stop things first.
   The owner's absence seen in the cache is confirmed with a read from etcd
   before anything is deleted, so a lagging cache cannot cost a live object.
-- Every option `compact_interval` seconds (default 300) etcd is compacted,
-  keeping the last option `compact_keep` revisions (default 10000). etcd's
+- Every `compact_interval` seconds (controllers/settings.py) etcd is compacted,
+  keeping the last `compact_keep` revisions. etcd's
   compaction is off by default (docs/architecture.md, "etcd layout"): without this, history grows
   without bound.
 """
@@ -19,6 +19,7 @@ import logging
 from typing import Any, Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import KIND_BY_NAME, KINDS, AnyObject, Model, OwnerReference, Replica, Shard
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.store.errors import NotFound
@@ -33,7 +34,8 @@ class GarbageCollector(Controller):
     indexes = (REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
     workers = 1
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
         self._compaction_for: Any = None     # the cache of the term that started compaction
         self.compacted_to: int | None = None
         # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
@@ -101,8 +103,7 @@ class GarbageCollector(Controller):
         return owner.metadata.uid != ref.uid
 
     async def _compact(self) -> Result:
-        keep = int(self.ctx.options.get("compact_keep", 10000))
-        interval = float(self.ctx.options.get("compact_interval", 300.0))
+        keep, interval = self.settings.compact_keep, self.settings.compact_interval
         compacted_to = await self.ctx.store.compact(keep=keep)
         if compacted_to is not None:
             self.compacted_to = compacted_to

@@ -16,7 +16,7 @@
   ``spec.placementDeadlineSeconds`` with profile i is replaced by one with
   profile i+1 (if there is one).  "Unplaced since" is the latest of its
   creation, its crash backoff end, and its Scheduled=False transition.
-* Drain cooperation (see llmgw/runtime/annotations.py): replicas being drained
+* Drain cooperation (see llmgw/api/wellknown.py): replicas being drained
   are neither counted nor scaled down.
 * When the Model is deleted (or a replica belongs to an older Model of the
   same name) its replicas are deleted; garbage collection does the same.
@@ -44,7 +44,7 @@ from controllers.indexes import REPLICAS_BY_MODEL
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, get_condition, template_hash
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
 from llmgw.api.types import ReplicaSpec
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.store.errors import NotFound
 

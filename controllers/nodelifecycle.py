@@ -9,21 +9,21 @@ changes.
 - heartbeat gone: condition Ready=False, reason HeartbeatExpired; back:
   Ready=True, reason HeartbeatResumed (only undoing what this controller set;
   the agent owns Ready otherwise).
-- silent for option ``node_grace`` seconds (default 30) since this controller
+- silent for setting ``node_grace`` seconds (default 30) since this controller
   saw it go, the node is judged. The verdict is the condition ``Evicting``
-  (llmgw/runtime/nodes.py: the one answer other controllers read), and every
+  (controllers/nodes.py: the one answer other controllers read), and every
   change of it is also an event of the same reason:
 
-  * False, ``MassSilence``: half or more of the nodes (option
+  * False, ``MassSilence``: half or more of the nodes (setting
     ``max_silent_fraction``, default 0.5; at least two) are silent at once,
     so the likelier story is that the control plane lost the network, not
     that the fleet died: nothing is evicted; looked at again every
     ``node_grace`` / 3 s.
-  * False, ``Settling``: mass silence ended less than option
+  * False, ``Settling``: mass silence ended less than setting
     ``eviction_settle`` seconds ago (default 60): agents of a healing
     partition come back one by one, and the last ones must not be judged in
     the moment before they do.
-  * False, ``RateLimited``: nodes are judged lost at most option
+  * False, ``RateLimited``: nodes are judged lost at most setting
     ``eviction_rate`` per second (default 0.1, like Kubernetes): the first at
     once, the next when its turn comes.
   * False, ``LeaderChanged``: the node was already silent when this
@@ -50,15 +50,25 @@ from __future__ import annotations
 from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
+from controllers.nodes import node_lost
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import EVICTING, AnyObject, Model, Node, Replica, get_condition
 from llmgw.api.meta import ConditionStatus
 from llmgw.api.patches import ConditionPatch, NodeStatusPatch
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import HEARTBEATS, Controller, Result, WatchedKind
-from llmgw.runtime.nodes import mass_silence, node_lost
 from llmgw.store.errors import NotFound
+
+
+def mass_silence(silent: int, total: int, fraction: float) -> bool:
+    """Too many nodes silent at once to believe each failed: the control plane is likelier cut off.
+
+    At least two nodes and at least ``fraction`` of all of them: an even split is the
+    likeliest shape of a partition; one silent node is judged on its own.
+    """
+    return silent >= 2 and silent >= fraction * total
 
 
 class NodeLifecycleController(Controller):
@@ -67,7 +77,8 @@ class NodeLifecycleController(Controller):
     watches = (Node, HEARTBEATS, Replica, Model)
     indexes = (REPLICAS_BY_NODE, REPLICAS_BY_MODEL)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
         self._term: Cache | None = None     # the cache (one per leadership term) the state below is for
         self.silent_since: dict[str, float] = {}
         self._mass = False                  # mass silence as last seen
@@ -96,17 +107,14 @@ class NodeLifecycleController(Controller):
             return [n.metadata.name for n in nodes if n is not None and node_lost(n)]
         return []
 
-    def _opt(self, name: str, default: float) -> float:
-        return float(self.ctx.options.get(name, default))
-
     def _fleet(self, now: float) -> tuple[int, int]:
         """(silent, total) nodes; notes when mass silence ends, to start the settle period."""
         nodes = self.ctx.cache.list(Node)
         alive = self.ctx.cache.heartbeats()
         silent = sum(1 for n in nodes if n.metadata.name not in alive)
-        mass = mass_silence(silent, len(nodes), self._opt("max_silent_fraction", 0.5))
+        mass = mass_silence(silent, len(nodes), self.settings.max_silent_fraction)
         if self._mass and not mass:
-            self._settle_until = now + self._opt("eviction_settle", 60.0)
+            self._settle_until = now + self.settings.eviction_settle
         self._mass = mass
         return silent, len(nodes)
 
@@ -132,7 +140,7 @@ class NodeLifecycleController(Controller):
             self.ctx.events.record(node, "Warning", "NodeNotReady", "heartbeat expired")
         if node_lost(node):
             return await self._evict(node)
-        grace = self._opt("node_grace", 30.0)
+        grace = self.settings.node_grace
         since = self.silent_since.get(key)
         if since is None:
             since = self.silent_since[key] = now
@@ -144,7 +152,7 @@ class NodeLifecycleController(Controller):
             return Result(requeue_after=grace - (now - since))
 
         if self._mass:
-            share = self._opt("max_silent_fraction", 0.5)
+            share = self.settings.max_silent_fraction
             await self._decide(node, "False", "MassSilence",
                                f"{silent}/{total} nodes are silent (at least {share:.0%}): assuming the "
                                "control plane is cut off from them; evicting nothing")
@@ -152,14 +160,14 @@ class NodeLifecycleController(Controller):
         if now < self._settle_until:
             await self._decide(node, "False", "Settling",
                                f"mass silence ended; nodes still silent are judged "
-                               f"{self._opt('eviction_settle', 60.0):g}s after it, when the partition has healed")
+                               f"{self.settings.eviction_settle:g}s after it, when the partition has healed")
             return Result(requeue_after=self._settle_until - now)
         if now < self._next_eviction:
             await self._decide(node, "False", "RateLimited",
-                               f"nodes are judged lost at most {self._opt('eviction_rate', 0.1):g} per second: "
+                               f"nodes are judged lost at most {self.settings.eviction_rate:g} per second: "
                                "waiting for this node's turn")
             return Result(requeue_after=self._next_eviction - now)
-        self._next_eviction = now + 1.0 / self._opt("eviction_rate", 0.1)
+        self._next_eviction = now + 1.0 / self.settings.eviction_rate
         node = await self._decide(node, "True", "NodeLost",
                                   f"silent for {now - since:.0f}s (grace {grace:g}s): moving its replicas "
                                   "elsewhere, each original stopped once its replacement is Ready")
@@ -228,7 +236,7 @@ class NodeLifecycleController(Controller):
             else:
                 waiting += 1
         # Replacement events wake this key (keys_for); the requeue is a safety net.
-        return Result(requeue_after=self._opt("node_grace", 30.0)) if waiting else None
+        return Result(requeue_after=self.settings.node_grace) if waiting else None
 
     async def _delete(self, node: Node, rep: Replica, why: str) -> None:
         marked = rep.model_copy(deep=True)

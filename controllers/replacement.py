@@ -3,7 +3,7 @@
 A replacement is a new Replica of the same model with the original's spec
 (frozen profile, template hash) but no placement, its labels, owner
 references and finalizers, and the annotation
-`llmgw.io/draining-replacement-for: <original>` (llmgw/runtime/annotations.py
+`llmgw.io/draining-replacement-for: <original>` (llmgw/api/wellknown.py
 describes how the model controller treats it). Its name derives from the
 original's uid, so a controller that restarts, or works from a stale cache,
 finds or re-creates the same one instead of making a second. A move called
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 
 from llmgw.api import ObjectMeta, Replica
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import Context
 from llmgw.store.errors import AlreadyExists, NotFound

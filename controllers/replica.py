@@ -21,7 +21,7 @@ Once the scheduler set ``spec.placement``:
   deleted, or sits on another node than the placement says) or a node of it
   was deleted: phase Failed, ``restarts`` + 1, ``backoffUntil`` = now for the
   first failure (a crash costs no wait beyond the rebuild), then 10 s
-  doubling per further consecutive failure up to 5 min (options
+  doubling per further consecutive failure up to 5 min (settings
   ``rebuild_backoff_base`` / ``rebuild_backoff_max``); a replica that had
   been Ready for ``rebuild_backoff_reset`` (10 min) when it failed starts the
   streak again, so a failure now and then is not punished like a crash loop
@@ -51,19 +51,17 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_NODE, SHARDS_BY_NODE, SHARDS_BY_REPLICA
+from controllers.nodes import node_deleted
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, ObjectMeta, Replica, Shard, get_condition
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
 from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
-from llmgw.runtime.annotations import MODEL_LABEL, PROCESS_FINALIZER, SHARDS_FINALIZER
+from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result, WatchedKind
-from llmgw.runtime.nodes import node_deleted
 from llmgw.scheduling import describe
 from llmgw.store.errors import NotFound
 
 log = logging.getLogger("llmgw.controllers.replica")
-
-REPLICA_LABEL = "llmgw.io/replica"
-
 
 LOG_TAIL_LINES = 20
 LOG_TAIL_CHARS = 2000
@@ -129,7 +127,8 @@ class ReplicaController(Controller):
     workers = 32  # each replica's steps are a few etcd round trips: overlap them
     batch_seconds = 0.05
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
         self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
         # node -> ports a shard failed on with PortInUse: never handed out again (until the
         # agent's status.foreignPorts, which outlives this memory, lists them anyway)
@@ -211,13 +210,13 @@ class ReplicaController(Controller):
         ready = get_condition(r.status.conditions, "Ready")
         stable = (ready is not None and ready.status == "True" and ready.lastTransitionTime is not None
                   and (now - ready.lastTransitionTime).total_seconds()
-                  >= float(self.ctx.options.get("rebuild_backoff_reset", 600.0)))
+                  >= self.settings.rebuild_backoff_reset)
         if not crash:
             streak, delay = r.status.consecutiveFailures, 0.0
         else:
             streak = 1 if stable else r.status.consecutiveFailures + 1
-            delay = backoff_seconds(streak, float(self.ctx.options.get("rebuild_backoff_base", 10.0)),
-                                    float(self.ctx.options.get("rebuild_backoff_max", 300.0)))
+            delay = backoff_seconds(streak, self.settings.rebuild_backoff_base,
+                                    self.settings.rebuild_backoff_max)
         until = now + timedelta(seconds=delay)
         log_tail = crash_log(shards)
         cause = f"{reason}\nlast lines of its log:\n{log_tail}" if log_tail else reason

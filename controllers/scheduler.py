@@ -11,7 +11,7 @@ placement is then written with a compare-and-swap update, and a lost compare
 releases the booking and retries the key.
 
 Status: Scheduled=False, reason Unschedulable, with the count of nodes per
-reason when nothing fits, re-tried every `scheduler_retry` seconds (option,
+reason when nothing fits, re-tried every `scheduler_retry` seconds (setting,
 default 5) and whenever a node changes or a replica frees its GPUs. A bind is
 the placement alone, one write, with a "Scheduled" event saying where; the
 condition Scheduled=True that repeats it for people goes out with the replica
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
 from llmgw.api.patches import ReplicaStatusPatch
 from llmgw.runtime.cache import Cache
@@ -35,7 +36,8 @@ class SchedulerController(Controller):
     watches = (Replica, Node, Shard)
     workers = 64         # decisions are synchronous; workers overlap the etcd writes
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
+        self.settings = settings
         self.ledger: Ledger | None = None
         self._ledger_of: Cache | None = None   # the cache (one per leadership term) it mirrors
         self.unschedulable: set[str] = set()   # replicas waiting for room
@@ -109,7 +111,7 @@ class SchedulerController(Controller):
         if not isinstance(out, Fit):
             self.unschedulable.add(key)
             await self._unschedulable(rep, out.message)
-            return Result(requeue_after=float(self.ctx.options.get("scheduler_retry", 5.0)))
+            return Result(requeue_after=self.settings.scheduler_retry)
         self.unschedulable.discard(key)
         led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
         # A shallow copy with a new spec: the cached replica is shared and stays as it is.

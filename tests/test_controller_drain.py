@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running, until
 
 

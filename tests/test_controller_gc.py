@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 
 from controllers.gc import GarbageCollector
+from controllers.settings import ControllerSettings
 from llmgw.store import Compacted
 from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard, until
 
@@ -63,8 +64,8 @@ async def test_history_is_compacted_periodically(store):
     await store.create(model("m"))
     for i in range(30):
         await store.patch_status("models", "m", {"replicas": i})
-    gc = GarbageCollector()
-    async with running(store, [gc], compact_keep=5, compact_interval=0.2):
+    gc = GarbageCollector(ControllerSettings(compact_keep=5, compact_interval=0.2))
+    async with running(store, [gc]):
         first = await until(lambda: gc.compacted_to)
         await store.patch_status("models", "m", {"replicas": 99})
         await until(lambda: gc.compacted_to and gc.compacted_to > first)   # it runs again

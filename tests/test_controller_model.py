@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from controllers.model import plan, replica_name
 from llmgw.api import Model, Replica, template_hash
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer
 from tests.helpers.controlplane import control_plane, until

@@ -7,9 +7,10 @@ from datetime import datetime, timedelta, timezone
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
+from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
-from tests.helpers.controlplane import control_plane
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
+from tests.helpers.controlplane import FAST, control_plane
 from tests.helpers.ctrlkit import (
     ReadyPlayer,
     ReplicaWatch,
@@ -22,6 +23,10 @@ from tests.helpers.ctrlkit import (
     silence,
     until,
 )
+
+
+def lifecycle(**settings) -> NodeLifecycleController:
+    return NodeLifecycleController(ControllerSettings(**settings))
 
 
 async def cond(store, name, type, status, reason=None):
@@ -69,7 +74,7 @@ async def _marked_for_deletion(store, name):
 
 async def test_not_ready_on_silence_and_ready_again(store):
     await nodes_with_heartbeats(store, ("n1", "n2"))
-    async with running(store, [NodeLifecycleController()], node_grace=3600) as m:
+    async with running(store, [lifecycle(node_grace=3600)]) as m:
         await silence(store, "n1")
         c = await until(lambda: cond(store, "n1", "Ready", "False"))
         assert c.reason == "HeartbeatExpired"
@@ -86,7 +91,7 @@ async def test_a_lost_nodes_replicas_move_make_before_break(store):
     watch = ReplicaWatch(store, "m", {"r1": True, "r2": True}, rev)
     player = ReadyPlayer()
     player.hold = True          # replacements are placed but not Ready yet
-    async with running(store, [SchedulerController(), NodeLifecycleController(), player], node_grace=0.5) as m:
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.5), player]) as m:
         await silence(store, "n1")
         lost = await until(lambda: verdict(store, "n1", "True", "NodeLost"))
         assert "moving its replicas elsewhere" in lost.message
@@ -112,7 +117,7 @@ async def test_a_node_back_before_its_replacement_is_ready_keeps_its_replicas(st
     await placed_on(store, ["r1"], ["n1"])
     player = ReadyPlayer()
     player.hold = True
-    async with running(store, [SchedulerController(), NodeLifecycleController(), player], node_grace=0.3):
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.3), player]):
         await silence(store, "n1")
         repl = await until(lambda: _placed(replacement_of(store, "r1")))
         await heartbeat(store, "n1")
@@ -127,7 +132,7 @@ async def test_exactly_half_the_nodes_silent_holds_eviction_back(store):
     # an even split is the likeliest shape of a partition: nothing is judged lost
     await nodes_with_heartbeats(store, ("n1", "n2", "n3", "n4"))
     await placed_on(store, ["r1"], ["n1"])
-    async with running(store, [SchedulerController(), NodeLifecycleController()], node_grace=0.3) as m:
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.3)]) as m:
         await silence(store, "n2")
         await until(lambda: cond(store, "n2", "Ready", "False"))
         await silence(store, "n1")
@@ -143,8 +148,8 @@ async def test_stragglers_are_judged_only_after_mass_silence_has_settled(store):
     names = ["n1", "n2", "n3", "n4"]
     await nodes_with_heartbeats(store, names)
     await placed_on(store, ["r1"], ["n1"])
-    async with running(store, [SchedulerController(), NodeLifecycleController(), ReadyPlayer()],
-                       node_grace=0.3, eviction_settle=0.5) as m:
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.3, eviction_settle=0.5),
+                               ReadyPlayer()]) as m:
         for n in ("n2", "n3"):                   # these go silent first (no race with n1's grace)
             await silence(store, n)
             await until(lambda n=n: cond(store, n, "Ready", "False"))
@@ -171,8 +176,7 @@ async def test_a_healing_partition_rebuilds_nothing(store):
     await nodes_with_heartbeats(store, names)
     rev = await placed_on(store, ["r1", "r2", "r3", "r4"], names[:4])
     watch = ReplicaWatch(store, "m", {f"r{i}": True for i in range(1, 5)}, rev)
-    async with running(store, [SchedulerController(), NodeLifecycleController(), ReadyPlayer()],
-                       node_grace=0.3, eviction_settle=3600):
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.3, eviction_settle=3600), ReadyPlayer()]):
         for n in names[:4]:
             await silence(store, n)
         for n in names[:4]:
@@ -194,8 +198,7 @@ async def test_nodes_are_judged_lost_at_a_bounded_rate(store):
     names = ["n1", "n2", "n3", "n4", "n5"]
     await nodes_with_heartbeats(store, names)
     await placed_on(store, ["r1", "r2"], ["n1", "n2"])
-    async with running(store, [SchedulerController(), NodeLifecycleController()],
-                       node_grace=0.3, eviction_rate=0.001) as m:
+    async with running(store, [SchedulerController(), lifecycle(node_grace=0.3, eviction_rate=0.001)]) as m:
         await silence(store, "n1")
         await silence(store, "n2")               # 2/5: not a mass silence
 
@@ -217,11 +220,11 @@ async def test_nodes_are_judged_lost_at_a_bounded_rate(store):
 async def test_a_new_leader_gives_silent_nodes_a_fresh_grace(store):
     await nodes_with_heartbeats(store, ("n1", "n2", "n3"))
     await placed_on(store, ["r1"], ["n1"])
-    nlc = NodeLifecycleController()            # one controller object through two terms, as in a process
-    async with running(store, [nlc], node_grace=3600):
+    nlc = lifecycle(node_grace=3600)            # one controller object through two terms, as in a process
+    async with running(store, [nlc]):
         await silence(store, "n1")
         await until(lambda: cond(store, "n1", "Ready", "False", "HeartbeatExpired"))
-    async with running(store, [SchedulerController(), nlc], node_grace=3600) as m:
+    async with running(store, [SchedulerController(), nlc]) as m:
         fresh = await until(lambda: verdict(store, "n1", "False", "LeaderChanged"))
         assert "fresh grace of 3600s" in fresh.message
         assert m.events.find(name="n1", reason="LeaderChanged")
@@ -239,7 +242,7 @@ async def test_only_the_node_lifecycle_verdict_counts_not_how_long_ago_ready_wen
     await store.create(n1)
     await nodes_with_heartbeats(store, ("n2", "n3"))
     await placed_on(store, ["r1"], ["n1"])
-    async with running(store, [ReplicaController(), NodeLifecycleController()], node_grace=600) as m:
+    async with running(store, [ReplicaController(), lifecycle(node_grace=600)]) as m:
         await until(lambda: verdict(store, "n1", "False", "LeaderChanged"))
         # the replica controller went on to make shards (n1 reports no address): it did not fail r1
         await until(lambda: m.events.find(name="r1", reason="NoHeadAddress"))
@@ -268,7 +271,7 @@ async def _evicted_and_replaced(cp):
 
 async def test_a_lost_nodes_gpus_stay_booked_until_its_agent_confirms(store):
     async with control_plane(store, nodes=("n1", "n2"), gpus=1, placer=SchedulerController(),
-                             extra=(NodeLifecycleController(),)) as cp:
+                             extra=(NodeLifecycleController(FAST),)) as cp:
         orig, lost = await _evicted_and_replaced(cp)
         await store.create(model("m2"))
         await until(lambda: (r := next(iter(cp.replicas("m2")), None)) and
@@ -289,7 +292,7 @@ async def test_a_lost_nodes_gpus_stay_booked_until_its_agent_confirms(store):
 
 async def test_deleting_a_lost_node_releases_its_shards(store):
     async with control_plane(store, nodes=("n1", "n2"), gpus=1, placer=SchedulerController(),
-                             extra=(NodeLifecycleController(),)) as cp:
+                             extra=(NodeLifecycleController(FAST),)) as cp:
         orig, lost = await _evicted_and_replaced(cp)
         await store.delete("nodes", lost)        # `llmgw delete node`: the operator gives up on the agent
         await until(lambda: cp.cache.get("replicas", orig.name) is None)
@@ -297,22 +300,3 @@ async def test_deleting_a_lost_node_releases_its_shards(store):
         (abandoned,) = cp.events("ShardAbandoned", orig.name)
         assert f"node {lost} was deleted" in abandoned.message
 
-
-def test_the_disruption_budget_is_set_from_the_command_line(monkeypatch):
-    from click.testing import CliRunner
-
-    from llmgw.cmd import controller_manager as cli
-    started = {}
-
-    def run(main):                         # instead of connecting to etcd: keep what it was given
-        started.update(main.cr_frame.f_locals["options"])
-        main.close()
-    monkeypatch.setattr(cli.aio, "run", run)
-    args = ["--etcd", "http://127.0.0.1:1", "--node-grace", "12", "--max-silent-fraction", "0.4",
-            "--eviction-settle", "90", "--eviction-rate", "0.5"]
-    out = CliRunner().invoke(cli.controller_manager, args)
-    assert out.exit_code == 0, out.output
-    assert {k: started[k] for k in ("node_grace", "max_silent_fraction", "eviction_settle", "eviction_rate")} == {
-        "node_grace": 12.0, "max_silent_fraction": 0.4, "eviction_settle": 90.0, "eviction_rate": 0.5}
-    refused = CliRunner().invoke(cli.controller_manager, ["--etcd", "http://127.0.0.1:1", "--eviction-rate", "0"])
-    assert refused.exit_code == 2 and "--eviction-rate" in refused.output and "Traceback" not in refused.output

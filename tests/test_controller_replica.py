@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from llmgw.api import Model, get_condition
-from llmgw.runtime.annotations import PROCESS_FINALIZER, SHARDS_FINALIZER
+from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
 from tests.helpers.controlplane import control_plane, until
 
 SLOW_BACKOFF = {"rebuild_backoff_base": 3600, "rebuild_backoff_max": 3600}   # a wait no test sits out
@@ -84,7 +84,7 @@ async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
 
 
 async def test_a_replica_ready_for_the_reset_period_starts_its_backoff_over(store):
-    async with control_plane(store, options={"rebuild_backoff_reset": 3.0}) as cp:
+    async with control_plane(store, settings={"rebuild_backoff_reset": 3.0}) as cp:
         await store.create(model("m"))
 
         async def ready_again(restarts):
@@ -147,7 +147,7 @@ async def test_deleted_node_rebuilds_replica_elsewhere(store):
 
 
 async def test_first_crash_rebuilds_at_once_and_the_second_waits_the_backoff(store):
-    async with control_plane(store, nodes=("n1",), options=SLOW_BACKOFF) as cp:
+    async with control_plane(store, nodes=("n1",), settings=SLOW_BACKOFF) as cp:
         await store.create(model("m"))
         name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
         await cp.agents.fail_shard(f"{name}-0")
@@ -161,7 +161,7 @@ async def test_first_crash_rebuilds_at_once_and_the_second_waits_the_backoff(sto
 
 async def test_port_held_by_a_foreign_process_is_never_handed_out_again(store):
     # one node, one GPU: the rebuild can only land on the same node, so the ports must change
-    async with control_plane(store, nodes=("n1",), gpus=1, options=SLOW_BACKOFF) as cp:
+    async with control_plane(store, nodes=("n1",), gpus=1, settings=SLOW_BACKOFF) as cp:
         await store.patch_status("nodes", "n1", {"foreignPorts": [30000]})   # as its agent reports
         await until(lambda: (n := cp.cache.get("nodes", "n1")) and n.status.foreignPorts == [30000])
         await store.create(model("m"))

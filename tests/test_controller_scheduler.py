@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from controllers.scheduler import SchedulerController
+from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
 from tests.helpers.ctrlkit import node, replica, running, until
 
@@ -51,7 +52,7 @@ async def test_binds_explains_and_binds_when_room_appears(store):
 
 async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
     await store.create(node("n1", gpus=4))
-    async with running(store, [SchedulerController()], scheduler_retry=60):
+    async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=60))]):
         await store.create(replica("first", "m", gpus=3))
         await until(lambda: placed(store, "first"))
         await store.create(replica("second", "m", gpus=2))
@@ -64,11 +65,11 @@ async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
 async def test_concurrent_binds_never_share_a_gpu_and_a_new_term_respects_old_ones(store):
     for i in range(3):
         await store.create(node(f"n{i}", gpus=4))
-    async with running(store, [SchedulerController()], scheduler_retry=60):
+    async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=60))]):
         await asyncio.gather(*(store.create(replica(f"r{i}", f"m{i % 3}", gpus=1)) for i in range(8)))
         await until(lambda: _all_placed(store, 8))
     # a new leadership term with a fresh controller must rebuild its books from etcd
-    async with running(store, [SchedulerController()], scheduler_retry=60):
+    async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=60))]):
         await asyncio.gather(*(store.create(replica(f"s{i}", "late", gpus=1)) for i in range(5)))
         await until(lambda: _all_placed(store, 12))
         reps, _ = await store.list("replicas")

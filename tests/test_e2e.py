@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 
 from llmgw.api import load_path
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)

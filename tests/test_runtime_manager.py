@@ -10,6 +10,7 @@ from llmgw.dev.process import free_port
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.metrics import serve
+from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import FencedOut, Store
 
 
@@ -83,7 +84,7 @@ class Writer(Labeler):
 async def test_a_write_reaches_the_other_controllers_before_its_watch_event(store):
     listener = Listener()
     writer = Writer(listener)
-    mgr = Manager(store, [writer, listener], identity="solo", options={"lease_seconds": 2})
+    mgr = Manager(store, [writer, listener], identity="solo", settings=ManagerSettings(lease_seconds=2))
     task = asyncio.create_task(mgr.run())
     try:
         await store.create(model("b"))
@@ -96,7 +97,7 @@ async def test_a_write_reaches_the_other_controllers_before_its_watch_event(stor
 
 async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
     stores = [await Store(etcd.endpoint).connect() for _ in range(2)]
-    managers = [Manager(s, [Labeler(f"m{i}")], identity=f"m{i}", options={"lease_seconds": 2})
+    managers = [Manager(s, [Labeler(f"m{i}")], identity=f"m{i}", settings=ManagerSettings(lease_seconds=2))
                 for i, s in enumerate(stores)]
     tasks = [asyncio.create_task(m.run()) for m in managers]
     try:
@@ -133,7 +134,7 @@ async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
 
 async def test_failed_reconcile_retries_and_metrics_show_it(store):
     ctrl = Labeler("solo", fail=3)
-    mgr = Manager(store, [ctrl], identity="solo", options={"lease_seconds": 2})
+    mgr = Manager(store, [ctrl], identity="solo", settings=ManagerSettings(lease_seconds=2))
     port = free_port()
     runner = await serve(mgr.metrics, mgr.healthy, "127.0.0.1", port)
     task = asyncio.create_task(mgr.run())

@@ -7,7 +7,7 @@ Starts its own etcd, measures etcd's raw put rate (concurrent put_raw of
 small values), registers --nodes hollow nodes (tests/helpers/fake_agents.py,
 in-process: 8 GPUs each, spread over 4 fabrics; they move shards
 Pending -> Starting -> Ready), starts a controller manager with every
-controller in llmgw.cmd.controller_manager.CONTROLLERS, then applies models at once: single-node
+controller of llmgw.cmd.controller_manager.controllers(), then applies models at once: single-node
 replicas (2 GPUs each, 20 models) and two-node replicas (8 GPUs per node,
 4 models), --replicas in all, one in eleven of them two-node (2000 + 200 for
 2200). A separate connection watches replicas and records when each got its
@@ -168,9 +168,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from controllers.settings import ControllerSettings
 from llmgw import aio
 from llmgw.api import Model
-from llmgw.cmd.controller_manager import CONTROLLERS
+from llmgw.cmd.controller_manager import controllers
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
 from llmgw.runtime.manager import Manager
@@ -239,7 +240,7 @@ async def write_backlog(store: Store, todo: list[Model]) -> None:
     from controllers.model import replica_name
     from llmgw.api import ObjectMeta, OwnerReference, Replica, template_hash
     from llmgw.api.types import ReplicaSpec
-    from llmgw.runtime.annotations import MODEL_LABEL, SHARDS_FINALIZER
+    from llmgw.api.wellknown import MODEL_LABEL, SHARDS_FINALIZER
 
     sem = asyncio.Semaphore(64)
 
@@ -298,11 +299,11 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     print(f"registered {len(names)} hollow nodes in {time.perf_counter() - t0:.1f}s", flush=True)
 
     todo = models(args.replicas)
-    classes = [c for c in CONTROLLERS if c.name == "scheduler"] if args.scheduler_only else CONTROLLERS
+    settings = ControllerSettings(compact_interval=3600.0)
+    chosen = [c for c in controllers(settings) if c.name == "scheduler" or not args.scheduler_only]
     manager = proc = None
     if args.in_process or args.backlog:
-        manager = Manager(store, [cls() for cls in classes], identity="bench",
-                          options={"compact_interval": 3600.0})
+        manager = Manager(store, chosen, identity="bench", settings=settings)
     else:
         # the real `llmgw controller-manager`, in its own process (its own core)
         proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,

@@ -97,10 +97,6 @@ class Supervisor:
         claim.release()
         self.ctx.claims.discard(claim)
 
-    async def wait_orphans(self) -> None:
-        if self._orphans:
-            await asyncio.gather(*self._orphans, return_exceptions=True)
-
     async def close(self) -> None:
         """Stop supervising (the agent is exiting); engines keep running."""
         tasks = [r.task for r in self.runners.values() if r.task is not None] + self._orphans

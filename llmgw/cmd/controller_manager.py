@@ -1,4 +1,4 @@
-"""`llmgw controller-manager`: run every controller in CONTROLLERS with leader election."""
+"""`llmgw controller-manager`: run every controller with leader election, each given the settings it reads."""
 from __future__ import annotations
 
 import asyncio
@@ -13,13 +13,18 @@ from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
+from controllers.settings import ControllerSettings
 from llmgw import aio
 from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.settings import settings_options
+from llmgw.runtime.controller import Controller
 
-# Every controller the manager runs, in the order it starts them; a new
-# controller is registered here (docs/architecture.md, "Adding a controller").
-CONTROLLERS: list[type] = [ModelController, ReplicaController, SchedulerController, NodeLifecycleController,
-                           DrainController, GarbageCollector]
+
+def controllers(settings: ControllerSettings) -> list[Controller]:
+    """Every controller the manager runs, in the order it starts them; a new controller is
+    registered here (docs/architecture.md, "Adding a controller")."""
+    return [ModelController(), ReplicaController(settings), SchedulerController(settings),
+            NodeLifecycleController(settings), DrainController(settings), GarbageCollector(settings)]
 
 
 @click.command("controller-manager")
@@ -29,41 +34,32 @@ CONTROLLERS: list[type] = [ModelController, ReplicaController, SchedulerControll
 @etcd_tls
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
-@click.option("--node-grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds a node may be silent before it is judged lost and its replicas are moved "
-                   "elsewhere (make-before-break); also the fresh grace every silent node gets after a "
-                   "leadership change.")
-@click.option("--max-silent-fraction", default=0.5, show_default=True, type=click.FloatRange(0, 1),
-              help="If at least this share of nodes (and at least two) is silent, assume the control plane "
-                   "is cut off: judge no node lost.")
-@click.option("--eviction-settle", default=60.0, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds after mass silence ends before nodes still silent are judged lost.")
-@click.option("--eviction-rate", default=0.1, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Most nodes judged lost per second (the first at once).")
-@click.option("--lease-seconds", default=15.0, show_default=True, type=float, help="Leader lease.")
+@settings_options(ControllerSettings)
 @click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_grace,
-                       max_silent_fraction, eviction_settle, eviction_rate, lease_seconds, identity, log_level):
-    """Run the controllers (model, replica, scheduler, ...); one instance acts at a time."""
+def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
+                       metrics_listen: str, settings: ControllerSettings, identity: str | None,
+                       log_level: str) -> None:
+    """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
+
+    Each setting below comes from its flag if given, else from the --config file, else its default.
+    """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = {"node_grace": node_grace, "max_silent_fraction": max_silent_fraction,
-               "eviction_settle": eviction_settle, "eviction_rate": eviction_rate,
-               "lease_seconds": lease_seconds}
-    aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, options, identity))
+    aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, settings, identity))
 
 
-async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
+async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, metrics_listen: str,
+                settings: ControllerSettings, identity: str | None) -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
-    from llmgw.store import Store
+    from llmgw.store.store import Store
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
-    manager = Manager(store, [cls() for cls in CONTROLLERS], identity=identity, options=options)
+    manager = Manager(store, controllers(settings), identity=identity, settings=settings)
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)

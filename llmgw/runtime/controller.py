@@ -59,16 +59,14 @@ the watch event arrives.
 * ``ctx.events``: EventRecorder; ``ctx.events.record(obj, "Normal"|"Warning",
   reason, message)`` is synchronous and never raises (written in background).
 * ``ctx.clock``: ``time.monotonic``-like callable (seconds).
-* ``ctx.options``: dict of manager options: ``node_grace`` (s, default 30),
-  ``max_silent_fraction`` (default 0.5), ``eviction_settle`` (s, default 60),
-  ``eviction_rate`` (nodes/s, default 0.1) (controllers/nodelifecycle.py says
-  what they do), ``lease_seconds`` (default 15), and anything else passed on
-  the command line.
+
+A controller's settings are not in ``ctx``: it takes the typed settings
+object it reads in its constructor (controllers/settings.py).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from llmgw.api import AnyObject, ObjectClient, ObjectT, StatusPatch
@@ -104,16 +102,6 @@ class Context:
     cache: Cache
     events: EventRecorder
     clock: Callable[[], float] = time.monotonic
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "node_grace": 30.0,
-    "max_silent_fraction": 0.5,
-    "eviction_settle": 60.0,
-    "eviction_rate": 0.1,
-    "lease_seconds": 15.0,
-}
 
 
 class Controller:

@@ -1,6 +1,6 @@
 """The controller manager: leader election, informers, work queues and workers.
 
-``Manager(store, controllers, identity=..., options=...)``; ``await
+``Manager(store, controllers, identity=..., settings=...)``; ``await
 manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
 leader, build a fresh Cache, a fenced Store (from the leader key's
 create_revision), an EventRecorder and a Context per controller, run one
@@ -22,11 +22,12 @@ import time
 from typing import Any
 
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import DEFAULT_OPTIONS, HEARTBEATS, Context, Controller, WatchedKind
+from llmgw.runtime.controller import HEARTBEATS, Context, Controller, WatchedKind
 from llmgw.runtime.events import EventRecorder
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.runtime.leader import LeaderElector, Leadership
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
 from llmgw.store.errors import Conflict
 
@@ -45,13 +46,13 @@ async def _all_set(events: list[asyncio.Event]) -> None:
 
 class Manager:
     def __init__(self, store: Any, controllers: list[Controller], *, identity: str | None = None,
-                 options: dict[str, Any] | None = None, component: str = "controller-manager",
+                 settings: ManagerSettings | None = None, component: str = "controller-manager",
                  informer_idle_timeout: float = 120.0):
         self.store = store
         self.controllers = list(controllers)
         self.identity = identity or default_identity()
-        self.options = {**DEFAULT_OPTIONS, **(options or {})}
-        self.elector = LeaderElector(store, component, self.identity, self.options["lease_seconds"])
+        self.settings = settings if settings is not None else ManagerSettings()
+        self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
         self.informer_idle_timeout = informer_idle_timeout
         self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
@@ -129,7 +130,7 @@ class Manager:
         events = EventRecorder(fenced)
         self.cache, self.events = cache, events
         for c in self.controllers:
-            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic, options=self.options)
+            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic)
         informers = [
             HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
             if kind == HEARTBEATS else

@@ -100,9 +100,6 @@ class Ledger:
         info = self.nodes.get(node)
         return 0 if info is None else info.ports - PORTS_PER_RANK * self.ranks.get(node, 0)
 
-    def model_count(self, model: str, node: str) -> int:
-        return self.model_ranks.get(model, {}).get(node, 0)
-
     # -------------------------------------------------------------- nodes
     def observe_node(self, node: Node | NodeInfo) -> None:
         info = node if isinstance(node, NodeInfo) else NodeInfo.from_node(node)

@@ -10,12 +10,13 @@ from typing import Any
 
 from controllers.model import ModelController
 from controllers.replica import ReplicaController
+from controllers.settings import ControllerSettings
 from llmgw.runtime.manager import Manager
 from tests.helpers.ctrlkit import until  # noqa: F401  (re-exported for the controller tests)
 from tests.helpers.fake_agents import FakeAgents
 from tests.helpers.placer import FirstFitPlacer
 
-FAST = {"lease_seconds": 2, "node_grace": 1.0, "rebuild_backoff_base": 0.5, "rebuild_backoff_max": 4.0}
+FAST = ControllerSettings(lease_seconds=2, node_grace=1.0, rebuild_backoff_base=0.5, rebuild_backoff_max=4.0)
 
 
 @dataclass
@@ -38,11 +39,14 @@ class ControlPlane:
 
 @contextlib.asynccontextmanager
 async def control_plane(store, nodes=("n1", "n2", "n3"), *, gpus: int = 2, fabric: str | None = "fab-a",
-                        options: dict | None = None, placer: Any = None, extra: tuple = ()):
+                        settings: dict | None = None, placer: Any = None, extra: tuple = ()):
+    """`settings`: what differs from FAST, for the manager and the replica controller (`extra` and
+    `placer` controllers are built with their own)."""
     agents = await FakeAgents(store, nodes, gpus=gpus, fabric=fabric).start()
     placer = placer or FirstFitPlacer()
-    manager = Manager(store, [ModelController(), ReplicaController(), placer, *extra], identity="test",
-                      options={**FAST, **(options or {})})
+    fast = ControllerSettings(**FAST.model_dump() | (settings or {}))   # validated: a misspelt name fails
+    manager = Manager(store, [ModelController(), ReplicaController(fast), placer, *extra], identity="test",
+                      settings=fast)
     task = asyncio.create_task(manager.run())
     try:
         await asyncio.wait_for(manager.leading.wait(), 60)

@@ -15,9 +15,10 @@ import inspect
 from typing import Any, Awaitable, Callable
 
 from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
-from llmgw.runtime.annotations import MODEL_LABEL
+from llmgw.api.wellknown import MODEL_LABEL
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
+from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import NotFound, keys
 
 
@@ -92,8 +93,9 @@ async def get_or_none(store, kind: str, name: str):
 
 
 @contextlib.asynccontextmanager
-async def running(store, controllers: list[Controller], **options):
-    m = Manager(store, controllers, identity="test", options={"lease_seconds": 5, **options})
+async def running(store, controllers: list[Controller]):
+    """A Manager leading with `controllers` (each built with the settings it reads)."""
+    m = Manager(store, controllers, identity="test", settings=ManagerSettings(lease_seconds=5))
     task = asyncio.create_task(m.run())
     try:
         await asyncio.wait_for(m.leading.wait(), 30)

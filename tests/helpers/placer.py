@@ -10,9 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from controllers.indexes import REPLICAS_BY_NODE
-from llmgw.api import Placement
+from llmgw.api import Placement, condition_true
 from llmgw.runtime.controller import Controller, Result
-from llmgw.runtime.nodes import node_ready
 
 
 class FirstFitPlacer(Controller):
@@ -37,7 +36,7 @@ class FirstFitPlacer(Controller):
         prof = r.spec.profile
         candidates = []
         for node in sorted(cache.list("nodes"), key=lambda n: n.metadata.name):
-            if not node_ready(node) or node.spec.unschedulable:
+            if not condition_true(node.status.conditions, "Ready") or node.spec.unschedulable:
                 continue
             used = {g for o in cache.index("replicas", "node", node.metadata.name)
                     if o.metadata.deletionTimestamp is None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from llmgw.api import get_condition
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.robustness.history import History
 
 BIND_FAILED = ("cannot bind the serve port", "address already in use")
@@ -50,7 +50,7 @@ def exclusive_engines(h: History) -> list[str]:
 
 def surge_bound(h: History, model: str, replicas: int, max_surge: int) -> list[str]:
     """An original a drain replacement stands in for is not counted: a drain moves a replica
-    make-before-break on its own budget (llmgw/runtime/annotations.py)."""
+    make-before-break on its own budget (llmgw/api/wellknown.py)."""
     out = []
     for c, live in h.states("replicas"):
         mine = [r for r in live.values() if r.spec.model == model and r.metadata.deletionTimestamp is None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from llmgw.api import Replica, Shard
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR, EVICT
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.robustness import invariants as inv
 from tests.robustness.history import Change, Engine, History, Request, Sample, WatchResume
 

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from llmgw.runtime.annotations import DRAINING_REPLACEMENT_FOR
+from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.harness import fault_cluster, node_plans

@@ -1,7 +1,9 @@
-"""Annotation and label names that controllers use to cooperate.
+"""Well-known labels, annotations and finalizers: the names controllers use to cooperate.
 
-Shared by the model controller (controllers/model.py) and the drain /
-node-lifecycle controllers (controllers/drain.py, controllers/node_lifecycle.py).
+Shared by the model and replica controllers (controllers/model.py,
+controllers/replica.py) and the drain / node-lifecycle controllers
+(controllers/drain.py, controllers/nodelifecycle.py); they are part of the API
+(an operator or another tool may read or select by them), so they live here.
 
 Drain cooperation (make-before-break):
 
@@ -33,8 +35,11 @@ DRAINING_REPLACEMENT_FOR = "llmgw.io/draining-replacement-for"
 # On a replica that must leave its node: why (e.g. "drain", "node-lost").
 EVICT = "llmgw.io/evict"
 
-# Label on every replica of a model.
+# Label on every replica of a model, and on every shard of one.
 MODEL_LABEL = "llmgw.io/model"
+
+# Label on every shard of a replica.
+REPLICA_LABEL = "llmgw.io/replica"
 
 # Finalizers.
 SHARDS_FINALIZER = "llmgw.io/shards"      # on a Replica: its shards are gone

@@ -1,12 +1,12 @@
-"""When is a node lost? One answer, decided by the node lifecycle controller and read by the rest.
+"""When is a node lost, and when is it gone? One answer each, read by every controller.
 
 The node lifecycle controller (controllers/nodelifecycle.py) alone applies
 the policy (grace, mass silence, settle period, eviction rate, a fresh grace
 after a leadership change) and writes its verdict on the Node: condition
 ``Evicting``, True once the node is judged lost, False with the reason it is
-held back. Other controllers read the verdict here instead of recomputing it
-from timestamps, so two controllers never disagree about a node and a new
-leader inherits a verdict rather than reaching a different one.
+held back. Other controllers read the verdict here (``node_lost``) instead of
+recomputing it from timestamps, so two controllers never disagree about a
+node and a new leader inherits a verdict rather than reaching a different one.
 
 Lost is not gone: a lost node's engines may still run (only its agent may be
 cut off), so its shards keep their GPUs and ports until the agent confirms it
@@ -14,29 +14,16 @@ stopped them (phase Stopped) or the Node object is deleted (``node_deleted``).
 """
 from __future__ import annotations
 
-from llmgw.api import EVICTING, Node, ObjectClient, get_condition
+from llmgw.api import ObjectClient
+from llmgw.api.meta import condition_true
+from llmgw.api.types import EVICTING, Node
 from llmgw.runtime.cache import Cache
 from llmgw.store.errors import NotFound
 
 
-def node_ready(node: Node) -> bool:
-    c = get_condition(node.status.conditions, "Ready")
-    return c is not None and c.status == "True"
-
-
 def node_lost(node: Node) -> bool:
     """The node lifecycle controller has judged the node lost (its replicas are being moved)."""
-    c = get_condition(node.status.conditions, EVICTING)
-    return c is not None and c.status == "True"
-
-
-def mass_silence(silent: int, total: int, fraction: float) -> bool:
-    """Too many nodes silent at once to believe each failed: the control plane is likelier cut off.
-
-    At least two nodes and at least ``fraction`` of all of them: an even split is the
-    likeliest shape of a partition; one silent node is judged on its own.
-    """
-    return silent >= 2 and silent >= fraction * total
+    return condition_true(node.status.conditions, EVICTING)
 
 
 async def node_deleted(cache: Cache, store: ObjectClient, name: str) -> bool:

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Run one benchmark on two checkouts in interleaved order, to compare a change with its base.
+
+    git worktree add /tmp/base <commit> && (cd /tmp/base && python3 -m venv .venv &&
+        .venv/bin/pip install -q -e '.[test]')
+    .venv/bin/python hack/bench/interleave.py --base /tmp/base [--rounds 2] -- hack/bench/store.py --n 1000
+
+Each round runs the benchmark in the base checkout and in this one (or --head DIR), each
+with its own .venv/bin/python and its own directory as the working directory, in ABBA
+order (base, head, head, base, then again): on a shared machine whatever else runs
+then falls on both sides alike, where one side after the other mostly measures the
+time of day. Every benchmark in hack/bench/ ends with a line of `key=value` figures;
+this prints each run's last line, then the median of each figure per side and
+head/base. Its last line: `interleave: <key>=<head/base> ...`.
+
+A run that fails stops the comparison with its output's tail.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+FIGURE = re.compile(r"([A-Za-z_][\w/]*)=(-?[0-9.]+(?:e-?\d+)?)")
+
+
+def run(checkout: Path, bench: list[str]) -> dict[str, float]:
+    proc = subprocess.run([str(checkout / ".venv/bin/python"), *bench], cwd=checkout,
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        sys.exit(f"interleave: {' '.join(bench)} failed in {checkout} (exit {proc.returncode}):\n{tail}")
+    print(f"  {checkout}: {lines[-1]}", flush=True)
+    return {key: float(value) for key, value in FIGURE.findall(lines[-1])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="checkout of the base (with its own .venv)")
+    parser.add_argument("--head", type=Path, default=Path(__file__).resolve().parents[2],
+                        help="checkout of the change (default: this one)")
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both sides twice)")
+    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- the benchmark script and its arguments")
+    args = parser.parse_args()
+    bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    if not bench:
+        parser.error("name the benchmark after --")
+    figures: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
+    for i in range(args.rounds):
+        print(f"round {i + 1}/{args.rounds}", flush=True)
+        for side in ("base", "head", "head", "base"):
+            figures[side].append(run(args.base if side == "base" else args.head, bench))
+    ratios = []
+    for key in figures["head"][0]:
+        base = statistics.median(f[key] for f in figures["base"] if key in f)
+        head = statistics.median(f[key] for f in figures["head"] if key in f)
+        print(f"{key}: base median {base:g}, head median {head:g}")
+        if base:
+            ratios.append(f"{key}={head / base:.3f}")
+    print("interleave: " + " ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()
