@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.cli.ca import ca
@@ -147,3 +148,12 @@ def test_etcd_certificates_come_from_a_separate_etcd_ca(ca_dir):
     assert no_san.exit_code != 0 and "--san" in no_san.output
     with pytest.raises(CAError, match="comes from the etcd CA"):
         CertificateAuthority(ca_dir.dir).issue("etcd-client", "x")
+
+
+def test_a_ca_key_that_is_not_ec_is_refused_with_one_line(ca_dir):
+    key = x25519.X25519PrivateKey.generate()  # cannot sign a certificate
+    (ca_dir.dir / "ca.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    result = CliRunner().invoke(ca, ["issue", "node", "n1", "--dir", str(ca_dir.dir)])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)  # not a traceback
+    assert "ca.key holds a X25519PrivateKey, not the EC private key" in result.output

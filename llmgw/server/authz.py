@@ -111,7 +111,7 @@ class Authorizer:
     async def _node(self, who: Identity, act: Action) -> None:
         me = who.name
 
-        def claims(other: str, rule: str, what: str) -> Denied:
+        def claims(other: str | None, rule: str, what: str) -> Denied:
             return Denied(rule, f"certificate CN={me} may {what} only as node {me}, not {other}",
                           log_line=f"refused: certificate CN={me} claims node {other}")
 
