@@ -7,7 +7,8 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
-from llmgw.cli.tables import format_table, human_age, node_status, table
+from llmgw.printers.columns import node_status, table
+from llmgw.printers.table import format_table, human_age
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 

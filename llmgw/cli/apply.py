@@ -9,9 +9,10 @@ from llmgw.api import Object, load_path
 from llmgw.api.selectors import Selector
 from llmgw.cli import errors as ec
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
+from llmgw.cli.diff import applied_view, unified_diff
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 from llmgw.cli.get import kind_arg, selector_arg
-from llmgw.cli.render import applied_view, ref, unified_diff
+from llmgw.printers.objects import ref
 
 
 def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:

@@ -8,6 +8,7 @@ import click
 
 from llmgw.cli.etcdflags import etcd_tls
 from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, normalize_serial
+from llmgw.printers.table import print_table
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
                           show_default=True, help="CA directory (or $LLMGW_CA_DIR).")
@@ -178,11 +179,9 @@ def list_(directory):
     if not authority.exists():
         _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
     now = datetime.now(timezone.utc)
-    rows = [("SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE")]
+    rows = []
     etcd_index = authority.etcd().index() if (authority.dir / "etcd").exists() else []
     for e in authority.index() + etcd_index:
         state = "revoked" if e.revoked else ("expired" if datetime.fromisoformat(e.not_after) < now else "valid")
-        rows.append((e.serial, e.role, e.name, e.not_after[:19], state))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+        rows.append([e.serial, e.role, e.name, e.not_after[:19], state])
+    print_table(["SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE"], rows)

@@ -136,7 +136,8 @@ def wait_for_node(opts: dict, sm, echo=click.echo) -> None:
             "    the server's log says why, naming which certificate CN claimed which node",
             *(["last lines of the agent's log:", *("    " + line for line in tail.splitlines())] if tail else []),
         ])) from None
-    from llmgw.cli.tables import format_table, node_table
+    from llmgw.printers.columns import node_table
+    from llmgw.printers.table import format_table
     echo(format_table(*node_table([node], [], wide=True)))
 
 
