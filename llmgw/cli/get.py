@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api.kinds import all_of_kind
 from llmgw.api.selectors import Selector, parse_selector
 from llmgw.api.types import AnyObject, ObjectT, Replica, resolve_kind
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
@@ -42,11 +43,6 @@ def by_name(objects: Iterable[ObjectT]) -> list[ObjectT]:
     return sorted(objects, key=lambda o: o.name)
 
 
-def only(kind: type[ObjectT], objects: Iterable[AnyObject]) -> list[ObjectT]:
-    """The objects of one kind, typed as such (a list answers with the kind it was asked for)."""
-    return [o for o in objects if isinstance(o, kind)]
-
-
 async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[list[AnyObject], list[Replica]]:
     """The objects to show and, for nodes, every replica (GPUS and REPLICAS columns)."""
     if name:
@@ -54,7 +50,7 @@ async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[
     else:
         items, _ = await c.list(kind, selector=str(sel) or None)
         objects = by_name(o for o in items if sel.matches(o.metadata.labels))
-    replicas = only(Replica, (await c.list("replicas"))[0]) if kind == "nodes" else []
+    replicas = all_of_kind(Replica, (await c.list("replicas"))[0]) if kind == "nodes" else []
     return objects, replicas
 
 
@@ -134,7 +130,7 @@ async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], 
                 continue
             objects = by_name(o for o in cache[kind].values() if _wanted(o, name, sel))
             view.show(*table(kind, objects, wide=output == "wide",
-                             replicas=only(Replica, cache.get("replicas", {}).values())))
+                             replicas=all_of_kind(Replica, cache.get("replicas", {}).values())))
 
 
 def get_options(f: F) -> F:

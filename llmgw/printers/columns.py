@@ -4,8 +4,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from llmgw.api.kinds import all_of_kind
 from llmgw.api.meta import get_condition
-from llmgw.api.types import EVICTING, AnyObject, Model, Node, ObjectT, Replica, Shard
+from llmgw.api.types import EVICTING, AnyObject, Model, Node, Replica, Shard
 from llmgw.printers.table import NONE, human_age
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows
@@ -169,17 +170,12 @@ def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
           replicas: Sequence[Replica] = (), now: datetime | None = None) -> Table:
     """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
     if kind == "nodes":
-        return node_table([_of(Node, o) for o in objects], replicas, wide, now)
+        return node_table(all_of_kind(Node, objects), replicas, wide, now)
     if kind == "models":
-        return model_table([_of(Model, o) for o in objects], wide, now)
+        return model_table(all_of_kind(Model, objects), wide, now)
     if kind == "replicas":
-        return replica_table([_of(Replica, o) for o in objects], wide, now)
+        return replica_table(all_of_kind(Replica, objects), wide, now)
     if kind == "shards":
-        return shard_table([_of(Shard, o) for o in objects], wide, now)
+        return shard_table(all_of_kind(Shard, objects), wide, now)
     raise ValueError(f"no table for kind {kind!r}")
 
-
-def _of(cls: type[ObjectT], obj: AnyObject) -> ObjectT:
-    if not isinstance(obj, cls):
-        raise TypeError(f"a {type(obj).__name__} in a table of {cls.__name__}s")
-    return obj
