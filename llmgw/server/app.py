@@ -15,7 +15,7 @@ from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.selectors import Selector
-from llmgw.pki import Identity, identity_from_der
+from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
@@ -71,6 +71,7 @@ class ApiServer:
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
         r.add_get(f"{API}/events", self.list_events)
         r.add_post(f"{API}/events", self.record_event)
+        r.add_post(f"{API}/revocations", self.revoke)
         r.add_get(f"{API}/{{kind}}", self.list_or_watch)
         r.add_post(f"{API}/{{kind}}", self.create)
         r.add_get(f"{API}/{{kind}}/{{name}}", self.get)
@@ -317,6 +318,27 @@ class ApiServer:
         await self._check(request, Action("events-write", "events", f"{kind}/{name}", obj_node=obj_node))
         await self.store.record_event(kind, name, type_, reason, message)
         return _json({"recorded": True}, 201)
+
+    async def revoke(self, request: web.Request) -> web.Response:
+        """Add a serial to the revoked ones (admins only); nothing in the API takes one off the list."""
+        body = await self._body(request)
+        try:
+            serial = normalize_serial(str(body["serial"]))
+        except KeyError:
+            raise Fail(400, "BadRequest", "field 'serial' is required") from None
+        except CAError as err:
+            raise Fail(400, "BadRequest", f"serial: {err}") from None
+        await self._check(request, Action("revoke", "revocations", serial))
+        info = {"revokedAt": datetime.now(timezone.utc).isoformat(), "revokedBy": request["identity"].name}
+        for field in ("role", "name"):   # what the CA's index says the certificate was, when it knows
+            value = body.get(field)
+            if value is not None:
+                if not isinstance(value, str) or len(value) > 253:
+                    raise Fail(400, "BadRequest", f"{field} must be a string of at most 253 characters")
+                info[field] = value
+        await self.store.revoke(serial, info)
+        log.info("certificate serial=%s revoked by %s", serial, request["identity"])
+        return _json({"serial": serial, **info}, 201)
 
     # ------------------------------------------------------------ watch
     async def _watch(self, request: web.Request, kind: str, node: str | None, selector: str | None,
