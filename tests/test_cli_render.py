@@ -7,7 +7,9 @@ from datetime import datetime, timedelta, timezone
 import yaml
 
 from llmgw.api import parse_object
-from llmgw.cli.render import describe, format_objects, unified_diff
+from llmgw.cli.diff import unified_diff
+from llmgw.printers.describe import describe
+from llmgw.printers.objects import format_objects
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 

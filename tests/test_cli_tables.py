@@ -7,7 +7,8 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
-from llmgw.cli.tables import format_table, human_age, node_status, table
+from llmgw.printers.columns import node_status, table
+from llmgw.printers.table import format_table, human_age
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -158,3 +159,47 @@ def test_selector_round_trips_and_refuses_bad_parts():
         with pytest.raises(SelectorError, match=why):
             parse_selector(bad)
     assert parse_selector("app=").matches({"app": ""})   # empty value is a valid label value
+
+
+def test_a_table_refuses_objects_of_another_kind():
+    with pytest.raises(TypeError, match="expected a Node, got a Replica"):
+        table("nodes", [replica("r1", [])], now=NOW)
+
+
+WATCH_ON_A_TERMINAL = """
+from llmgw.printers.table import WatchTable
+with WatchTable() as view:
+    assert view.live and not view.redraws
+    view.show(["NAME", "PHASE"], [["r1", "Pending"]])
+    assert view.redraws
+    view.show(["NAME", "PHASE"], [["r1", "Ready"]])
+print("stopped")
+"""
+
+
+def test_watch_table_redraws_in_place_on_a_terminal_and_stops():
+    """`get -w` on a terminal: a live table, redrawn with each change, stopped when the watch ends."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", WATCH_ON_A_TERMINAL], stdin=sub, stdout=sub, stderr=sub,
+                            env={**os.environ, "TERM": "xterm", "COLUMNS": "80"})
+    os.close(sub)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:     # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert proc.wait(timeout=30) == 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    assert "Pending" in text and "Ready" in text and text.index("Pending") < text.index("Ready")
+    assert "\x1b[" in text                      # drawn by rich, cursor moves included: not plain rows
+    assert text.rstrip().endswith("stopped")

@@ -8,13 +8,14 @@ from datetime import datetime, timezone
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.cli.ca import ca
-from llmgw.client import ClientConfig
+from llmgw.client import ApiError, ClientConfig, Forbidden
 from llmgw.pki import CAError, CertificateAuthority, identity_from_pem_file
-from tests.helpers.cluster import ca_dir, llmgw_ca  # noqa: F401
+from tests.helpers.cluster import api_server, ca_dir, llmgw_ca  # noqa: F401
 
 
 def _cert(path) -> x509.Certificate:
@@ -87,26 +88,46 @@ def test_list_shows_expired_and_valid(ca_dir):
     assert rows["fresh"].endswith("valid") and rows["stale"].endswith("expired")
 
 
-async def test_revoke_records_serials_in_etcd(ca_dir, store, etcd):
+async def test_revoke_records_serials_through_the_server(api_server, ca_dir, store, tmp_path):
+    config = tmp_path / "alice.yaml"    # an admin's API certificate is all it takes: no etcd certificate
+    llmgw_ca("issue", "admin", "alice", "--dir", str(ca_dir.dir), "--write-config", "--server", api_server.url,
+             "--config", str(config))
     first = CertificateAuthority(ca_dir.dir).issue("node", "n1").serial
     second = CertificateAuthority(ca_dir.dir).issue("node", "n1").serial   # re-issued: both get revoked
     other = CertificateAuthority(ca_dir.dir).issue("node", "n2").serial
     # the CLI runs its own event loop: call it from a thread
-    out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "n1", "--dir", str(ca_dir.dir), "--etcd", etcd.endpoint)
+    out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "n1", "--dir", str(ca_dir.dir), "--config", str(config))
     assert first in out and second in out
     revoked = await store.revoked()
     assert set(revoked) == {first, second}
-    assert revoked[first]["name"] == "n1"
-    await asyncio.to_thread(llmgw_ca, "revoke", other.upper(), "--dir", str(ca_dir.dir), "--etcd", etcd.endpoint)
+    assert (revoked[first]["role"], revoked[first]["name"], revoked[first]["revokedBy"]) == ("node", "n1", "alice")
+    await asyncio.to_thread(llmgw_ca, "revoke", other.upper(), "--dir", str(ca_dir.dir), "--config", str(config))
     assert other in await store.revoked()
-    states = [line.split()[-1] for line in llmgw_ca("list", "--dir", str(ca_dir.dir)).splitlines()[1:]]
-    assert states == ["revoked", "revoked", "revoked"]
+    rows = [line.split() for line in llmgw_ca("list", "--dir", str(ca_dir.dir)).splitlines()[1:]]
+    assert [r[-1] for r in rows if r[1] == "node"] == ["revoked", "revoked", "revoked"]
 
 
-def test_revoke_without_etcd_says_where(ca_dir):
+async def test_only_an_admin_revokes(api_server, store):
+    """Not a node, not the controller-manager (which may do anything else); a bad serial is a 400."""
+    for ident in (api_server.issue_node("n1"), api_server.issue_component("controller-manager")):
+        async with api_server.client(ident) as c:
+            with pytest.raises(Forbidden, match="rule revoke-admin: only an admin"):
+                await c.revoke("1f")
+    assert await store.revoked() == {}
+    line = api_server.wait_for_log("tried to revoke serial 1f")
+    assert "refused: certificate CN=n1 O=llmgw:nodes" in line
+    async with api_server.client() as admin:
+        with pytest.raises(ApiError, match="serial: 'xyz' is not a certificate serial") as err:
+            await admin.revoke("xyz")
+        assert err.value.code == 400
+
+
+def test_revoke_without_a_server_says_where(ca_dir):
     serial = CertificateAuthority(ca_dir.dir).issue("node", "n1").serial
-    res = CliRunner().invoke(ca, ["revoke", serial, "--dir", str(ca_dir.dir), "--etcd", "http://127.0.0.1:1"])
-    assert res.exit_code != 0 and "http://127.0.0.1:1" in res.output
+    cert, key = ca_dir.issue("admin", "alice")
+    res = CliRunner().invoke(ca, ["revoke", serial, "--dir", str(ca_dir.dir), "--server", "https://127.0.0.1:1",
+                                  "--ca", ca_dir.ca, "--cert", cert, "--key", key])
+    assert res.exit_code == 3 and "https://127.0.0.1:1" in res.output and "Traceback" not in res.output
 
 
 def test_write_config_gives_a_loadable_client_config(ca_dir, tmp_path):
@@ -142,8 +163,18 @@ def test_etcd_certificates_come_from_a_separate_etcd_ca(ca_dir):
     node = _cert(ca_dir.issue("node", "gpu-01")[0])
     assert node.issuer != etcd_root.subject
     listed = llmgw_ca("list", "--dir", str(ca_dir.dir))
-    assert "etcd-member  etcd1" in listed and "etcd-client  controller-manager" in listed
+    roles_names = {tuple(line.split()[1:3]) for line in listed.splitlines()[1:]}
+    assert {("etcd-member", "etcd1"), ("etcd-client", "controller-manager")} <= roles_names
     no_san = CliRunner().invoke(ca, ["issue", "etcd-member", "etcd2", "--dir", str(ca_dir.dir)])
     assert no_san.exit_code != 0 and "--san" in no_san.output
     with pytest.raises(CAError, match="comes from the etcd CA"):
         CertificateAuthority(ca_dir.dir).issue("etcd-client", "x")
+
+
+def test_a_ca_key_that_is_not_ec_is_refused_with_one_line(ca_dir):
+    key = x25519.X25519PrivateKey.generate()  # cannot sign a certificate
+    (ca_dir.dir / "ca.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    result = CliRunner().invoke(ca, ["issue", "node", "n1", "--dir", str(ca_dir.dir)])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit)  # not a traceback
+    assert "ca.key holds a X25519PrivateKey, not the EC private key" in result.output

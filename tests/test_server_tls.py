@@ -33,13 +33,18 @@ async def test_expired_certificate_is_refused_and_logged(shared_api_server):
     assert "expired at 2020-01-02" in line
 
 
+def _as_admin(srv) -> list[str]:
+    """The connection flags of `llmgw ca revoke` for the server's admin."""
+    return ["--server", srv.url, "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1]]
+
+
 async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
     srv = shared_api_server
     ident = srv.issue_node("doomed")
     async with srv.client(ident) as c:
         await c.heartbeat("doomed")  # accepted before the revocation
         out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "doomed", "--dir", str(srv.pki.dir),
-                                      "--etcd", srv.etcd)
+                                      *_as_admin(srv))
         serial = out.split()[-1]
         await until_revoked(c, "doomed")
     line = srv.wait_for_log(f"serial={serial} from")
@@ -79,7 +84,7 @@ async def test_revocation_ends_an_open_watch_with_a_logged_reason(shared_api_ser
     client, events = await _open_watch(srv, ident, "watch-doomed")
     async with client:
         out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "watch-doomed", "--dir", str(srv.pki.dir),
-                                      "--etcd", srv.etcd)
+                                      *_as_admin(srv))
         err = await _end_of(events)
     assert err.reason == "CertificateRevoked" and "was revoked" in str(err)
     line = srv.wait_for_log("watch of shards by certificate CN=watch-doomed")

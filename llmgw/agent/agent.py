@@ -21,7 +21,7 @@ from llmgw.agent.reporter import Gone, StatusReporter
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import Shard, ShardStatus
+from llmgw.api import NodeStatus, Shard, ShardStatus
 from llmgw.client import Client, NotFound
 
 log = logging.getLogger(__name__)
@@ -46,18 +46,17 @@ class Agent:
 
     async def run(self) -> None:
         cfg = self.config
-        if self.facts is None:
-            self.discover()
+        facts = self.facts if self.facts is not None else self.discover()
         state = StateDir(cfg.state_dir)
         state.prepare()
         client = Client(cfg.server_url, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
         reporter = StatusReporter(self._shard_writer(client), self.node)
-        ctx = Context(node=self.node, config=cfg, facts=self.facts, state=state, reporter=reporter,
+        ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
                       foreign_ports=self._set_foreign_ports)
-        self.supervisor = Supervisor(ctx)
-        if self.supervisor.records:
+        sup = self.supervisor = Supervisor(ctx)
+        if sup.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
-                     cfg.state_dir, sorted(self.supervisor.records))
+                     cfg.state_dir, sorted(sup.records))
         reg = self.registration = Registration(client, self.node, cfg.labels, cfg.heartbeat_interval)
         reg.on_reconnect.append(reporter.kick)
         tasks: list[asyncio.Task] = []
@@ -71,7 +70,7 @@ class Agent:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.supervisor.close()
+            await sup.close()
             await client.close()
 
     @staticmethod
@@ -86,15 +85,17 @@ class Agent:
 
     async def _watch_shards(self, client: Client) -> None:
         sup = self.supervisor
+        assert sup is not None  # made by run
 
         async def follow() -> None:
             async for kind, obj in client.list_and_watch("shards", node=self.node, synced=True):
                 if kind == "SYNCED":
                     sup.synced()
-                elif kind == "DELETED":
-                    sup.remove(obj)
-                elif isinstance(obj, Shard):
-                    sup.upsert(obj)
+                elif isinstance(obj, Shard):  # the only kind asked for
+                    if kind == "DELETED":
+                        sup.remove(obj)
+                    else:
+                        sup.upsert(obj)
         # list_and_watch rides out outages itself; it raises on refusals (403, 401): retry those too.
         while True:
             await retry_forever(f"watching shards of node {self.node}", follow, max_wait=30.0)
@@ -110,18 +111,21 @@ class Agent:
             except Exception as err:  # noqa: BLE001 e.g. an adapter vanished: keep the facts we started with
                 log.error("rediscovery failed, keeping earlier facts: %s", err)
                 continue
+            assert self.supervisor is not None and self.registration is not None  # made by run
             self.facts = facts
             self.supervisor.ctx.facts = facts
             self.foreign_ports = await self._scan_foreign_ports()
             await self.registration.update_status(self._node_status())
 
-    def _node_status(self):
+    def _node_status(self) -> NodeStatus:
+        assert self.facts is not None  # discovered by run
         status = node_status(self.facts, self.config)
         status.foreignPorts = list(self.foreign_ports)
         return status
 
     async def _scan_foreign_ports(self) -> list[int]:
         rng = self.config.port_range
+        assert self.supervisor is not None and self.facts is not None  # made by run
         held = await asyncio.to_thread(ports.holders, range(rng.first, rng.last + 1),
                                        self.supervisor.engine_groups(), self.facts.address)
         found = ports.foreign(held)

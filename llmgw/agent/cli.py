@@ -80,6 +80,7 @@ def agent(config_path, discover_only, log_level, engines, labels, **flags):
 def _run(runner) -> int:
     async def main() -> None:
         task = asyncio.current_task()
+        assert task is not None  # main runs in asyncio.run's task
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

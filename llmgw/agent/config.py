@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmgw.agent.discovery.infiniband import DEFAULT_IB_ROOT
-from llmgw.agent.fabrics import FabricError, FabricSpec
 from llmgw.api import PortRange, check_dns1123_label
+from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.limits import InputError, check_document
 from llmgw.api.manifests import read_yaml
 

@@ -45,7 +45,7 @@ def group_members(pgid: int) -> list[int]:
 
 def members(pgids: set[int]) -> list[int]:
     """Live (non-zombie) processes in any of the process groups `pgids` (one pass over /proc)."""
-    found = []
+    found: list[int] = []
     if not pgids:
         return found
     for entry in PROC.iterdir():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
@@ -54,7 +55,7 @@ class Registration:
         self.interval = heartbeat_interval
         self.status: NodeStatus | None = None
         self.connected = asyncio.Event()     # set while heartbeats succeed
-        self.on_reconnect = []               # callbacks run after an outage ends
+        self.on_reconnect: list[Callable[[], None]] = []  # callbacks run after an outage ends
         self._sent: dict | None = None
 
     async def register(self, status: NodeStatus) -> None:
@@ -80,6 +81,7 @@ class Registration:
         await self._send(force=True)
 
     async def _send(self, force: bool = False) -> None:
+        assert self.status is not None  # set by register
         patch = status_patch(self.status, ready=True)
         if not force and patch == self._sent:
             return

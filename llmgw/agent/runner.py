@@ -198,6 +198,7 @@ class ShardRunner:
             self.procs = procs
             log.info("shard %s: adopted running engine (pids %s)", self.name, [p.pid for p in procs])
             serving = self._serving()
+            assert serving is not None  # there are processes
             if self.status.phase not in ("Running", "Ready", "Stopping"):
                 self._set("Running", pid=serving.pid, message="")
             return
@@ -221,7 +222,9 @@ class ShardRunner:
         if not await self._wait_turn():
             return
         self._set("Starting", message="", exitCode=None, logTail=[])
-        taken = [h for h in ports.foreign(await self._port_holders()) if h.port in self.claim.ports]
+        gpus, own = self.claim.gpus, self.claim.ports
+        assert gpus is not None and own is not None  # a shard's claim names them (None: an old record's)
+        taken = [h for h in ports.foreign(await self._port_holders()) if h.port in own]
         if taken:
             self.claim.release()
             words = "; ".join(h.describe() for h in taken)
@@ -233,7 +236,7 @@ class ShardRunner:
         workdir = state.work_dir(self.name)
         record = ShardRecord(shard=self.name, uid=self.uid, probe_kind=rendered.probe.kind,
                              probe_url=rendered.probe.url, started_at=now().isoformat(),
-                             gpus=sorted(self.claim.gpus), ports=sorted(self.claim.ports))
+                             gpus=sorted(gpus), ports=sorted(own))
         for cmd in rendered.commands:
             log_path = state.log_path(self.name, cmd.name)
             env = {**os.environ, **cmd.env}
@@ -304,7 +307,9 @@ class ShardRunner:
     async def _port_holders(self) -> dict[int, list[ports.Holder]]:
         """Who holds the node's engine ports and this shard's; the foreign ones are reported."""
         rng = self.ctx.config.port_range
-        watched = set(range(rng.first, rng.last + 1)) | self.claim.ports
+        own = self.claim.ports
+        assert own is not None  # a shard's claim names its ports
+        watched = set(range(rng.first, rng.last + 1)) | own
         held = await asyncio.to_thread(ports.holders, watched, self.ctx.claims.groups(), self.ctx.facts.address)
         if self.ctx.foreign_ports is not None:
             await self.ctx.foreign_ports(sorted({h.port for h in ports.foreign(held)
@@ -360,6 +365,7 @@ class ShardRunner:
                 else:
                     failures += 1
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
+                        assert self.record is not None  # Ready: adopted or launched, so recorded
                         self._set("Running", message=f"health probe failing ({self.record.probe_url})")
         finally:
             stop.cancel()

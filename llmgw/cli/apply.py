@@ -2,19 +2,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from llmgw.api import Object, load_path
+from llmgw.api.manifests import load_path
 from llmgw.api.selectors import Selector
+from llmgw.api.types import AnyObject
 from llmgw.cli import errors as ec
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
+from llmgw.cli.diff import applied_view, unified_diff
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 from llmgw.cli.get import kind_arg, selector_arg
-from llmgw.cli.render import applied_view, ref, unified_diff
+from llmgw.printers.objects import ref
+
+if TYPE_CHECKING:
+    from llmgw.client import Client
 
 
-def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:
+def load_manifests(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
     """Every object of every file (ManifestError names file, document and field); duplicates refused."""
     seen: dict[tuple[str, str], Path] = {}
     objects = []
@@ -32,7 +38,7 @@ def load_manifests(files: tuple[str, ...], recursive: bool) -> list[Object]:
     return objects
 
 
-async def _get_or_none(c, kind: str, name: str) -> Object | None:
+async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
     from llmgw.client import NotFound
 
     try:
@@ -41,7 +47,7 @@ async def _get_or_none(c, kind: str, name: str) -> Object | None:
         return None
 
 
-async def _apply_one(c, obj: Object, dry_run: bool) -> str:
+async def _apply_one(c: Client, obj: AnyObject, dry_run: bool) -> str:
     """created | configured | unchanged.
 
     A manifest that carries metadata.resourceVersion (e.g. edited output of `get -o yaml`)
@@ -67,7 +73,7 @@ async def _apply_one(c, obj: Object, dry_run: bool) -> str:
     return "configured"
 
 
-async def _apply(conn: Connection, objects: list[Object], prune: bool, sel: Selector, dry_run: bool) -> None:
+async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: Selector, dry_run: bool) -> None:
     suffix = " (dry run)" if dry_run else ""
     async with conn.client() as c:
         for obj in objects:
@@ -86,7 +92,7 @@ async def _apply(conn: Connection, objects: list[Object], prune: bool, sel: Sele
                 click.echo(f"{ref(live)} pruned{suffix}")
 
 
-async def _delete_quietly(c, kind: str, name: str) -> None:
+async def _delete_quietly(c: Client, kind: str, name: str) -> None:
     from llmgw.client import NotFound
 
     try:
@@ -102,7 +108,7 @@ def file_options(f):
     return f
 
 
-def _load(files, recursive) -> list[Object]:
+def _load(files, recursive) -> list[AnyObject]:
     try:
         return load_manifests(files, recursive)
     except CliError:
@@ -139,7 +145,7 @@ def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
     run(_apply(conn, objects, prune, sel, dry_run))
 
 
-async def _diff(conn: Connection, objects: list[Object]) -> bool:
+async def _diff(conn: Connection, objects: list[AnyObject]) -> bool:
     found = False
     async with conn.client() as c:
         for obj in objects:

@@ -1,13 +1,15 @@
 """`llmgw ca`: the cluster's certificate authority (init, issue, revoke, list)."""
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timezone
+from typing import NoReturn
 
 import click
 
-from llmgw.cli.etcdflags import etcd_tls
+from llmgw.cli.connect import Connection, connection_options, run
+from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, normalize_serial
+from llmgw.printers.table import print_table
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
                           show_default=True, help="CA directory (or $LLMGW_CA_DIR).")
@@ -21,7 +23,7 @@ def _ca(directory: str) -> CertificateAuthority:
     return CertificateAuthority(directory)
 
 
-def _fail(err: Exception) -> None:
+def _fail(err: Exception) -> NoReturn:
     raise click.ClickException(str(err))
 
 
@@ -129,41 +131,37 @@ def issue_etcd_member(name, sans, directory, days, not_before):
 @days_option
 @not_before_option
 def issue_etcd_client(name, directory, days, not_before):
-    """A client certificate for etcd, from the etcd CA: for the server, the controller-manager and an
-    admin who runs `llmgw ca revoke` (their --etcd-cert). Never for a node or the gateway."""
+    """A client certificate for etcd, from the etcd CA: for the server and the controller-manager
+    (their --etcd-cert). Never for a node or the gateway."""
     _issue(directory, "etcd-client", name, days=days, not_before=not_before)
 
 
-@ca.command()
+@ca.command(epilog=EXIT_CODES_HELP)
 @click.argument("serial", required=False)
 @click.option("--node", default=None, help="Revoke every certificate issued to this node.")
 @dir_option
-@click.option("--etcd", envvar="LLMGW_ETCD", required=True, help="etcd endpoint(s), comma-separated (or $LLMGW_ETCD).")
-@etcd_tls
-def revoke(serial, node, directory, etcd, etcd_ca, etcd_cert, etcd_key):
-    """Record SERIAL (or every certificate of --node) under /llmgw/revoked/; the server refuses it."""
+@connection_options
+def revoke(serial: str | None, node: str | None, directory: str, conn: Connection) -> None:
+    """Revoke SERIAL (or every certificate of --node) through the server, as an admin.
+
+    The server records it under /llmgw/revoked/ and refuses the certificate from then on;
+    nothing in the API takes a revocation back.
+    """
     if bool(serial) == bool(node):
         raise click.UsageError("give either SERIAL or --node NAME")
     authority = _ca(directory)
     try:
-        serials = authority.serials_of_node(node) if node else [normalize_serial(serial)]
+        serials = authority.serials_of_node(node) if node else [normalize_serial(serial or "")]
     except CAError as err:
         _fail(err)
 
-    async def record():
-        from llmgw.store import Store, StoreError
-        try:
-            async with Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key) as store:
-                for s in serials:
-                    entry = authority.find(s)
-                    info = {"revokedAt": datetime.now(timezone.utc).isoformat()}
-                    if entry:
-                        info.update(role=entry.role, name=entry.name)
-                    await store.revoke(s, info)
-        except (StoreError, OSError) as err:
-            _fail(f"cannot record the revocation in etcd at {etcd}: {err}")
+    async def record() -> None:
+        async with conn.client() as c:
+            for s in serials:
+                entry = authority.find(s)
+                await c.revoke(s, role=entry.role if entry else None, name=entry.name if entry else None)
 
-    asyncio.run(record())
+    run(record())
     if authority.index_path.exists():
         authority.mark_revoked(serials)
     for s in serials:
@@ -178,11 +176,9 @@ def list_(directory):
     if not authority.exists():
         _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
     now = datetime.now(timezone.utc)
-    rows = [("SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE")]
+    rows = []
     etcd_index = authority.etcd().index() if (authority.dir / "etcd").exists() else []
     for e in authority.index() + etcd_index:
         state = "revoked" if e.revoked else ("expired" if datetime.fromisoformat(e.not_after) < now else "valid")
-        rows.append((e.serial, e.role, e.name, e.not_after[:19], state))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+        rows.append([e.serial, e.role, e.name, e.not_after[:19], state])
+    print_table(["SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE"], rows)

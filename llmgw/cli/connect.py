@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from llmgw.cli import errors as ec
 from llmgw.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from llmgw.client import Client, ClientConfig
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -20,7 +26,7 @@ class Connection:
     cert: str | None = None
     key: str | None = None
 
-    def client_config(self):
+    def client_config(self) -> ClientConfig:
         """The config file's settings with any --server/--ca/--cert/--key on top.
 
         With --server, --ca, --cert and --key all given, no file is read.
@@ -35,7 +41,7 @@ class Connection:
             setattr(cfg, k, v)
         return cfg
 
-    def client(self):
+    def client(self) -> Client:
         from llmgw.client import Client
 
         return Client.from_config(self.client_config())
@@ -66,7 +72,7 @@ def connection_options(f: Callable) -> Callable:
 
 def explain(err: BaseException) -> CliError | None:
     """The one-line message and exit code for an error from the client, a manifest or a config."""
-    from llmgw.api import ManifestError
+    from llmgw.api.manifests import ManifestError
     from llmgw.api.selectors import SelectorError
     from llmgw.client import (
         AlreadyExists,
@@ -113,7 +119,7 @@ def _prefixed(word: str, err: BaseException) -> str:
     return text if text.lower().startswith(word) else f"{word}: {text}"
 
 
-def run(coro: Awaitable[Any]) -> Any:
+def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a verb's coroutine; known errors become CliError (one line, exit code by kind)."""
     try:
         return asyncio.run(coro)

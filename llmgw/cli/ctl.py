@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # the API types load only when a command runs
+    from llmgw.api import Engine, LaunchMode
 
 ENGINES = ("vllm", "sglang", "llamacpp", "sim")
 STYLE = {"found": "green", "missing": "bold red", "skipped": "yellow"}
@@ -27,7 +31,7 @@ def ctl() -> None:
 @click.option("--help-file", type=click.File("r"), help="Check against the help text in this file.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Seconds each program gets to print its help.")
-def engine_check(engine: str, launch_mode: str | None, executable: str | None, help_output: str | None,
+def engine_check(engine: Engine, launch_mode: LaunchMode | None, executable: str | None, help_output: str | None,
                  help_file, timeout: float) -> None:
     """Check every flag llmgw passes to ENGINE's programs against their own --help.
 

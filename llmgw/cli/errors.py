@@ -1,7 +1,7 @@
 """Exit codes of the kubectl-like verbs and the one-line error every failure becomes."""
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import IO, Any
 
 import click
 
@@ -29,11 +29,13 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, code: int = ERROR):
         super().__init__(message)
-        self.exit_code = code
+        self.code = code
 
-    def show(self, file=None) -> None:
+    # click declares exit_code a class variable (one code per exception class); ours is per
+    # error, and click's main() reads it from the instance.
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return self.code
+
+    def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
-
-
-def fail(message: str, code: int = ERROR) -> NoReturn:
-    raise CliError(message, code)

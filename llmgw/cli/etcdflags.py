@@ -1,4 +1,4 @@
-"""The etcd TLS options of every command that talks to etcd (server, controller-manager, ca revoke)."""
+"""The etcd TLS options of every command that talks to etcd (server, controller-manager)."""
 from __future__ import annotations
 
 import logging

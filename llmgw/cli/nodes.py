@@ -1,17 +1,23 @@
 """`llmgw cordon`, `uncordon` and `drain`: change a Node's spec; `drain --wait` follows status.drain."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from llmgw.api import Node
+from llmgw.api.kinds import all_of_kind, of_kind
+from llmgw.api.types import Node
 from llmgw.cli import errors as ec
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 
+if TYPE_CHECKING:
+    from llmgw.client import Client
+
 _TRIES = 5
 
 
-async def set_node_spec(c, name: str, **changes) -> tuple[Node, Node | None]:
+async def set_node_spec(c: Client, name: str, **changes: bool) -> tuple[Node, Node | None]:
     """Read-modify-write of spec fields; retried on a conflict (the fields are ours to set).
 
     Returns (node before, node after) with after None when nothing needed changing.
@@ -19,13 +25,13 @@ async def set_node_spec(c, name: str, **changes) -> tuple[Node, Node | None]:
     from llmgw.client import AlreadyExists, Conflict
 
     for attempt in range(_TRIES):
-        node = await c.get("nodes", name)
+        node = of_kind(Node, await c.get("nodes", name))
         if all(getattr(node.spec, k) == v for k, v in changes.items()):
             return node, None
         new = node.model_copy(deep=True)
         new.spec = node.spec.model_copy(update=changes)
         try:
-            return node, await c.update(new)
+            return node, of_kind(Node, await c.update(new))
         except Conflict as err:
             if isinstance(err, AlreadyExists) or attempt == _TRIES - 1:
                 raise
@@ -86,7 +92,7 @@ def _verdict(node: Node, name: str) -> bool:
     return False
 
 
-async def wait_drained(c, name: str, node: Node, rev: int, judge_first: bool) -> None:
+async def wait_drained(c: Client, name: str, node: Node, rev: int, judge_first: bool) -> None:
     """Print progress until status.drain says Drained (return) or Stuck (CliError).
 
     `judge_first`: whether `node` (the state at `rev`) may already end the wait. It may not
@@ -110,18 +116,19 @@ async def wait_drained(c, name: str, node: Node, rev: int, judge_first: bool) ->
                 rev = max(rev, ev.revision)
                 if ev.object.name != name:
                     continue
+                node = of_kind(Node, ev.object)
                 if ev.type == "DELETED":
                     raise CliError(f"node {name} was deleted while draining", ec.ERROR)
-                line = progress(ev.object)
+                line = progress(node)
                 if line != last:
                     click.echo(line)
                     last = line
-                if _verdict(ev.object, name):
+                if _verdict(node, name):
                     click.echo(f"node/{name} drained")
                     return
         except Expired:  # our revision was compacted: judge the current state, watch from there
             items, rev = await c.list("nodes")
-            current = next((n for n in items if n.name == name), None)
+            current = next((n for n in all_of_kind(Node, items) if n.name == name), None)
             if current is None:
                 raise CliError(f"node {name} was deleted while draining", ec.ERROR) from None
             if _verdict(current, name):
@@ -142,7 +149,7 @@ async def _drain(conn: Connection, name: str, wait: bool) -> None:
             await wait_drained(c, name, after, after.metadata.resourceVersion or 0, judge_first=False)
         else:
             items, rev = await c.list("nodes")
-            current = next((n for n in items if n.name == name), before)
+            current = next((n for n in all_of_kind(Node, items) if n.name == name), before)
             await wait_drained(c, name, current, rev, judge_first=True)
 
 

@@ -6,7 +6,8 @@ from importlib import metadata
 import click
 
 from llmgw.cli.apply import apply, delete, diff  # noqa: F401
-from llmgw.cli.get import describe, get  # noqa: F401
+from llmgw.cli.describe import describe  # noqa: F401
+from llmgw.cli.get import get  # noqa: F401
 from llmgw.cli.nodes import cordon, drain, uncordon  # noqa: F401
 
 

@@ -205,6 +205,11 @@ class Client:
         body = {"kind": _kind(kind), "name": name, "type": type, "reason": reason, "message": message}
         return await self.request("POST", f"{BASE}/events", body=body)
 
+    async def revoke(self, serial: str, role: str | None = None, name: str | None = None) -> dict:
+        """Revoke a certificate by its serial (admins only); `role` and `name` are recorded beside it."""
+        body = {"serial": serial, **({"role": role} if role else {}), **({"name": name} if name else {})}
+        return await self.request("POST", f"{BASE}/revocations", body=body)
+
     # --------------------------------------------------------------- watch
     async def watch(self, kind: str, resource_version: int | None = None, node: str | None = None,
                     selector: str | None = None) -> AsyncIterator[WatchEvent]:

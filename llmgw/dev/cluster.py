@@ -159,7 +159,7 @@ class LocalCluster:
             "server": self.server_url, "gateway": self.gateway_url,
             "etcd": self.etcd.endpoints if self.etcd else [],
             "pids": {name: p.pid for name, p in self.procs.items()},
-            "etcd_pids": [m.proc.pid for m in self.etcd.members] if self.etcd else [],
+            "etcd_pids": [m.proc.pid for m in self.etcd.members if m.proc] if self.etcd else [],
             "slot": self.slot.index if self.slot else None,
         }
         (self.dir / "cluster.json").write_text(json.dumps(state, indent=1))
@@ -171,6 +171,7 @@ class LocalCluster:
     def etcd_flags(self, name: str) -> list[str]:
         """--etcd and its TLS flags, with the etcd client certificate issued to `name`."""
         cert, key = self.etcd_certs[name]
+        assert self.etcd is not None  # start made it
         return ["--etcd", ",".join(self.etcd.endpoints), "--etcd-ca", self.etcd_ca, "--etcd-cert", cert,
                 "--etcd-key", key]
 
@@ -196,6 +197,7 @@ class LocalCluster:
     def start_agent(self, n: NodePlan) -> None:
         smi, sysfs = self._fake_hardware(n)
         cert, key = self.certs[n.name]
+        assert self.slot is not None  # start took it
         argv = [*self.llmgw, "agent", "--node", n.name, "--server", self.server_url,
                 "--ca", self.ca_cert, "--cert", cert, "--key", key,
                 "--nvidia-smi", str(smi), "--ib-root", str(sysfs),
@@ -212,6 +214,7 @@ class LocalCluster:
 
     def address(self, n: NodePlan) -> str:
         """The node's own address, or the one the slot gives its place in the cluster."""
+        assert self.slot is not None  # start took it
         return n.address or self.slot.address(next(i for i, p in enumerate(self.nodes) if p.name == n.name))
 
     def node_pids(self, node: str) -> list[int]:
@@ -239,6 +242,7 @@ class LocalCluster:
 
     def _write_etcd_access(self) -> None:
         """etcd/endpoint, and etcd/etcdctl.env: `. etcdctl.env; etcdctl get --prefix /llmgw/` as the admin."""
+        assert self.etcd is not None  # start made it
         (self.dir / "etcd" / "endpoint").write_text(self.etcd.endpoint + "\n")
         cert, key = self.etcd_certs["dev-admin"]
         (self.dir / "etcd" / "etcdctl.env").write_text(

@@ -121,9 +121,12 @@ class EtcdCluster:
         log.close()
 
     def _wait_ready(self, m: Member, timeout: float) -> None:
+        proc = m.proc
+        assert proc is not None  # started
+
         def alive() -> None:
-            if m.proc.poll() is not None:
-                raise RuntimeError(f"etcd {m.name} exited with {m.proc.returncode}; see {m.log_path}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"etcd {m.name} exited with {proc.returncode}; see {m.log_path}")
         wait_http(f"{m.endpoint}/health", alive, f"etcd {m.name} (log: {m.log_path})", timeout,
                   ready=lambda body: b'"true"' in body, context=self.tls.client_context() if self.tls else None)
 

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import Engine, LaunchMode, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import render
 from llmgw.engines.base import Command, NodeFacts
 from llmgw.engines.helptext import documented_flags, is_documented, used_flags
@@ -62,7 +62,7 @@ class Program:
 
 # --------------------------------------------------------------- widest shards
 
-def widest_shards(engine: str, launch_mode: str | None = None) -> list[tuple[Shard, NodeFacts]]:
+def widest_shards(engine: Engine, launch_mode: LaunchMode | None = None) -> list[tuple[Shard, NodeFacts]]:
     """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (llama.cpp: 1)."""
     world = 1 if engine == "llamacpp" else 2
     out = []
@@ -111,7 +111,7 @@ def program_of(command: Command) -> Program:
     raise ValueError(f"engine-check does not know the program of command {command.name!r}")
 
 
-def programs(engine: str, launch_mode: str | None, executables: dict[str, str]) -> list[Program]:
+def programs(engine: Engine, launch_mode: LaunchMode | None, executables: dict[str, str]) -> list[Program]:
     """The programs of every rank's commands, with the union of their flags, in first-seen order."""
     merged: dict[str, Program] = {}
     for shard, node in widest_shards(engine, launch_mode):
@@ -172,7 +172,7 @@ def _run_help(argv: list[str], env: dict[str, str], timeout: float) -> Help:
 
 # --------------------------------------------------------------- check
 
-def check(engine: str, launch_mode: str | None = None, executable: str | None = None,
+def check(engine: Engine, launch_mode: LaunchMode | None = None, executable: str | None = None,
           help_text: str | None = None, timeout: float = HELP_TIMEOUT) -> Report:
     """Check every flag of the widest render; `help_text` stands in for the engine's main program's help."""
     report = Report()

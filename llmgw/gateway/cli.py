@@ -93,7 +93,7 @@ async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None
         await gw.start(host, port)
     except OSError as err:  # EADDRINUSE, EACCES, an unknown host name (gaierror: errno < 0)
         # uvloop's strerror repeats the address in its own words; the errno's text does not.
-        why = os.strerror(err.errno) if (err.errno or 0) > 0 else err.strerror or str(err)
+        why = os.strerror(err.errno) if err.errno is not None and err.errno > 0 else err.strerror or str(err)
         raise click.ClickException(f"cannot listen on {host}:{port} (--listen): {why}") from None
     log.info("gateway listening on %s:%d", host, port)
     if not static:

@@ -36,7 +36,7 @@ class Metrics:
             "llmgw_gateway_retries", "Requests retried on another replica, by model",
             ["model"], registry=r)
         r.register(_Inflight(inflight))
-        self._retry_children: dict[str, object] = {}
+        self._retry_children: dict[str, Counter] = {}
 
     def observe(self, model: str, code: int, seconds: float) -> None:
         key = (model, code)

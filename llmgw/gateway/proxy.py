@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 from urllib.parse import unquote
 
+from llmgw.api import RoutingSpec
 from llmgw.api.limits import parse_json
 from llmgw.gateway import errors, prefix
 from llmgw.gateway.apikeys import ApiKeys
@@ -164,7 +166,7 @@ class Gateway:
         except BodyError as err:  # cut short, or its chunks malformed
             return errors.bad_request(str(err)), "-"
         parsed = self._parse(raw)
-        if parsed.__class__ is Response:
+        if type(parsed) is Response:  # final: no subclass to miss
             return parsed, "-"
         body, name = parsed
         model = self.table.resolve(name)
@@ -202,6 +204,7 @@ class Gateway:
         fields = _fields(request)
         tried: list[str] = []
         last = "no replica"
+        b: Backend | None
         if failed is not None:
             b, reason = failed
             last = self._failed(model, b, reason, retrying=True)
@@ -236,7 +239,7 @@ class Gateway:
             header = request.header(prefix.SESSION_HEADER)
             make = prefix.key_hash if routing.policy == "prefix-hash" else prefix.key_blocks
             body.key = (routing, make(body.doc, header, routing.prefixBytes))
-        key = body.key[1]
+        key: Any = body.key[1]  # its type is the policy's (_Body.key), which mypy cannot follow
         if routing.policy == "prefix-hash":
             return self.balancer.pick_hashed(model, backends, key, routing.loadBound, exclude)
         return self.balancer.pick_scored(model, backends, key, routing, exclude)
@@ -324,7 +327,7 @@ class Gateway:
         if raw is None:
             return False
         parsed = self._parse(raw)
-        if parsed.__class__ is Response:
+        if type(parsed) is Response:  # final: no subclass to miss
             return False
         body, name = parsed
         model = self.table.resolve(name)
@@ -391,29 +394,31 @@ class _Exchange:
         try:
             _send(conn, request, b, body.for_backend(b, name), _fields(request))
         except UpstreamError:  # closed since it was idle: a new connection, in a task
-            self._let_go()
+            self._let_go(conn)
             self.conn = None
             self._hand_over()
 
     def _progress(self) -> None:
         conn = self.conn
+        assert conn is not None  # it listens to one
         if conn.failed is not None:
             return self._hand_over()
-        if self._head is None:
+        head = self._head
+        if head is None:
             if not conn.status:
                 return  # no headers yet
             headers, length, sse = _response_head(conn, self.backend)
             if conn.status == 503 or not _buffered(length, sse):
                 return self._hand_over()
-            self._head = headers
+            self._head = head = headers
             conn.read_whole()
         if conn.complete:
-            self._done()
+            self._done(conn, head)
 
-    def _done(self) -> None:
+    def _done(self, conn: Conn, head: bytes) -> None:
         self.request.on_lost = None
-        resp = Response(self.conn.status, self._head, self.conn.body())
-        self._let_go()
+        resp = Response(conn.status, head, conn.body())
+        self._let_go(conn)
         self.gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
         self.request.answer(resp)
 
@@ -424,14 +429,16 @@ class _Exchange:
         self.request.resume(self.gw._proxy(self.request, self))
 
     def _client_left(self) -> None:
-        self.conn.close()  # the engine stops generating
-        self._let_go()
+        conn = self.conn
+        assert conn is not None  # on_lost is set only with one
+        conn.close()  # the engine stops generating
+        self._let_go(conn)
         self.gw.metrics.observe(self.model, 499, time.perf_counter() - self.start)
 
-    def _let_go(self) -> None:
+    def _let_go(self, conn: Conn) -> None:
         """Done with the connection (back to the pool iff reusable) and with the replica."""
-        self.conn.listener = None
-        self.gw.pool.release(self.conn)
+        conn.listener = None
+        self.gw.pool.release(conn)
         self.gw.balancer.release(self.backend)
 
 
@@ -476,7 +483,9 @@ class _Body:
 
     def __init__(self, raw: bytes, doc: dict):
         self.raw, self.doc = raw, doc
-        self.key = None  # (routing, key) of a cache-aware policy, once made
+        # (routing, key) of a cache-aware policy, once made; the key's type is the policy's:
+        # an int for prefix-hash, a list[int] of block hashes for prefix-score
+        self.key: tuple[RoutingSpec, int | list[int]] | None = None
 
     def for_backend(self, b: Backend, name: str) -> bytes:
         other = b.upstream_name(name)

@@ -10,12 +10,14 @@ import json
 import time
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import final
 
 JSON = b"Content-Type: application/json\r\n"
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
+@final
 class Response:
     """Status, header lines (b"Name: value\\r\\n" each; no Content-Length) and body."""
 
@@ -45,12 +47,14 @@ def write_message(transport, head: bytes, body: bytes) -> None:
         transport.write(body)
 
 
-_date = [0, b""]
+_date_second = 0
+_date_line = b""
 
 
 def date_line() -> bytes:
     """The Date header line, formatted once a second."""
+    global _date_second, _date_line
     now = int(time.time())
-    if now != _date[0]:
-        _date[0], _date[1] = now, b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
-    return _date[1]
+    if now != _date_second:
+        _date_second, _date_line = now, b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+    return _date_line

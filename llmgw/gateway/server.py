@@ -52,7 +52,9 @@ import collections
 import logging
 import socket
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import httptools
 
@@ -130,7 +132,8 @@ class Request:
         self.too_large = False
         self.failed: BodyError | None = None  # the body will not come whole: why
         self.canned: Response | None = None  # the answer to input that could not be parsed
-        self.on_lost = None  # begin's cleanup, called if the client leaves before the answer
+        # begin's cleanup, called if the client leaves before the answer
+        self.on_lost: Callable[[], None] | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
@@ -165,7 +168,9 @@ class Request:
             raise TooLarge()
         if self.failed is not None:
             raise self.failed
-        return self.body_at_hand()
+        body = self.body_at_hand()
+        assert body is not None  # complete, and within the limit
+        return body
 
     def body_at_hand(self) -> bytes | None:
         """The whole body if it has been received (and is within the limit), else None."""
@@ -178,7 +183,7 @@ class Request:
         """Send the answer to a request `begin` took, now."""
         self._conn.answered_now(self, resp)
 
-    def resume(self, coro) -> None:
+    def resume(self, coro: Answering) -> None:
         """Answer a request `begin` took with what `coro` returns, in a task."""
         self._conn.resume(coro)
 
@@ -235,17 +240,21 @@ class Stream:
         self._conn.transport.close()
 
 
+Answering = Coroutine[Any, Any, Response | Stream]  # what resume takes: a handler's answer, to come
+
+
 class HttpConn(asyncio.Protocol):
     """One client connection."""
 
+    transport: asyncio.Transport  # set by connection_made, the first event
+
     def __init__(self, server: "HttpServer"):
         self.server = server
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[Request] = collections.deque()  # parsed; the first is being answered
         self.task: asyncio.Task | None = None  # answers the head of the queue
         self.begun: Request | None = None  # the head of the queue, taken by the server's begin
-        self._resume = None  # the coroutine the next task answers with, in place of the handler
+        self._resume: Answering | None = None  # the coroutine the next task answers with, in place of the handler
         self.closing = False  # close after the answer in progress
         self.no_more = False  # no request will follow those queued (the client's EOF, bad input): close after them
         self.lost = False
@@ -406,6 +415,7 @@ class HttpConn(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         req = self._cur
+        assert req is not None  # between on_headers_complete and on_message_complete
         if req.too_large:
             return
         req._size += len(body)
@@ -418,6 +428,7 @@ class HttpConn(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         req = self._cur
+        assert req is not None  # after on_headers_complete
         self._cur = None
         self._phase = _NOTHING
         req.complete = True
@@ -442,6 +453,7 @@ class HttpConn(asyncio.Protocol):
         """The body being received will not come whole: its request is answered (the handler
         gets `why` from body()), then the connection closes."""
         cur = self._cur
+        assert cur is not None  # in a body
         cur.failed = why
         self._stop_reading()
         cur._wake()
@@ -471,6 +483,7 @@ class HttpConn(asyncio.Protocol):
             return self._since + limits.keepalive
         if phase == _BODY:
             cur = self._cur
+            assert cur is not None  # in a body
             if cur._continue and not cur._size:
                 return None  # not the client's delay: it waits for our "100 Continue"
             return self._since + limits.body_timeout + cur._size * self.server.per_byte
@@ -539,8 +552,9 @@ class HttpConn(asyncio.Protocol):
             self._send(req, resp)
         self._answered()
 
-    def resume(self, coro) -> None:
+    def resume(self, coro: Answering) -> None:
         req, self.begun = self.begun, None
+        assert req is not None  # begin took it
         self._resume = coro
         self.task = asyncio.get_running_loop().create_task(self._serve(req))
 
@@ -576,6 +590,7 @@ class HttpConn(asyncio.Protocol):
                     if not stream.ended:  # the handler failed part-way through its answer
                         stream.abort()
                 elif not self.transport.is_closing():
+                    assert isinstance(resp, Response)  # a Stream sets self.stream
                     self._send(req, resp)
         finally:
             self.task = None
@@ -639,7 +654,7 @@ class HttpServer:
         self.conns: set[HttpConn] = set()
         self.per_addr: dict[str, int] = {}  # open connections by client address (with a cap)
         self.closing = False
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> None:
         loop = asyncio.get_running_loop()
@@ -648,11 +663,13 @@ class HttpServer:
 
     @property
     def port(self) -> int:
+        assert self._server is not None  # started
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self, grace: float = 60.0) -> None:
         """Stop accepting; idle connections close now, busy ones after their answer (at most `grace` s)."""
         self.closing = True
+        assert self._server is not None  # started
         self._server.close()
         for conn in list(self.conns):
             conn.shutdown()

@@ -92,6 +92,7 @@ class RoutingTable:
         self._replica_names.add(name)
         if not routable(r):
             return self._drop_backend(name)
+        assert r.status.endpoint  # routable: it has one
         b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames))
         if self.backends.get(name) == b:
             return False

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 
 import httptools
 
@@ -45,10 +46,11 @@ class UpstreamError(Exception):
 class Conn(asyncio.Protocol):
     """One keep-alive connection to an engine; one request at a time."""
 
+    transport: asyncio.Transport  # set by connection_made, before create_connection returns the Conn
+
     def __init__(self, pool: "Pool", key: str):
         self.pool = pool
         self.key = key
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False  # the connection is gone (or going): never reuse
         self.idle_since = 0.0
@@ -64,7 +66,8 @@ class Conn(asyncio.Protocol):
         self._whole = False  # read_all is waiting: never pause
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future | None = None
-        self.listener = None  # called after each piece of input and on a failure, for a caller without a task
+        # called after each piece of input and on a failure, for a caller without a task
+        self.listener: Callable[[], None] | None = None
         self._busy = False
 
     # ------------------------------------------------------------ protocol
@@ -197,8 +200,7 @@ class Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     # ------------------------------------------------------------ internals
 

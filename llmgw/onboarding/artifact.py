@@ -59,7 +59,9 @@ def inspect(path: str | Path) -> Artifact:
     if info.get("entry_point") != ENTRY_POINT:
         raise ArtifactError(f"{p} is a PEX of {info.get('entry_point') or info.get('script')!r}, "
                             f"not of llmgw ({ENTRY_POINT}); {hint}")
-    version, machines, pythons = None, set(), set()
+    version: str | None = None
+    machines: set[str] = set()
+    pythons: set[str] = set()
     for wheel in info.get("distributions", {}):
         m = _WHEEL.match(wheel)
         if not m:

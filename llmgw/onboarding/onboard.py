@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
-from llmgw.api import check_dns1123_label
+from llmgw.api.fabrics import FabricError, FabricSpec
+from llmgw.api.meta import check_dns1123_label
 from llmgw.onboarding.artifact import ArtifactError, inspect
 from llmgw.onboarding.identity import IdentityError, node_identity
 from llmgw.onboarding.remote_install import (
@@ -37,7 +38,6 @@ def _check_inputs(node: str, server: str, fabrics: tuple[str, ...]) -> None:
     url = urlsplit(server)
     if url.scheme != "https" or not url.hostname:
         raise OnboardError(f"--server {server!r}: give the server's URL, e.g. https://10.0.0.1:7443")
-    from llmgw.agent.fabrics import FabricError, FabricSpec
     for spec in fabrics:
         try:
             FabricSpec.parse(spec)
@@ -136,7 +136,8 @@ def wait_for_node(opts: dict, sm, echo=click.echo) -> None:
             "    the server's log says why, naming which certificate CN claimed which node",
             *(["last lines of the agent's log:", *("    " + line for line in tail.splitlines())] if tail else []),
         ])) from None
-    from llmgw.cli.tables import format_table, node_table
+    from llmgw.printers.columns import node_table
+    from llmgw.printers.table import format_table
     echo(format_table(*node_table([node], [], wide=True)))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from llmgw.api import check_dns1123_label
+from llmgw.api.meta import check_dns1123_label
 from llmgw.onboarding.artifact import ArtifactError, inspect
 from llmgw.onboarding.proxmox import Proxmox, ProxmoxError, VmSpec, check_vmid_command, plan
 from llmgw.onboarding.remote_install import Layout, RemoteHost

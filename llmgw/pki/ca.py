@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -163,6 +164,9 @@ class CertificateAuthority:
             raise CAError(f"no CA in {self.dir}: run `llmgw ca init --dir {self.dir}` first")
         cert = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
         key = serialization.load_pem_private_key(self.key_path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):  # what init writes; some key types cannot sign
+            raise CAError(f"{self.key_path} holds a {type(key).__name__}, not the EC private key of a CA "
+                          "made by `llmgw ca init`")
         return cert, key
 
     # ------------------------------------------------------------ index
@@ -175,7 +179,7 @@ class CertificateAuthority:
         _write_public(self.index_path, json.dumps([asdict(e) for e in entries], indent=1).encode())
 
     # ------------------------------------------------------------ issue
-    def issue(self, role: str, name: str, sans: list[str] = (), days: int = DEFAULT_DAYS,
+    def issue(self, role: str, name: str, sans: Sequence[str] = (), days: int = DEFAULT_DAYS,
               not_before: datetime | None = None) -> Issued:
         """Issue a certificate for `role` (node, admin, component, server; etcd-member and
         etcd-client from the etcd CA) named `name`."""

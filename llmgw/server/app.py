@@ -15,7 +15,7 @@ from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.selectors import Selector
-from llmgw.pki import Identity, identity_from_der
+from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
@@ -45,7 +45,7 @@ def _node_of(obj: Object) -> str | None:
     return obj.spec.node if obj.kind_plural == "shards" else None
 
 
-_STORE_ERRORS = [
+_STORE_ERRORS: list[tuple[type[Exception], int, str]] = [
     (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
     (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"),
     (StoreUnavailable, 503, "ServiceUnavailable"),
@@ -71,6 +71,7 @@ class ApiServer:
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
         r.add_get(f"{API}/events", self.list_events)
         r.add_post(f"{API}/events", self.record_event)
+        r.add_post(f"{API}/revocations", self.revoke)
         r.add_get(f"{API}/{{kind}}", self.list_or_watch)
         r.add_post(f"{API}/{{kind}}", self.create)
         r.add_get(f"{API}/{{kind}}/{{name}}", self.get)
@@ -203,14 +204,14 @@ class ApiServer:
             Selector.parse(selector)  # 400 on a bad selector before anything else
         if q.get("watch") in ("1", "true"):
             await self._check(request, Action("watch", kind, node=node))
-            rv = q.get("resourceVersion")
+            asked = q.get("resourceVersion", "")
             try:
-                rv = int(rv) if rv else 0
+                rv = int(asked) if asked else 0
             except ValueError:
                 rv = -1
             if not 0 <= rv <= INT64[1]:
                 raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), "
-                           f"got {q.get('resourceVersion')[:40]!r}")
+                           f"got {asked[:40]!r}")
             return await self._watch(request, kind, node, selector, rv)
         await self._check(request, Action("list", kind, node=node))
         items, rev = await self.store.list(kind, selector=selector, node=node)
@@ -264,8 +265,10 @@ class ApiServer:
     async def patch_status(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         patch = await self._body(request)
+        status_type = KINDS[kind].model_fields["status"].annotation
+        assert status_type is not None  # every kind declares its status
         try:  # every status field has a default, so the patch alone says whether its fields are well typed
-            KINDS[kind].model_fields["status"].annotation.model_validate(patch)
+            status_type.model_validate(patch)
         except ValidationError as err:
             raise InvalidObject([f"status.{line}" for line in describe_validation_error(err)]) from None
         current = await self._existing_for_status(request, kind, name,
@@ -316,6 +319,27 @@ class ApiServer:
         await self.store.record_event(kind, name, type_, reason, message)
         return _json({"recorded": True}, 201)
 
+    async def revoke(self, request: web.Request) -> web.Response:
+        """Add a serial to the revoked ones (admins only); nothing in the API takes one off the list."""
+        body = await self._body(request)
+        try:
+            serial = normalize_serial(str(body["serial"]))
+        except KeyError:
+            raise Fail(400, "BadRequest", "field 'serial' is required") from None
+        except CAError as err:
+            raise Fail(400, "BadRequest", f"serial: {err}") from None
+        await self._check(request, Action("revoke", "revocations", serial))
+        info = {"revokedAt": datetime.now(timezone.utc).isoformat(), "revokedBy": request["identity"].name}
+        for field in ("role", "name"):   # what the CA's index says the certificate was, when it knows
+            value = body.get(field)
+            if value is not None:
+                if not isinstance(value, str) or len(value) > 253:
+                    raise Fail(400, "BadRequest", f"{field} must be a string of at most 253 characters")
+                info[field] = value
+        await self.store.revoke(serial, info)
+        log.info("certificate serial=%s revoked by %s", serial, request["identity"])
+        return _json({"serial": serial, **info}, 201)
+
     # ------------------------------------------------------------ watch
     async def _watch(self, request: web.Request, kind: str, node: str | None, selector: str | None,
                      rv: int) -> web.StreamResponse:
@@ -352,6 +376,7 @@ class ApiServer:
         try:
             await resp.prepare(request)
             if watcher is None:
+                assert expired is not None  # the only reason there is no watcher
                 await resp.write(error_line(410, "Expired", expired))
                 return resp
             if initial:
@@ -361,8 +386,9 @@ class ApiServer:
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
-            if watcher is not None:
+            if unbind is not None:
                 unbind()
+            if watcher is not None:
                 watcher.close()
         return resp
 
@@ -400,7 +426,7 @@ async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[s
             current = await store.get(obj.kind_plural, obj.name, node=node)
         except NotFound:
             fresh = obj.model_copy(deep=True)
-            fresh.status = type(obj).model_fields["status"].default_factory()
+            fresh.status = type(obj).model_fields["status"].get_default(call_default_factory=True)
             try:
                 return "created", await store.create(fresh)
             except AlreadyExists:

@@ -1,8 +1,8 @@
 """Authorization by client certificate (issue 3, part 3; node rights: docs/contracts.md, "Node rights").
 
 Rules, by the certificate's organisation:
-  admins           (O=llmgw:admins)      everything
-  controller-manager (O=llmgw:components) everything
+  admins           (O=llmgw:admins)      everything, and they alone revoke certificates
+  controller-manager (O=llmgw:components) everything but revoking
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes
   node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
                                          status fields only; write the agent's status fields of
@@ -90,6 +90,9 @@ class Authorizer:
     async def _check(self, who: Identity, act: Action) -> None:
         if who.role == "admin":
             return
+        if act.kind == "revocations":
+            raise Denied("revoke-admin", f"only an admin (O=llmgw:admins) may revoke a certificate; {who} "
+                         "may not", log_line=f"refused: certificate {who} tried to revoke serial {act.name}")
         if who.role == "component":
             return self._component(who, act)
         if who.role == "node":
@@ -111,7 +114,7 @@ class Authorizer:
     async def _node(self, who: Identity, act: Action) -> None:
         me = who.name
 
-        def claims(other: str, rule: str, what: str) -> Denied:
+        def claims(other: str | None, rule: str, what: str) -> Denied:
             return Denied(rule, f"certificate CN={me} may {what} only as node {me}, not {other}",
                           log_line=f"refused: certificate CN={me} claims node {other}")
 

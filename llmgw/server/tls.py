@@ -71,21 +71,22 @@ class _Acceptor(asyncio.Protocol):
     def __init__(self, handler_factory, ctx: ssl.SSLContext, timeout: float):
         self._factory, self._ctx, self._timeout = handler_factory, ctx, timeout
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         waiter = loop.create_future()
+        # typeshed has ssl_handshake_timeout an int; asyncio takes seconds, a float (as create_server does)
         tls = _AlertingSSLProtocol(loop, self._factory(), self._ctx, waiter, server_side=True,
-                          call_connection_made=True, ssl_handshake_timeout=self._timeout)
+                          call_connection_made=True, ssl_handshake_timeout=self._timeout)  # type: ignore[arg-type]
         transport.set_protocol(tls)
         tls.connection_made(transport)
         waiter.add_done_callback(lambda fut: _log_failure(fut, peer))
 
 
 def _log_failure(fut: asyncio.Future, peer) -> None:
-    if fut.cancelled() or fut.exception() is None:
+    err = None if fut.cancelled() else fut.exception()
+    if err is None:
         return
-    err = fut.exception()
     who = f"{peer[0]}:{peer[1]}" if peer else "?"
     if isinstance(err, (ConnectionResetError, BrokenPipeError)) or err is ConnectionResetError:
         log.info("TLS handshake from %s: closed by the client (does it trust this server's certificate?)", who)

@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from aiohttp import web
 
@@ -239,7 +239,7 @@ class SimApi:
             self.running -= 1
             self.held_tokens -= held
 
-    def _ticks(self, seq: Seq) -> AsyncIterator[int]:
+    def _ticks(self, seq: Seq) -> AsyncGenerator[int, None]:
         """The indices of a request's tokens, each when it is due."""
         if self.scheduler is not None:
             return self.scheduler.generate(seq)

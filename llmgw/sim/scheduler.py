@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from llmgw.sim.kvcache import PrefixCache
 
@@ -50,7 +50,7 @@ class Scheduler:
         """Tokens held by the running requests (what their KV cache takes)."""
         return sum(s.context for s in self.running)
 
-    async def generate(self, seq: Seq) -> AsyncIterator[int]:
+    async def generate(self, seq: Seq) -> AsyncGenerator[int, None]:
         """Yields 0..seq.n-1, each when the step that makes that token ends."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop().create_task(self._run())

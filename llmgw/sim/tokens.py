@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
          "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
@@ -63,7 +63,7 @@ class Pacer:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def ticks(self, n: int) -> AsyncIterator[int]:
+    async def ticks(self, n: int) -> AsyncGenerator[int, None]:
         """Yields 0..n-1, each when its token is due (on an absolute schedule: no drift)."""
         loop = asyncio.get_running_loop()
         start = loop.time()

@@ -93,6 +93,7 @@ def _run(path: str, fields: list[str], timeout: float) -> tuple[int, str]:
         raise _Failed(f"{path} is not executable") from None
     except OSError as err:
         raise _Failed(f"{path} could not be run: {err.strerror or err}") from None
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         out, answered = _read_until_exit(proc, time.monotonic() + timeout)
     finally:
@@ -108,6 +109,7 @@ def _run(path: str, fields: list[str], timeout: float) -> tuple[int, str]:
 def _read_until_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool]:
     """(output, whether the process exited before the deadline)."""
     chunks: list[bytes] = []
+    assert proc.stdout is not None  # stdout=PIPE
     fd = proc.stdout.fileno()
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
@@ -175,8 +177,9 @@ def _parse(path: str, fields: list[str], out: str) -> tuple[list[GPU], str | Non
         index = _int(values["index"])
         if index is None:
             raise _Failed(f"{path} printed line {lineno} without a GPU index: {','.join(row)[:200]!r}")
-        if values.get("driver_version"):
-            drivers.add(values["driver_version"])
+        driver = values.get("driver_version")
+        if driver:
+            drivers.add(driver)
         gpus.append(GPU(
             index=index, uuid=values["uuid"], name=values["name"],
             memoryMiB=_int(values["memory.total"]), computeCap=values.get("compute_cap"),

@@ -1,36 +1,15 @@
-"""Rows of the `get` tables, one function per kind, and their plain-text rendering."""
+"""The columns of each kind's table (`llmgw get`, `-o wide`, `llmgw-onboard-node`'s node row)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 
-from llmgw.api import EVICTING, Model, Node, Object, Replica, Shard, get_condition
+from llmgw.api.kinds import all_of_kind
+from llmgw.api.meta import get_condition
+from llmgw.api.types import EVICTING, AnyObject, Model, Node, Replica, Shard
+from llmgw.printers.table import NONE, human_age
 
-NONE = "<none>"
-
-
-def human_age(created: datetime | None, now: datetime | None = None) -> str:
-    """kubectl's short durations: 45s, 3m20s, 95m, 5h12m, 30h, 3d4h, 120d, 3y."""
-    if created is None:
-        return "<unknown>"
-    now = now or datetime.now(timezone.utc)
-    s = max(0, int((now - created).total_seconds()))
-    m, h, d = s // 60, s // 3600, s // 86400
-    if s < 120:
-        return f"{s}s"
-    if m < 10:
-        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
-    if h < 3:
-        return f"{m}m"
-    if h < 8:
-        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
-    if h < 48:
-        return f"{h}h"
-    if d < 8:
-        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
-    if d < 730:
-        return f"{d}d"
-    return f"{d // 365}y"
+Table = tuple[list[str], list[list[str]]]   # headers, rows
 
 
 def _join(items: Iterable[str]) -> str:
@@ -87,12 +66,13 @@ def replicas_per_node(replicas: Iterable[Replica]) -> dict[str, int]:
     return count
 
 
-def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = False, now=None):
+def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = False,
+               now: datetime | None = None) -> Table:
     headers = ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
     if wide:
         headers += ["ADDRESS", "GPU-MODEL", "AGENT"]
     used, count = gpus_used(replicas), replicas_per_node(replicas)
-    rows = []
+    rows: list[list[str]] = []
     for n in nodes:
         row = [
             n.name, node_status(n),
@@ -114,11 +94,11 @@ def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = 
 
 # -------------------------------------------------------------------- models
 
-def model_table(models: Sequence[Model], wide: bool = False, now=None):
+def model_table(models: Sequence[Model], wide: bool = False, now: datetime | None = None) -> Table:
     headers = ["NAME", "READY", "UP-TO-DATE", "ENGINE", "ALIASES", "AGE"]
     if wide:
         headers += ["SOURCE", "TEMPLATE", "NODE-SELECTOR"]
-    rows = []
+    rows: list[list[str]] = []
     for m in models:
         row = [
             m.name, f"{m.status.readyReplicas}/{m.spec.replicas}", str(m.status.updatedReplicas),
@@ -136,11 +116,11 @@ def model_table(models: Sequence[Model], wide: bool = False, now=None):
 
 # ------------------------------------------------------------------ replicas
 
-def replica_table(replicas: Sequence[Replica], wide: bool = False, now=None):
+def replica_table(replicas: Sequence[Replica], wide: bool = False, now: datetime | None = None) -> Table:
     headers = ["NAME", "MODEL", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "AGE"]
     if wide:
         headers += ["ENGINE", "GPUS", "MESSAGE"]
-    rows = []
+    rows: list[list[str]] = []
     for r in replicas:
         phase = "Terminating" if r.metadata.deletionTimestamp is not None else r.status.phase
         placement = sorted(r.spec.placement, key=lambda p: p.rank)
@@ -165,11 +145,11 @@ def replica_table(replicas: Sequence[Replica], wide: bool = False, now=None):
 
 # -------------------------------------------------------------------- shards
 
-def shard_table(shards: Sequence[Shard], wide: bool = False, now=None):
+def shard_table(shards: Sequence[Shard], wide: bool = False, now: datetime | None = None) -> Table:
     headers = ["NAME", "NODE", "RANK", "PHASE", "GPUS", "PORT", "AGE"]
     if wide:
         headers += ["REPLICA", "ENGINE", "PID", "EXIT"]
-    rows = []
+    rows: list[list[str]] = []
     for s in shards:
         row = [
             s.name, s.spec.node, f"{s.spec.rank}/{s.spec.worldSize}", s.status.phase,
@@ -186,18 +166,16 @@ def shard_table(shards: Sequence[Shard], wide: bool = False, now=None):
     return headers, rows
 
 
-def table(kind: str, objects: Sequence[Object], *, wide: bool = False,
-          replicas: Sequence[Replica] = (), now=None):
+def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
+          replicas: Sequence[Replica] = (), now: datetime | None = None) -> Table:
     """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
     if kind == "nodes":
-        return node_table(objects, replicas, wide, now)  # type: ignore[arg-type]
-    return {"models": model_table, "replicas": replica_table, "shards": shard_table}[kind](
-        objects, wide, now)  # type: ignore[operator]
+        return node_table(all_of_kind(Node, objects), replicas, wide, now)
+    if kind == "models":
+        return model_table(all_of_kind(Model, objects), wide, now)
+    if kind == "replicas":
+        return replica_table(all_of_kind(Replica, objects), wide, now)
+    if kind == "shards":
+        return shard_table(all_of_kind(Shard, objects), wide, now)
+    raise ValueError(f"no table for kind {kind!r}")
 
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], header: bool = True) -> str:
-    """Plain text, columns separated by three spaces, as kubectl prints them."""
-    all_rows = ([list(headers)] if header else []) + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in [list(headers), *rows]) for i in range(len(headers))]
-    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in all_rows]
-    return "\n".join(lines)
