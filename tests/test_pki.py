@@ -94,11 +94,11 @@ async def test_revoke_records_serials_in_etcd(ca_dir, store, etcd):
     # the CLI runs its own event loop: call it from a thread
     out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "n1", "--dir", str(ca_dir.dir), "--etcd", etcd.endpoint)
     assert first in out and second in out
-    revoked = await store.revoked()
+    revoked = await store.revocations.list()
     assert set(revoked) == {first, second}
     assert revoked[first]["name"] == "n1"
     await asyncio.to_thread(llmgw_ca, "revoke", other.upper(), "--dir", str(ca_dir.dir), "--etcd", etcd.endpoint)
-    assert other in await store.revoked()
+    assert other in await store.revocations.list()
     states = [line.split()[-1] for line in llmgw_ca("list", "--dir", str(ca_dir.dir)).splitlines()[1:]]
     assert states == ["revoked", "revoked", "revoked"]
 

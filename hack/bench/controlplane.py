@@ -186,7 +186,7 @@ async def raw_put_rate(store: Store, n: int = 3000, concurrency: int = 64) -> fl
 
     async def one(i: int) -> None:
         async with sem:
-            await store.put_raw(f"/bench/raw/{i}", value)
+            await store.kv.put(f"/bench/raw/{i}", value)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
@@ -307,7 +307,7 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
         # the real `llmgw controller-manager`, in its own process (its own core)
         proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
                                  "--metrics-listen", "127.0.0.1:0", "--log-level", "warning"])
-        while await store.leader("controller-manager") is None:
+        while await store.election.leader("controller-manager") is None:
             await asyncio.sleep(0.1)
     if args.backlog:
         # The model controller's output written beforehand: the run starts with

@@ -159,7 +159,7 @@ def revoke(serial, node, directory, etcd, etcd_ca, etcd_cert, etcd_key):
                     info = {"revokedAt": datetime.now(timezone.utc).isoformat()}
                     if entry:
                         info.update(role=entry.role, name=entry.name)
-                    await store.revoke(s, info)
+                    await store.revocations.add(s, info)
         except (StoreError, OSError) as err:
             _fail(f"cannot record the revocation in etcd at {etcd}: {err}")
 

@@ -2,7 +2,7 @@
 
 ``record(obj, type, reason, message)`` is synchronous and never raises: it
 logs the event, keeps it in ``recent`` (for tests and debugging) and queues it
-for ``store.record_events``.  An identical event for the same object within
+for ``store.events.record_many``.  An identical event for the same object within
 ``dedup_seconds`` is dropped, so a retrying reconcile does not flood the store.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ class EventRecorder:
             if self.store is None:
                 continue
             try:
-                await self.store.record_events([(e.kind, e.name, e.type, e.reason, e.message) for e in batch])
+                await self.store.events.record_many([(e.kind, e.name, e.type, e.reason, e.message) for e in batch])
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - events are best effort
