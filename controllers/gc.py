@@ -1,29 +1,23 @@
-"""Garbage collection: objects whose owner is gone, and etcd's history.
+"""Garbage collection: objects whose owner is gone.
 
-Keys: "replicas/<name>" and "shards/<name>" for owned objects, and
-"compact" for the periodic compaction.
+Keys: "replicas/<name>" and "shards/<name>".
 
 - A Replica whose owner Model, or a Shard whose owner Replica, no longer
   exists (or exists with another uid: deleted and re-created) is deleted;
   finalizers still let the replica controller and the agent stop things first.
   The owner's absence seen in the cache is confirmed with a read from etcd
   before anything is deleted, so a lagging cache cannot cost a live object.
-- Every option `compact_interval` seconds (default 300) etcd is compacted,
-  keeping the last option `compact_keep` revisions (default 10000). etcd's
-  compaction is off by default (docs/architecture.md, "etcd layout"): without this, history grows
-  without bound.
+
+etcd's history is compacted by llmgw.store.compaction's Compactor, a
+leader-only runnable of the controller manager, not here.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable
 
 from llmgw.api import KIND_BY_NAME
 from llmgw.runtime.controller import Controller, Result
 from llmgw.store import NotFound
-
-COMPACT = "compact"
-log = logging.getLogger("llmgw.gc")
 
 
 class GarbageCollector(Controller):
@@ -32,8 +26,7 @@ class GarbageCollector(Controller):
     workers = 1
 
     def __init__(self) -> None:
-        self._compaction_for: Any = None     # the cache of the term that started compaction
-        self.compacted_to: int | None = None
+        self._term: Any = None               # the cache of the term _looked_at belongs to
         # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
         # is gone changes only when the references change or an owner goes (which enqueues
         # its dependants below), so a status change does not need another look.
@@ -41,10 +34,9 @@ class GarbageCollector(Controller):
 
     def keys_for(self, kind: str, obj: Any) -> Iterable[str]:
         keys: list[str] = []
-        if self._compaction_for is not self.ctx.cache:   # first event of a leadership term
-            self._compaction_for = self.ctx.cache
+        if self._term is not self.ctx.cache:   # first event of a leadership term
+            self._term = self.ctx.cache
             self._looked_at.clear()
-            keys.append(COMPACT)
         name = obj.metadata.name
         live = self.ctx.cache.get(kind, name) is not None
         if kind in ("replicas", "shards") and live and obj.metadata.ownerReferences:
@@ -61,8 +53,6 @@ class GarbageCollector(Controller):
         return keys
 
     async def reconcile(self, key: str) -> Result | None:
-        if key == COMPACT:
-            return await self._compact()
         kind, _, name = key.partition("/")
         obj = self.ctx.cache.get(kind, name)
         if obj is None or obj.metadata.deletionTimestamp is not None:
@@ -93,12 +83,3 @@ class GarbageCollector(Controller):
         except NotFound:
             return True
         return owner.metadata.uid != ref.uid
-
-    async def _compact(self) -> Result:
-        keep = int(self.ctx.options.get("compact_keep", 10000))
-        interval = float(self.ctx.options.get("compact_interval", 300.0))
-        compacted_to = await self.ctx.store.compact(keep=keep)
-        if compacted_to is not None:
-            self.compacted_to = compacted_to
-            log.info("compacted etcd history up to revision %d (keeping %d)", compacted_to, keep)
-        return Result(requeue_after=interval)

@@ -116,7 +116,7 @@ async def test_heartbeat_informer_tracks_live_keys(store):
         await asyncio.wait_for(inf.synced.wait(), 20)
         assert cache.heartbeats() == {"n1"}
         await store.heartbeats.beat("n2", ttl=30)
-        await store.heartbeats.beat("n2", ttl=30)          # a refresh is not a new event
+        await store.heartbeats.beat("n2", ttl=30)    # a refresh is not a new event
         await until(lambda: cache.heartbeats() == {"n1", "n2"})
         await store.kv.delete("/llmgw/heartbeat/n1")
         await until(lambda: cache.heartbeats() == {"n2"})

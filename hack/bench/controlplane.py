@@ -3,7 +3,7 @@
 
     .venv/bin/python hack/bench/controlplane.py --nodes 1000 --replicas 2200
 
-Starts its own etcd, measures etcd's raw put rate (concurrent put_raw of
+Starts its own etcd, measures etcd's raw put rate (concurrent store.kv.put of
 small values), registers --nodes hollow nodes (tests/helpers/fake_agents.py,
 in-process: 8 GPUs each, spread over 4 fabrics; they move shards
 Pending -> Starting -> Ready), starts a controller manager with every
@@ -301,8 +301,7 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     classes = [c for c in CONTROLLERS if c.name == "scheduler"] if args.scheduler_only else CONTROLLERS
     manager = proc = None
     if args.in_process or args.backlog:
-        manager = Manager(store, [cls() for cls in classes], identity="bench",
-                          options={"compact_interval": 3600.0})
+        manager = Manager(store, [cls() for cls in classes], identity="bench")
     else:
         # the real `llmgw controller-manager`, in its own process (its own core)
         proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,

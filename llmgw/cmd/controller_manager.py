@@ -1,4 +1,4 @@
-"""`llmgw controller-manager`: run every controller in CONTROLLERS with leader election."""
+"""`llmgw controller-manager`: run every controller in CONTROLLERS, and the compactor, with leader election."""
 from __future__ import annotations
 
 import asyncio
@@ -57,13 +57,16 @@ def controller_manager(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, node_
 async def _main(etcd, ca, cert, key, metrics_listen, options, identity) -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
-    from llmgw.store import Store
+    from llmgw.store import Compactor, Store
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
-    manager = Manager(store, [cls() for cls in CONTROLLERS], identity=identity, options=options)
+    # Leader-only work besides the controllers: etcd's history compacted, keeping the last 10000 revisions.
+    runnables = [Compactor(store.etcd, keep=10000, interval=300.0)]
+    manager = Manager(store, [cls() for cls in CONTROLLERS], identity=identity, options=options,
+                      runnables=runnables)
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)
