@@ -3,6 +3,7 @@ controller manager runs it as a leader-only runnable."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -48,12 +49,14 @@ async def test_a_read_at_a_compacted_revision_raises_compacted_and_one_ahead_doe
 
 
 async def test_the_compactor_runs_on_the_leader_only_while_it_leads(etcd):
-    stores = [await Store(etcd.endpoint).connect() for _ in range(2)]
-    compactors = [Compactor(s.etcd, keep=5, interval=0.1) for s in stores]
-    managers = [Manager(s, [], identity=f"m{i}", options={"lease_seconds": 2}, runnables=[c])
-                for i, (s, c) in enumerate(zip(stores, compactors, strict=True))]
-    tasks = [asyncio.create_task(m.run()) for m in managers]
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        stores = [await stack.enter_async_context(Store(etcd.endpoint)) for _ in range(2)]
+        compactors = [Compactor(s.etcd, keep=5, interval=0.1) for s in stores]
+        managers = [Manager(s, [], identity=f"m{i}", options={"lease_seconds": 2}, runnables=[c])
+                    for i, (s, c) in enumerate(zip(stores, compactors, strict=True))]
+        for m in managers:
+            stack.callback(asyncio.create_task(m.run()).cancel)
+            stack.push_async_callback(m.stop)
         await _history(stores[0], 30)
         await until(lambda: any(m.is_leader for m in managers))
         lead = next(i for i, m in enumerate(managers) if m.is_leader)
@@ -65,10 +68,3 @@ async def test_the_compactor_runs_on_the_leader_only_while_it_leads(etcd):
         await until(lambda: managers[1 - lead].is_leader)
         await stores[0].patch_status("models", "m", {"replicas": 100})
         await until(lambda: compactors[1 - lead].compacted_to)               # the new leader's now
-    finally:
-        for m in managers:
-            await m.stop()
-        for t in tasks:
-            t.cancel()
-        for s in stores:
-            await s.close()
