@@ -43,7 +43,8 @@ def _spec_doc(obj: AnyObject) -> bytes:
 
 
 def _status_doc(obj: AnyObject) -> bytes:
-    return obj.status.model_dump_json().encode()  # type: ignore[no-any-return]  # AnyObject's status is Any
+    status: BaseModel = obj.status
+    return status.model_dump_json().encode()
 
 
 def _assemble(spec_kv: KeyValue, status_value: bytes | None, revision: int) -> AnyObject:
