@@ -70,9 +70,15 @@ def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_value: byte
 
 def _holders(model_kvs: Sequence[KeyValue], names: builtins.list[str]) -> dict[str, str]:
     """Which stored Model serves each of `names`, from the Models' specs: a Model stored
-    before served names were reserved holds its names without /llmgw/names/ keys."""
+    before served names were reserved holds its names without /llmgw/names/ keys.
+
+    Only the specs that hold one of the names as a JSON string are decoded: names and
+    aliases are DNS labels, written as they are between quotes. Every create of a Model
+    would otherwise decode every stored Model.
+    """
     wanted = set(names)
-    models = (parse_stored(kv.value, None) for kv in model_kvs)
+    quoted = [b'"%s"' % n.encode() for n in names]
+    models = (parse_stored(kv.value, None) for kv in model_kvs if any(q in kv.value for q in quoted))
     return {n: m.name for m in models if isinstance(m, Model) for n in m.served_names if n in wanted}
 
 
