@@ -5,14 +5,13 @@ import json
 from typing import Any
 
 from llmgw.store import keys as K
-from llmgw.store.errors import StoreUnavailable
 from llmgw.store.etcd import CREATE, Etcd, as_bytes, compare, put_op, txn_request
 from llmgw.store.kv import KV
 from llmgw.store.leases import Leases
 
 
 class Leadership:
-    """A held leader key, bound to a lease. `keepalive()` returns False once it is lost.
+    """A held leader key, bound to a lease: held while ``store.leases.refresh(lease_id)`` is True.
 
     ``key`` and ``create_revision`` are what ``Store.fenced`` takes: writes made
     through that view fail once another holder took the key.
@@ -21,12 +20,6 @@ class Leadership:
     def __init__(self, leases: Leases, key: str, lease_id: int, create_revision: int, ttl: int):
         self._leases, self.key, self.lease_id = leases, key, lease_id
         self.create_revision, self.ttl = create_revision, ttl
-
-    async def keepalive(self) -> bool:
-        try:
-            return await self._leases.refresh(self.lease_id)
-        except StoreUnavailable:
-            return False
 
     async def resign(self) -> None:
         try:
