@@ -1,31 +1,24 @@
-"""Garbage collection: objects whose owner is gone, and etcd's history.
+"""Garbage collection: objects whose owner is gone.
 
-Keys: "replicas/<name>" and "shards/<name>" for owned objects, and
-"compact" for the periodic compaction.
+Keys: "replicas/<name>" and "shards/<name>".
 
 - A Replica whose owner Model, or a Shard whose owner Replica, no longer
   exists (or exists with another uid: deleted and re-created) is deleted;
   finalizers still let the replica controller and the agent stop things first.
   The owner's absence seen in the cache is confirmed with a read from etcd
   before anything is deleted, so a lagging cache cannot cost a live object.
-- Every `compact_interval` seconds (controllers/settings.py) etcd is compacted,
-  keeping the last `compact_keep` revisions. etcd's
-  compaction is off by default (docs/architecture.md, "etcd layout"): without this, history grows
-  without bound.
+
+etcd's history is compacted by llmgw.store.compaction's Compactor, a
+leader-only runnable of the controller manager, not here.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
-from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import KIND_BY_NAME, KINDS, AnyObject, Model, OwnerReference, Replica, Shard
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.store.errors import NotFound
-
-COMPACT = "compact"
-log = logging.getLogger("llmgw.gc")
 
 
 class GarbageCollector(Controller):
@@ -34,10 +27,8 @@ class GarbageCollector(Controller):
     indexes = (REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
     workers = 1
 
-    def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
-        self.settings = settings
-        self._compaction_for: Any = None     # the cache of the term that started compaction
-        self.compacted_to: int | None = None
+    def __init__(self) -> None:
+        self._term: Any = None               # the cache of the term _looked_at belongs to
         # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
         # is gone changes only when the references change or an owner goes (which enqueues
         # its dependants below), so a status change does not need another look.
@@ -45,10 +36,9 @@ class GarbageCollector(Controller):
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         keys: list[str] = []
-        if self._compaction_for is not self.ctx.cache:   # first event of a leadership term
-            self._compaction_for = self.ctx.cache
+        if self._term is not self.ctx.cache:   # first event of a leadership term
+            self._term = self.ctx.cache
             self._looked_at.clear()
-            keys.append(COMPACT)
         if isinstance(obj, str):
             return keys
         plural, name = obj.kind_plural, obj.metadata.name
@@ -69,8 +59,6 @@ class GarbageCollector(Controller):
         return keys
 
     async def reconcile(self, key: str) -> Result | None:
-        if key == COMPACT:
-            return await self._compact()
         plural, _, name = key.partition("/")
         kind = KINDS[plural]
         obj = self.ctx.cache.get(kind, name)
@@ -101,11 +89,3 @@ class GarbageCollector(Controller):
         except NotFound:
             return True
         return owner.metadata.uid != ref.uid
-
-    async def _compact(self) -> Result:
-        keep, interval = self.settings.compact_keep, self.settings.compact_interval
-        compacted_to = await self.ctx.store.compact(keep=keep)
-        if compacted_to is not None:
-            self.compacted_to = compacted_to
-            log.info("compacted etcd history up to revision %d (keeping %d)", compacted_to, keep)
-        return Result(requeue_after=interval)

@@ -163,7 +163,7 @@ async def test_heartbeats_before_its_node_appears(shared_api_server, agents):
         order: list[str] = []
 
         async def watch():
-            async for ev in store.watch_raw("/llmgw/", rev + 1):
+            async for ev in store.kv.watch("/llmgw/", rev + 1):
                 if ev.key in (K.heartbeat_key(node), K.object_key(K.SPEC, "nodes", node)) and ev.key not in order:
                     order.append(ev.key)
                     if len(order) == 2:

@@ -17,7 +17,7 @@ async def status_writes(store, node: str, name: str, after: int, until: int) -> 
     prefix = keys.kind_prefix(keys.STATUS, "shards", node)
     key = keys.object_key(keys.STATUS, "shards", name, node)
     count = 0
-    async for ev in store.watch_raw(prefix, after + 1):
+    async for ev in store.kv.watch(prefix, after + 1):
         if ev.revision > until:
             break
         if ev.key == key:
@@ -40,7 +40,7 @@ async def test_server_outage_keeps_engines_and_sends_the_latest_status_once(api_
             b = await shard_in(c, "out-1-b", agent, "Ready", "Failed")
             assert (a.status.phase, b.status.phase) == ("Ready", "Ready")
             pids = [(s.status.pid, start_time(s.status.pid)) for s in (a, b)]
-        before = max([(await store.get_raw(keys.object_key(keys.STATUS, "shards", n, "out-1")))[1]
+        before = max([(await store.kv.get(keys.object_key(keys.STATUS, "shards", n, "out-1")))[1]
                       for n in ("out-1-a", "out-1-b")])
 
         api_server.stop()
@@ -60,7 +60,7 @@ async def test_server_outage_keeps_engines_and_sends_the_latest_status_once(api_
             # A sync point: once a new shard is Ready, everything before it has been sent.
             await c.create(sim_shard("out-1-c", "out-1"))
             await shard_in(c, "out-1-c", agent, "Ready")
-        _, sync = await store.get_raw(keys.object_key(keys.STATUS, "shards", "out-1-c", "out-1"))
+        _, sync = await store.kv.get(keys.object_key(keys.STATUS, "shards", "out-1-c", "out-1"))
         assert await status_writes(store, "out-1", "out-1-a", before, sync) == 1
         assert await status_writes(store, "out-1", "out-1-b", before, sync) == 0
     finally:

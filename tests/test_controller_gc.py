@@ -1,13 +1,9 @@
-"""Garbage collector on a real etcd: orphans go, owned objects stay, history is compacted."""
+"""Garbage collector on a real etcd: orphans go, owned objects stay."""
 from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from controllers.gc import GarbageCollector
-from controllers.settings import ControllerSettings
-from llmgw.store import Compacted
 from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard, until
 
 
@@ -58,20 +54,6 @@ async def test_status_changes_are_not_looked_at_again_but_new_owner_references_a
         await store.update(r)
         await until(lambda: _gone(store, "replicas", "r"))
         assert gc.looks["replicas/r"] == 2
-
-
-async def test_history_is_compacted_periodically(store):
-    await store.create(model("m"))
-    for i in range(30):
-        await store.patch_status("models", "m", {"replicas": i})
-    gc = GarbageCollector(ControllerSettings(compact_keep=5, compact_interval=0.2))
-    async with running(store, [gc]):
-        first = await until(lambda: gc.compacted_to)
-        await store.patch_status("models", "m", {"replicas": 99})
-        await until(lambda: gc.compacted_to and gc.compacted_to > first)   # it runs again
-    with pytest.raises(Compacted):
-        async for _ in store.watch("models", from_revision=2):
-            break
 
 
 async def _gone(store, kind, name):

@@ -50,8 +50,8 @@ async def test_etcd_refuses_clients_without_an_etcd_client_certificate(secured):
     await plain.close()
     args = _etcd_client(pki, "controller-manager")
     async with Store(etcd.endpoint, ca=args[1], cert=args[3], key=args[5]) as store:
-        await store.revoke("abc", {"name": "x"})
-        assert "abc" in await store.revoked()
+        await store.revocations.add("abc", {"name": "x"})
+        assert "abc" in await store.revocations.list()
 
 
 async def test_server_and_revocation_over_tls_etcd(secured, tmp_path):
@@ -84,9 +84,9 @@ async def test_three_members_form_a_cluster_over_peer_tls(tmp_path):
         client = authority.etcd().issue("etcd-client", "controller-manager")
         tls = dict(ca=str(authority.etcd().cert_path), cert=client.cert, key=client.key)
         async with Store(etcd.endpoints[0], **tls) as first:
-            await first.revoke("1f", {"name": "n1"})
+            await first.revocations.add("1f", {"name": "n1"})
         async with Store(etcd.endpoints[2], **tls) as third:     # replicated to another member
-            assert "1f" in await third.revoked()
+            assert "1f" in await third.revocations.list()
     finally:
         etcd.stop()
 

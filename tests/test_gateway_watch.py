@@ -11,7 +11,7 @@ import pytest
 from llmgw.api import Model, Replica
 from llmgw.dev.process import free_port
 from llmgw.gateway.proxy import REPLICA_HEADER
-from llmgw.store import Store
+from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 from tests.helpers.gateway import CLI, Sim, metric
 
@@ -103,7 +103,7 @@ async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tm
             async with Store(etcd.endpoint) as store:
                 await store.delete("replicas", "r-c")
                 await store.create(new_replica("r-later"))
-                await store.compact(keep=0)
+                await Compactor(store.etcd, keep=0).compact()
             sims["c"].kill()
             assert await routable() == 2  # the stale view stays in service while the server is away
             api_server.restart()

@@ -19,7 +19,7 @@ def model(name: str, *aliases: str, finalizers: tuple[str, ...] = ()):
 
 
 async def reservations(store) -> dict[str, str]:
-    items, _ = await store.list_raw("/llmgw/names/")
+    items, _ = await store.kv.list("/llmgw/names/")
     return {key.rsplit("/", 1)[1]: value.decode() for key, value, _ in items}
 
 
@@ -85,7 +85,7 @@ async def test_of_concurrent_writes_claiming_one_alias_exactly_one_wins(store):
 async def test_a_model_stored_before_names_were_reserved_still_holds_its_names(store):
     # written as an older llmgw did: the spec key alone, no /llmgw/names/ keys
     old = model("old", "old-alias")
-    await store.put_raw("/llmgw/spec/models/old", old.model_dump_json(exclude={"status": True}).encode())
+    await store.kv.put("/llmgw/spec/models/old", old.model_dump_json(exclude={"status": True}).encode())
     with pytest.raises(NameTaken) as err:
         await store.create(model("thief", "old-alias"))
     assert str(err.value).startswith("Model 'thief': the alias 'old-alias' is an alias of Model 'old'")

@@ -98,11 +98,11 @@ async def test_revoke_records_serials_through_the_server(api_server, ca_dir, sto
     # the CLI runs its own event loop: call it from a thread
     out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "n1", "--dir", str(ca_dir.dir), "--config", str(config))
     assert first in out and second in out
-    revoked = await store.revoked()
+    revoked = await store.revocations.list()
     assert set(revoked) == {first, second}
     assert (revoked[first]["role"], revoked[first]["name"], revoked[first]["revokedBy"]) == ("node", "n1", "alice")
     await asyncio.to_thread(llmgw_ca, "revoke", other.upper(), "--dir", str(ca_dir.dir), "--config", str(config))
-    assert other in await store.revoked()
+    assert other in await store.revocations.list()
     rows = [line.split() for line in llmgw_ca("list", "--dir", str(ca_dir.dir)).splitlines()[1:]]
     assert [r[-1] for r in rows if r[1] == "node"] == ["revoked", "revoked", "revoked"]
 
@@ -113,7 +113,7 @@ async def test_only_an_admin_revokes(api_server, store):
         async with api_server.client(ident) as c:
             with pytest.raises(Forbidden, match="rule revoke-admin: only an admin"):
                 await c.revoke("1f")
-    assert await store.revoked() == {}
+    assert await store.revocations.list() == {}
     line = api_server.wait_for_log("tried to revoke serial 1f")
     assert "refused: certificate CN=n1 O=llmgw:nodes" in line
     async with api_server.client() as admin:

@@ -5,6 +5,7 @@ from llmgw.api import Model, ObjectMeta
 from llmgw.api.types import ModelSpec, Profile
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import HeartbeatInformer, Informer
+from llmgw.store import Compactor
 
 
 def model(name: str) -> Model:
@@ -93,7 +94,7 @@ async def test_informer_relists_after_compaction_and_reports_vanished(store):
         await asyncio.wait_for(inf.synced.wait(), 20)
         await store.delete("models", "gone")
         await store.create(model("new"))
-        await store.compact(keep=0)
+        await Compactor(store.etcd, keep=0).compact()
         inf.gate.set()
         await until(lambda: inf.lists >= 2)
         await until(lambda: cache.get("models", "gone") is None and cache.get("models", "new") is not None)
@@ -107,17 +108,17 @@ async def test_informer_relists_after_compaction_and_reports_vanished(store):
 
 
 async def test_heartbeat_informer_tracks_live_keys(store):
-    await store.heartbeat("n1", ttl=30)
+    await store.heartbeats.beat("n1", ttl=30)
     cache, rec = Cache(), Recorder()
     inf = HeartbeatInformer(store, cache, rec)
     task = asyncio.create_task(inf.run())
     try:
         await asyncio.wait_for(inf.synced.wait(), 20)
         assert cache.heartbeats() == {"n1"}
-        await store.heartbeat("n2", ttl=30)
-        await store.heartbeat("n2", ttl=30)          # a refresh is not a new event
+        await store.heartbeats.beat("n2", ttl=30)
+        await store.heartbeats.beat("n2", ttl=30)    # a refresh is not a new event
         await until(lambda: cache.heartbeats() == {"n1", "n2"})
-        await store.delete_raw("/llmgw/heartbeat/n1")
+        await store.kv.delete("/llmgw/heartbeat/n1")
         await until(lambda: cache.heartbeats() == {"n2"})
         assert rec.events == [("ADDED", "n1"), ("ADDED", "n2"), ("DELETED", "n1")]
     finally:

@@ -7,7 +7,7 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.client import AlreadyExists, BadRequest, Conflict, Expired, NotFound
-from llmgw.store import Store
+from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir, shared_api_server  # noqa: F401
 
 V1 = "llmgw.io/v1"
@@ -106,7 +106,7 @@ async def test_watch_of_a_compacted_revision_says_expired(shared_api_server):
         _, rv = await c.list("models")
         for i in range(3):
             await c.create(model(f"comp-{i}"))
-        await store.compact(keep=1)
+        await Compactor(store.etcd, keep=1).compact()
         with pytest.raises(Expired) as err:
             async for _ in c.watch("models", resource_version=rv):
                 pass
@@ -118,7 +118,7 @@ async def test_heartbeat_and_events(shared_api_server):
     node_ident = srv.issue_node("hb-node")
     async with srv.client(node_ident) as n, Store(srv.etcd) as store:
         assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
-        assert "hb-node" in await store.heartbeats()
+        assert "hb-node" in await store.heartbeats.list()
         await n.record_event("nodes", "hb-node", "Normal", "Registered", "agent started")
     async with srv.client() as admin:
         events = await admin.events("nodes", "hb-node")
@@ -147,7 +147,7 @@ async def test_informer_relists_after_compaction_with_synthetic_deletes(api_serv
             await store.delete("models", "gone")
             await store.create(model("new"))
             await store.create(model("new2"))
-            await store.compact(keep=1)  # past the deletion: a watch from before it gets 410
+            await Compactor(store.etcd, keep=1).compact()  # past the deletion: a watch from before it gets 410
             await asyncio.to_thread(api_server.restart)
             after = []
             while ("SYNCED", None) not in after:

@@ -15,7 +15,7 @@ from llmgw.api import parse_object
 from llmgw.client import BadRequest, Expired, Unavailable
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.server.watchcache import KindCache
-from llmgw.store import Store
+from llmgw.store import Compactor, Store
 from tests.helpers.cluster import ca_dir, make_pki, start_api_server  # noqa: F401
 
 V1 = "llmgw.io/v1"
@@ -217,7 +217,7 @@ async def test_the_cache_starts_over_when_its_history_was_compacted(srv):
         rv = await store.revision()
         await store.create(node("gone-1"))
         await store.create(node("gone-2"))
-        await store.compact(keep=1)
+        await Compactor(store.etcd, keep=1).compact()
         cache = KindCache(store, "nodes", size=100, queue_limit=100)
         cache.start(rv)  # its first watch, from rv + 1, finds that history gone
         try:
@@ -282,7 +282,7 @@ async def test_a_restarted_server_resumes_old_watches_from_etcd_and_410s_only_co
             assert (ev["object"]["metadata"]["name"], ev["revision"]) == ("back-after", after.metadata.resourceVersion)
 
             async with Store(etcd.endpoint) as store:
-                await store.compact(keep=1)
+                await Compactor(store.etcd, keep=1).compact()
             with pytest.raises(Expired) as err:
                 async for ev in c.watch("models", resource_version=old_rv):
                     pytest.fail(f"a watch from a compacted revision got {ev.type} {ev.object.name}")

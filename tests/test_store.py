@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
-from llmgw.store import AlreadyExists, Compacted, Conflict, FencedOut, NotFound, Store
+from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store
 
 
 def model(name: str, replicas: int = 1, labels: dict | None = None) -> Model:
@@ -158,7 +158,7 @@ async def test_shards_keyed_by_node(store):
     items, _ = await store.list("shards", node="node-a")
     assert [s.name for s in items] == ["s1"]
     assert (await store.get("shards", "s2")).spec.node == "node-b"  # found without the node
-    assert (await store.get_raw("/llmgw/spec/shards/node-b/s2")) is not None
+    assert (await store.kv.get("/llmgw/spec/shards/node-b/s2")) is not None
 
 
 async def test_list_selector(store):
@@ -225,20 +225,20 @@ async def test_watch_compacted_start_is_signalled(store):
     for i in range(5):
         m.spec.replicas = i + 2
         m = await store.update(m)
-    rev = await store.compact(keep=1)
+    rev = await Compactor(store.etcd, keep=1).compact()
     assert rev is not None
     with pytest.raises(Compacted):
         await collect(store.watch("models", from_revision=2), 1)
 
 
 async def test_fenced_writes_fail_after_leadership_changes(store):
-    lead = await store.campaign("controller-manager", "a", ttl=5)
+    lead = await store.election.campaign("controller-manager", "a", ttl=5)
     assert lead is not None
-    assert await store.campaign("controller-manager", "b", ttl=5) is None
+    assert await store.election.campaign("controller-manager", "b", ttl=5) is None
     fenced = store.fenced(lead.key, lead.create_revision)
     await fenced.create(model("m1"))
     await lead.resign()
-    other = await store.campaign("controller-manager", "b", ttl=5)
+    other = await store.election.campaign("controller-manager", "b", ttl=5)
     assert other is not None
     with pytest.raises(FencedOut):
         await fenced.create(model("m2"))
@@ -249,30 +249,30 @@ async def test_fenced_writes_fail_after_leadership_changes(store):
 
 
 async def test_heartbeat_expires_with_its_lease(store):
-    await store.heartbeat("n1", ttl=1)
-    assert "n1" in await store.heartbeats()
+    await store.heartbeats.beat("n1", ttl=1)
+    assert "n1" in await store.heartbeats.list()
     for _ in range(100):
-        if "n1" not in await store.heartbeats():
+        if "n1" not in await store.heartbeats.list():
             break
         await asyncio.sleep(0.1)
-    assert "n1" not in await store.heartbeats()
-    await store.heartbeat("n1", ttl=5)  # a new lease after expiry
-    assert "n1" in await store.heartbeats()
+    assert "n1" not in await store.heartbeats.list()
+    await store.heartbeats.beat("n1", ttl=5)  # a new lease after expiry
+    assert "n1" in await store.heartbeats.list()
 
 
 async def test_events_and_revocations(store):
-    await store.record_event("models", "m1", "Normal", "Scheduled", "placed on n1")
-    await store.record_event("models", "m1", "Warning", "Unschedulable", "0/1 nodes")
-    events = await store.list_events("models", "m1")
+    await store.events.record("models", "m1", "Normal", "Scheduled", "placed on n1")
+    await store.events.record("models", "m1", "Warning", "Unschedulable", "0/1 nodes")
+    events = await store.events.list("models", "m1")
     assert [e["reason"] for e in events] == ["Scheduled", "Unschedulable"]
     # one transaction, several events of one object: all kept, in order
-    await store.record_events([("models", "m1", "Normal", f"Step{i}", "") for i in range(50)]
+    await store.events.record_many([("models", "m1", "Normal", f"Step{i}", "") for i in range(50)]
                               + [("nodes", "n1", "Normal", "Registered", "")])
-    events = await store.list_events("models", "m1")
+    events = await store.events.list("models", "m1")
     assert [e["reason"] for e in events] == ["Scheduled", "Unschedulable"] + [f"Step{i}" for i in range(50)]
-    assert [e["reason"] for e in await store.list_events("nodes", "n1")] == ["Registered"]
-    await store.revoke("abc123", {"node": "n1"})
-    assert (await store.revoked())["abc123"]["node"] == "n1"
+    assert [e["reason"] for e in await store.events.list("nodes", "n1")] == ["Registered"]
+    await store.revocations.add("abc123", {"node": "n1"})
+    assert (await store.revocations.list())["abc123"]["node"] == "n1"
 
 
 async def test_three_members_survive_one_stopping(etcd3):
@@ -293,7 +293,7 @@ async def test_watch_from_a_compacted_deletion_is_signalled(store):
     await store.create(model("m1"))
     gone = await store.delete("models", "m1")
     deleted_at = gone.metadata.resourceVersion
-    await store._conn.call(lambda c: c.compact(deleted_at))
+    await store.etcd.compact(deleted_at)
     with pytest.raises(Compacted):
         await collect(store.watch("models", from_revision=deleted_at), 1)
     # one revision later is still fine

@@ -13,7 +13,7 @@ from tests.test_store import model
 
 
 def batcher(store: Store):
-    return store._shared["batcher"]
+    return store.etcd.batcher
 
 
 async def test_concurrent_writes_share_requests_and_each_lands(store):
@@ -63,10 +63,10 @@ async def test_compare_and_swap_under_batching_loses_no_update(store):
 
 
 async def test_a_fenced_out_writer_fails_alone_in_a_shared_batch(store):
-    lead = await store.campaign("controller-manager", "a", ttl=5)
+    lead = await store.election.campaign("controller-manager", "a", ttl=5)
     stale = store.fenced(lead.key, lead.create_revision)
     await lead.resign()
-    assert await store.campaign("controller-manager", "b", ttl=5) is not None
+    assert await store.election.campaign("controller-manager", "b", ttl=5) is not None
     results = await asyncio.gather(*(stale.create(model(f"f{i}")) for i in range(20)),
                                    *(store.create(model(f"ok{i}")) for i in range(20)),
                                    return_exceptions=True)

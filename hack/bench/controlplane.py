@@ -3,7 +3,7 @@
 
     .venv/bin/python hack/bench/controlplane.py --nodes 1000 --replicas 2200
 
-Starts its own etcd, measures etcd's raw put rate (concurrent put_raw of
+Starts its own etcd, measures etcd's raw put rate (concurrent store.kv.put of
 small values), registers --nodes hollow nodes (tests/helpers/fake_agents.py,
 in-process: 8 GPUs each, spread over 4 fabrics; they move shards
 Pending -> Starting -> Ready), starts a controller manager with every
@@ -187,7 +187,7 @@ async def raw_put_rate(store: Store, n: int = 3000, concurrency: int = 64) -> fl
 
     async def one(i: int) -> None:
         async with sem:
-            await store.put_raw(f"/bench/raw/{i}", value)
+            await store.kv.put(f"/bench/raw/{i}", value)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
@@ -308,7 +308,7 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
         # the real `llmgw controller-manager`, in its own process (its own core)
         proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
                                  "--metrics-listen", "127.0.0.1:0", "--log-level", "warning"])
-        while await store.leader("controller-manager") is None:
+        while await store.election.leader("controller-manager") is None:
             await asyncio.sleep(0.1)
     if args.backlog:
         # The model controller's output written beforehand: the run starts with

@@ -1,4 +1,4 @@
-"""`llmgw controller-manager`: run every controller with leader election, each given the settings it reads."""
+"""`llmgw controller-manager`: run the controllers and the compactor with leader election, given their settings."""
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +24,7 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
     """Every controller the manager runs, in the order it starts them; a new controller is
     registered here (docs/architecture.md, "Adding a controller")."""
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
-            NodeLifecycleController(settings), DrainController(settings), GarbageCollector(settings)]
+            NodeLifecycleController(settings), DrainController(settings), GarbageCollector()]
 
 
 @click.command("controller-manager")
@@ -53,13 +53,15 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, me
                 settings: ControllerSettings, identity: str | None) -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
-    from llmgw.store.store import Store
+    from llmgw.store import Compactor, Store
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
     await store.connect()
-    manager = Manager(store, controllers(settings), identity=identity, settings=settings)
+    # Leader-only work besides the controllers: etcd's history compacted.
+    runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
+    manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)

@@ -2,7 +2,7 @@
 
 ``record(obj, type, reason, message)`` is synchronous and never raises: it
 logs the event, keeps it in ``recent`` (for tests and debugging) and queues it
-for ``store.record_events``.  An identical event for the same object within
+for ``store.events.record_many``.  An identical event for the same object within
 ``dedup_seconds`` is dropped, so a retrying reconcile does not flood the store.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from llmgw.api import AnyObject
+from llmgw.store.events import Events
 
 log = logging.getLogger("llmgw.events")
 
@@ -31,9 +32,10 @@ class Event:
 
 
 class EventWriter(Protocol):
-    """Where events go: llmgw.store.Store (kind, name, type, reason, message each)."""
+    """Where events go: llmgw.store.Store's events."""
 
-    async def record_events(self, events: list[tuple[str, str, str, str, str]]) -> None: ...
+    @property
+    def events(self) -> Events: ...
 
 
 class EventRecorder:
@@ -81,7 +83,7 @@ class EventRecorder:
             if self.store is None:
                 continue
             try:
-                await self.store.record_events([(e.kind, e.name, e.type, e.reason, e.message) for e in batch])
+                await self.store.events.record_many([(e.kind, e.name, e.type, e.reason, e.message) for e in batch])
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - events are best effort

@@ -143,12 +143,12 @@ class HeartbeatInformer(Informer):
         super().__init__(store, "heartbeats", cache, handler, **kw)
 
     async def _list(self) -> tuple[list[Any], int]:
-        kvs, rev = await self.store.list_raw(keys.HEARTBEAT)
+        kvs, rev = await self.store.kv.list(keys.HEARTBEAT)
         return [self._node(k) for k, _, _ in kvs], rev
 
     def _watch(self, from_revision: int) -> AsyncIterator[tuple[str, Any, int]]:
         async def gen():
-            async for ev in self.store.watch_raw(keys.HEARTBEAT, from_revision=from_revision):
+            async for ev in self.store.kv.watch(keys.HEARTBEAT, from_revision=from_revision):
                 yield ("DELETED" if ev.type == "DELETE" else "ADDED"), self._node(ev.key), ev.revision
         return gen()
 

@@ -1,4 +1,4 @@
-"""Leader election on /llmgw/leader/<component> through the store's campaign helper.
+"""Leader election on /llmgw/leader/<component> through the store's election (llmgw.store.election).
 
 ``LeaderElector.acquire()`` campaigns every ``retry`` seconds until it holds
 the key (bound to a lease of ``lease_seconds``).  ``hold(leadership)`` renews
@@ -14,7 +14,9 @@ import logging
 import time
 from typing import Protocol
 
+from llmgw.store.election import Election
 from llmgw.store.errors import StoreError
+from llmgw.store.leases import Leases
 
 log = logging.getLogger("llmgw.leader")
 
@@ -30,11 +32,13 @@ class Leadership(Protocol):
 
 
 class Campaigner(Protocol):
-    """What leader election needs of the store."""
+    """What leader election needs of the store: its election and its leases."""
 
-    async def campaign(self, component: str, identity: str, ttl: int = ...) -> Leadership | None: ...
+    @property
+    def election(self) -> Election: ...
 
-    async def refresh_lease(self, lease_id: int) -> bool: ...
+    @property
+    def leases(self) -> Leases: ...
 
 
 class LeaderElector:
@@ -50,7 +54,7 @@ class LeaderElector:
         """Block until this identity holds the leader key; returns the store's Leadership."""
         while True:
             try:
-                leadership = await self.store.campaign(self.component, self.identity, self.lease_seconds)
+                leadership = await self.store.election.campaign(self.component, self.identity, self.lease_seconds)
             except StoreError as err:
                 log.warning("campaign for %s failed: %s", self.component, err)
                 leadership = None
@@ -66,7 +70,7 @@ class LeaderElector:
         while True:
             await asyncio.sleep(self.retry)
             try:
-                alive = await asyncio.wait_for(self.store.refresh_lease(leadership.lease_id), self.retry * 2)
+                alive = await asyncio.wait_for(self.store.leases.refresh(leadership.lease_id), self.retry * 2)
             except (StoreError, asyncio.TimeoutError) as err:
                 if time.monotonic() - last_ok > self.renew_deadline:
                     log.error("%s: could not renew the leader lease for %.0fs (%s); stepping down",

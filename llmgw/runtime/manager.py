@@ -5,8 +5,9 @@ manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
 leader, build a fresh Cache, a fenced Store (from the leader key's
 create_revision), an EventRecorder and a Context per controller, run one
 informer per watched kind (plus heartbeats when asked for), wait for the
-caches to sync, then run ``controller.workers`` workers per controller.  On
-losing leadership everything is cancelled and the manager campaigns again;
+caches to sync, then run ``controller.workers`` workers per controller and
+the runnables (llmgw.runtime.runnable: leader-only work such as compaction).
+On losing leadership everything is cancelled and the manager campaigns again;
 while not leader it does nothing.
 
 ``manager.stop(resign=True)`` ends ``run()``; with resign the leader key is
@@ -19,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import HEARTBEATS, Context, Controller, WatchedKind
@@ -27,6 +28,7 @@ from llmgw.runtime.events import EventRecorder
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.runtime.leader import LeaderElector, Leadership
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
 from llmgw.store.errors import Conflict
@@ -47,9 +49,10 @@ async def _all_set(events: list[asyncio.Event]) -> None:
 class Manager:
     def __init__(self, store: Any, controllers: list[Controller], *, identity: str | None = None,
                  settings: ManagerSettings | None = None, component: str = "controller-manager",
-                 informer_idle_timeout: float = 120.0):
+                 informer_idle_timeout: float = 120.0, runnables: Sequence[Runnable] = ()):
         self.store = store
         self.controllers = list(controllers)
+        self.runnables = list(runnables)
         self.identity = identity or default_identity()
         self.settings = settings if settings is not None else ManagerSettings()
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
@@ -151,6 +154,7 @@ class Manager:
             for c in self.controllers:
                 for n in range(max(1, int(getattr(c, "workers", 1)))):
                     tasks.append(asyncio.create_task(self._worker(c, self.queues[c.name]), name=f"{c.name}-{n}"))
+            tasks += [asyncio.create_task(self._run(r), name=type(r).__name__) for r in self.runnables]
             self.leading.set()
             log.info("%s leads with controllers %s", self.identity, ", ".join(c.name for c in self.controllers))
             await hold
@@ -163,6 +167,13 @@ class Manager:
             _, stuck = await asyncio.wait([*tasks, hold], timeout=STOP_TIMEOUT)
             for t in stuck:
                 log.error("task %s did not stop within %.0fs; abandoning it", t.get_name(), STOP_TIMEOUT)
+
+    @staticmethod
+    async def _run(runnable: Runnable) -> None:
+        try:
+            await runnable.run()
+        except Exception:
+            log.exception("%s failed; it starts again with the next leadership term", type(runnable).__name__)
 
     async def _worker(self, c: Controller, queue: WorkQueue) -> None:
         duration = self.metrics.duration.labels(c.name)

@@ -294,7 +294,7 @@ class ApiServer:
         ttl = body.get("ttl") or 15
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
-        await self.store.heartbeat(node, ttl=ttl)
+        await self.store.heartbeats.beat(node, ttl=ttl)
         return _json({"node": node, "ttl": ttl})
 
     async def list_events(self, request: web.Request) -> web.Response:
@@ -302,7 +302,7 @@ class ApiServer:
         if not kind or not name:
             raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
         await self._check(request, Action("events-read", "events", f"{kind}/{name}"))
-        return _json({"items": await self.store.list_events(kind, name)})
+        return _json({"items": await self.store.events.list(kind, name)})
 
     async def record_event(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -316,7 +316,7 @@ class ApiServer:
         if kind == "shards" and request["identity"].role == "node":
             obj_node = (await self.store.get("shards", name, node=body.get("node"))).spec.node
         await self._check(request, Action("events-write", "events", f"{kind}/{name}", obj_node=obj_node))
-        await self.store.record_event(kind, name, type_, reason, message)
+        await self.store.events.record(kind, name, type_, reason, message)
         return _json({"recorded": True}, 201)
 
     async def revoke(self, request: web.Request) -> web.Response:
@@ -336,7 +336,7 @@ class ApiServer:
                 if not isinstance(value, str) or len(value) > 253:
                     raise Fail(400, "BadRequest", f"{field} must be a string of at most 253 characters")
                 info[field] = value
-        await self.store.revoke(serial, info)
+        await self.store.revocations.add(serial, info)
         log.info("certificate serial=%s revoked by %s", serial, request["identity"])
         return _json({"serial": serial, **info}, 201)
 

@@ -50,12 +50,12 @@ class Revocations:
     async def run(self) -> None:
         while True:
             try:
-                items, rev = await self._store.list_raw(REVOKED)
+                items, rev = await self._store.kv.list(REVOKED)
                 listed = {k[len(REVOKED):].lower() for k, _, _ in items}
                 self.serials &= listed
                 self._revoked(listed)
                 self.ready.set()
-                async for ev in self._store.watch_raw(REVOKED, rev + 1):
+                async for ev in self._store.kv.watch(REVOKED, rev + 1):
                     serial = ev.key[len(REVOKED):].lower()
                     if ev.type == "PUT":
                         self._revoked({serial})

@@ -34,7 +34,7 @@ from collections import deque
 from typing import AsyncIterator
 
 from llmgw.server.status import status_body
-from llmgw.store import Compacted, Selector, Store, StoreUnavailable, WatchEvent
+from llmgw.store import Compacted, Selector, Store, WatchEvent
 from llmgw.store import keys as K
 
 log = logging.getLogger("llmgw.server")
@@ -68,18 +68,10 @@ async def check_revision(store: Store, after: int) -> int:
     the ring still holds those events (the contract: 410 when R was compacted).
     """
     try:
-        # A read at a past revision fails exactly when a watch from that revision would.
-        resp = await store._range(K.ROOT + "/~", revision=after + 1)
+        return await store.revision(since=after)
     except Compacted:
         raise Expired(f"resourceVersion {after} was compacted; relist and watch from the list's "
                       "resourceVersion") from None
-    except StoreUnavailable:
-        raise
-    except Exception as err:
-        if "future revision" not in str(err):
-            raise
-        return await store.revision()  # `after` is the current revision or later: nothing missed
-    return resp.header.revision
 
 
 class CachedEvent:

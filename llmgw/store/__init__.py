@@ -1,4 +1,4 @@
-"""llmgw's etcd store: the only module that imports aetcd. See docs/contracts.md."""
+"""llmgw's etcd store: the only module that imports aetcd. See docs/architecture.md, "The store"."""
 import os
 
 # gRPC's core logs a refused TLS handshake to stderr, several lines at a time, before
@@ -6,8 +6,11 @@ import os
 # (connection.describe_failure). GRPC_VERBOSITY=ERROR brings them back.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-from llmgw.api.selectors import Selector  # noqa: F401
-from llmgw.store.errors import (  # noqa: F401
+from llmgw.api.client import WatchEvent
+from llmgw.api.selectors import Selector
+from llmgw.store.compaction import Compactor
+from llmgw.store.election import Leadership
+from llmgw.store.errors import (
     AlreadyExists,
     Compacted,
     Conflict,
@@ -17,4 +20,10 @@ from llmgw.store.errors import (  # noqa: F401
     StoreError,
     StoreUnavailable,
 )
-from llmgw.store.store import Leadership, RawEvent, Store, WatchEvent  # noqa: F401
+from llmgw.store.kv import RawEvent
+from llmgw.store.store import Store
+
+__all__ = [
+    "AlreadyExists", "Compacted", "Compactor", "Conflict", "FencedOut", "Leadership", "NameTaken", "NotFound",
+    "RawEvent", "Selector", "Store", "StoreError", "StoreUnavailable", "WatchEvent",
+]

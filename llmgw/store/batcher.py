@@ -36,7 +36,7 @@ class _Pending:
     request: rpc.TxnRequest
     keys: frozenset[bytes] | None      # keys it writes; None: it must go alone
     size: int
-    future: asyncio.Future
+    future: asyncio.Future[rpc.TxnResponse]
 
 
 def _written_keys(request: rpc.TxnRequest) -> frozenset[bytes] | None:
@@ -61,7 +61,7 @@ class TxnBatcher:
         self._max_ops = max_ops
         self._max_bytes = max_bytes
         self._pending: deque[_Pending] = deque()
-        self._in_flight: set[asyncio.Task] = set()
+        self._in_flight: set[asyncio.Task[None]] = set()
         self.requests = 0               # requests sent to etcd
         self.transactions = 0           # transactions they carried
 
@@ -80,7 +80,7 @@ class TxnBatcher:
             self._in_flight.add(task)
             task.add_done_callback(self._finished)
 
-    def _finished(self, task: asyncio.Task) -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         self._pump()
 
@@ -100,7 +100,8 @@ class TxnBatcher:
                     break
                 continue
             batch.append(item)
-            keys |= item.keys or ()
+            if item.keys:
+                keys |= item.keys
             size += item.size
         self._pending.extendleft(reversed(later))
         return batch

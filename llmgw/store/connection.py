@@ -26,11 +26,12 @@ T = TypeVar("T")
 UNREACHABLE = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
 
 
-class _TLSClient(aetcd.Client):
+class _TLSClient(aetcd.Client):  # type: ignore[misc]  # aetcd has no type information: Client is Any
     """aetcd has no TLS option: open a secure channel, then let aetcd set up its stubs."""
 
-    def __init__(self, *args, credentials: grpc.ChannelCredentials, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, host: str, port: int, *, credentials: grpc.ChannelCredentials, timeout: float,
+                 options: dict[str, int]):
+        super().__init__(host, port, timeout=timeout, options=options)
         self._credentials = credentials
 
     async def connect(self) -> None:
@@ -67,7 +68,7 @@ def parse_endpoints(endpoints: str | list[str]) -> list[tuple[str, str, int]]:
 class Connection:
     """One live aetcd client at a time, over a list of endpoints; rotates on failure."""
 
-    def __init__(self, endpoints, ca: str | None = None, cert: str | None = None,
+    def __init__(self, endpoints: str | list[str], ca: str | None = None, cert: str | None = None,
                  key: str | None = None, timeout: float = 5.0):
         self.endpoints = parse_endpoints(endpoints)
         self._ca, self._cert, self._key = ca, cert, key

@@ -64,11 +64,11 @@ def shard(name: str, rep: Replica, node_name: str) -> Shard:
 
 async def heartbeat(store, node_name: str) -> None:
     """A live heartbeat key (no lease: tests end silence by deleting it)."""
-    await store.put_raw(keys.heartbeat_key(node_name), b"{}")
+    await store.kv.put(keys.heartbeat_key(node_name), b"{}")
 
 
 async def silence(store, node_name: str) -> None:
-    await store.delete_raw(keys.heartbeat_key(node_name))
+    await store.kv.delete(keys.heartbeat_key(node_name))
 
 
 async def until(cond: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0, what: str = "") -> Any:

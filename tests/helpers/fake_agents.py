@@ -82,7 +82,7 @@ class FakeAgents:
 
     # --------------------------------------------------------------- nodes
     async def start(self) -> "FakeAgents":
-        self._lease = await self.store.grant_lease(self.heartbeat_ttl)
+        self._lease = await self.store.leases.grant(self.heartbeat_ttl)
         specs, self._specs = self._specs, []
         for i in range(0, len(specs), 64):
             await asyncio.gather(*(self.add_node(n, **kw) for n, kw in specs[i:i + 64]))
@@ -103,14 +103,14 @@ class FakeAgents:
 
     async def _put_heartbeat(self, name: str) -> None:
         value = json.dumps({"node": name, "since": now().isoformat()}).encode()
-        await self.store.put_raw(f"/llmgw/heartbeat/{name}", value, lease=self._lease)
+        await self.store.kv.put(f"/llmgw/heartbeat/{name}", value, lease=self._lease)
 
     async def _keepalive(self) -> None:
         while True:
             await asyncio.sleep(max(0.5, self.heartbeat_ttl / 3))
             try:
-                if not await self.store.refresh_lease(self._lease):
-                    self._lease = await self.store.grant_lease(self.heartbeat_ttl)
+                if not await self.store.leases.refresh(self._lease):
+                    self._lease = await self.store.leases.grant(self.heartbeat_ttl)
                     for name in self.nodes:
                         if name not in self.dead:
                             await self._put_heartbeat(name)
@@ -120,7 +120,7 @@ class FakeAgents:
     async def silence(self, name: str) -> None:
         """The agent dies: its heartbeat key goes and its shards are left as they are."""
         self.dead.add(name)
-        await self.store.delete_raw(f"/llmgw/heartbeat/{name}")
+        await self.store.kv.delete(f"/llmgw/heartbeat/{name}")
 
     async def revive(self, name: str) -> None:
         self.dead.discard(name)

@@ -78,7 +78,7 @@ async def kill_leader(c) -> str:
     """SIGKILL the leading controller-manager (once a live one holds the key: a killed leader's
     lease outlives it by up to the lease time); returns its process name."""
     async def live_leader():
-        holder = (await c.store.leader("controller-manager") or {}).get("holder", "")
+        holder = (await c.store.election.leader("controller-manager") or {}).get("holder", "")
         pid = int(holder.rsplit("-", 1)[1]) if holder else 0
         return next((n for n, p in c.procs.items()
                      if p.pid == pid and n.startswith("controller-manager") and p.poll() is None), None)

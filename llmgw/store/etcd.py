@@ -1,0 +1,223 @@
+"""The one etcd connection every part of the store shares: transactions, reads, watch streams.
+
+``Etcd`` wraps a ``Connection`` (endpoint failover) with the request shapes
+the store uses: a transaction (writes batched by ``TxnBatcher``, and with a
+fence, refused once the leader key changed), a range read (now or at a past
+revision), the raw watch stream of a key range, and compaction. The objects,
+raw keys, leases, events, revocations and compaction (the modules beside this
+one) are built on one ``Etcd``; ``Etcd.fenced`` is a view on the same
+connection and batcher whose writes carry the fence.
+
+etcd answers a read or a compaction at a revision it no longer holds with gRPC
+code OUT_OF_RANGE; it is recognised here by that code and raised as
+``Compacted`` (aetcd's watch stream reports it as its own error type).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aetcd.exceptions
+import grpc
+from aetcd import rpc
+
+from llmgw.store import keys as K
+from llmgw.store.batcher import TxnBatcher
+from llmgw.store.connection import Connection
+from llmgw.store.errors import Compacted, FencedOut, StoreUnavailable
+
+# aetcd has no type information: what the store reads from its messages, as protocols.
+
+
+class KeyValue(Protocol):
+    """A stored key (etcd's mvccpb.KeyValue)."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+
+
+class KeyEvent(Protocol):
+    """One change from a watch stream (aetcd's rtypes.Event): kind is "PUT" or "DELETE"."""
+
+    kind: str
+    kv: KeyValue
+    prev_kv: KeyValue | None
+
+
+# What a compare looks at (compare's `target`), and how (its `result`).
+MOD, VERSION, CREATE = rpc.Compare.MOD, rpc.Compare.VERSION, rpc.Compare.CREATE
+GREATER = rpc.Compare.GREATER
+
+
+def as_bytes(s: str | bytes) -> bytes:
+    return s.encode() if isinstance(s, str) else s
+
+
+def compare(key: bytes, target: int, result: int = rpc.Compare.EQUAL, **value: int) -> Any:
+    """An rpc.Compare of key's `target` field (rpc.Compare.MOD, VERSION, CREATE) with `value`."""
+    return rpc.Compare(key=key, target=target, result=result, **value)
+
+
+def put_op(key: str | bytes, value: bytes, lease: int = 0) -> Any:
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=as_bytes(key), value=value, lease=lease))
+
+
+def get_op(key: str | bytes, range_end: bytes | None = None) -> Any:
+    req = rpc.RangeRequest(key=as_bytes(key))
+    if range_end is not None:
+        req.range_end = range_end
+    return rpc.RequestOp(request_range=req)
+
+
+def delete_op(key: str | bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=as_bytes(key)))
+
+
+def txn_request(compares: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()) -> Any:
+    return rpc.TxnRequest(compare=compares, success=success, failure=failure)
+
+
+def _out_of_range(err: Exception) -> bool:
+    """etcd's answer to a revision it does not hold: compacted, or not yet written."""
+    return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Every write of a fenced view requires the leader key's create_revision to be this one."""
+
+    key: bytes
+    create_revision: int
+    compare: Any      # rpc.Compare on the key's create_revision, built once
+    read: Any         # rpc.RequestOp reading the key, to say why a compare failed
+
+
+class Etcd:
+    def __init__(self, conn: Connection, batcher: TxnBatcher | None, fence: Fence | None = None):
+        self.conn = conn
+        self.batcher = batcher
+        self.fence = fence
+
+    @classmethod
+    def open(cls, conn: Connection, *, batch_writes: bool = True) -> Etcd:
+        """batch_writes: concurrent writing transactions go to etcd together (llmgw.store.batcher)."""
+        etcd = cls(conn, None)
+        if batch_writes:
+            etcd.batcher = TxnBatcher(etcd.send_txn)
+        return etcd
+
+    def fenced(self, leader_key: str, create_revision: int) -> Etcd:
+        """A view on the same connection and batcher whose writes require leader_key's create_revision."""
+        key = as_bytes(leader_key)
+        return Etcd(self.conn, self.batcher, Fence(
+            key, create_revision, compare(key, CREATE, create_revision=create_revision), get_op(key)))
+
+    async def txn(self, compares: Sequence[Any], success: Sequence[Any], *, writes: bool = True) -> Any:
+        """One transaction (an rpc.TxnResponse); `writes=False` when success holds only reads."""
+        compares = list(compares)
+        failure = []
+        fence = self.fence
+        if fence is not None:
+            compares.append(fence.compare)
+            failure.append(fence.read)
+        req = rpc.TxnRequest(compare=compares, success=success, failure=failure)
+        batcher = self.batcher
+        # Reads stay out of batches: etcd serves a read-only transaction without raft.
+        resp = await (batcher.txn(req) if batcher is not None and writes else self.send_txn(req))
+        if not resp.succeeded and fence is not None:
+            kvs = resp.responses[-1].response_range.kvs
+            if not kvs or kvs[0].create_revision != fence.create_revision:
+                raise FencedOut(f"lost leadership ({fence.key.decode()} changed); write refused")
+        return resp
+
+    async def send_txn(self, req: Any) -> Any:
+        """Send an rpc.TxnRequest as it is: no batch, no fence."""
+        return await self.conn.call(lambda c: c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata))
+
+    async def range(self, key: str | bytes, range_end: bytes | None = None, revision: int = 0,
+                    keys_only: bool = False) -> Any:
+        """An rpc.RangeResponse: the key (or the range up to range_end), now or at `revision`.
+
+        Compacted when etcd does not hold `revision`: the store reads only revisions it
+        has seen, so that means compacted (revision() below tells the two cases apart).
+        """
+        req = rpc.RangeRequest(key=as_bytes(key), revision=revision, keys_only=keys_only)
+        if range_end is not None:
+            req.range_end = range_end
+        try:
+            return await self.conn.call(lambda c: c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata))
+        except grpc.aio.AioRpcError as err:
+            if _out_of_range(err):
+                raise Compacted(0) from None
+            raise
+
+    async def revision(self, since: int | None = None) -> int:
+        """etcd's current revision. With `since`, Compacted unless etcd still holds every
+        change after it (a watch from since + 1 would start)."""
+        probe = K.ROOT + "/~"
+        if since is None:
+            resp = await self.range(probe)
+        else:
+            # A read at a past revision fails exactly when a watch from it would.
+            try:
+                resp = await self.range(probe, revision=since + 1)
+            except Compacted:
+                # etcd answers a future revision with the same code: nothing is missed then.
+                # Asked again once it is no longer in the future, a failure means compacted.
+                current = await self.revision()
+                if since + 1 > current:
+                    return current
+                resp = await self.range(probe, revision=since + 1)
+        revision: int = resp.header.revision
+        return revision
+
+    async def compact(self, revision: int) -> None:
+        """Drop history before `revision`; Compacted when it is gone already."""
+        req = rpc.CompactionRequest(revision=revision)
+        try:
+            await self.conn.call(lambda c: c.kvstub.Compact(req, timeout=c._timeout, metadata=c.metadata))
+        except grpc.aio.AioRpcError as err:
+            if _out_of_range(err):
+                raise Compacted(revision) from None
+            raise
+
+    async def events(self, start: bytes, end: bytes, from_revision: int,
+                     prev_kv: bool = False) -> AsyncIterator[KeyEvent]:
+        """Every change to keys in [start, end) at or after from_revision, in revision order.
+
+        Compacted when from_revision is no longer held; StoreUnavailable when the stream drops.
+        """
+        client = await self.conn.client()
+        # Compacting at revision R drops a deletion made at R, yet a watch from R is
+        # still allowed and silently misses it. Starting one revision earlier makes
+        # etcd report a compacted start whenever from_revision <= R.
+        start_revision = max(from_revision - 1, 1)
+        try:
+            watch = await client.watch(start, range_end=end, start_revision=start_revision, prev_kv=prev_kv)
+        except aetcd.exceptions.RevisionCompactedError as err:
+            raise Compacted(err.compacted_revision) from None
+        except aetcd.exceptions.ClientError as err:
+            raise StoreUnavailable(f"watch on {self.conn.endpoint} failed: {err}") from None
+        try:
+            async for ev in watch:
+                if ev.kv.mod_revision >= from_revision:
+                    yield ev
+        except aetcd.exceptions.RevisionCompactedError as err:
+            raise Compacted(err.compacted_revision) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 aetcd/grpc raise many kinds; all mean the stream is gone
+            raise StoreUnavailable(f"watch stream from {self.conn.endpoint} dropped: {err}") from None
+        finally:
+            # aetcd's cancel can block on its request queue when the stream is
+            # gone; never let closing a watch hang its caller.
+            try:
+                await asyncio.wait_for(watch.cancel(), 2.0)
+            except (Exception, asyncio.TimeoutError):  # noqa: BLE001 the stream may already be gone
+                pass
+        raise StoreUnavailable(f"watch stream from {self.conn.endpoint} ended")

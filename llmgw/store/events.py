@@ -1,0 +1,60 @@
+"""Events: what happened to an object, for people (`llmgw describe`), under /llmgw/events/<kind>/<name>/."""
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from llmgw.api.meta import now
+from llmgw.store import keys as K
+from llmgw.store.etcd import Etcd, put_op
+from llmgw.store.kv import KV
+from llmgw.store.leases import Leases
+
+# (kind, name, type, reason, message)
+Event = tuple[str, str, str, str, str]
+
+TTL = 3600            # an event expires after about an hour
+LEASE_REUSE = 300     # seconds one lease carries new events (they expire within TTL + this)
+
+
+class Stamps:
+    """The lease events are written on and the last key's timestamp, shared by a Store and its views."""
+
+    def __init__(self) -> None:
+        self.lease: tuple[int, float] | None = None   # (lease id, monotonic time granted)
+        self.last_ns = 0
+
+
+class Events:
+    def __init__(self, etcd: Etcd, kv: KV, leases: Leases, stamps: Stamps):
+        self._etcd, self._kv, self._leases, self._stamps = etcd, kv, leases, stamps
+
+    async def record(self, kind: str, name: str, type: str, reason: str, message: str) -> None:
+        """An event of object kind/name, expiring after about an hour."""
+        await self.record_many([(kind, name, type, reason, message)])
+
+    async def record_many(self, events: Sequence[Event]) -> None:
+        """Several events in one transaction.
+
+        Keys end in a nanosecond timestamp, kept strictly increasing so that
+        events written together keep their order and never share a key.
+        """
+        stamps = self._stamps
+        lease = stamps.lease
+        if lease is None or time.monotonic() - lease[1] > LEASE_REUSE:
+            lease = stamps.lease = (await self._leases.grant(TTL), time.monotonic())
+        stamp = now().isoformat()
+        ops = []
+        for kind, name, type, reason, message in events:
+            ns = stamps.last_ns = max(time.time_ns(), stamps.last_ns + 1)
+            value = {"type": type, "reason": reason, "message": message, "time": stamp}
+            ops.append(put_op(f"{K.events_prefix(kind, name)}{ns:020d}", json.dumps(value).encode(), lease[0]))
+        await self._etcd.txn([], ops)
+
+    async def list(self, kind: str, name: str) -> builtins.list[dict[str, Any]]:
+        """The object's events, oldest first: {"type", "reason", "message", "time"}."""
+        items, _ = await self._kv.list(K.events_prefix(kind, name))
+        return [json.loads(v) for _, v, _ in items]

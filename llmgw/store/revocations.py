@@ -1,0 +1,22 @@
+"""Revoked certificate serials, under /llmgw/revoked/<serial>: the server refuses their holders."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmgw.store import keys as K
+from llmgw.store.kv import KV
+
+
+class Revocations:
+    def __init__(self, kv: KV):
+        self._kv = kv
+
+    async def add(self, serial: str | int, info: dict[str, Any] | None = None) -> None:
+        """Record the serial as revoked, with what is known of it (role, name, when)."""
+        await self._kv.put(K.revoked_key(str(serial)), json.dumps(info or {}).encode())
+
+    async def list(self) -> dict[str, dict[str, Any]]:
+        """Every revoked serial, with its info."""
+        items, _ = await self._kv.list(K.REVOKED)
+        return {k[len(K.REVOKED):]: json.loads(v) for k, v, _ in items}
