@@ -125,7 +125,7 @@ class Reflector(Generic[T]):
                     self.on_synced()
             try:
                 await self._watch()
-                why = "the watch stream ended"
+                why = "ended its watch"
             except Exception as err:
                 after = self.lw.after_error(err)
                 if after == "raise":
@@ -134,9 +134,9 @@ class Reflector(Generic[T]):
                     log.info("%s: revision %d is gone (%s); listing again", self.name, self.revision + 1, err)
                     self._must_list = True
                     continue
-                why = f"the watch failed ({err})"
+                why = f"interrupted ({err})"
             delay = self.backoff.next()
-            log.warning("%s: %s; watching again from revision %d in %.2fs", self.name, why, self.revision + 1, delay)
+            log.warning("%s %s; watching again from revision %d in %.2fs", self.name, why, self.revision + 1, delay)
             await asyncio.sleep(delay)
 
     def _report_list(self, items: Sequence[T], revision: int) -> None:
