@@ -37,6 +37,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, S
 from typing import Generic, Literal, Protocol, TypeVar
 
 from llmgw.api.client import EventType
+from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
 
 log = logging.getLogger("llmgw.reflector")
@@ -203,6 +204,11 @@ class Reflector(Generic[T]):
                         await asyncio.wait_for(stream.aclose(), CLOSE_TIMEOUT)
                     except (Exception, asyncio.TimeoutError):  # noqa: BLE001
                         log.debug("%s: closing the watch stream failed or hung", self.name)
+
+
+def object_name(obj: AnyObject) -> str:
+    """The key of an API object in a reflector: its name."""
+    return obj.metadata.name
 
 
 def _raise_if_cancelling() -> None:

@@ -17,7 +17,7 @@ from llmgw.api.types import AnyObject, ObjectT, resolve_kind
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
-from llmgw.reflector import AfterError, Reflector
+from llmgw.reflector import AfterError, Reflector, object_name
 
 BASE = "/apis/llmgw.io/v1"
 
@@ -101,9 +101,6 @@ async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiErr
 def _kind(kind: Kind) -> str:
     return resolve_kind(kind) if isinstance(kind, str) else kind.kind_plural
 
-
-def _name(obj: AnyObject) -> str:
-    return obj.metadata.name
 
 
 class Client:
@@ -319,7 +316,7 @@ class Client:
         queue: asyncio.Queue[tuple[str, AnyObject | None] | None] = asyncio.Queue()
         reflector = Reflector(
             self.lister_watcher(kind, node, selector), lambda type_, obj, _rev: queue.put_nowait((type_, obj)),
-            key=_name, on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
+            key=object_name, on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
             backoff=Backoff(0.1, retry_max), name=f"watch of {_kind(kind)}")
         task = asyncio.ensure_future(reflector.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))

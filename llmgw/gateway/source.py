@@ -13,7 +13,7 @@ from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
 from llmgw.client import Client
 from llmgw.gateway.table import RoutingTable
-from llmgw.reflector import Reflector
+from llmgw.reflector import Reflector, object_name
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class ServerSource:
             backoff.reset()
 
         # One reflector for the life of the source: after a refusal it goes on from what it reported.
-        reflector = Reflector(self.client.lister_watcher(kind), apply, key=_name, on_synced=listed,
+        reflector = Reflector(self.client.lister_watcher(kind), apply, key=object_name, on_synced=listed,
                               backoff=Backoff(0.1, 5.0), name=f"routing table's watch of {kind}")
         while True:
             try:
@@ -78,9 +78,6 @@ class ServerSource:
                 log.error("watching %s failed: %s; retrying in %.0f s", kind, err, delay)
                 await asyncio.sleep(delay)
 
-
-def _name(obj: AnyObject) -> str:
-    return obj.metadata.name
 
 
 def load_static(path: str | Path, table: RoutingTable) -> int:

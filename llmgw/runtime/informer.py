@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 from llmgw.api.client import EventType
 from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
-from llmgw.reflector import AfterError, Event, Reflector
+from llmgw.reflector import Reflector, object_name
 from llmgw.runtime.cache import Cache
+from llmgw.runtime.listwatch import KeyNames, StoreObjects
 from llmgw.store import keys
-from llmgw.store.errors import Compacted, StoreUnavailable
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.informer")
@@ -34,57 +34,6 @@ Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, 
 def _ignore(kind: str, type: EventType, obj: Any) -> None:
     pass
 
-
-def _after_store_error(err: Exception) -> AfterError:
-    if isinstance(err, Compacted):
-        return "relist"
-    return "retry" if isinstance(err, StoreUnavailable) else "raise"
-
-
-class _Objects:
-    """The store's objects of one kind, as a reflector's lister-watcher."""
-
-    def __init__(self, store: Store, kind: str) -> None:
-        self.store, self.kind = store, kind
-
-    async def list(self) -> tuple[Sequence[AnyObject], int]:
-        return await self.store.list(self.kind)
-
-    def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.store.watch(self.kind, from_revision)
-
-    after_error = staticmethod(_after_store_error)
-
-
-class _Beat(NamedTuple):
-    type: EventType
-    object: str      # the node
-    revision: int
-
-
-class _Heartbeats:
-    """The nodes with a live /llmgw/heartbeat/<node> key, as a reflector's lister-watcher."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    async def list(self) -> tuple[Sequence[str], int]:
-        kvs, rev = await self.store.list_raw(keys.HEARTBEAT)
-        return [_node(k) for k, _, _ in kvs], rev
-
-    async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
-        async for ev in self.store.watch_raw(keys.HEARTBEAT, from_revision):
-            yield _Beat("DELETED" if ev.type == "DELETE" else "ADDED", _node(ev.key), ev.revision)
-
-    after_error = staticmethod(_after_store_error)
-
-
-def _node(key: str) -> str:
-    return key[len(keys.HEARTBEAT):]
-
-
-def _name(obj: AnyObject) -> str:
-    return obj.metadata.name
 
 
 class Informer:
@@ -99,7 +48,7 @@ class Informer:
             backoff=Backoff(backoff_base, backoff_max), name=f"{kind} informer")
 
     def _reflector(self, store: Store, **kw: Any) -> Reflector[AnyObject] | Reflector[str]:
-        return Reflector(_Objects(store, self.kind), self._apply, key=_name,
+        return Reflector(StoreObjects(store, self.kind), self._apply, key=object_name,
                          known=lambda: self.cache.list(self.kind), **kw)
 
     @property
@@ -134,7 +83,7 @@ class HeartbeatInformer(Informer):
         super().__init__(store, "heartbeats", cache, handler, **kw)
 
     def _reflector(self, store: Store, **kw: Any) -> Reflector[AnyObject] | Reflector[str]:
-        return Reflector(_Heartbeats(store), self._beat, key=str, known=self.cache.heartbeats, **kw)
+        return Reflector(KeyNames(store, keys.HEARTBEAT), self._beat, key=str, known=self.cache.heartbeats, **kw)
 
     def _beat(self, type: EventType, node: str, revision: int) -> None:
         if self.cache.set_heartbeat(node, type != "DELETED"):

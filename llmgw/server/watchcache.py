@@ -40,7 +40,7 @@ from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
 from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
-from llmgw.reflector import AfterError, Event, Reflector
+from llmgw.reflector import AfterError, Event, Reflector, object_name
 from llmgw.server.status import status_body
 from llmgw.store import keys as K
 from llmgw.store.errors import Compacted, StoreUnavailable
@@ -226,7 +226,7 @@ class KindCache:
 
     def _pump(self) -> asyncio.Task[None]:
         """The reflector that feeds the cache, from the revision after ``self.rev``."""
-        reflector = Reflector(_History(self), self._dispatch, key=_name, known=_nothing, start_revision=self.rev,
+        reflector = Reflector(_History(self), self._dispatch, key=object_name, known=_nothing, start_revision=self.rev,
                               backoff=Backoff(0.1, self.max_backoff),
                               burst=100,   # a long burst: let the watchers write what they have
                               name=f"watch cache of {self.kind}")
@@ -342,9 +342,6 @@ class _History:
         # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
         return "relist" if isinstance(err, Compacted) else "retry"
 
-
-def _name(obj: AnyObject) -> str:
-    return obj.metadata.name
 
 
 def _nothing() -> tuple[()]:
