@@ -79,13 +79,16 @@ class Reflector(Generic[T]):
 
     ``key`` names an item (the diff after a relist matches items by it). ``known``
     returns the items the view holds now; without it the reflector remembers what it
-    reported (a dict entry per item, kept on every event). ``on_synced`` is called after
+    reported (a dict entry per item, kept on every event). ``on_list(changes, revision)``,
+    when given, hears a list's changes at once instead of ``on_event`` one by one (a view
+    can take them all in before telling anyone of one). ``on_synced`` is called after
     each list's changes were reported. ``burst``: after that many events in a row the
     loop lets other tasks run (a long burst would starve them).
     """
 
     def __init__(self, lw: ListerWatcher[T], on_event: Callable[[EventType, T, int], None], *,
                  key: Callable[[T], str], known: Callable[[], Iterable[T]] | None = None,
+                 on_list: Callable[[Sequence[tuple[EventType, T]], int], None] | None = None,
                  on_synced: Callable[[], None] | None = None, start_revision: int | None = None,
                  idle_timeout: float | None = None, backoff: Backoff | None = None, burst: int = 0,
                  name: str = "reflector") -> None:
@@ -93,6 +96,7 @@ class Reflector(Generic[T]):
         self.on_event = on_event
         self.key = key
         self.known = known
+        self.on_list = on_list
         self.on_synced = on_synced
         self.idle_timeout = idle_timeout
         self.backoff = backoff or Backoff(0.1, 10.0)
@@ -118,10 +122,10 @@ class Reflector(Generic[T]):
                     await asyncio.sleep(delay)
                     continue
                 self.backoff.reset()
+                self._report_list(items, revision)   # should it raise, run() lists again when run again
                 self._must_list = False
                 self.lists += 1
                 self.revision = revision
-                self._report_list(items, revision)
                 if self.on_synced is not None:
                     self.on_synced()
             try:
@@ -153,10 +157,13 @@ class Reflector(Generic[T]):
             elif old != item:
                 changes.append(("MODIFIED", item))
         changes.extend(("DELETED", old) for old in before.values())
+        if self.on_list is not None:
+            self.on_list(changes, revision)
+        else:
+            for type_, item in changes:
+                self.on_event(type_, item, revision)
         if self._reported is not None:
             self._reported = {key(item): item for item in items}
-        for type_, item in changes:
-            self.on_event(type_, item, revision)
 
     async def _watch(self) -> None:
         """Watch after ``self.revision`` until the stream ends or fails; re-open a silent one."""

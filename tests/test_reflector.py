@@ -9,6 +9,7 @@ from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Store
 from tests.helpers.cluster import api_server, ca_dir, start_api_server  # noqa: F401
+from tests.helpers.ctrlkit import until
 
 
 def model(name):
@@ -18,13 +19,6 @@ def model(name):
 
 def name(obj):
     return obj.metadata.name
-
-
-async def until(cond, timeout=30.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 class Held:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
 from llmgw.api.client import EventType
 from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
-from llmgw.reflector import Reflector, object_name
+from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.listwatch import KeyNames, StoreObjects
 from llmgw.store import keys
@@ -29,6 +29,7 @@ from llmgw.store.store import Store
 log = logging.getLogger("llmgw.informer")
 
 Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, for heartbeats, the node)
+ItemT = TypeVar("ItemT")   # an object, or a node name (heartbeats)
 
 
 def _ignore(kind: str, type: EventType, obj: Any) -> None:
@@ -36,20 +37,19 @@ def _ignore(kind: str, type: EventType, obj: Any) -> None:
 
 
 
-class Informer:
-    def __init__(self, store: Store, kind: str, cache: Cache, handler: Handler | None = None, *,
+class _Informer(Generic[ItemT]):
+    """An informer of items of one type: a reflector whose changes go to the cache, then to the handler."""
+
+    def __init__(self, kind: str, cache: Cache, handler: Handler | None, lw: ListerWatcher[ItemT],
+                 key: Callable[[ItemT], str], known: Callable[[], Iterable[ItemT]], *,
                  idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         self.kind = kind
         self.cache = cache
         self.handler = handler or _ignore
         self.synced = asyncio.Event()
-        self.reflector = self._reflector(
-            store, on_synced=self.synced.set, idle_timeout=idle_timeout,
-            backoff=Backoff(backoff_base, backoff_max), name=f"{kind} informer")
-
-    def _reflector(self, store: Store, **kw: Any) -> Reflector[AnyObject] | Reflector[str]:
-        return Reflector(StoreObjects(store, self.kind), self._apply, key=object_name,
-                         known=lambda: self.cache.list(self.kind), **kw)
+        self.reflector: Reflector[ItemT] = Reflector(
+            lw, self._apply, key=key, known=known, on_list=self._apply_list, on_synced=self.synced.set,
+            idle_timeout=idle_timeout, backoff=Backoff(backoff_base, backoff_max), name=f"{kind} informer")
 
     @property
     def lists(self) -> int:
@@ -64,27 +64,44 @@ class Informer:
     async def run(self) -> None:
         await self.reflector.run()
 
-    def _apply(self, type: EventType, obj: AnyObject, revision: int) -> None:
-        changed, _ = self.cache.apply(self.kind, type, obj, revision)
-        if changed:
-            self._emit(type, obj)
+    def _store(self, type: EventType, item: ItemT, revision: int) -> bool:
+        """Put a change into the cache; whether the handler should hear of it."""
+        raise NotImplementedError
 
-    def _emit(self, type: EventType, obj: Any) -> None:
+    def _apply(self, type: EventType, item: ItemT, revision: int) -> None:
+        if self._store(type, item, revision):
+            self._emit(type, item)
+
+    def _apply_list(self, changes: Sequence[tuple[EventType, ItemT]], revision: int) -> None:
+        # The whole list is in the cache before the handler hears of any of it: a handler may read the cache.
+        for type, item in [(t, i) for t, i in changes if self._store(t, i, revision)]:
+            self._emit(type, item)
+
+    def _emit(self, type: EventType, item: ItemT) -> None:
         try:
-            self.handler(self.kind, type, obj)
+            self.handler(self.kind, type, item)
         except Exception:
             log.exception("%s informer: handler failed", self.kind)
 
 
-class HeartbeatInformer(Informer):
+class Informer(_Informer[AnyObject]):
+    def __init__(self, store: Store, kind: str, cache: Cache, handler: Handler | None = None, *,
+                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+        super().__init__(kind, cache, handler, StoreObjects(store, kind), object_name, lambda: cache.list(kind),
+                         idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
+
+    def _store(self, type: EventType, obj: AnyObject, revision: int) -> bool:
+        changed, _ = self.cache.apply(self.kind, type, obj, revision)
+        return changed
+
+
+class HeartbeatInformer(_Informer[str]):
     """Keeps ``cache.heartbeats()`` = nodes with a live /llmgw/heartbeat/<node> key."""
 
-    def __init__(self, store: Store, cache: Cache, handler: Handler | None = None, **kw: Any) -> None:
-        super().__init__(store, "heartbeats", cache, handler, **kw)
+    def __init__(self, store: Store, cache: Cache, handler: Handler | None = None, *,
+                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+        super().__init__("heartbeats", cache, handler, KeyNames(store, keys.HEARTBEAT), str, cache.heartbeats,
+                         idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 
-    def _reflector(self, store: Store, **kw: Any) -> Reflector[AnyObject] | Reflector[str]:
-        return Reflector(KeyNames(store, keys.HEARTBEAT), self._beat, key=str, known=self.cache.heartbeats, **kw)
-
-    def _beat(self, type: EventType, node: str, revision: int) -> None:
-        if self.cache.set_heartbeat(node, type != "DELETED"):
-            self._emit(type, node)
+    def _store(self, type: EventType, node: str, revision: int) -> bool:
+        return self.cache.set_heartbeat(node, type != "DELETED")
