@@ -80,7 +80,11 @@ def shard_name(replica: str, rank: int) -> str:
 
 def backoff_seconds(streak: int, base: float = 10.0, cap: float = 300.0) -> float:
     """Crash-loop delay after the ``streak``-th failure in a row (1-based): none for the
-    first, then base doubling to cap."""
+    first, then base doubling to cap.
+
+    Not llmgw.backoff's jittered policy: this delay is a schedule users read
+    (status.backoffUntil, "rebuilding in 20s") and set (rebuild_backoff_*), so it
+    stays exact; and one replica's failures are its own, with no herd to spread."""
     return 0.0 if streak <= 1 else min(cap, base * 2 ** (streak - 2))
 
 

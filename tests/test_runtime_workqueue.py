@@ -60,23 +60,30 @@ async def test_concurrent_workers_never_hold_the_same_key():
     assert all(counts[k] == 3 for k in "abcde")
 
 
+def within_jitter(delays, ceilings):
+    """Each delay is its ceiling less up to half of it (llmgw.backoff's jitter)."""
+    return all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+
+
 async def test_rate_limited_backoff_doubles_caps_and_forget_resets():
     q = WorkQueue(base_delay=0.005, max_delay=0.04)
     delays = [q.add_rate_limited("k") for _ in range(6)]
-    assert delays == [0.005, 0.01, 0.02, 0.04, 0.04, 0.04]
+    assert within_jitter(delays, [0.005, 0.01, 0.02, 0.04, 0.04, 0.04])
     assert q.num_requeues("k") == 6
     q.forget("k")
-    assert q.num_requeues("k") == 0 and q.backoff("k") == 0.005
+    assert q.num_requeues("k") == 0
     assert await asyncio.wait_for(q.get(), 5) == "k"   # the delayed add fired once
     q.done("k")
     assert len(q) == 0
+    assert within_jitter([q.add_rate_limited("k")], [0.005])   # forgotten: from the start again
 
 
-def test_default_backoff_is_5ms_doubling_to_5_minutes():
+async def test_default_backoff_is_5ms_doubling_to_5_minutes():
     q = WorkQueue()
-    assert q.backoff("x") == 0.005
-    q._failures["x"] = 30
-    assert q.backoff("x") == 300.0
+    delays = [q.add_rate_limited("x") for _ in range(30)]
+    assert within_jitter(delays[:2], [0.005, 0.01])
+    assert within_jitter(delays[-1:], [300.0])
+    q.shutdown()
 
 
 async def test_add_after_keeps_the_earliest_delay():

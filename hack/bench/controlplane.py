@@ -154,6 +154,14 @@ is still the limit), e.g.
       binds/s=1070 ratio_to_raw_etcd=0.15
 On the slower machine of 2026-12-03 the same build met the Ready target in
 12 of 12 runs and the binds target in 7 of 12 (above).
+One reflector and jittered backoffs (informers, client watches, gateway and watch
+cache through llmgw/reflector.py; llmgw/backoff.py), 2026-12-04, --nodes 300
+--replicas 600, interleaved with main's build (A B A B):
+    machine loaded by other work (load 2.2-3.2), 2 pairs: this build all Ready after
+      1.85, 2.24 s, binds 695, 774/s; main 2.28, 1.44 s, 898, 1003/s
+    machine quiet, 5 pairs: this build all Ready after 1.28-1.37 s, binds
+      1183-1325/s, controller-manager 1.0-1.1 CPU s; main 1.22-1.44 s,
+      1146-1380/s, 1.0 CPU s (no difference beyond the spread)
 """
 from __future__ import annotations
 

@@ -11,9 +11,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
+from llmgw.backoff import Backoff, ExponentialJitter
 from llmgw.client import AlreadyExists, Client, NotFound
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def _log_retry(what: str):
 async def retry_forever(what: str, fn, max_wait: float = 10.0):
     """Await fn() until it succeeds, with jittered exponential backoff between tries."""
     async for attempt in AsyncRetrying(
-        wait=wait_exponential_jitter(initial=0.2, max=max_wait),
+        wait=ExponentialJitter(0.2, max_wait),
         retry=retry_if_exception_type(Exception),
         before_sleep=_log_retry(what),
         reraise=True,
@@ -100,27 +101,23 @@ class Registration:
 
     async def heartbeat_loop(self) -> None:
         """Heartbeat every interval; after a failure, back off, and re-register once it works."""
-        failures = 0
-        wait = wait_exponential_jitter(initial=0.2, max=self.interval)
+        backoff = Backoff(0.2, self.interval)
         while True:
             try:
                 await self.client.heartbeat(self.node)
                 if not self.connected.is_set():
                     await self._send(force=True)
-                    log.info("node %s: reconnected to the server after %d failed heartbeats", self.node, failures)
+                    log.info("node %s: reconnected to the server after %d failed heartbeats", self.node,
+                             backoff.failures)
                     self.connected.set()
                     for callback in self.on_reconnect:
                         callback()
-                failures = 0
+                backoff.reset()
                 await asyncio.sleep(self.interval)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 whatever failed counts as a failed beat
-                failures += 1
                 if self.connected.is_set():
                     log.warning("node %s: heartbeat failed, engines keep running; retrying: %s", self.node, err)
                 self.connected.clear()
-
-                class _S:
-                    attempt_number = failures
-                await asyncio.sleep(wait(_S()))
+                await backoff.sleep()

@@ -4,7 +4,7 @@ Each shard's runner states the status it wants (`want`); the server's copy is
 learnt from the watch (`observed`) and from each write's answer. A write is
 sent only when the two differ, and only the latest wanted status is sent: a
 burst of phase changes during an outage becomes one write when the server is
-back. Failed writes are retried with exponential backoff (tenacity's wait).
+back. Failed writes are retried with llmgw.backoff's jittered exponential backoff.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import logging
 from collections import deque
 from typing import Awaitable, Callable
 
-from tenacity import wait_exponential_jitter
-
 from llmgw.api import Shard, ShardStatus
+from llmgw.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class StatusReporter:
         self._want_uid: dict[str, str | None] = {}  # which incarnation of the name a wanted status is for
         self._seen_uid: dict[str, str | None] = {}  # the incarnation the server has
         self._wake = asyncio.Event()
-        self._wait = wait_exponential_jitter(initial=0.2, max=max_backoff)
+        self._backoff = Backoff(0.2, max_backoff)
         self.writes = 0             # successful writes (for tests and logs)
 
     def want(self, name: str, status: ShardStatus, uid: str | None = None) -> None:
@@ -86,22 +85,15 @@ class StatusReporter:
         self._wake.set()
 
     async def run(self) -> None:
-        failures = 0
         while True:
             await self._wake.wait()
             self._wake.clear()
             ok = await self._flush()
             if ok:
-                failures = 0
+                self._backoff.reset()
                 continue
-            failures += 1
             self._wake.set()    # retry after the backoff
-            await asyncio.sleep(self._wait_seconds(failures))
-
-    def _wait_seconds(self, attempt: int) -> float:
-        class _State:       # tenacity's wait strategies read only attempt_number
-            attempt_number = attempt
-        return self._wait(_State())
+            await self._backoff.sleep()
 
     async def _flush(self) -> bool:
         ok = True

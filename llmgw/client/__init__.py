@@ -5,7 +5,8 @@
     cfg = ClientConfig.load(path=None)   # explicit path > $LLMGW_CONFIG > ~/.config/llmgw/config.yaml
                                          # fields: server, ca, cert, key (ConfigError when unusable)
     async with Client(server_url, ca=..., cert=..., key=...) as c:   # or Client.from_config(cfg)
-        obj = await c.get(kind, name, node=None)          # kind: plural, singular or short ("mo")
+        # an llmgw.api.ObjectClient: kind is a class (Model: typed answers) or a name (plural, singular, "mo")
+        obj = await c.get(kind, name, node=None)
         items, rv = await c.list(kind, selector=None, node=None)   # rv: the revision to watch from
         obj = await c.create(obj)                         # AlreadyExists
         obj = await c.update(obj)                         # Conflict when obj.metadata.resourceVersion is stale
@@ -13,11 +14,14 @@
         obj = await c.patch_status(kind, name, {"phase": ...}, node=None)   # top-level merge, conditions by type
         obj = await c.delete(kind, name, node=None)
         result, obj = await c.apply(obj)                  # 'created' | 'configured' | 'unchanged'
-        async for ev in c.watch(kind, resource_version=rv, node=None, selector=None):
-            ev.type, ev.object, ev.revision               # raises Expired (410): relist, watch from the list's rv
+        async for ev in c.watch(kind, rv + 1, node=None, selector=None):   # or resource_version=rv: after rv
+            ev.type, ev.object, ev.revision               # an llmgw.api.WatchEvent; raises Expired (410): relist,
+                                                          # watch from the list's rv
         async for type, obj in c.list_and_watch(kind, node=None, selector=None, synced=False):
-            ...                                           # informer: relists on 410, re-watches after drops,
-                                                          # synthetic DELETED for objects gone across a relist
+            ...                                           # a reflector (llmgw.reflector): relists on 410,
+                                                          # re-watches after drops, synthetic DELETED for
+                                                          # objects gone across a relist
+        c.lister_watcher(kind, node=None, selector=None)  # the same source, for a Reflector of your own
         await c.heartbeat(node, ttl=None); await c.events(kind, name)
         await c.record_event(kind, name, type, reason, message)
 
@@ -29,7 +33,7 @@ Errors (each str() is one actionable line):
     TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
                                               'client' = it refused ours (or ours cannot be loaded)
 """
-from llmgw.client.client import Client, WatchEvent  # noqa: F401
+from llmgw.client.client import Client, ServerObjects  # noqa: F401
 from llmgw.client.config import ClientConfig, ConfigError, config_path  # noqa: F401
 from llmgw.client.errors import (  # noqa: F401
     AlreadyExists,

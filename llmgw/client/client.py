@@ -2,26 +2,26 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import ssl
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import aiohttp
 
-from llmgw.api import Object, parse_object, resolve_kind
+from llmgw.api.client import ObjectClient, StatusPatch, WatchEvent
+from llmgw.api.manifests import parse_object
+from llmgw.api.types import AnyObject, ObjectT, resolve_kind
+from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
+from llmgw.reflector import AfterError, Reflector, object_name
 
 BASE = "/apis/llmgw.io/v1"
 
-
-@dataclass
-class WatchEvent:
-    type: str            # ADDED | MODIFIED | DELETED
-    object: Object
-    revision: int        # etcd revision of the change: resume a watch with resource_version=revision
+Kind = type[AnyObject] | str   # a kind's class, or its plural, singular or short name
 
 
 def _ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -98,12 +98,16 @@ async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiErr
         return error_for(resp.status, resp.reason or "", f"{resp.status} {resp.reason}: {text.strip()[:200]}", url)
 
 
-def _kind(kind: str) -> str:
-    return resolve_kind(kind)
+def _kind(kind: Kind) -> str:
+    return resolve_kind(kind) if isinstance(kind, str) else kind.kind_plural
+
 
 
 class Client:
-    """`async with Client(url, ca=, cert=, key=) as c:`; see llmgw.client for the methods."""
+    """`async with Client(url, ca=, cert=, key=) as c:`; see llmgw.client for the methods.
+
+    An ``llmgw.api.ObjectClient``: kinds by class (``await c.get(Replica, "r1")`` is a
+    Replica) or by name (``"replicas"``, ``"rep"``)."""
 
     def __init__(self, server: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
                  *, timeout: float = 30.0, watch_idle_timeout: float = 90.0, connections: int = 100):
@@ -139,7 +143,8 @@ class Client:
             self._session = None
 
     # ---------------------------------------------------------- plumbing
-    async def request(self, method: str, path: str, *, params: dict | None = None, body: Any = None) -> Any:
+    async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                      body: Any = None) -> Any:
         url = self.server + path
         params = {k: str(v) for k, v in (params or {}).items() if v is not None}
         try:
@@ -153,7 +158,7 @@ class Client:
             raise _translate(err, url) from None
 
     @staticmethod
-    def _path(kind: str, name: str | None = None, sub: str | None = None) -> str:
+    def _path(kind: Kind, name: str | None = None, sub: str | None = None) -> str:
         path = f"{BASE}/{_kind(kind)}"
         if name is not None:
             path += f"/{name}"
@@ -162,48 +167,86 @@ class Client:
         return path
 
     @staticmethod
-    def _dump(obj: Object) -> dict:
+    def _dump(obj: AnyObject) -> dict[str, Any]:
         return obj.model_dump(mode="json")
 
     # -------------------------------------------------------------- verbs
-    async def get(self, kind: str, name: str, node: str | None = None) -> Object:
+    @overload
+    async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
+    @overload
+    async def get(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
+
+    async def get(self, kind: Kind, name: str, node: str | None = None) -> AnyObject:
         return parse_object(await self.request("GET", self._path(kind, name), params={"node": node}))
 
-    async def list(self, kind: str, selector: str | None = None, node: str | None = None) -> tuple[list[Object], int]:
+    @overload
+    async def list(self, kind: type[ObjectT], selector: str | None = None,
+                   node: str | None = None) -> tuple[builtins.list[ObjectT], int]: ...
+    @overload
+    async def list(self, kind: str, selector: str | None = None,
+                   node: str | None = None) -> tuple[builtins.list[AnyObject], int]: ...
+
+    async def list(self, kind: Kind, selector: str | None = None,
+                   node: str | None = None) -> tuple[builtins.list[Any], int]:
+        # (list[Any]: the class of the items is the kind asked for, known to the overloads only)
         data = await self.request("GET", self._path(kind), params={"labelSelector": selector, "node": node})
         return [parse_object(i) for i in data["items"]], int(data["metadata"]["resourceVersion"])
 
-    async def create(self, obj: Object) -> Object:
-        return parse_object(await self.request("POST", self._path(obj.kind_plural), body=self._dump(obj)))
+    async def create(self, obj: ObjectT) -> ObjectT:
+        return self._same(obj, await self.request("POST", self._path(obj.kind_plural), body=self._dump(obj)))
 
-    async def update(self, obj: Object) -> Object:
-        return parse_object(await self.request("PUT", self._path(obj.kind_plural, obj.name), body=self._dump(obj)))
+    async def update(self, obj: ObjectT) -> ObjectT:
+        path = self._path(obj.kind_plural, obj.name)
+        return self._same(obj, await self.request("PUT", path, body=self._dump(obj)))
 
-    async def update_status(self, obj: Object) -> Object:
+    async def update_status(self, obj: ObjectT) -> ObjectT:
         path = self._path(obj.kind_plural, obj.name, "status")
-        return parse_object(await self.request("PUT", path, body=self._dump(obj)))
+        return self._same(obj, await self.request("PUT", path, body=self._dump(obj)))
 
-    async def patch_status(self, kind: str, name: str, patch: dict, node: str | None = None) -> Object:
+    @overload
+    async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch,
+                           node: str | None = None) -> ObjectT: ...
+    @overload
+    async def patch_status(self, kind: str, name: str, patch: StatusPatch, node: str | None = None) -> AnyObject: ...
+
+    async def patch_status(self, kind: Kind, name: str, patch: StatusPatch, node: str | None = None) -> AnyObject:
         path = self._path(kind, name, "status")
-        return parse_object(await self.request("PATCH", path, params={"node": node}, body=patch))
+        return parse_object(await self.request("PATCH", path, params={"node": node}, body=dict(patch)))
 
-    async def delete(self, kind: str, name: str, node: str | None = None) -> Object:
+    @overload
+    async def delete(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
+    @overload
+    async def delete(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
+
+    async def delete(self, kind: Kind, name: str, node: str | None = None) -> AnyObject:
         return parse_object(await self.request("DELETE", self._path(kind, name), params={"node": node}))
 
-    async def apply(self, obj: Object) -> tuple[str, Object]:
+    async def apply(self, obj: ObjectT) -> tuple[str, ObjectT]:
         data = await self.request("POST", self._path(obj.kind_plural, obj.name, "apply"), body=self._dump(obj))
-        return data["result"], parse_object(data["object"])
+        return data["result"], self._same(obj, data["object"])
 
-    async def heartbeat(self, node: str, ttl: int | None = None) -> dict:
-        return await self.request("POST", f"{BASE}/heartbeat/{node}", body={"ttl": ttl} if ttl else {})
+    @staticmethod
+    def _same(obj: ObjectT, doc: Any) -> ObjectT:
+        """The server's answer about ``obj``: an object of ``obj``'s kind."""
+        answer = parse_object(doc)
+        if not isinstance(answer, type(obj)):
+            raise ApiError(0, "BadResponse", f"the server answered a {obj.kind} with a {answer.kind}")
+        return answer
 
-    async def events(self, kind: str, name: str) -> list[dict]:
+    async def heartbeat(self, node: str, ttl: int | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}",
+                                                    body={"ttl": ttl} if ttl else {})
+        return result
+
+    async def events(self, kind: Kind, name: str) -> builtins.list[dict[str, Any]]:
         data = await self.request("GET", f"{BASE}/events", params={"kind": _kind(kind), "name": name})
-        return data["items"]
+        items: builtins.list[dict[str, Any]] = data["items"]
+        return items
 
-    async def record_event(self, kind: str, name: str, type: str, reason: str, message: str) -> dict:
+    async def record_event(self, kind: Kind, name: str, type: str, reason: str, message: str) -> dict[str, Any]:
         body = {"kind": _kind(kind), "name": name, "type": type, "reason": reason, "message": message}
-        return await self.request("POST", f"{BASE}/events", body=body)
+        result: dict[str, Any] = await self.request("POST", f"{BASE}/events", body=body)
+        return result
 
     async def revoke(self, serial: str, role: str | None = None, name: str | None = None) -> dict:
         """Revoke a certificate by its serial (admins only); `role` and `name` are recorded beside it."""
@@ -211,19 +254,35 @@ class Client:
         return await self.request("POST", f"{BASE}/revocations", body=body)
 
     # --------------------------------------------------------------- watch
-    async def watch(self, kind: str, resource_version: int | None = None, node: str | None = None,
-                    selector: str | None = None) -> AsyncIterator[WatchEvent]:
-        """Changes after `resource_version` (None: every current object as ADDED first).
+    @overload
+    def watch(self, kind: type[ObjectT], from_revision: int | None = None, node: str | None = None, *,
+              resource_version: int | None = None,
+              selector: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]: ...
+    @overload
+    def watch(self, kind: str, from_revision: int | None = None, node: str | None = None, *,
+              resource_version: int | None = None,
+              selector: str | None = None) -> AsyncIterator[WatchEvent[AnyObject]]: ...
+
+    async def watch(self, kind: Kind, from_revision: int | None = None, node: str | None = None, *,
+                    resource_version: int | None = None,
+                    selector: str | None = None) -> AsyncIterator[WatchEvent[Any]]:
+        # (WatchEvent[Any]: the class of the objects is the kind asked for, known to the overloads only)
+        """Changes at ``from_revision`` and after (as ``Store.watch``), or, in the REST API's terms,
+        after ``resource_version``; with neither, every current object as ADDED first.
 
         Raises Expired when that revision was compacted: relist and watch from the list's
         revision. Returns when the server ends the stream; raises Unreachable when it drops:
         re-watch from the last event's revision either way.
         """
+        if from_revision is not None:
+            if resource_version is not None:
+                raise TypeError("watch from_revision or after resource_version, not both")
+            resource_version = from_revision - 1
         url = self.server + self._path(kind)
         params = {"watch": "1", "resourceVersion": resource_version, "node": node, "labelSelector": selector}
-        params = {k: str(v) for k, v in params.items() if v is not None}
+        query = {k: str(v) for k, v in params.items() if v is not None}
         try:
-            async with self._open().get(url, params=params, timeout=self._watch_timeout) as resp:
+            async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 async for line in resp.content:
@@ -241,9 +300,16 @@ class Client:
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
             raise _translate(err, url) from None
 
-    async def list_and_watch(self, kind: str, node: str | None = None, selector: str | None = None,
-                             synced: bool = False, retry_max: float = 5.0) -> AsyncIterator[tuple[str, Object | None]]:
-        """Informer stream: ("ADDED"|"MODIFIED"|"DELETED", obj) forever.
+    def lister_watcher(self, kind: Kind, node: str | None = None,
+                       selector: str | None = None) -> "ServerObjects":
+        """The objects of ``kind`` (on ``node``, matching ``selector``) as a reflector's lister-watcher."""
+        return ServerObjects(self, kind, node, selector)
+
+    async def list_and_watch(self, kind: Kind, node: str | None = None, selector: str | None = None,
+                             synced: bool = False,
+                             retry_max: float = 5.0) -> AsyncIterator[tuple[str, AnyObject | None]]:
+        """Informer stream: ("ADDED"|"MODIFIED"|"DELETED", obj) forever, from a reflector
+        (llmgw.reflector) over ``lister_watcher``.
 
         Lists, emits what changed since the previous list (a synthetic DELETED for each object
         that vanished meanwhile), then watches from the list's revision; relists on Expired,
@@ -251,45 +317,42 @@ class Client:
         synced=True it also yields ("SYNCED", None) after each list has been emitted.
         Forbidden, NotFound and other request errors are raised.
         """
-        cache: dict[str, Object] = {}
-        delay = 0.1
-        while True:
-            try:
-                items, rev = await self.list(kind, selector=selector, node=node)
-            except (Unreachable, ApiError) as err:
-                if not isinstance(err, Unreachable) and err.code < 500:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, retry_max)
-                continue
-            fresh = {o.name: o for o in items}
-            for name, obj in fresh.items():
-                if name not in cache:
-                    yield "ADDED", obj
-                elif obj != cache[name]:
-                    yield "MODIFIED", obj
-            for name in [n for n in cache if n not in fresh]:
-                yield "DELETED", cache.pop(name)
-            cache = fresh
-            if synced:
-                yield "SYNCED", None
-            while True:  # watch, resuming from the last revision seen, until told to relist
-                try:
-                    async for ev in self.watch(kind, resource_version=rev, node=node, selector=selector):
-                        delay = 0.1
-                        rev = max(rev, ev.revision)
-                        if ev.type == "DELETED":
-                            cache.pop(ev.object.name, None)
-                        else:
-                            cache[ev.object.name] = ev.object
-                        yield ev.type, ev.object
-                except Expired:
-                    break
-                except Unreachable:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, retry_max)
-                except ApiError as err:
-                    if err.code < 500:
-                        raise
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, retry_max)
+        # The reflector calls back; this generator hands its calls on, in order, then what ended it.
+        queue: asyncio.Queue[tuple[str, AnyObject | None] | None] = asyncio.Queue()
+        reflector = Reflector(
+            self.lister_watcher(kind, node, selector), lambda type_, obj, _rev: queue.put_nowait((type_, obj)),
+            key=object_name, on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
+            backoff=Backoff(0.1, retry_max), name=f"watch of {_kind(kind)}")
+        task = asyncio.ensure_future(reflector.run())
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+            task.result()   # raises what ended it
+        finally:
+            task.cancel()
+
+
+class ServerObjects:
+    """A kind's objects on the server, as a reflector's lister-watcher (llmgw.reflector)."""
+
+    def __init__(self, client: Client, kind: Kind, node: str | None, selector: str | None) -> None:
+        self.client, self.kind, self.node, self.selector = client, _kind(kind), node, selector
+
+    async def list(self) -> tuple[Sequence[AnyObject], int]:
+        return await self.client.list(self.kind, selector=self.selector, node=self.node)
+
+    def watch(self, from_revision: int) -> AsyncIterator[WatchEvent[AnyObject]]:
+        return self.client.watch(self.kind, from_revision, self.node, selector=self.selector)
+
+    def after_error(self, err: Exception) -> AfterError:
+        if isinstance(err, Expired):
+            return "relist"
+        if isinstance(err, Unreachable) or (isinstance(err, ApiError) and err.code >= 500):
+            return "retry"   # the server or its etcd is away: it comes back
+        return "raise"       # refused (401, 403), not found, a bad query: the caller decides
+
+
+if TYPE_CHECKING:
+    def _is_an_object_client(client: Client) -> None:
+        _: ObjectClient = client   # mypy checks that Client implements the protocol

@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.api import Model, Replica, load_path
+from llmgw.api import Model, Replica
+from llmgw.api.client import EventType
+from llmgw.api.manifests import load_path
+from llmgw.api.types import AnyObject
+from llmgw.backoff import Backoff
+from llmgw.client import Client
 from llmgw.gateway.table import RoutingTable
+from llmgw.reflector import Reflector, object_name
 
 log = logging.getLogger(__name__)
 
@@ -14,21 +21,24 @@ KINDS = ("models", "replicas")
 
 
 class ServerSource:
-    """Keeps a table in step with the server through `Client.list_and_watch`.
+    """Keeps a table in step with the server: a reflector (llmgw.reflector) per kind
+    over the client's lister-watcher.
 
-    The client relists after a 410 and re-watches after a drop, and emits a
-    DELETED for every object that vanished across a relist, so a replica
-    deleted while the watch was down does not stay routable. `synced` turns
-    True once both kinds have been listed.
+    It relists after a 410 and re-watches after a drop, and reports a DELETED
+    for every object that vanished across a relist, so a replica deleted while
+    the watch was down does not stay routable. `synced` turns True once both
+    kinds have been listed.
     """
 
-    def __init__(self, client, table: RoutingTable, on_change=None, on_synced=None):
+    def __init__(self, client: Client, table: RoutingTable,
+                 on_change: Callable[[str, str, AnyObject], None] | None = None,
+                 on_synced: Callable[[], None] | None = None) -> None:
         self.client = client
         self.table = table
         self.on_change = on_change  # (kind, type, obj) after each event that changed routing
         self.on_synced = on_synced  # () once both kinds have been listed
         self._synced: set[str] = set()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def synced(self) -> bool:
@@ -43,26 +53,31 @@ class ServerSource:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self, kind: str) -> None:
-        delay = 1.0
+        backoff = Backoff(1.0, 30.0)
+
+        def apply(type_: EventType, obj: AnyObject, revision: int) -> None:
+            if self.table.apply(kind, type_, obj) and self.on_change:
+                self.on_change(kind, type_, obj)
+
+        def listed() -> None:
+            if kind not in self._synced:
+                log.info("routing table: %s listed", kind)
+            self._synced.add(kind)
+            if self.synced and self.on_synced:
+                self.on_synced()
+            backoff.reset()
+
+        # One reflector for the life of the source: after a refusal it goes on from what it reported.
+        reflector = Reflector(self.client.lister_watcher(kind), apply, key=object_name, on_synced=listed,
+                              backoff=Backoff(0.1, 5.0), name=f"routing table's watch of {kind}")
         while True:
             try:
-                async for type_, obj in self.client.list_and_watch(kind, synced=True):
-                    if type_ == "SYNCED":
-                        if kind not in self._synced:
-                            log.info("routing table: %s listed", kind)
-                        self._synced.add(kind)
-                        if self.synced and self.on_synced:
-                            self.on_synced()
-                        delay = 1.0
-                        continue
-                    if self.table.apply(kind, type_, obj) and self.on_change:
-                        self.on_change(kind, type_, obj)
-            except asyncio.CancelledError:
-                raise
+                await reflector.run()
             except Exception as err:  # noqa: BLE001 Forbidden, a bad object...: keep serving what we have
+                delay = backoff.next()
                 log.error("watching %s failed: %s; retrying in %.0f s", kind, err, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+
 
 
 def load_static(path: str | Path, table: RoutingTable) -> int:

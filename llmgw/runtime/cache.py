@@ -175,40 +175,11 @@ class Cache:
         self._put(kind, name, _Entry(obj, revision))
         return True, cur.obj if cur else None
 
-    def replace(self, kind: str, objs: builtins.list[AnyObject],
-                revision: int) -> builtins.list[tuple[str, AnyObject]]:
-        """Replace a kind's contents after a (re)list; returns the events it implies."""
-        self._revision[kind] = max(self.revision(kind), revision)
-        self._tombstones.pop(kind, None)
-        events: builtins.list[tuple[str, AnyObject]] = []
-        items = self._items.setdefault(kind, {})
-        seen: set[str] = set()
-        for obj in objs:
-            name = obj.metadata.name
-            seen.add(name)
-            cur = items.get(name)
-            if cur is not None and cur.assumed and revision < cur.rev:
-                continue
-            self._put(kind, name, _Entry(obj, revision))
-            events.append(("MODIFIED" if cur else "ADDED", obj))
-        for name in [n for n in items if n not in seen]:
-            old = items[name].obj
-            self._remove(kind, name)
-            events.append(("DELETED", old))
-        return events
-
     def set_heartbeat(self, node: str, alive: bool) -> bool:
         if alive == (node in self._heartbeats):
             return False
         (self._heartbeats.add if alive else self._heartbeats.discard)(node)
         return True
-
-    def replace_heartbeats(self, nodes: Iterable[str]) -> builtins.list[tuple[str, str]]:
-        new = set(nodes)
-        events = [("ADDED", n) for n in new - self._heartbeats]
-        events += [("DELETED", n) for n in self._heartbeats - new]
-        self._heartbeats = new
-        return events
 
     # ----------------------------------------------------------- internal
     def _put(self, kind: str, name: str, entry: _Entry) -> None:

@@ -1,163 +1,107 @@
 """Informers: keep a Cache of one kind (or of heartbeats) in step with the store.
 
-Loop: list (the cache is replaced; objects that vanished since the last list
-produce DELETED), then watch from the list's revision + 1 applying events.
+Each is a reflector (llmgw.reflector) over the store: list, report what changed
+since the cache's contents (a DELETED for each object that vanished), watch from
+the list's revision + 1. ``Compacted`` relists; ``StoreUnavailable`` (a dropped
+stream, etcd down) backs off (llmgw.backoff) and watches again from the last
+revision seen; a stream silent for ``idle_timeout`` is re-opened where it left off.
 
-* ``Compacted`` or ``StoreUnavailable`` (dropped stream, etcd down): relist,
-  with exponential backoff between failed attempts.
-* Watchdog: a stream silent for ``idle_timeout`` seconds (for at least half
-  of it, at most all of it) is re-opened from the last seen revision + 1
-  (catches a stream that died without an error).
-
-Every change calls ``handler(kind, type, obj)`` with type ADDED / MODIFIED /
-DELETED; for heartbeats obj is the node name.  ``synced`` is set after the
-first successful list.
+Every change that reaches the cache calls ``handler(kind, type, obj)`` with type
+ADDED / MODIFIED / DELETED; for heartbeats obj is the node name. ``synced`` is set
+after the first successful list.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
+from llmgw.api.client import EventType
+from llmgw.api.types import KINDS, AnyObject
+from llmgw.backoff import Backoff
+from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache
+from llmgw.runtime.listwatch import KeyNames, StoreObjects
 from llmgw.store import keys
-from llmgw.store.errors import Compacted, StoreUnavailable
+from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.informer")
 
-Handler = Callable[[str, str, Any], None]
+Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, for heartbeats, the node)
+ItemT = TypeVar("ItemT")   # an object, or a node name (heartbeats)
 
-CLOSE_TIMEOUT = 5.0   # closing a watch must not wedge the informer
+
+def _ignore(kind: str, type: EventType, obj: Any) -> None:
+    pass
 
 
-class Informer:
-    def __init__(self, store: Any, kind: str, cache: Cache, handler: Handler | None = None, *,
-                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0):
-        self.store = store
+
+class _Informer(Generic[ItemT]):
+    """An informer of items of one type: a reflector whose changes go to the cache, then to the handler."""
+
+    def __init__(self, kind: str, cache: Cache, handler: Handler | None, lw: ListerWatcher[ItemT],
+                 key: Callable[[ItemT], str], known: Callable[[], Iterable[ItemT]], *,
+                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         self.kind = kind
         self.cache = cache
-        self.handler = handler or (lambda kind, type, obj: None)
-        self.idle_timeout = idle_timeout
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
+        self.handler = handler or _ignore
         self.synced = asyncio.Event()
-        self.lists = 0          # how many lists succeeded (1 + relists)
-        self.reopens = 0        # how many silent streams were re-opened
-        self.last_revision = 0
+        self.reflector: Reflector[ItemT] = Reflector(
+            lw, self._apply, key=key, known=known, on_list=self._apply_list, on_synced=self.synced.set,
+            idle_timeout=idle_timeout, backoff=Backoff(backoff_base, backoff_max), name=f"{kind} informer")
 
-    # -- per-source hooks (overridden by HeartbeatInformer) --
-    async def _list(self) -> tuple[list[Any], int]:
-        return await self.store.list(self.kind)
+    @property
+    def lists(self) -> int:
+        """How many lists succeeded (1 + relists)."""
+        return self.reflector.lists
 
-    def _watch(self, from_revision: int) -> AsyncIterator[tuple[str, Any, int]]:
-        async def gen():
-            async for ev in self.store.watch(self.kind, from_revision=from_revision):
-                yield ev.type, ev.object, ev.revision
-        return gen()
+    @property
+    def reopens(self) -> int:
+        """How many silent streams were re-opened."""
+        return self.reflector.reopens
 
-    def _replace(self, items: list[Any], revision: int) -> list[tuple[str, Any]]:
-        return self.cache.replace(self.kind, items, revision)
+    async def run(self) -> None:
+        await self.reflector.run()
 
-    def _apply(self, type: str, obj: Any, revision: int) -> bool:
-        changed, _ = self.cache.apply(self.kind, type, obj, revision)
-        return changed
+    def _store(self, type: EventType, item: ItemT, revision: int) -> bool:
+        """Put a change into the cache; whether the handler should hear of it."""
+        raise NotImplementedError
 
-    # -- the loop --
-    def _emit(self, type: str, obj: Any) -> None:
+    def _apply(self, type: EventType, item: ItemT, revision: int) -> None:
+        if self._store(type, item, revision):
+            self._emit(type, item)
+
+    def _apply_list(self, changes: Sequence[tuple[EventType, ItemT]], revision: int) -> None:
+        # The whole list is in the cache before the handler hears of any of it: a handler may read the cache.
+        for type, item in [(t, i) for t, i in changes if self._store(t, i, revision)]:
+            self._emit(type, item)
+
+    def _emit(self, type: EventType, item: ItemT) -> None:
         try:
-            self.handler(self.kind, type, obj)
+            self.handler(self.kind, type, item)
         except Exception:
             log.exception("%s informer: handler failed", self.kind)
 
-    async def run(self) -> None:
-        delay = self.backoff_base
-        while True:
-            _raise_if_cancelling()
-            try:
-                items, rev = await self._list()
-            except StoreUnavailable as err:
-                log.warning("%s informer: list failed (%s); retrying in %.1fs", self.kind, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
-                continue
-            self.lists += 1
-            self.last_revision = rev
-            for type, obj in self._replace(items, rev):
-                self._emit(type, obj)
-            self.synced.set()
-            try:
-                await self._watch_until_broken()
-                delay = self.backoff_base
-            except Compacted as err:
-                log.info("%s informer: revision %d compacted (%s); relisting", self.kind, self.last_revision + 1, err)
-                delay = self.backoff_base
-            except StoreUnavailable as err:
-                log.warning("%s informer: watch dropped (%s); relisting in %.1fs", self.kind, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
 
-    async def _watch_until_broken(self) -> None:
-        """Watch from last_revision + 1; re-open a silent stream; return never, raise to relist."""
-        loop = asyncio.get_running_loop()
-        while True:
-            _raise_if_cancelling()
-            stream = self._watch(self.last_revision + 1)
-            try:
-                async with asyncio.timeout(self.idle_timeout) as deadline:
-                    async for type, obj, rev in stream:
-                        # The deadline moves only once less than half of it is left, so an
-                        # event costs no timer. (wait_for per event made a task and a timer
-                        # for each, about 17 us; the control-plane benchmark's
-                        # controller-manager spent 2 of its 11 CPU seconds less without.)
-                        now = loop.time()
-                        if deadline.when() - now < self.idle_timeout / 2:
-                            deadline.reschedule(now + self.idle_timeout)
-                        self.last_revision = max(self.last_revision, rev)
-                        if self._apply(type, obj, rev):
-                            self._emit(type, obj)
-                raise StoreUnavailable("watch stream ended")
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                log.debug("%s informer: stream silent for %.0fs; re-opening", self.kind, self.idle_timeout / 2)
-                self.reopens += 1
-            finally:
-                try:
-                    await asyncio.wait_for(stream.aclose(), CLOSE_TIMEOUT)
-                except (Exception, asyncio.TimeoutError):  # noqa: BLE001
-                    log.debug("%s informer: closing the watch stream failed or hung", self.kind)
+class Informer(_Informer[AnyObject]):
+    def __init__(self, store: Store, kind: str, cache: Cache, handler: Handler | None = None, *,
+                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+        super().__init__(kind, cache, handler, StoreObjects(store, kind), object_name, lambda: cache.list(KINDS[kind]),
+                         idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
+
+    def _store(self, type: EventType, obj: AnyObject, revision: int) -> bool:
+        changed, _ = self.cache.apply(self.kind, type, obj, revision)
+        return changed
 
 
-def _raise_if_cancelling() -> None:
-    """Python 3.11's wait_for can swallow a cancellation that races with its result;
-    a loop that never checks would then outlive the manager that cancelled it."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-class HeartbeatInformer(Informer):
+class HeartbeatInformer(_Informer[str]):
     """Keeps ``cache.heartbeats()`` = nodes with a live /llmgw/heartbeat/<node> key."""
 
-    def __init__(self, store: Any, cache: Cache, handler: Handler | None = None, **kw):
-        super().__init__(store, "heartbeats", cache, handler, **kw)
+    def __init__(self, store: Store, cache: Cache, handler: Handler | None = None, *,
+                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+        super().__init__("heartbeats", cache, handler, KeyNames(store, keys.HEARTBEAT), str, cache.heartbeats,
+                         idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 
-    async def _list(self) -> tuple[list[Any], int]:
-        kvs, rev = await self.store.kv.list(keys.HEARTBEAT)
-        return [self._node(k) for k, _, _ in kvs], rev
-
-    def _watch(self, from_revision: int) -> AsyncIterator[tuple[str, Any, int]]:
-        async def gen():
-            async for ev in self.store.kv.watch(keys.HEARTBEAT, from_revision=from_revision):
-                yield ("DELETED" if ev.type == "DELETE" else "ADDED"), self._node(ev.key), ev.revision
-        return gen()
-
-    @staticmethod
-    def _node(key: str) -> str:
-        return key[len(keys.HEARTBEAT):]
-
-    def _replace(self, items: list[Any], revision: int) -> list[tuple[str, Any]]:
-        return self.cache.replace_heartbeats(items)
-
-    def _apply(self, type: str, obj: Any, revision: int) -> bool:
-        return self.cache.set_heartbeat(obj, type != "DELETED")
+    def _store(self, type: EventType, node: str, revision: int) -> bool:
+        return self.cache.set_heartbeat(node, type != "DELETED")

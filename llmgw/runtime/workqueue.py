@@ -4,8 +4,10 @@
 * A key handed out by ``get()`` is *processing* until ``done(key)``; it is never
   handed out again meanwhile.  Adding it while it is processing marks it dirty
   and it is queued again by ``done(key)``.
-* ``add_rate_limited(key)`` re-adds after a per-key exponential backoff
-  (``base`` doubling to ``cap``: 5 ms .. 5 min); ``forget(key)`` resets it.
+* ``add_rate_limited(key)`` re-adds after a per-key backoff (llmgw.backoff's
+  jittered exponential, ``base`` doubling to ``cap``: 5 ms .. 5 min); ``forget(key)``
+  resets it. Jittered, unlike client-go's per-item limiter: when the store goes
+  away every key fails at once, and their retries should not arrive in step.
 * ``add_after(key, delay)``: the earliest pending delay for a key wins.
 * ``shutdown()`` wakes every ``get()``, which then returns None.
 """
@@ -14,13 +16,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from llmgw.backoff import Backoff
+
 
 class WorkQueue:
     def __init__(self, *, base_delay: float = 0.005, max_delay: float = 300.0):
         self._queue: deque[str] = deque()
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
-        self._failures: dict[str, int] = {}
+        self._failures: dict[str, Backoff] = {}
         self._delayed: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._base = base_delay
@@ -84,14 +88,12 @@ class WorkQueue:
         self._delayed.pop(key, None)
         self.add(key)
 
-    def backoff(self, key: str) -> float:
-        """The delay the next ``add_rate_limited(key)`` would use."""
-        n = self._failures.get(key, 0)
-        return min(self._base * (1 << min(n, 64)), self._max)
-
     def add_rate_limited(self, key: str) -> float:
-        delay = self.backoff(key)
-        self._failures[key] = self._failures.get(key, 0) + 1
+        """Add ``key`` after its backoff, which grows with each call until ``forget(key)``; returns the delay."""
+        backoff = self._failures.get(key)
+        if backoff is None:
+            backoff = self._failures[key] = Backoff(self._base, self._max)
+        delay = backoff.next()
         self.add_after(key, delay)
         return delay
 
@@ -99,7 +101,8 @@ class WorkQueue:
         self._failures.pop(key, None)
 
     def num_requeues(self, key: str) -> int:
-        return self._failures.get(key, 0)
+        backoff = self._failures.get(key)
+        return backoff.failures if backoff is not None else 0
 
     def shutdown(self) -> None:
         self._shutdown = True

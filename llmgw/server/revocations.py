@@ -9,14 +9,19 @@ import asyncio
 import logging
 from typing import Callable
 
+from llmgw.api.client import EventType
+from llmgw.backoff import Backoff
+from llmgw.reflector import AfterError, Reflector
+from llmgw.runtime.listwatch import KeyNames
 from llmgw.store import Store
+from llmgw.store.errors import Compacted
 from llmgw.store.keys import REVOKED
 
 log = logging.getLogger("llmgw.server")
 
 
 class Revocations:
-    def __init__(self, store: Store, retry: float = 1.0):
+    def __init__(self, store: Store, retry: float = 1.0):   # retry: the longest wait after a failure
         self._store, self._retry = store, retry
         self.serials: set[str] = set()
         self.ready = asyncio.Event()
@@ -48,21 +53,22 @@ class Revocations:
                 callback()
 
     async def run(self) -> None:
-        while True:
-            try:
-                items, rev = await self._store.kv.list(REVOKED)
-                listed = {k[len(REVOKED):].lower() for k, _, _ in items}
-                self.serials &= listed
-                self._revoked(listed)
-                self.ready.set()
-                async for ev in self._store.kv.watch(REVOKED, rev + 1):
-                    serial = ev.key[len(REVOKED):].lower()
-                    if ev.type == "PUT":
-                        self._revoked({serial})
-                    else:
-                        self.serials.discard(serial)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # noqa: BLE001 etcd away or the stream dropped: relist after a pause
-                log.warning("revocation watch interrupted (%s); relisting in %.0fs", err, self._retry)
-                await asyncio.sleep(self._retry)
+        """Keep ``serials`` current (a reflector over the revoked keys); ``ready`` once listed."""
+        reflector = Reflector(_Revoked(self._store, REVOKED, str.lower), self._change, key=str,
+                              known=lambda: self.serials, on_synced=self.ready.set,
+                              backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
+        await reflector.run()
+
+    def _change(self, type_: EventType, serial: str, revision: int) -> None:
+        if type_ == "DELETED":
+            self.serials.discard(serial)
+        else:
+            self._revoked({serial})
+
+
+class _Revoked(KeyNames):
+    """The revoked serials. Checking them never stops: any failure but a compaction is retried."""
+
+    @staticmethod
+    def after_error(err: Exception) -> AfterError:
+        return "relist" if isinstance(err, Compacted) else "retry"

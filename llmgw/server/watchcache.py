@@ -2,10 +2,12 @@
 
 Like the Kubernetes apiserver's watch cache. Per kind, started on the first watch of it:
 
-* one `Store.watch(kind)` over all nodes. When the stream drops (StoreUnavailable) it is
-  re-opened from the last revision + 1, after a backoff, and open watches stay open (they
-  get BOOKMARKs meanwhile). When that revision was compacted meanwhile, the cache starts
-  over at etcd's current revision and every open watch is told 410 Expired (it relists);
+* one `Store.watch(kind)` over all nodes, run by a reflector (llmgw.reflector) that starts
+  at a revision instead of a list. When the stream drops (StoreUnavailable) it is re-opened
+  from the last revision + 1, after a backoff (llmgw.backoff), and open watches stay open
+  (they get BOOKMARKs meanwhile). When that revision was compacted meanwhile, the
+  reflector "relists": the cache starts over at etcd's current revision and every open
+  watch is told 410 Expired (it relists);
 * a ring of the last `size` events of the kind, with their revisions. Each event's JSON
   line is made once, in the exact form the handler always wrote
   (`{"type": T, "object": {...}, "revision": R}`), and the same bytes go to every watcher;
@@ -31,11 +33,18 @@ import json
 import logging
 import sys
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
+from llmgw.api.client import EventType
+from llmgw.api.selectors import Selector
+from llmgw.api.types import AnyObject
+from llmgw.backoff import Backoff
+from llmgw.reflector import AfterError, Event, Reflector, object_name
 from llmgw.server.status import status_body
-from llmgw.store import Compacted, Selector, Store, WatchEvent
 from llmgw.store import keys as K
+from llmgw.store.errors import Compacted
+from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.server")
 
@@ -57,7 +66,7 @@ def bookmark_line(revision: int) -> bytes:
     return (json.dumps(bookmark) + "\n").encode()
 
 
-def event_line(type_: str, obj_doc: dict, revision: int) -> bytes:
+def event_line(type_: str, obj_doc: dict[str, Any], revision: int) -> bytes:
     return (json.dumps({"type": type_, "object": obj_doc, "revision": revision}) + "\n").encode()
 
 
@@ -79,13 +88,12 @@ class CachedEvent:
 
     __slots__ = ("type", "revision", "position", "node", "labels", "line", "_as_deleted")
 
-    def __init__(self, ev: WatchEvent):
-        obj = ev.object
-        self.type, self.revision = ev.type, ev.revision
-        self.position = (ev.revision, 0)   # (revision, place in it), set by the cache
+    def __init__(self, type_: EventType, obj: AnyObject, revision: int):
+        self.type, self.revision = type_, revision
+        self.position = (revision, 0)   # (revision, place in it), set by the cache
         self.node = obj.spec.node if obj.kind_plural in K.NODE_SCOPED else None
         self.labels = obj.metadata.labels
-        self.line = event_line(ev.type, obj.model_dump(mode="json"), ev.revision)
+        self.line = event_line(type_, obj.model_dump(mode="json"), revision)
         self._as_deleted: bytes | None = None
 
     def as_deleted(self) -> bytes:
@@ -106,7 +114,7 @@ class Watcher:
         self.pending: deque[bytes] = deque()
         self.allowance = limit    # the backlog from the ring is allowed on top of the limit
         self.error: tuple[int, str, str] | None = None
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[bool] | None = None
 
     def accept(self, ev: CachedEvent) -> bytes | None:
         """The line this watcher should get for `ev`, or None (also when it was offered before)."""
@@ -191,8 +199,8 @@ class KindCache:
         self.rev = 0      # every event up to this revision has been dispatched
         self.pos = (0, ALL)  # the position of the last event dispatched
         self._watchers: dict[str | None, set[Watcher]] = {}  # by node; None: every node
-        self._task: asyncio.Task | None = None
-        self._retired: set[asyncio.Task] = set()   # pumps cancelled by a rewind, still ending
+        self._task: asyncio.Task[None] | None = None
+        self._retired: set[asyncio.Task[None]] = set()   # pumps cancelled by a rewind, still ending
 
     @property
     def started(self) -> bool:
@@ -206,7 +214,15 @@ class KindCache:
         if self._task is None:
             self.oldest = self.rev = revision
             self.pos = (revision, ALL)
-            self._task = asyncio.create_task(self._run(), name=f"watch-cache-{self.kind}")
+            self._task = self._pump()
+
+    def _pump(self) -> asyncio.Task[None]:
+        """The reflector that feeds the cache, from the revision after ``self.rev``."""
+        reflector = Reflector(_History(self), self._dispatch, key=object_name, known=_nothing, start_revision=self.rev,
+                              backoff=Backoff(0.1, self.max_backoff),
+                              burst=100,   # a long burst: let the watchers write what they have
+                              name=f"watch cache of {self.kind}")
+        return asyncio.create_task(reflector.run(), name=f"watch-cache-{self.kind}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -249,7 +265,8 @@ class KindCache:
                 del self._watchers[w.node]
 
     # ------------------------------------------------------------ the pump
-    def _dispatch(self, ev: CachedEvent) -> None:
+    def _dispatch(self, type_: EventType, obj: AnyObject, revision: int) -> None:
+        ev = CachedEvent(type_, obj, revision)
         place = self.pos[1] + 1 if ev.revision == self.pos[0] else 0
         ev.position = self.pos = (ev.revision, place)
         self.ring.append(ev)
@@ -273,13 +290,15 @@ class KindCache:
         going (each skips what it was already offered)."""
         log.info("watch cache of %s rewinds from %d to revision %d for a watch resumed from there",
                  self.kind, self.oldest, after)
-        self._task.cancel()     # suspended at an await: it dispatches nothing more
-        self._retired.add(self._task)
-        self._task.add_done_callback(self._retired.discard)
+        old = self._task
+        if old is not None:
+            old.cancel()     # suspended at an await: it dispatches nothing more
+            self._retired.add(old)
+            old.add_done_callback(self._retired.discard)
         self.ring.clear()
         self.oldest = self.rev = after
         self.pos = (after, ALL)
-        self._task = asyncio.create_task(self._run(), name=f"watch-cache-{self.kind}")
+        self._task = self._pump()
 
     def _rebase(self, revision: int, why: str) -> None:
         """Start over at `revision`: the events in between are lost, so every watcher relists."""
@@ -293,30 +312,32 @@ class KindCache:
         log.warning("watch cache of %s starts over at revision %d (%s); %d open watches relist",
                     self.kind, revision, why, len(watchers))
 
-    async def _run(self) -> None:
-        delay, rebase = 0.1, False
-        while True:
-            try:
-                if rebase:
-                    self._rebase(await self.store.revision(), "history the watch cache needed was compacted")
-                    rebase = False
-                n = 0
-                async for ev in self.store.watch(self.kind, self.rev + 1):
-                    self._dispatch(CachedEvent(ev))
-                    delay = 0.1
-                    n += 1
-                    if n % 100 == 0:
-                        await asyncio.sleep(0)  # a long burst: let the watchers write what they have
-            except asyncio.CancelledError:
-                raise
-            except Compacted as err:
-                log.warning("watch cache of %s: revision %d was compacted (%s)", self.kind, self.rev + 1, err)
-                rebase = True
-            except Exception as err:  # noqa: BLE001 StoreUnavailable, mostly: re-watch from where it stopped
-                log.warning("watch cache of %s interrupted (%s); watching again from revision %d in %.1fs",
-                            self.kind, err, self.rev + 1, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
+
+
+class _History:
+    """What feeds a KindCache, as a reflector's lister-watcher: the store's changes of its
+    kind. The cache holds history, not objects, so its "list" is a fresh start: at etcd's
+    current revision, with every open watch told to relist (KindCache._rebase)."""
+
+    def __init__(self, cache: KindCache) -> None:
+        self.cache = cache
+
+    async def list(self) -> tuple[Sequence[AnyObject], int]:
+        revision = await self.cache.store.revision()
+        self.cache._rebase(revision, "history the watch cache needed was compacted")
+        return (), revision
+
+    def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
+        return self.cache.store.watch(self.cache.kind, from_revision)
+
+    def after_error(self, err: Exception) -> AfterError:
+        # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
+        return "relist" if isinstance(err, Compacted) else "retry"
+
+
+
+def _nothing() -> tuple[()]:
+    return ()
 
 
 class WatchCache:

@@ -1,0 +1,61 @@
+"""The store as reflectors' lister-watchers (llmgw.reflector): a kind's objects, or the
+names under a key prefix (live heartbeats, revoked serials)."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import NamedTuple
+
+from llmgw.api.client import EventType
+from llmgw.api.types import AnyObject
+from llmgw.reflector import AfterError, Event
+from llmgw.store.errors import Compacted, StoreUnavailable
+from llmgw.store.store import Store
+
+
+def after_store_error(err: Exception) -> AfterError:
+    """Compacted: relist. StoreUnavailable (etcd away, a dropped stream): retry. The rest: raise."""
+    if isinstance(err, Compacted):
+        return "relist"
+    return "retry" if isinstance(err, StoreUnavailable) else "raise"
+
+
+class StoreObjects:
+    """The store's objects of one kind."""
+
+    def __init__(self, store: Store, kind: str) -> None:
+        self.store, self.kind = store, kind
+
+    async def list(self) -> tuple[Sequence[AnyObject], int]:
+        return await self.store.list(self.kind)
+
+    def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
+        return self.store.watch(self.kind, from_revision)
+
+    after_error = staticmethod(after_store_error)
+
+
+class NameEvent(NamedTuple):
+    type: EventType
+    object: str      # the name
+    revision: int
+
+
+class KeyNames:
+    """The names of the keys under ``prefix`` (each key less the prefix, through ``normal``):
+    a key written is ADDED (again, at each write), a key deleted or expired is DELETED."""
+
+    def __init__(self, store: Store, prefix: str, normal: Callable[[str], str] = str) -> None:
+        self.store, self.prefix, self.normal = store, prefix, normal
+
+    def _name(self, key: str) -> str:
+        return self.normal(key[len(self.prefix):])
+
+    async def list(self) -> tuple[Sequence[str], int]:
+        kvs, rev = await self.store.kv.list(self.prefix)
+        return [self._name(k) for k, _, _ in kvs], rev
+
+    async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
+        async for ev in self.store.kv.watch(self.prefix, from_revision):
+            yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
+
+    after_error = staticmethod(after_store_error)
