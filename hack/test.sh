@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run llmgw's tests: installs etcd (Debian's etcd-server), sshd (for the
 # onboarding test) and a virtualenv with llmgw and its test dependencies when
-# missing, then runs the linters (ruff; lint-imports, the import contracts in
-# pyproject.toml) and pytest. Extra arguments go to pytest (e.g. -k store).
+# missing, then runs the checks (ruff; lint-imports, the import contracts in
+# pyproject.toml; mypy, strict on the typed spine) and pytest. Extra arguments go to pytest (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates
@@ -16,4 +16,5 @@ fi
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports" --no-logo --no-cache
+"$VENV/bin/mypy"
 exec "$VENV/bin/python" -m pytest -q "$@"

@@ -3,7 +3,7 @@
 Two things implement it: ``llmgw.store.Store`` (etcd itself, for the server and
 the controller manager) and ``llmgw.client.Client`` (the REST API, for the CLI,
 the agent and anything outside the control plane). Code written against the
-protocol runs against either (docs/architecture.md, "Objects and clients").
+protocol runs against either (docs/architecture.md, "Objects").
 
 A kind is named by its class (``Node``, ``Model``, ``Replica``, ``Shard``), so
 ``await client.get(Replica, "r1")`` is typed ``Replica``. Implementations also
@@ -78,5 +78,5 @@ class ObjectClient(Protocol):
 
     def watch(self, kind: type[ObjectT], from_revision: int,
               node: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
-        """Every change after ``from_revision``, in order; Compacted/410 when that is gone."""
+        """Every change at or after ``from_revision``, in order; Compacted/410 when that is gone."""
         ...
