@@ -18,7 +18,7 @@ it); ``Backoff`` counts the failures of one hand-written loop::
             continue
         backoff.reset()
 
-(docs/architecture.md, "Retries").
+(docs/architecture.md, "Reflectors and retries").
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import contextlib
 import pytest
 
 from llmgw.runtime.manager import Manager
+from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import Compacted, Compactor, Store
 from tests.helpers.ctrlkit import model, until
 
@@ -52,7 +53,7 @@ async def test_the_compactor_runs_on_the_leader_only_while_it_leads(etcd):
     async with contextlib.AsyncExitStack() as stack:
         stores = [await stack.enter_async_context(Store(etcd.endpoint)) for _ in range(2)]
         compactors = [Compactor(s.etcd, keep=5, interval=0.1) for s in stores]
-        managers = [Manager(s, [], identity=f"m{i}", options={"lease_seconds": 2}, runnables=[c])
+        managers = [Manager(s, [], identity=f"m{i}", settings=ManagerSettings(lease_seconds=2), runnables=[c])
                     for i, (s, c) in enumerate(zip(stores, compactors, strict=True))]
         for m in managers:
             stack.callback(asyncio.create_task(m.run()).cancel)

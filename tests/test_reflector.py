@@ -7,7 +7,7 @@ import asyncio
 from llmgw.api import parse_object
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
-from llmgw.store import Store
+from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir, start_api_server  # noqa: F401
 from tests.helpers.ctrlkit import until
 
@@ -63,7 +63,7 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted(api_server, s
             assert sorted(events) == [("ADDED", "gone", gone.metadata.uid), ("ADDED", "stays", stays.metadata.uid)]
             await c.delete("models", "gone")
             new = await c.create(model("new"))
-            await store.compact(keep=0)
+            await Compactor(store.etcd, keep=0).compact()
             lw.gate.set()                  # the watch from the list's revision is told 410: relist
             await until(lambda: reflector.lists == 2)
             assert events.of("gone") == ["ADDED", "DELETED"]

@@ -51,7 +51,7 @@ class Claim:
 
 
 class Claims:
-    def __init__(self):
+    def __init__(self) -> None:
         self._claims: list[Claim] = []
         self.ready = asyncio.Event()     # set once the first list of shards has been handled
 
