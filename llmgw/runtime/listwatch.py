@@ -19,6 +19,12 @@ def after_store_error(err: Exception) -> AfterError:
     return "retry" if isinstance(err, StoreUnavailable) else "raise"
 
 
+def after_store_error_never_raise(err: Exception) -> AfterError:
+    """For what must never stop (the server's watch cache and revocations): relist after a
+    compaction, retry after anything else."""
+    return "relist" if isinstance(err, Compacted) else "retry"
+
+
 class StoreObjects:
     """The store's objects of one kind."""
 

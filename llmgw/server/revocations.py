@@ -11,10 +11,9 @@ from typing import Callable
 
 from llmgw.api.client import EventType
 from llmgw.backoff import Backoff
-from llmgw.reflector import AfterError, Reflector
-from llmgw.runtime.listwatch import KeyNames
+from llmgw.reflector import Reflector
+from llmgw.runtime.listwatch import KeyNames, after_store_error_never_raise
 from llmgw.store import Store
-from llmgw.store.errors import Compacted
 from llmgw.store.keys import REVOKED
 
 log = logging.getLogger("llmgw.server")
@@ -69,6 +68,4 @@ class Revocations:
 class _Revoked(KeyNames):
     """The revoked serials. Checking them never stops: any failure but a compaction is retried."""
 
-    @staticmethod
-    def after_error(err: Exception) -> AfterError:
-        return "relist" if isinstance(err, Compacted) else "retry"
+    after_error = staticmethod(after_store_error_never_raise)

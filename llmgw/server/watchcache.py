@@ -40,7 +40,8 @@ from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
 from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
-from llmgw.reflector import AfterError, Event, Reflector, object_name
+from llmgw.reflector import Event, Reflector, object_name
+from llmgw.runtime.listwatch import after_store_error_never_raise
 from llmgw.server.status import status_body
 from llmgw.store import keys as K
 from llmgw.store.errors import Compacted
@@ -330,9 +331,8 @@ class _History:
     def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
         return self.cache.store.watch(self.cache.kind, from_revision)
 
-    def after_error(self, err: Exception) -> AfterError:
-        # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
-        return "relist" if isinstance(err, Compacted) else "retry"
+    # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
+    after_error = staticmethod(after_store_error_never_raise)
 
 
 
