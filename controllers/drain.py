@@ -27,10 +27,10 @@ from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE, SHARDS_BY_N
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, DrainStatus, Model, Node, Replica, Shard, get_condition
+from llmgw.api.errors import NotFound
 from llmgw.api.patches import NodeStatusPatch
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.runtime.controller import Controller, Result, WatchedKind
-from llmgw.store.errors import NotFound
 
 
 def unplaceable(rep: Replica) -> str | None:

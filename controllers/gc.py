@@ -17,8 +17,8 @@ from typing import Any, Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
 from llmgw.api import KIND_BY_NAME, KINDS, AnyObject, Model, OwnerReference, Replica, Shard
+from llmgw.api.errors import NotFound
 from llmgw.runtime.controller import Controller, Result, WatchedKind
-from llmgw.store.errors import NotFound
 
 
 class GarbageCollector(Controller):

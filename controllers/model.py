@@ -42,11 +42,11 @@ from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, get_condition, template_hash
+from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
 from llmgw.api.types import ReplicaSpec
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result, WatchedKind
-from llmgw.store.errors import NotFound
 
 log = logging.getLogger("llmgw.controllers.model")
 

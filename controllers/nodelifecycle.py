@@ -54,12 +54,12 @@ from controllers.nodes import node_lost
 from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import EVICTING, AnyObject, Model, Node, Replica, get_condition
+from llmgw.api.errors import NotFound
 from llmgw.api.meta import ConditionStatus
 from llmgw.api.patches import ConditionPatch, NodeStatusPatch
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import HEARTBEATS, Controller, Result, WatchedKind
-from llmgw.store.errors import NotFound
 
 
 def mass_silence(silent: int, total: int, fraction: float) -> bool:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 
 from llmgw.api import ObjectMeta, Replica
+from llmgw.api.errors import AlreadyExists, NotFound
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import Context
-from llmgw.store.errors import AlreadyExists, NotFound
 
 
 def replacement_name(orig: Replica) -> str:

@@ -54,12 +54,12 @@ from controllers.indexes import REPLICAS_BY_NODE, SHARDS_BY_NODE, SHARDS_BY_REPL
 from controllers.nodes import node_deleted
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, ObjectMeta, Replica, Shard, get_condition
+from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
 from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
 from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.scheduling import describe
-from llmgw.store.errors import NotFound
 
 log = logging.getLogger("llmgw.controllers.replica")
 

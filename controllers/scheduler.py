@@ -24,11 +24,11 @@ from typing import Iterable
 
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
+from llmgw.api.errors import Conflict, NotFound
 from llmgw.api.patches import ReplicaStatusPatch
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import Controller, Result, WatchedKind
 from llmgw.scheduling import Fit, Ledger, describe, place, request_for
-from llmgw.store.errors import Conflict, FencedOut, NotFound
 
 
 class SchedulerController(Controller):
@@ -122,7 +122,7 @@ class SchedulerController(Controller):
         except NotFound:
             led.unassume(key)
             return None
-        except (Conflict, FencedOut):
+        except Conflict:  # FencedOut is one: this manager lost leadership
             led.unassume(key)      # refused for sure: release the GPUs; the key is retried
             raise
         # Any other error leaves the outcome unknown: the booking stays until the

@@ -19,7 +19,7 @@ import pytest
 
 from llmgw.agent.process import is_alive, start_time
 from llmgw.api import ObjectMeta, Shard, condition_true, get_condition
-from llmgw.api.types import ShardPorts, ShardSpec
+from llmgw.api.types import Node, ShardPorts, ShardSpec
 from llmgw.client import NotFound
 from llmgw.dev.process import free_port
 from llmgw.store import Store
@@ -126,7 +126,7 @@ async def wait_for(what: str, probe, agent: AgentProcess, timeout: float = WAIT)
 
 async def shard_in(c, name: str, agent: AgentProcess, *phases: str) -> Shard:
     async def probe():
-        s = await c.get("shards", name)
+        s = await c.get(Shard, name)
         return s if s.status.phase in phases else None
     return await wait_for(f"shard {name} in {phases}", probe, agent)
 
@@ -138,7 +138,7 @@ async def test_registers_its_node_with_discovered_gpus(shared_api_server, agents
     async with shared_api_server.client() as c:
         async def registered():
             try:
-                n = await c.get("nodes", "reg-1")
+                n = await c.get(Node, "reg-1")
             except NotFound:
                 return None
             return n if n.status.gpus else None
@@ -183,7 +183,7 @@ async def test_failed_gpu_discovery_registers_with_a_condition_naming_the_path(s
     async with shared_api_server.client() as c:
         async def registered():
             try:
-                n = await c.get("nodes", "nogpu-1")
+                n = await c.get(Node, "nogpu-1")
             except NotFound:
                 return None
             return n if get_condition(n.status.conditions, "GPUDiscovery") else None
@@ -234,7 +234,7 @@ async def test_restarted_agent_adopts_the_running_engine(shared_api_server, agen
         agent.start()
         await wait_for("agent adopted the engine",
                        lambda: asyncio.sleep(0, "adopted running engine" in agent.log.read_text()), agent)
-        shard = await c.get("shards", "adopt-1-a")
+        shard = await c.get(Shard, "adopt-1-a")
         assert shard.status.phase == "Ready"
         assert shard.status.pid == pid
         assert is_alive(pid, started), "the engine was restarted, not adopted"
@@ -242,7 +242,7 @@ async def test_restarted_agent_adopts_the_running_engine(shared_api_server, agen
         # The adopted engine is still supervised: deleting the shard stops it and confirms.
         await c.update(shard.model_copy(update={"metadata": shard.metadata.model_copy(
             update={"finalizers": ["test/keep"]})}))
-        await c.delete("shards", "adopt-1-a")
+        await c.delete(Shard, "adopt-1-a")
         shard = await shard_in(c, "adopt-1-a", agent, "Stopped")
         assert not is_alive(pid, started)
 
@@ -253,7 +253,7 @@ async def test_deleted_shard_is_stopped_and_confirmed(shared_api_server, agents)
         await c.create(sim_shard("stop-1-a", "stop-1", finalizers=["llmgw.io/replica"]))
         shard = await shard_in(c, "stop-1-a", agent, "Ready", "Failed")
         pid, started = shard.status.pid, start_time(shard.status.pid)
-        await c.delete("shards", "stop-1-a")
+        await c.delete(Shard, "stop-1-a")
         shard = await shard_in(c, "stop-1-a", agent, "Stopped")
         assert not is_alive(pid, started)
         assert shard.metadata.deletionTimestamp is not None
@@ -270,7 +270,7 @@ async def test_missing_engine_executable_fails_the_shard_naming_the_path(shared_
         shard = await shard_in(c, "noexe-1-a", agent, "Failed", "Ready")
         assert shard.status.phase == "Failed"
         assert f"executable file not found: {vllm}" in shard.status.message
-        node = await c.get("nodes", "noexe-1")
+        node = await c.get(Node, "noexe-1")
         assert "vllm" not in {e.name for e in node.status.engines}
         assert f"executable file not found: {vllm}" in get_condition(node.status.conditions, "EnginesFound").message
 
@@ -282,7 +282,7 @@ async def test_engine_of_a_shard_deleted_while_the_agent_was_away_is_stopped(sha
         shard = await shard_in(c, "orphan-1-a", agent, "Ready", "Failed")
         pid, started = shard.status.pid, start_time(shard.status.pid)
         agent.stop()
-        await c.delete("shards", "orphan-1-a")
+        await c.delete(Shard, "orphan-1-a")
         assert is_alive(pid, started)
         agent.start()
         record = agent.state_dir / "shards" / "orphan-1-a.json"
@@ -329,7 +329,7 @@ async def test_shard_gets_its_fabrics_adapters_as_nccl_ib_hca(shared_api_server,
         assert b"NCCL_IB_HCA==mlx5_2:1,mlx5_3:1" in environ
         wrong = await shard_in(c, "fab-1-x", agent, "Failed")
         assert wrong.status.message == "preflight: shard wants fabric ib-x, but this node's fabrics are: ib-a, ib-b"
-        node = await c.get("nodes", "fab-1")
+        node = await c.get(Node, "fab-1")
         assert {f.name: [a.name for a in f.adapters] for f in node.status.fabrics} == {
             "ib-a": ["mlx5_2", "mlx5_3"], "ib-b": ["mlx5_1"]}
 
@@ -394,7 +394,7 @@ async def test_vllm_under_ray_runs_two_programs_that_live_and_die_together(share
         assert shard.status.pid == procs["vllm"]["pid"]
         for p in procs.values():
             assert is_alive(p["pid"], p["start_time"]) and os.getpgid(p["pid"]) == p["pid"]
-        node = await c.get("nodes", "ray-1")
+        node = await c.get(Node, "ray-1")
         assert {"vllm", "ray", "sim"} <= {e.name for e in node.status.engines}
 
         os.kill(procs["ray-head"]["pid"], signal.SIGKILL)
@@ -426,11 +426,11 @@ async def test_a_shard_recreated_under_the_same_name_gets_a_new_engine(shared_ap
         old = await shard_in(c, "re-1-a", agent, "Ready", "Failed")
         assert old.status.phase == "Ready", old.status
         old_pid, old_started = old.status.pid, start_time(old.status.pid)
-        await c.delete("shards", "re-1-a")
+        await c.delete(Shard, "re-1-a")
         await c.create(sim_shard("re-1-a", "re-1"))
 
         async def new_engine_ready():
-            s = await c.get("shards", "re-1-a")
+            s = await c.get(Shard, "re-1-a")
             return s if s.status.phase == "Ready" and s.status.pid != old_pid else None
         new = await wait_for("the new shard's own engine is Ready", new_engine_ready, agent)
         assert new.metadata.uid != old.metadata.uid

@@ -7,6 +7,7 @@ import os
 import signal
 
 from llmgw.agent.process import is_alive, start_time
+from llmgw.api.types import Shard
 from llmgw.store import keys
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 from tests.test_agent_e2e import AgentProcess, kill_recorded_engines, shard_in, sim_shard, wait_for
@@ -54,7 +55,7 @@ async def test_server_outage_keeps_engines_and_sends_the_latest_status_once(api_
         async with api_server.client() as c:
             a = await shard_in(c, "out-1-a", agent, "Failed")
             assert a.status.exitCode == 137
-            b = await c.get("shards", "out-1-b")
+            b = await c.get(Shard, "out-1-b")
             assert (b.status.phase, b.status.pid) == ("Ready", pids[1][0])
             assert is_alive(*pids[1])
             # A sync point: once a new shard is Ready, everything before it has been sent.

@@ -16,6 +16,7 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.process import is_alive, start_time
 from llmgw.api import get_condition
+from llmgw.api.types import Node, Shard
 from llmgw.dev.process import free_port
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 from tests.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
@@ -49,7 +50,7 @@ async def test_returning_agent_stops_the_old_engine_before_starting_a_new_one_on
 
         os.kill(agent.proc.pid, signal.SIGSTOP)
         try:
-            await c.delete("shards", "back-1-a")     # no finalizer: gone at once, as if released
+            await c.delete(Shard, "back-1-a")     # no finalizer: gone at once, as if released
             new = sim_shard("back-1-b", "back-1")
             new.spec.ports.serve = port
             await c.create(new)
@@ -78,7 +79,7 @@ async def test_restarted_agent_stops_an_engine_being_deleted_before_starting_one
         port = old.spec.ports.serve
 
         agent.stop()
-        await c.delete("shards", "restart-1-a")       # kept by its finalizer, deletionTimestamp set
+        await c.delete(Shard, "restart-1-a")       # kept by its finalizer, deletionTimestamp set
         new = sim_shard("restart-1-b", "restart-1")
         new.spec.ports.serve = port
         await c.create(new)
@@ -116,7 +117,7 @@ async def test_a_probe_answered_by_another_process_is_not_ready(shared_api_serve
         await web.TCPSite(runner, "127.0.0.1", shard.spec.ports.serve).start()
         try:
             async def told():
-                s = await c.get("shards", "probe-1-a")
+                s = await c.get(Shard, "probe-1-a")
                 return s if "answered by another process" in s.status.message or s.status.phase != "Running" \
                     else None
             shard = await wait_for("the agent names the stranger behind the probe", told, agent)
@@ -132,7 +133,7 @@ async def test_a_port_held_by_a_foreign_process_fails_the_shard_with_port_in_use
         agent = agents("busy-1", "--port-range", f"{port}-{port}")
         async with shared_api_server.client() as c:
             async def registered():
-                n = await c.get("nodes", "busy-1")
+                n = await c.get(Node, "busy-1")
                 return n if n.status.agentVersion else None
             node = await wait_for("node registered", registered, agent)
             assert node.status.foreignPorts == [port]
@@ -160,6 +161,6 @@ async def test_a_port_held_by_a_foreign_process_fails_the_shard_with_port_in_use
             assert shard.status.phase == "Ready", shard.status
 
             async def cleared():
-                n = await c.get("nodes", "busy-1")
+                n = await c.get(Node, "busy-1")
                 return n if n.status.foreignPorts == [] else None
             await wait_for("foreignPorts emptied", cleared, agent)

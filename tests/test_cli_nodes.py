@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model, Node
 from llmgw.client import ClientConfig
 from llmgw.dev.process import free_port
 from tests.helpers.cluster import admin_cli_config, llmgw, make_pki, shared_api_server  # noqa: F401
@@ -108,7 +109,7 @@ def test_get_outputs_and_describe_events(shared_api_server, config, tmp_path):
 
     async def event():
         async with shared_api_server.client() as c:
-            await c.record_event("models", "out-m", "Warning", "Unschedulable", "0/3 nodes: 3 insufficient GPUs")
+            await c.record_event(Model, "out-m", "Warning", "Unschedulable", "0/3 nodes: 3 insufficient GPUs")
     asyncio.run(event())
 
     table = llmgw(config, "get", "models", "-l", "app=out")
@@ -196,7 +197,7 @@ def test_drain_wait_exits_1_when_stuck(shared_api_server, config):
 
 async def _patch(server, node: str, drain: dict) -> None:
     async with server.client() as c:
-        await c.patch_status("nodes", node, {"drain": drain})
+        await c.patch_status(Node, node, {"drain": drain})
 
 
 def test_get_watch_prints_changed_rows(shared_api_server, config, tmp_path):

@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 
+from llmgw.api.types import Model
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import Compacted, Compactor, Store
@@ -16,7 +17,7 @@ from tests.helpers.ctrlkit import model, until
 async def _history(store: Store, writes: int) -> None:
     await store.create(model("m"))
     for i in range(writes):
-        await store.patch_status("models", "m", {"replicas": i})
+        await store.patch_status(Model, "m", {"replicas": i})
 
 
 async def test_compaction_keeps_the_last_n_revisions(store):
@@ -26,11 +27,11 @@ async def test_compaction_keeps_the_last_n_revisions(store):
     assert await compactor.compact() == compactor.compacted_to == current - 5
     # a watch from the first revision kept starts; one from before it must relist
     assert await store.revision(since=current - 5) == current
-    events = store.watch("models", from_revision=current - 4)
+    events = store.watch(Model, from_revision=current - 4)
     assert (await anext(events)).revision == current - 4
     await events.aclose()
     with pytest.raises(Compacted):
-        await anext(store.watch("models", from_revision=current - 5))
+        await anext(store.watch(Model, from_revision=current - 5))
     # compacted already up to there: etcd's refusal (gRPC OUT_OF_RANGE) means nothing to do
     assert await compactor.compact() is None
     assert await Compactor(store.etcd, keep=current).compact() is None     # no history that old
@@ -62,10 +63,10 @@ async def test_the_compactor_runs_on_the_leader_only_while_it_leads(etcd):
         await until(lambda: any(m.is_leader for m in managers))
         lead = next(i for i, m in enumerate(managers) if m.is_leader)
         first = await until(lambda: compactors[lead].compacted_to)
-        await stores[0].patch_status("models", "m", {"replicas": 99})
+        await stores[0].patch_status(Model, "m", {"replicas": 99})
         await until(lambda: (compactors[lead].compacted_to or 0) > first)     # it runs again
         assert compactors[1 - lead].compacted_to is None                     # the other one never ran
         await managers[lead].stop()
         await until(lambda: managers[1 - lead].is_leader)
-        await stores[0].patch_status("models", "m", {"replicas": 100})
+        await stores[0].patch_status(Model, "m", {"replicas": 100})
         await until(lambda: compactors[1 - lead].compacted_to)               # the new leader's now

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
+from llmgw.api.types import Node, Replica
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running, until
 
@@ -13,19 +14,19 @@ async def setup_model(store, names, node_name="n1", replicas=None, gpus=1):
         await store.create(replica(name, "m", owner=m, gpus=gpus,
                                    placement=[{"rank": 0, "node": node_name,
                                                "gpus": list(range(i * gpus, (i + 1) * gpus))}]))
-        await store.patch_status("replicas", name, {"phase": "Ready"})
-    _, rev = await store.list("replicas")
+        await store.patch_status(Replica, name, {"phase": "Ready"})
+    _, rev = await store.list(Replica)
     return m, rev
 
 
 async def request_drain(store, name):
-    n = await store.get("nodes", name)
+    n = await store.get(Node, name)
     n.spec.drain = True
     await store.update(n)
 
 
 async def drain_phase(store, name, phase):
-    n = await store.get("nodes", name)
+    n = await store.get(Node, name)
     return n if n.status.drain is not None and n.status.drain.phase == phase else None
 
 
@@ -37,7 +38,7 @@ async def test_drain_moves_replicas_one_at_a_time_keeping_ready_count(store):
     async with running(store, [SchedulerController(), DrainController(), ReadyPlayer()]) as m:
         await request_drain(store, "n1")
         n1 = await until(lambda: drain_phase(store, "n1", "Drained"))
-        reps, _ = await store.list("replicas")
+        reps, _ = await store.list(Replica)
         steps = m.events.find(kind="nodes", name="n1", reason="DrainStep")
     await watch.stop()
     assert n1.spec.unschedulable and n1.status.drain.remaining == 0
@@ -59,12 +60,12 @@ async def test_drain_reports_stuck_with_the_schedulers_reason_then_finishes(stor
         msg = n1.status.drain.message
         assert msg.startswith("cannot place replacements for r1 (replacement ")
         assert "0/2 nodes: 1 cordoned, 1 insufficient GPUs" in msg
-        r1 = await store.get("replicas", "r1")
+        r1 = await store.get(Replica, "r1")
         assert r1.metadata.deletionTimestamp is None and r1.status.phase == "Ready"
 
         await store.create(node("n3"))          # capacity appears: the drain goes on
         await until(lambda: drain_phase(store, "n1", "Drained"))
-        assert await get_or_none(store, "replicas", "r1") is None
+        assert await get_or_none(store, Replica, "r1") is None
 
 
 async def test_restarted_drain_resumes_without_a_second_replacement(store):
@@ -77,11 +78,11 @@ async def test_restarted_drain_resumes_without_a_second_replacement(store):
     async with running(store, [SchedulerController(), DrainController(), player]):
         await request_drain(store, "n1")
         first = await until(lambda: _replacement_placed(store, "r1"))
-        assert (await store.get("nodes", "n1")).status.drain.current == "r1"
+        assert (await store.get(Node, "n1")).status.drain.current == "r1"
     # a new controller-manager term with fresh controllers picks up where it was
     async with running(store, [SchedulerController(), DrainController(), ReadyPlayer()]):
         await until(lambda: drain_phase(store, "n1", "Drained"))
-        reps, _ = await store.list("replicas")
+        reps, _ = await store.list(Replica)
     await watch.stop()
     assert first.metadata.name in {r.metadata.name for r in reps}
     assert sorted(r.metadata.annotations[DRAINING_REPLACEMENT_FOR] for r in reps) == ["r1", "r2"]
@@ -90,6 +91,6 @@ async def test_restarted_drain_resumes_without_a_second_replacement(store):
 
 
 async def _replacement_placed(store, orig):
-    reps, _ = await store.list("replicas")
+    reps, _ = await store.list(Replica)
     return next((r for r in reps if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == orig
                  and r.spec.placement), None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controllers.gc import GarbageCollector
+from llmgw.api.types import Model, Replica, Shard
 from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard, until
 
 
@@ -18,15 +19,15 @@ async def test_orphans_are_deleted_and_owned_objects_kept(store):
     ghost.metadata.uid = "never-created"
     await store.create(shard("ghost-0", ghost, "n1"))
     async with running(store, [GarbageCollector()]) as mgr:
-        await until(lambda: _gone(store, "replicas", "stale"))
-        await until(lambda: _gone(store, "shards", "ghost-0"))
-        assert await get_or_none(store, "replicas", "kept") is not None
-        assert await get_or_none(store, "shards", "kept-0") is not None
+        await until(lambda: _gone(store, Replica, "stale"))
+        await until(lambda: _gone(store, Shard, "ghost-0"))
+        assert await get_or_none(store, Replica, "kept") is not None
+        assert await get_or_none(store, Shard, "kept-0") is not None
         await until(lambda: mgr.events.find(name="stale", reason="GarbageCollected"))   # recorded after the delete
 
-        await store.delete("models", "m")                     # the owner goes: so do its dependants
-        await until(lambda: _gone(store, "replicas", "kept"))
-        await until(lambda: _gone(store, "shards", "kept-0"))
+        await store.delete(Model, "m")                     # the owner goes: so do its dependants
+        await until(lambda: _gone(store, Replica, "kept"))
+        await until(lambda: _gone(store, Shard, "kept-0"))
 
 
 class CountingGC(GarbageCollector):
@@ -46,13 +47,13 @@ async def test_status_changes_are_not_looked_at_again_but_new_owner_references_a
     async with running(store, [gc]):
         await until(lambda: gc.looks["replicas/r"] == 1)
         for i in range(10):
-            r = await store.patch_status("replicas", "r", {"message": f"step {i}"})
-        await until(lambda: gc.ctx.cache.get("replicas", "r").status.message == "step 9")
+            r = await store.patch_status(Replica, "r", {"message": f"step {i}"})
+        await until(lambda: gc.ctx.cache.get(Replica, "r").status.message == "step 9")
         assert gc.looks["replicas/r"] == 1          # ten status events, the owner looked up once
 
         r.metadata.ownerReferences[0].uid = "uid-of-no-model"       # now owned by nothing alive
         await store.update(r)
-        await until(lambda: _gone(store, "replicas", "r"))
+        await until(lambda: _gone(store, Replica, "r"))
         assert gc.looks["replicas/r"] == 2
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
-from llmgw.api.types import EVICTING
+from llmgw.api.types import EVICTING, Node
 from llmgw.cmd import controller_manager as cli
 from tests.helpers.ctrlkit import node, until
 
@@ -138,7 +138,7 @@ async def test_the_real_command_runs_the_controllers_with_the_files_settings_and
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         async def verdict():
-            n = await store.get("nodes", "n1")
+            n = await store.get(Node, "n1")
             c = get_condition(n.status.conditions, EVICTING)
             return c if c is not None and c.status == "True" else None
         lost = await until(verdict, what="n1 judged lost")

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from controllers.model import plan, replica_name
 from llmgw.api import Model, Replica, template_hash
+from llmgw.api.types import Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer
@@ -144,7 +145,7 @@ async def test_model_becomes_ready_then_scales_up_and_down(store):
     async with control_plane(store) as cp:
         m = await store.create(spec_model("m", 2))
         await until(lambda: len(ready(cp, "m")) == 2)
-        st = await until(lambda: (x := cp.cache.get("models", "m")) and x.status.readyReplicas == 2 and x.status)
+        st = await until(lambda: (x := cp.cache.get(Model, "m")) and x.status.readyReplicas == 2 and x.status)
         assert st.templateHash == template_hash(m.spec) and st.updatedReplicas == 2
         assert {c.type: c.status for c in st.conditions} == {"Available": "True", "Progressing": "True"}
         for r in cp.replicas("m"):
@@ -153,19 +154,19 @@ async def test_model_becomes_ready_then_scales_up_and_down(store):
             assert r.metadata.ownerReferences[0].uid == m.metadata.uid
 
         cp.agents.hold = lambda shard: True            # new replicas never get Ready
-        cur = await store.get("models", "m")
+        cur = await store.get(Model, "m")
         cur.spec.replicas = 3
         await store.update(cur)
         starting = await until(lambda: next((r.name for r in cp.replicas("m") if r.status.phase == "Starting"), None))
         readies = {r.name for r in ready(cp, "m")}
-        cur = await store.get("models", "m")
+        cur = await store.get(Model, "m")
         cur.spec.replicas = 2
         await store.update(cur)
         await until(lambda: len(cp.replicas("m")) == 2)
         assert {r.name for r in cp.replicas("m")} == readies     # the unready one went first
         # and it is torn down completely: shards stopped, finalizer released, object gone
-        await until(lambda: cp.cache.get("replicas", starting) is None
-                    and cp.cache.index("shards", "replica", starting) == [])
+        await until(lambda: cp.cache.get(Replica, starting) is None
+                    and cp.cache.index(Shard, "replica", starting) == [])
         assert cp.agents.transitions.count((f"{starting}-0", "Stopped")) == 1
 
 
@@ -179,7 +180,7 @@ async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
         watched = Cache()
 
         def observe(kind, type, obj):
-            n = sum(1 for r in watched.list("replicas")
+            n = sum(1 for r in watched.list(Replica)
                     if r.status.phase == "Ready" and r.metadata.deletionTimestamp is None)
             seen_min[0] = min(seen_min[0], n)
         inf = Informer(store, "replicas", watched, observe)
@@ -187,7 +188,7 @@ async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
         try:
             await asyncio.wait_for(inf.synced.wait(), 30)
             cp.agents.hold = lambda shard: shard.spec.replica not in old
-            cur = await store.get("models", "m")
+            cur = await store.get(Model, "m")
             cur.spec.profiles[0].env = {"NEW": "1"}
             await store.update(cur)
             new_hash = template_hash(cur.spec)
@@ -200,10 +201,10 @@ async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
             await cp.agents.release()
             await until(lambda: len(ready(cp, "m")) == 2
                         and all(r.spec.templateHash == new_hash for r in cp.replicas("m")))
-            st = await until(lambda: (x := cp.cache.get("models", "m")) and x.status.updatedReplicas == 2
+            st = await until(lambda: (x := cp.cache.get(Model, "m")) and x.status.updatedReplicas == 2
                              and x.status.replicas == 2 and x.status)
             assert next(c for c in st.conditions if c.type == "Progressing").reason == "RolloutComplete"
-            await until(lambda: all(watched.get("replicas", n) is None for n in old))
+            await until(lambda: all(watched.get(Replica, n) is None for n in old))
             assert seen_min[0] >= 2
         finally:
             task.cancel()
@@ -216,5 +217,5 @@ async def test_unplaceable_profile_falls_back_and_deleting_the_model_removes_rep
         r = await until(lambda: next((r for r in ready(cp, "m")), None))
         assert r.spec.profileIndex == 1 and r.spec.profile.gpusPerNode == 1
         assert cp.events("PlacementDeadline", "m")
-        await store.delete("models", "m")
-        await until(lambda: cp.cache.index("replicas", "model", "m") == [] and cp.cache.list("shards") == [])
+        await store.delete(Model, "m")
+        await until(lambda: cp.cache.index(Replica, "model", "m") == [] and cp.cache.list(Shard) == [])

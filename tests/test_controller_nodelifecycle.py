@@ -9,6 +9,7 @@ from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
+from llmgw.api.types import Node, Replica, Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.helpers.controlplane import FAST, control_plane
 from tests.helpers.ctrlkit import (
@@ -30,7 +31,7 @@ def lifecycle(**settings) -> NodeLifecycleController:
 
 
 async def cond(store, name, type, status, reason=None):
-    n = await store.get("nodes", name)
+    n = await store.get(Node, name)
     c = get_condition(n.status.conditions, type)
     return c if c is not None and c.status == status and (reason is None or c.reason == reason) else None
 
@@ -52,13 +53,13 @@ async def placed_on(store, names, nodes, replicas=None):
         on, gpu = (nodes[i], 0) if len(nodes) > 1 else (nodes[0], i)
         await store.create(replica(name, "m", owner=m, finalizers=["test/keep"],
                                    placement=[{"rank": 0, "node": on, "gpus": [gpu]}]))
-        await store.patch_status("replicas", name, {"phase": "Ready"})
-    _, rev = await store.list("replicas")
+        await store.patch_status(Replica, name, {"phase": "Ready"})
+    _, rev = await store.list(Replica)
     return rev
 
 
 async def replacement_of(store, orig):
-    reps, _ = await store.list("replicas")
+    reps, _ = await store.list(Replica)
     return next((r for r in reps if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == orig), None)
 
 
@@ -68,7 +69,7 @@ async def _placed(coro):
 
 
 async def _marked_for_deletion(store, name):
-    r = await store.get("replicas", name)
+    r = await store.get(Replica, name)
     return r if r.metadata.deletionTimestamp is not None else None
 
 
@@ -101,7 +102,7 @@ async def test_a_lost_nodes_replicas_move_make_before_break(store):
             assert repl.spec.placement[0].node in ("n2", "n3")     # never back on the lost node
         # its engines may still serve: the originals stay until their replacements are Ready
         for orig in ("r1", "r2"):
-            assert (await store.get("replicas", orig)).metadata.deletionTimestamp is None
+            assert (await store.get(Replica, orig)).metadata.deletionTimestamp is None
         player.hold = False
         for orig in ("r1", "r2"):
             gone = await until(lambda orig=orig: _marked_for_deletion(store, orig))
@@ -125,7 +126,7 @@ async def test_a_node_back_before_its_replacement_is_ready_keeps_its_replicas(st
         assert f"replacements called off: {repl.metadata.name}" in back.message
         # it never served: it goes (kept, it would be a replica past maxSurge until scaled down)
         await until(lambda: _marked_for_deletion(store, repl.metadata.name))
-        assert (await store.get("replicas", "r1")).metadata.deletionTimestamp is None
+        assert (await store.get(Replica, "r1")).metadata.deletionTimestamp is None
 
 
 async def test_exactly_half_the_nodes_silent_holds_eviction_back(store):
@@ -141,7 +142,7 @@ async def test_exactly_half_the_nodes_silent_holds_eviction_back(store):
         await until(lambda: m.events.find(name="n1", reason="MassSilence"))
         # the hold is decided where the eviction would have been: nothing was replaced
         assert await replacement_of(store, "r1") is None
-        assert (await store.get("replicas", "r1")).metadata.deletionTimestamp is None
+        assert (await store.get(Replica, "r1")).metadata.deletionTimestamp is None
 
 
 async def test_stragglers_are_judged_only_after_mass_silence_has_settled(store):
@@ -205,7 +206,7 @@ async def test_nodes_are_judged_lost_at_a_bounded_rate(store):
         async def reasons():
             got = {}
             for n in ("n1", "n2"):
-                c = get_condition((await store.get("nodes", n)).status.conditions, "Evicting")
+                c = get_condition((await store.get(Node, n)).status.conditions, "Evicting")
                 got[n] = c.reason if c else None
             return got if sorted(got.values(), key=str) == ["NodeLost", "RateLimited"] else None
         got = await until(reasons)
@@ -261,11 +262,11 @@ async def _evicted_and_replaced(cp):
     orig = await until(lambda: _ready(cp, "m"))
     lost = orig.spec.placement[0].node
     await cp.agents.silence(lost)
-    await until(lambda: (r := cp.cache.get("replicas", orig.name)) and r.metadata.deletionTimestamp and r)
+    await until(lambda: (r := cp.cache.get(Replica, orig.name)) and r.metadata.deletionTimestamp and r)
     repl = _ready(cp, "m")
     assert repl is not None and repl.spec.placement[0].node != lost
     # the original's shard stays: only its agent can say its engine is gone
-    await until(lambda: (s := cp.cache.get("shards", f"{orig.name}-0")) and s.metadata.deletionTimestamp)
+    await until(lambda: (s := cp.cache.get(Shard, f"{orig.name}-0")) and s.metadata.deletionTimestamp)
     return orig, lost
 
 
@@ -284,7 +285,7 @@ async def test_a_lost_nodes_gpus_stay_booked_until_its_agent_confirms(store):
                     c.message == "0/2 nodes: 2 insufficient GPUs")
         # the agent confirms its engine stopped: the original goes, m2 gets the GPU
         await cp.agents.revive(lost)
-        await until(lambda: cp.cache.get("replicas", orig.name) is None)
+        await until(lambda: cp.cache.get(Replica, orig.name) is None)
         m2 = await until(lambda: _ready(cp, "m2"))
         assert m2.spec.placement[0].node == lost
         assert not cp.events("ShardAbandoned")
@@ -294,9 +295,9 @@ async def test_deleting_a_lost_node_releases_its_shards(store):
     async with control_plane(store, nodes=("n1", "n2"), gpus=1, placer=SchedulerController(),
                              extra=(NodeLifecycleController(FAST),)) as cp:
         orig, lost = await _evicted_and_replaced(cp)
-        await store.delete("nodes", lost)        # `llmgw delete node`: the operator gives up on the agent
-        await until(lambda: cp.cache.get("replicas", orig.name) is None)
-        assert await get_or_none(store, "shards", f"{orig.name}-0") is None
+        await store.delete(Node, lost)        # `llmgw delete node`: the operator gives up on the agent
+        await until(lambda: cp.cache.get(Replica, orig.name) is None)
+        assert await get_or_none(store, Shard, f"{orig.name}-0") is None
         (abandoned,) = cp.events("ShardAbandoned", orig.name)
         assert f"node {lost} was deleted" in abandoned.message
 

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
 from llmgw.api import Model, get_condition
+from llmgw.api.types import Node, Replica, Shard
 from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
 from tests.helpers.controlplane import control_plane, until
 
@@ -26,10 +27,10 @@ async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store
         await store.create(model("big", nodes=2, gpus=2))
         await store.create(model("small", replicas=1))
         rep = await until(lambda: next((r for r in cp.replicas("big") if r.status.phase == "Ready"), None))
-        shards = sorted(cp.cache.index("shards", "replica", rep.name), key=lambda s: s.spec.rank)
+        shards = sorted(cp.cache.index(Shard, "replica", rep.name), key=lambda s: s.spec.rank)
         assert [s.name for s in shards] == [f"{rep.name}-0", f"{rep.name}-1"]
         assert [s.spec.node for s in shards] == [p.node for p in sorted(rep.spec.placement, key=lambda p: p.rank)]
-        head_node = cp.cache.get("nodes", shards[0].spec.node)
+        head_node = cp.cache.get(Node, shards[0].spec.node)
         assert {s.spec.headAddress for s in shards} == {head_node.status.addresses[0]}
         assert shards[0].spec.ports.distInit == shards[1].spec.ports.distInit
         assert shards[0].spec.ports.serve != shards[0].spec.ports.distInit
@@ -47,7 +48,7 @@ async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store
         # the small replica shares a node with the big one: no port is used twice on any node
         await until(lambda: any(r.status.phase == "Ready" for r in cp.replicas("small")))
         for node in ("n1", "n2", "n3"):
-            ports = [p for s in cp.cache.index("shards", "node", node)
+            ports = [p for s in cp.cache.index(Shard, "node", node)
                      for p in (s.spec.ports.serve, s.spec.ports.distInit)
                      if not (s.spec.rank > 0 and p == s.spec.ports.distInit)]
             assert len(ports) == len(set(ports)), (node, ports)
@@ -58,17 +59,17 @@ async def test_failed_shard_rebuilds_whole_replica_with_growing_backoff(store):
     async with control_plane(store) as cp:
         await store.create(model("m", nodes=2))
         rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
-        old_uids = {s.metadata.uid for s in cp.cache.index("shards", "replica", rep.name)}
+        old_uids = {s.metadata.uid for s in cp.cache.index(Shard, "replica", rep.name)}
 
         await cp.agents.fail_shard(f"{rep.name}-1", message="NCCL timeout")
         # the Failed phase is brief (the first rebuild waits no backoff): the event and the counters say it happened
         (failure,) = await until(lambda: cp.events("ReplicaFailed", rep.name))
         assert "NCCL timeout" in failure.message and "in 0s (restart 1, 1 in a row)" in failure.message
-        failed = cp.cache.get("replicas", rep.name)
+        failed = cp.cache.get(Replica, rep.name)
         assert failed.status.restarts == 1 and failed.status.backoffUntil is not None
         # rebuilt as a unit: both ranks are new shards, the replica is Ready again
-        back = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Ready" and r)
-        new_shards = cp.cache.index("shards", "replica", rep.name)
+        back = await until(lambda: (r := cp.cache.get(Replica, rep.name)) and r.status.phase == "Ready" and r)
+        new_shards = cp.cache.index(Shard, "replica", rep.name)
         assert len(new_shards) == 2 and not ({s.metadata.uid for s in new_shards} & old_uids)
         assert back.status.restarts == 1 and cp.events("Rebuilding", rep.name)
         stopped = {name for name, phase in cp.agents.transitions if phase == "Stopped"}
@@ -88,12 +89,12 @@ async def test_a_replica_ready_for_the_reset_period_starts_its_backoff_over(stor
         await store.create(model("m"))
 
         async def ready_again(restarts):
-            return await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == restarts
+            return await until(lambda: (r := cp.cache.get(Replica, name)) and r.status.restarts == restarts
                                and r.status.phase == "Ready" and r)
 
         async def fail(restarts):
             await cp.agents.fail_shard(f"{name}-0")
-            return await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == restarts and r)
+            return await until(lambda: (r := cp.cache.get(Replica, name)) and r.status.restarts == restarts and r)
 
         name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
         assert "rebuilding in 0s" in (await fail(1)).status.message
@@ -115,19 +116,19 @@ async def test_deleted_replica_waits_for_stopped_shards_then_goes(store):
         rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
         assert SHARDS_FINALIZER in rep.metadata.finalizers
         await cp.agents.silence(rep.spec.placement[1].node)     # that agent will never confirm
-        await store.delete("replicas", rep.name)
-        term = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Terminating" and r)
+        await store.delete(Replica, rep.name)
+        term = await until(lambda: (r := cp.cache.get(Replica, rep.name)) and r.status.phase == "Terminating" and r)
         assert term.status.endpoint is None
         await until(lambda: cp.agents.phase(f"{rep.name}-0") in ("Stopped", None))
         # the silent node's shard holds the replica, NotReady or not: its engine may still run
         await cp.agents.set_node_ready(rep.spec.placement[1].node, False)
-        await until(lambda: cp.cache.get("shards", f"{rep.name}-0") is None)
-        assert cp.cache.get("shards", f"{rep.name}-1") is not None
-        assert cp.cache.get("replicas", rep.name) is not None
+        await until(lambda: cp.cache.get(Shard, f"{rep.name}-0") is None)
+        assert cp.cache.get(Shard, f"{rep.name}-1") is not None
+        assert cp.cache.get(Replica, rep.name) is not None
         # only deleting the Node gives up on its agent
-        await store.delete("nodes", rep.spec.placement[1].node)
-        await until(lambda: cp.cache.get("replicas", rep.name) is None)
-        assert cp.cache.index("shards", "replica", rep.name) == []
+        await store.delete(Node, rep.spec.placement[1].node)
+        await until(lambda: cp.cache.get(Replica, rep.name) is None)
+        assert cp.cache.index(Shard, "replica", rep.name) == []
         (abandoned,) = cp.events("ShardAbandoned", rep.name)
         assert f"node {rep.spec.placement[1].node} was deleted" in abandoned.message
 
@@ -138,8 +139,8 @@ async def test_deleted_node_rebuilds_replica_elsewhere(store):
         rep = await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))
         node = rep.spec.placement[0].node
         await cp.agents.silence(node)
-        await store.delete("nodes", node)
-        moved = await until(lambda: (r := cp.cache.get("replicas", rep.name)) and r.status.phase == "Ready"
+        await store.delete(Node, node)
+        moved = await until(lambda: (r := cp.cache.get(Replica, rep.name)) and r.status.phase == "Ready"
                             and r.spec.placement[0].node != node and r)
         assert moved.status.restarts == 1
         assert any(f"node {node} was deleted" in e.message for e in cp.events("ReplicaFailed", rep.name))
@@ -151,34 +152,34 @@ async def test_first_crash_rebuilds_at_once_and_the_second_waits_the_backoff(sto
         await store.create(model("m"))
         name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
         await cp.agents.fail_shard(f"{name}-0")
-        back = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 1
+        back = await until(lambda: (r := cp.cache.get(Replica, name)) and r.status.restarts == 1
                            and r.status.phase == "Ready" and r)
         assert back.status.consecutiveFailures == 1
         await cp.agents.fail_shard(f"{name}-0")
-        second = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 2 and r)
+        second = await until(lambda: (r := cp.cache.get(Replica, name)) and r.status.restarts == 2 and r)
         assert second.status.phase == "Failed" and "rebuilding in 3600s" in second.status.message
 
 
 async def test_port_held_by_a_foreign_process_is_never_handed_out_again(store):
     # one node, one GPU: the rebuild can only land on the same node, so the ports must change
     async with control_plane(store, nodes=("n1",), gpus=1, settings=SLOW_BACKOFF) as cp:
-        await store.patch_status("nodes", "n1", {"foreignPorts": [30000]})   # as its agent reports
-        await until(lambda: (n := cp.cache.get("nodes", "n1")) and n.status.foreignPorts == [30000])
+        await store.patch_status(Node, "n1", {"foreignPorts": [30000]})   # as its agent reports
+        await until(lambda: (n := cp.cache.get(Node, "n1")) and n.status.foreignPorts == [30000])
         await store.create(model("m"))
         name = (await until(lambda: next((r for r in cp.replicas("m") if r.status.phase == "Ready"), None))).name
-        first = cp.cache.get("shards", f"{name}-0").spec.ports
+        first = cp.cache.get(Shard, f"{name}-0").spec.ports
         assert 30000 not in (first.serve, first.distInit)
 
         # the agent refuses the next start: another process took the serve port meanwhile
-        shard = cp.cache.get("shards", f"{name}-0")
-        await store.patch_status("shards", shard.name, {
+        shard = cp.cache.get(Shard, f"{name}-0")
+        await store.patch_status(Shard, shard.name, {
             "phase": "Failed", "message": f"PortInUse: port {first.serve} held by pid 4242 (nc)",
             "conditions": [{"type": "Started", "status": "False", "reason": "PortInUse",
                             "message": f"port {first.serve} held by pid 4242 (nc)"}]}, node="n1")
-        back = await until(lambda: (r := cp.cache.get("replicas", name)) and r.status.restarts == 1
+        back = await until(lambda: (r := cp.cache.get(Replica, name)) and r.status.restarts == 1
                            and r.status.phase == "Ready" and r)      # at once, despite the 3600 s backoff
         assert back.status.consecutiveFailures == 0                   # not counted as a crash
-        again = cp.cache.get("shards", f"{name}-0").spec.ports
+        again = cp.cache.get(Shard, f"{name}-0").spec.ports
         assert not {again.serve, again.distInit} & {30000, first.serve, first.distInit}
         (failed,) = cp.events("ReplicaFailed", name)
         assert "not counted" in failed.message
@@ -229,7 +230,7 @@ async def test_a_failed_engines_last_log_lines_outlive_its_shard(store):
         assert failure.message.endswith("\nValueError: unknown architecture 'llamax'")
         assert "last lines of its log:\n" in failure.message and "line 10: " not in failure.message
         assert len(failure.message) < LOG_TAIL_CHARS + 400
-        ready = await until(lambda: (c := get_condition(cp.cache.get("replicas", rep.name).status.conditions, "Ready"))
+        ready = await until(lambda: (c := get_condition(cp.cache.get(Replica, rep.name).status.conditions, "Ready"))
                             and c.reason == "Rebuilding" and c)
         assert ready.message.startswith(f"shard {rep.name}-0 on ")
         assert ready.message.endswith("ValueError: unknown architecture 'llamax'")

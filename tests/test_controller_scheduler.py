@@ -6,6 +6,7 @@ import asyncio
 from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
+from llmgw.api.types import Node, Replica
 from tests.helpers.ctrlkit import node, replica, running, until
 
 
@@ -14,7 +15,7 @@ def booked(replicas) -> list[tuple[str, int]]:
 
 
 async def placed(store, name):
-    r = await store.get("replicas", name)
+    r = await store.get(Replica, name)
     return r if r.spec.placement else None
 
 
@@ -42,7 +43,7 @@ async def test_binds_explains_and_binds_when_room_appears(store):
         assert m.events.find(name="wide2", reason="FailedScheduling")
 
         # uncordoning one node is not enough (one fabric node); adding a second fabric node is
-        off = await store.get("nodes", "off")
+        off = await store.get(Node, "off")
         off.spec.unschedulable = False
         await store.update(off)
         await store.create(node("a3", fabric="fab-a"))
@@ -57,7 +58,7 @@ async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
         await until(lambda: placed(store, "first"))
         await store.create(replica("second", "m", gpus=2))
         await until(lambda: _cond(store, "second", "Scheduled", "False"))
-        await store.delete("replicas", "first")
+        await store.delete(Replica, "first")
         second = await until(lambda: placed(store, "second"))   # woken by the delete, not the 60 s retry
         assert second.spec.placement[0].gpus == [0, 1]
 
@@ -72,7 +73,7 @@ async def test_concurrent_binds_never_share_a_gpu_and_a_new_term_respects_old_on
     async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=60))]):
         await asyncio.gather(*(store.create(replica(f"s{i}", "late", gpus=1)) for i in range(5)))
         await until(lambda: _all_placed(store, 12))
-        reps, _ = await store.list("replicas")
+        reps, _ = await store.list(Replica)
         loser = next(r for r in reps if not r.spec.placement)
         assert get_condition(loser.status.conditions, "Scheduled").reason == "Unschedulable"
     slots = booked(reps)
@@ -100,11 +101,11 @@ async def test_spreads_replicas_of_a_model_and_honours_selector_and_engines(stor
 
 
 async def _cond(store, name, type, status=None):
-    r = await store.get("replicas", name)
+    r = await store.get(Replica, name)
     c = get_condition(r.status.conditions, type)
     return c if c is not None and (status is None or c.status == status) else None
 
 
 async def _all_placed(store, n):
-    reps, _ = await store.list("replicas")
+    reps, _ = await store.list(Replica)
     return sum(1 for r in reps if r.spec.placement) >= n

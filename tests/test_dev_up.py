@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Node
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
@@ -135,7 +136,7 @@ async def _serves(c: LocalCluster, timeout: float = 150.0) -> None:
 
 async def _node(c: LocalCluster):
     async with Client.from_config(ClientConfig.load(c.admin_config)) as client:
-        return await client.get("nodes", "node01")
+        return await client.get(Node, "node01")
 
 
 async def _etcd_is_tls_with_client_certificates(c: LocalCluster) -> None:
@@ -146,7 +147,7 @@ async def _etcd_is_tls_with_client_certificates(c: LocalCluster) -> None:
     await anonymous.close()
     cert, key = c.etcd_certs["dev-admin"]
     async with Store(c.etcd.endpoint, ca=c.etcd_ca, cert=cert, key=key) as store:
-        assert (await store.get("nodes", "node01")).name == "node01"
+        assert (await store.get(Node, "node01")).name == "node01"
 
 
 def test_two_dev_clusters_side_by_side(tmp_path):

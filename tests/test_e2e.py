@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from llmgw.api import load_path
+from llmgw.api.types import Model, Node, Replica
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
@@ -106,7 +107,7 @@ class Load:
 
 
 async def replicas_of(c: Client, model: str):
-    items, _ = await c.list("replicas")
+    items, _ = await c.list(Replica)
     return [r for r in items if r.spec.model == model]
 
 
@@ -131,7 +132,7 @@ async def test_1_models_become_ready_and_serve(cluster, client):
             assert result == "created"
 
     async def all_ready():
-        m1, m2 = await client.get("models", "sim-large"), await client.get("models", "sim-small")
+        m1, m2 = await client.get(Model, "sim-large"), await client.get(Model, "sim-small")
         return m1.status.readyReplicas >= 1 and m2.status.readyReplicas >= 2
     await wait_for("both models Ready", all_ready, timeout=120)
 
@@ -157,14 +158,14 @@ async def test_2_drain_under_load_loses_no_request(cluster, client):
                 or "Draining" in node_status(cluster, drained))
 
         async def drained_done():
-            node = await client.get("nodes", drained)
+            node = await client.get(Node, drained)
             return node.status.drain and node.status.drain.phase == "Drained"
         await wait_for(f"{drained} Drained", drained_done, timeout=150)
         await asyncio.sleep(1.0)  # keep the load on while the originals stop
     assert not load.failures, load.failures[:5]
     assert load.ok > 20
 
-    replicas = (await client.list("replicas"))[0]
+    replicas = (await client.list(Replica))[0]
     assert not [r for r in replicas if drained in nodes_of(r)], "the drained node still has replicas"
     new_large = [r for r in await replicas_of(client, "sim-large") if not r.metadata.deletionTimestamp]
     assert len(new_large) == 1
@@ -197,7 +198,7 @@ async def test_3_lost_node_goes_notready_and_its_replica_is_rebuilt(cluster, cli
 
 
 async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacement(cluster, client):
-    for node in (await client.list("nodes"))[0]:
+    for node in (await client.list(Node))[0]:
         if node.spec.drain:  # test 2's node takes work again
             llmgw_cli(cluster, "uncordon", node.name)
             assert node_status(cluster, node.name) == "Ready"
@@ -213,7 +214,7 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
     llmgw_cli(cluster, "drain", target)
 
     async def replacement_exists():
-        return [r for r in (await client.list("replicas"))[0]
+        return [r for r in (await client.list(Replica))[0]
                 if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == large.name]
     await wait_for("a replacement", replacement_exists, timeout=60)
     cluster.stop_process("controller-manager", signal.SIGKILL)
@@ -221,10 +222,10 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
     cluster.start_controller_manager("controller-manager-2")
 
     async def drained_done():
-        node = await client.get("nodes", target)
+        node = await client.get(Node, target)
         return node.status.drain and node.status.drain.phase == "Drained"
     await wait_for(f"{target} Drained after the restart", drained_done, timeout=150)
-    replacements = [r for r in (await client.list("replicas"))[0]
+    replacements = [r for r in (await client.list(Replica))[0]
                     if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == large.name]
     # the annotation may be cleared once the original is gone; a second replacement never appears
     assert len(replacements) <= 1
@@ -234,7 +235,7 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
 
 
 async def test_5_template_change_under_load_loses_no_request(cluster, client):
-    model = await client.get("models", "sim-small")
+    model = await client.get(Model, "sim-small")
     old = {r.name for r in await replicas_of(client, "sim-small")}
     model.spec.profiles[0].args = ["--tokens-per-second", "400"]
     async with Load(cluster.gateway_url, ["sim-small", "small"]) as load:
@@ -252,5 +253,5 @@ async def test_5_template_change_under_load_loses_no_request(cluster, client):
         await wait_for("old sim-small replicas gone", old_gone, timeout=60)
     assert not load.failures, load.failures[:5]
     assert load.ok > 20
-    m = await client.get("models", "sim-small")
+    m = await client.get(Model, "sim-small")
     assert m.status.updatedReplicas == 2 and m.status.readyReplicas == 2

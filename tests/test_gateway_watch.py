@@ -88,7 +88,7 @@ async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tm
             assert {(await ask())[1] for _ in range(4)} == {"r-a", "r-b"}
 
             # Marked for deletion (a finalizer holds the object): out of the table at once.
-            deleted = await admin.delete("replicas", "r-a")
+            deleted = await admin.delete(Replica, "r-a")
             assert deleted.metadata.deletionTimestamp is not None
             await eventually(lambda: _eq(routable(), 1), "r-a left the table")
             assert [await ask("llama") for _ in range(4)] == [(200, "r-b")] * 4
@@ -101,7 +101,7 @@ async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tm
             # head), so the gateway cannot replay the DELETED: it must relist and diff.
             api_server.stop()
             async with Store(etcd.endpoint) as store:
-                await store.delete("replicas", "r-c")
+                await store.delete(Replica, "r-c")
                 await store.create(new_replica("r-later"))
                 await Compactor(store.etcd, keep=0).compact()
             sims["c"].kill()

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model
 from llmgw.store import NameTaken, NotFound
 
 V1 = "llmgw.io/v1"
@@ -36,7 +37,7 @@ async def test_a_name_or_alias_of_another_model_is_refused_naming_the_holder(sto
         await store.create(model("other", "big"))
     assert str(err.value).startswith("Model 'other': the alias 'big' is the name of Model 'big'")
     with pytest.raises(NotFound):
-        await store.get("models", "thief")  # nothing of a refused create was written
+        await store.get(Model, "thief")  # nothing of a refused create was written
     assert await reservations(store) == {"big": "big", "large": "big"}
 
 
@@ -46,9 +47,9 @@ async def test_an_update_that_takes_a_name_is_refused_and_dropped_aliases_are_fr
     b.spec.aliases = ["small"]
     with pytest.raises(NameTaken):
         await store.update(b)
-    assert (await store.get("models", "b")).spec.aliases == []
+    assert (await store.get(Model, "b")).spec.aliases == []
 
-    a = await store.get("models", "a")
+    a = await store.get(Model, "a")
     a.spec.aliases = ["tiny"]
     await store.update(a)
     assert await reservations(store) == {"a": "a", "b": "b", "tiny": "a"}
@@ -59,10 +60,10 @@ async def test_an_update_that_takes_a_name_is_refused_and_dropped_aliases_are_fr
 
 async def test_a_deleted_model_frees_its_names_after_its_finalizers(store):
     await store.create(model("gone", "g1", finalizers=("test/hold",)))
-    await store.delete("models", "gone")
+    await store.delete(Model, "gone")
     with pytest.raises(NameTaken):  # still there, terminating: its replicas may still serve
         await store.create(model("next", "g1"))
-    held = await store.get("models", "gone")
+    held = await store.get(Model, "gone")
     held.metadata.finalizers = []
     await store.update(held)  # the last finalizer went: the real delete
     await store.create(model("next", "g1", "gone"))
@@ -89,7 +90,7 @@ async def test_a_model_stored_before_names_were_reserved_still_holds_its_names(s
     with pytest.raises(NameTaken) as err:
         await store.create(model("thief", "old-alias"))
     assert str(err.value).startswith("Model 'thief': the alias 'old-alias' is an alias of Model 'old'")
-    current = await store.get("models", "old")
+    current = await store.get(Model, "old")
     current.spec.aliases = ["old-alias", "another"]
     await store.update(current)  # its own names are its own; the change reserves them all
     assert await reservations(store) == {"old": "old", "old-alias": "old", "another": "old"}

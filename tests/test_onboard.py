@@ -19,6 +19,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from llmgw.api.types import Node
 from llmgw.pki import identity_from_pem_file
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 from tests.helpers.release import release_artifact
@@ -112,7 +113,7 @@ def onboarding(sshd, api_server, tmp_path):
 def get_node(api_server, name: str):
     async def go():
         async with api_server.client() as c:
-            return await c.get("nodes", name)
+            return await c.get(Node, name)
     return asyncio.run(go())
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.api import Model, get_condition
+from llmgw.api.types import Replica, Shard
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
@@ -79,13 +80,13 @@ def model(name: str, source: Path) -> Model:
 
 
 def replica(cluster, name: str):
-    items = api(cluster, lambda c: c.list("replicas"))[0]
+    items = api(cluster, lambda c: c.list(Replica))[0]
     return next((r for r in items if r.spec.model == name and not r.metadata.deletionTimestamp), None)
 
 
 def shard(cluster, name: str):
     r = replica(cluster, name)
-    return r and api(cluster, lambda c: c.get("shards", f"{r.name}-0"))
+    return r and api(cluster, lambda c: c.get(Shard, f"{r.name}-0"))
 
 
 def openai_client(cluster):
@@ -163,7 +164,7 @@ def test_5_a_crash_loop_and_its_cause_are_visible_through_the_api(cluster, tmp_p
     api(cluster, lambda c: c.apply(model("broken", bad)))
 
     def looping():
-        m = api(cluster, lambda c: c.get("models", "broken"))
+        m = api(cluster, lambda c: c.get(Model, "broken"))
         p = get_condition(m.status.conditions, "Progressing")
         return p if p is not None and p.reason == "CrashLoop" else None
 
@@ -172,4 +173,4 @@ def test_5_a_crash_loop_and_its_cause_are_visible_through_the_api(cluster, tmp_p
     assert "failed to load model" in progressing.message            # llama-server's own words
     ready = get_condition(replica(cluster, "broken").status.conditions, "Ready")
     assert ready.status == "False" and "failed to load model" in ready.message
-    api(cluster, lambda c: c.delete("models", "broken"))
+    api(cluster, lambda c: c.delete(Model, "broken"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Compactor, Store
@@ -55,13 +56,13 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted(api_server, s
     async with api_server.client() as c:
         gone = await c.create(model("gone"))
         stays = await c.create(model("stays"))
-        lw, events = Held(c.lister_watcher("models")), Events()
+        lw, events = Held(c.lister_watcher(Model)), Events()
         reflector = Reflector(lw, events, key=name)
         task = asyncio.create_task(reflector.run())
         try:
             await until(lambda: reflector.lists == 1)
             assert sorted(events) == [("ADDED", "gone", gone.metadata.uid), ("ADDED", "stays", stays.metadata.uid)]
-            await c.delete("models", "gone")
+            await c.delete(Model, "gone")
             new = await c.create(model("new"))
             await Compactor(store.etcd, keep=0).compact()
             lw.gate.set()                  # the watch from the list's revision is told 410: relist
@@ -80,7 +81,7 @@ async def test_a_dropped_watch_resumes_from_the_last_revision_without_a_relist(e
     server = start_api_server(ca_dir, etcd.endpoint, tmp_path)
     try:
         async with server.client() as c, Store(etcd.endpoint) as store:
-            lw, events = Held(c.lister_watcher("models")), Events()
+            lw, events = Held(c.lister_watcher(Model)), Events()
             lw.gate.set()
             reflector = Reflector(lw, events, key=name, backoff=Backoff(0.05, 0.5))
             task = asyncio.create_task(reflector.run())

@@ -36,13 +36,13 @@ async def test_informer_lists_then_watches_into_cache(store):
         await asyncio.wait_for(inf.synced.wait(), 20)
         assert rec.events == [("ADDED", "before")]
         await store.create(model("after"))
-        await store.patch_status("models", "after", {"readyReplicas": 3})
-        await until(lambda: (cache.get("models", "after") or model("x")).status.readyReplicas == 3)
-        await store.delete("models", "before")
-        await until(lambda: cache.get("models", "before") is None)
+        await store.patch_status(Model, "after", {"readyReplicas": 3})
+        await until(lambda: (cache.get(Model, "after") or model("x")).status.readyReplicas == 3)
+        await store.delete(Model, "before")
+        await until(lambda: cache.get(Model, "before") is None)
         assert [e for e in rec.events if e[1] == "after"][:2] == [("ADDED", "after"), ("MODIFIED", "after")]
         assert rec.events[-1] == ("DELETED", "before")
-        assert sorted(m.name for m in cache.list("models")) == ["after"]
+        assert sorted(m.name for m in cache.list(Model)) == ["after"]
         assert inf.lists == 1
     finally:
         task.cancel()
@@ -56,11 +56,11 @@ async def test_a_silent_stream_is_reopened_where_it_left_off(store):
     try:
         await asyncio.wait_for(inf.synced.wait(), 20)
         await store.create(model("m1"))
-        await until(lambda: cache.get("models", "m1") is not None)
+        await until(lambda: cache.get(Model, "m1") is not None)
         await until(lambda: inf.reopens >= 2)
         await store.create(model("m2"))
-        await store.patch_status("models", "m2", {"readyReplicas": 2})
-        await until(lambda: (cache.get("models", "m2") or model("x")).status.readyReplicas == 2)
+        await store.patch_status(Model, "m2", {"readyReplicas": 2})
+        await until(lambda: (cache.get(Model, "m2") or model("x")).status.readyReplicas == 2)
         assert rec.events == [("ADDED", "m1"), ("ADDED", "m2"), ("MODIFIED", "m2")]
         assert inf.lists == 1
     finally:
@@ -95,17 +95,17 @@ async def test_informer_relists_after_compaction_and_reports_vanished(store):
     task = asyncio.create_task(inf.run())
     try:
         await asyncio.wait_for(inf.synced.wait(), 20)
-        await store.delete("models", "gone")
+        await store.delete(Model, "gone")
         await store.create(model("new"))
         await Compactor(store.etcd, keep=0).compact()
         gated.gate.set()
         await until(lambda: inf.lists >= 2)
-        await until(lambda: cache.get("models", "gone") is None and cache.get("models", "new") is not None)
+        await until(lambda: cache.get(Model, "gone") is None and cache.get(Model, "new") is not None)
         assert ("DELETED", "gone") in rec.events
         assert ("ADDED", "new") in rec.events
         # and it keeps watching after the relist
         await store.create(model("later"))
-        await until(lambda: cache.get("models", "later") is not None)
+        await until(lambda: cache.get(Model, "later") is not None)
     finally:
         task.cancel()
 

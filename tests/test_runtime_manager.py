@@ -41,7 +41,7 @@ class Labeler(Controller):
         self.calls[key] = self.calls.get(key, 0) + 1
         if self.calls[key] <= self.fail:
             raise RuntimeError("boom")
-        m = self.ctx.cache.get("models", key)
+        m = self.ctx.cache.get(Model, key)
         if m is None or m.metadata.labels.get("by") == self.identity:
             return Result()
         m = m.model_copy(deep=True)
@@ -74,9 +74,9 @@ class Writer(Labeler):
         self.told: list[bool] = []
 
     async def reconcile(self, key):
-        before = self.ctx.cache.get("models", key)
+        before = self.ctx.cache.get(Model, key)
         await super().reconcile(key)
-        after = self.ctx.cache.get("models", key)
+        after = self.ctx.cache.get(Model, key)
         if after is not None and after is not before:
             self.told.append(self.listener.heard.get(key, 0) >= after.revision)
 
@@ -105,7 +105,7 @@ async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
         await until(lambda: any(m.is_leader for m in managers))
         leader = next(m for m in managers if m.is_leader)
         other = next(m for m in managers if m is not leader)
-        await until(lambda: (leader.cache.get("models", "a") or model("x")).metadata.labels.get("by")
+        await until(lambda: (leader.cache.get(Model, "a") or model("x")).metadata.labels.get("by")
                     == leader.identity)
         assert not other.is_leader
         fenced = leader.controllers[0].ctx.store
@@ -114,15 +114,15 @@ async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
         t0 = asyncio.get_running_loop().time()
         await until(lambda: other.is_leader, timeout=30)
         took = asyncio.get_running_loop().time() - t0
-        await until(lambda: (other.cache.get("models", "a") or model("x")).metadata.labels.get("by") == other.identity)
+        await until(lambda: (other.cache.get(Model, "a") or model("x")).metadata.labels.get("by") == other.identity)
         # the new leader got in roughly one lease (2 s) after the crash, not much later
         assert took < 2 * 3 + 5, took
 
-        current = await stores[1].get("models", "a")
+        current = await stores[1].get(Model, "a")
         current.metadata.labels["by"] = "deposed"
         with pytest.raises(FencedOut):
             await fenced.update(current)
-        assert (await stores[1].get("models", "a")).metadata.labels["by"] == other.identity
+        assert (await stores[1].get(Model, "a")).metadata.labels["by"] == other.identity
     finally:
         for m in managers:
             await m.stop()
@@ -141,7 +141,7 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
     try:
         await store.create(model("b"))
         await until(lambda: mgr.is_leader
-                    and (mgr.cache.get("models", "b") or model("x")).metadata.labels.get("by") == "solo")
+                    and (mgr.cache.get(Model, "b") or model("x")).metadata.labels.get("by") == "solo")
         assert ctrl.calls["b"] >= 4
         assert mgr.events.find(name="b", reason="Labeled")
         async with aiohttp.ClientSession() as http:

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model, Node
 from llmgw.client import AlreadyExists, BadRequest, Conflict, Expired, NotFound
 from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir, shared_api_server  # noqa: F401
@@ -24,16 +25,16 @@ async def test_create_get_update_delete(shared_api_server):
         assert created.metadata.generation == 1 and created.metadata.uid
         with pytest.raises(AlreadyExists):
             await c.create(model("crud"))
-        got = await c.get("mo", "crud")
+        got = await c.get(Model, "crud")
         got.spec.replicas = 3
         updated = await c.update(got)
         assert updated.metadata.generation == 2
         with pytest.raises(Conflict) as err:
             await c.update(got)  # got's resourceVersion is stale now
         assert err.value.code == 409 and "re-read" in str(err.value)
-        await c.delete("models", "crud")
+        await c.delete(Model, "crud")
         with pytest.raises(NotFound):
-            await c.get("models", "crud")
+            await c.get(Model, "crud")
 
 
 async def test_status_writes_leave_spec_and_generation(shared_api_server):
@@ -42,9 +43,9 @@ async def test_status_writes_leave_spec_and_generation(shared_api_server):
         m.status.readyReplicas = 1
         after = await c.update_status(m)
         assert after.status.readyReplicas == 1
-        patched = await c.patch_status("models", "stat", {"replicas": 2})
+        patched = await c.patch_status(Model, "stat", {"replicas": 2})
         assert (patched.status.replicas, patched.status.readyReplicas) == (2, 1)
-        now = await c.get("models", "stat")
+        now = await c.get(Model, "stat")
         assert now.metadata.generation == 1 and now.metadata.resourceVersion == m.metadata.resourceVersion
 
 
@@ -52,7 +53,7 @@ async def test_apply_is_idempotent_and_leaves_status(shared_api_server):
     async with shared_api_server.client() as c:
         result, first = await c.apply(model("app", labels={"team": "a"}))
         assert result == "created"
-        await c.patch_status("models", "app", {"readyReplicas": 1})
+        await c.patch_status(Model, "app", {"readyReplicas": 1})
         result, same = await c.apply(model("app", labels={"team": "a"}))
         assert result == "unchanged"
         assert (same.metadata.generation, same.metadata.resourceVersion) == (1, first.metadata.resourceVersion)
@@ -60,7 +61,7 @@ async def test_apply_is_idempotent_and_leaves_status(shared_api_server):
         manifest.status.readyReplicas = 99  # status in a manifest is ignored
         result, changed = await c.apply(manifest)
         assert result == "configured" and changed.metadata.generation == 2
-        stored = await c.get("models", "app")
+        stored = await c.get(Model, "app")
         assert stored.spec.replicas == 4 and stored.status.readyReplicas == 1
 
 
@@ -77,38 +78,38 @@ async def test_list_by_label_selector(shared_api_server):
     async with shared_api_server.client() as c:
         await c.create(model("sel-a", labels={"tier": "gold"}))
         await c.create(model("sel-b", labels={"tier": "silver"}))
-        items, rv = await c.list("models", selector="tier=gold")
+        items, rv = await c.list(Model, selector="tier=gold")
         assert [m.name for m in items] == ["sel-a"] and rv > 0
         with pytest.raises(BadRequest):
-            await c.list("models", selector="=x")
+            await c.list(Model, selector="=x")
 
 
 async def test_watch_resumes_from_a_resource_version(shared_api_server):
     async with shared_api_server.client() as c:
         await c.create(model("w-before"))
-        _, rv = await c.list("models")
+        _, rv = await c.list(Model)
         await c.create(model("w-after"))
-        await c.patch_status("models", "w-after", {"replicas": 1})
+        await c.patch_status(Model, "w-after", {"replicas": 1})
         events = []
-        async for ev in c.watch("models", resource_version=rv):
+        async for ev in c.watch(Model, resource_version=rv):
             events.append((ev.type, ev.object.name, ev.object.status.replicas))
             if len(events) == 2:
                 break
         assert events == [("ADDED", "w-after", 0), ("MODIFIED", "w-after", 1)]
         # resuming from the first event's revision yields only what came after it
-        async for ev in c.watch("models", resource_version=rv + 1):
+        async for ev in c.watch(Model, resource_version=rv + 1):
             assert (ev.type, ev.object.name) == ("MODIFIED", "w-after")
             break
 
 
 async def test_watch_of_a_compacted_revision_says_expired(shared_api_server):
     async with shared_api_server.client() as c, Store(shared_api_server.etcd) as store:
-        _, rv = await c.list("models")
+        _, rv = await c.list(Model)
         for i in range(3):
             await c.create(model(f"comp-{i}"))
         await Compactor(store.etcd, keep=1).compact()
         with pytest.raises(Expired) as err:
-            async for _ in c.watch("models", resource_version=rv):
+            async for _ in c.watch(Model, resource_version=rv):
                 pass
         assert err.value.code == 410
 
@@ -119,9 +120,9 @@ async def test_heartbeat_and_events(shared_api_server):
     async with srv.client(node_ident) as n, Store(srv.etcd) as store:
         assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
         assert "hb-node" in await store.heartbeats.list()
-        await n.record_event("nodes", "hb-node", "Normal", "Registered", "agent started")
+        await n.record_event(Node, "hb-node", "Normal", "Registered", "agent started")
     async with srv.client() as admin:
-        events = await admin.events("nodes", "hb-node")
+        events = await admin.events(Node, "hb-node")
         assert [(e["reason"], e["message"]) for e in events] == [("Registered", "agent started")]
 
 
@@ -134,7 +135,7 @@ async def test_informer_relists_after_compaction_with_synthetic_deletes(api_serv
         seen: asyncio.Queue = asyncio.Queue()
 
         async def informer():
-            async for type_, obj in c.list_and_watch("models", synced=True):
+            async for type_, obj in c.list_and_watch(Model, synced=True):
                 await seen.put((type_, obj.name if obj else None))
 
         task = asyncio.create_task(informer())
@@ -144,7 +145,7 @@ async def test_informer_relists_after_compaction_with_synthetic_deletes(api_serv
             await c.create(model("live"))
             assert await seen.get() == ("ADDED", "live")
             await asyncio.to_thread(api_server.stop)
-            await store.delete("models", "gone")
+            await store.delete(Model, "gone")
             await store.create(model("new"))
             await store.create(model("new2"))
             await Compactor(store.etcd, keep=1).compact()  # past the deletion: a watch from before it gets 410

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.client import Forbidden
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 
@@ -63,13 +64,13 @@ async def _first_event(c, kind, **kw):
 
 
 async def _update_node(c, name, change=lambda n: n.metadata.labels.update(zone="a")):
-    n = await c.get("nodes", name)
+    n = await c.get(Node, name)
     change(n)
     return await c.update(n)
 
 
 async def _put_node_status(c, name, change):
-    n = await c.get("nodes", name)
+    n = await c.get(Node, name)
     change(n.status)
     return await c.update_status(n)
 
@@ -77,73 +78,73 @@ async def _put_node_status(c, name, change):
 # (identity, action, rule that refuses it or None when allowed)
 CASES = [
     # node n1: its own Node
-    ("n1", lambda c: c.get("nodes", "n1"), None),
-    ("n1", lambda c: c.patch_status("nodes", "n1", {"agentVersion": "1"}), None),
+    ("n1", lambda c: c.get(Node, "n1"), None),
+    ("n1", lambda c: c.patch_status(Node, "n1", {"agentVersion": "1"}), None),
     ("n1", lambda c: _put_node_status(c, "n1", lambda s: setattr(s, "driverVersion", "550.1")), None),
     # ... but never its spec, labels, annotations or finalizers, nor the controllers' status fields
     ("n1", lambda c: _update_node(c, "n1"), "node-spec"),
     ("n1", lambda c: _update_node(c, "n1", lambda n: setattr(n.spec, "unschedulable", False)), "node-spec"),
     ("n1", lambda c: _update_node(c, "n1", lambda n: n.metadata.finalizers.append("x.io/keep")), "node-spec"),
     ("n1", lambda c: c.apply(node("n1")), "node-spec"),
-    ("n1", lambda c: c.patch_status("nodes", "n1", {"drain": None}), "node-status"),
-    ("n1", lambda c: c.patch_status("nodes", "n1", {"observedGeneration": 7, "agentVersion": "1"}), "node-status"),
+    ("n1", lambda c: c.patch_status(Node, "n1", {"drain": None}), "node-status"),
+    ("n1", lambda c: c.patch_status(Node, "n1", {"observedGeneration": 7, "agentVersion": "1"}), "node-status"),
     ("n1", lambda c: _put_node_status(c, "n1", lambda s: setattr(s, "observedGeneration", 9)), "node-status"),
     ("n1", lambda c: c.heartbeat("n1"), None),
-    ("n1", lambda c: c.get("nodes", "n2"), "node-self"),
+    ("n1", lambda c: c.get(Node, "n2"), "node-self"),
     ("n1", lambda c: _update_node(c, "n2"), "node-self"),
-    ("n1", lambda c: c.patch_status("nodes", "n2", {"agentVersion": "1"}), "node-self"),
+    ("n1", lambda c: c.patch_status(Node, "n2", {"agentVersion": "1"}), "node-self"),
     ("n1", lambda c: c.create(node("n3")), "node-self"),
     ("n1", lambda c: c.create(node("n1", {"unschedulable": True})), "node-registration"),
     ("n1", lambda c: c.create(node("n1", finalizers=["x.io/keep"])), "node-registration"),
     ("n1", lambda c: c.create(node("n1", annotations={"a": "b"})), "node-registration"),
-    ("n1", lambda c: c.list("nodes"), "node-self"),
-    ("n1", lambda c: _first_event(c, "nodes"), "node-self"),
-    ("n1", lambda c: c.delete("nodes", "n1"), "node-self"),
+    ("n1", lambda c: c.list(Node), "node-self"),
+    ("n1", lambda c: _first_event(c, Node), "node-self"),
+    ("n1", lambda c: c.delete(Node, "n1"), "node-self"),
     ("n1", lambda c: c.heartbeat("n2"), "node-heartbeat"),
     # node n1: shards bound to it
-    ("n1", lambda c: c.list("shards", node="n1"), None),
-    ("n1", lambda c: _first_event(c, "shards", node="n1"), None),
-    ("n1", lambda c: c.get("shards", "s1"), None),
-    ("n1", lambda c: c.patch_status("shards", "s1", {"phase": "Starting"}), None),
-    ("n1", lambda c: c.list("shards"), "node-shards"),
-    ("n1", lambda c: c.list("shards", node="n2"), "node-shards"),
-    ("n1", lambda c: _first_event(c, "shards"), "node-shards"),
-    ("n1", lambda c: _first_event(c, "shards", node="n2"), "node-shards"),
-    ("n1", lambda c: c.get("shards", "s2"), "node-shards"),
-    ("n1", lambda c: c.patch_status("shards", "s2", {"phase": "Failed"}), "node-shards"),
+    ("n1", lambda c: c.list(Shard, node="n1"), None),
+    ("n1", lambda c: _first_event(c, Shard, node="n1"), None),
+    ("n1", lambda c: c.get(Shard, "s1"), None),
+    ("n1", lambda c: c.patch_status(Shard, "s1", {"phase": "Starting"}), None),
+    ("n1", lambda c: c.list(Shard), "node-shards"),
+    ("n1", lambda c: c.list(Shard, node="n2"), "node-shards"),
+    ("n1", lambda c: _first_event(c, Shard), "node-shards"),
+    ("n1", lambda c: _first_event(c, Shard, node="n2"), "node-shards"),
+    ("n1", lambda c: c.get(Shard, "s2"), "node-shards"),
+    ("n1", lambda c: c.patch_status(Shard, "s2", {"phase": "Failed"}), "node-shards"),
     ("n1", lambda c: c.create(shard("s9", "n1", "r1", "m1")), "node-shards"),
-    ("n1", lambda c: c.delete("shards", "s1"), "node-shards"),
+    ("n1", lambda c: c.delete(Shard, "s1"), "node-shards"),
     # node n1: models and replicas of its shards, nothing else
-    ("n1", lambda c: c.get("models", "m1"), None),
-    ("n1", lambda c: c.get("replicas", "r1"), None),
-    ("n1", lambda c: c.get("models", "m2"), "node-shard-refs"),
-    ("n1", lambda c: c.get("replicas", "r2"), "node-shard-refs"),
-    ("n1", lambda c: c.list("models"), "node-shard-refs"),
+    ("n1", lambda c: c.get(Model, "m1"), None),
+    ("n1", lambda c: c.get(Replica, "r1"), None),
+    ("n1", lambda c: c.get(Model, "m2"), "node-shard-refs"),
+    ("n1", lambda c: c.get(Replica, "r2"), "node-shard-refs"),
+    ("n1", lambda c: c.list(Model), "node-shard-refs"),
     ("n1", lambda c: c.create(model("m-by-node")), "node-shard-refs"),
-    ("n1", lambda c: c.patch_status("replicas", "r1", {"phase": "Ready"}), "node-shard-refs"),
-    ("n1", lambda c: c.events("models", "m1"), "node"),
+    ("n1", lambda c: c.patch_status(Replica, "r1", {"phase": "Ready"}), "node-shard-refs"),
+    ("n1", lambda c: c.events(Model, "m1"), "node"),
     # gateway: reads models, replicas, nodes
-    ("gateway", lambda c: c.list("models"), None),
-    ("gateway", lambda c: c.get("replicas", "r2"), None),
-    ("gateway", lambda c: c.list("nodes"), None),
-    ("gateway", lambda c: _first_event(c, "replicas"), None),
-    ("gateway", lambda c: c.list("shards"), "gateway-read"),
+    ("gateway", lambda c: c.list(Model), None),
+    ("gateway", lambda c: c.get(Replica, "r2"), None),
+    ("gateway", lambda c: c.list(Node), None),
+    ("gateway", lambda c: _first_event(c, Replica), None),
+    ("gateway", lambda c: c.list(Shard), "gateway-read"),
     ("gateway", lambda c: c.create(model("m-by-gw")), "gateway-read"),
-    ("gateway", lambda c: c.patch_status("replicas", "r1", {"phase": "Ready"}), "gateway-read"),
-    ("gateway", lambda c: c.delete("models", "m1"), "gateway-read"),
+    ("gateway", lambda c: c.patch_status(Replica, "r1", {"phase": "Ready"}), "gateway-read"),
+    ("gateway", lambda c: c.delete(Model, "m1"), "gateway-read"),
     ("gateway", lambda c: c.heartbeat("n1"), "gateway-read"),
     # controller-manager and admins: everything
-    ("controller-manager", lambda c: c.list("shards"), None),
+    ("controller-manager", lambda c: c.list(Shard), None),
     ("controller-manager", lambda c: c.create(model("m-by-cm")), None),
-    ("controller-manager", lambda c: c.patch_status("replicas", "r2", {"phase": "Scheduled"}), None),
-    ("controller-manager", lambda c: c.patch_status("shards", "s2", {"phase": "Starting"}), None),
-    ("controller-manager", lambda c: c.delete("models", "m-by-cm"), None),
-    ("controller-manager", lambda c: c.events("models", "m1"), None),
-    ("admin", lambda c: c.list("shards", node="n2"), None),
+    ("controller-manager", lambda c: c.patch_status(Replica, "r2", {"phase": "Scheduled"}), None),
+    ("controller-manager", lambda c: c.patch_status(Shard, "s2", {"phase": "Starting"}), None),
+    ("controller-manager", lambda c: c.delete(Model, "m-by-cm"), None),
+    ("controller-manager", lambda c: c.events(Model, "m1"), None),
+    ("admin", lambda c: c.list(Shard, node="n2"), None),
     ("admin", lambda c: _update_node(c, "n2"), None),
     ("admin", lambda c: c.heartbeat("n2"), None),
     ("admin", lambda c: c.create(model("m-by-admin")), None),
-    ("admin", lambda c: c.delete("models", "m-by-admin"), None),
+    ("admin", lambda c: c.delete(Model, "m-by-admin"), None),
 ]
 
 
@@ -161,9 +162,9 @@ async def test_authorization_matrix(cluster, who, action, rule):
 
 async def test_node_sees_only_its_shards(cluster):
     async with cluster.client(cluster.ids["n1"]) as c:
-        items, _ = await c.list("shards", node="n1")
+        items, _ = await c.list(Shard, node="n1")
         assert [s.name for s in items] == ["s1"]
-        ev = await _first_event(c, "shards", node="n1")
+        ev = await _first_event(c, Shard, node="n1")
         assert (ev.type, ev.object.name) == ("ADDED", "s1")
 
 
@@ -187,7 +188,7 @@ async def test_forbidden_status_body_names_the_rule(cluster):
     assert err.value.reason == "Forbidden"
     # nothing was deleted
     async with cluster.client() as c:
-        assert (await c.get("models", "m1")).name == "m1"
+        assert (await c.get(Model, "m1")).name == "m1"
 
 
 async def test_node_cannot_undo_an_admins_cordon_and_each_refusal_is_logged(cluster):
@@ -206,9 +207,9 @@ async def test_node_cannot_undo_an_admins_cordon_and_each_refusal_is_logged(clus
             with pytest.raises(Forbidden) as err:
                 await _update_node(c, "n-cordoned", change)
             assert err.value.code == 403 and "rule node-spec:" in str(err.value), what
-        await c.patch_status("nodes", "n-cordoned", {"agentVersion": "9"})  # its status is its own
+        await c.patch_status(Node, "n-cordoned", {"agentVersion": "9"})  # its status is its own
     async with cluster.client() as admin:
-        stored = await admin.get("nodes", "n-cordoned")
+        stored = await admin.get(Node, "n-cordoned")
     assert (stored.spec.unschedulable, stored.spec.drain) == (True, True)
     assert (stored.metadata.labels, stored.metadata.finalizers) == ({}, [])
     assert stored.status.agentVersion == "9"

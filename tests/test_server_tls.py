@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model, Shard
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
 from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server, until_revoked  # noqa: F401
@@ -16,7 +17,7 @@ async def test_unknown_ca_is_refused_and_logged(shared_api_server, tmp_path):
     stranger = make_pki(tmp_path / "other-ca").issue("admin", "mallory")
     async with shared_api_server.client(stranger) as c:
         with pytest.raises(TLSError) as err:
-            await c.list("models")
+            await c.list(Model)
     assert err.value.side == "client"
     assert "CA the server does not trust" in str(err.value)
     line = shared_api_server.wait_for_log("not signed by the cluster CA")
@@ -27,7 +28,7 @@ async def test_expired_certificate_is_refused_and_logged(shared_api_server):
     old = shared_api_server.issue_node("old-node", "--not-before", "2020-01-01", "--days", "1")
     async with shared_api_server.client(old) as c:
         with pytest.raises(Unauthorized) as err:
-            await c.list("shards", node="old-node")
+            await c.list(Shard, node="old-node")
     assert err.value.reason == "CertificateExpired" and "expired at 2020-01-02" in str(err.value)
     line = shared_api_server.wait_for_log("refused: certificate CN=old-node")
     assert "expired at 2020-01-02" in line
@@ -63,7 +64,7 @@ async def _open_watch(srv, ident, node: str):
     async with srv.client() as admin:
         await admin.create(_shard(f"{node}-s", node))
     client = srv.client(ident)
-    events = client.watch("shards", node=node)
+    events = client.watch(Shard, node=node)
     first = await anext(events)
     assert first.object.name == f"{node}-s"
     return client, events
@@ -110,7 +111,7 @@ async def test_wrong_purpose_certificate_is_refused(shared_api_server):
                    str(srv.pki.dir / "issued" / "server-llmgw-server.key"))
     async with srv.client(server_cert) as c:
         with pytest.raises(TLSError) as err:
-            await c.list("models")
+            await c.list(Model)
     assert err.value.side == "client"
     assert "unsuitable certificate purpose" in srv.wait_for_log("client certificate rejected")
 
@@ -118,7 +119,7 @@ async def test_wrong_purpose_certificate_is_refused(shared_api_server):
 async def test_missing_client_certificate(shared_api_server):
     async with Client(shared_api_server.url, ca=shared_api_server.ca) as c:
         with pytest.raises(TLSError) as err:
-            await c.list("models")
+            await c.list(Model)
     assert err.value.side == "client" and "requires a client certificate" in str(err.value)
     shared_api_server.wait_for_log("no client certificate presented")
 
@@ -128,7 +129,7 @@ async def test_client_distrusting_the_server_says_so(shared_api_server, tmp_path
     cert, key = shared_api_server.admin
     async with Client(shared_api_server.url, ca=other_ca, cert=cert, key=key) as c:
         with pytest.raises(TLSError) as err:
-            await c.list("models")
+            await c.list(Model)
     assert err.value.side == "server" and "not trusted" in str(err.value)
 
 
@@ -137,7 +138,7 @@ async def test_unreachable_names_the_url(ca_dir):
     url = f"https://127.0.0.1:{free_port()}"
     async with Client(url, ca=ca_dir.ca, cert=cert, key=key) as c:
         with pytest.raises(Unreachable) as err:
-            await c.list("models")
+            await c.list(Model)
     assert str(err.value).startswith(f"cannot reach the llmgw server at {url}/apis/llmgw.io/v1/models")
     assert "\n" not in str(err.value)
 

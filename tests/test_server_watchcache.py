@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.types import Model, Shard
 from llmgw.client import BadRequest, Expired, Unavailable
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.server.watchcache import KindCache
@@ -84,7 +85,7 @@ def etcd_watchers(endpoint: str) -> int:
 
 async def test_many_watches_share_one_etcd_watch_and_the_same_bytes(srv):
     async with srv.client() as c, session(srv) as http:
-        _, rv = await c.list("models")
+        _, rv = await c.list(Model)
         before = await asyncio.to_thread(etcd_watchers, srv.etcd)
         streams = [await open_watch(http, srv, "models", resourceVersion=rv) for _ in range(10)]
         created = await c.create(model("fan"))
@@ -99,7 +100,7 @@ async def test_many_watches_share_one_etcd_watch_and_the_same_bytes(srv):
 
 async def test_resume_inside_the_ring_and_from_etcd_outside_it(srv):
     async with srv.client() as c, session(srv) as http:
-        _, rv = await c.list("models")
+        _, rv = await c.list(Model)
         live = await open_watch(http, srv, "models", resourceVersion=rv)
         revs = [(await c.create(model(f"win-{i}"))).metadata.resourceVersion for i in range(6)]
         seen = [(await next_line(live))[1] for _ in range(6)]
@@ -117,7 +118,7 @@ async def test_resume_inside_the_ring_and_from_etcd_outside_it(srv):
 
 async def watched(c, rv: int, count: int) -> list[tuple[str, str, int]]:
     events = []
-    async for ev in c.watch("models", resource_version=rv):
+    async for ev in c.watch(Model, resource_version=rv):
         events.append((ev.type, ev.object.name, ev.revision))
         if len(events) == count:
             return events
@@ -127,15 +128,15 @@ async def test_node_scoping_and_label_selector(srv):
     n1 = srv.issue_node("wc-n1")
     async with srv.client() as admin, session(srv) as http, session(srv, n1) as n1_http:
         with pytest.raises(BadRequest):  # models are not keyed by node
-            async for _ in admin.watch("models", node="wc-n1"):
+            async for _ in admin.watch(Model, node="wc-n1"):
                 pass
-        _, rv = await admin.list("shards")
+        _, rv = await admin.list(Shard)
         mine = await open_watch(n1_http, srv, "shards", resourceVersion=rv, node="wc-n1")
         gold = await open_watch(http, srv, "shards", resourceVersion=rv, labelSelector="tier=gold")
         await admin.create(shard("x1", "wc-n1", {"tier": "gold"}))
         await admin.create(shard("x2", "wc-n2", {"tier": "gold"}))
-        await admin.patch_status("shards", "x1", {"phase": "Starting"})
-        x2 = await admin.get("shards", "x2")
+        await admin.patch_status(Shard, "x1", {"phase": "Starting"})
+        x2 = await admin.get(Shard, "x2")
         x2.metadata.labels["tier"] = "silver"
         await admin.update(x2)
         x3 = await admin.create(shard("x3", "wc-n1"))
@@ -156,7 +157,7 @@ async def test_node_scoping_and_label_selector(srv):
 
 async def test_a_slow_watcher_is_closed_with_410_and_others_keep_going(srv):
     async with Store(srv.etcd) as store:
-        _, rv = await store.list("models")
+        _, rv = await store.list(Model)
         cache = KindCache(store, "models", size=100, queue_limit=3)
         cache.start(rv)
         try:
@@ -186,7 +187,7 @@ async def test_a_slow_watcher_is_closed_with_410_and_others_keep_going(srv):
 async def test_events_of_one_transaction_all_reach_a_watcher_and_a_rewind_repeats_none(srv):
     """Concurrent writes share a transaction, so several events can have one revision."""
     async with Store(srv.etcd) as store:
-        _, rv = await store.list("models")
+        _, rv = await store.list(Model)
         filler = await store.create(model("txn-before"))
         cache = KindCache(store, "models", size=100, queue_limit=100)
         cache.start(filler.metadata.resourceVersion)   # as if its first watch came from a later list
@@ -245,7 +246,7 @@ async def test_open_watches_survive_an_etcd_restart(etcd, ca_dir, tmp_path):
     server = start_api_server(ca_dir, etcd.endpoint, tmp_path)
     try:
         async with server.client() as c, session(server) as http:
-            _, rv = await c.list("models")
+            _, rv = await c.list(Model)
             stream = await open_watch(http, server, "models", resourceVersion=rv)
             await asyncio.to_thread(restart_etcd, etcd)
             for _ in range(100):  # the server's etcd client reconnects
@@ -269,11 +270,11 @@ async def test_a_restarted_server_resumes_old_watches_from_etcd_and_410s_only_co
     server = start_api_server(ca_dir, etcd.endpoint, tmp_path)
     try:
         async with server.client() as c:
-            _, old_rv = await c.list("models")
+            _, old_rv = await c.list(Model)
             made = [await c.create(model(f"back-{i}")) for i in range(3)]
         server.restart()
         async with server.client() as c, session(server) as http:
-            _, now_rv = await c.list("models")
+            _, now_rv = await c.list(Model)
             first = await open_watch(http, server, "models", resourceVersion=now_rv)  # starts the cache
             assert await watched(c, old_rv, 3) == [
                 ("ADDED", f"back-{i}", m.metadata.resourceVersion) for i, m in enumerate(made)]
@@ -284,7 +285,7 @@ async def test_a_restarted_server_resumes_old_watches_from_etcd_and_410s_only_co
             async with Store(etcd.endpoint) as store:
                 await Compactor(store.etcd, keep=1).compact()
             with pytest.raises(Expired) as err:
-                async for ev in c.watch("models", resource_version=old_rv):
+                async for ev in c.watch(Model, resource_version=old_rv):
                     pytest.fail(f"a watch from a compacted revision got {ev.type} {ev.object.name}")
             assert err.value.code == 410 and "compacted" in str(err.value)
     finally:

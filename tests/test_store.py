@@ -31,12 +31,12 @@ def shard(name: str, node: str) -> Shard:
 async def test_create_get_and_keys_readable_with_etcdctl(store, etcd):
     created = await store.create(model("m1"))
     assert created.metadata.generation == 1 and created.metadata.uid
-    got = await store.get("models", "m1")
+    got = await store.get(Model, "m1")
     assert got.metadata.resourceVersion == created.metadata.resourceVersion
     with pytest.raises(AlreadyExists):
         await store.create(model("m1"))
     with pytest.raises(NotFound):
-        await store.get("models", "nope")
+        await store.get(Model, "nope")
     out = subprocess.run(["etcdctl", "--endpoints", etcd.endpoint, "get", "--prefix", "/llmgw/"],
                          capture_output=True, text=True, env={"ETCDCTL_API": "3"}, check=True).stdout.split("\n")
     assert "/llmgw/spec/models/m1" in out and "/llmgw/status/models/m1" in out
@@ -63,7 +63,7 @@ async def test_concurrent_writers_lose_no_update(store):
 
     async def bump():
         while True:
-            m = await store.get("models", "m1")
+            m = await store.get(Model, "m1")
             m.spec.replicas += 1
             try:
                 await store.update(m)
@@ -72,7 +72,7 @@ async def test_concurrent_writers_lose_no_update(store):
                 continue
 
     await asyncio.gather(*(bump() for _ in range(20)))
-    final = await store.get("models", "m1")
+    final = await store.get(Model, "m1")
     assert final.spec.replicas == 20
     assert final.metadata.generation == 21
 
@@ -91,7 +91,7 @@ async def test_status_write_moves_neither_generation_nor_resource_version(store)
     m = await store.create(model("m1"))
     m.status.readyReplicas = 7
     after = await store.update_status(m)
-    got = await store.get("models", "m1")
+    got = await store.get(Model, "m1")
     assert got.status.readyReplicas == 7 == after.status.readyReplicas
     assert got.metadata.generation == 1
     assert got.metadata.resourceVersion == m.metadata.resourceVersion
@@ -100,20 +100,20 @@ async def test_status_write_moves_neither_generation_nor_resource_version(store)
 async def test_every_copy_knows_the_revision_it_reflects(store):
     """resourceVersion is the spec's; obj.revision orders copies across status writes too."""
     created = await store.create(model("m1"))
-    _, rev = await store.list("models")
-    patched = await store.patch_status("models", "m1", {"readyReplicas": 3})
+    _, rev = await store.list(Model)
+    patched = await store.patch_status(Model, "m1", {"readyReplicas": 3})
     assert patched.metadata.resourceVersion == created.metadata.resourceVersion
     assert patched.revision > created.revision == created.metadata.resourceVersion
-    (event,) = await collect(store.watch("models", from_revision=rev + 1), 1)
+    (event,) = await collect(store.watch(Model, from_revision=rev + 1), 1)
     assert event.revision == event.object.revision == patched.revision
-    assert (await store.get("models", "m1")).revision == patched.revision
-    (listed,), _ = await store.list("models")
+    assert (await store.get(Model, "m1")).revision == patched.revision
+    (listed,), _ = await store.list(Model)
     assert listed.revision == patched.revision
     relabelled = created.model_copy(deep=True)
     relabelled.metadata.labels["team"] = "a"
     updated = await store.update(relabelled)
     assert updated.revision == updated.metadata.resourceVersion > patched.revision
-    assert (await store.get("models", "m1")).revision == updated.revision
+    assert (await store.get(Model, "m1")).revision == updated.revision
 
 
 async def test_unchanged_update_writes_nothing(store):
@@ -128,10 +128,10 @@ async def test_unchanged_update_writes_nothing(store):
 
 async def test_patch_status_merges_conditions(store):
     await store.create(Node(metadata=ObjectMeta(name="n1")))
-    await store.patch_status("nodes", "n1", {"agentVersion": "1", "conditions": [
+    await store.patch_status(Node, "n1", {"agentVersion": "1", "conditions": [
         {"type": "Ready", "status": "True", "reason": "AgentReady"},
         {"type": "GPUDiscovery", "status": "True"}]})
-    n = await store.patch_status("nodes", "n1", {"conditions": [
+    n = await store.patch_status(Node, "n1", {"conditions": [
         {"type": "Ready", "status": "False", "reason": "HeartbeatExpired"}]})
     conds = {c.type: c for c in n.status.conditions}
     assert conds["Ready"].status == "False" and conds["GPUDiscovery"].status == "True"
@@ -142,31 +142,31 @@ async def test_finalizers_delay_delete(store):
     m = model("m1")
     m.metadata.finalizers = ["llmgw.io/test"]
     await store.create(m)
-    marked = await store.delete("models", "m1")
+    marked = await store.delete(Model, "m1")
     assert marked.metadata.deletionTimestamp is not None
-    got = await store.get("models", "m1")
+    got = await store.get(Model, "m1")
     assert got.metadata.deletionTimestamp is not None
     got.metadata.finalizers = []
     await store.update(got)
     with pytest.raises(NotFound):
-        await store.get("models", "m1")
+        await store.get(Model, "m1")
 
 
 async def test_shards_keyed_by_node(store):
     await store.create(shard("s1", "node-a"))
     await store.create(shard("s2", "node-b"))
-    items, _ = await store.list("shards", node="node-a")
+    items, _ = await store.list(Shard, node="node-a")
     assert [s.name for s in items] == ["s1"]
-    assert (await store.get("shards", "s2")).spec.node == "node-b"  # found without the node
+    assert (await store.get(Shard, "s2")).spec.node == "node-b"  # found without the node
     assert (await store.kv.get("/llmgw/spec/shards/node-b/s2")) is not None
 
 
 async def test_list_selector(store):
     await store.create(model("a", labels={"team": "x"}))
     await store.create(model("b", labels={"team": "y"}))
-    items, rev = await store.list("models", selector="team=x")
+    items, rev = await store.list(Model, selector="team=x")
     assert [m.name for m in items] == ["a"] and rev > 0
-    items, _ = await store.list("models", selector="team!=x")
+    items, _ = await store.list(Model, selector="team!=x")
     assert [m.name for m in items] == ["b"]
 
 
@@ -184,40 +184,40 @@ async def collect(agen, n, timeout=10):
 
 async def test_watch_from_revision(store):
     m = await store.create(model("m1"))
-    _, rev = await store.list("models")
+    _, rev = await store.list(Model)
     m.spec.replicas = 2
     m = await store.update(m)
     m.status.readyReplicas = 1
     await store.update_status(m)
     await store.create(model("m2"))
-    await store.delete("models", "m2")
-    events = await collect(store.watch("models", from_revision=rev + 1), 4)
+    await store.delete(Model, "m2")
+    events = await collect(store.watch(Model, from_revision=rev + 1), 4)
     assert [(e.type, e.object.name) for e in events] == [
         ("MODIFIED", "m1"), ("MODIFIED", "m1"), ("ADDED", "m2"), ("DELETED", "m2")]
     assert events[0].object.spec.replicas == 2
     assert events[1].object.status.readyReplicas == 1 and events[1].object.spec.replicas == 2
     # from revision 1 the whole history replays, creation included
-    first = await collect(store.watch("models", from_revision=1), 1)
+    first = await collect(store.watch(Model, from_revision=1), 1)
     assert first[0].type == "ADDED" and first[0].object.name == "m1"
 
 
 async def test_every_watched_copy_is_the_object_as_stored_at_its_revision(store):
     """Status events reuse the spec they follow; each copy must still be what a get would have read."""
     await store.create(model("m1"))
-    _, rev = await store.list("models")
-    m = await store.patch_status("models", "m1", {"readyReplicas": 1})
+    _, rev = await store.list(Model)
+    m = await store.patch_status(Model, "m1", {"readyReplicas": 1})
     m = m.model_copy(deep=True)
     m.metadata.labels["team"] = "a"
     m.spec.replicas = 3
     await store.update(m)
-    await store.patch_status("models", "m1", {"readyReplicas": 2, "conditions": [
+    await store.patch_status(Model, "m1", {"readyReplicas": 2, "conditions": [
         {"type": "Ready", "status": "True", "reason": "Up"}]})
-    events = await collect(store.watch("models", from_revision=rev + 1), 3)
+    events = await collect(store.watch(Model, from_revision=rev + 1), 3)
     seen = [(e.object.metadata.labels.get("team"), e.object.spec.replicas, e.object.metadata.generation,
              e.object.status.readyReplicas, e.object.revision) for e in events]
     assert seen == [(None, 1, 1, 1, events[0].revision), ("a", 3, 2, 1, events[1].revision),
                     ("a", 3, 2, 2, events[2].revision)]
-    assert events[2].object == await store.get("models", "m1")
+    assert events[2].object == await store.get(Model, "m1")
 
 
 async def test_watch_compacted_start_is_signalled(store):
@@ -228,7 +228,7 @@ async def test_watch_compacted_start_is_signalled(store):
     rev = await Compactor(store.etcd, keep=1).compact()
     assert rev is not None
     with pytest.raises(Compacted):
-        await collect(store.watch("models", from_revision=2), 1)
+        await collect(store.watch(Model, from_revision=2), 1)
 
 
 async def test_fenced_writes_fail_after_leadership_changes(store):
@@ -242,7 +242,7 @@ async def test_fenced_writes_fail_after_leadership_changes(store):
     assert other is not None
     with pytest.raises(FencedOut):
         await fenced.create(model("m2"))
-    m = await store.get("models", "m1")
+    m = await store.get(Model, "m1")
     m.spec.replicas = 4
     with pytest.raises(FencedOut):
         await fenced.update(m)
@@ -282,7 +282,7 @@ async def test_three_members_survive_one_stopping(etcd3):
         await s.create(model("m1"))
         etcd3.stop_member(etcd3.members[0])  # the endpoint the store is talking to
         await s.create(model("m2"))
-        items, _ = await s.list("models")
+        items, _ = await s.list(Model)
         assert sorted(m.name for m in items) == ["m1", "m2"]
     finally:
         await s.close()
@@ -291,45 +291,45 @@ async def test_three_members_survive_one_stopping(etcd3):
 async def test_watch_from_a_compacted_deletion_is_signalled(store):
     """etcd drops a deletion made at exactly the compaction revision; the watch must not miss it silently."""
     await store.create(model("m1"))
-    gone = await store.delete("models", "m1")
+    gone = await store.delete(Model, "m1")
     deleted_at = gone.metadata.resourceVersion
     await store.etcd.compact(deleted_at)
     with pytest.raises(Compacted):
-        await collect(store.watch("models", from_revision=deleted_at), 1)
+        await collect(store.watch(Model, from_revision=deleted_at), 1)
     # one revision later is still fine
     await store.create(model("m2"))
-    events = await collect(store.watch("models", from_revision=deleted_at + 1), 1)
+    events = await collect(store.watch(Model, from_revision=deleted_at + 1), 1)
     assert events[0].object.name == "m2"
 
 
 async def test_patch_status_from_a_stale_memory_loses_nothing(store, etcd):
     """A store that remembers an old status must not overwrite another writer's patch."""
     await store.create(Node(metadata=ObjectMeta(name="n1")))
-    await store.patch_status("nodes", "n1", {"agentVersion": "1"})  # remembered at this revision
+    await store.patch_status(Node, "n1", {"agentVersion": "1"})  # remembered at this revision
     async with Store(etcd.endpoint) as other:
-        await other.patch_status("nodes", "n1", {"driverVersion": "570"})
-    n = await store.patch_status("nodes", "n1", {"conditions": [{"type": "Ready", "status": "True"}]})
+        await other.patch_status(Node, "n1", {"driverVersion": "570"})
+    n = await store.patch_status(Node, "n1", {"conditions": [{"type": "Ready", "status": "True"}]})
     assert (n.status.agentVersion, n.status.driverVersion) == ("1", "570")
-    assert (await store.get("nodes", "n1")).status.driverVersion == "570"
+    assert (await store.get(Node, "n1")).status.driverVersion == "570"
 
 
 async def test_patch_status_of_a_held_copy_returns_the_stored_spec_and_loses_no_status(store, etcd):
     """With current=, the result is built from the caller's copy only while its spec is the stored one."""
     held = await store.create(Node(metadata=ObjectMeta(name="n1")))
-    n = await store.patch_status("nodes", "n1", {"agentVersion": "1"}, current=held)
+    n = await store.patch_status(Node, "n1", {"agentVersion": "1"}, current=held)
     assert n.status.agentVersion == "1" and n.metadata.resourceVersion == held.metadata.resourceVersion
     assert n.revision > held.revision
     async with Store(etcd.endpoint) as other:
-        cordoned = (await other.get("nodes", "n1")).model_copy(deep=True)
+        cordoned = (await other.get(Node, "n1")).model_copy(deep=True)
         cordoned.spec.unschedulable = True
         cordoned = await other.update(cordoned)  # the spec moves on; the status this store knows is current
-        n = await store.patch_status("nodes", "n1", {"driverVersion": "570"}, current=held)
+        n = await store.patch_status(Node, "n1", {"driverVersion": "570"}, current=held)
         assert n.spec.unschedulable is True and n.metadata.resourceVersion == cordoned.metadata.resourceVersion
-        await other.patch_status("nodes", "n1", {"addresses": ["10.0.0.1"]})  # now the status moves on
-    n = await store.patch_status("nodes", "n1", {"conditions": [{"type": "Ready", "status": "True"}]},
+        await other.patch_status(Node, "n1", {"addresses": ["10.0.0.1"]})  # now the status moves on
+    n = await store.patch_status(Node, "n1", {"conditions": [{"type": "Ready", "status": "True"}]},
                                  current=n)
     assert (n.status.agentVersion, n.status.driverVersion, n.status.addresses) == ("1", "570", ["10.0.0.1"])
-    stored = await store.get("nodes", "n1")
+    stored = await store.get(Node, "n1")
     assert stored == n and stored.revision == n.revision
 
 

@@ -6,6 +6,7 @@ import asyncio
 import aetcd.exceptions
 import pytest
 
+from llmgw.api.types import Model
 from llmgw.dev.process import free_port
 from llmgw.store import AlreadyExists, Conflict, FencedOut, Store, StoreUnavailable
 from llmgw.store.connection import Connection
@@ -20,13 +21,13 @@ async def test_concurrent_writes_share_requests_and_each_lands(store):
     created = await asyncio.gather(*(store.create(model(f"m{i}", replicas=i)) for i in range(100)))
     b = batcher(store)
     assert b.transactions >= 100 and b.requests < b.transactions / 2   # they went together
-    listed, _ = await store.list("models")
+    listed, _ = await store.list(Model)
     assert sorted((m.name, m.spec.replicas) for m in listed) == sorted((f"m{i}", i) for i in range(100))
     # one batch, one revision: every object written in it carries that revision
     revisions = {m.metadata.resourceVersion for m in created}
     assert len(revisions) < 100
     for m in created:
-        got = await store.get("models", m.name)
+        got = await store.get(Model, m.name)
         assert got.metadata.resourceVersion == m.metadata.resourceVersion == m.revision
 
 
@@ -48,7 +49,7 @@ async def test_compare_and_swap_under_batching_loses_no_update(store):
     async def bump() -> int:
         conflicts = 0
         while True:
-            m = await store.get("models", "m1")
+            m = await store.get(Model, "m1")
             m.spec.replicas += 1
             try:
                 await store.update(m)
@@ -57,7 +58,7 @@ async def test_compare_and_swap_under_batching_loses_no_update(store):
                 conflicts += 1
 
     conflicts = await asyncio.gather(*(bump() for _ in range(40)))
-    final = await store.get("models", "m1")
+    final = await store.get(Model, "m1")
     assert final.spec.replicas == 40 and final.metadata.generation == 41
     assert sum(conflicts) > 0        # they really raced
 
@@ -72,17 +73,17 @@ async def test_a_fenced_out_writer_fails_alone_in_a_shared_batch(store):
                                    return_exceptions=True)
     assert all(isinstance(r, FencedOut) for r in results[:20])
     assert not [r for r in results[20:] if isinstance(r, Exception)]
-    names = {m.name for m in (await store.list("models"))[0]}
+    names = {m.name for m in (await store.list(Model))[0]}
     assert names == {f"ok{i}" for i in range(20)}
 
 
 async def test_status_patches_of_many_objects_in_one_batch(store):
     await asyncio.gather(*(store.create(model(f"m{i}")) for i in range(50)))
-    patched = await asyncio.gather(*(store.patch_status("models", f"m{i}", {"readyReplicas": i})
+    patched = await asyncio.gather(*(store.patch_status(Model, f"m{i}", {"readyReplicas": i})
                                      for i in range(50)))
     assert [m.status.readyReplicas for m in patched] == list(range(50))
     for i in range(50):
-        assert (await store.get("models", f"m{i}")).status.readyReplicas == i
+        assert (await store.get(Model, f"m{i}")).status.readyReplicas == i
 
 
 async def test_an_unreachable_etcd_fails_every_batched_write():

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from llmgw.api.types import Model
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.api import parse_object
@@ -67,7 +69,7 @@ async def run_ops(n: int, concurrency: int, create, get, update, prefix: str) ->
 async def fanout(server, watchers: int, writes: int) -> list[float]:
     """Per write: seconds from the create until the last of `watchers` open watches has seen it."""
     async with server.client(connections=watchers + 10) as c:
-        _, rv = await c.list("models")
+        _, rv = await c.list(Model)
         ready = asyncio.Semaphore(0)
         seen = [0] * writes           # watchers that have seen write k
         last = [0.0] * writes         # when the last of them saw it

@@ -178,7 +178,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from controllers.settings import ControllerSettings
 from llmgw import aio
-from llmgw.api import Model
+from llmgw.api import Model, Replica, Shard
 from llmgw.cmd.controller_manager import controllers
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
@@ -228,7 +228,7 @@ class Observer:
         self.task = asyncio.create_task(self._run(store, rev))
 
     async def _run(self, store: Store, rev: int) -> None:
-        async for ev in store.watch("replicas", from_revision=rev + 1):
+        async for ev in store.watch(Replica, from_revision=rev + 1):
             r, t = ev.object, time.perf_counter()
             if ev.type == "DELETED":
                 continue
@@ -246,7 +246,7 @@ class Observer:
 
 async def write_backlog(store: Store, todo: list[Model]) -> None:
     from controllers.model import replica_name
-    from llmgw.api import ObjectMeta, OwnerReference, Replica, template_hash
+    from llmgw.api import ObjectMeta, OwnerReference, template_hash
     from llmgw.api.types import ReplicaSpec
     from llmgw.api.wellknown import MODEL_LABEL, SHARDS_FINALIZER
 
@@ -325,7 +325,7 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     elif proc is None:
         mtask = asyncio.create_task(manager.run())
         await asyncio.wait_for(manager.leading.wait(), 120)
-    _, rev = await store.list("replicas")
+    _, rev = await store.list(Replica)
     observer = Observer(observer_store, rev)
     observer.want = sum(m.spec.replicas for m in todo)
     if args.scheduler_only:
@@ -344,9 +344,9 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
         await asyncio.wait_for(observer.done.wait(), args.timeout)
     except asyncio.TimeoutError:
         print(f"timed out: {len(observer.bound)} bound, {len(observer.ready)} Ready of {observer.want}")
-        for r in (await store.list("replicas"))[0]:
+        for r in (await store.list(Replica))[0]:
             if r.status.phase != "Ready":
-                shards = [s for s in (await store.list("shards"))[0] if s.spec.replica == r.name]
+                shards = [s for s in (await store.list(Shard))[0] if s.spec.replica == r.name]
                 print(f"  not Ready: {r.name} phase={r.status.phase} placement={r.spec.placement} "
                       f"deleting={r.metadata.deletionTimestamp} message={r.status.message!r} "
                       f"shards={[(s.name, s.status.phase, s.metadata.deletionTimestamp) for s in shards]}")

@@ -77,7 +77,7 @@ class Agent:
     def _shard_writer(client: Client):
         async def write(name: str, node: str, status: dict) -> ShardStatus:
             try:
-                shard = await client.patch_status("shards", name, status, node=node)
+                shard = await client.patch_status(Shard, name, status, node=node)
             except NotFound:
                 raise Gone(name) from None
             return shard.status
@@ -88,7 +88,7 @@ class Agent:
         assert sup is not None  # made by run
 
         async def follow() -> None:
-            async for kind, obj in client.list_and_watch("shards", node=self.node, synced=True):
+            async for kind, obj in client.list_and_watch(Shard, node=self.node, synced=True):
                 if kind == "SYNCED":
                     sup.synced()
                 elif isinstance(obj, Shard):  # the only kind asked for

@@ -73,7 +73,7 @@ class Registration:
         # then Ready again a moment later).
         await self.client.heartbeat(self.node)
         try:
-            await self.client.get("nodes", self.node)
+            await self.client.get(Node, self.node)
         except NotFound:
             try:
                 await self.client.create(Node(metadata=ObjectMeta(name=self.node, labels=self.labels)))
@@ -86,7 +86,7 @@ class Registration:
         patch = status_patch(self.status, ready=True)
         if not force and patch == self._sent:
             return
-        await self.client.patch_status("nodes", self.node, patch)
+        await self.client.patch_status(Node, self.node, patch)
         self._sent = patch
 
     async def update_status(self, status: NodeStatus) -> None:

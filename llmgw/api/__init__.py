@@ -1,5 +1,6 @@
 """API types of llmgw.io/v1: Node, Model, Replica, Shard, manifest loading, the ObjectClient protocol."""
-from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent, kind_name
+from llmgw.api import errors
+from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.manifests import (
     InvalidObject,
     ManifestError,
@@ -33,7 +34,7 @@ from llmgw.api.types import (
 # The names above are this package's interface (mypy's no_implicit_reexport reads this list);
 # the kinds and their parts come with llmgw.api.types' names.
 __all__ = [
-    "EventType", "ObjectClient", "StatusPatch", "WatchEvent", "kind_name",
+    "errors", "EventType", "ObjectClient", "StatusPatch", "WatchEvent",
     "InvalidObject", "ManifestError", "load_file", "load_path", "parse_object", "parse_stored",
     "API_VERSION", "Condition", "ObjectMeta", "OwnerReference", "check_dns1123_label", "condition_true",
     "get_condition", "now", "set_condition",

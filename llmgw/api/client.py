@@ -6,9 +6,9 @@ the agent and anything outside the control plane). Code written against the
 protocol runs against either (docs/architecture.md, "Objects").
 
 A kind is named by its class (``Node``, ``Model``, ``Replica``, ``Shard``), so
-``await client.get(Replica, "r1")`` is typed ``Replica``. Implementations also
-take a kind's plural name ("replicas") for callers that hold only the name;
-``kind_name`` turns either into the name.
+``await client.get(Replica, "r1")`` is typed ``Replica``; a caller that holds
+only a name (a URL, a word typed at the CLI) looks the class up first
+(``llmgw.api.KINDS``, ``resolve_kind``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol
 
-from llmgw.api.types import KINDS, AnyObject, ObjectT
+from llmgw.api.types import ObjectT
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
@@ -34,20 +34,12 @@ class WatchEvent(Generic[ObjectT]):
     revision: int
 
 
-def kind_name(kind: type[AnyObject] | str) -> str:
-    """The plural name of a kind given as its class or its plural name."""
-    if isinstance(kind, str):
-        if kind not in KINDS:
-            raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
-        return kind
-    return kind.kind_plural
-
-
 class ObjectClient(Protocol):
     """Read and write objects; every write is a compare-and-swap on resourceVersion.
 
-    Errors are ``llmgw.store.errors``'s for the store and their HTTP twins for the
-    REST client: NotFound, AlreadyExists, Conflict (a stale resourceVersion).
+    Errors are ``llmgw.api.errors``' (each implementation raises subclasses of
+    them): NotFound, AlreadyExists, Conflict (a stale resourceVersion, a lost
+    leadership), Expired (a compacted revision), Unavailable.
     ``node`` names the node a node-scoped object (a Shard) is filed under; it is
     found when not given.
     """

@@ -8,7 +8,7 @@ import click
 
 from llmgw.api.manifests import load_path
 from llmgw.api.selectors import Selector
-from llmgw.api.types import AnyObject
+from llmgw.api.types import KINDS, AnyObject
 from llmgw.cli import errors as ec
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.diff import applied_view, unified_diff
@@ -42,7 +42,7 @@ async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
     from llmgw.client import NotFound
 
     try:
-        return await c.get(kind, name)
+        return await c.get(KINDS[kind], name)
     except NotFound:
         return None
 
@@ -82,7 +82,7 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
             return
         wanted = {(o.kind_plural, o.name) for o in objects}
         for kind in dict.fromkeys(o.kind_plural for o in objects):
-            items, _ = await c.list(kind, selector=str(sel))
+            items, _ = await c.list(KINDS[kind], selector=str(sel))
             for live in sorted(items, key=lambda o: o.name):
                 if ((kind, live.name) in wanted or not sel.matches(live.metadata.labels)
                         or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None):
@@ -96,7 +96,7 @@ async def _delete_quietly(c: Client, kind: str, name: str) -> None:
     from llmgw.client import NotFound
 
     try:
-        await c.delete(kind, name)
+        await c.delete(KINDS[kind], name)
     except NotFound:  # someone else was faster: the result is the same
         pass
 
@@ -172,7 +172,7 @@ async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_f
     async with conn.client() as c:
         for kind, name in targets:
             try:
-                obj = await c.delete(kind, name)
+                obj = await c.delete(KINDS[kind], name)
             except NotFound:
                 if ignore_not_found:
                     continue

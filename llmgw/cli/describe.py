@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmgw.api.kinds import all_of_kind
-from llmgw.api.types import AnyObject, Model, Node, Replica, Shard
+from llmgw.api.types import KINDS, AnyObject, Model, Node, Replica, Shard
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.get import by_name, kind_arg
@@ -22,7 +22,7 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
     """A node's replicas, a model's replicas, a replica's shards."""
     lines: list[str] = []
     if isinstance(obj, Node):
-        replicas = all_of_kind(Replica, (await c.list("replicas"))[0])
+        replicas = all_of_kind(Replica, (await c.list(Replica))[0])
         mine = [r for r in replicas if any(p.node == obj.name for p in r.spec.placement)]
         used = len(gpus_used(replicas).get(obj.name, ()))
         lines.append(f"Allocated GPUs: {used}/{len(obj.status.gpus)}")
@@ -31,13 +31,13 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
              ",".join(str(g) for p in r.spec.placement if p.node == obj.name for g in p.gpus) or NONE]
             for r in by_name(mine)])
     elif isinstance(obj, Model):
-        replicas = all_of_kind(Replica, (await c.list("replicas"))[0])
+        replicas = all_of_kind(Replica, (await c.list(Replica))[0])
         mine = [r for r in replicas if r.spec.model == obj.name]
         lines += section("Replicas", ["NAME", "PHASE", "NODES", "TEMPLATE"], [
             [r.name, r.status.phase, ",".join(dict.fromkeys(p.node for p in r.spec.placement)) or NONE,
              r.spec.templateHash] for r in by_name(mine)])
     elif isinstance(obj, Replica):
-        shards = all_of_kind(Shard, (await c.list("shards"))[0])
+        shards = all_of_kind(Shard, (await c.list(Shard))[0])
         ranks = sorted((s for s in shards if s.spec.replica == obj.name), key=lambda s: s.spec.rank)
         lines += section("Shards", ["NAME", "NODE", "RANK", "PHASE"],
                          [[s.name, s.spec.node, str(s.spec.rank), s.status.phase] for s in ranks])
@@ -46,8 +46,8 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
 
 async def _describe(conn: Connection, kind: str, name: str) -> str:
     async with conn.client() as c:
-        obj = await c.get(kind, name)
-        events = await c.events(kind, name)
+        obj = await c.get(KINDS[kind], name)
+        events = await c.events(KINDS[kind], name)
         extra = await _related(c, obj)
     return describe_text(obj, events, extra)
 

@@ -9,7 +9,7 @@ import click
 
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.selectors import Selector, parse_selector
-from llmgw.api.types import AnyObject, ObjectT, Replica, resolve_kind
+from llmgw.api.types import KINDS, AnyObject, ObjectT, Replica, resolve_kind
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.printers.columns import table
@@ -46,11 +46,11 @@ def by_name(objects: Iterable[ObjectT]) -> list[ObjectT]:
 async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[list[AnyObject], list[Replica]]:
     """The objects to show and, for nodes, every replica (GPUS and REPLICAS columns)."""
     if name:
-        objects = [await c.get(kind, name)]
+        objects = [await c.get(KINDS[kind], name)]
     else:
-        items, _ = await c.list(kind, selector=str(sel) or None)
+        items, _ = await c.list(KINDS[kind], selector=str(sel) or None)
         objects = by_name(o for o in items if sel.matches(o.metadata.labels))
-    replicas = all_of_kind(Replica, (await c.list("replicas"))[0]) if kind == "nodes" else []
+    replicas = all_of_kind(Replica, (await c.list(Replica))[0]) if kind == "nodes" else []
     return objects, replicas
 
 
@@ -80,7 +80,7 @@ async def _watch(conn: Connection, kind: str, name: str | None, output: str | No
     async with conn.client() as c:
         async def follow(k: str) -> None:
             try:
-                async for type_, obj in c.list_and_watch(k, selector=(str(sel) or None) if k == kind else None,
+                async for type_, obj in c.list_and_watch(KINDS[k], selector=(str(sel) or None) if k == kind else None,
                                                          synced=True):
                     await queue.put((k, type_, obj))
             except Exception as err:  # noqa: BLE001 - surfaced by the main loop

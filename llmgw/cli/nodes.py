@@ -25,7 +25,7 @@ async def set_node_spec(c: Client, name: str, **changes: bool) -> tuple[Node, No
     from llmgw.client import AlreadyExists, Conflict
 
     for attempt in range(_TRIES):
-        node = of_kind(Node, await c.get("nodes", name))
+        node = of_kind(Node, await c.get(Node, name))
         if all(getattr(node.spec, k) == v for k, v in changes.items()):
             return node, None
         new = node.model_copy(deep=True)
@@ -112,7 +112,7 @@ async def wait_drained(c: Client, name: str, node: Node, rev: int, judge_first: 
         click.echo(last)
     while True:
         try:
-            async for ev in c.watch("nodes", resource_version=rev):
+            async for ev in c.watch(Node, resource_version=rev):
                 rev = max(rev, ev.revision)
                 if ev.object.name != name:
                     continue
@@ -127,7 +127,7 @@ async def wait_drained(c: Client, name: str, node: Node, rev: int, judge_first: 
                     click.echo(f"node/{name} drained")
                     return
         except Expired:  # our revision was compacted: judge the current state, watch from there
-            items, rev = await c.list("nodes")
+            items, rev = await c.list(Node)
             current = next((n for n in all_of_kind(Node, items) if n.name == name), None)
             if current is None:
                 raise CliError(f"node {name} was deleted while draining", ec.ERROR) from None
@@ -148,7 +148,7 @@ async def _drain(conn: Connection, name: str, wait: bool) -> None:
         if after is not None:
             await wait_drained(c, name, after, after.metadata.resourceVersion or 0, judge_first=False)
         else:
-            items, rev = await c.list("nodes")
+            items, rev = await c.list(Node)
             current = next((n for n in all_of_kind(Node, items) if n.name == name), before)
             await wait_drained(c, name, current, rev, judge_first=True)
 

@@ -7,13 +7,13 @@ import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from llmgw.api.client import ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.manifests import parse_object
-from llmgw.api.types import AnyObject, ObjectT, resolve_kind
+from llmgw.api.types import AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
@@ -21,7 +21,7 @@ from llmgw.reflector import AfterError, Reflector, object_name
 
 BASE = "/apis/llmgw.io/v1"
 
-Kind = type[AnyObject] | str   # a kind's class, or its plural, singular or short name
+Kind = type[AnyObject]
 
 
 def _ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -98,10 +98,6 @@ async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiErr
         return error_for(resp.status, resp.reason or "", f"{resp.status} {resp.reason}: {text.strip()[:200]}", url)
 
 
-def _kind(kind: Kind) -> str:
-    return resolve_kind(kind) if isinstance(kind, str) else kind.kind_plural
-
-
 
 class Client:
     """`async with Client(url, ca=, cert=, key=) as c:`; see llmgw.client for the methods.
@@ -159,7 +155,7 @@ class Client:
 
     @staticmethod
     def _path(kind: Kind, name: str | None = None, sub: str | None = None) -> str:
-        path = f"{BASE}/{_kind(kind)}"
+        path = f"{BASE}/{kind.kind_plural}"
         if name is not None:
             path += f"/{name}"
         if sub:
@@ -171,66 +167,52 @@ class Client:
         return obj.model_dump(mode="json")
 
     # -------------------------------------------------------------- verbs
-    @overload
-    async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
-    @overload
-    async def get(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
 
-    async def get(self, kind: Kind, name: str, node: str | None = None) -> AnyObject:
-        return parse_object(await self.request("GET", self._path(kind, name), params={"node": node}))
+    async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT:
+        return self._of(kind, await self.request("GET", self._path(kind, name), params={"node": node}))
 
-    @overload
+
     async def list(self, kind: type[ObjectT], selector: str | None = None,
-                   node: str | None = None) -> tuple[builtins.list[ObjectT], int]: ...
-    @overload
-    async def list(self, kind: str, selector: str | None = None,
-                   node: str | None = None) -> tuple[builtins.list[AnyObject], int]: ...
-
-    async def list(self, kind: Kind, selector: str | None = None,
-                   node: str | None = None) -> tuple[builtins.list[Any], int]:
-        # (list[Any]: the class of the items is the kind asked for, known to the overloads only)
+                   node: str | None = None) -> tuple[builtins.list[ObjectT], int]:
         data = await self.request("GET", self._path(kind), params={"labelSelector": selector, "node": node})
-        return [parse_object(i) for i in data["items"]], int(data["metadata"]["resourceVersion"])
+        return [self._of(kind, i) for i in data["items"]], int(data["metadata"]["resourceVersion"])
 
     async def create(self, obj: ObjectT) -> ObjectT:
-        return self._same(obj, await self.request("POST", self._path(obj.kind_plural), body=self._dump(obj)))
+        return self._same(obj, await self.request("POST", self._path(type(obj)), body=self._dump(obj)))
 
     async def update(self, obj: ObjectT) -> ObjectT:
-        path = self._path(obj.kind_plural, obj.name)
+        path = self._path(type(obj), obj.name)
         return self._same(obj, await self.request("PUT", path, body=self._dump(obj)))
 
     async def update_status(self, obj: ObjectT) -> ObjectT:
-        path = self._path(obj.kind_plural, obj.name, "status")
+        path = self._path(type(obj), obj.name, "status")
         return self._same(obj, await self.request("PUT", path, body=self._dump(obj)))
 
-    @overload
+
     async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch,
-                           node: str | None = None) -> ObjectT: ...
-    @overload
-    async def patch_status(self, kind: str, name: str, patch: StatusPatch, node: str | None = None) -> AnyObject: ...
-
-    async def patch_status(self, kind: Kind, name: str, patch: StatusPatch, node: str | None = None) -> AnyObject:
+                           node: str | None = None) -> ObjectT:
         path = self._path(kind, name, "status")
-        return parse_object(await self.request("PATCH", path, params={"node": node}, body=dict(patch)))
+        return self._of(kind, await self.request("PATCH", path, params={"node": node}, body=dict(patch)))
 
-    @overload
-    async def delete(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
-    @overload
-    async def delete(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
 
-    async def delete(self, kind: Kind, name: str, node: str | None = None) -> AnyObject:
-        return parse_object(await self.request("DELETE", self._path(kind, name), params={"node": node}))
+    async def delete(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT:
+        return self._of(kind, await self.request("DELETE", self._path(kind, name), params={"node": node}))
 
     async def apply(self, obj: ObjectT) -> tuple[str, ObjectT]:
-        data = await self.request("POST", self._path(obj.kind_plural, obj.name, "apply"), body=self._dump(obj))
+        data = await self.request("POST", self._path(type(obj), obj.name, "apply"), body=self._dump(obj))
         return data["result"], self._same(obj, data["object"])
 
-    @staticmethod
-    def _same(obj: ObjectT, doc: Any) -> ObjectT:
+    @classmethod
+    def _same(cls, obj: ObjectT, doc: Any) -> ObjectT:
         """The server's answer about ``obj``: an object of ``obj``'s kind."""
+        return cls._of(type(obj), doc)
+
+    @staticmethod
+    def _of(kind: type[ObjectT], doc: Any) -> ObjectT:
+        """The server's answer about an object of ``kind``."""
         answer = parse_object(doc)
-        if not isinstance(answer, type(obj)):
-            raise ApiError(0, "BadResponse", f"the server answered a {obj.kind} with a {answer.kind}")
+        if not isinstance(answer, kind):
+            raise ApiError(0, "BadResponse", f"the server answered about a {kind.__name__} with a {answer.kind}")
         return answer
 
     async def heartbeat(self, node: str, ttl: int | None = None) -> dict[str, Any]:
@@ -239,12 +221,12 @@ class Client:
         return result
 
     async def events(self, kind: Kind, name: str) -> builtins.list[dict[str, Any]]:
-        data = await self.request("GET", f"{BASE}/events", params={"kind": _kind(kind), "name": name})
+        data = await self.request("GET", f"{BASE}/events", params={"kind": kind.kind_plural, "name": name})
         items: builtins.list[dict[str, Any]] = data["items"]
         return items
 
     async def record_event(self, kind: Kind, name: str, type: str, reason: str, message: str) -> dict[str, Any]:
-        body = {"kind": _kind(kind), "name": name, "type": type, "reason": reason, "message": message}
+        body = {"kind": kind.kind_plural, "name": name, "type": type, "reason": reason, "message": message}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/events", body=body)
         return result
 
@@ -254,19 +236,10 @@ class Client:
         return await self.request("POST", f"{BASE}/revocations", body=body)
 
     # --------------------------------------------------------------- watch
-    @overload
-    def watch(self, kind: type[ObjectT], from_revision: int | None = None, node: str | None = None, *,
-              resource_version: int | None = None,
-              selector: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]: ...
-    @overload
-    def watch(self, kind: str, from_revision: int | None = None, node: str | None = None, *,
-              resource_version: int | None = None,
-              selector: str | None = None) -> AsyncIterator[WatchEvent[AnyObject]]: ...
 
-    async def watch(self, kind: Kind, from_revision: int | None = None, node: str | None = None, *,
+    async def watch(self, kind: type[ObjectT], from_revision: int | None = None, node: str | None = None, *,
                     resource_version: int | None = None,
-                    selector: str | None = None) -> AsyncIterator[WatchEvent[Any]]:
-        # (WatchEvent[Any]: the class of the objects is the kind asked for, known to the overloads only)
+                    selector: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
         """Changes at ``from_revision`` and after (as ``Store.watch``), or, in the REST API's terms,
         after ``resource_version``; with neither, every current object as ADDED first.
 
@@ -294,7 +267,7 @@ class Client:
                     if ev["type"] == "ERROR":
                         o = ev.get("object", {})
                         raise error_for(int(o.get("code", 500)), o.get("reason", ""), o.get("message", ""), url)
-                    yield WatchEvent(ev["type"], parse_object(ev["object"]), int(ev.get("revision", 0)))
+                    yield WatchEvent(ev["type"], self._of(kind, ev["object"]), int(ev.get("revision", 0)))
         except ApiError:
             raise
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
@@ -322,7 +295,7 @@ class Client:
         reflector = Reflector(
             self.lister_watcher(kind, node, selector), lambda type_, obj, _rev: queue.put_nowait((type_, obj)),
             key=object_name, on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
-            backoff=Backoff(0.1, retry_max), name=f"watch of {_kind(kind)}")
+            backoff=Backoff(0.1, retry_max), name=f"watch of {kind.kind_plural}")
         task = asyncio.ensure_future(reflector.run())
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -337,7 +310,7 @@ class ServerObjects:
     """A kind's objects on the server, as a reflector's lister-watcher (llmgw.reflector)."""
 
     def __init__(self, client: Client, kind: Kind, node: str | None, selector: str | None) -> None:
-        self.client, self.kind, self.node, self.selector = client, _kind(kind), node, selector
+        self.client, self.kind, self.node, self.selector = client, kind, node, selector
 
     async def list(self) -> tuple[Sequence[AnyObject], int]:
         return await self.client.list(self.kind, selector=self.selector, node=self.node)

@@ -1,8 +1,15 @@
-"""Client errors: each str() is one line a person can act on."""
+"""Client errors: each str() is one line a person can act on.
+
+Each is a subclass of the API's error contract (llmgw.api.errors), which the
+store's errors share: code written against ObjectClient catches ``NotFound``
+from either. Here ``code`` and ``reason`` are what the server answered.
+"""
 from __future__ import annotations
 
+from llmgw.api import errors as api
 
-class ApiError(Exception):
+
+class ApiError(api.StatusError):
     """The server answered with an error (or could not be asked at all: code 0)."""
 
     def __init__(self, code: int, reason: str, message: str, url: str = ""):
@@ -13,39 +20,43 @@ class ApiError(Exception):
         return self.message
 
 
-class BadRequest(ApiError):      # 400/422: the server says the object or query is invalid
+class BadRequest(ApiError, api.BadRequest):         # 400: the query or the body is malformed
     pass
 
 
-class Unauthorized(ApiError):    # 401: the certificate is expired, not yet valid or revoked
+class Invalid(BadRequest, api.Invalid):             # 422: the object does not validate
     pass
 
 
-class Forbidden(ApiError):       # 403: the message names the rule
+class Unauthorized(ApiError, api.Unauthorized):     # 401: the certificate is expired, not yet valid or revoked
     pass
 
 
-class NotFound(ApiError):        # 404
+class Forbidden(ApiError, api.Forbidden):           # 403: the message names the rule
     pass
 
 
-class Conflict(ApiError):        # 409 Conflict (stale resourceVersion) or AlreadyExists
+class NotFound(ApiError, api.NotFound):             # 404
     pass
 
 
-class AlreadyExists(Conflict):   # 409 AlreadyExists
+class Conflict(ApiError, api.Conflict):             # 409 Conflict (stale resourceVersion) or AlreadyExists
     pass
 
 
-class Expired(ApiError):         # 410: the resourceVersion was compacted; relist, then watch from the list's
+class AlreadyExists(Conflict, api.AlreadyExists):   # 409 AlreadyExists
     pass
 
 
-class Unavailable(ApiError):     # 503: the server cannot reach etcd
+class Expired(ApiError, api.Expired):               # 410: the resourceVersion was compacted; relist, then watch
     pass
 
 
-class Unreachable(ApiError):
+class Unavailable(ApiError, api.Unavailable):       # 503: the server cannot reach etcd
+    pass
+
+
+class Unreachable(ApiError, api.Unavailable):
     """No HTTP answer: connection refused, DNS, timeout."""
 
     def __init__(self, url: str, why: str):
@@ -64,7 +75,7 @@ class TLSError(ApiError):
 
 
 _BY_CODE = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-            410: Expired, 422: BadRequest, 503: Unavailable}
+            410: Expired, 422: Invalid, 503: Unavailable}
 
 
 def error_for(code: int, reason: str, message: str, url: str) -> ApiError:

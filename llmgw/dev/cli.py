@@ -18,6 +18,7 @@ from rich.table import Table
 
 from llmgw.agent.config import ENGINE_EXECUTABLES
 from llmgw.api import condition_true, load_path
+from llmgw.api.types import Model, Node, Replica
 from llmgw.client import ApiError, Client, ClientConfig
 from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes
 from llmgw.dev.cluster import down as cluster_down
@@ -169,7 +170,7 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float, stop: threadin
 
 async def _ready_nodes(client: Client) -> list[str]:
     try:
-        nodes, _ = await client.list("nodes")
+        nodes, _ = await client.list(Node)
     except ApiError:
         return []
     return [n.name for n in nodes if condition_true(n.status.conditions, "Ready")]
@@ -179,8 +180,8 @@ async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
     table = Table("MODEL", "READY", "REPLICAS (phase@nodes)")
     all_ready = True
     try:
-        models = {m.name: m for m in (await client.list("models"))[0]}
-        replicas = (await client.list("replicas"))[0]
+        models = {m.name: m for m in (await client.list(Model))[0]}
+        replicas = (await client.list(Replica))[0]
     except ApiError as err:
         table.add_row("?", "?", str(err))
         return table, False

@@ -17,7 +17,7 @@ from llmgw.reflector import Reflector, object_name
 
 log = logging.getLogger(__name__)
 
-KINDS = ("models", "replicas")
+KINDS: tuple[type[AnyObject], ...] = (Model, Replica)
 
 
 class ServerSource:
@@ -42,17 +42,19 @@ class ServerSource:
 
     @property
     def synced(self) -> bool:
-        return self._synced.issuperset(KINDS)
+        return self._synced.issuperset(k.kind_plural for k in KINDS)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._run(kind), name=f"gateway-watch-{kind}") for kind in KINDS]
+        self._tasks = [asyncio.create_task(self._run(kind), name=f"gateway-watch-{kind.kind_plural}")
+                       for kind in KINDS]
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _run(self, kind: str) -> None:
+    async def _run(self, cls: type[AnyObject]) -> None:
+        kind = cls.kind_plural
         backoff = Backoff(1.0, 30.0)
 
         def apply(type_: EventType, obj: AnyObject, revision: int) -> None:
@@ -68,7 +70,7 @@ class ServerSource:
             backoff.reset()
 
         # One reflector for the life of the source: after a refusal it goes on from what it reported.
-        reflector = Reflector(self.client.lister_watcher(kind), apply, key=object_name, on_synced=listed,
+        reflector = Reflector(self.client.lister_watcher(cls), apply, key=object_name, on_synced=listed,
                               backoff=Backoff(0.1, 5.0), name=f"routing table's watch of {kind}")
         while True:
             try:

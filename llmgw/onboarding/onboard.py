@@ -11,6 +11,7 @@ from cryptography import x509
 
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.meta import check_dns1123_label
+from llmgw.api.types import Node
 from llmgw.onboarding.artifact import ArtifactError, inspect
 from llmgw.onboarding.identity import IdentityError, node_identity
 from llmgw.onboarding.remote_install import (
@@ -110,7 +111,7 @@ async def _wait_for_node(opts: dict, timeout: float):
     async with Client(opts["server"], ca=cfg.ca, cert=cfg.cert, key=cfg.key) as client:
         while True:
             try:
-                return await client.get("nodes", opts["node"])
+                return await client.get(Node, opts["node"])
             except NotFound:
                 last = "not registered yet"
             except ApiError as err:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import NamedTuple
 
 from llmgw.api.client import EventType
-from llmgw.api.types import AnyObject
+from llmgw.api.types import KINDS, AnyObject
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
 from llmgw.store.store import Store
@@ -32,10 +32,10 @@ class StoreObjects:
         self.store, self.kind = store, kind
 
     async def list(self) -> tuple[Sequence[AnyObject], int]:
-        return await self.store.list(self.kind)
+        return await self.store.list(KINDS[self.kind])
 
     def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.store.watch(self.kind, from_revision)
+        return self.store.watch(KINDS[self.kind], from_revision)
 
     after_error = staticmethod(after_store_error)
 

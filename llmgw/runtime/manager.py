@@ -22,6 +22,7 @@ import socket
 import time
 from typing import Any, Sequence
 
+from llmgw.api.errors import Conflict
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import HEARTBEATS, Context, Controller, WatchedKind
 from llmgw.runtime.events import EventRecorder
@@ -31,7 +32,6 @@ from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
-from llmgw.store.errors import Conflict
 
 log = logging.getLogger("llmgw.manager")
 

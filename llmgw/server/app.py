@@ -12,15 +12,17 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, InvalidObject, Object, parse_object
+from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.selectors import Selector
+from llmgw.api.types import Shard
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
-from llmgw.store import AlreadyExists, Compacted, Conflict, FencedOut, NameTaken, NotFound, Store, StoreUnavailable
+from llmgw.store import Store
 from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
@@ -43,13 +45,6 @@ def _dump(obj: Object) -> dict:
 
 def _node_of(obj: Object) -> str | None:
     return obj.spec.node if obj.kind_plural == "shards" else None
-
-
-_STORE_ERRORS: list[tuple[type[Exception], int, str]] = [
-    (NotFound, 404, "NotFound"), (AlreadyExists, 409, "AlreadyExists"), (Conflict, 409, "Conflict"),
-    (FencedOut, 409, "Conflict"), (NameTaken, 409, "NameTaken"), (Compacted, 410, "Expired"),
-    (StoreUnavailable, 503, "ServiceUnavailable"),
-]
 
 
 class ApiServer:
@@ -113,9 +108,8 @@ class ApiServer:
             return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
         except web.HTTPException:
             raise
-        except tuple(e for e, _, _ in _STORE_ERRORS) as err:
-            code, reason = next((c, r) for e, c, r in _STORE_ERRORS if isinstance(err, e))
-            return _json(status_body(code, reason, str(err)), code)
+        except StatusError as err:   # the store's errors carry the answer's code and reason
+            return _json(status_body(err.code, err.reason, str(err)), err.code)
         except ValueError as err:
             return _json(status_body(400, "BadRequest", str(err)), 400)
 
@@ -154,7 +148,7 @@ class ApiServer:
         await self.authz.check(request["identity"], act)
 
     async def _referenced(self, node: str) -> tuple[set[str], set[str]]:
-        shards, _ = await self.store.list("shards", node=node)
+        shards, _ = await self.store.list(Shard, node=node)
         return {s.spec.model for s in shards}, {s.spec.replica for s in shards}
 
     # ------------------------------------------------------------ helpers
@@ -214,7 +208,7 @@ class ApiServer:
                            f"got {asked[:40]!r}")
             return await self._watch(request, kind, node, selector, rv)
         await self._check(request, Action("list", kind, node=node))
-        items, rev = await self.store.list(kind, selector=selector, node=node)
+        items, rev = await self.store.list(KINDS[kind], selector=selector, node=node)
         return _json({"apiVersion": "llmgw.io/v1", "kind": f"{KINDS[kind].model_fields['kind'].default}List",
                       "metadata": {"resourceVersion": rev}, "items": [_dump(o) for o in items]})
 
@@ -222,11 +216,11 @@ class ApiServer:
         kind, name = self._kind(request), request.match_info["name"]
         hint = request.query.get("node") or None
         if kind == "shards":
-            obj = await self.store.get(kind, name, node=hint)
+            obj = await self.store.get(KINDS[kind], name, node=hint)
             await self._check(request, Action("get", kind, name, node=hint, obj_node=obj.spec.node))
             return _json(_dump(obj))
         await self._check(request, Action("get", kind, name))
-        return _json(_dump(await self.store.get(kind, name)))
+        return _json(_dump(await self.store.get(KINDS[kind], name)))
 
     async def create(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
@@ -249,7 +243,7 @@ class ApiServer:
         who = request["identity"]
         if who.role == "node" and kind != "shards":
             await self._check(request, Action("status", kind, name))  # before touching the store
-        current = await self.store.get(kind, name, node=hint)
+        current = await self.store.get(KINDS[kind], name, node=hint)
         await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
                                           fields=fields(current)))
         return current
@@ -273,12 +267,12 @@ class ApiServer:
             raise InvalidObject([f"status.{line}" for line in describe_validation_error(err)]) from None
         current = await self._existing_for_status(request, kind, name,
                                                   lambda cur: frozenset(f"status.{k}" for k in patch))
-        return _json(_dump(await self.store.patch_status(kind, name, patch, current=current)))
+        return _json(_dump(await self.store.patch_status(KINDS[kind], name, patch, current=current)))
 
     async def delete(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         await self._check(request, Action("delete", kind, name))
-        return _json(_dump(await self.store.delete(kind, name, node=request.query.get("node") or None)))
+        return _json(_dump(await self.store.delete(KINDS[kind], name, node=request.query.get("node") or None)))
 
     async def apply(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
@@ -314,7 +308,7 @@ class ApiServer:
             raise Fail(400, "BadRequest", f"unknown kind {kind!r}")
         obj_node = name if kind == "nodes" else None
         if kind == "shards" and request["identity"].role == "node":
-            obj_node = (await self.store.get("shards", name, node=body.get("node"))).spec.node
+            obj_node = (await self.store.get(Shard, name, node=body.get("node"))).spec.node
         await self._check(request, Action("events-write", "events", f"{kind}/{name}", obj_node=obj_node))
         await self.store.events.record(kind, name, type_, reason, message)
         return _json({"recorded": True}, 201)
@@ -366,7 +360,7 @@ class ApiServer:
             else:
                 cache.start(min(rv, current))
         else:
-            initial, rv = await self.store.list(kind, selector=selector, node=node)
+            initial, rv = await self.store.list(KINDS[kind], selector=selector, node=node)
             cache.start(rv)
         if expired is None:  # no await since the revision check or the list: nothing can slip in between
             who = f"{request['identity']} ({request.remote})"
@@ -423,7 +417,7 @@ async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[s
     node = _node_of(obj)
     for _ in range(attempts):
         try:
-            current = await store.get(obj.kind_plural, obj.name, node=node)
+            current = await store.get(type(obj), obj.name, node=node)
         except NotFound:
             fresh = obj.model_copy(deep=True)
             fresh.status = type(obj).model_fields["status"].get_default(call_default_factory=True)

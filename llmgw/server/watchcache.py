@@ -36,9 +36,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from llmgw.api import errors
 from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
-from llmgw.api.types import AnyObject
+from llmgw.api.types import KINDS, AnyObject
 from llmgw.backoff import Backoff
 from llmgw.reflector import Event, Reflector, object_name
 from llmgw.runtime.listwatch import after_store_error_never_raise
@@ -54,7 +55,7 @@ ALL = sys.maxsize     # (R, ALL): every event of revision R and before
 _DELETED = b'{"type": "DELETED"'
 
 
-class Expired(Exception):
+class Expired(errors.Expired):
     """The requested revision was compacted in etcd."""
 
 
@@ -329,7 +330,7 @@ class _History:
         return (), revision
 
     def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.cache.store.watch(self.cache.kind, from_revision)
+        return self.cache.store.watch(KINDS[self.cache.kind], from_revision)
 
     # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
     after_error = staticmethod(after_store_error_never_raise)

@@ -1,32 +1,41 @@
-"""Errors raised by llmgw.store; callers never see aetcd's or gRPC's own."""
+"""Errors raised by llmgw.store; callers never see aetcd's or gRPC's own.
+
+Each is a subclass of the API's error contract (llmgw.api.errors), which is
+what callers catch: a controller's ``except NotFound`` holds for the store and
+the REST client alike.
+"""
 from __future__ import annotations
 
+from llmgw.api import errors as api
 
-class StoreError(Exception):
+
+class StoreError(api.StatusError):
     pass
 
 
-class NotFound(StoreError):
+class NotFound(StoreError, api.NotFound):
     pass
 
 
-class AlreadyExists(StoreError):
+class AlreadyExists(StoreError, api.AlreadyExists):
     pass
 
 
-class Conflict(StoreError):
+class Conflict(StoreError, api.Conflict):
     """A compare-and-swap lost: the object changed since it was read. Re-read and retry."""
 
 
-class NameTaken(StoreError):
+class NameTaken(StoreError, api.Conflict):
     """A Model would serve a name or alias another Model serves; the message names that Model."""
 
+    reason = "NameTaken"
 
-class FencedOut(StoreError):
+
+class FencedOut(StoreError, api.Conflict):
     """This writer no longer holds the leader key it was fenced on."""
 
 
-class Compacted(StoreError):
+class Compacted(StoreError, api.Expired):
     """The watch's start revision was compacted: relist, then watch from the list's revision."""
 
     def __init__(self, compact_revision: int):
@@ -34,5 +43,5 @@ class Compacted(StoreError):
         super().__init__(f"revision compacted; oldest available is {compact_revision}")
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, api.Unavailable):
     """etcd did not answer (every endpoint tried), or a watch stream dropped."""

@@ -12,11 +12,11 @@ import builtins
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, overload
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
-from llmgw.api.client import StatusPatch, WatchEvent, kind_name
+from llmgw.api.client import StatusPatch, WatchEvent
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
@@ -183,28 +183,18 @@ class Objects:
             self._memory.statuses.put(status_key, status.mod_revision, status.value)
         return obj, spec.mod_revision, status_rev
 
-    @overload
-    async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
-    @overload
-    async def get(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
 
-    async def get(self, kind: type[AnyObject] | str, name: str, node: str | None = None) -> AnyObject:
-        return (await self._read(kind_name(kind), name, node))[0]
+    async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT:
+        # (cast: the key's prefix is the kind's; _assemble parsed the stored kind)
+        return cast(ObjectT, (await self._read(kind.kind_plural, name, node))[0])
 
-    @overload
+
     async def list(self, kind: type[ObjectT], selector: str | dict[str, str] | None = None,
-                   node: str | None = None) -> tuple[builtins.list[ObjectT], int]: ...
-    @overload
-    async def list(self, kind: str, selector: str | dict[str, str] | None = None,
-                   node: str | None = None) -> tuple[builtins.list[AnyObject], int]: ...
-
-    async def list(self, kind: type[ObjectT] | str, selector: str | dict[str, str] | None = None,
-                   node: str | None = None) -> tuple[builtins.list[ObjectT] | builtins.list[AnyObject], int]:
+                   node: str | None = None) -> tuple[builtins.list[ObjectT], int]:
         """The matching objects and the revision they were read at (to watch from)."""
-        kind = kind_name(kind)
         sel = Selector.parse(selector)
-        spec_prefix = K.kind_prefix(K.SPEC, kind, node)
-        status_prefix = K.kind_prefix(K.STATUS, kind, node)
+        spec_prefix = K.kind_prefix(K.SPEC, kind.kind_plural, node)
+        status_prefix = K.kind_prefix(K.STATUS, kind.kind_plural, node)
         resp = await self.etcd.txn([], [get_op(spec_prefix, K.prefix_end(spec_prefix)),
                                         get_op(status_prefix, K.prefix_end(status_prefix))], writes=False)
         statuses = {kv.key[len(status_prefix):]: kv for kv in resp.responses[1].response_range.kvs}
@@ -216,7 +206,7 @@ class Objects:
             if sel.matches(obj.metadata.labels):
                 items.append(obj)
         revision: int = resp.header.revision
-        return items, revision
+        return cast(builtins.list[ObjectT], items), revision
 
     # ------------------------------------------------------------ writes
 
@@ -384,15 +374,13 @@ class Objects:
             raise TypeError(f"{spec_key} holds a {stored.kind}, not a {obj.kind}")
         return stored
 
-    @overload
-    async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch, node: str | None = None,
-                           *, current: ObjectT | None = None) -> ObjectT: ...
-    @overload
-    async def patch_status(self, kind: str, name: str, patch: StatusPatch, node: str | None = None,
-                           *, current: AnyObject | None = None) -> AnyObject: ...
 
-    async def patch_status(self, kind: type[AnyObject] | str, name: str, patch: StatusPatch,
-                           node: str | None = None, *, current: AnyObject | None = None) -> AnyObject:
+    async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch,
+                           node: str | None = None, *, current: ObjectT | None = None) -> ObjectT:
+        return cast(ObjectT, await self._patch_status(kind.kind_plural, name, patch, node, current))
+
+    async def _patch_status(self, kind: str, name: str, patch: StatusPatch, node: str | None,
+                            current: AnyObject | None) -> AnyObject:
         """Atomically merge `patch` into the status: fields replaced, conditions merged by type.
 
         `current` is the caller's copy of the object (from a cache, say). While its spec
@@ -401,7 +389,6 @@ class Objects:
         no read first, and the result is `current` with the new status. Otherwise, or
         when the compare fails, the object is read and the patch tried again.
         """
-        kind = kind_name(kind)
         if current is not None:
             node = _node_of(current)
         node = await self._find_node(kind, name, node)
@@ -435,14 +422,12 @@ class Objects:
             known = None  # spec or status moved on, or the object is gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
-    @overload
-    async def delete(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT: ...
-    @overload
-    async def delete(self, kind: str, name: str, node: str | None = None) -> AnyObject: ...
 
-    async def delete(self, kind: type[AnyObject] | str, name: str, node: str | None = None) -> AnyObject:
+    async def delete(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT:
         """Delete now, or set deletionTimestamp when finalizers remain (they go via update)."""
-        kind = kind_name(kind)
+        return cast(ObjectT, await self._delete(kind.kind_plural, name, node))
+
+    async def _delete(self, kind: str, name: str, node: str | None) -> AnyObject:
         node = await self._find_node(kind, name, node)
         for _ in range(20):
             obj, spec_rev, _ = await self._read(kind, name, node)
@@ -463,21 +448,17 @@ class Objects:
 
     # ------------------------------------------------------------ watch
 
-    @overload
-    def watch(self, kind: type[ObjectT], from_revision: int,
-              node: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]: ...
-    @overload
-    def watch(self, kind: str, from_revision: int,
-              node: str | None = None) -> AsyncIterator[WatchEvent[AnyObject]]: ...
 
-    async def watch(self, kind: type[ObjectT] | str, from_revision: int,
-                    node: str | None = None) -> AsyncIterator[WatchEvent[ObjectT] | WatchEvent[AnyObject]]:
+    def watch(self, kind: type[ObjectT], from_revision: int,
+              node: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
+        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node))
+
+    async def _watch(self, kind: str, from_revision: int, node: str | None) -> AsyncIterator[WatchEvent[AnyObject]]:
         """Changes to objects of `kind` at or after from_revision, as whole objects.
 
         Raises Compacted when from_revision is no longer available (relist), and
         StoreUnavailable when the stream drops (re-watch from the last revision + 1).
         """
-        kind = kind_name(kind)
         spec_prefix = K.kind_prefix(K.SPEC, kind, node)
         status_prefix = K.kind_prefix(K.STATUS, kind, node)
         # One stream covering both prefixes keeps spec and status events in revision order.

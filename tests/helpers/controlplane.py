@@ -11,6 +11,7 @@ from typing import Any
 from controllers.model import ModelController
 from controllers.replica import ReplicaController
 from controllers.settings import ControllerSettings
+from llmgw.api.types import Replica
 from llmgw.runtime.manager import Manager
 from tests.helpers.ctrlkit import until  # noqa: F401  (re-exported for the controller tests)
 from tests.helpers.fake_agents import FakeAgents
@@ -31,7 +32,7 @@ class ControlPlane:
         return self.manager.cache
 
     def replicas(self, model: str) -> list:
-        return [r for r in self.cache.index("replicas", "model", model) if r.metadata.deletionTimestamp is None]
+        return [r for r in self.cache.index(Replica, "model", model) if r.metadata.deletionTimestamp is None]
 
     def events(self, reason: str, name: str | None = None) -> list:
         return self.manager.events.find(name=name, reason=reason)

@@ -85,7 +85,7 @@ async def until(cond: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0,
         await asyncio.sleep(0.05)
 
 
-async def get_or_none(store, kind: str, name: str):
+async def get_or_none(store, kind, name: str):
     try:
         return await store.get(kind, name)
     except NotFound:
@@ -118,13 +118,13 @@ class ReadyPlayer(Controller):
         self.hold = False
 
     async def reconcile(self, key: str) -> Result | None:
-        rep = self.ctx.cache.get("replicas", key)
+        rep = self.ctx.cache.get(Replica, key)
         if rep is None or not rep.spec.placement or rep.status.phase == "Ready" \
                 or rep.metadata.deletionTimestamp is not None:
             return None
         if self.hold:
             return Result(requeue_after=0.1)
-        self.ctx.cache.assume(await self.ctx.store.patch_status("replicas", key, {"phase": "Ready"}))
+        self.ctx.cache.assume(await self.ctx.store.patch_status(Replica, key, {"phase": "Ready"}))
         return None
 
 
@@ -139,7 +139,7 @@ class ReplicaWatch:
         self.task = asyncio.create_task(self._run())
 
     async def _run(self):
-        async for ev in self.store.watch("replicas", from_revision=self.rev + 1):
+        async for ev in self.store.watch(Replica, from_revision=self.rev + 1):
             r = ev.object
             if r.spec.model != self.model:
                 continue

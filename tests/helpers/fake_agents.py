@@ -26,7 +26,7 @@ import json
 from typing import Iterable
 
 from llmgw.api import Condition, Node, ObjectMeta, now
-from llmgw.api.types import GPU, Adapter, EngineInfo, Fabric, NodeStatus
+from llmgw.api.types import GPU, Adapter, EngineInfo, Fabric, NodeStatus, Shard
 from llmgw.runtime.workqueue import WorkQueue
 from llmgw.store import NotFound, StoreError
 from llmgw.store.errors import Compacted, StoreUnavailable
@@ -132,7 +132,7 @@ class FakeAgents:
     async def set_node_ready(self, name: str, ready: bool, reason: str = "") -> None:
         cond = {"type": "Ready", "status": "True" if ready else "False",
                 "reason": reason or ("AgentReady" if ready else "NodeStatusUnknown"), "message": ""}
-        await self.store.patch_status("nodes", name, {"conditions": [cond]})
+        await self.store.patch_status(Node, name, {"conditions": [cond]})
 
     # -------------------------------------------------------------- shards
     async def release(self, replica: str | None = None) -> None:
@@ -160,11 +160,11 @@ class FakeAgents:
         while True:
             try:
                 if not self.synced.is_set() or rev == 0:
-                    items, rev = await self.store.list("shards")
+                    items, rev = await self.store.list(Shard)
                     for s in items:
                         self._seen(s)
                     self.synced.set()
-                async for ev in self.store.watch("shards", from_revision=rev + 1):
+                async for ev in self.store.watch(Shard, from_revision=rev + 1):
                     rev = ev.revision
                     if ev.type == "DELETED":
                         self.shards.pop(ev.object.metadata.name, None)
@@ -211,7 +211,7 @@ class FakeAgents:
 
     async def _set_phase(self, shard, phase: str, **fields) -> None:
         patch = {"phase": phase, "phaseTime": now().isoformat(), **fields}
-        new = await self.store.patch_status("shards", shard.metadata.name, patch, current=shard)
+        new = await self.store.patch_status(Shard, shard.metadata.name, patch, current=shard)
         self.transitions.append((shard.metadata.name, phase))
         cur = self.shards.get(shard.metadata.name)
         if cur is not None and cur.metadata.resourceVersion == new.metadata.resourceVersion:

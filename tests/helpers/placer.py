@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from controllers.indexes import REPLICAS_BY_NODE
 from llmgw.api import Placement, condition_true
+from llmgw.api.types import Node, Replica
 from llmgw.runtime.controller import Controller, Result
 
 
@@ -24,21 +25,21 @@ class FirstFitPlacer(Controller):
     def keys_for(self, kind, obj):
         if kind == "replicas":
             return [obj.metadata.name]
-        return [r.metadata.name for r in self.ctx.cache.list("replicas") if not r.spec.placement]
+        return [r.metadata.name for r in self.ctx.cache.list(Replica) if not r.spec.placement]
 
     async def reconcile(self, key):
         cache = self.ctx.cache
-        r = cache.get("replicas", key)
+        r = cache.get(Replica, key)
         if self.paused or r is None or r.spec.placement or r.metadata.deletionTimestamp is not None:
             return None
         if r.status.backoffUntil and r.status.backoffUntil > datetime.now(timezone.utc):
             return Result(requeue_after=(r.status.backoffUntil - datetime.now(timezone.utc)).total_seconds())
         prof = r.spec.profile
         candidates = []
-        for node in sorted(cache.list("nodes"), key=lambda n: n.metadata.name):
+        for node in sorted(cache.list(Node), key=lambda n: n.metadata.name):
             if not condition_true(node.status.conditions, "Ready") or node.spec.unschedulable:
                 continue
-            used = {g for o in cache.index("replicas", "node", node.metadata.name)
+            used = {g for o in cache.index(Replica, "node", node.metadata.name)
                     if o.metadata.deletionTimestamp is None
                     for p in o.spec.placement if p.node == node.metadata.name for g in p.gpus}
             free = [g.index for g in node.status.gpus if g.index not in used]

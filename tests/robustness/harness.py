@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.api import Model
+from llmgw.api.types import KINDS, Node, Replica, Shard
 from llmgw.cli.nodes import set_node_spec
 from llmgw.client import Client, ClientConfig
 from llmgw.client.errors import ApiError, Expired, Unreachable
@@ -78,11 +79,11 @@ class FaultCluster(LocalCluster):
 
     # ------------------------------------------------------------ reading
     async def replicas(self, model: str) -> list:
-        items, _ = await self.store.list("replicas")
+        items, _ = await self.store.list(Replica)
         return [r for r in items if r.spec.model == model and r.metadata.deletionTimestamp is None]
 
     async def shards(self, node: str | None = None) -> list:
-        items, _ = await self.store.list("shards", node=node)
+        items, _ = await self.store.list(Shard, node=node)
         return items
 
     async def ready(self, model: str) -> list:
@@ -98,7 +99,7 @@ class FaultCluster(LocalCluster):
         return reason[0] if reason else None
 
     async def node_condition_reason(self, node: str, type_: str) -> tuple[str, str] | None:
-        n = await self.store.get("nodes", node)
+        n = await self.store.get(Node, node)
         return next(((c.status, c.reason) for c in n.status.conditions if c.type == type_), None)
 
     # ------------------------------------------------------------ acting
@@ -113,7 +114,7 @@ class FaultCluster(LocalCluster):
 
     async def set_args(self, name: str, args: list[str]) -> None:
         async def update():
-            model = await self.api.get("models", name)
+            model = await self.api.get(Model, name)
             model.spec.profiles[0].args = args
             return await self.api.update(model)
         await self.wait(f"model {name} updated", update)
@@ -160,7 +161,7 @@ class FaultCluster(LocalCluster):
 
     async def wait_drained(self, node: str) -> None:
         async def drained():
-            n = await self.store.get("nodes", node)
+            n = await self.store.get(Node, node)
             return n.status.drain is not None and n.status.drain.phase == "Drained"
         await self.wait(f"{node} Drained", drained)
 
@@ -205,8 +206,8 @@ class FaultCluster(LocalCluster):
                 return "Expired"
             except Exception as err:  # noqa: BLE001 - any other answer is an outcome to report
                 return repr(err)[:120]
-        etcd = asyncio.create_task(first(self.store.watch(kind, from_revision=revision + 1)))
-        server = asyncio.create_task(first(self.api.watch(kind, resource_version=revision)))
+        etcd = asyncio.create_task(first(self.store.watch(KINDS[kind], from_revision=revision + 1)))
+        server = asyncio.create_task(first(self.api.watch(KINDS[kind], resource_version=revision)))
         await trigger()
         outcomes = await asyncio.wait_for(asyncio.gather(etcd, server), WAIT)
         self.history.resumes.append(WatchResume(time.monotonic(), revision, *outcomes))
@@ -248,6 +249,6 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
 
 
 async def _all_ready(c: FaultCluster) -> bool:
-    items, _ = await c.store.list("nodes")
+    items, _ = await c.store.list(Node)
     return len(items) == len(c.nodes) and all(
         any(cd.type == "Ready" and cd.status == "True" for cd in n.status.conditions) for n in items)

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from llmgw.api.types import KINDS as API_KINDS
 from llmgw.dev.cluster import MARKER, NODE_MARKER
 from llmgw.store import Compacted, StoreUnavailable
 from tests.robustness.history import Change, Engine, History, Sample
@@ -39,7 +40,7 @@ class Recorder:
 
     async def start(self) -> "Recorder":
         for kind in KINDS:
-            items, rev = await self.store.list(kind)
+            items, rev = await self.store.list(API_KINDS[kind])
             now = time.monotonic()
             self.history.changes += [Change(now, o.revision or rev, kind, o.name, o) for o in items]
             self._tasks.append(asyncio.create_task(self._watch(kind, rev + 1)))
@@ -56,7 +57,7 @@ class Recorder:
     async def _watch(self, kind: str, start: int) -> None:
         while True:
             try:
-                async for ev in self.store.watch(kind, from_revision=start):
+                async for ev in self.store.watch(API_KINDS[kind], from_revision=start):
                     self.history.changes.append(Change(time.monotonic(), ev.revision, kind, ev.object.name,
                                                        ev.object, deleted=ev.type == "DELETED"))
                     start = ev.revision + 1

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 
+from llmgw.api.types import Node
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
@@ -202,10 +203,10 @@ async def test_single_replica_crash_rebuilds_at_once(tmp_path):
 
 async def test_restarted_server_resumes_watches(tmp_path):
     async with with_model(tmp_path, 1) as c:
-        _, before = await c.api.list("nodes")
+        _, before = await c.api.list(Node)
         nemesis.kill_server(c)
         await c.cordon("n1", True)
-        _, now = await c.api.list("nodes")
+        _, now = await c.api.list(Node)
         # Nodes, which no component watches through the server: the test's watches are its
         # first. One that listed after the restart watches first (it starts the server's cache
         # of nodes); then one resumes from before the restart, as every informer does.

@@ -1,0 +1,75 @@
+"""The one error contract of every ObjectClient, in the spirit of client-go's apierrors.
+
+``llmgw.store`` (etcd) and ``llmgw.client`` (the REST API) raise subclasses of
+these, so code written against ``ObjectClient`` catches ``NotFound`` whichever
+implementation it was given. Each class carries the HTTP status and the reason
+the API server answers it with (docs/contracts.md, "REST"); an implementation's
+subclass may add what it knows (the URL asked, the revision compacted).
+"""
+from __future__ import annotations
+
+
+class StatusError(Exception):
+    """An answer of the API that is not a success: ``code`` (HTTP) and ``reason`` (Kubernetes' Status.reason)."""
+
+    code: int = 500
+    reason: str = "InternalError"
+
+
+class BadRequest(StatusError):
+    """The request itself is malformed (a query parameter, a body that is not JSON)."""
+
+    code = 400
+    reason = "BadRequest"
+
+
+class Invalid(BadRequest):
+    """The object does not validate; the message names the field paths."""
+
+    code = 422
+    reason = "Invalid"
+
+
+class Unauthorized(StatusError):
+    """No identity: the client certificate is missing, expired, not yet valid or revoked."""
+
+    code = 401
+    reason = "Unauthorized"
+
+
+class Forbidden(StatusError):
+    """The identity may not do this; the message names the rule."""
+
+    code = 403
+    reason = "Forbidden"
+
+
+class NotFound(StatusError):
+    code = 404
+    reason = "NotFound"
+
+
+class Conflict(StatusError):
+    """A write lost a compare-and-swap (a stale resourceVersion, a lost leadership): re-read and retry."""
+
+    code = 409
+    reason = "Conflict"
+
+
+class AlreadyExists(Conflict):
+    code = 409
+    reason = "AlreadyExists"
+
+
+class Expired(StatusError):
+    """The revision to watch from was compacted: list again, then watch from the list's revision."""
+
+    code = 410
+    reason = "Expired"
+
+
+class Unavailable(StatusError):
+    """The state cannot be reached now (etcd, or the server); the same request may succeed later."""
+
+    code = 503
+    reason = "ServiceUnavailable"
