@@ -6,6 +6,8 @@ changes, when its heartbeat key (/llmgw/heartbeat/<node>, bound to an etcd
 lease) appears or vanishes, and when a replacement for one of its replicas
 changes.
 
+- a Node without a Ready condition is registering (its agent creates it, then
+  heartbeats): it is not judged until it has reported once.
 - heartbeat gone: condition Ready=False, reason HeartbeatExpired; back:
   Ready=True, reason HeartbeatResumed (only undoing what this controller set;
   the agent owns Ready otherwise).
@@ -130,9 +132,11 @@ class NodeLifecycleController(Controller):
             if node is not None:
                 await self._back(node)
             return None
+        ready = get_condition(node.status.conditions, "Ready")
+        if ready is None:   # registering: its agent created it and has not heartbeated yet
+            return None
         silent, total = self._fleet(now)
 
-        ready = get_condition(node.status.conditions, "Ready")
         expired = ready is not None and ready.status == "False" and ready.reason == "HeartbeatExpired"
         if not expired:
             node = await self._patch(node, [_cond("Ready", "False", "HeartbeatExpired",

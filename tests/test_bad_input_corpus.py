@@ -71,12 +71,30 @@ MANIFESTS = {
 REST = [
     ("deep.json", "POST", "/models", "admin", 400, "BadRequest",
      f"request body: <document>: nested deeper than {MAX_DEPTH} levels"),
-    ("deep.json", "POST", "/models", "node", 400, "BadRequest",  # parsed before authorization
-     f"request body: <document>: nested deeper than {MAX_DEPTH} levels"),
+    # authorized by the URL before the body is read: an identity that may not use the URL is
+    # refused (403) whatever it sent
+    ("deep.json", "POST", "/models", "node", 403, "Forbidden",
+     "forbidden by rule node-shard-refs: node corpus-node may only get the models and replicas of its shards; "
+     "it asked to create models"),
+    ("deep.json", "POST", "/models", "gateway", 403, "Forbidden",
+     "forbidden by rule gateway-read: the gateway may only get, list and watch models, replicas and nodes; "
+     "it asked to create models"),
+    ("replicas-huge.json", "POST", "/models", "node", 403, "Forbidden",
+     "forbidden by rule node-shard-refs: node corpus-node may only get the models and replicas of its shards; "
+     "it asked to create models"),
+    ("deep.json", "PATCH", "/nodes/corpus-other/status", "node", 403, "Forbidden",
+     "forbidden by rule node-self: certificate CN=corpus-node may read and write a Node only as node "
+     "corpus-node, not corpus-other"),
+    ("node-no-status.json", "PUT", "/nodes/corpus-node/status", "admin", 422, "Invalid",
+     "status: Field required (this request writes it)"),
+    ("empty-object.json", "POST", "/heartbeat/corpus-ghost", "admin", 404, "NotFound",
+     "nodes/corpus-ghost not found"),
+    ("event-node-mapping.json", "POST", "/events", "admin", 422, "Invalid", "node: must be a string"),
     ("deep-65.json", "POST", "/models", "admin", 400, "BadRequest",
      f"request body: spec.x{'[0]' * (MAX_DEPTH - 2)}: nested deeper than {MAX_DEPTH} levels"),
-    ("deep.json", "PATCH", "/models/corpus-small/status", "node", 400, "BadRequest",
-     f"request body: <document>: nested deeper than {MAX_DEPTH} levels"),
+    ("deep.json", "PATCH", "/models/corpus-small/status", "node", 403, "Forbidden",
+     "forbidden by rule node-shard-refs: node corpus-node may only get the models and replicas of its shards; "
+     "it asked to status models/corpus-small"),
     ("duplicate-key.json", "POST", "/models", "admin", 400, "BadRequest", "request body: metadata.name: duplicate key"),
     ("not-json.json", "POST", "/models", "admin", 400, "BadRequest",
      "request body is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 31 "
@@ -193,11 +211,12 @@ def test_client_config_corpus(name):
     assert (out.exit_code, out.stdout, out.stderr) == (2, "", f"error: {path}: {CONFIGS[name]}\n")
 
 
-def _send(server, identity: tuple[str, str], method: str, path: str, body: bytes) -> tuple[int, dict]:
+def _send(server, identity: tuple[str, str], method: str, path: str, body: bytes | None,
+          content_type: str = "application/json") -> tuple[int, dict]:
     ctx = ssl.create_default_context(cafile=server.ca)
     ctx.load_cert_chain(*identity)
     req = urllib.request.Request(server.url + API + path, data=body, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -210,13 +229,35 @@ def node_identity(seeded):
     return seeded.issue_node("corpus-node")
 
 
+@pytest.fixture(scope="module")
+def identities(seeded, node_identity):
+    return {"admin": seeded.admin, "node": node_identity, "gateway": seeded.issue_component("gateway")}
+
+
 @pytest.mark.parametrize("case", REST, ids=[f"{c[0]}-{c[1]}{c[2]}-{c[3]}" for c in REST])
-def test_rest_corpus(seeded, node_identity, case):
+def test_rest_corpus(seeded, identities, case):
     name, method, path, who, status, reason, message = case
-    identity = node_identity if who == "node" else seeded.admin
+    identity = identities[who]
     before = etcd_keys(seeded)
     got_status, body = _send(seeded, identity, method, path, (CORPUS / "rest" / name).read_bytes())
     assert (got_status, body.get("reason"), body.get("message")) == (status, reason, message)
+    assert etcd_keys(seeded) == before
+
+
+@pytest.mark.parametrize("query", ["node=../../spec", "node=corpus-node/x", "node=" + "a" * 64])
+def test_a_node_parameter_that_is_not_a_name_is_a_400(seeded, query):
+    status, body = _send(seeded, seeded.admin, "GET", f"/shards?{query}", None)
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert body["message"].startswith("node: ") and "is not a DNS-1123 label" in body["message"]
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/yaml"])
+def test_a_body_that_is_not_json_is_a_415(seeded, content_type):
+    before = etcd_keys(seeded)
+    status, body = _send(seeded, seeded.admin, "POST", "/models",
+                         json.dumps(model_doc("corpus-415")).encode(), content_type=content_type)
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+    assert repr(content_type) in body["message"]
     assert etcd_keys(seeded) == before
 
 

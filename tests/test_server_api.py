@@ -118,6 +118,10 @@ async def test_heartbeat_and_events(shared_api_server):
     srv = shared_api_server
     node_ident = srv.issue_node("hb-node")
     async with srv.client(node_ident) as n, Store(srv.etcd) as store:
+        with pytest.raises(NotFound):   # a heartbeat is of a registered Node: nothing is stored before
+            await n.heartbeat("hb-node", ttl=30)
+        assert "hb-node" not in await store.heartbeats.list()
+        await n.create(Node.model_validate({"metadata": {"name": "hb-node"}}))
         assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
         assert "hb-node" in await store.heartbeats.list()
         await n.record_event(Node, "hb-node", "Normal", "Registered", "agent started")

@@ -68,10 +68,9 @@ class Registration:
                  [f.name for f in status.fabrics] or "none (island)", [e.name for e in status.engines])
 
     async def _register_once(self) -> None:
-        # Heartbeat first: a Node that appeared before its heartbeat key would read, to the
-        # node-lifecycle controller, as one whose heartbeat expired (NotReady and a warning,
-        # then Ready again a moment later).
-        await self.client.heartbeat(self.node)
+        # The Node first: the server takes heartbeats of registered Nodes only. Until its first
+        # heartbeat, a Node that never reported Ready is registering, not silent, to the
+        # node-lifecycle controller (no NotReady flap).
         try:
             await self.client.get(Node, self.node)
         except NotFound:
@@ -79,6 +78,7 @@ class Registration:
                 await self.client.create(Node(metadata=ObjectMeta(name=self.node, labels=self.labels)))
             except AlreadyExists:
                 pass
+        await self.client.heartbeat(self.node)
         await self._send(force=True)
 
     async def _send(self, force: bool = False) -> None:

@@ -1,4 +1,16 @@
-"""The REST API of `llmgw server` (docs/contracts.md, "REST") on top of llmgw.store."""
+"""The REST API of `llmgw server` (docs/contracts.md, "REST") on top of llmgw.store.
+
+Every request goes through one pipeline, in Kubernetes' order (the middlewares of
+``ApiServer.app``, then the handler):
+
+1. errors: whatever a later step raises becomes one JSON Status answer;
+2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked);
+3. authorize by the URL: the verb (the route and method), the kind and the names the URL
+   holds (path and ``?node=``, which must be names: 400), before the body is read (403);
+4. the handler: reads the body (415 unless JSON, 413, 400), decodes and validates it (422),
+   authorizes again with what the body says (the name created, the fields written, the
+   stored shard's node), then calls the store.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +27,9 @@ from llmgw.api import KINDS, InvalidObject, Object, parse_object
 from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
+from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
-from llmgw.api.types import Shard
+from llmgw.api.types import Node, Shard
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
@@ -27,6 +40,13 @@ from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
 API = "/apis/llmgw.io/v1"
+JSON_TYPES = ("application/json", "application/merge-patch+json")
+
+# A handler's verb, as the authorizer knows it (list_or_watch is "watch" with ?watch=1).
+EVENT_FIELDS = ("kind", "name", "type", "reason", "message")
+_VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "update", "delete": "delete",
+          "update_status": "status", "patch_status": "status", "apply": "apply", "heartbeat": "heartbeat",
+          "list_events": "events-read", "record_event": "events-write", "revoke": "revoke"}
 
 
 class Fail(Exception):
@@ -60,7 +80,8 @@ class ApiServer:
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._errors, self._authenticate, self._authorize],
+                              client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
@@ -144,6 +165,38 @@ class ApiServer:
         request["identity"] = who
         return await handler(request)
 
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler):
+        """Step 3: the verb, the kind and the URL's names against the identity, before any body is read."""
+        act = self._url_action(request)
+        if act is not None:
+            await self._check(request, act)
+        return await handler(request)
+
+    def _url_action(self, request: web.Request) -> Action | None:
+        """What the URL asks to do, with what only the body can say left unknown; None: anyone may."""
+        route = request.match_info.route
+        handler = getattr(route, "handler", None)
+        verb = _VERBS.get(getattr(handler, "__name__", ""))
+        if verb is None:
+            return None   # /healthz, or no route: 404/405 for every identity alike
+        q = request.query
+        node = q.get("node") or None
+        if node is not None:
+            try:
+                check_dns1123_label(node)
+            except ValueError as err:
+                raise Fail(400, "BadRequest", f"node: {err}") from None
+        info = request.match_info
+        if verb == "heartbeat":
+            return Action(verb, "heartbeat", info["node"], final=False)
+        if verb in ("events-read", "events-write", "revoke"):
+            about = f"{q['kind']}/{q['name']}" if verb == "events-read" and q.get("kind") and q.get("name") else None
+            return Action(verb, "revocations" if verb == "revoke" else "events", about, final=False)
+        if verb == "list" and q.get("watch") in ("1", "true"):
+            verb = "watch"
+        return Action(verb, self._kind(request), info.get("name"), node=node, final=False)
+
     async def _check(self, request: web.Request, act: Action) -> None:
         await self.authz.check(request["identity"], act)
 
@@ -161,6 +214,9 @@ class ApiServer:
 
     @staticmethod
     async def _body(request: web.Request) -> dict:
+        if request.content_type not in JSON_TYPES:
+            raise Fail(415, "UnsupportedMediaType", f"request body: content-type {request.content_type!r} is not "
+                       f"JSON; send {' or '.join(JSON_TYPES)}")
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -177,8 +233,12 @@ class ApiServer:
             raise Fail(400, "BadRequest", "request body must be a JSON object")
         return body
 
-    async def _object(self, request: web.Request, kind: str) -> Object:
-        obj = parse_object(await self._body(request))
+    async def _object(self, request: web.Request, kind: str, require: str | None = None) -> Object:
+        """The body as an object of `kind`, named as the URL says; `require`: a field it must hold."""
+        body = await self._body(request)
+        if require is not None and require not in body:
+            raise InvalidObject([f"{require}: Field required (this request writes it)"])
+        obj = parse_object(body)
         if obj.kind_plural != kind:
             raise Fail(400, "BadRequest", f"body is a {obj.kind}, but the URL says {kind}")
         name = request.match_info.get("name")
@@ -197,7 +257,6 @@ class ApiServer:
         if selector:
             Selector.parse(selector)  # 400 on a bad selector before anything else
         if q.get("watch") in ("1", "true"):
-            await self._check(request, Action("watch", kind, node=node))
             asked = q.get("resourceVersion", "")
             try:
                 rv = int(asked) if asked else 0
@@ -207,7 +266,6 @@ class ApiServer:
                 raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), "
                            f"got {asked[:40]!r}")
             return await self._watch(request, kind, node, selector, rv)
-        await self._check(request, Action("list", kind, node=node))
         items, rev = await self.store.list(KINDS[kind], selector=selector, node=node)
         return _json({"apiVersion": "llmgw.io/v1", "kind": f"{KINDS[kind].model_fields['kind'].default}List",
                       "metadata": {"resourceVersion": rev}, "items": [_dump(o) for o in items]})
@@ -219,7 +277,6 @@ class ApiServer:
             obj = await self.store.get(KINDS[kind], name, node=hint)
             await self._check(request, Action("get", kind, name, node=hint, obj_node=obj.spec.node))
             return _json(_dump(obj))
-        await self._check(request, Action("get", kind, name))
         return _json(_dump(await self.store.get(KINDS[kind], name)))
 
     async def create(self, request: web.Request) -> web.Response:
@@ -240,9 +297,6 @@ class ApiServer:
     async def _existing_for_status(self, request: web.Request, kind: str, name: str, fields) -> Object:
         """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
-        who = request["identity"]
-        if who.role == "node" and kind != "shards":
-            await self._check(request, Action("status", kind, name))  # before touching the store
         current = await self.store.get(KINDS[kind], name, node=hint)
         await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
                                           fields=fields(current)))
@@ -250,7 +304,7 @@ class ApiServer:
 
     async def update_status(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
-        obj = await self._object(request, kind)
+        obj = await self._object(request, kind, require="status")
         current = await self._existing_for_status(
             request, kind, obj.name, lambda cur: written_fields(cur.model_copy(update={"status": obj.status}), cur))
         new = current.model_copy(update={"status": obj.status})
@@ -271,7 +325,6 @@ class ApiServer:
 
     async def delete(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
-        await self._check(request, Action("delete", kind, name))
         return _json(_dump(await self.store.delete(KINDS[kind], name, node=request.query.get("node") or None)))
 
     async def apply(self, request: web.Request) -> web.Response:
@@ -283,11 +336,11 @@ class ApiServer:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
-        await self._check(request, Action("heartbeat", "heartbeat", node))
         body = await self._body(request) if request.can_read_body else {}
         ttl = body.get("ttl") or 15
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
+        await self.store.get(Node, node)   # NotFound (404): a heartbeat is of a registered Node
         await self.store.heartbeats.beat(node, ttl=ttl)
         return _json({"node": node, "ttl": ttl})
 
@@ -295,15 +348,18 @@ class ApiServer:
         kind, name = request.query.get("kind"), request.query.get("name")
         if not kind or not name:
             raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
-        await self._check(request, Action("events-read", "events", f"{kind}/{name}"))
         return _json({"items": await self.store.events.list(kind, name)})
 
     async def record_event(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        try:
-            kind, name, type_, reason, message = (str(body[k]) for k in ("kind", "name", "type", "reason", "message"))
-        except KeyError as err:
-            raise Fail(400, "BadRequest", f"event field {err.args[0]!r} is required") from None
+        for field in EVENT_FIELDS:
+            if field not in body:
+                raise Fail(400, "BadRequest", f"event field {field!r} is required")
+        wrong = [f"{f}: must be a string" for f in (*EVENT_FIELDS, "node")
+                 if f in body and not isinstance(body[f], str) and not (f == "node" and body[f] is None)]
+        if wrong:
+            raise InvalidObject(wrong)
+        kind, name, type_, reason, message = (body[k] for k in EVENT_FIELDS)
         if kind not in KINDS:
             raise Fail(400, "BadRequest", f"unknown kind {kind!r}")
         obj_node = name if kind == "nodes" else None

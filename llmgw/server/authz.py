@@ -12,6 +12,12 @@ Rules, by the certificate's organisation:
                                          events about N and its shards, and get the Models
                                          and Replicas its shards reference
 Anything else is Forbidden, with the rule's name in the message.
+
+A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
+its body is read (``Action.final`` false: what the URL does not say, the body's name, the
+stored shard's node, the fields written, is not known yet, and a rule that needs it lets
+the request on), then once the object is decoded, with everything known. So an identity
+that may not use a URL is refused before anything it sent is parsed, as Kubernetes does.
 """
 from __future__ import annotations
 
@@ -60,6 +66,12 @@ class Action:
     obj_node: str | None = None  # for an existing Shard: its spec.node
     # the fields a create or status write sets (written_fields); None where not known yet
     fields: frozenset[str] | None = None
+    # False: authorized by the URL, before the body is read; name, obj_node and fields may be unknown
+    final: bool = True
+
+    def unknown(self, value: object) -> bool:
+        """`value` (one of this action's attributes) is not known yet: the request is judged by its URL."""
+        return not self.final and value is None
 
     def __str__(self) -> str:
         what = f"{self.kind}/{self.name}" if self.name else self.kind
@@ -91,8 +103,9 @@ class Authorizer:
         if who.role == "admin":
             return
         if act.kind == "revocations":
+            what = f"serial {act.name}" if act.name else "a certificate"
             raise Denied("revoke-admin", f"only an admin (O=llmgw:admins) may revoke a certificate; {who} "
-                         "may not", log_line=f"refused: certificate {who} tried to revoke serial {act.name}")
+                         "may not", log_line=f"refused: certificate {who} tried to revoke {what}")
         if who.role == "component":
             return self._component(who, act)
         if who.role == "node":
@@ -122,7 +135,7 @@ class Authorizer:
             if act.verb not in ("get", "create", "update", "status", "apply"):
                 raise Denied("node-self", f"node {me} may only get, register and write the status of its own "
                              f"Node; it asked to {act}")
-            if act.name != me:
+            if act.name != me and not act.unknown(act.name):
                 raise claims(act.name, "node-self", "read and write a Node")
             return self._own_node(me, act)
         if act.kind == "heartbeat":
@@ -139,7 +152,7 @@ class Authorizer:
             if act.verb in ("get", "status"):
                 if act.node is not None and act.node != me:
                     raise claims(act.node, "node-shards", "read shards")
-                if act.obj_node != me:
+                if act.obj_node != me and not act.unknown(act.obj_node):
                     raise Denied("node-shards", f"node {me} may only read and write the status of shards "
                                  f"bound to it; shards/{act.name} is bound to {act.obj_node}")
                 return
@@ -155,7 +168,7 @@ class Authorizer:
             raise Denied("node-shard-refs", f"node {me} may only get the models and replicas of its shards; "
                          f"it asked to {act}")
         if act.kind == "events" and act.verb == "events-write":
-            if act.obj_node == me:
+            if act.obj_node == me or act.unknown(act.obj_node):
                 return
             raise Denied("node-events", f"node {me} may only record events about itself and its shards")
         raise Denied("node", f"a node certificate may not {act}")
