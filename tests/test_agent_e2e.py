@@ -153,10 +153,11 @@ async def test_registers_its_node_with_discovered_gpus(shared_api_server, agents
         assert st.agentVersion
 
 
-async def test_heartbeats_before_its_node_appears(shared_api_server, agents):
-    """A Node that showed up before its heartbeat key would be marked NotReady (heartbeat
-    expired) by the node-lifecycle controller, then Ready again: a false alarm on every start.
-    etcd's watch gives the order of the writes."""
+async def test_registers_its_node_before_it_heartbeats(shared_api_server, agents):
+    """The server takes heartbeats of registered Nodes only (a heartbeat of an unknown node is
+    404), so the agent creates its Node first; the node-lifecycle controller leaves a Node that
+    never reported Ready alone until then (tests/test_controller_nodelifecycle.py), so there is
+    no NotReady false alarm on every start. etcd's watch gives the order of the writes."""
     node = "reg-hb"
     async with Store(shared_api_server.etcd) as store:
         rev = await store.revision()
@@ -174,7 +175,7 @@ async def test_heartbeats_before_its_node_appears(shared_api_server, agents):
             await asyncio.wait_for(watching, WAIT)
         except asyncio.TimeoutError:
             raise AssertionError(f"saw only {order}; agent log:\n{agent.tail()}") from None
-    assert order == [K.heartbeat_key(node), K.object_key(K.SPEC, "nodes", node)]
+    assert order == [K.object_key(K.SPEC, "nodes", node), K.heartbeat_key(node)]
 
 
 async def test_failed_gpu_discovery_registers_with_a_condition_naming_the_path(shared_api_server, agents, tmp_path):

@@ -73,6 +73,20 @@ async def _marked_for_deletion(store, name):
     return r if r.metadata.deletionTimestamp is not None else None
 
 
+async def test_a_registering_node_is_not_judged_before_its_first_heartbeat(store):
+    """An agent creates its Node, then heartbeats: a Node that never reported Ready is
+    registering, not silent. Judged against a registered silent node behind it in the queue."""
+    await store.create(Node.model_validate({"metadata": {"name": "a-registering"}}))
+    await store.create(node("b-silent"))      # Ready (it reported once), no heartbeat
+    controller = lifecycle(node_grace=3600)
+    controller.workers = 1                    # keys in list order: a-registering is reconciled first
+    async with running(store, [controller]):
+        await until(lambda: cond(store, "b-silent", "Ready", "False", "HeartbeatExpired"))
+        registering = await store.get(Node, "a-registering")
+        assert registering.status.conditions == []
+        assert [e["reason"] for e in await store.events.list("nodes", "a-registering")] == []
+
+
 async def test_not_ready_on_silence_and_ready_again(store):
     await nodes_with_heartbeats(store, ("n1", "n2"))
     async with running(store, [lifecycle(node_grace=3600)]) as m:

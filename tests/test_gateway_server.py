@@ -133,6 +133,37 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_sent():
         assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
+@pytest.mark.parametrize("pieces", [
+    [b"ffffffff\r\n{"],                            # the first chunk announces 4 GiB
+    [b"2\r\n{}\r\n", b"6", b"3;ext=1\r\n"],        # the second, its size line split across segments
+], ids=["first-chunk", "second-chunk-split"])
+async def test_a_chunk_over_the_limit_is_a_413_at_once(pieces):
+    # The body's bytes never come: without a look at the chunk's size, the answer would wait for
+    # the body timeout (an hour here, far past until_closed's bound).
+    async with running_gateway(table_for("127.0.0.1:9"), max_body_bytes=100,
+                               limits=Limits(body_timeout=3600)) as gw:
+        reader, writer = await connect(gw.url)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            await writer.drain()
+            writer.write(piece)
+        raw = await until_closed(reader)
+        writer.close()
+    [(status, headers, body)] = responses(raw)
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("line", [b"GET /healthz\r\n\r\n", b"GET /healthz HTTP/2.0\r\nHost: gw\r\n\r\n"],
+                         ids=["http0.9", "http2.0"])
+async def test_a_request_line_that_is_not_http1_is_a_400_and_a_close(line):
+    async with running_gateway(RoutingTable()) as gw:
+        raw = await exchange(gw.url, line)
+    [(status, headers, body)] = responses(raw)   # read to EOF: the gateway closed the connection
+    assert status == 400 and headers["connection"] == "close"
+    assert "is not spoken here" in json.loads(body)["error"]["message"]
+
+
 async def test_expect_100_continue_is_answered_when_the_body_is_wanted(sim):
     async with running_gateway(table_for(sim.endpoint)) as gw:
         host, port = gw.url.removeprefix("http://").split(":")

@@ -68,6 +68,7 @@ MAX_HEADERS = 128
 MAX_QUEUED = 16  # parsed requests waiting on one connection before reading pauses
 LINGER = 10.0  # seconds input is still read (and dropped) after a final answer, so it arrives whole
 _CLOSE = b"Connection: close\r\n"
+MAX_CHUNK_LINE = 4096  # of a chunk's size line, the start kept to read the size (extensions may follow it)
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
 
 # What a connection awaits from its client, hence which timeout applies (HttpConn._phase).
@@ -117,6 +118,10 @@ class TimedOut(BodyError):
 
 class _HeadTooLarge(Exception):
     pass
+
+
+class _NotHttp1(Exception):
+    """A request line of another version than HTTP/1.x (HTTP/0.9's has none): 400, then close."""
 
 
 class Request:
@@ -273,6 +278,12 @@ class HttpConn(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_size = 0
+        # A chunked body is fed to the parser a line at a time, so that on_chunk_header knows the
+        # line it follows (httptools does not pass the chunk's size): the line, and what came of
+        # it before the last data_received.
+        self._chunked = False
+        self._line = b""
+        self._line_tail = b""
 
     # ------------------------------------------------------------ transport events
 
@@ -303,14 +314,17 @@ class HttpConn(asyncio.Protocol):
         if self._discard:
             return
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserUpgrade:
             # No protocol switching here: answer the request as a plain one, then close.
             self._stop_reading()
         except httptools.HttpParserCallbackError as err:
-            if not isinstance(err.__context__, _HeadTooLarge):
+            if isinstance(err.__context__, _NotHttp1):
+                self._refuse(errors.bad_request(str(err.__context__)))
+            elif isinstance(err.__context__, _HeadTooLarge):
+                self._refuse(errors.headers_too_large(MAX_HEAD))
+            else:
                 raise
-            self._refuse(errors.headers_too_large(MAX_HEAD))
         except httptools.HttpParserError as err:
             message = f"Malformed HTTP request: {err}"
             if self._cur is not None:  # in a body (a bad chunk size): its request is answered 400
@@ -318,6 +332,22 @@ class HttpConn(asyncio.Protocol):
             else:
                 self._refuse(errors.bad_request(message))
         self._dispatch()
+
+    def _feed(self, data: bytes) -> None:
+        """Parse `data`; a chunked body's lines one at a time (see _chunked)."""
+        feed = self.parser.feed_data
+        while data:
+            if not self._chunked:
+                # Up to the end of a head: its on_headers_complete may start a chunked body.
+                end = data.find(b"\r\n\r\n")
+                piece, data = (data, b"") if end < 0 else (data[:end + 4], data[end + 4:])
+                feed(piece)
+                continue
+            nl = data.find(b"\n")
+            piece, data = (data, b"") if nl < 0 else (data[:nl + 1], data[nl + 1:])
+            self._line = (self._line_tail + piece[:MAX_CHUNK_LINE])[:MAX_CHUNK_LINE]
+            self._line_tail = b"" if nl >= 0 else self._line
+            feed(piece)
 
     def eof_received(self) -> bool:
         if self._cur is not None:  # the client stopped sending in the middle of a body
@@ -396,9 +426,11 @@ class HttpConn(asyncio.Protocol):
                 url = httptools.parse_url(url).path or b"/"
             except httptools.HttpParserInvalidURLError:
                 pass
+        version = p.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _NotHttp1(f"HTTP/{version} is not spoken here: send HTTP/1.1 (or 1.0)")
         path = url.partition(b"?")[0]
-        req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(),
-                      p.get_http_version() == "1.0")
+        req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(), version == "1.0")
         for k, v in self._headers:
             lk = k.lower()
             if lk == b"content-length":
@@ -408,6 +440,9 @@ class HttpConn(asyncio.Protocol):
                     pass  # llhttp refuses a malformed Content-Length before this
             elif lk == b"expect" and v.lower() == b"100-continue" and not req.http10:
                 req._continue = True
+            elif lk == b"transfer-encoding" and v.lower().endswith(b"chunked"):
+                self._chunked = True
+                self._line_tail = b""
         self._cur = req
         self._phase = _BODY
         self._since = time.monotonic()
@@ -426,10 +461,26 @@ class HttpConn(asyncio.Protocol):
         else:
             req._chunks.append(body)
 
+    def on_chunk_header(self) -> None:
+        """A chunk's size line was read: a chunk that would take the body over the limit is refused
+        now (413), not after its bytes, which may never come."""
+        req = self._cur
+        if req is None or req.too_large:
+            return
+        try:
+            size = int(self._line.partition(b";")[0].strip(), 16)
+        except ValueError:
+            return  # llhttp refuses a chunk size that is not hexadecimal
+        if req._size + size > self.server.max_body:
+            req.too_large = True
+            req._chunks = []
+            req._wake()
+
     def on_message_complete(self) -> None:
         req = self._cur
         assert req is not None  # after on_headers_complete
         self._cur = None
+        self._chunked = False
         self._phase = _NOTHING
         req.complete = True
         req._wake()
