@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import tracemalloc
+from functools import cache
 
 import aiohttp
 import pytest
@@ -12,15 +13,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.api import Model, RoutingSpec
-from llmgw.gateway import prefix
 from llmgw.gateway.balancer import Balancer
-from llmgw.gateway.prefixindex import PrefixIndex
 from llmgw.gateway.proxy import REPLICA_HEADER
-from llmgw.gateway.ring import load_bound
 from llmgw.gateway.table import Backend, RoutingTable
+from llmgw.routing import prefix
+from llmgw.routing.prefixindex import PrefixIndex
+from llmgw.routing.ring import load_bound
 from tests.helpers.gateway import Sim, replica, running_gateway
 
 SCORE = RoutingSpec(policy="prefix-score")
+
+
+@cache
+def hash_routing(bound: float = 1.25) -> RoutingSpec:
+    return RoutingSpec(policy="prefix-hash", loadBound=bound)
+
+
+def pick_hashed(bal: Balancer, bs: list[Backend], key: int, bound: float = 1.25, exclude=()) -> Backend | None:
+    """prefix-hash's choice for `key`, as the gateway owning `bal` makes it for model m."""
+    return bal.policy("m", hash_routing(bound)).pick(bs, bal.inflight, key, exclude)
+
+
+def pick_scored(bal: Balancer, bs: list[Backend], blocks: list[int], routing: RoutingSpec = SCORE) -> Backend | None:
+    return bal.policy("m", routing).pick(bs, bal.inflight, blocks)
 
 
 def backends(*names: str) -> list[Backend]:
@@ -75,9 +90,9 @@ def test_a_session_header_or_user_field_replaces_the_prefix():
 def test_prefix_hash_sends_a_key_to_the_same_replica_in_every_gateway():
     bs = backends("r0", "r1", "r2", "r3")
     one, two = Balancer(), Balancer()  # two gateways sharing nothing
-    picks = [one.pick_hashed("m", bs, k, 1.25).replica for k in keys(400)]
-    assert picks == [two.pick_hashed("m", list(bs), k, 1.25).replica for k in keys(400)]
-    assert picks == [one.pick_hashed("m", bs, k, 1.25).replica for k in keys(400)]
+    picks = [pick_hashed(one, bs, k, 1.25).replica for k in keys(400)]
+    assert picks == [pick_hashed(two, list(bs), k, 1.25).replica for k in keys(400)]
+    assert picks == [pick_hashed(one, bs, k, 1.25).replica for k in keys(400)]
     assert set(picks) == {"r0", "r1", "r2", "r3"}  # the keys spread over all of them
 
 
@@ -86,25 +101,30 @@ def test_a_replica_that_joins_or_leaves_moves_only_its_own_keys():
     four = backends("r0", "r1", "r2", "r3")
     five = backends("r0", "r1", "r2", "r3", "r4")
     bal = Balancer()
-    before = {k: bal.pick_hashed("m", four, k, 1.25).replica for k in ks}
-    after = {k: bal.pick_hashed("m", five, k, 1.25).replica for k in ks}
+    before = {k: pick_hashed(bal, four, k, 1.25).replica for k in ks}
+    after = {k: pick_hashed(bal, five, k, 1.25).replica for k in ks}
     moved = [k for k in ks if before[k] != after[k]]
     assert all(after[k] == "r4" for k in moved)  # only to the newcomer
     assert 0.1 < len(moved) / len(ks) < 0.3  # about 1/5 of them
-    back = {k: bal.pick_hashed("m", four, k, 1.25).replica for k in ks}
+    back = {k: pick_hashed(bal, four, k, 1.25).replica for k in ks}
     assert back == before  # r4 leaves: exactly its keys go back where they were
     three = backends("r0", "r2", "r3")
-    gone = {k: bal.pick_hashed("m", three, k, 1.25).replica for k in ks}
+    gone = {k: pick_hashed(bal, three, k, 1.25).replica for k in ks}
     assert all(gone[k] == before[k] for k in ks if before[k] != "r1")
 
 
-def _pick_hashed(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend:
-    return bal.pick_hashed("m", bs, which, c)
+def _pick_hashed(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend | None:
+    return pick_hashed(bal, bs, which, c)
 
 
-def _pick_scored(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend:
+@cache
+def score_routing(bound: float) -> RoutingSpec:
+    return RoutingSpec(policy="prefix-score", loadBound=bound)
+
+
+def _pick_scored(bal: Balancer, bs: list[Backend], which: int, c: float) -> Backend | None:
     blocks = prefix.key_blocks({"prompt": f"prompt {which} " * 60}, None, 2048)
-    return bal.pick_scored("m", bs, blocks, RoutingSpec(policy="prefix-score", loadBound=c))
+    return pick_scored(bal, bs, blocks, score_routing(c))
 
 
 @pytest.mark.parametrize("pick", [_pick_hashed, _pick_scored])
@@ -131,9 +151,9 @@ def test_prefix_hash_skips_excluded_replicas():
     bs = backends("r0", "r1")
     bal = Balancer()
     for k in keys(50):
-        first = bal.pick_hashed("m", bs, k, 1.25)
-        assert bal.pick_hashed("m", bs, k, 1.25, exclude=[first.replica]).replica != first.replica
-    assert bal.pick_hashed("m", bs, 1, 1.25, exclude=["r0", "r1"]) is None
+        first = pick_hashed(bal, bs, k, 1.25)
+        assert pick_hashed(bal, bs, k, 1.25, exclude=[first.replica]).replica != first.replica
+    assert pick_hashed(bal, bs, 1, 1.25, exclude=["r0", "r1"]) is None
 
 
 # ------------------------------------------------------------------ prefix-score
@@ -142,11 +162,11 @@ def test_prefix_score_follows_the_prefix_and_spreads_the_rest():
     bs = backends("r0", "r1", "r2", "r3")
     bal = Balancer()
     system = "a long shared system prompt " * 40
-    first = bal.pick_scored("m", bs, prefix.key_blocks(chat(system, "q0"), None, 2048), SCORE)
+    first = pick_scored(bal, bs, prefix.key_blocks(chat(system, "q0"), None, 2048), SCORE)
     for i in range(1, 20):  # one at a time: the load is 0 each time
-        b = bal.pick_scored("m", bs, prefix.key_blocks(chat(system, f"q{i}"), None, 2048), SCORE)
+        b = pick_scored(bal, bs, prefix.key_blocks(chat(system, f"q{i}"), None, 2048), SCORE)
         assert b is first
-    uniques = {bal.pick_scored("m", bs, prefix.key_blocks({"prompt": f"unique {i}"}, None, 2048),
+    uniques = {pick_scored(bal, bs, prefix.key_blocks({"prompt": f"unique {i}"}, None, 2048),
                                SCORE).replica for i in range(8)}
     assert uniques == {"r0", "r1", "r2", "r3"}  # no match anywhere: equal scores take turns
 
@@ -157,7 +177,7 @@ def test_prefix_score_gives_way_to_load_at_the_bound():
     blocks = prefix.key_blocks({"prompt": "same prompt " * 100}, None, 2048)
     picks = []
     for _ in range(6):  # nothing finishes: the prefix's replica fills to its bound, then the other
-        b = bal.pick_scored("m", bs, blocks, SCORE)
+        b = pick_scored(bal, bs, blocks)
         bal.acquire(b)
         picks.append(b.replica)
     assert picks[0] == picks[1] and set(picks) == {"r0", "r1"}
@@ -247,12 +267,12 @@ def test_least_outstanding_stays_the_default_and_a_policy_change_is_a_routing_ch
 
     t = RoutingTable()
     t.apply("models", "ADDED", m())
-    assert t.routing("m") is None
+    assert t.routing("m").policy == "least-outstanding"
     assert t.apply("models", "MODIFIED", m({"policy": "prefix-hash", "loadBound": 1.5}))
     assert (t.routing("m").policy, t.routing("m").loadBound) == ("prefix-hash", 1.5)
     assert not t.apply("models", "MODIFIED", m({"policy": "prefix-hash", "loadBound": 1.5}))
     assert t.apply("models", "MODIFIED", m({"policy": "least-outstanding"}))
-    assert t.routing("m") is None
+    assert t.routing("m").policy == "least-outstanding"
     with pytest.raises(ValueError, match="policy"):
         Model.model_validate({"metadata": {"name": "m"},
                               "spec": {"profiles": [{"engine": "sim"}], "routing": {"policy": "random"}}})

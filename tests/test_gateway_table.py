@@ -1,6 +1,7 @@
 """The routing table and the balancer: pure structures, fed (type, obj) events."""
 from __future__ import annotations
 
+from llmgw.api import RoutingSpec
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.table import RoutingTable
 from tests.helpers.gateway import model, replica
@@ -79,20 +80,28 @@ def test_backend_rewrites_the_model_only_for_an_engine_that_does_not_serve_the_n
     assert old.upstream_name("llama") is None
 
 
+def least(bal: Balancer, backends, exclude=()):
+    """least-outstanding's choice, as the gateway owning `bal` makes it for model m."""
+    return bal.policy("m", DEFAULT).pick(backends, bal.inflight, None, exclude)
+
+
+DEFAULT = RoutingSpec()
+
+
 def test_least_outstanding_wins_and_ties_go_round_robin():
     t = table_with(("models", "ADDED", model("m")),
                    *[("replicas", "ADDED", replica(n, "m", f"h:{i}")) for i, n in enumerate("abc")])
     bal = Balancer()
     backends = t.backends_for("m")
-    picks = [bal.pick("m", backends).replica for _ in range(6)]
+    picks = [least(bal, backends).replica for _ in range(6)]
     assert picks == ["a", "b", "c", "a", "b", "c"]
     a, b, c = backends
     bal.acquire(a), bal.acquire(b), bal.acquire(b)
-    assert [bal.pick("m", backends).replica for _ in range(3)] == ["c"] * 3
+    assert [least(bal, backends).replica for _ in range(3)] == ["c"] * 3
     bal.acquire(c)
-    assert bal.pick("m", backends).replica == "a"  # a=1 b=2 c=1: a or c, round robin
-    assert bal.pick("m", backends, exclude=["a", "c"]).replica == "b"
-    assert bal.pick("m", backends, exclude=["a", "b", "c"]) is None
+    assert least(bal, backends).replica == "a"  # a=1 b=2 c=1: a or c, round robin
+    assert least(bal, backends, ["a", "c"]).replica == "b"
+    assert least(bal, backends, ["a", "b", "c"]) is None
     for x in (a, b, b, c):
         bal.release(x)
     assert bal.inflight == {} and bal.model_of == {}

@@ -252,7 +252,6 @@ def selection_us(schedule: list[tuple[float, dict]], replicas: int) -> dict[str,
     policy does it) and then choosing a replica by each policy (key and pick), so the part a
     policy adds can be told apart from the relaying that dominates the gateway's CPU."""
     from llmgw.api import RoutingSpec
-    from llmgw.gateway import prefix
     from llmgw.gateway.balancer import Balancer
     from llmgw.gateway.table import Backend
 
@@ -260,15 +259,14 @@ def selection_us(schedule: list[tuple[float, dict]], replicas: int) -> dict[str,
     docs = [json.loads(r) for r in raws]
     backends = [Backend(f"bench-{i}", "bench", f"127.0.0.1:{i}") for i in range(replicas)]
     bal = Balancer()
-    hashed, scored = RoutingSpec(policy="prefix-hash"), RoutingSpec(policy="prefix-score")
-    work = {
-        "parse": lambda d, r: json.loads(r.decode()),
-        "least-outstanding": lambda d, r: bal.pick("bench", backends),
-        "prefix-hash": lambda d, r: bal.pick_hashed(
-            "bench", backends, prefix.key_hash(d, None, hashed.prefixBytes), hashed.loadBound),
-        "prefix-score": lambda d, r: bal.pick_scored(
-            "bench", backends, prefix.key_blocks(d, None, scored.prefixBytes), scored),
-    }
+    routings = {name: RoutingSpec(policy=name) for name in POLICIES}
+
+    def choose(name: str, doc: dict) -> None:   # as the gateway does: the model's policy, its key, its pick
+        policy = bal.policy("bench", routings[name])
+        policy.pick(backends, bal.inflight, policy.key(doc, None))
+
+    work = {"parse": lambda d, r: json.loads(r.decode()),
+            **{name: (lambda d, r, name=name: choose(name, d)) for name in POLICIES}}
     out = {}
     for name, fn in work.items():
         best = float("inf")

@@ -6,8 +6,9 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 
-from pydantic import AfterValidator, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, Field, JsonValue, PrivateAttr, model_validator
 
+from llmgw import routing
 from llmgw.api.flags import reserved_flag
 from llmgw.api.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT, MAX_REPLICAS
 from llmgw.api.meta import (
@@ -221,15 +222,18 @@ class UpdateStrategy(Strict):
         return self
 
 
+def _routing_policy_schema(schema: dict[str, JsonValue]) -> None:
+    enum: list[JsonValue] = [*sorted(routing.POLICIES)]
+    schema.update(enum=enum, description=routing.describe())
+
+
 class RoutingSpec(Strict):
     """How the gateway picks one of a model's replicas for a request (docs/gateway.md, Routing)."""
 
-    policy: Literal["least-outstanding", "prefix-hash", "prefix-score"] = Field(
-        default="least-outstanding",
-        description="least-outstanding: fewest requests in flight at this gateway. prefix-hash: "
-                    "consistent hashing of the prompt's prefix (or session) with bounded loads; "
-                    "gateways agree without sharing state. prefix-score: a prefix index kept in the "
-                    "gateway weighed against load, within the same load bound.")
+    # A name in llmgw.routing's registry: the schema's enum and description are the registered ones.
+    policy: Annotated[str, AfterValidator(routing.check_name)] = Field(
+        default=routing.DEFAULT,
+        json_schema_extra=_routing_policy_schema)
     prefixBytes: PrefixBytes = Field(
         default=2048,
         description="characters of the rendered prompt that make its prefix key")

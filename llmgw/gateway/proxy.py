@@ -4,7 +4,7 @@ A lean HTTP/1.1 server (server.py, httptools' parser) faces the clients; a lean
 keep-alive pool (upstream.py, the same parser) talks to the engines. A request
 is routed by its body's `model` (a model name or an alias) to the replica
 with the fewest outstanding requests, or by the model's cache-aware policy
-(balancer.py, prefix.py). A connection failure before the
+(balancer.py; the policies in llmgw/routing/). A connection failure before the
 engine's first byte (refused, reset, disconnected before the headers) or a
 503 from the engine is retried once on another replica. Server-sent events
 are relayed chunk by chunk as they arrive, never buffered.
@@ -23,9 +23,8 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from llmgw.api import RoutingSpec
 from llmgw.api.limits import parse_json
-from llmgw.gateway import errors, prefix
+from llmgw.gateway import errors
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
@@ -33,6 +32,8 @@ from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Conn, Pool, UpstreamError
+from llmgw.routing import RoutingPolicy
+from llmgw.routing.prefix import SESSION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -232,17 +233,10 @@ class Gateway:
     def _pick(self, request: Request, body: "_Body", model: str, backends: list[Backend],
               exclude: list[str] | tuple = ()) -> Backend | None:
         """The replica for this request by its model's policy; the key is made once per request."""
-        routing = self.table.routing(model)
-        if routing is None:
-            return self.balancer.pick(model, backends, exclude)
-        if body.key is None or body.key[0] is not routing:  # (a retry may find the Model changed)
-            header = request.header(prefix.SESSION_HEADER)
-            make = prefix.key_hash if routing.policy == "prefix-hash" else prefix.key_blocks
-            body.key = (routing, make(body.doc, header, routing.prefixBytes))
-        key: Any = body.key[1]  # its type is the policy's (_Body.key), which mypy cannot follow
-        if routing.policy == "prefix-hash":
-            return self.balancer.pick_hashed(model, backends, key, routing.loadBound, exclude)
-        return self.balancer.pick_scored(model, backends, key, routing, exclude)
+        policy = self.balancer.policy(model, self.table.routing(model))
+        if body.key is None or body.key[0] is not policy:  # (a retry may find the Model changed)
+            body.key = (policy, policy.key(body.doc, request.header(SESSION_HEADER)))
+        return policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
 
     def _failed(self, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
@@ -483,9 +477,8 @@ class _Body:
 
     def __init__(self, raw: bytes, doc: dict):
         self.raw, self.doc = raw, doc
-        # (routing, key) of a cache-aware policy, once made; the key's type is the policy's:
-        # an int for prefix-hash, a list[int] of block hashes for prefix-score
-        self.key: tuple[RoutingSpec, int | list[int]] | None = None
+        # (policy, key): the key the model's policy made of this request, once (its type is the policy's)
+        self.key: tuple[RoutingPolicy, Any] | None = None
 
     def for_backend(self, b: Backend, name: str) -> bytes:
         other = b.upstream_name(name)

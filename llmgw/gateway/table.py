@@ -32,12 +32,15 @@ class Backend:
         return self.model if self.model in self.served else self.served[0]
 
 
+DEFAULT_ROUTING = RoutingSpec()
+
+
 @dataclass
 class _ModelEntry:
     name: str
     aliases: tuple[str, ...]
     created: int = 0
-    routing: RoutingSpec | None = None  # None: least-outstanding
+    routing: RoutingSpec = field(default_factory=lambda: DEFAULT_ROUTING)
 
 
 @dataclass
@@ -76,8 +79,7 @@ class RoutingTable:
         if type_ == "DELETED":
             return self._forget("models", name)
         created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
-        routing = m.spec.routing if m.spec.routing.policy != "least-outstanding" else None
-        entry = _ModelEntry(name, tuple(m.spec.aliases), created, routing)
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing)
         if self.models.get(name) == entry:
             return False
         self.models[name] = entry
@@ -138,10 +140,10 @@ class RoutingTable:
         """The model a name or alias belongs to, or None when nobody knows it."""
         return self._names.get(name)
 
-    def routing(self, model: str) -> RoutingSpec | None:
-        """The model's cache-aware routing, or None for least-outstanding."""
+    def routing(self, model: str) -> RoutingSpec:
+        """The model's spec.routing (the default for a model the table does not know)."""
         entry = self.models.get(model)
-        return entry.routing if entry is not None else None
+        return entry.routing if entry is not None else DEFAULT_ROUTING
 
     def backends_for(self, model: str) -> list[Backend]:
         return self._by_model.get(model, [])

@@ -15,12 +15,14 @@ even when its prompts' first bytes differ.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
+from typing import Any
 
 BLOCK_BYTES = 256  # granularity of prefix-score's index: a prefix matches in blocks of this size
 SESSION_HEADER = b"x-session-id"
 
 
-def render(doc: dict, limit: int) -> bytes:
+def render(doc: Mapping[str, Any], limit: int) -> bytes:
     """The first `limit` bytes of the prompt as text."""
     messages = doc.get("messages")
     if isinstance(messages, list):
@@ -53,7 +55,7 @@ def render(doc: dict, limit: int) -> bytes:
     return text[:limit].encode("utf-8", "replace")[:limit]
 
 
-def session(doc: dict, header: bytes | None) -> bytes | None:
+def session(doc: Mapping[str, Any], header: bytes | None) -> bytes | None:
     if header:
         return header
     user = doc.get("user")
@@ -64,14 +66,14 @@ def _session_hash(sess: bytes) -> int:
     return zlib.crc32(sess, zlib.crc32(b"session\0"))
 
 
-def key_hash(doc: dict, header: bytes | None, limit: int) -> int:
+def key_hash(doc: Mapping[str, Any], header: bytes | None, limit: int) -> int:
     """prefix-hash's key: the session's hash, else the prefix's, spread over 64 bits."""
     sess = session(doc, header)
     crc = _session_hash(sess) if sess is not None else zlib.crc32(render(doc, limit))
     return crc << 32 | crc
 
 
-def key_blocks(doc: dict, header: bytes | None, limit: int) -> list[int]:
+def key_blocks(doc: Mapping[str, Any], header: bytes | None, limit: int) -> list[int]:
     """prefix-score's key: block i's hash is the running CRC of the prefix up to block i's end
     (with the block's end in the high bits); with a session, a first block that is the session
     alone, so its requests match where it went before."""
