@@ -29,7 +29,7 @@ def problems(doc) -> list[str]:
 
 @pytest.mark.parametrize("profile, expected", [
     ({"engine": "vllm", "gpus_per_node": 8}, "spec.profiles[0]: unknown field 'gpus_per_node'"),
-    ({"engine": "tgi"}, "spec.profiles[0].engine: Input should be 'vllm', 'sglang', 'llamacpp' or 'sim'"),
+    ({"engine": "tgi"}, "spec.profiles[0].engine: unknown engine 'tgi': one of llamacpp, sglang, sim, vllm"),
     ({"engine": "sglang", "launchMode": "ray"}, "spec.profiles[0]: launchMode is only for engine vllm, not sglang"),
     ({"engine": "llamacpp", "nodes": 2}, "spec.profiles[0]: engine llamacpp is single-node: nodes must be 1"),
     ({"engine": "vllm", "nodes": 0}, "spec.profiles[0].nodes: Input should be greater than or equal to 1"),

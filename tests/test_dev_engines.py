@@ -26,9 +26,9 @@ def test_an_engine_is_found_on_path_or_given_by_path(bindir, monkeypatch):
 
 
 @pytest.mark.parametrize("value, error", [
-    ("tgi", "unknown engine 'tgi'"),
+    ("tgi", "unknown engine executable 'tgi'"),
     ("ray", "ray is not on PATH: give --engine ray=PATH"),
-    ("sglang", "sglang needs =PATH"),
+    ("sglang", "sglang needs =PATH: it is not a program found on PATH"),
     ("vllm=/nonexistent/vllm", "vllm=/nonexistent/vllm: not an executable file"),
 ])
 def test_bad_engines_are_refused_before_anything_starts(bindir, monkeypatch, value, error):

@@ -214,7 +214,9 @@ def test_sim_flags_match_the_real_sim_help():
 
 def test_usage_errors(bindir):
     result, _ = run("sglang", "--launch-mode", "ray")
-    assert result.exit_code == 2 and "--launch-mode is for engine vllm only" in result.output
+    assert result.exit_code == 2 and "--launch-mode ray: engine sglang has no launch modes" in result.output
+    result, _ = run("vllm", "--launch-mode", "slurm")
+    assert result.exit_code == 2 and "--launch-mode slurm: engine vllm has the launch modes mp, ray" in result.output
     result, _ = run("vllm", "--help-output", "x", "--help-file", str(HELP / "ray-start.txt"))
     assert result.exit_code == 2 and "not both" in result.output
 

@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 
 from llmgw.api import InvalidObject, parse_object
-from llmgw.api.flags import RESERVED_FLAGS, reserved_flag
+from llmgw.engines import ENGINES
 from llmgw.engines.helptext import option_groups
 
 HELP = Path(__file__).parent / "data" / "help"
+
+
+def reserved_flag(engine: str, arg: str) -> tuple[str, str] | None:
+    return ENGINES[engine].reserved_flag(arg)
+
 HELPS = [("vllm", "vllm-0.11-all.txt"), ("sglang", "sglang-launch-server.txt"),
          ("llamacpp", "llama-server.txt"), ("llamacpp", "llama-server-11434.txt")]
 
@@ -24,14 +29,14 @@ HELPS = [("vllm", "vllm-0.11-all.txt"), ("sglang", "sglang-launch-server.txt"),
 @pytest.mark.parametrize("engine, help_file", HELPS)
 def test_every_spelling_of_a_reserved_flag_is_reserved(engine, help_file):
     for group in option_groups((HELP / help_file).read_text()):
-        if group & RESERVED_FLAGS[engine].keys():
+        if group & ENGINES[engine].reserved.keys():
             assert {f for f in group if reserved_flag(engine, f) is None} == set(), group
 
 
 @pytest.mark.parametrize("engine, help_file", HELPS)
 def test_no_other_documented_flag_is_reserved(engine, help_file):
     for group in option_groups((HELP / help_file).read_text()):
-        if not group & RESERVED_FLAGS[engine].keys():
+        if not group & ENGINES[engine].reserved.keys():
             assert {f for f in group if reserved_flag(engine, f)} == set(), group
 
 

@@ -17,11 +17,7 @@ from llmgw.api import PortRange, check_dns1123_label
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.limits import InputError, check_document
 from llmgw.api.manifests import read_yaml
-
-# Engine executables the agent knows, and the engine (Profile.engine) each one serves.
-# `ray` is the Ray launcher that vLLM's ray launch mode needs.
-ENGINE_EXECUTABLES = {"vllm": "vllm", "ray": "ray", "sglang": "sglang", "llama-server": "llamacpp"}
-_EXECUTABLE_ALIASES = {"llamacpp": "llama-server"}
+from llmgw.engines.engine import executable_name
 
 DEFAULT_STATE_DIR = "/var/lib/llmgw/agent"
 DEFAULT_SERVER_PORT = 7443
@@ -117,11 +113,8 @@ class AgentConfig(BaseModel):
     @classmethod
     def _engines(cls, v):
         out = {}
-        for name, path in (v or {}).items():
-            name = _EXECUTABLE_ALIASES.get(name, name)
-            if name not in ENGINE_EXECUTABLES:
-                raise ValueError(f"unknown engine executable {name!r}: use {', '.join(ENGINE_EXECUTABLES)}")
-            out[name] = str(path)
+        for name, path in (v or {}).items():   # the engines' programs (llmgw.engines), or an engine's name
+            out[executable_name(name)] = str(path)
         return out
 
     @field_validator("port_range", mode="before")

@@ -15,12 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.agent.config import ENGINE_EXECUTABLES
 from llmgw.agent.version import agent_version
 from llmgw.api import EngineInfo
-
-# Python distribution whose version an executable reports.
-_DISTRIBUTIONS = {"vllm": "vllm", "ray": "ray", "sglang": "sglang"}
+from llmgw.engines.engine import Executable
+from llmgw.engines.engine import executables as programs
 
 
 @dataclass
@@ -73,16 +71,17 @@ def take_inventory(executables: dict[str, str]) -> Inventory:
         if problem:
             inv.problems.append(f"{name}: {problem}")
             continue
-        inv.engines.append(EngineInfo(name=ENGINE_EXECUTABLES[name], path=path, version=_version(name, path)))
+        program = programs()[name]
+        inv.engines.append(EngineInfo(name=program.reports, path=path, version=_version(program, path)))
     inv.engines.append(EngineInfo(name="sim", path=sim_executable(), version=agent_version()))
     return inv
 
 
-def _version(name: str, path: str) -> str | None:
-    if name in _DISTRIBUTIONS:
-        return _dist_version(path, _DISTRIBUTIONS[name])
-    if name == "llama-server":
-        return _llama_version(path)
+def _version(program: Executable, path: str) -> str | None:
+    if program.distribution:
+        return _dist_version(path, program.distribution)
+    if program.version_argv:
+        return _run_version(path, program.version_argv)
     return None
 
 
@@ -101,9 +100,10 @@ def _dist_version(path: str, dist: str) -> str | None:
     return None
 
 
-def _llama_version(path: str) -> str | None:
+def _run_version(path: str, argv: tuple[str, ...]) -> str | None:
+    """The "version: X" a program prints when run with `argv` (llama-server --version)."""
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=3,
+        done = subprocess.run([path, *argv], capture_output=True, text=True, timeout=3,
                               stdin=subprocess.DEVNULL)
         out = done.stdout + done.stderr
     except (OSError, subprocess.TimeoutExpired):

@@ -9,7 +9,6 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, Field, JsonValue, PrivateAttr, model_validator
 
 from llmgw import routing
-from llmgw.api.flags import reserved_flag
 from llmgw.api.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT, MAX_REPLICAS
 from llmgw.api.meta import (
     API_VERSION,
@@ -24,8 +23,16 @@ from llmgw.api.meta import (
     OwnerReference,
     Strict,
 )
+from llmgw.engines import engine as engines
 
-Engine = Literal["vllm", "sglang", "llamacpp", "sim"]
+
+# A name in llmgw.engines' registry (each engine's module declares what llmgw knows of it).
+def _engine_schema(schema: dict[str, JsonValue]) -> None:
+    names: list[JsonValue] = [*sorted(engines.ENGINES)]
+    schema["enum"] = names
+
+
+EngineName = Annotated[str, AfterValidator(engines.check_name), Field(json_schema_extra=_engine_schema)]
 Port = Annotated[int, Field(strict=True, ge=1, le=MAX_PORT)]
 Replicas = Annotated[int, Field(strict=True, ge=0, le=MAX_REPLICAS)]
 NodeCount = Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)]
@@ -44,7 +51,13 @@ def _check_source(value: str) -> str:
 
 # Weights: a path or a hub id, never something an engine's command line takes for a flag.
 Source = Annotated[str, AfterValidator(_check_source)]
-LaunchMode = Literal["mp", "ray"]
+def _launch_mode_schema(schema: dict[str, JsonValue]) -> None:
+    modes: list[JsonValue] = [*sorted({m for e in engines.ENGINES.values() for m in e.launch_modes})]
+    schema["enum"] = modes
+
+
+# One of an engine's launch modes (vLLM: mp, ray); which engine's, the Profile checks.
+LaunchMode = Annotated[str, AfterValidator(engines.check_launch_mode), Field(json_schema_extra=_launch_mode_schema)]
 
 
 SpecT = TypeVar("SpecT", bound=Strict)
@@ -185,7 +198,7 @@ class Node(Object[NodeSpec, NodeStatus]):
 # -------------------------------------------------------------------- Model
 
 class Profile(Strict):
-    engine: Engine
+    engine: EngineName
     launchMode: LaunchMode | None = None
     nodes: NodeCount = 1
     gpusPerNode: GPUCount = 1
@@ -194,21 +207,27 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> "Profile":
-        if self.launchMode is not None and self.engine != "vllm":
-            raise ValueError(f"launchMode is only for engine vllm, not {self.engine}")
-        if self.engine == "llamacpp" and self.nodes != 1:
-            raise ValueError("engine llamacpp is single-node: nodes must be 1")
+        engine = engines.lookup(self.engine)
+        if self.launchMode is not None and not engine.launch_modes:
+            having = ", ".join(sorted(e.name for e in engines.ENGINES.values() if e.launch_modes))
+            raise ValueError(f"launchMode is only for engine {having}, not {self.engine}")
+        if self.launchMode is not None and self.launchMode not in engine.launch_modes:
+            raise ValueError(f"launchMode {self.launchMode} is not one of engine {self.engine}'s: "
+                             f"{', '.join(engine.launch_modes)}")
+        if not engine.multi_node and self.nodes != 1:
+            raise ValueError(f"engine {self.engine} is single-node: nodes must be 1")
         for arg in self.args:
-            hit = reserved_flag(self.engine, arg)
+            hit = engine.reserved_flag(arg)
             if hit:
                 flag, why = hit
                 raise ValueError(f"args may not set {flag}: {why}")
         return self
 
     @property
-    def launch_mode(self) -> LaunchMode | None:
-        """The effective launch mode: vLLM defaults to mp."""
-        return self.launchMode or ("mp" if self.engine == "vllm" else None)
+    def launch_mode(self) -> str | None:
+        """The effective launch mode: the engine's first when none is given (vLLM: mp)."""
+        modes = engines.lookup(self.engine).launch_modes
+        return self.launchMode or (modes[0] if modes else None)
 
 
 class UpdateStrategy(Strict):
@@ -362,7 +381,7 @@ class ShardSpec(Strict):
     ports: ShardPorts
     headAddress: str
     fabric: str | None = None
-    engine: Engine
+    engine: EngineName
     launchMode: LaunchMode | None = None
     gpusPerNode: GPUCount = 1
     source: Source | None = None

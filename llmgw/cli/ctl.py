@@ -2,18 +2,29 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 import click
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:  # the API types load only when a command runs
-    from llmgw.api import Engine, LaunchMode
+from llmgw.engines.engine import ENGINES
 
-ENGINES = ("vllm", "sglang", "llamacpp", "sim")
 STYLE = {"found": "green", "missing": "bold red", "skipped": "yellow"}
+
+
+class EngineName(click.ParamType):
+    """A registered engine's name, read from the registry when the command runs (not at import)."""
+
+    name = "engine"
+
+    def convert(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if value not in ENGINES:
+            self.fail(f"{value!r} is not an engine: one of {', '.join(sorted(ENGINES))}", param, ctx)
+        return value
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "{" + "|".join(sorted(ENGINES)) + "}"
 
 
 @click.group("ctl")
@@ -22,8 +33,9 @@ def ctl() -> None:
 
 
 @ctl.command("engine-check")
-@click.argument("engine", type=click.Choice(ENGINES))
-@click.option("--launch-mode", type=click.Choice(["mp", "ray"]), help="vLLM only: multi-node launcher (default: mp).")
+@click.argument("engine", type=EngineName())
+@click.option("--launch-mode", help="The engine's multi-node launcher, where it has several (vLLM: mp, the "
+                                    "default, or ray).")
 @click.option("--executable", metavar="PATH",
               help="The engine's program (vllm, the Python with SGLang, llama-server, llmgw); "
                    "default: found on PATH. For vLLM under Ray, ray is looked for next to it first.")
@@ -31,7 +43,7 @@ def ctl() -> None:
 @click.option("--help-file", type=click.File("r"), help="Check against the help text in this file.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Seconds each program gets to print its help.")
-def engine_check(engine: Engine, launch_mode: LaunchMode | None, executable: str | None, help_output: str | None,
+def engine_check(engine: str, launch_mode: str | None, executable: str | None, help_output: str | None,
                  help_file, timeout: float) -> None:
     """Check every flag llmgw passes to ENGINE's programs against their own --help.
 
@@ -43,8 +55,10 @@ def engine_check(engine: Engine, launch_mode: LaunchMode | None, executable: str
     """
     from llmgw.engines.check import check  # the renderers pull in the API types
 
-    if launch_mode and engine != "vllm":
-        raise click.UsageError(f"--launch-mode is for engine vllm only, not {engine}")
+    modes = ENGINES[engine].launch_modes
+    if launch_mode and launch_mode not in modes:
+        raise click.UsageError(f"--launch-mode {launch_mode}: engine {engine} has "
+                               + (f"the launch modes {', '.join(modes)}" if modes else "no launch modes"))
     if help_output is not None and help_file is not None:
         raise click.UsageError("give --help-output or --help-file, not both")
     help_text = help_file.read() if help_file is not None else help_output

@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from llmgw.agent.config import ENGINE_EXECUTABLES
 from llmgw.api import condition_true, load_path
 from llmgw.api.types import Model, Node, Replica
 from llmgw.client import ApiError, Client, ClientConfig
 from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes
 from llmgw.dev.cluster import down as cluster_down
+from llmgw.engines.engine import executable_name, executables
 
 DEFAULT_DIR = ".llmgw-dev"
 SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
@@ -97,13 +97,13 @@ def engine_paths(values: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for value in values:
         name, _, path = value.partition("=")
-        name = "llama-server" if name == "llamacpp" else name
-        if name not in ENGINE_EXECUTABLES:
-            raise click.BadParameter(f"unknown engine {name!r}: use llamacpp, vllm, ray or sglang",
-                                     param_hint="--engine")
+        try:
+            name = executable_name(name)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--engine") from None
         if not path:
-            if name == "sglang":
-                raise click.BadParameter("sglang needs =PATH: the Python that has SGLang installed",
+            if not executables()[name].on_path:
+                raise click.BadParameter(f"{name} needs =PATH: it is not a program found on PATH",
                                          param_hint="--engine")
             path = shutil.which(name) or ""
             if not path:

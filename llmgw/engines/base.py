@@ -8,9 +8,10 @@ checks their flags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from llmgw.api import Shard
+if TYPE_CHECKING:
+    from llmgw.api import Shard
 
 
 class RenderError(ValueError):

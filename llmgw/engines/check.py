@@ -14,15 +14,13 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.api import Engine, LaunchMode, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import render
 from llmgw.engines.base import Command, NodeFacts
-from llmgw.engines.helptext import documented_flags, is_documented, used_flags
+from llmgw.engines.engine import Engine, HelpCommand, lookup
+from llmgw.engines.helptext import documented_flags, is_documented
 
 HELP_TIMEOUT = 300.0  # vLLM imports torch before it prints its help
-
-# The main program of each engine: the executables key a --executable path fills.
-ENGINE_PROGRAM = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-server", "sim": "llmgw"}
 
 Status = Literal["found", "missing", "skipped"]
 
@@ -49,29 +47,18 @@ class Report:
         return self.count("missing") > 0 or bool(self.errors)
 
 
-@dataclass
-class Program:
-    """One program that receives rendered commands: how to ask its help, which flags it gets."""
-
-    name: str
-    help_argv: list[str]
-    help_env: dict[str, str] = field(default_factory=dict)
-    flags: list[str] = field(default_factory=list)
-    fallback_help_argv: list[str] | None = None  # tried when help_argv fails (vLLM before --help=all)
-
-
 # --------------------------------------------------------------- widest shards
 
-def widest_shards(engine: Engine, launch_mode: LaunchMode | None = None) -> list[tuple[Shard, NodeFacts]]:
-    """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (llama.cpp: 1)."""
-    world = 1 if engine == "llamacpp" else 2
+def widest_shards(engine: Engine, launch_mode: str | None = None) -> list[tuple[Shard, NodeFacts]]:
+    """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (1 if single-node)."""
+    world = 2 if engine.multi_node else 1
     out = []
     for rank in range(world):
         spec = ShardSpec(
             replica="engine-check", model="engine-check", node=f"node-{rank}", rank=rank, worldSize=world,
             gpus=[0, 1], ports=ShardPorts(serve=30000, distInit=30001), headAddress="10.0.0.10",
-            fabric="fabric-a" if world > 1 else None, engine=engine,
-            launchMode=launch_mode if engine == "vllm" else None, gpusPerNode=2,
+            fabric="fabric-a" if world > 1 else None, engine=engine.name,
+            launchMode=launch_mode if engine.launch_modes else None, gpusPerNode=2,
             source="/models/engine-check", servedModelNames=["engine-check", "engine-check-alias"],
         )
         adapters = [("mlx5_0", 1), ("mlx5_1", 1)] if world > 1 else []
@@ -80,43 +67,40 @@ def widest_shards(engine: Engine, launch_mode: LaunchMode | None = None) -> list
     return out
 
 
-def executables_for(engine: str, executable: str | None) -> dict[str, str]:
-    """--executable names the engine's main program; ray is looked for next to it, then on PATH."""
+def main_program(engine: Engine) -> str:
+    """The executables key a --executable path fills: the engine's main program (the sim: llmgw)."""
+    return engine.executables[0].name if engine.executables else "llmgw"
+
+
+def executables_for(engine: Engine, executable: str | None) -> dict[str, str]:
+    """--executable names the engine's main program; its others (vLLM's ray) are looked for next to
+    it, then on PATH."""
     if not executable:
         return {}
-    paths = {ENGINE_PROGRAM[engine]: executable}
-    sibling = os.path.join(os.path.dirname(executable), "ray")
-    if engine == "vllm" and os.path.dirname(executable) and os.access(sibling, os.X_OK):
-        paths["ray"] = sibling
+    paths = {main_program(engine): executable}
+    for other in engine.executables[1:]:
+        sibling = os.path.join(os.path.dirname(executable), other.name)
+        if os.path.dirname(executable) and os.access(sibling, os.X_OK):
+            paths[other.name] = sibling
     return paths
 
 
 # ------------------------------------------------------------ programs
 
-def program_of(command: Command) -> Program:
+def program_of(engine: Engine, command: Command) -> HelpCommand:
     """Which program a command runs, how to ask for its help, and the flags it is given."""
-    argv = command.argv
-    if command.name in ("ray-head", "ray-worker"):
-        return Program("ray", [argv[0], "start", "--help"], flags=used_flags(argv[2:]))
-    if command.name == "vllm":  # vllm serve MODEL ...
-        return Program("vllm", [argv[0], "serve", "--help=all"], {"VLLM_TARGET_DEVICE": "cpu"},
-                       used_flags(argv[3:]), fallback_help_argv=[argv[0], "serve", "--help"])
-    if command.name == "sglang":  # python -m sglang.launch_server ...
-        return Program("sglang", [*argv[:3], "--help"], flags=used_flags(argv[3:]))
-    if command.name == "llama-server":
-        return Program("llama-server", [argv[0], "--help"], flags=used_flags(argv[1:]))
-    if command.name == "sim":  # llmgw sim ... | python -m llmgw.sim ...
-        start = next(i for i, a in enumerate(argv) if a in ("sim", "llmgw.sim")) + 1
-        return Program("sim", [*argv[:start], "--help"], flags=used_flags(argv[start:]))
-    raise ValueError(f"engine-check does not know the program of command {command.name!r}")
+    prog = engine.help_of(command)
+    if prog is None:
+        raise ValueError(f"engine-check does not know the program of command {command.name!r}")
+    return prog
 
 
-def programs(engine: Engine, launch_mode: LaunchMode | None, executables: dict[str, str]) -> list[Program]:
+def programs(engine: Engine, launch_mode: str | None, executables: dict[str, str]) -> list[HelpCommand]:
     """The programs of every rank's commands, with the union of their flags, in first-seen order."""
-    merged: dict[str, Program] = {}
+    merged: dict[str, HelpCommand] = {}
     for shard, node in widest_shards(engine, launch_mode):
         for command in render(shard, node, executables).commands:
-            prog = program_of(command)
+            prog = program_of(engine, command)
             if prog.name in merged:
                 known = merged[prog.name].flags
                 known += [f for f in prog.flags if f not in known]
@@ -134,7 +118,7 @@ class Help:
     unrunnable: bool = False  # the program is not there or cannot be executed at all
 
 
-def run_help(prog: Program, timeout: float = HELP_TIMEOUT) -> Help:
+def run_help(prog: HelpCommand, timeout: float = HELP_TIMEOUT) -> Help:
     """The program's help; when that fails and the program has an older way to ask, that one's."""
     got = _run_help(prog.help_argv, prog.help_env, timeout)
     if got.text is not None or not prog.fallback_help_argv or got.unrunnable:
@@ -172,11 +156,14 @@ def _run_help(argv: list[str], env: dict[str, str], timeout: float) -> Help:
 
 # --------------------------------------------------------------- check
 
-def check(engine: Engine, launch_mode: LaunchMode | None = None, executable: str | None = None,
+def check(name: str, launch_mode: str | None = None, executable: str | None = None,
           help_text: str | None = None, timeout: float = HELP_TIMEOUT) -> Report:
-    """Check every flag of the widest render; `help_text` stands in for the engine's main program's help."""
+    """Check every flag of the widest render of engine `name`; `help_text` stands in for its main
+    program's help."""
     report = Report()
-    main = "llama-server" if engine == "llamacpp" else engine
+    engine = lookup(name)
+    # the main program as its help names it (the sim's is itself: `llmgw sim`)
+    main = engine.executables[0].name if engine.executables else engine.name
     for prog in programs(engine, launch_mode, executables_for(engine, executable)):
         if help_text is not None and prog.name == main:
             got = Help(help_text)

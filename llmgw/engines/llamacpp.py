@@ -10,8 +10,14 @@ count, and with a slot count given it splits the context between the slots
 """
 from __future__ import annotations
 
-from llmgw.api import Shard
+from typing import TYPE_CHECKING
+
 from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
+from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, PORT, Engine, Executable, HelpCommand, register
+from llmgw.engines.helptext import used_flags
+
+if TYPE_CHECKING:
+    from llmgw.api import Shard
 
 DEFAULT_PARALLEL = 4
 ALL_LAYERS = 999
@@ -38,3 +44,27 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         [Command("llama-server", argv, base_env(shard, node), serves=True)],
         health_probe(node, spec.ports.serve),
     )
+
+
+def _help(command: Command) -> HelpCommand | None:
+    if command.name != "llama-server":
+        return None
+    return HelpCommand("llama-server", [command.argv[0], "--help"], flags=used_flags(command.argv[1:]))
+
+
+ENGINE = register(Engine(
+    name="llamacpp", render=render, help_of=_help,
+    executables=(Executable("llama-server", "llamacpp", version_argv=("--version",)),),
+    reserved={
+        "--host": HOST, "--port": PORT,
+        "-a": NAME, "--alias": NAME,
+        "-m": MODEL, "--model": MODEL,
+        "-mu": MODEL, "--model-url": MODEL,
+        "-hf": MODEL, "-hfr": MODEL, "--hf-repo": MODEL,
+        "-hff": MODEL, "--hf-file": MODEL,
+        "-dr": MODEL, "--docker-repo": MODEL,
+        "--models-dir": MODEL, "--models-preset": MODEL,
+        "--rpc": MULTINODE,
+    },
+    multi_node=False,
+))

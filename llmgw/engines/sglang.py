@@ -7,7 +7,8 @@ model's name (the first of servedModelNames); the gateway routes aliases to it.
 """
 from __future__ import annotations
 
-from llmgw.api import Shard
+from typing import TYPE_CHECKING
+
 from llmgw.engines.base import (
     PROCESS_PROBE,
     Command,
@@ -18,6 +19,24 @@ from llmgw.engines.base import (
     join_host_port,
     weights,
 )
+from llmgw.engines.engine import (
+    CONFIG,
+    HOST,
+    MODEL,
+    MULTINODE,
+    NAME,
+    PARALLEL,
+    PORT,
+    Engine,
+    Executable,
+    HelpCommand,
+    Syntax,
+    register,
+)
+from llmgw.engines.helptext import used_flags
+
+if TYPE_CHECKING:
+    from llmgw.api import Shard
 
 
 def python_for_sglang(executables: dict[str, str]) -> str:
@@ -45,3 +64,27 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE
     return RenderedShard([Command("sglang", argv, base_env(shard, node), serves=serves)], probe)
+
+
+def _help(command: Command) -> HelpCommand | None:
+    if command.name != "sglang":   # python -m sglang.launch_server ...
+        return None
+    return HelpCommand("sglang", [*command.argv[:3], "--help"], flags=used_flags(command.argv[3:]))
+
+
+ENGINE = register(Engine(
+    name="sglang", render=render, help_of=_help,
+    executables=(Executable("sglang", "sglang", distribution="sglang", on_path=False),),
+    reserved={
+        "--host": HOST, "--port": PORT,
+        "--served-model-name": NAME,
+        "--tp-size": PARALLEL, "--tensor-parallel-size": PARALLEL, "--tp": PARALLEL,
+        "--pp-size": PARALLEL, "--pipeline-parallel-size": PARALLEL,
+        "--dp-size": PARALLEL, "--data-parallel-size": PARALLEL,
+        "--nnodes": MULTINODE, "--node-rank": MULTINODE,
+        "--dist-init-addr": MULTINODE, "--nccl-init-addr": MULTINODE,
+        "--model-path": MODEL, "--model": MODEL,
+        "--config": CONFIG,
+    },
+    syntax=Syntax(abbreviations=True),
+))

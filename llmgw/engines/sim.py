@@ -6,9 +6,14 @@ else as `<this Python> -m llmgw.sim ...`.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from llmgw.api import Shard
 from llmgw.engines.base import PROCESS_PROBE, Command, NodeFacts, RenderedShard, base_env, health_probe, join_host_port
+from llmgw.engines.engine import HOST, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
+from llmgw.engines.helptext import used_flags
+
+if TYPE_CHECKING:
+    from llmgw.api import Shard
 
 
 def sim_program(executables: dict[str, str]) -> list[str]:
@@ -32,3 +37,24 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE
     return RenderedShard([Command("sim", argv, base_env(shard, node), serves=serves)], probe)
+
+
+def _help(command: Command) -> HelpCommand | None:
+    if command.name != "sim":   # llmgw sim ... | python -m llmgw.sim ...
+        return None
+    argv = command.argv
+    start = next(i for i, a in enumerate(argv) if a in ("sim", "llmgw.sim")) + 1
+    return HelpCommand("sim", [*argv[:start], "--help"], flags=used_flags(argv[start:]))
+
+
+# No executables: the sim is llmgw itself, on every node (the agent reports it always).
+ENGINE = register(Engine(
+    name="sim", render=render, help_of=_help,
+    reserved={
+        "--host": HOST, "--port": PORT,
+        "--served-model-name": NAME,
+        "--rank": MULTINODE, "--world-size": MULTINODE,
+        "--dist-init-addr": MULTINODE,
+    },
+    syntax=Syntax(abbreviations=True),
+))

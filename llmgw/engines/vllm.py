@@ -16,7 +16,8 @@ on its drain before it exits.
 """
 from __future__ import annotations
 
-from llmgw.api import Shard
+from typing import TYPE_CHECKING
+
 from llmgw.engines.base import (
     PROCESS_PROBE,
     Command,
@@ -29,6 +30,24 @@ from llmgw.engines.base import (
     program,
     weights,
 )
+from llmgw.engines.engine import (
+    CONFIG,
+    HOST,
+    MODEL,
+    MULTINODE,
+    NAME,
+    PARALLEL,
+    PORT,
+    Engine,
+    Executable,
+    HelpCommand,
+    Syntax,
+    register,
+)
+from llmgw.engines.helptext import used_flags
+
+if TYPE_CHECKING:
+    from llmgw.api import Shard
 
 
 def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> RenderedShard:
@@ -104,3 +123,39 @@ def _render_ray(shard: Shard, node: NodeFacts, executables: dict[str, str], env:
         *spec.args,
     ]
     return RenderedShard([ray, Command("vllm", serve, serve_env, serves=True)], health_probe(node, spec.ports.serve))
+
+
+def _help(command: Command) -> HelpCommand | None:
+    argv = command.argv
+    if command.name in ("ray-head", "ray-worker"):   # ray start ...
+        return HelpCommand("ray", [argv[0], "start", "--help"], flags=used_flags(argv[2:]))
+    if command.name == "vllm":  # vllm serve MODEL ...
+        return HelpCommand("vllm", [argv[0], "serve", "--help=all"], {"VLLM_TARGET_DEVICE": "cpu"},
+                           used_flags(argv[3:]), fallback_help_argv=[argv[0], "serve", "--help"])
+    return None
+
+
+def _needs(launch_mode: str | None) -> frozenset[str]:
+    # vLLM under Ray runs `ray start` then `vllm serve`, and vLLM no longer ships Ray: both must be there.
+    return frozenset({"vllm", "ray"}) if launch_mode == "ray" else frozenset({"vllm"})
+
+
+ENGINE = register(Engine(
+    name="vllm", render=render, help_of=_help,
+    executables=(Executable("vllm", "vllm", distribution="vllm"), Executable("ray", "ray", distribution="ray")),
+    reserved={
+        "--host": HOST, "--port": PORT,
+        "--served-model-name": NAME,
+        "--tensor-parallel-size": PARALLEL, "-tp": PARALLEL,
+        "--pipeline-parallel-size": PARALLEL, "-pp": PARALLEL,
+        "--data-parallel-size": PARALLEL, "-dp": PARALLEL,
+        "--nnodes": MULTINODE, "-n": MULTINODE,
+        "--node-rank": MULTINODE, "-r": MULTINODE,
+        "--master-addr": MULTINODE, "--master-port": MULTINODE,
+        "--headless": MULTINODE, "--distributed-executor-backend": MULTINODE,
+        "--model": MODEL,
+        "--config": CONFIG,
+    },
+    syntax=Syntax(abbreviations=True, underscores=True),
+    launch_modes=("mp", "ray"), needs=_needs,
+))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw.api import Replica
+from llmgw.engines.engine import lookup
 
 
 @dataclass(frozen=True)
@@ -16,17 +17,6 @@ class Request:
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
 
-def engines_needed(engine: str, launch_mode: str | None) -> frozenset[str]:
-    """Engine programs a node must report in status.engines.
-
-    vLLM under Ray runs `ray start` then `vllm serve`, and vLLM no longer ships
-    Ray, so both must be installed.
-    """
-    if engine == "vllm" and launch_mode == "ray":
-        return frozenset({"vllm", "ray"})
-    return frozenset({engine})
-
-
 def request_for(replica: Replica) -> Request:
     p = replica.spec.profile
     return Request(
@@ -34,6 +24,6 @@ def request_for(replica: Replica) -> Request:
         model=replica.spec.model,
         nodes=p.nodes,
         gpus=p.gpusPerNode,
-        engines=engines_needed(p.engine, p.launch_mode),
+        engines=lookup(p.engine).required(p.launch_mode),
         selector=tuple(sorted(replica.spec.nodeSelector.items())),
     )

@@ -1,0 +1,156 @@
+"""What llmgw knows of an engine, declared in the engine's own module, and the registry of them.
+
+Each engine is one module of this package (vllm.py, sglang.py, llamacpp.py, sim.py)
+that renders a Shard into commands and declares an ``Engine``: its name (a
+Profile's ``engine``), the programs it runs (what the agent discovers and reports
+in Node status, so that the scheduler places a shard only where they are), the
+flags llmgw sets itself and how the engine's parser reads them (a Model's args
+may not set them), its launch modes, whether it spans nodes, and how
+engine-check asks each of its programs for its --help. ``register`` makes it
+known; every other package reads the registry (docs/architecture.md, "Adding an
+engine").
+
+This module and the engines' modules import the API's types for annotations
+only: the API validates a Profile against the registry, so importing them must
+not import the API.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw.api import Shard
+    from llmgw.engines.base import Command, NodeFacts, RenderedShard
+
+# Why llmgw reserves a flag, shared by the engines' tables.
+HOST = "llmgw binds the engine to the node's address"
+PORT = "llmgw assigns the serve port from the node's port range"
+NAME = "llmgw passes the model's name and aliases so the gateway can route by them"
+PARALLEL = "llmgw derives parallel sizes from the profile's nodes and gpusPerNode"
+MULTINODE = "llmgw sets the multi-node rendezvous from the replica's placement"
+MODEL = "llmgw passes the model's weights path from spec.source"
+CONFIG = "a config file could set any of the flags llmgw sets; put the settings in args"
+
+
+@dataclass(frozen=True)
+class Syntax:
+    """How an engine's parser reads a flag beyond its exact spellings."""
+
+    abbreviations: bool = False  # argparse: a unique prefix of a long option names it
+    underscores: bool = False    # `--a_b` means `--a-b`
+
+
+@dataclass(frozen=True)
+class Executable:
+    """A program an engine runs: the agent's `--engine NAME=PATH` names it, and the agent
+    reports it in Node status.engines under `reports` when it can run."""
+
+    name: str                        # "vllm", "ray", "sglang" (the Python that has it), "llama-server"
+    reports: str                     # its name in status.engines (llama-server: "llamacpp")
+    distribution: str | None = None  # a Python distribution whose dist-info next to it gives its version
+    version_argv: tuple[str, ...] = ()  # else: run it with these arguments and read "version: X"
+    on_path: bool = True             # `llmgw dev up --engine NAME` may look for it on PATH
+
+
+@dataclass
+class HelpCommand:
+    """One program that receives rendered commands: how to ask its help, which flags it gets."""
+
+    name: str
+    help_argv: list[str]
+    help_env: dict[str, str] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    fallback_help_argv: list[str] | None = None  # tried when help_argv fails (vLLM before --help=all)
+
+
+Renderer = Callable[["Shard", "NodeFacts", dict[str, str]], "RenderedShard"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    render: Renderer
+    # How engine-check asks a rendered command's program for its help (None: not a program of this engine).
+    help_of: Callable[[Command], HelpCommand | None]
+    executables: tuple[Executable, ...] = ()   # the first is the main program; () for the sim (llmgw itself)
+    reserved: Mapping[str, str] = field(default_factory=dict)   # flag spelling -> why llmgw sets it
+    syntax: Syntax = Syntax()
+    launch_modes: tuple[str, ...] = ()   # Profile.launchMode's values; the first is the default
+    multi_node: bool = True
+    # status.engines a node must report, by launch mode (default: the engine's own name)
+    needs: Callable[[str | None], frozenset[str]] | None = None
+
+    def required(self, launch_mode: str | None) -> frozenset[str]:
+        """What a node must report in status.engines to run this engine in `launch_mode`."""
+        return self.needs(launch_mode) if self.needs is not None else frozenset({self.name})
+
+    def reserved_flag(self, arg: str) -> tuple[str, str] | None:
+        """The reserved flag `arg` sets, as this engine's parser reads it, and why; None when it sets none.
+
+        argparse (vLLM, SGLang, the sim) reads `--flag=value`, a unique prefix of a long option
+        (`--served-model=x`) and a one-letter short option with its value attached (`-n2`); vLLM
+        also reads `--a_b` as `--a-b`; llama-server matches spellings exactly."""
+        table, syntax = self.reserved, self.syntax
+        if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+            return None
+        written = arg.split("=", 1)[0]
+        flag = written.replace("_", "-") if syntax.underscores and written.startswith("--") else written
+        if flag in table:
+            return written, table[flag] if flag == written else f"{self.name} reads it as {flag}; {table[flag]}"
+        if syntax.abbreviations and flag.startswith("--") and len(flag) > 2:
+            for full, why in table.items():
+                if full.startswith(flag):
+                    return written, f"{self.name} reads it as {full}; {why}"
+        if syntax.abbreviations and not flag.startswith("--") and flag[:2] in table:
+            # `-n2`: argparse's one-letter option with its value attached
+            return written, f"{self.name} reads it as {flag[:2]} {flag[2:]}; {table[flag[:2]]}"
+        return None
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    """Make an engine known by its name."""
+    if engine.name in ENGINES and ENGINES[engine.name] != engine:
+        raise ValueError(f"engine {engine.name!r} is registered twice")
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def lookup(name: str) -> Engine:
+    """The registered engine of that name; ValueError naming the known ones."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}: one of {', '.join(sorted(ENGINES))}") from None
+
+
+def check_name(name: str) -> str:
+    """`name` if an engine of that name is registered (a Profile's validator)."""
+    return lookup(name).name
+
+
+def check_launch_mode(mode: str) -> str:
+    """`mode` if some registered engine has that launch mode (a Profile then checks it is its engine's)."""
+    known = sorted({m for e in ENGINES.values() for m in e.launch_modes})
+    if mode not in known:
+        raise ValueError(f"unknown launch mode {mode!r}: one of {', '.join(known)}")
+    return mode
+
+
+def executables() -> dict[str, Executable]:
+    """Every registered engine's programs by name (the agent's `--engine NAME=PATH`)."""
+    return {x.name: x for e in ENGINES.values() for x in e.executables}
+
+
+def executable_name(word: str) -> str:
+    """The program `word` names: a program's own name, or an engine's (llamacpp: llama-server)."""
+    known = executables()
+    if word in known:
+        return word
+    if word in ENGINES and ENGINES[word].executables:
+        return ENGINES[word].executables[0].name
+    raise ValueError(f"unknown engine executable {word!r}: use {', '.join(known)}")
