@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.main import cli
-from llmgw.dev.cli import engine_paths
+from llmgw.cmd.dev import engine_paths
 
 
 @pytest.fixture

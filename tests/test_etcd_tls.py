@@ -6,7 +6,7 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import parse_object
+from llmgw.api import Node, parse_object
 from llmgw.cli.ca import ca as ca_command
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.pki import CertificateAuthority
@@ -60,6 +60,7 @@ async def test_server_and_revocation_over_tls_etcd(secured, tmp_path):
     try:
         node = pki.issue("node", "n1")
         async with server.client(node) as c:
+            await c.create(Node.model_validate({"metadata": {"name": "n1"}}))   # registers, then heartbeats
             await c.heartbeat("n1")
         async with server.client() as admin:
             await admin.create(parse_object({"apiVersion": "llmgw.io/v1", "kind": "Model", "metadata": {"name": "m"},

@@ -114,7 +114,7 @@ async def test_only_an_admin_revokes(api_server, store):
             with pytest.raises(Forbidden, match="rule revoke-admin: only an admin"):
                 await c.revoke("1f")
     assert await store.revocations.list() == {}
-    line = api_server.wait_for_log("tried to revoke serial 1f")
+    line = api_server.wait_for_log("tried to revoke a certificate")
     assert "refused: certificate CN=n1 O=llmgw:nodes" in line
     async with api_server.client() as admin:
         with pytest.raises(ApiError, match="serial: 'xyz' is not a certificate serial") as err:

@@ -10,12 +10,12 @@ import click
 # import the agent, the server or the gateway.
 COMMANDS: dict[str, str] = {
     "ca": "llmgw.cli.ca:ca",
-    "server": "llmgw.server.cli:server",
+    "server": "llmgw.cmd.server:server",
     "controller-manager": "llmgw.cmd.controller_manager:controller_manager",
-    "agent": "llmgw.agent.cli:agent",
-    "gateway": "llmgw.gateway.cli:gateway",
-    "sim": "llmgw.sim.cli:sim",
-    "dev": "llmgw.dev.cli:dev",
+    "agent": "llmgw.cmd.agent:agent",
+    "gateway": "llmgw.cmd.gateway:gateway",
+    "sim": "llmgw.cmd.sim:sim",
+    "dev": "llmgw.cmd.dev:dev",
     # kubectl-like verbs
     "apply": "llmgw.cli.verbs:apply",
     "diff": "llmgw.cli.verbs:diff",

@@ -15,7 +15,7 @@ from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
-from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
 from llmgw.cmd.settings import settings_options
 from llmgw.runtime.controller import Controller
 

@@ -22,8 +22,7 @@ from llmgw.api.types import KINDS, AnyObject
 from llmgw.backoff import Backoff
 from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.listwatch import KeyNames, StoreObjects
-from llmgw.store import keys
+from llmgw.store.listwatch import StoreObjects
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.informer")
@@ -100,7 +99,7 @@ class HeartbeatInformer(_Informer[str]):
 
     def __init__(self, store: Store, cache: Cache, handler: Handler | None = None, *,
                  idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
-        super().__init__("heartbeats", cache, handler, KeyNames(store, keys.HEARTBEAT), str, cache.heartbeats,
+        super().__init__("heartbeats", cache, handler, store.heartbeats.lister_watcher(), str, cache.heartbeats,
                          idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 
     def _store(self, type: EventType, node: str, revision: int) -> bool:

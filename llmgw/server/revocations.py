@@ -12,9 +12,7 @@ from typing import Callable
 from llmgw.api.client import EventType
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
-from llmgw.runtime.listwatch import KeyNames, after_store_error_never_raise
 from llmgw.store import Store
-from llmgw.store.keys import REVOKED
 
 log = logging.getLogger("llmgw.server")
 
@@ -53,7 +51,7 @@ class Revocations:
 
     async def run(self) -> None:
         """Keep ``serials`` current (a reflector over the revoked keys); ``ready`` once listed."""
-        reflector = Reflector(_Revoked(self._store, REVOKED, str.lower), self._change, key=str,
+        reflector = Reflector(self._store.revocations.lister_watcher(), self._change, key=str,
                               known=lambda: self.serials, on_synced=self.ready.set,
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
@@ -63,9 +61,3 @@ class Revocations:
             self.serials.discard(serial)
         else:
             self._revoked({serial})
-
-
-class _Revoked(KeyNames):
-    """The revoked serials. Checking them never stops: any failure but a compaction is retried."""
-
-    after_error = staticmethod(after_store_error_never_raise)

@@ -1,5 +1,5 @@
 """`python -m llmgw.sim ARGS` is `llmgw sim ARGS`."""
-from llmgw.sim.cli import main
+from llmgw.cmd.sim import main
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ from llmgw.api.meta import now
 from llmgw.store import keys as K
 from llmgw.store.etcd import Etcd
 from llmgw.store.kv import KV
+from llmgw.store.listwatch import KeyNames
 
 
 class Leases:
@@ -46,6 +47,10 @@ class Heartbeats:
         self._lease_ids[node] = lease_id
         value = json.dumps({"node": node, "since": now().isoformat(), **(info or {})}).encode()
         await self._kv.put(K.heartbeat_key(node), value, lease=lease_id)
+
+    def lister_watcher(self) -> KeyNames:
+        """The nodes with a live heartbeat, as a reflector's lister-watcher (a node's key expires with it)."""
+        return KeyNames(self._kv, K.HEARTBEAT)
 
     async def list(self) -> dict[str, dict[str, Any]]:
         """The nodes with a live heartbeat, and what each wrote in it."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from llmgw.store import keys as K
 from llmgw.store.kv import KV
+from llmgw.store.listwatch import KeyNames, after_store_error_never_raise
 
 
 class Revocations:
@@ -15,6 +16,11 @@ class Revocations:
     async def add(self, serial: str | int, info: dict[str, Any] | None = None) -> None:
         """Record the serial as revoked, with what is known of it (role, name, when)."""
         await self._kv.put(K.revoked_key(str(serial)), json.dumps(info or {}).encode())
+
+    def lister_watcher(self) -> KeyNames:
+        """The revoked serials (lower-case hex), as a reflector's lister-watcher. Whoever checks them
+        must never stop: any failure but a compaction (relist) is retried."""
+        return KeyNames(self._kv, K.REVOKED, str.lower, after_error=after_store_error_never_raise)
 
     async def list(self) -> dict[str, dict[str, Any]]:
         """Every revoked serial, with its info."""

@@ -11,7 +11,7 @@ import sys
 import click
 
 from llmgw import aio
-from llmgw.cli.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
 
 
 def _listen(text: str) -> tuple[str, int]:
