@@ -2,7 +2,7 @@
 # Run llmgw's tests: installs etcd (Debian's etcd-server), sshd (for the
 # onboarding test) and a virtualenv with llmgw and its test dependencies when
 # missing, then runs the checks (ruff; lint-imports, the import contracts in
-# pyproject.toml; mypy, strict on the typed spine) and pytest. Extra arguments go to pytest (e.g. -k store).
+# pyproject.toml; mypy, strict on the whole tree) and pytest. Extra arguments go to pytest (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates

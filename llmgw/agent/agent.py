@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
 from llmgw.agent.registration import Registration, retry_forever
-from llmgw.agent.reporter import Gone, StatusReporter
+from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
@@ -59,7 +60,7 @@ class Agent:
                      cfg.state_dir, sorted(sup.records))
         reg = self.registration = Registration(client, self.node, cfg.labels, cfg.heartbeat_interval)
         reg.on_reconnect.append(reporter.kick)
-        tasks: list[asyncio.Task] = []
+        tasks: list[asyncio.Task[Any]] = []
         try:
             self.foreign_ports = await self._scan_foreign_ports()
             await reg.register(self._node_status())
@@ -74,8 +75,8 @@ class Agent:
             await client.close()
 
     @staticmethod
-    def _shard_writer(client: Client):
-        async def write(name: str, node: str, status: dict) -> ShardStatus:
+    def _shard_writer(client: Client) -> Writer:
+        async def write(name: str, node: str, status: dict[str, Any]) -> ShardStatus:
             try:
                 shard = await client.patch_status(Shard, name, status, node=node)
             except NotFound:

@@ -88,12 +88,12 @@ class AgentConfig(BaseModel):
 
     @field_validator("node")
     @classmethod
-    def _node(cls, v):
+    def _node(cls, v: Any) -> Any:
         return None if v is None else check_dns1123_label(v)
 
     @field_validator("fabrics", mode="before")
     @classmethod
-    def _fabrics(cls, v):
+    def _fabrics(cls, v: Any) -> list[FabricSpec]:
         out = []
         for item in v or []:
             if isinstance(item, FabricSpec):
@@ -111,7 +111,7 @@ class AgentConfig(BaseModel):
 
     @field_validator("engines", mode="before")
     @classmethod
-    def _engines(cls, v):
+    def _engines(cls, v: Any) -> dict[str, str]:
         out = {}
         for name, path in (v or {}).items():   # the engines' programs (llmgw.engines), or an engine's name
             out[executable_name(name)] = str(path)
@@ -119,13 +119,13 @@ class AgentConfig(BaseModel):
 
     @field_validator("port_range", mode="before")
     @classmethod
-    def _port_range(cls, v):
+    def _port_range(cls, v: Any) -> PortRange:
         return parse_port_range(v)
 
     @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval",
                      "nvidia_smi_timeout", "rediscover_interval", mode="before")
     @classmethod
-    def _duration(cls, v):
+    def _duration(cls, v: Any) -> float:
         return parse_duration(v)
 
     # ------------------------------------------------------------------ use

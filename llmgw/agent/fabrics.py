@@ -76,7 +76,7 @@ def assign_fabrics(specs: list[FabricSpec], ports: list[Port], ib_root: str,
     return Assignment(fabrics=fabrics, warnings=warnings)
 
 
-def _resolve(item: str, fabric: str, ports: list[Port], by_key: dict, ib_root: str) -> Port:
+def _resolve(item: str, fabric: str, ports: list[Port], by_key: dict[tuple[str, int], Port], ib_root: str) -> Port:
     adapter, sep, port_text = item.partition(":")
     mine = [p for p in ports if p.adapter == adapter]
     if not mine:

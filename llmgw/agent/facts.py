@@ -14,10 +14,11 @@ from urllib.parse import urlsplit
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.discovery.gpu import GPUReport, discover_gpus
 from llmgw.agent.discovery.infiniband import IBDiscoveryError, Port, discover_ports
-from llmgw.agent.fabrics import Assignment, FabricError, assign_fabrics
+from llmgw.agent.fabrics import Assignment, assign_fabrics
 from llmgw.agent.inventory import Inventory, take_inventory
 from llmgw.agent.version import agent_version
 from llmgw.api import Condition, NodeStatus, set_condition
+from llmgw.api.fabrics import FabricError
 
 
 @dataclass
@@ -57,7 +58,8 @@ def advertise_address(config: AgentConfig) -> str:
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as s:
                 s.connect((host, 9))        # UDP connect sends nothing; it picks the route
-                return s.getsockname()[0]
+                address: str = s.getsockname()[0]
+                return address
         except OSError:
             pass
     try:

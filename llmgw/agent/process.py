@@ -82,7 +82,7 @@ def exit_description(returncode: int | None) -> tuple[int | None, str]:
     return returncode, f"exited with code {returncode}"
 
 
-def tail(path: str | os.PathLike, lines: int) -> list[str]:
+def tail(path: str | os.PathLike[str], lines: int) -> list[str]:
     """The last `lines` lines of a log file ([] when it cannot be read)."""
     try:
         with open(path, "rb") as f:

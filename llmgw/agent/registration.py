@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception_type
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
 from llmgw.backoff import Backoff, ExponentialJitter
 from llmgw.client import AlreadyExists, Client, NotFound
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-def status_patch(status: NodeStatus, ready: bool) -> dict:
+def status_patch(status: NodeStatus, ready: bool) -> dict[str, Any]:
     conds = [c.model_copy() for c in status.conditions]
     if ready:
         set_condition(conds, "Ready", "True", "AgentReady", "the agent registered and is heartbeating")
@@ -27,15 +29,15 @@ def status_patch(status: NodeStatus, ready: bool) -> dict:
     return {k: data[k] for k in NODE_AGENT_STATUS_FIELDS}
 
 
-def _log_retry(what: str):
-    def before_sleep(state) -> None:
-        err = state.outcome.exception()
+def _log_retry(what: str) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome is not None else None
         log.warning("%s failed (attempt %d), retrying in %.1f s: %s", what, state.attempt_number,
                     state.next_action.sleep if state.next_action else 0, err)
     return before_sleep
 
 
-async def retry_forever(what: str, fn, max_wait: float = 10.0):
+async def retry_forever(what: str, fn: Callable[[], Awaitable[T]], max_wait: float = 10.0) -> T:
     """Await fn() until it succeeds, with jittered exponential backoff between tries."""
     async for attempt in AsyncRetrying(
         wait=ExponentialJitter(0.2, max_wait),
@@ -45,6 +47,7 @@ async def retry_forever(what: str, fn, max_wait: float = 10.0):
     ):
         with attempt:
             return await fn()
+    raise AssertionError("unreachable: AsyncRetrying retries forever and reraises")
 
 
 class Registration:
@@ -57,7 +60,7 @@ class Registration:
         self.status: NodeStatus | None = None
         self.connected = asyncio.Event()     # set while heartbeats succeed
         self.on_reconnect: list[Callable[[], None]] = []  # callbacks run after an outage ends
-        self._sent: dict | None = None
+        self._sent: dict[str, Any] | None = None
 
     async def register(self, status: NodeStatus) -> None:
         """Create the Node if needed and send its status; retried until it works."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from llmgw.api import Shard, ShardStatus
 from llmgw.backoff import Backoff
@@ -19,14 +19,14 @@ from llmgw.backoff import Backoff
 log = logging.getLogger(__name__)
 
 # write(shard name, node, status dict) -> the status the server now holds
-Writer = Callable[[str, str, dict], Awaitable[ShardStatus]]
+Writer = Callable[[str, str, dict[str, Any]], Awaitable[ShardStatus]]
 
 
 class Gone(Exception):
     """The shard no longer exists: nothing to write."""
 
 
-def _dump(status: ShardStatus) -> dict:
+def _dump(status: ShardStatus) -> dict[str, Any]:
     return status.model_dump(mode="json")
 
 
@@ -34,9 +34,9 @@ class StatusReporter:
     def __init__(self, write: Writer, node: str, max_backoff: float = 10.0):
         self._write = write
         self._node = node
-        self._wanted: dict[str, dict] = {}
-        self._known: dict[str, dict] = {}
-        self._written: dict[str, deque] = {}      # our recent writes, newest last
+        self._wanted: dict[str, dict[str, Any]] = {}
+        self._known: dict[str, dict[str, Any]] = {}
+        self._written: dict[str, deque[dict[str, Any]]] = {}      # our recent writes, newest last
         self._want_uid: dict[str, str | None] = {}  # which incarnation of the name a wanted status is for
         self._seen_uid: dict[str, str | None] = {}  # the incarnation the server has
         self._wake = asyncio.Event()

@@ -18,7 +18,8 @@ import logging
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from functools import partial
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -46,7 +47,7 @@ class Context:
     facts: Facts
     state: StateDir
     reporter: StatusReporter
-    http: dict = field(default_factory=dict)     # shared aiohttp session, made on first probe
+    http: dict[str, Any] = field(default_factory=dict)     # shared aiohttp session, made on first probe
     claims: Claims = field(default_factory=Claims)
     # Called with the ports of the node's range held by foreign processes, at each check.
     foreign_ports: Callable[[list[int]], Awaitable[None]] | None = None
@@ -64,13 +65,13 @@ class EngineProcess:
     def __init__(self, record: ProcessRecord, child: asyncio.subprocess.Process | None = None):
         self.record = record
         self.child = child
-        self._wait: asyncio.Task | None = None
+        self._wait: asyncio.Task[Any] | None = None
 
     @property
     def pid(self) -> int:
         return self.record.pid
 
-    def waiter(self) -> asyncio.Task:
+    def waiter(self) -> asyncio.Task[Any]:
         if self._wait is None:
             self._wait = asyncio.ensure_future(self._wait_exit())
         return self._wait
@@ -121,10 +122,10 @@ class ShardRunner:
         self.procs: list[EngineProcess] = []
         self.stop_requested = asyncio.Event()
         self.drain = True
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
 
     # -------------------------------------------------------------- inputs
-    def start(self) -> asyncio.Task:
+    def start(self) -> asyncio.Task[None]:
         self.task = asyncio.ensure_future(self._main())
         return self.task
 
@@ -138,7 +139,7 @@ class ShardRunner:
         self.stop_requested.set()
 
     # ------------------------------------------------------------- reports
-    def _set(self, phase: str, **fields) -> None:
+    def _set(self, phase: str, **fields: Any) -> None:
         s = self.status
         changed = s.phase != phase or any(getattr(s, k) != v for k, v in fields.items())
         if not changed:
@@ -429,7 +430,7 @@ async def terminate(procs: list[EngineProcess], grace: float, label: str) -> Non
         if p.record.term_leader and p.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)   # it stops its own children, in their order
-            await _until(lambda p=p: not p.alive(), deadline - loop.time())
+            await _until(partial(_gone, p), deadline - loop.time())
         process.signal_group(p.pid, signal.SIGTERM)
         if not await _groups_gone([p], deadline - loop.time()):
             break
@@ -443,7 +444,11 @@ async def terminate(procs: list[EngineProcess], grace: float, label: str) -> Non
         log.error("%s: process groups %s survive SIGKILL", label, groups)
 
 
-async def _until(done, timeout: float) -> bool:
+def _gone(p: EngineProcess) -> bool:
+    return not p.alive()
+
+
+async def _until(done: Callable[[], bool], timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not done():

@@ -42,7 +42,7 @@ class ShardRecord:
 
 
 class StateDir:
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.shards = self.root / "shards"
         self.logs = self.root / "logs"

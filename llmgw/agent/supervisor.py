@@ -25,7 +25,7 @@ class Supervisor:
         self.ctx = ctx
         self.runners: dict[str, ShardRunner] = {}
         self.records: dict[str, ShardRecord] = ctx.state.load_all()
-        self._orphans: list[asyncio.Task] = []
+        self._orphans: list[asyncio.Task[None]] = []
         self._synced = False
 
     def upsert(self, shard: Shard) -> None:
@@ -63,7 +63,7 @@ class Supervisor:
             return
         runner.gone()
 
-        def drop(_task, name=name, runner=runner) -> None:
+        def drop(_task: asyncio.Task[None], name: str = name, runner: ShardRunner = runner) -> None:
             if self.runners.get(name) is runner:
                 del self.runners[name]
                 self.ctx.reporter.forget(name)

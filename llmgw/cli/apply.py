@@ -1,8 +1,9 @@
 """`llmgw apply`, `llmgw diff` and `llmgw delete`."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -15,6 +16,8 @@ from llmgw.cli.diff import applied_view, unified_diff
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 from llmgw.cli.get import kind_arg, selector_arg
 from llmgw.printers.objects import ref
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from llmgw.client import Client
@@ -101,14 +104,14 @@ async def _delete_quietly(c: Client, kind: str, name: str) -> None:
         pass
 
 
-def file_options(f):
+def file_options(f: Callable[..., R]) -> Callable[..., R]:
     f = click.option("-R", "--recursive", is_flag=True, help="Also read the subdirectories of a directory.")(f)
     f = click.option("-f", "--filename", "files", multiple=True, required=True, metavar="FILE|DIR",
                      help="Manifest file or directory (.yaml, .yml, .json); repeatable.")(f)
     return f
 
 
-def _load(files, recursive) -> list[AnyObject]:
+def _load(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
     try:
         return load_manifests(files, recursive)
     except CliError:
@@ -131,7 +134,8 @@ def _load(files, recursive) -> list[AnyObject]:
               help="With --prune (and required by it, not blank): which live objects may be pruned.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")
 @connection_options
-def apply(files, recursive, prune, selector, dry_run, conn: Connection) -> None:
+def apply(files: tuple[str, ...], recursive: bool, prune: bool, selector: str | None, dry_run: bool,
+          conn: Connection) -> None:
     """Create or update the objects of manifest files, printing created, configured or unchanged for each."""
     if prune and selector is None:
         raise usage_error("--prune needs --selector: it limits what may be deleted")
@@ -159,7 +163,7 @@ async def _diff(conn: Connection, objects: list[AnyObject]) -> bool:
 @click.command(epilog=EXIT_CODES_HELP)
 @file_options
 @connection_options
-def diff(files, recursive, conn: Connection) -> None:
+def diff(files: tuple[str, ...], recursive: bool, conn: Connection) -> None:
     """Unified diff of labels, annotations and spec, live -> manifest. Exit 1 when they differ."""
     objects = _load(files, recursive)
     if run(_diff(conn, objects)):
@@ -188,7 +192,8 @@ async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_f
 @click.option("-R", "--recursive", is_flag=True, help="With -f: also read subdirectories.")
 @click.option("--ignore-not-found", is_flag=True, help="An object that does not exist is not an error.")
 @connection_options
-def delete(kind, names, files, recursive, ignore_not_found, conn: Connection) -> None:
+def delete(kind: str | None, names: tuple[str, ...], files: tuple[str, ...], recursive: bool,
+           ignore_not_found: bool, conn: Connection) -> None:
     """Delete KIND NAME... or the objects of manifests (-f)."""
     if files and kind:
         raise usage_error("give either KIND NAME... or -f FILE, not both")

@@ -1,6 +1,7 @@
 """`llmgw ca`: the cluster's certificate authority (init, issue, revoke, list)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import NoReturn
 
@@ -8,7 +9,7 @@ import click
 
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
-from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, normalize_serial
+from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, Issued, normalize_serial
 from llmgw.printers.table import print_table
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
@@ -27,7 +28,8 @@ def _fail(err: Exception) -> NoReturn:
     raise click.ClickException(str(err))
 
 
-def _issue(directory, role, name, sans=(), days=DEFAULT_DAYS, not_before=None):
+def _issue(directory: str, role: str, name: str, sans: Sequence[str] = (), days: int = DEFAULT_DAYS,
+           not_before: datetime | None = None) -> Issued:
     start = not_before.replace(tzinfo=timezone.utc) if not_before else None
     try:
         authority = _ca(directory).etcd() if role in ETCD_ROLES else _ca(directory)
@@ -41,14 +43,14 @@ def _issue(directory, role, name, sans=(), days=DEFAULT_DAYS, not_before=None):
 
 
 @click.group()
-def ca():
+def ca() -> None:
     """Certificate authority: every identity in llmgw is a certificate it signed."""
 
 
 @ca.command()
 @dir_option
 @click.option("--days", type=int, default=3650, show_default=True, help="Validity of the root in days.")
-def init(directory, days):
+def init(directory: str, days: int) -> None:
     """Create a new root (ECDSA P-256) in --dir."""
     try:
         path = _ca(directory).init(days=days)
@@ -60,7 +62,7 @@ def init(directory, days):
 
 
 @ca.group()
-def issue():
+def issue() -> None:
     """Issue a certificate for a node, an admin, a component, the server, or etcd."""
 
 
@@ -69,7 +71,7 @@ def issue():
 @dir_option
 @days_option
 @not_before_option
-def issue_node(name, directory, days, not_before):
+def issue_node(name: str, directory: str, days: int, not_before: datetime | None) -> None:
     """A node agent's certificate: CN=NAME (the node id), O=llmgw:nodes."""
     _issue(directory, "node", name, days=days, not_before=not_before)
 
@@ -83,7 +85,8 @@ def issue_node(name, directory, days, not_before):
 @click.option("--server", default="https://127.0.0.1:7443", show_default=True, help="Server URL for --write-config.")
 @click.option("--config", "config", default=None,
               help="Where --write-config writes (default $LLMGW_CONFIG or ~/.config/llmgw/config.yaml).")
-def issue_admin(name, directory, days, not_before, write_config, server, config):
+def issue_admin(name: str, directory: str, days: int, not_before: datetime | None, write_config: bool,
+                server: str, config: str | None) -> None:
     """A person's certificate: O=llmgw:admins may do anything."""
     entry = _issue(directory, "admin", name, days=days, not_before=not_before)
     if write_config:
@@ -97,7 +100,7 @@ def issue_admin(name, directory, days, not_before, write_config, server, config)
 @dir_option
 @days_option
 @not_before_option
-def issue_component(name, directory, days, not_before):
+def issue_component(name: str, directory: str, days: int, not_before: datetime | None) -> None:
     """A component's certificate: O=llmgw:components, CN controller-manager or gateway."""
     _issue(directory, "component", name, days=days, not_before=not_before)
 
@@ -108,7 +111,8 @@ def issue_component(name, directory, days, not_before):
 @dir_option
 @days_option
 @not_before_option
-def issue_server(sans, name, directory, days, not_before):
+def issue_server(sans: tuple[str, ...], name: str, directory: str, days: int,
+                 not_before: datetime | None) -> None:
     """The API server's certificate."""
     _issue(directory, "server", name, sans=sans, days=days, not_before=not_before)
 
@@ -120,7 +124,8 @@ def issue_server(sans, name, directory, days, not_before):
 @dir_option
 @days_option
 @not_before_option
-def issue_etcd_member(name, sans, directory, days, not_before):
+def issue_etcd_member(name: str, sans: tuple[str, ...], directory: str, days: int,
+                      not_before: datetime | None) -> None:
     """An etcd member's certificate (etcd's --cert-file and --peer-cert-file), from the etcd CA."""
     _issue(directory, "etcd-member", name, sans=sans, days=days, not_before=not_before)
 
@@ -130,7 +135,7 @@ def issue_etcd_member(name, sans, directory, days, not_before):
 @dir_option
 @days_option
 @not_before_option
-def issue_etcd_client(name, directory, days, not_before):
+def issue_etcd_client(name: str, directory: str, days: int, not_before: datetime | None) -> None:
     """A client certificate for etcd, from the etcd CA: for the server and the controller-manager
     (their --etcd-cert). Never for a node or the gateway."""
     _issue(directory, "etcd-client", name, days=days, not_before=not_before)
@@ -170,7 +175,7 @@ def revoke(serial: str | None, node: str | None, directory: str, conn: Connectio
 
 @ca.command("list")
 @dir_option
-def list_(directory):
+def list_(directory: str) -> None:
     """Every certificate this CA issued."""
     authority = _ca(directory)
     if not authority.exists():

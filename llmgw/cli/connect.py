@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from llmgw.client import Client, ClientConfig
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -58,11 +59,12 @@ _OPTIONS = [
 ]
 
 
-def connection_options(f: Callable) -> Callable:
+def connection_options(f: Callable[..., R]) -> Callable[..., R]:
     """Add --config/--server/--ca/--cert/--key; the command receives them as `conn`."""
 
     @functools.wraps(f)
-    def wrapper(*args, config, server, ca, cert, key, **kw):
+    def wrapper(*args: Any, config: str | None, server: str | None, ca: str | None, cert: str | None,
+                key: str | None, **kw: Any) -> R:
         return f(*args, conn=Connection(config, server, ca, cert, key), **kw)
 
     for option in reversed(_OPTIONS):

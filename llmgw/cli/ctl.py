@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import IO
 
 import click
 from rich import box
@@ -13,7 +14,7 @@ from llmgw.engines.engine import ENGINES
 STYLE = {"found": "green", "missing": "bold red", "skipped": "yellow"}
 
 
-class EngineName(click.ParamType):
+class EngineName(click.ParamType[str]):
     """A registered engine's name, read from the registry when the command runs (not at import)."""
 
     name = "engine"
@@ -44,7 +45,7 @@ def ctl() -> None:
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Seconds each program gets to print its help.")
 def engine_check(engine: str, launch_mode: str | None, executable: str | None, help_output: str | None,
-                 help_file, timeout: float) -> None:
+                 help_file: IO[str] | None, timeout: float) -> None:
     """Check every flag llmgw passes to ENGINE's programs against their own --help.
 
     Renders the widest command lines llmgw produces (a 2-node replica) and
@@ -85,14 +86,14 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
 # The same code as `llmgw get nodes` and `llmgw drain` (llmgw/cli/get.py, nodes.py).
 
 def _nodes_command() -> click.Command:
-    from llmgw.cli.connect import connection_options
+    from llmgw.cli.connect import Connection, connection_options
     from llmgw.cli.errors import EXIT_CODES_HELP
     from llmgw.cli.get import get_options, run_get
 
     @click.command("nodes", epilog=EXIT_CODES_HELP)
     @get_options
     @connection_options
-    def nodes(output, selector, watch, conn) -> None:
+    def nodes(output: str | None, selector: str | None, watch: bool, conn: Connection) -> None:
         """The node table of `llmgw get nodes`: status, GPUs used/total, fabrics, engines, replicas."""
         run_get(conn, "nodes", None, output, selector, watch)
 

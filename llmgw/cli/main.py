@@ -31,7 +31,7 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | {n for n in COMMANDS if self._available(n)})
 
     @staticmethod
@@ -42,16 +42,17 @@ class LazyGroup(click.Group):
         except ModuleNotFoundError:
             return False
 
-    def get_command(self, ctx, name):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         cmd = super().get_command(ctx, name)
         if cmd is not None or name not in COMMANDS or not self._available(name):
             return cmd
         module, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def cli():
+def cli() -> None:
     """llmgw: run LLM inference engines across a fleet of GPU machines.
 
     Desired state lives in etcd; controllers reconcile it; an agent on each

@@ -26,25 +26,30 @@
         await c.record_event(kind, name, type, reason, message)
 
 Errors (each str() is one actionable line):
-    ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400/422,
+    ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400 (Invalid 422),
         Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule), NotFound 404,
         Conflict 409 (AlreadyExists is a Conflict), Expired 410, Unavailable 503
     Unreachable(url, why)                     code 0: no HTTP answer (refused, DNS, timeout)
     TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
                                               'client' = it refused ours (or ours cannot be loaded)
 """
-from llmgw.client.client import Client, ServerObjects  # noqa: F401
-from llmgw.client.config import ClientConfig, ConfigError, config_path  # noqa: F401
-from llmgw.client.errors import (  # noqa: F401
+from llmgw.client.client import Client, ServerObjects
+from llmgw.client.config import ClientConfig, ConfigError, config_path
+from llmgw.client.errors import (
     AlreadyExists,
     ApiError,
     BadRequest,
     Conflict,
     Expired,
     Forbidden,
+    Invalid,
     NotFound,
     TLSError,
     Unauthorized,
     Unavailable,
     Unreachable,
 )
+
+__all__ = ["Client", "ServerObjects", "ClientConfig", "ConfigError", "config_path", "AlreadyExists", "ApiError",
+           "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "Unauthorized",
+           "Unavailable", "Unreachable"]

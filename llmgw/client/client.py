@@ -116,7 +116,7 @@ class Client:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_config(cls, cfg: ClientConfig | None = None, **kw) -> "Client":
+    def from_config(cls, cfg: ClientConfig | None = None, **kw: Any) -> "Client":
         cfg = cfg or ClientConfig.load()
         return cls(cfg.server, ca=cfg.ca, cert=cfg.cert, key=cfg.key, **kw)
 
@@ -124,7 +124,7 @@ class Client:
         self._open()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def _open(self) -> aiohttp.ClientSession:
@@ -230,10 +230,11 @@ class Client:
         result: dict[str, Any] = await self.request("POST", f"{BASE}/events", body=body)
         return result
 
-    async def revoke(self, serial: str, role: str | None = None, name: str | None = None) -> dict:
+    async def revoke(self, serial: str, role: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Revoke a certificate by its serial (admins only); `role` and `name` are recorded beside it."""
         body = {"serial": serial, **({"role": role} if role else {}), **({"name": name} if name else {})}
-        return await self.request("POST", f"{BASE}/revocations", body=body)
+        result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
+        return result
 
     # --------------------------------------------------------------- watch
 

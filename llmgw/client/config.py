@@ -26,7 +26,7 @@ class ConfigError(Exception):
     """The client configuration is missing or unusable; the message says which file and field."""
 
 
-def config_path(path: str | os.PathLike | None = None) -> Path:
+def config_path(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(path or os.environ.get("LLMGW_CONFIG") or DEFAULT_PATH).expanduser()
 
 
@@ -39,7 +39,7 @@ class ClientConfig:
     path: str | None = None  # the file it came from, for error messages
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None) -> "ClientConfig":
+    def load(cls, path: str | os.PathLike[str] | None = None) -> "ClientConfig":
         p = config_path(path)
         if not p.exists():
             raise ConfigError(
@@ -68,7 +68,7 @@ class ClientConfig:
             setattr(cfg, field, str(full))
         return cfg
 
-    def save(self, path: str | os.PathLike | None = None) -> Path:
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         p = config_path(path or self.path)
         p.parent.mkdir(parents=True, exist_ok=True)
         data = {k: v for k, v in asdict(self).items() if k != "path"}

@@ -5,12 +5,16 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
 from llmgw.agent.config import ConfigError, load_config
-from llmgw.agent.fabrics import FabricError
+from llmgw.api.fabrics import FabricError
+
+if TYPE_CHECKING:
+    from llmgw.agent.agent import Agent
 
 
 def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
@@ -49,7 +53,8 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
               help="Print the Node status discovery finds, then exit (no server needed).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
               show_default=True)
-def agent(config_path, discover_only, log_level, engines, labels, **flags):
+def agent(config_path: str | None, discover_only: bool, log_level: str, engines: tuple[str, ...],
+          labels: tuple[str, ...], **flags: Any) -> None:
     """Run the node agent: register this node, heartbeat, run and supervise its shards' engines.
 
     Engines run in their own sessions and outlive the agent; a restarted agent
@@ -77,7 +82,7 @@ def agent(config_path, discover_only, log_level, engines, labels, **flags):
     sys.exit(_run(runner))
 
 
-def _run(runner) -> int:
+def _run(runner: "Agent") -> int:
     async def main() -> None:
         task = asyncio.current_task()
         assert task is not None  # main runs in asyncio.run's task

@@ -29,7 +29,7 @@ console = Console(stderr=True)
 
 
 @click.group()
-def dev():
+def dev() -> None:
     """A local cluster for trying llmgw: everything on loopback, fake GPUs, sim engines."""
 
 
@@ -46,7 +46,8 @@ def dev():
 @click.option("--engine", "engines", multiple=True, metavar="NAME[=PATH]",
               help="Give every agent a real engine: llamacpp (or llama-server), vllm, ray, or sglang=PYTHON; "
                    "without =PATH the program is looked for on PATH. Repeatable.")
-def up(node_count, directory, gateway_port, no_examples, timeout, engines):
+def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, timeout: float,
+       engines: tuple[str, ...]) -> None:
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
     Exit codes: 0 after a clean Ctrl-C or `llmgw dev down`; 1 when a component failed.
@@ -85,7 +86,7 @@ def up(node_count, directory, gateway_port, no_examples, timeout, engines):
 
 @dev.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=DEFAULT_DIR, show_default=True)
-def down(directory):
+def down(directory: str) -> None:
     """Stop every process a `dev up` in DIR started (engines included); a `dev up` still
     running is asked to stop first, and says so where it runs."""
     n = cluster_down(Path(directory))
@@ -117,7 +118,7 @@ def engine_paths(values: tuple[str, ...]) -> dict[str, str]:
 def _stop_on_signals() -> threading.Event:
     flag = threading.Event()
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: object) -> None:
         if flag.is_set():  # a second Ctrl-C: stop waiting politely
             raise KeyboardInterrupt
         flag.set()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
@@ -15,7 +17,10 @@ etcd_tls_options = [
 ]
 
 
-def etcd_tls(fn):
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def etcd_tls(fn: F) -> F:
     """The --etcd-ca/--etcd-cert/--etcd-key options of every command that talks to etcd."""
     for option in reversed(etcd_tls_options):
         fn = option(fn)

@@ -9,6 +9,7 @@ import signal
 import click
 
 from llmgw import aio
+from llmgw.api.types import AnyObject
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 from llmgw.gateway.server import Limits
 
@@ -22,7 +23,7 @@ def _host_port(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _describe(kind, type_, obj) -> None:
+def _describe(kind: str, type_: str, obj: AnyObject) -> None:
     if kind == "replicas":
         log.info("routing: replica %s %s (phase %s, endpoint %s%s)", obj.metadata.name, type_.lower(),
                  obj.status.phase, obj.status.endpoint,
@@ -59,8 +60,10 @@ def _describe(kind, type_, obj) -> None:
               "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, retry_after, header_timeout,
-            keepalive_timeout, body_timeout, body_min_rate, max_conns_per_addr, log_level):
+def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
+            api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
+            keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
+            log_level: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(server) == bool(static):
@@ -79,7 +82,8 @@ def gateway(listen, server, ca, cert, key, static, api_keys, max_body_bytes, ret
     aio.run(_serve(gw, host, port, server, ca, cert, key, static))
 
 
-async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None:
+async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str | None, cert: str | None,
+                 key: str | None, static: str | None) -> None:
     source = None
     client = None
     if static:
@@ -99,6 +103,7 @@ async def _serve(gw: Gateway, host, port, server, ca, cert, key, static) -> None
     if not static:
         from llmgw.client import Client
         from llmgw.gateway.source import ServerSource
+        assert server is not None  # --server or --static, checked by the command
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))

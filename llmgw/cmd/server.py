@@ -21,9 +21,9 @@ def _listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca=None, etcd_cert=None,
-                etcd_key=None, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
-                watch_queue_limit: int = 1000) -> None:
+async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None = None,
+                etcd_cert: str | None = None, etcd_key: str | None = None, bookmark_interval: float = 10.0,
+                watch_cache_size: int = 10000, watch_queue_limit: int = 1000) -> None:
     from aiohttp import web
 
     from llmgw.server.app import ApiServer
@@ -85,8 +85,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.option("--watch-queue-limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)
-def server(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval, watch_cache_size,
-           watch_queue_limit, log_level):
+def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
+           etcd_key: str | None, bookmark_interval: float, watch_cache_size: int, watch_queue_limit: int,
+           log_level: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,11 +9,13 @@ thread, so nothing here needs a lock.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Iterable
+from collections.abc import Iterator
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -26,7 +28,7 @@ class Metrics:
         """`inflight` yields (model, replica, outstanding, routable) at scrape time: nothing on the hot path."""
         self.registry = r = CollectorRegistry()
         self._requests: dict[tuple[str, int], int] = {}  # (model, code) -> count
-        self._latency: dict[str, list] = {}  # model -> [count per bucket (+Inf last), sum]
+        self._latency: dict[str, list[Any]] = {}  # model -> [count per bucket (+Inf last), sum]
         r.register(_Requests(self._requests, self._latency))
         self.upstream_errors = Counter(
             "llmgw_gateway_upstream_errors",
@@ -66,15 +68,15 @@ class Metrics:
 class _Requests:
     """Collector of llmgw_gateway_requests_total and llmgw_gateway_request_duration_seconds."""
 
-    _BOUNDS = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+    _BOUNDS = [str(floatToGoString(b)) for b in LATENCY_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]
 
-    def __init__(self, requests: dict[tuple[str, int], int], latency: dict[str, list]):
+    def __init__(self, requests: dict[tuple[str, int], int], latency: dict[str, list[Any]]) -> None:
         self.requests, self.latency = requests, latency
 
-    def describe(self):
-        return []
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily(
             "llmgw_gateway_requests", "Requests answered, by model and HTTP status code",
             labels=["model", "code"])
@@ -99,10 +101,10 @@ class _Inflight:
     def __init__(self, samples: Callable[[], Iterable[tuple[str, str, int, bool]]]):
         self.samples = samples
 
-    def describe(self):
-        return []
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         inflight = GaugeMetricFamily(
             "llmgw_gateway_inflight_requests", "Requests outstanding at each replica",
             labels=["model", "replica"])

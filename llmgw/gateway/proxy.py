@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -95,7 +96,7 @@ class Gateway:
         await self.server.close(grace)
         self.pool.close()
 
-    def _inflight_samples(self):
+    def _inflight_samples(self) -> Iterator[tuple[str, str, int, bool]]:
         """(model, replica, n, routable) for every routable replica and any still busy after leaving."""
         inflight = self.balancer.inflight
         for b in self.table.backends.values():
@@ -231,7 +232,7 @@ class Gateway:
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
 
     def _pick(self, request: Request, body: "_Body", model: str, backends: list[Backend],
-              exclude: list[str] | tuple = ()) -> Backend | None:
+              exclude: Collection[str] = ()) -> Backend | None:
         """The replica for this request by its model's policy; the key is made once per request."""
         policy = self.balancer.policy(model, self.table.routing(model))
         if body.key is None or body.key[0] is not policy:  # (a retry may find the Model changed)
@@ -475,7 +476,7 @@ class _Body:
 
     __slots__ = ("raw", "doc", "key")
 
-    def __init__(self, raw: bytes, doc: dict):
+    def __init__(self, raw: bytes, doc: dict[str, Any]) -> None:
         self.raw, self.doc = raw, doc
         # (policy, key): the key the model's policy made of this request, once (its type is the policy's)
         self.key: tuple[RoutingPolicy, Any] | None = None
@@ -487,7 +488,7 @@ class _Body:
         return json.dumps({**self.doc, "model": other}).encode()
 
 
-def _model_card(id_: str, root: str, created: int, aliases) -> dict:
+def _model_card(id_: str, root: str, created: int, aliases: Sequence[str]) -> dict[str, Any]:
     card = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
     if aliases:
         card["aliases"] = list(aliases)

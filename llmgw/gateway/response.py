@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+from asyncio import WriteTransport
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import final
+from typing import Any, final
 
 JSON = b"Content-Type: application/json\r\n"
 
@@ -27,7 +28,7 @@ class Response:
         self.status, self.headers, self.body = status, headers, body
 
 
-def json_response(obj, status: int = 200, headers: bytes = b"") -> Response:
+def json_response(obj: Any, status: int = 200, headers: bytes = b"") -> Response:
     return Response(status, JSON + headers, json.dumps(obj).encode())
 
 
@@ -38,7 +39,7 @@ def status_line(status: int) -> bytes:
 _ONE_WRITE = 64 * 1024  # head and body joined into one write below this size
 
 
-def write_message(transport, head: bytes, body: bytes) -> None:
+def write_message(transport: WriteTransport, head: bytes, body: bytes) -> None:
     """Send an HTTP message: one write (one syscall) for a small body, else two (no big copy)."""
     if len(body) < _ONE_WRITE:
         transport.write(head + body)

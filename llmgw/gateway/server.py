@@ -54,7 +54,7 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -89,7 +89,7 @@ class Limits:
     body_min_rate: int = 1024  # bytes/s; 0: the whole body within body_timeout
     max_conns_per_addr: int = 256  # open connections from one client address; 0: no cap
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if min(self.header_timeout, self.keepalive, self.body_timeout) <= 0:
             raise ValueError("the timeouts must be positive")
         if self.body_min_rate < 0 or self.max_conns_per_addr < 0:
@@ -142,7 +142,7 @@ class Request:
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     @property
     def client_gone(self) -> bool:
@@ -246,6 +246,7 @@ class Stream:
 
 
 Answering = Coroutine[Any, Any, Response | Stream]  # what resume takes: a handler's answer, to come
+Handler = Callable[[Request], Answering]  # answers a request (a task runs it)
 
 
 class HttpConn(asyncio.Protocol):
@@ -257,7 +258,7 @@ class HttpConn(asyncio.Protocol):
         self.server = server
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[Request] = collections.deque()  # parsed; the first is being answered
-        self.task: asyncio.Task | None = None  # answers the head of the queue
+        self.task: asyncio.Task[None] | None = None  # answers the head of the queue
         self.begun: Request | None = None  # the head of the queue, taken by the server's begin
         self._resume: Answering | None = None  # the coroutine the next task answers with, in place of the handler
         self.closing = False  # close after the answer in progress
@@ -273,7 +274,7 @@ class HttpConn(asyncio.Protocol):
         self._read_paused = False
         self._client_eof = False
         self._discard = False  # input is no longer parsed, only dropped
-        self._drain: asyncio.Future | None = None
+        self._drain: asyncio.Future[None] | None = None
         self._cur: Request | None = None  # the request whose body is being parsed
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -287,8 +288,9 @@ class HttpConn(asyncio.Protocol):
 
     # ------------------------------------------------------------ transport events
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream's transport (uvloop's TCPTransport is one, without being a subclass)
+        self.transport = cast(asyncio.Transport, transport)
         server = self.server
         server.conns.add(self)
         self._timer = asyncio.get_running_loop().call_later(server.tick, self._check)
@@ -356,7 +358,7 @@ class HttpConn(asyncio.Protocol):
         self._stop_reading()
         return self.busy  # keep the transport open to answer what is queued
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         server = self.server
         server.conns.discard(self)
@@ -695,7 +697,8 @@ class HttpConn(asyncio.Protocol):
 
 
 class HttpServer:
-    def __init__(self, handler, max_body: int, limits: Limits = Limits(), begin=None):
+    def __init__(self, handler: Handler, max_body: int, limits: Limits = Limits(),
+                 begin: Callable[[Request], bool] | None = None) -> None:
         self.handler = handler
         self.begin = begin
         self.max_body = max_body
@@ -715,7 +718,8 @@ class HttpServer:
     @property
     def port(self) -> int:
         assert self._server is not None  # started
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def close(self, grace: float = 60.0) -> None:
         """Stop accepting; idle connections close now, busy ones after their answer (at most `grace` s)."""

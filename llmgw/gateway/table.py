@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.api import Model, Replica, RoutingSpec
+from llmgw.api.types import ObjectT
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def routable(r: Replica) -> bool:
     )
 
 
-def _as(cls, obj: Any):
+def _as(cls: type[ObjectT], obj: Any) -> ObjectT:
     if isinstance(obj, cls):
         return obj
     if isinstance(obj, dict):

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
+from typing import cast
 
 import httptools
 
@@ -65,15 +66,16 @@ class Conn(asyncio.Protocol):
         self._paused = False
         self._whole = False  # read_all is waiting: never pause
         self._error: UpstreamError | None = None
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         # called after each piece of input and on a failure, for a caller without a task
         self.listener: Callable[[], None] | None = None
         self._busy = False
 
     # ------------------------------------------------------------ protocol
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream's transport (uvloop's TCPTransport is one, without being a subclass)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if not self._busy or self.complete:
@@ -90,7 +92,7 @@ class Conn(asyncio.Protocol):
         if self.listener is not None:  # after the parser, so that it may reuse or close this connection
             self.listener()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if not self._busy or self.complete:
             return

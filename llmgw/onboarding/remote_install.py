@@ -22,7 +22,9 @@ import base64
 import hashlib
 import posixpath
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 
@@ -45,25 +47,25 @@ class Layout:
         return posixpath.normpath(posixpath.join(self.root, rel.lstrip("/")))
 
     @property
-    def binary(self): return self.path("usr/local/bin/llmgw")
+    def binary(self) -> str: return self.path("usr/local/bin/llmgw")
     @property
-    def config(self): return self.path("etc/llmgw/agent.yaml")
+    def config(self) -> str: return self.path("etc/llmgw/agent.yaml")
     @property
-    def ca(self): return self.path("etc/llmgw/pki/ca.crt")
+    def ca(self) -> str: return self.path("etc/llmgw/pki/ca.crt")
     @property
-    def cert(self): return self.path("etc/llmgw/pki/node.crt")
+    def cert(self) -> str: return self.path("etc/llmgw/pki/node.crt")
     @property
-    def key(self): return self.path("etc/llmgw/pki/node.key")
+    def key(self) -> str: return self.path("etc/llmgw/pki/node.key")
     @property
-    def unit(self): return self.path(f"etc/systemd/system/{UNIT_NAME}")
+    def unit(self) -> str: return self.path(f"etc/systemd/system/{UNIT_NAME}")
     @property
-    def state_dir(self): return self.path("var/lib/llmgw/agent")
+    def state_dir(self) -> str: return self.path("var/lib/llmgw/agent")
     @property
-    def pex_root(self): return self.path("var/lib/llmgw/pex")
+    def pex_root(self) -> str: return self.path("var/lib/llmgw/pex")
     @property
-    def log(self): return self.path("var/log/llmgw-agent.log")
+    def log(self) -> str: return self.path("var/log/llmgw-agent.log")
     @property
-    def pidfile(self): return self.path("run/llmgw-agent.pid")
+    def pidfile(self) -> str: return self.path("run/llmgw-agent.pid")
 
     def trust_anchor(self, style: str) -> str:
         return self.path(TRUST_ANCHOR[style])
@@ -81,7 +83,7 @@ class HostFacts:
 
 def render_config(layout: Layout, node: str, server: str, fabrics: list[str], nvidia_smi: str | None,
                   ib_root: str | None) -> bytes:
-    cfg: dict = {"node": node, "server": server, "ca": layout.ca, "cert": layout.cert, "key": layout.key}
+    cfg: dict[str, Any] = {"node": node, "server": server, "ca": layout.ca, "cert": layout.cert, "key": layout.key}
     if fabrics:
         cfg["fabrics"] = list(fabrics)
     if nvidia_smi:
@@ -126,7 +128,7 @@ def sha256(data: bytes) -> str:
 
 
 class RemoteHost:
-    def __init__(self, ssh: Ssh, layout: Layout, log=print):
+    def __init__(self, ssh: Ssh, layout: Layout, log: Callable[[str], object] = print) -> None:
         self.ssh = ssh
         self.layout = layout
         self.log = log
@@ -257,7 +259,8 @@ class Systemd(ServiceManager):
         return f"journalctl -u {UNIT_NAME} on {self.host.ssh.host}"
 
     def tail(self, lines: int = 20) -> str:
-        return self.host.ssh.run(f"journalctl -u {UNIT_NAME} -n {lines} --no-pager", check=False).stdout
+        out: str = self.host.ssh.run(f"journalctl -u {UNIT_NAME} -n {lines} --no-pager", check=False).stdout
+        return out
 
 
 class Direct(ServiceManager):
@@ -267,7 +270,8 @@ class Direct(ServiceManager):
     def _running_pid(self) -> str:
         pidfile = shlex.quote(self.host.layout.pidfile)
         script = f'pid=$(cat {pidfile} 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"'
-        return self.host.ssh.run(script, check=False).stdout.strip()
+        out: str = self.host.ssh.run(script, check=False).stdout
+        return out.strip()
 
     def apply(self, changed: bool) -> str:
         lay = self.host.layout
@@ -295,7 +299,8 @@ sleep 2
         return f"{self.host.layout.log} on {self.host.ssh.host}"
 
     def tail(self, lines: int = 20) -> str:
-        return self.host.ssh.run(f"tail -n {lines} {shlex.quote(self.host.layout.log)}", check=False).stdout
+        out: str = self.host.ssh.run(f"tail -n {lines} {shlex.quote(self.host.layout.log)}", check=False).stdout
+        return out
 
 
 SERVICE_MANAGERS = {"systemd": Systemd, "direct": Direct}

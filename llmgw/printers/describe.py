@@ -26,7 +26,7 @@ def _when(ts: Any, now: datetime) -> str:
         try:
             ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         except ValueError:
-            return ts
+            return str(ts)
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             ts = ts.replace(tzinfo=timezone.utc)

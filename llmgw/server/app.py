@@ -17,13 +17,14 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from llmgw.api import KINDS, InvalidObject, Object, parse_object
+from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
 from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
@@ -39,6 +40,7 @@ from llmgw.store import Store
 from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
 JSON_TYPES = ("application/json", "application/merge-patch+json")
 
@@ -50,20 +52,21 @@ _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "
 
 
 class Fail(Exception):
-    def __init__(self, code: int, reason: str, message: str, **details):
+    def __init__(self, code: int, reason: str, message: str, **details: Any) -> None:
         self.code, self.reason, self.message, self.details = code, reason, message, details
         super().__init__(message)
 
 
-def _json(data, status: int = 200) -> web.Response:
+def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data), status=status, content_type="application/json")
 
 
-def _dump(obj: Object) -> dict:
-    return obj.model_dump(mode="json")
+def _dump(obj: AnyObject) -> dict[str, Any]:
+    dumped: dict[str, Any] = obj.model_dump(mode="json")
+    return dumped
 
 
-def _node_of(obj: Object) -> str | None:
+def _node_of(obj: AnyObject) -> str | None:
     return obj.spec.node if obj.kind_plural == "shards" else None
 
 
@@ -76,7 +79,7 @@ class ApiServer:
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
@@ -100,11 +103,11 @@ class ApiServer:
         app.on_cleanup.append(self._stop)
         return app
 
-    async def _start(self, app) -> None:
+    async def _start(self, app: web.Application) -> None:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
 
-    async def _stop(self, app) -> None:
+    async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
         for t in self._tasks:
             t.cancel()
@@ -112,7 +115,7 @@ class ApiServer:
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
-    async def _errors(self, request: web.Request, handler):
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except Fail as f:
@@ -144,7 +147,7 @@ class ApiServer:
         return ident
 
     @web.middleware
-    async def _authenticate(self, request: web.Request, handler):
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_obj.getpeercert(binary_form=True) if ssl_obj else None
         if not der:
@@ -166,7 +169,7 @@ class ApiServer:
         return await handler(request)
 
     @web.middleware
-    async def _authorize(self, request: web.Request, handler):
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Step 3: the verb, the kind and the URL's names against the identity, before any body is read."""
         act = self._url_action(request)
         if act is not None:
@@ -213,7 +216,7 @@ class ApiServer:
         return kind
 
     @staticmethod
-    async def _body(request: web.Request) -> dict:
+    async def _body(request: web.Request) -> dict[str, Any]:
         if request.content_type not in JSON_TYPES:
             raise Fail(415, "UnsupportedMediaType", f"request body: content-type {request.content_type!r} is not "
                        f"JSON; send {' or '.join(JSON_TYPES)}")
@@ -233,7 +236,7 @@ class ApiServer:
             raise Fail(400, "BadRequest", "request body must be a JSON object")
         return body
 
-    async def _object(self, request: web.Request, kind: str, require: str | None = None) -> Object:
+    async def _object(self, request: web.Request, kind: str, require: str | None = None) -> AnyObject:
         """The body as an object of `kind`, named as the URL says; `require`: a field it must hold."""
         body = await self._body(request)
         if require is not None and require not in body:
@@ -294,7 +297,8 @@ class ApiServer:
             raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
         return _json(_dump(await self.store.update(obj)))
 
-    async def _existing_for_status(self, request: web.Request, kind: str, name: str, fields) -> Object:
+    async def _existing_for_status(self, request: web.Request, kind: str, name: str,
+                                   fields: Callable[[AnyObject], frozenset[str]]) -> AnyObject:
         """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
         current = await self.store.get(KINDS[kind], name, node=hint)
@@ -405,7 +409,7 @@ class ApiServer:
             raise ValueError(f"kind {kind} is not keyed by node")
         sel = Selector.parse(selector) if selector else None
         cache = self.watch_cache.kind(kind)
-        initial: list[Object] = []
+        initial: list[AnyObject] = []
         expired: str | None = None
         watcher: Watcher | None = None
         if rv:
@@ -463,7 +467,7 @@ class ApiServer:
         return undo
 
 
-async def apply_object(store: Store, obj: Object, attempts: int = 10) -> tuple[str, Object]:
+async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tuple[str, AnyObject]:
     """Create `obj`, or make the stored one's spec, labels and annotations match it.
 
     Status is never written. Labels and annotations in the manifest are set; others the

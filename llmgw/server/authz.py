@@ -21,9 +21,10 @@ that may not use a URL is refused before anything it sent is parsed, as Kubernet
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llmgw.api import NODE_AGENT_STATUS_FIELDS, Object
+from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
 from llmgw.pki import Identity
 
 READ = {"get", "list", "watch"}
@@ -36,7 +37,7 @@ NODE_CREATE_FIELDS = NODE_STATUS_FIELDS | {"metadata.labels"}
 CLIENT_METADATA = ("labels", "annotations", "finalizers", "ownerReferences", "deletionTimestamp")
 
 
-def written_fields(new: Object, old: Object | None = None) -> frozenset[str]:
+def written_fields(new: AnyObject, old: AnyObject | None = None) -> frozenset[str]:
     """The fields (`metadata.labels`, `spec.drain`, `status.gpus`, ...) that `new` sets: those that
     differ from `old`, or, for a new object, from their defaults (a required field always counts)."""
     out = set()
@@ -88,7 +89,7 @@ class Denied(Exception):
 
 
 class Authorizer:
-    def __init__(self, referenced):
+    def __init__(self, referenced: Callable[[str], Awaitable[tuple[set[str], set[str]]]]) -> None:
         # referenced(node) -> awaitable (models, replicas): names the node's shards reference
         self._referenced = referenced
 

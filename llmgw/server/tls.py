@@ -15,6 +15,8 @@ import asyncio
 import logging
 import ssl
 from asyncio.sslproto import SSLProtocol
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -56,10 +58,10 @@ def describe_handshake_error(err: BaseException) -> str:
 class _AlertingSSLProtocol(SSLProtocol):
     """asyncio drops the TLS alert of a failed handshake; send it, so the client learns why."""
 
-    def _on_handshake_complete(self, handshake_exc):
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
         if handshake_exc is not None:
             try:
-                self._process_outgoing()
+                self._process_outgoing()  # type: ignore[attr-defined]  # asyncio.sslproto's, untyped
             except Exception:  # noqa: BLE001 the peer may be gone already
                 pass
         super()._on_handshake_complete(handshake_exc)
@@ -68,7 +70,7 @@ class _AlertingSSLProtocol(SSLProtocol):
 class _Acceptor(asyncio.Protocol):
     """Runs the TLS handshake for one connection, then hands it to aiohttp's handler."""
 
-    def __init__(self, handler_factory, ctx: ssl.SSLContext, timeout: float):
+    def __init__(self, handler_factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, timeout: float) -> None:
         self._factory, self._ctx, self._timeout = handler_factory, ctx, timeout
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,12 +85,12 @@ class _Acceptor(asyncio.Protocol):
         waiter.add_done_callback(lambda fut: _log_failure(fut, peer))
 
 
-def _log_failure(fut: asyncio.Future, peer) -> None:
+def _log_failure(fut: asyncio.Future[Any], peer: tuple[str, int] | None) -> None:
     err = None if fut.cancelled() else fut.exception()
     if err is None:
         return
     who = f"{peer[0]}:{peer[1]}" if peer else "?"
-    if isinstance(err, (ConnectionResetError, BrokenPipeError)) or err is ConnectionResetError:
+    if isinstance(err, (ConnectionResetError, BrokenPipeError)):
         log.info("TLS handshake from %s: closed by the client (does it trust this server's certificate?)", who)
         return
     log.warning("refused: TLS handshake from %s: %s", who, describe_handshake_error(err))
@@ -99,7 +101,8 @@ class TLSSite(web.TCPSite):
 
     __slots__ = ("_tls_context", "_handshake_timeout")
 
-    def __init__(self, runner, host, port, *, ssl_context: ssl.SSLContext, handshake_timeout: float = 10.0, **kw):
+    def __init__(self, runner: web.BaseRunner, host: str | None, port: int | None, *, ssl_context: ssl.SSLContext,
+                 handshake_timeout: float = 10.0, **kw: Any) -> None:
         super().__init__(runner, host, port, **kw)
         self._tls_context = ssl_context
         self._handshake_timeout = handshake_timeout
@@ -112,6 +115,7 @@ class TLSSite(web.TCPSite):
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         server = self._runner.server
+        assert server is not None  # BaseSite.start: the runner is set up
         ctx, timeout = self._tls_context, self._handshake_timeout
         self._server = await loop.create_server(
             lambda: _Acceptor(server, ctx, timeout), self._host, self._port,

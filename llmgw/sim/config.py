@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,16 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _nonnegative(kind):
-    def parse(text: str):
+N = TypeVar("N", int, float)
+
+
+def _nonnegative(kind: Callable[[str], N]) -> Callable[[str], N]:
+    def parse(text: str) -> N:
         value = kind(text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"{text} is negative")
         return value
-    parse.__name__ = kind.__name__
+    parse.__name__ = getattr(kind, "__name__", "number")
     return parse
 
 

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-def block_keys(tokens: Sequence, block_size: int) -> list[int]:
+def block_keys(tokens: Sequence[str | int], block_size: int) -> list[int]:
     """The chained keys of a prompt's whole blocks."""
     keys = []
     key = 0
@@ -35,7 +35,7 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, tokens: Sequence) -> int:
+    def admit(self, tokens: Sequence[str | int]) -> int:
         """Look a prompt up, then cache its blocks; the number of its leading tokens that were cached."""
         keys = block_keys(tokens, self.block_size)
         blocks = self._blocks

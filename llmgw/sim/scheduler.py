@@ -22,7 +22,7 @@ class Seq:
 
     __slots__ = ("tokens", "n", "cached", "emitted", "gone", "ready")
 
-    def __init__(self, tokens: Sequence, n: int):
+    def __init__(self, tokens: Sequence[str | int], n: int) -> None:
         self.tokens, self.n = tokens, n
         self.cached = 0  # prompt tokens found in the prefix cache, once admitted
         self.emitted = 0
@@ -43,7 +43,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._wake = asyncio.Event()
-        self._loop: asyncio.Task | None = None
+        self._loop: asyncio.Task[None] | None = None
 
     @property
     def context_tokens(self) -> int:

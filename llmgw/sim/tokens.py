@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Any
 
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
          "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
@@ -13,16 +14,20 @@ def token(i: int) -> str:
     return TOKENS[i % len(TOKENS)]
 
 
+Token = str | int   # a word of a prompt, or a token id it was given
+
+
 def text(n: int) -> str:
     return "".join(token(i) for i in range(n))
 
 
-def text_tokens(value) -> list:
+def text_tokens(value: Any) -> list[Token]:
     """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
     string without any is one empty token), the items of a token-id list, those of each prompt
     of a list of prompts one after the other. The same prompt always gives the same tokens."""
     if isinstance(value, str):
-        return value.split() or [""]
+        words: list[Token] = [*value.split()]
+        return words or [""]
     if isinstance(value, list):
         if value and all(isinstance(v, int) for v in value):
             return value
@@ -30,9 +35,9 @@ def text_tokens(value) -> list:
     return []
 
 
-def message_tokens(messages: list) -> list:
+def message_tokens(messages: list[Any]) -> list[Token]:
     """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
-    out: list = []
+    out: list[Token] = []
     for message in messages:
         if not isinstance(message, dict):
             continue

@@ -106,7 +106,7 @@ def _run(path: str, fields: list[str], timeout: float) -> tuple[int, str]:
     return proc.returncode, out.decode("utf-8", errors="replace")
 
 
-def _read_until_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool]:
+def _read_until_exit(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool]:
     """(output, whether the process exited before the deadline)."""
     chunks: list[bytes] = []
     assert proc.stdout is not None  # stdout=PIPE
@@ -131,7 +131,7 @@ def _read_until_exit(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bo
                 return b"".join(chunks), True  # exited and nothing more to read
 
 
-def _reap(proc: subprocess.Popen) -> None:
+def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(timeout=1)
     except subprocess.TimeoutExpired:  # stuck in the kernel: reap it whenever it goes
