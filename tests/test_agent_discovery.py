@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from llmgw.agent.discovery.gpu import discover_gpus
 from llmgw.agent.discovery.infiniband import discover_ports
 from llmgw.agent.process import is_alive
+from tests.helpers.poll import until_sync
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SMI = REPO / "hack" / "fakes" / "nvidia-smi"
@@ -189,11 +189,10 @@ def _script(tmp_path: Path, name: str, body: str) -> str:
 
 def _goes(pid: int, within: float = 10.0) -> bool:
     """Whether `pid` is gone within the bound (SIGKILL is delivered asynchronously)."""
-    deadline = time.monotonic() + within
-    while is_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
+    try:
+        until_sync(lambda: not is_alive(pid), f"pid {pid} gone", within, interval=0.02)
+    except AssertionError:
+        return False
     return True
 
 

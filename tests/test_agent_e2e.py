@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from llmgw.dev.process import free_port
 from llmgw.store import Store
 from llmgw.store import keys as K
 from tests.helpers.cluster import shared_api_server  # noqa: F401
+from tests.helpers.poll import until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "fakes"))
 from make_sysfs import FakePort, make_sysfs
@@ -107,21 +107,10 @@ def sim_shard(name: str, node: str, *, engine: str = "sim", source: str | None =
 
 
 async def wait_for(what: str, probe, agent: AgentProcess, timeout: float = WAIT):
-    """Poll `probe()` (async) until it returns something truthy; fail with the agent's log."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except NotFound as err:
-            last = err
-        if last and not isinstance(last, Exception):
-            return last
-        if agent.proc.poll() is not None:
-            break
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not reached (last seen: {last!r}); agent exit {agent.proc.poll()}, "
-                         f"agent log:\n{agent.tail()}")
+    """Poll `probe()` until it is truthy, while the agent runs; on failure, the agent's log."""
+    return await until(probe, what, timeout, interval=0.1, ignoring=(NotFound,),
+                       abort=lambda: agent.proc.poll() is not None,
+                       detail=lambda: f"agent exit {agent.proc.poll()}, agent log:\n{agent.tail()}")
 
 
 async def shard_in(c, name: str, agent: AgentProcess, *phases: str) -> Shard:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +22,7 @@ from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
+from tests.helpers.poll import until
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(600)
@@ -57,17 +57,6 @@ def node_status(cluster, node: str) -> str:
         if cols and cols[0] == node:
             return cols[1]
     raise AssertionError(f"{node} not in `llmgw get nodes`")
-
-
-async def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 class Load:
@@ -134,7 +123,7 @@ async def test_1_models_become_ready_and_serve(cluster, client):
     async def all_ready():
         m1, m2 = await client.get(Model, "sim-large"), await client.get(Model, "sim-small")
         return m1.status.readyReplicas >= 1 and m2.status.readyReplicas >= 2
-    await wait_for("both models Ready", all_ready, timeout=120)
+    await until(all_ready, "both models Ready", timeout=120, interval=0.3)
 
     large = (await replicas_of(client, "sim-large"))[0]
     assert {p.fabric for p in large.spec.placement} == {"ib-a"}
@@ -160,7 +149,7 @@ async def test_2_drain_under_load_loses_no_request(cluster, client):
         async def drained_done():
             node = await client.get(Node, drained)
             return node.status.drain and node.status.drain.phase == "Drained"
-        await wait_for(f"{drained} Drained", drained_done, timeout=150)
+        await until(drained_done, f"{drained} Drained", timeout=150, interval=0.3)
         await asyncio.sleep(1.0)  # keep the load on while the originals stop
     assert not load.failures, load.failures[:5]
     assert load.ok > 20
@@ -188,13 +177,13 @@ async def test_3_lost_node_goes_notready_and_its_replica_is_rebuilt(cluster, cli
 
     async def notready():
         return node_status(cluster, victim).startswith("NotReady")
-    await wait_for(f"{victim} NotReady", notready, timeout=60)
+    await until(notready, f"{victim} NotReady", timeout=60, interval=0.3)
 
     async def rebuilt():
         live = [r for r in await replicas_of(client, "sim-small")
                 if r.status.phase == "Ready" and victim not in nodes_of(r) and not r.metadata.deletionTimestamp]
         return len(live) >= 2
-    await wait_for("sim-small rebuilt away from the lost node", rebuilt, timeout=120)
+    await until(rebuilt, "sim-small rebuilt away from the lost node", timeout=120, interval=0.3)
 
 
 async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacement(cluster, client):
@@ -208,7 +197,7 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
 
         async def back(name=name):
             return node_status(cluster, name) == "Ready"
-        await wait_for(f"{name} Ready again", back, timeout=60)
+        await until(back, f"{name} Ready again", timeout=60, interval=0.3)
     large = [r for r in await replicas_of(client, "sim-large") if not r.metadata.deletionTimestamp][0]
     target = sorted(nodes_of(large))[0]
     llmgw_cli(cluster, "drain", target)
@@ -216,7 +205,7 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
     async def replacement_exists():
         return [r for r in (await client.list(Replica))[0]
                 if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == large.name]
-    await wait_for("a replacement", replacement_exists, timeout=60)
+    await until(replacement_exists, "a replacement", timeout=60, interval=0.3)
     cluster.stop_process("controller-manager", signal.SIGKILL)
     cluster.procs["stopped:controller-manager"] = cluster.procs.pop("controller-manager")
     cluster.start_controller_manager("controller-manager-2")
@@ -224,7 +213,7 @@ async def test_4_controller_manager_restart_mid_drain_makes_no_second_replacemen
     async def drained_done():
         node = await client.get(Node, target)
         return node.status.drain and node.status.drain.phase == "Drained"
-    await wait_for(f"{target} Drained after the restart", drained_done, timeout=150)
+    await until(drained_done, f"{target} Drained after the restart", timeout=150, interval=0.3)
     replacements = [r for r in (await client.list(Replica))[0]
                     if r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) == large.name]
     # the annotation may be cleared once the original is gone; a second replacement never appears
@@ -246,11 +235,11 @@ async def test_5_template_change_under_load_loses_no_request(cluster, client):
             return (len(live) == 2 and not {r.name for r in live} & old
                     and all(r.status.phase == "Ready" for r in live)
                     and all(r.spec.profile.args == ["--tokens-per-second", "400"] for r in live))
-        await wait_for("sim-small rolled to the new template", rolled, timeout=150)
+        await until(rolled, "sim-small rolled to the new template", timeout=150, interval=0.3)
 
         async def old_gone():
             return not {r.name for r in await replicas_of(client, "sim-small")} & old
-        await wait_for("old sim-small replicas gone", old_gone, timeout=60)
+        await until(old_gone, "old sim-small replicas gone", timeout=60, interval=0.3)
     assert not load.failures, load.failures[:5]
     assert load.ok > 20
     m = await client.get(Model, "sim-small")

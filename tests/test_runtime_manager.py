@@ -12,17 +12,11 @@ from llmgw.runtime.manager import Manager
 from llmgw.runtime.metrics import serve
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import FencedOut, Store
+from tests.helpers.poll import until
 
 
 def model(name: str) -> Model:
     return Model(metadata=ObjectMeta(name=name), spec=ModelSpec(profiles=[Profile(engine="sim")]))
-
-
-async def until(cond, timeout=30.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 class Labeler(Controller):

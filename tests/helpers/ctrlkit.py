@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
 from llmgw.api.wellknown import MODEL_LABEL
@@ -20,6 +19,7 @@ from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import NotFound, keys
+from tests.helpers.poll import until as until  # the kits' users wait with it
 
 
 def node(name: str, gpus: int = 8, fabric: str | None = None, engines=("sim",), labels=None,
@@ -69,20 +69,6 @@ async def heartbeat(store, node_name: str) -> None:
 
 async def silence(store, node_name: str) -> None:
     await store.kv.delete(keys.heartbeat_key(node_name))
-
-
-async def until(cond: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0, what: str = "") -> Any:
-    """Poll until cond() is truthy; returns its value. The timeout only bounds a hang."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        assert loop.time() < deadline, f"condition not met: {what or cond}"
-        await asyncio.sleep(0.05)
 
 
 async def get_or_none(store, kind, name: str):
