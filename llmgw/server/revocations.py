@@ -12,9 +12,8 @@ from typing import Callable
 from llmgw.api.client import EventType
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
-from llmgw.runtime.listwatch import KeyNames, after_store_error_never_raise
 from llmgw.store import Store
-from llmgw.store.keys import REVOKED
+from llmgw.store.listwatch import after_store_error_never_raise
 
 log = logging.getLogger("llmgw.server")
 
@@ -53,7 +52,9 @@ class Revocations:
 
     async def run(self) -> None:
         """Keep ``serials`` current (a reflector over the revoked keys); ``ready`` once listed."""
-        reflector = Reflector(_Revoked(self._store, REVOKED, str.lower), self._change, key=str,
+        # checking them never stops: any failure but a compaction is retried
+        revoked = self._store.revocations.lister_watcher(after_store_error_never_raise)
+        reflector = Reflector(revoked, self._change, key=str,
                               known=lambda: self.serials, on_synced=self.ready.set,
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
@@ -64,8 +65,3 @@ class Revocations:
         else:
             self._revoked({serial})
 
-
-class _Revoked(KeyNames):
-    """The revoked serials. Checking them never stops: any failure but a compaction is retried."""
-
-    after_error = staticmethod(after_store_error_never_raise)

@@ -42,10 +42,10 @@ from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
 from llmgw.backoff import Backoff
 from llmgw.reflector import Event, Reflector, object_name
-from llmgw.runtime.listwatch import after_store_error_never_raise
 from llmgw.server.status import status_body
 from llmgw.store import keys as K
 from llmgw.store.errors import Compacted
+from llmgw.store.listwatch import after_store_error_never_raise
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.server")

@@ -6,6 +6,7 @@ from typing import Any
 
 from llmgw.store import keys as K
 from llmgw.store.kv import KV
+from llmgw.store.listwatch import AfterErrorPolicy, KeyNames, after_store_error
 
 
 class Revocations:
@@ -20,3 +21,8 @@ class Revocations:
         """Every revoked serial, with its info."""
         items, _ = await self._kv.list(K.REVOKED)
         return {k[len(K.REVOKED):]: json.loads(v) for k, v, _ in items}
+
+    def lister_watcher(self, after_error: AfterErrorPolicy = after_store_error) -> KeyNames:
+        """The revoked serials (lower case, as certificates' serials are compared), as a
+        reflector's lister-watcher."""
+        return KeyNames(self._kv, K.REVOKED, str.lower, after_error)

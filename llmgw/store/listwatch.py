@@ -1,15 +1,19 @@
-"""The store as reflectors' lister-watchers (llmgw.reflector): a kind's objects, or the
-names under a key prefix (live heartbeats, revoked serials)."""
+"""The store as reflectors' lister-watchers (llmgw.reflector): a kind's objects
+(``store.lister_watcher(Model)``), or the names under a key prefix (``store.heartbeats.lister_watcher()``,
+``store.revocations.lister_watcher()``)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple
 
 from llmgw.api.client import EventType
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import ObjectT
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
-from llmgw.store.store import Store
+from llmgw.store.kv import KV
+from llmgw.store.objects import Objects
+
+AfterErrorPolicy = Callable[[Exception], AfterError]
 
 
 def after_store_error(err: Exception) -> AfterError:
@@ -25,19 +29,21 @@ def after_store_error_never_raise(err: Exception) -> AfterError:
     return "relist" if isinstance(err, Compacted) else "retry"
 
 
-class StoreObjects:
+class StoreObjects(Generic[ObjectT]):
     """The store's objects of one kind."""
 
-    def __init__(self, store: Store, kind: str) -> None:
-        self.store, self.kind = store, kind
+    def __init__(self, objects: Objects, kind: type[ObjectT],
+                 after_error: AfterErrorPolicy = after_store_error) -> None:
+        self.objects, self.kind, self._after_error = objects, kind, after_error
 
-    async def list(self) -> tuple[Sequence[AnyObject], int]:
-        return await self.store.list(KINDS[self.kind])
+    async def list(self) -> tuple[Sequence[ObjectT], int]:
+        return await self.objects.list(self.kind)
 
-    def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.store.watch(KINDS[self.kind], from_revision)
+    def watch(self, from_revision: int) -> AsyncIterator[Event[ObjectT]]:
+        return self.objects.watch(self.kind, from_revision)
 
-    after_error = staticmethod(after_store_error)
+    def after_error(self, err: Exception) -> AfterError:
+        return self._after_error(err)
 
 
 class NameEvent(NamedTuple):
@@ -50,18 +56,20 @@ class KeyNames:
     """The names of the keys under ``prefix`` (each key less the prefix, through ``normal``):
     a key written is ADDED (again, at each write), a key deleted or expired is DELETED."""
 
-    def __init__(self, store: Store, prefix: str, normal: Callable[[str], str] = str) -> None:
-        self.store, self.prefix, self.normal = store, prefix, normal
+    def __init__(self, kv: KV, prefix: str, normal: Callable[[str], str] = str,
+                 after_error: AfterErrorPolicy = after_store_error) -> None:
+        self.kv, self.prefix, self.normal, self._after_error = kv, prefix, normal, after_error
 
     def _name(self, key: str) -> str:
         return self.normal(key[len(self.prefix):])
 
     async def list(self) -> tuple[Sequence[str], int]:
-        kvs, rev = await self.store.kv.list(self.prefix)
+        kvs, rev = await self.kv.list(self.prefix)
         return [self._name(k) for k, _, _ in kvs], rev
 
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
-        async for ev in self.store.kv.watch(self.prefix, from_revision):
+        async for ev in self.kv.watch(self.prefix, from_revision):
             yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
 
-    after_error = staticmethod(after_store_error)
+    def after_error(self, err: Exception) -> AfterError:
+        return self._after_error(err)
