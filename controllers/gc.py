@@ -13,12 +13,12 @@ leader-only runnable of the controller manager, not here.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
 from llmgw.api import KIND_BY_NAME, KINDS, AnyObject, Model, OwnerReference, Replica, Shard
 from llmgw.api.errors import NotFound
-from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 
 
 class GarbageCollector(Controller):
@@ -28,17 +28,18 @@ class GarbageCollector(Controller):
     workers = 1
 
     def __init__(self) -> None:
-        self._term: Any = None               # the cache of the term _looked_at belongs to
         # (kind, name) -> (uid, owner references) last enqueued this term. Whether an owner
         # is gone changes only when the references change or an owner goes (which enqueues
         # its dependants below), so a status change does not need another look.
         self._looked_at: dict[tuple[str, str], tuple[str | None, tuple[tuple[str, str, str], ...]]] = {}
 
+    def start(self, ctx: Context) -> None:
+        """A new term looks at every owned object again: its cache is new."""
+        super().start(ctx)
+        self._looked_at = {}
+
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         keys: list[str] = []
-        if self._term is not self.ctx.cache:   # first event of a leadership term
-            self._term = self.ctx.cache
-            self._looked_at.clear()
         if isinstance(obj, str):
             return keys
         plural, name = obj.kind_plural, obj.metadata.name

@@ -60,8 +60,7 @@ from llmgw.api.errors import NotFound
 from llmgw.api.meta import ConditionStatus
 from llmgw.api.patches import ConditionPatch, NodeStatusPatch
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
-from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import HEARTBEATS, Controller, Result, WatchedKind
+from llmgw.runtime.controller import HEARTBEATS, Context, Controller, Result, WatchedKind
 
 
 def mass_silence(silent: int, total: int, fraction: float) -> bool:
@@ -81,21 +80,19 @@ class NodeLifecycleController(Controller):
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
-        self._term: Cache | None = None     # the cache (one per leadership term) the state below is for
+        # per leadership term (start)
         self.silent_since: dict[str, float] = {}
         self._mass = False                  # mass silence as last seen
         self._settle_until = 0.0
         self._next_eviction = 0.0           # when the rate limit lets the next node be judged lost
 
-    def _new_term(self) -> None:
+    def start(self, ctx: Context) -> None:
         """A new leadership term starts with a clean slate: every silent node a fresh grace."""
-        if self._term is not self.ctx.cache:
-            self._term = self.ctx.cache
-            self.silent_since.clear()
-            self._mass, self._settle_until, self._next_eviction = False, 0.0, 0.0
+        super().start(ctx)
+        self.silent_since = {}
+        self._mass, self._settle_until, self._next_eviction = False, 0.0, 0.0
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        self._new_term()
         if isinstance(obj, str):        # a heartbeat: the node's name
             return [obj]
         if type(obj) is Node:
@@ -121,7 +118,6 @@ class NodeLifecycleController(Controller):
         return silent, len(nodes)
 
     async def reconcile(self, key: str) -> Result | None:
-        self._new_term()
         cache = self.ctx.cache
         now = self.ctx.clock()
         node = cache.get(Node, key)

@@ -58,7 +58,7 @@ from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
 from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
 from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
-from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import describe
 
 log = logging.getLogger("llmgw.controllers.replica")
@@ -133,10 +133,19 @@ class ReplicaController(Controller):
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
-        self._reserved: dict[str, set[int]] = {}   # node -> ports handed out, not yet in the cache
+        # per leadership term (start): node -> ports handed out, not yet in the cache
+        self._reserved: dict[str, set[int]] = {}
         # node -> ports a shard failed on with PortInUse: never handed out again (until the
-        # agent's status.foreignPorts, which outlives this memory, lists them anyway)
+        # agent's status.foreignPorts, which outlives this memory, lists them anyway). Kept
+        # across terms on purpose: it is what a node said of its ports, not a view of the
+        # cache; the failed shard is gone by the next term, and its port is still taken.
         self._port_held: dict[str, set[int]] = {}
+
+    def start(self, ctx: Context) -> None:
+        """Ports handed out in the last term were booked against its cache; the new cache
+        holds every shard that was created, so nothing reserved carries over."""
+        super().start(ctx)
+        self._reserved = {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         if type(obj) is Replica:

@@ -26,8 +26,7 @@ from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
 from llmgw.api.errors import Conflict, NotFound
 from llmgw.api.patches import ReplicaStatusPatch
-from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import Controller, Result, WatchedKind
+from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import Fit, Ledger, describe, place, request_for
 
 
@@ -38,14 +37,20 @@ class SchedulerController(Controller):
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
+        # per leadership term (start): the ledger mirrors the term's cache
         self.ledger: Ledger | None = None
-        self._ledger_of: Cache | None = None   # the cache (one per leadership term) it mirrors
         self.unschedulable: set[str] = set()   # replicas waiting for room
+
+    def start(self, ctx: Context) -> None:
+        """A new term's ledger is built from its own cache, at its first use (the informers
+        fill the cache after start); nothing booked in the last term carries over."""
+        super().start(ctx)
+        self.ledger, self.unschedulable = None, set()
 
     # ------------------------------------------------------------ ledger
     def _ledger(self) -> Ledger:
         """Built from the cache on first use in a term; afterwards kept current by keys_for."""
-        if self.ledger is None or self._ledger_of is not self.ctx.cache:
+        if self.ledger is None:
             led = Ledger()
             for node in self.ctx.cache.list(Node):
                 led.observe_node(node)
@@ -53,8 +58,7 @@ class SchedulerController(Controller):
                 led.observe_replica(rep)
             for shard in self.ctx.cache.list(Shard):
                 led.observe_shard(shard)
-            self.ledger, self._ledger_of = led, self.ctx.cache
-            self.unschedulable = set()
+            self.ledger = led
         return self.ledger
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:

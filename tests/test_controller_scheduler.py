@@ -7,6 +7,8 @@ from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
 from llmgw.api.types import Node, Replica
+from llmgw.runtime.manager import Manager
+from llmgw.runtime.settings import ManagerSettings
 from tests.helpers.ctrlkit import node, replica, running, until
 
 
@@ -80,6 +82,36 @@ async def test_concurrent_binds_never_share_a_gpu_and_a_new_term_respects_old_on
     assert len(slots) == 12 and len(set(slots)) == 12
     per_node = {n: sum(1 for s in slots if s[0] == n) for n in ("n0", "n1", "n2")}
     assert per_node == {"n0": 4, "n1": 4, "n2": 4}
+
+
+async def test_a_term_regained_keeps_nothing_the_last_term_booked(store):
+    """Lose leadership, regain it: the same controller's ledger of the last term (a replica
+    deleted in between still holding its GPU there) must not carry over into the new one."""
+    await store.create(node("n1", gpus=1))
+    sched = SchedulerController(ControllerSettings(scheduler_retry=0.5))
+    m = Manager(store, [sched], identity="test", settings=ManagerSettings(lease_seconds=15))
+    task = asyncio.create_task(m.run())
+    try:
+        await asyncio.wait_for(m.leading.wait(), 30)
+        await store.create(replica("first", "m", gpus=1))
+        await until(lambda: placed(store, "first"))
+        assert sched.ctx.term == 1
+        # The term ends with its lease; the test takes the leader key at once (the manager
+        # campaigns again only after noticing and a retry interval) and holds it meanwhile.
+        await store.leases.revoke(m.leadership.lease_id)
+        held = await store.election.campaign("controller-manager", "test-holder", 15)
+        assert held is not None
+        await until(lambda: not m.is_leader)
+        await store.delete(Replica, "first")      # no scheduler runs: no ledger hears of it
+        await store.create(replica("second", "m", gpus=1))
+        await held.resign()
+        await until(lambda: m.is_leader)
+        assert (m.terms, sched.ctx.term, sched.ctx.cache) == (2, 2, m.cache)
+        second = await until(lambda: placed(store, "second"))   # the GPU "first" held is free
+        assert [(p.node, p.gpus) for p in second.spec.placement] == [("n1", [0])]
+    finally:
+        await asyncio.wait_for(m.stop(), 10)
+        task.cancel()
 
 
 async def test_spreads_replicas_of_a_model_and_honours_selector_and_engines(store):

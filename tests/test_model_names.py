@@ -7,8 +7,10 @@ import asyncio
 import pytest
 
 from llmgw.api import parse_object
+from llmgw.api.errors import Conflict
 from llmgw.api.types import Model
 from llmgw.store import NameTaken, NotFound
+from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 
 V1 = "llmgw.io/v1"
 
@@ -83,14 +85,43 @@ async def test_of_concurrent_writes_claiming_one_alias_exactly_one_wins(store):
     assert len(results) == 12
 
 
-async def test_a_model_stored_before_names_were_reserved_still_holds_its_names(store):
-    # written as an older llmgw did: the spec key alone, no /llmgw/names/ keys
-    old = model("old", "old-alias")
-    await store.kv.put("/llmgw/spec/models/old", old.model_dump_json(exclude={"status": True}).encode())
+async def legacy(store, m) -> None:
+    """Store `m` as an older llmgw did: the spec key alone, no /llmgw/names/ keys."""
+    await store.kv.put(f"/llmgw/spec/models/{m.name}", m.model_dump_json(exclude={"status": True}).encode())
+
+
+async def test_the_migration_reserves_the_names_of_models_stored_before_reservations(store):
+    await legacy(store, model("old", "old-alias"))
+    await store.create(model("new", "new-alias"))
+    done = await store.names.migrate()
+    assert (done.reserved, done.conflicts) == ({"old": "old", "old-alias": "old"}, [])
+    assert await reservations(store) == {"old": "old", "old-alias": "old", "new": "new", "new-alias": "new"}
     with pytest.raises(NameTaken) as err:
         await store.create(model("thief", "old-alias"))
     assert str(err.value).startswith("Model 'thief': the alias 'old-alias' is an alias of Model 'old'")
     current = await store.get(Model, "old")
-    current.spec.aliases = ["old-alias", "another"]
-    await store.update(current)  # its own names are its own; the change reserves them all
-    assert await reservations(store) == {"old": "old", "old-alias": "old", "another": "old"}
+    current.spec.aliases = ["another"]
+    await store.update(current)  # its own names are its own; a dropped one is freed
+    assert await reservations(store) == {"old": "old", "another": "old", "new": "new", "new-alias": "new"}
+    again = await store.names.migrate()
+    assert (again.reserved, again.conflicts) == ({}, [])
+
+
+async def test_the_migration_reports_a_name_two_stored_models_both_serve(store):
+    await store.create(model("first", "shared"))
+    await legacy(store, model("second", "shared", "own"))
+    done = await store.names.migrate()
+    assert done.reserved == {"second": "second", "own": "second"}
+    assert done.conflicts == [("second", "shared", "first")]
+    assert (await reservations(store))["shared"] == "first"
+
+
+async def test_the_server_migrates_at_start(store, api_server):
+    await legacy(store, model("old", "old-alias"))
+    await asyncio.to_thread(api_server.restart)
+    assert "reserved 2 served name(s)" in api_server.wait_for_log("served name(s)")
+    async with api_server.client() as c:
+        with pytest.raises(Conflict) as err:
+            await c.create(model("thief", "old-alias"))
+    assert err.value.reason == "NameTaken"
+    assert await reservations(store) == {"old": "old", "old-alias": "old"}

@@ -162,6 +162,11 @@ cache through llmgw/reflector.py; llmgw/backoff.py), 2026-12-04, --nodes 300
     machine quiet, 5 pairs: this build all Ready after 1.28-1.37 s, binds
       1183-1325/s, controller-manager 1.0-1.1 CPU s; main 1.22-1.44 s,
       1146-1380/s, 1.0 CPU s (no difference beyond the spread)
+Leadership terms as controller.start(ctx), the store's lister-watchers beside it, names as
+a write hook (issue 29), 2026-12-05, hack/bench/interleave.py against main (ABBA, one round,
+load 0.5-1.3): --nodes 200 --replicas 440 binds/s main 704, 1110, this build 1127, 659
+(medians 907 / 893); --nodes 1000 --replicas 2200 main 1062, 854, this build 1059, 1064
+(medians 958 / 1062): no difference beyond the spread.
 """
 from __future__ import annotations
 

@@ -23,8 +23,15 @@ Issue 23 (the store split by concern), 2026-12-04, n=1000, c=64, runs interleave
     main:  creates 71-141/s, updates 2361-6021/s
     split: creates 113-129/s, updates 4195-6320/s (same as main: the spread is the load)
     split + the name scan's prefilter: creates 194-271/s, updates 2722-3487/s
-Creates are far below the figure above on both: every Model create reads every stored
-Model's spec to find a holder of its names that predates /llmgw/names/ (objects._holders).
+Creates were far below the figure above on both: every Model create read every stored
+Model's spec to find a holder of its names that predated /llmgw/names/.
+
+Issue 29 (name reservation its own concern, llmgw/store/names.py; that scan replaced by a
+one-off migration the server runs at start), 2026-12-05, runs interleaved (base, names,
+twice per size) on the 2-core machine, load average 0.3-0.9:
+    n=1000  base: creates 661-700/s,  updates 4455-6674/s;  names: creates 2053-2776/s, updates 5767-7522/s
+    n=2000  base: creates 381-398/s,  updates 4886-5817/s;  names: creates 2398-3163/s, updates 4696-5300/s
+A create reads only the keys of its own names now: its cost no longer grows with the Models stored.
 """
 from __future__ import annotations
 

@@ -46,6 +46,13 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await store.connect()
     except (StoreError, OSError) as err:
         raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
+    try:   # Models stored before served names were reserved: their names' keys, before any write
+        migrated = await store.names.migrate()
+    except StoreError as err:
+        await store.close()
+        raise click.ClickException(f"cannot reserve the stored Models' served names in etcd at {etcd}: {err}") from None
+    if migrated.reserved:
+        log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)

@@ -49,7 +49,17 @@ A key is never reconciled by two workers at once.  After each own write,
 call ``ctx.cache.assume(written_obj)`` so the next reconcile sees it before
 the watch event arrives.
 
-``ctx`` is set by the manager before the controller starts:
+Leadership comes in terms: a manager leads, loses the leader key (or steps down), and
+may lead again later. At the start of each term, before any event of it reaches
+``keys_for``, the manager calls ``start(ctx)`` with that term's :class:`Context` (a new
+cache, a store fenced by the new leader key, a new event recorder); the base ``start``
+keeps it as ``self.ctx``. A controller that keeps state between reconciles (a ledger,
+what it last looked at, when it first saw a node silent) builds it in ``start``
+(calling ``super().start(ctx)``): the previous term's cache and writes are gone, and
+state built on them would be stale. What is kept across terms is kept on purpose, with
+the reason beside it (the replica controller's ports that failed with PortInUse).
+
+``ctx``, the term's context:
 
 * ``ctx.store``: a *fenced* store (a :class:`ControllerStore`): writes raise
   ``FencedOut`` once this manager lost leadership.  Reads are plain.  Status
@@ -59,6 +69,7 @@ the watch event arrives.
 * ``ctx.events``: EventRecorder; ``ctx.events.record(obj, "Normal"|"Warning",
   reason, message)`` is synchronous and never raises (written in background).
 * ``ctx.clock``: ``time.monotonic``-like callable (seconds).
+* ``ctx.term``: which of this manager's leadership terms it is (1, 2, ...), for logs.
 
 A controller's settings are not in ``ctx``: it takes the typed settings
 object it reads in its constructor (controllers/settings.py).
@@ -96,12 +107,15 @@ class Result:
     requeue_after: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
+    """One leadership term's: a fresh one per controller at each term's start."""
+
     store: ControllerStore          # fenced: writes fail once leadership is lost
     cache: Cache
     events: EventRecorder
     clock: Callable[[], float] = time.monotonic
+    term: int = 1                   # which of this manager's terms (1, 2, ...)
 
 
 class Controller:
@@ -117,6 +131,11 @@ class Controller:
     # changes, not once per change. Events of the primary kind are never delayed.
     batch_seconds: float = 0.0
     ctx: Context
+
+    def start(self, ctx: Context) -> None:
+        """A leadership term starts (see the module's docstring): keep its context. Override
+        to build per-term state fresh, calling ``super().start(ctx)``."""
+        self.ctx = ctx
 
     @property
     def primary_kind(self) -> WatchedKind:

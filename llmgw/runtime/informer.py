@@ -15,20 +15,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from llmgw.api.client import EventType
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import KINDS, AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache
-from llmgw.store.listwatch import StoreObjects
-from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.informer")
 
 Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, for heartbeats, the node)
 ItemT = TypeVar("ItemT")   # an object, or a node name (heartbeats)
+
+
+class HeartbeatSource(Protocol):
+    """The nodes' heartbeats as a lister-watcher of node names (llmgw.store's store.heartbeats)."""
+
+    def lister_watcher(self) -> ListerWatcher[str]: ...
+
+
+class InformerStore(Protocol):
+    """What informers read: lister-watchers of a kind's objects and of the heartbeats (llmgw.store.Store)."""
+
+    def lister_watcher(self, kind: type[ObjectT]) -> ListerWatcher[ObjectT]: ...
+
+    @property
+    def heartbeats(self) -> HeartbeatSource: ...
 
 
 def _ignore(kind: str, type: EventType, obj: Any) -> None:
@@ -84,9 +97,11 @@ class _Informer(Generic[ItemT]):
 
 
 class Informer(_Informer[AnyObject]):
-    def __init__(self, store: Store, kind: str, cache: Cache, handler: Handler | None = None, *,
+    def __init__(self, store: InformerStore, kind: str, cache: Cache, handler: Handler | None = None, *,
                  idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
-        super().__init__(kind, cache, handler, StoreObjects(store, kind), object_name, lambda: cache.list(KINDS[kind]),
+        cls = KINDS[kind]
+        lw: ListerWatcher[AnyObject] = store.lister_watcher(cls)
+        super().__init__(kind, cache, handler, lw, object_name, lambda: cache.list(cls),
                          idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 
     def _store(self, type: EventType, obj: AnyObject, revision: int) -> bool:
@@ -97,7 +112,7 @@ class Informer(_Informer[AnyObject]):
 class HeartbeatInformer(_Informer[str]):
     """Keeps ``cache.heartbeats()`` = nodes with a live /llmgw/heartbeat/<node> key."""
 
-    def __init__(self, store: Store, cache: Cache, handler: Handler | None = None, *,
+    def __init__(self, store: InformerStore, cache: Cache, handler: Handler | None = None, *,
                  idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         super().__init__("heartbeats", cache, handler, store.heartbeats.lister_watcher(), str, cache.heartbeats,
                          idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)

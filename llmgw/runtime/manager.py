@@ -2,13 +2,16 @@
 
 ``Manager(store, controllers, identity=..., settings=...)``; ``await
 manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
-leader, build a fresh Cache, a fenced Store (from the leader key's
-create_revision), an EventRecorder and a Context per controller, run one
-informer per watched kind (plus heartbeats when asked for), wait for the
-caches to sync, then run ``controller.workers`` workers per controller and
-the runnables (llmgw.runtime.runnable: leader-only work such as compaction).
-On losing leadership everything is cancelled and the manager campaigns again;
-while not leader it does nothing.
+leader, build a fresh Cache, a fenced store (from the leader key's
+create_revision), an EventRecorder and a Context per controller, start each
+controller's term with it (``controller.start(ctx)``, before any event of the
+term), run one informer per watched kind (plus heartbeats when asked for),
+wait for the caches to sync, then run ``controller.workers`` workers per
+controller and the runnables (llmgw.runtime.runnable: leader-only work such
+as compaction). On losing leadership everything is cancelled and the manager
+campaigns again; while not leader it does nothing.
+
+The store is what ``ManagerStore`` says: llmgw.store.Store is one.
 
 ``manager.stop(resign=True)`` ends ``run()``; with resign the leader key is
 released so another manager takes over at once.
@@ -20,14 +23,14 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from llmgw.api.errors import Conflict
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import HEARTBEATS, Context, Controller, WatchedKind
-from llmgw.runtime.events import EventRecorder
-from llmgw.runtime.informer import HeartbeatInformer, Informer
-from llmgw.runtime.leader import LeaderElector, Leadership
+from llmgw.runtime.controller import HEARTBEATS, Context, Controller, ControllerStore, WatchedKind
+from llmgw.runtime.events import EventRecorder, EventWriter
+from llmgw.runtime.informer import HeartbeatInformer, Informer, InformerStore
+from llmgw.runtime.leader import Campaigner, LeaderElector, Leadership
 from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
@@ -36,6 +39,18 @@ from llmgw.runtime.workqueue import WorkQueue
 log = logging.getLogger("llmgw.manager")
 
 STOP_TIMEOUT = 10.0
+
+
+class TermStore(ControllerStore, EventWriter, Protocol):
+    """The store of one leadership term, fenced by its leader key: what controllers write
+    through and where their events go."""
+
+
+class ManagerStore(InformerStore, Campaigner, Protocol):
+    """What the manager needs of the store (llmgw.store.Store): election and leases to lead,
+    lister-watchers for the informers, and a fenced view of itself for each term."""
+
+    def fenced(self, leader_key: str, create_revision: int) -> TermStore: ...
 
 
 def default_identity() -> str:
@@ -47,7 +62,7 @@ async def _all_set(events: list[asyncio.Event]) -> None:
 
 
 class Manager:
-    def __init__(self, store: Any, controllers: list[Controller], *, identity: str | None = None,
+    def __init__(self, store: ManagerStore, controllers: list[Controller], *, identity: str | None = None,
                  settings: ManagerSettings | None = None, component: str = "controller-manager",
                  informer_idle_timeout: float = 120.0, runnables: Sequence[Runnable] = ()):
         self.store = store
@@ -132,8 +147,8 @@ class Manager:
         cache = Cache(on_assume=handler, indexes=[i for c in self.controllers for i in c.indexes])
         events = EventRecorder(fenced)
         self.cache, self.events = cache, events
-        for c in self.controllers:
-            c.ctx = Context(store=fenced, cache=cache, events=events, clock=time.monotonic)
+        for c in self.controllers:   # before the informers run: the term's first event finds it started
+            c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms))
         informers = [
             HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
             if kind == HEARTBEATS else

@@ -13,6 +13,7 @@ from llmgw.api.client import EventType
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Store
+from llmgw.store.listwatch import after_store_error_never_raise
 
 log = logging.getLogger("llmgw.server")
 
@@ -51,7 +52,9 @@ class Revocations:
 
     async def run(self) -> None:
         """Keep ``serials`` current (a reflector over the revoked keys); ``ready`` once listed."""
-        reflector = Reflector(self._store.revocations.lister_watcher(), self._change, key=str,
+        # checking them never stops: any failure but a compaction is retried
+        revoked = self._store.revocations.lister_watcher(after_store_error_never_raise)
+        reflector = Reflector(revoked, self._change, key=str,
                               known=lambda: self.serials, on_synced=self.ready.set,
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
@@ -61,3 +64,4 @@ class Revocations:
             self.serials.discard(serial)
         else:
             self._revoked({serial})
+

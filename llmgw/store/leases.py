@@ -56,3 +56,8 @@ class Heartbeats:
         """The nodes with a live heartbeat, and what each wrote in it."""
         items, _ = await self._kv.list(K.HEARTBEAT)
         return {k[len(K.HEARTBEAT):]: json.loads(v) for k, v, _ in items}
+
+    def lister_watcher(self) -> KeyNames:
+        """The nodes with a live heartbeat, as a reflector's lister-watcher: a beat written anew
+        is ADDED, an expired one DELETED (a refresh of its lease is no event)."""
+        return KeyNames(self._kv, K.HEARTBEAT)

@@ -1,19 +1,19 @@
-"""The store as reflectors' lister-watchers (llmgw.reflector): a kind's objects, or the
-names under a key prefix, which the store's concerns hand out (store.heartbeats.lister_watcher(),
-store.revocations.lister_watcher()). The informers and the API server's watch cache read them."""
+"""The store as reflectors' lister-watchers (llmgw.reflector): a kind's objects
+(``store.lister_watcher(Model)``), or the names under a key prefix (``store.heartbeats.lister_watcher()``,
+``store.revocations.lister_watcher()``)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Generic, NamedTuple
 
 from llmgw.api.client import EventType
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import ObjectT
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
 from llmgw.store.kv import KV
+from llmgw.store.objects import Objects
 
-if TYPE_CHECKING:
-    from llmgw.store.store import Store
+AfterErrorPolicy = Callable[[Exception], AfterError]
 
 
 def after_store_error(err: Exception) -> AfterError:
@@ -29,19 +29,21 @@ def after_store_error_never_raise(err: Exception) -> AfterError:
     return "relist" if isinstance(err, Compacted) else "retry"
 
 
-class StoreObjects:
+class StoreObjects(Generic[ObjectT]):
     """The store's objects of one kind."""
 
-    def __init__(self, store: Store, kind: str) -> None:
-        self.store, self.kind = store, kind
+    def __init__(self, objects: Objects, kind: type[ObjectT],
+                 after_error: AfterErrorPolicy = after_store_error) -> None:
+        self.objects, self.kind, self._after_error = objects, kind, after_error
 
-    async def list(self) -> tuple[Sequence[AnyObject], int]:
-        return await self.store.list(KINDS[self.kind])
+    async def list(self) -> tuple[Sequence[ObjectT], int]:
+        return await self.objects.list(self.kind)
 
-    def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.store.watch(KINDS[self.kind], from_revision)
+    def watch(self, from_revision: int) -> AsyncIterator[Event[ObjectT]]:
+        return self.objects.watch(self.kind, from_revision)
 
-    after_error = staticmethod(after_store_error)
+    def after_error(self, err: Exception) -> AfterError:
+        return self._after_error(err)
 
 
 class NameEvent(NamedTuple):
@@ -52,12 +54,11 @@ class NameEvent(NamedTuple):
 
 class KeyNames:
     """The names of the keys under ``prefix`` (each key less the prefix, through ``normal``):
-    a key written is ADDED (again, at each write), a key deleted or expired is DELETED.
-    ``after_error``: what a failure means (default: the informers' policy)."""
+    a key written is ADDED (again, at each write), a key deleted or expired is DELETED."""
 
     def __init__(self, kv: KV, prefix: str, normal: Callable[[str], str] = str,
-                 after_error: Callable[[Exception], AfterError] = after_store_error) -> None:
-        self.kv, self.prefix, self.normal, self.after_error = kv, prefix, normal, after_error
+                 after_error: AfterErrorPolicy = after_store_error) -> None:
+        self.kv, self.prefix, self.normal, self._after_error = kv, prefix, normal, after_error
 
     def _name(self, key: str) -> str:
         return self.normal(key[len(self.prefix):])
@@ -69,3 +70,6 @@ class KeyNames:
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
         async for ev in self.kv.watch(self.prefix, from_revision):
             yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
+
+    def after_error(self, err: Exception) -> AfterError:
+        return self._after_error(err)

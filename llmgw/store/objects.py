@@ -11,8 +11,8 @@ from __future__ import annotations
 import builtins
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, cast
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -20,9 +20,9 @@ from llmgw.api.client import StatusPatch, WatchEvent
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject, Model, ObjectT
+from llmgw.api.types import KINDS, AnyObject, ObjectT
 from llmgw.store import keys as K
-from llmgw.store.errors import AlreadyExists, Conflict, NameTaken, NotFound
+from llmgw.store.errors import AlreadyExists, Conflict, NotFound
 from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op
 
 Ops = builtins.list[Any]   # rpc.Compare or rpc.RequestOp messages of one transaction
@@ -66,25 +66,6 @@ def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_value: byte
     except ValidationError:
         return None
     return obj.model_copy(update={"status": status}).at_revision(revision)
-
-
-def _holders(model_kvs: Sequence[KeyValue], names: builtins.list[str]) -> dict[str, str]:
-    """Which stored Model serves each of `names`, from the Models' specs: a Model stored
-    before served names were reserved holds its names without /llmgw/names/ keys.
-
-    Only the specs that hold one of the names as a JSON string are decoded: names and
-    aliases are DNS labels, written as they are between quotes. Every create of a Model
-    would otherwise decode every stored Model.
-    """
-    wanted = set(names)
-    quoted = [b'"%s"' % n.encode() for n in names]
-    models = (parse_stored(kv.value, None) for kv in model_kvs if any(q in kv.value for q in quoted))
-    return {n: m.name for m in models if isinstance(m, Model) for n in m.served_names if n in wanted}
-
-
-def _served(obj: AnyObject) -> builtins.list[str]:
-    """The names a Model serves (its name and aliases); none for other kinds."""
-    return obj.served_names if isinstance(obj, Model) else []
 
 
 def _merge_status(current: dict[str, Any], patch: StatusPatch) -> dict[str, Any]:
@@ -140,12 +121,24 @@ class Memory:
         self.statuses = Documents()
 
 
+class WriteHook(Protocol):
+    """What a kind's writes keep in step with them, in their own transaction: the served
+    names of Models (llmgw.store.names) are the one today."""
+
+    async def guard(self, before: Mapping[str, Any] | None, after: AnyObject | None) -> tuple[Ops, Ops] | None:
+        """For a write from the stored spec document `before` (None: a create) to `after`
+        (None: a delete): the compares and operations its transaction adds, or None when it
+        needs none. Raises to refuse the write. Called again when only its compares failed."""
+        ...
+
+
 class Objects:
     """The ObjectClient on etcd. Kinds are classes (or, for callers holding only the name, plural names)."""
 
     def __init__(self, etcd: Etcd, memory: Memory):
         self.etcd = etcd
         self._memory = memory
+        self.hooks: dict[type[AnyObject], WriteHook] = {}   # by kind; set by the Store
 
     async def revision(self, since: int | None = None) -> int:
         """etcd's current revision; with `since`, Compacted unless every change after it is still held."""
@@ -210,61 +203,20 @@ class Objects:
 
     # ------------------------------------------------------------ writes
 
-    async def _served_names(self, model: AnyObject, keep: builtins.list[str],
-                            drop: builtins.list[str]) -> tuple[Ops, Ops]:
-        """Compares and writes that reserve `keep` for `model` and release `drop`; NameTaken
-        (naming the holder) when another Model holds one of `keep`.
-
-        A served name (a Model's name or alias) is a key, /llmgw/names/<name>, holding the
-        Model that serves it. The write that changes a Model's names puts and deletes those
-        keys in its own transaction, on a compare that they are as read here: of two writes
-        claiming one name, the second fails its compare (the batcher never puts two writes
-        of one key in one request), reads again and gets NameTaken. Writes of different
-        names never wait on each other.
-        """
-        names = [*keep, *drop]
-        models = K.kind_prefix(K.SPEC, "models")
-        reads = [get_op(K.served_name_key(n)) for n in names]
-        resp = await self.etcd.txn([], reads + ([get_op(models, K.prefix_end(models))] if keep else []),
-                                   writes=False)
-        unreserved = [n for n, r in zip(keep, resp.responses, strict=False) if not r.response_range.kvs]
-        legacy = _holders(resp.responses[len(names)].response_range.kvs, unreserved) if unreserved else {}
-        compares: Ops = []
-        ops: Ops = []
-        for n, r in zip(names, resp.responses, strict=False):
-            key = as_bytes(K.served_name_key(n))
-            kv: KeyValue | None = r.response_range.kvs[0] if r.response_range.kvs else None
-            holder = kv.value.decode() if kv is not None else None
-            if n in keep:
-                holder = holder or legacy.get(n)
-                if holder not in (None, model.name):
-                    what = "its name" if n == model.name else "the alias"
-                    theirs = "the name" if n == holder else "an alias"
-                    raise NameTaken(f"Model {model.name!r}: {what} {n!r} is {theirs} of Model {holder!r}; "
-                                    "a name or alias is served by one Model only")
-                if kv is None:
-                    compares.append(compare(key, VERSION, version=0))
-                    ops.append(put_op(key, model.name.encode()))
-                else:
-                    compares.append(compare(key, MOD, mod_revision=kv.mod_revision))
-            elif kv is not None and holder == model.name:
-                compares.append(compare(key, MOD, mod_revision=kv.mod_revision))
-                ops.append(delete_op(key))
-        return compares, ops
-
-    async def _write(self, obj: AnyObject, compares: Ops, success: Ops, keep: builtins.list[str] | None = None,
-                     drop: Sequence[str] = ()) -> Any:
-        """One transaction of obj's write; for a Model with `keep` or `drop`, with its served
-        names reserved and released (_served_names). Lost only on those compares (another
-        write took or freed a name meanwhile), it reads the names again."""
-        if not isinstance(obj, Model) or (keep is None and not drop):
-            return await self.etcd.txn(compares, success)
+    async def _write(self, obj: AnyObject, compares: Ops, success: Ops,
+                     before: Mapping[str, Any] | None, after: AnyObject | None) -> Any:
+        """One transaction of obj's write, with what its kind's hook adds (WriteHook). Lost
+        only on the hook's compares (another write changed what it guards), it asks again."""
+        hook = self.hooks.get(type(obj))
         for _ in range(20):
-            guard, names = await self._served_names(obj, keep or [], list(drop))
-            resp = await self.etcd.txn([*compares, *guard], [*success, *names])
-            if resp.succeeded or not guard or not (await self.etcd.txn(compares, [], writes=False)).succeeded:
+            guard = await hook.guard(before, after) if hook is not None else None
+            if guard is None:
+                return await self.etcd.txn(compares, success)
+            checks, ops = guard
+            resp = await self.etcd.txn([*compares, *checks], [*success, *ops])
+            if resp.succeeded or not checks or not (await self.etcd.txn(compares, [], writes=False)).succeeded:
                 return resp  # done, or the object's own compare failed: the caller says why
-        raise Conflict(f"{obj.kind_plural}/{obj.name}: its served names kept changing; re-run")
+        raise Conflict(f"{obj.kind_plural}/{obj.name}: the keys its write keeps in step kept changing; re-run")
 
     async def create(self, obj: ObjectT) -> ObjectT:
         meta = obj.metadata.model_copy(update={
@@ -276,7 +228,7 @@ class Objects:
         # status first: a watcher sees the status put, then the spec put that completes the object
         resp = await self._write(
             obj, [compare(as_bytes(spec_key), VERSION, version=0)],
-            [put_op(status_key, _status_doc(obj)), put_op(spec_key, spec_doc)], keep=_served(obj),
+            [put_op(status_key, _status_doc(obj)), put_op(spec_key, spec_doc)], None, obj,
         )
         if not resp.succeeded:
             return await self._own_create(obj)
@@ -340,17 +292,13 @@ class Objects:
         compares = [compare(as_bytes(spec_key), MOD, mod_revision=spec_rev)]
         if meta.deletionTimestamp is not None and not meta.finalizers:
             # the last finalizer went: the real delete
-            resp = await self._write(new, compares, [delete_op(status_key), delete_op(spec_key)],
-                                     drop=_served(new))
+            resp = await self._write(new, compares, [delete_op(status_key), delete_op(spec_key)], current, None)
             if not resp.succeeded:
                 raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
             meta.resourceVersion = resp.header.revision
             return new.at_revision(resp.header.revision)
         spec_doc = json.dumps(new_doc, separators=(",", ":")).encode()
-        before = [name, *current["spec"].get("aliases", [])] if kind == "models" else []
-        keep = _served(new) if before != _served(new) else None
-        resp = await self._write(new, compares, [put_op(spec_key, spec_doc)], keep=keep,
-                                 drop=[n for n in before if keep is not None and n not in keep])
+        resp = await self._write(new, compares, [put_op(spec_key, spec_doc)], current, new)
         if not resp.succeeded:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
         revision: int = resp.header.revision
@@ -439,8 +387,8 @@ class Objects:
                 obj.metadata.deletionTimestamp = now()
                 resp = await self.etcd.txn(compares, [put_op(spec_key, _spec_doc(obj))])
             else:
-                resp = await self._write(obj, compares, [delete_op(status_key), delete_op(spec_key)],
-                                         drop=_served(obj))
+                before = json.loads(_spec_doc(obj)) if type(obj) in self.hooks else None
+                resp = await self._write(obj, compares, [delete_op(status_key), delete_op(spec_key)], before, None)
             if resp.succeeded:
                 obj.metadata.resourceVersion = resp.header.revision
                 return obj.at_revision(resp.header.revision)

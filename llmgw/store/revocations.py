@@ -6,7 +6,7 @@ from typing import Any
 
 from llmgw.store import keys as K
 from llmgw.store.kv import KV
-from llmgw.store.listwatch import KeyNames, after_store_error_never_raise
+from llmgw.store.listwatch import AfterErrorPolicy, KeyNames, after_store_error
 
 
 class Revocations:
@@ -17,12 +17,12 @@ class Revocations:
         """Record the serial as revoked, with what is known of it (role, name, when)."""
         await self._kv.put(K.revoked_key(str(serial)), json.dumps(info or {}).encode())
 
-    def lister_watcher(self) -> KeyNames:
-        """The revoked serials (lower-case hex), as a reflector's lister-watcher. Whoever checks them
-        must never stop: any failure but a compaction (relist) is retried."""
-        return KeyNames(self._kv, K.REVOKED, str.lower, after_error=after_store_error_never_raise)
-
     async def list(self) -> dict[str, dict[str, Any]]:
         """Every revoked serial, with its info."""
         items, _ = await self._kv.list(K.REVOKED)
         return {k[len(K.REVOKED):]: json.loads(v) for k, v, _ in items}
+
+    def lister_watcher(self, after_error: AfterErrorPolicy = after_store_error) -> KeyNames:
+        """The revoked serials (lower case, as certificates' serials are compared), as a
+        reflector's lister-watcher."""
+        return KeyNames(self._kv, K.REVOKED, str.lower, after_error)

@@ -8,6 +8,10 @@
     await store.election.campaign("c", "me")        # leader election (election)
     await store.events.record(...)                  # events (events)
     await store.revocations.add(serial)             # revoked certificates (revocations)
+    await store.names.migrate()                     # served model names (names), a Model's write hook
+    store.lister_watcher(Model)                     # a reflector's lister-watcher (listwatch); also
+    store.heartbeats.lister_watcher()               #   of the live heartbeats
+    store.revocations.lister_watcher()              #   and of the revoked serials
     Compactor(store.etcd, keep=..., interval=...)   # compaction (compaction), a leader-only runnable
 
 Every concern is built on ``store.etcd`` (llmgw.store.etcd), the one
@@ -22,12 +26,15 @@ import copy
 from types import TracebackType
 
 from llmgw.api.client import ObjectClient
+from llmgw.api.types import Model, ObjectT
 from llmgw.store.connection import Connection
 from llmgw.store.election import Election
 from llmgw.store.etcd import Etcd
 from llmgw.store.events import Events, Stamps
 from llmgw.store.kv import KV
 from llmgw.store.leases import Heartbeats, Leases
+from llmgw.store.listwatch import AfterErrorPolicy, StoreObjects, after_store_error
+from llmgw.store.names import Names
 from llmgw.store.objects import Memory, Objects
 from llmgw.store.revocations import Revocations
 
@@ -39,6 +46,7 @@ class Store(Objects):
     election: Election
     events: Events
     revocations: Revocations
+    names: Names
 
     def __init__(self, endpoints: str | list[str], *, ca: str | None = None, cert: str | None = None,
                  key: str | None = None, timeout: float = 5.0, batch_writes: bool = True):
@@ -58,6 +66,13 @@ class Store(Objects):
         self.election = Election(etcd, self.kv, self.leases)
         self.events = Events(etcd, self.kv, self.leases, self._event_stamps)
         self.revocations = Revocations(self.kv)
+        self.names = Names(etcd)
+        self.hooks = {Model: self.names}   # a Model's write reserves and releases its served names
+
+    def lister_watcher(self, kind: type[ObjectT],
+                       after_error: AfterErrorPolicy = after_store_error) -> StoreObjects[ObjectT]:
+        """The objects of ``kind`` as a reflector's lister-watcher (llmgw.store.listwatch)."""
+        return StoreObjects(self, kind, after_error)
 
     # ------------------------------------------------------------ lifecycle
 
