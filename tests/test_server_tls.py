@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from llmgw.api import parse_object
-from llmgw.api.types import Model, Shard
+from llmgw.api.types import Model, Node, Shard
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
 from tests.helpers.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server, until_revoked  # noqa: F401
@@ -43,7 +43,8 @@ async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
     srv = shared_api_server
     ident = srv.issue_node("doomed")
     async with srv.client(ident) as c:
-        await c.heartbeat("doomed")  # accepted before the revocation
+        await c.create(Node.model_validate({"metadata": {"name": "doomed"}}))   # it registers,
+        await c.heartbeat("doomed")  # and its heartbeat is accepted before the revocation
         out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "doomed", "--dir", str(srv.pki.dir),
                                       *_as_admin(srv))
         serial = out.split()[-1]
