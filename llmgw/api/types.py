@@ -413,6 +413,14 @@ class Shard(Object[ShardSpec, ShardStatus]):
 # --------------------------------------------------------------- registry
 
 KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard}
+# Node scope is said once, by the kind's class (``scope``); these read it.
+NODE_SCOPED: frozenset[str] = frozenset(plural for plural, cls in KINDS.items() if cls.scope == "Node")
+
+
+def node_of(obj: AnyObject) -> str | None:
+    """The node a node-scoped object (a Shard) is filed under; None for a cluster-scoped one."""
+    node: str | None = obj.spec.node if type(obj).scope == "Node" else None
+    return node
 KIND_BY_NAME: dict[str, type[AnyObject]] = {cls.model_fields["kind"].default: cls for cls in KINDS.values()}
 
 _KIND_ALIASES = {

@@ -22,11 +22,15 @@ from llmgw.api.types import KINDS, AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache
+from llmgw.runtime.settings import ManagerSettings
 
 log = logging.getLogger("llmgw.informer")
 
 Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, for heartbeats, the node)
 ItemT = TypeVar("ItemT")   # an object, or a node name (heartbeats)
+
+# The default is the settings' (ManagerSettings.informer_idle_timeout): one place holds it.
+IDLE_TIMEOUT: float = ManagerSettings.model_fields["informer_idle_timeout"].default
 
 
 class HeartbeatSource(Protocol):
@@ -54,7 +58,7 @@ class _Informer(Generic[ItemT]):
 
     def __init__(self, kind: str, cache: Cache, handler: Handler | None, lw: ListerWatcher[ItemT],
                  key: Callable[[ItemT], str], known: Callable[[], Iterable[ItemT]], *,
-                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         self.kind = kind
         self.cache = cache
         self.handler = handler or _ignore
@@ -98,7 +102,7 @@ class _Informer(Generic[ItemT]):
 
 class Informer(_Informer[AnyObject]):
     def __init__(self, store: InformerStore, kind: str, cache: Cache, handler: Handler | None = None, *,
-                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         cls = KINDS[kind]
         lw: ListerWatcher[AnyObject] = store.lister_watcher(cls)
         super().__init__(kind, cache, handler, lw, object_name, lambda: cache.list(cls),
@@ -113,7 +117,7 @@ class HeartbeatInformer(_Informer[str]):
     """Keeps ``cache.heartbeats()`` = nodes with a live /llmgw/heartbeat/<node> key."""
 
     def __init__(self, store: InformerStore, cache: Cache, handler: Handler | None = None, *,
-                 idle_timeout: float = 120.0, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         super().__init__("heartbeats", cache, handler, store.heartbeats.lister_watcher(), str, cache.heartbeats,
                          idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 

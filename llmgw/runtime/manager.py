@@ -64,14 +64,13 @@ async def _all_set(events: list[asyncio.Event]) -> None:
 class Manager:
     def __init__(self, store: ManagerStore, controllers: list[Controller], *, identity: str | None = None,
                  settings: ManagerSettings | None = None, component: str = "controller-manager",
-                 informer_idle_timeout: float = 120.0, runnables: Sequence[Runnable] = ()):
+                 runnables: Sequence[Runnable] = ()):
         self.store = store
         self.controllers = list(controllers)
         self.runnables = list(runnables)
         self.identity = identity or default_identity()
         self.settings = settings if settings is not None else ManagerSettings()
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
-        self.informer_idle_timeout = informer_idle_timeout
         self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
         self.is_leader = False
@@ -150,9 +149,9 @@ class Manager:
         for c in self.controllers:   # before the informers run: the term's first event finds it started
             c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms))
         informers = [
-            HeartbeatInformer(self.store, cache, handler, idle_timeout=self.informer_idle_timeout)
+            HeartbeatInformer(self.store, cache, handler, idle_timeout=self.settings.informer_idle_timeout)
             if kind == HEARTBEATS else
-            Informer(self.store, kind, cache, handler, idle_timeout=self.informer_idle_timeout)
+            Informer(self.store, kind, cache, handler, idle_timeout=self.settings.informer_idle_timeout)
             for kind in watchers
         ]
         tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]

@@ -18,3 +18,7 @@ class ManagerSettings(BaseModel):
         default=15.0, ge=1,
         description="Seconds of the leader lease (rounded to whole seconds): a leader that stops renewing is "
                     "replaced this long after its last renewal.")
+    informer_idle_timeout: float = Field(
+        default=120.0, gt=0,
+        description="Seconds an informer's watch may stay silent before it is re-opened where it left off "
+                    "(a stream a proxy or a half-open connection ended without a word).")

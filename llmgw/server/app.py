@@ -30,14 +30,13 @@ from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
-from llmgw.api.types import Node, Shard
+from llmgw.api.types import Node, Shard, node_of
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
 from llmgw.store import Store
-from llmgw.store.keys import NODE_SCOPED
 
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -66,8 +65,6 @@ def _dump(obj: AnyObject) -> dict[str, Any]:
     return dumped
 
 
-def _node_of(obj: AnyObject) -> str | None:
-    return obj.spec.node if obj.kind_plural == "shards" else None
 
 
 class ApiServer:
@@ -276,23 +273,23 @@ class ApiServer:
     async def get(self, request: web.Request) -> web.Response:
         kind, name = self._kind(request), request.match_info["name"]
         hint = request.query.get("node") or None
-        if kind == "shards":
+        if KINDS[kind].scope == "Node":   # which node it is on is known once it is read
             obj = await self.store.get(KINDS[kind], name, node=hint)
-            await self._check(request, Action("get", kind, name, node=hint, obj_node=obj.spec.node))
+            await self._check(request, Action("get", kind, name, node=hint, obj_node=node_of(obj)))
             return _json(_dump(obj))
         return _json(_dump(await self.store.get(KINDS[kind], name)))
 
     async def create(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("create", kind, obj.name, obj_node=_node_of(obj),
+        await self._check(request, Action("create", kind, obj.name, obj_node=node_of(obj),
                                           fields=written_fields(obj)))
         return _json(_dump(await self.store.create(obj)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("update", kind, obj.name, obj_node=_node_of(obj)))
+        await self._check(request, Action("update", kind, obj.name, obj_node=node_of(obj)))
         if obj.metadata.resourceVersion is None:
             raise Fail(400, "BadRequest", "metadata.resourceVersion is required to update (get the object first)")
         return _json(_dump(await self.store.update(obj)))
@@ -302,7 +299,7 @@ class ApiServer:
         """The object whose status is written, once the write is allowed; `fields(current)`: what it sets."""
         hint = request.query.get("node") or None
         current = await self.store.get(KINDS[kind], name, node=hint)
-        await self._check(request, Action("status", kind, name, node=hint, obj_node=_node_of(current),
+        await self._check(request, Action("status", kind, name, node=hint, obj_node=node_of(current),
                                           fields=fields(current)))
         return current
 
@@ -334,7 +331,7 @@ class ApiServer:
     async def apply(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         obj = await self._object(request, kind)
-        await self._check(request, Action("apply", kind, obj.name, obj_node=_node_of(obj)))
+        await self._check(request, Action("apply", kind, obj.name, obj_node=node_of(obj)))
         result, out = await apply_object(self.store, obj)
         return _json({"result": result, "object": _dump(out)}, 201 if result == "created" else 200)
 
@@ -405,7 +402,7 @@ class ApiServer:
         Served by the shared watch cache (llmgw.server.watchcache): one store watch per kind,
         whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
         (BOOKMARKs) and the cache resumes where it stopped."""
-        if node is not None and kind not in NODE_SCOPED:
+        if node is not None and KINDS[kind].scope != "Node":
             raise ValueError(f"kind {kind} is not keyed by node")
         sel = Selector.parse(selector) if selector else None
         cache = self.watch_cache.kind(kind)
@@ -474,7 +471,7 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
     object carries (added by controllers or agents) are kept. An unchanged manifest writes
     nothing: generation and resourceVersion stay as they are.
     """
-    node = _node_of(obj)
+    node = node_of(obj)
     for _ in range(attempts):
         try:
             current = await store.get(type(obj), obj.name, node=node)

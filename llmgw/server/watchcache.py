@@ -39,11 +39,10 @@ from typing import Any
 from llmgw.api import errors
 from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import KINDS, AnyObject, node_of
 from llmgw.backoff import Backoff
 from llmgw.reflector import Event, Reflector, object_name
 from llmgw.server.status import status_body
-from llmgw.store import keys as K
 from llmgw.store.errors import Compacted
 from llmgw.store.listwatch import after_store_error_never_raise
 from llmgw.store.store import Store
@@ -93,7 +92,7 @@ class CachedEvent:
     def __init__(self, type_: EventType, obj: AnyObject, revision: int):
         self.type, self.revision = type_, revision
         self.position = (revision, 0)   # (revision, place in it), set by the cache
-        self.node = obj.spec.node if obj.kind_plural in K.NODE_SCOPED else None
+        self.node = node_of(obj)
         self.labels = obj.metadata.labels
         self.line = event_line(type_, obj.model_dump(mode="json"), revision)
         self._as_deleted: bytes | None = None

@@ -1,6 +1,8 @@
 """The etcd key layout (docs/architecture.md, "etcd layout"): a public interface people watch with etcdctl."""
 from __future__ import annotations
 
+from llmgw.api import types
+
 ROOT = "/llmgw"
 SPEC = f"{ROOT}/spec/"
 STATUS = f"{ROOT}/status/"
@@ -10,7 +12,8 @@ REVOKED = f"{ROOT}/revoked/"
 EVENTS = f"{ROOT}/events/"
 NAMES = f"{ROOT}/names/"  # a served model name or alias -> the Model that serves it
 
-NODE_SCOPED = {"shards"}  # kinds keyed by node, so an agent's watch is one prefix
+# Kinds keyed by node (their class's scope), so an agent's watch is one prefix.
+NODE_SCOPED = types.NODE_SCOPED
 
 
 def kind_prefix(section: str, kind: str, node: str | None = None) -> str:

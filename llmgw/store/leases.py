@@ -48,10 +48,6 @@ class Heartbeats:
         value = json.dumps({"node": node, "since": now().isoformat(), **(info or {})}).encode()
         await self._kv.put(K.heartbeat_key(node), value, lease=lease_id)
 
-    def lister_watcher(self) -> KeyNames:
-        """The nodes with a live heartbeat, as a reflector's lister-watcher (a node's key expires with it)."""
-        return KeyNames(self._kv, K.HEARTBEAT)
-
     async def list(self) -> dict[str, dict[str, Any]]:
         """The nodes with a live heartbeat, and what each wrote in it."""
         items, _ = await self._kv.list(K.HEARTBEAT)

@@ -20,7 +20,7 @@ from llmgw.api.client import StatusPatch, WatchEvent
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject, ObjectT
+from llmgw.api.types import KINDS, AnyObject, ObjectT, node_of
 from llmgw.store import keys as K
 from llmgw.store.errors import AlreadyExists, Conflict, NotFound
 from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op
@@ -83,9 +83,6 @@ def _merge_status(current: dict[str, Any], patch: StatusPatch) -> dict[str, Any]
     return merged
 
 
-def _node_of(obj: AnyObject) -> str | None:
-    node: str | None = obj.spec.node if obj.kind_plural in K.NODE_SCOPED else None
-    return node
 
 
 def _keys(kind: str, name: str, node: str | None) -> tuple[str, str]:
@@ -223,7 +220,7 @@ class Objects:
             "uid": obj.metadata.uid or str(uuid.uuid4()), "creationTimestamp": now(), "generation": 1,
             "resourceVersion": None, "deletionTimestamp": None})
         obj = obj.model_copy(update={"metadata": meta})
-        spec_key, status_key = _keys(obj.kind_plural, meta.name, _node_of(obj))
+        spec_key, status_key = _keys(obj.kind_plural, meta.name, node_of(obj))
         spec_doc = _spec_doc(obj)
         # status first: a watcher sees the status put, then the spec put that completes the object
         resp = await self._write(
@@ -246,7 +243,7 @@ class Objects:
         caller must see its create done, not a conflict it would answer with another create.
         """
         try:
-            stored = await self.get(type(obj), obj.name, _node_of(obj))
+            stored = await self.get(type(obj), obj.name, node_of(obj))
         except NotFound:
             stored = None
         if stored is None or stored.metadata.uid != obj.metadata.uid:
@@ -268,7 +265,7 @@ class Objects:
 
     async def update(self, obj: ObjectT) -> ObjectT:
         """Write spec and metadata, if obj's resourceVersion is still current (else Conflict)."""
-        kind, name, node = obj.kind_plural, obj.metadata.name, _node_of(obj)
+        kind, name, node = obj.kind_plural, obj.metadata.name, node_of(obj)
         rv = obj.metadata.resourceVersion
         if rv is None:
             raise Conflict(f"{kind}/{name}: update needs metadata.resourceVersion")
@@ -309,7 +306,7 @@ class Objects:
     async def update_status(self, obj: ObjectT) -> ObjectT:
         """Replace the status; spec, generation and resourceVersion stay as they are."""
         kind, name = obj.kind_plural, obj.metadata.name
-        spec_key, status_key = _keys(kind, name, _node_of(obj))
+        spec_key, status_key = _keys(kind, name, node_of(obj))
         resp = await self.etcd.txn([compare(as_bytes(spec_key), VERSION, GREATER, version=0)],
                                    [put_op(status_key, _status_doc(obj)), get_op(spec_key)])
         if not resp.succeeded:
@@ -338,7 +335,7 @@ class Objects:
         when the compare fails, the object is read and the patch tried again.
         """
         if current is not None:
-            node = _node_of(current)
+            node = node_of(current)
         node = await self._find_node(kind, name, node)
         spec_key, status_key = _keys(kind, name, node)
         status_cls = STATUS_CLASSES[kind]
