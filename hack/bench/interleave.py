@@ -23,6 +23,15 @@ Issue 23's redesign (typed spine, store split, one reflector) against its base 4
     api.py --ops 200 --watchers 200 --writes 3      ratio    before 0.34 0.31          after 0.33 0.35
     gateway.py --seconds 4, --rounds 2   throughput_ratio    before 1.09 1.14 1.15 1.19  after 1.11 1.00 1.17 1.21
     interleave: binds/s=0.962 (controlplane)  ratio=4.400 (store)  throughput_ratio=0.996 (gateway)
+
+Issue 29's second step (one error contract, engines and routing policies as registered modules,
+the server's pipeline, strict typing, the store's names concern and per-term controllers)
+against the session's base 0a11f6e, 2026-12-05 (ABBA):
+    gateway.py --seconds 4, --rounds 2   throughput_ratio    before 1.11 1.03 1.13 1.14  after 1.12 1.16 1.12 0.87
+    controlplane.py --nodes 300 --replicas 660, --rounds 1   binds/s   before 1142 1351   after 1298 1254
+    interleave: throughput_ratio=1.000 added_p50_ms=0.958 (gateway)  binds/s=1.024 (controlplane)
+    (routing.py's selection per request, old/new x3: least-outstanding 0.64-0.66 -> 0.70-0.72 us,
+    prefix-hash 3.83-4.08 -> 4.00-4.15 us, prefix-score 8.96-9.18 -> 8.79-9.04 us)
 """
 from __future__ import annotations
 
