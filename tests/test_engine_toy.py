@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-import tests.toy_engine  # noqa: F401 - registers the engine "toy"
+import tests.toy_engine
 from controllers.scheduler import SchedulerController
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.inventory import take_inventory
@@ -16,7 +16,7 @@ from llmgw.api import InvalidObject, Replica, parse_object
 from llmgw.cli.main import cli
 from llmgw.engines import NodeFacts, render
 from llmgw.engines.check import widest_shards
-from llmgw.engines.engine import ENGINES
+from llmgw.engines.engine import ENGINES, register
 from tests.helpers.ctrlkit import node, replica, running, until
 
 HELP = """usage: toy-server [--host HOST] [--port PORT] [--name NAME] [--weights PATH] [--help]
@@ -27,6 +27,15 @@ HELP = """usage: toy-server [--host HOST] [--port PORT] [--name NAME] [--weights
   --weights PATH   the weights
   --help           this text
 """
+
+
+@pytest.fixture(autouse=True, scope="module")
+def toy_registered():
+    """The toy is registered while this module's tests run (importing it did), and only then:
+    other modules see the built-in engines alone."""
+    register(tests.toy_engine.ENGINE)
+    yield
+    ENGINES.pop("toy")
 
 
 def model(args: list[str]) -> dict:

@@ -9,9 +9,16 @@ import pytest
 
 from llmgw.api import Model
 from llmgw.gateway.proxy import REPLICA_HEADER
-from llmgw.routing import POLICIES
+from llmgw.routing import POLICIES, register
 from tests.helpers.gateway import Sim, running_gateway
 from tests.test_gateway_routing import routed_table
+
+
+@pytest.fixture(autouse=True, scope="module")
+def unregister_the_toy():
+    """Other modules see the built-in policies alone: the toy goes when this module is done."""
+    yield
+    POLICIES.pop("toy-last-replica", None)
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +32,18 @@ def engines():
 def test_a_model_may_name_a_policy_only_once_it_is_registered():
     spec = {"metadata": {"name": "m"}, "spec": {"profiles": [{"engine": "sim"}],
                                                 "routing": {"policy": "toy-last-replica"}}}
-    if "toy-last-replica" not in POLICIES:   # this module may run before the toy is imported
-        with pytest.raises(ValueError, match="unknown routing policy 'toy-last-replica'"):
-            Model.model_validate(spec)
-    import tests.toy_routing_policy  # noqa: F401 - registers it
+    POLICIES.pop("toy-last-replica", None)
+    with pytest.raises(ValueError, match="unknown routing policy 'toy-last-replica'"):
+        Model.model_validate(spec)
+    import tests.toy_routing_policy
+    register(tests.toy_routing_policy.LastReplica)   # as importing it the first time does
     assert Model.model_validate(spec).spec.routing.policy == "toy-last-replica"
     assert "toy-last-replica" in Model.model_json_schema()["$defs"]["RoutingSpec"]["properties"]["policy"]["enum"]
 
 
 async def test_the_gateway_routes_by_the_toy_policy(engines):
     from tests.toy_routing_policy import LastReplica
+    register(LastReplica)
 
     async with running_gateway(routed_table("toy-last-replica", engines)) as gw:
         async with aiohttp.ClientSession() as session:
