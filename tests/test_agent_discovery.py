@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from llmgw.agent.discovery.gpu import discover_gpus
 from llmgw.agent.discovery.infiniband import discover_ports
 from llmgw.agent.process import is_alive
+from tests.helpers.poll import until_sync
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SMI = REPO / "hack" / "fakes" / "nvidia-smi"
@@ -187,14 +187,6 @@ def _script(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
-def _goes(pid: int, within: float = 10.0) -> bool:
-    """Whether `pid` is gone within the bound (SIGKILL is delivered asynchronously)."""
-    deadline = time.monotonic() + within
-    while is_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_output_that_is_not_utf8_still_lists_the_gpus(tmp_path):
@@ -214,7 +206,8 @@ def test_a_child_holding_the_pipe_does_not_hold_discovery(tmp_path):
     report = discover_gpus(wrapper, timeout=60)
     assert report.ok, report.error
     assert len(report.gpus) == 2
-    assert _goes(int(pidfile.read_text())), "the child left behind was not killed"
+    child = int(pidfile.read_text())   # SIGKILL is delivered asynchronously
+    until_sync(lambda: not is_alive(child), "the child left behind to be killed", timeout=10)
 
 
 def test_the_timeout_holds_when_a_child_escapes_the_kill(tmp_path):

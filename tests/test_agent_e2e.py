@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from llmgw.dev.process import free_port
 from llmgw.store import Store
 from llmgw.store import keys as K
 from tests.helpers.cluster import shared_api_server  # noqa: F401
+from tests.helpers.poll import until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "fakes"))
 from make_sysfs import FakePort, make_sysfs
@@ -107,21 +107,14 @@ def sim_shard(name: str, node: str, *, engine: str = "sim", source: str | None =
 
 
 async def wait_for(what: str, probe, agent: AgentProcess, timeout: float = WAIT):
-    """Poll `probe()` (async) until it returns something truthy; fail with the agent's log."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = await probe()
-        except NotFound as err:
-            last = err
-        if last and not isinstance(last, Exception):
-            return last
+    """`until` for a test of one agent: a NotFound is "not yet", and if the agent exits
+    there is nothing left to wait for; a failure shows the agent's log."""
+    def alive_probe():
         if agent.proc.poll() is not None:
-            break
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what}: not reached (last seen: {last!r}); agent exit {agent.proc.poll()}, "
-                         f"agent log:\n{agent.tail()}")
+            raise AssertionError(f"{what}: the agent exited with {agent.proc.poll()}; log:\n{agent.tail()}")
+        return probe()
+    return await until(alive_probe, what, timeout=timeout, interval=0.1, retry=(NotFound,),
+                       detail=lambda: f"agent log:\n{agent.tail()}")
 
 
 async def shard_in(c, name: str, agent: AgentProcess, *phases: str) -> Shard:
@@ -234,7 +227,7 @@ async def test_restarted_agent_adopts_the_running_engine(shared_api_server, agen
         assert is_alive(pid, started), "stopping the agent stopped its engine"
         agent.start()
         await wait_for("agent adopted the engine",
-                       lambda: asyncio.sleep(0, "adopted running engine" in agent.log.read_text()), agent)
+                       lambda: "adopted running engine" in agent.log.read_text(), agent)
         shard = await c.get(Shard, "adopt-1-a")
         assert shard.status.phase == "Ready"
         assert shard.status.pid == pid
@@ -288,7 +281,7 @@ async def test_engine_of_a_shard_deleted_while_the_agent_was_away_is_stopped(sha
         agent.start()
         record = agent.state_dir / "shards" / "orphan-1-a.json"
         await wait_for("orphaned engine stopped and its record removed",
-                       lambda: asyncio.sleep(0, not record.exists()), agent)
+                       lambda: not record.exists(), agent)
         assert not is_alive(pid, started)
         assert "no longer exists: stopping its engine" in agent.log.read_text()
 

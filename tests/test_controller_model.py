@@ -11,7 +11,8 @@ from llmgw.api.types import Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer
-from tests.helpers.controlplane import control_plane, until
+from tests.helpers.controlplane import control_plane
+from tests.helpers.poll import until
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -7,7 +7,8 @@ from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
 from llmgw.api.types import Node, Replica
-from tests.helpers.ctrlkit import node, replica, running, until
+from tests.helpers.ctrlkit import node, replica, running
+from tests.helpers.poll import until
 
 
 def booked(replicas) -> list[tuple[str, int]]:

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -25,6 +24,7 @@ from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from llmgw.store import Store, StoreUnavailable
+from tests.helpers.poll import until, until_sync
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -45,11 +45,14 @@ class DevUp:
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, text: str, timeout: float = 200.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, "dev up exited:\n" + "\n".join(self.lines[-30:])
-            assert time.monotonic() < deadline, f"no {text!r} within {timeout:.0f}s:\n" + "\n".join(self.lines[-30:])
-            time.sleep(0.2)
+        def printed() -> bool:
+            exited = self.proc.poll() is not None  # read before the lines: what it printed before exiting counts
+            if any(text in line for line in self.lines):
+                return True
+            assert not exited, "dev up exited:\n" + "\n".join(self.lines[-30:])
+            return False
+        until_sync(printed, f"{text!r} from dev up", timeout=timeout, interval=0.2,
+                   detail=lambda: "\n".join(self.lines[-30:]))
 
     def complete(self, model: str) -> tuple[int, str]:
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -118,20 +121,15 @@ async def _serves(c: LocalCluster, timeout: float = 150.0) -> None:
     """Apply one sim model and wait (bounded) until the cluster's gateway answers for it."""
     async with Client.from_config(ClientConfig.load(c.admin_config)) as client:
         await client.apply(parse_object(SIM))
-    deadline = time.monotonic() + timeout
     body = json.dumps({"model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
-    while True:
-        try:
-            req = urllib.request.Request(f"{c.gateway_url}/v1/chat/completions", body,
-                                         {"content-type": "application/json"})
-            with await asyncio.to_thread(urllib.request.urlopen, req, timeout=10) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+
+    async def served() -> bool:
         c.check_alive()
-        assert time.monotonic() < deadline, f"{c.dir}: model solo not served within {timeout:.0f}s"
-        await asyncio.sleep(0.5)
+        req = urllib.request.Request(f"{c.gateway_url}/v1/chat/completions", body,
+                                     {"content-type": "application/json"})
+        with await asyncio.to_thread(urllib.request.urlopen, req, timeout=10) as resp:
+            return resp.status == 200
+    await until(served, f"{c.dir}: model solo served", timeout=timeout, interval=0.5, retry=(OSError,))
 
 
 async def _node(c: LocalCluster):

@@ -1,9 +1,7 @@
 """`llmgw gateway --server`: the routing table follows a real server's watch, across a restart."""
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 
 import aiohttp
 import pytest
@@ -14,6 +12,7 @@ from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
 from tests.helpers.gateway import CLI, Sim, metric
+from tests.helpers.poll import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,18 +34,6 @@ async def make_ready(client, name: str, endpoint: str, finalizers=()) -> None:
     obj = await client.create(new_replica(name, finalizers))
     obj.status.phase, obj.status.endpoint = "Ready", endpoint
     await client.update_status(obj)
-
-
-async def eventually(check, what: str, timeout: float = 30.0):
-    """Poll `check()` (async) until it returns a truthy value; AssertionError naming `what` if never."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.1)
 
 
 async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tmp_path):
@@ -80,21 +67,21 @@ async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tm
                     await r.read()
                     return r.status, r.headers.get(REPLICA_HEADER)
 
-            await eventually(lambda: _is(get("/healthz"), 200), "the gateway listed models and replicas")
+            await until(lambda: _is(get("/healthz"), 200), "the gateway listed models and replicas")
             await admin.create(new_model())
             await make_ready(admin, "r-a", sims["a"].endpoint, finalizers=["test.llmgw.io/hold"])
             await make_ready(admin, "r-b", sims["b"].endpoint)
-            await eventually(lambda: _eq(routable(), 2), "both replicas routable")
+            await until(lambda: _eq(routable(), 2), "both replicas routable")
             assert {(await ask())[1] for _ in range(4)} == {"r-a", "r-b"}
 
             # Marked for deletion (a finalizer holds the object): out of the table at once.
             deleted = await admin.delete(Replica, "r-a")
             assert deleted.metadata.deletionTimestamp is not None
-            await eventually(lambda: _eq(routable(), 1), "r-a left the table")
+            await until(lambda: _eq(routable(), 1), "r-a left the table")
             assert [await ask("llama") for _ in range(4)] == [(200, "r-b")] * 4
 
             await make_ready(admin, "r-c", sims["c"].endpoint)
-            await eventually(lambda: _eq(routable(), 2), "r-c routable")
+            await until(lambda: _eq(routable(), 2), "r-c routable")
 
             # The server goes down; meanwhile r-c is deleted and its engine dies, and etcd's
             # history is compacted past the deletion (a later write, then compaction to the
@@ -107,7 +94,7 @@ async def test_table_follows_the_server_watch_and_a_restart(api_server, etcd, tm
             sims["c"].kill()
             assert await routable() == 2  # the stale view stays in service while the server is away
             api_server.restart()
-            await eventually(lambda: _eq(routable(), 1), "r-c gone after the relist")
+            await until(lambda: _eq(routable(), 1), "r-c gone after the relist")
             _, text = await get("/metrics")
             assert metric(text, "llmgw_gateway_inflight_requests", replica="r-c") == 0
             assert 'replica="r-c"' not in text

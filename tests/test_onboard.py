@@ -22,6 +22,7 @@ from cryptography import x509
 from llmgw.api.types import Node
 from llmgw.pki import identity_from_pem_file
 from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
+from tests.helpers.poll import until_sync
 from tests.helpers.release import release_artifact
 from tests.helpers.sshd import start_sshd
 
@@ -163,10 +164,8 @@ def test_onboard_installs_agent_that_registers_and_rerun_changes_nothing(onboard
     assert node.metadata.name == "gpu-e2e"
     row = [ln for ln in out.splitlines() if ln.startswith("gpu-e2e ")]
     assert row and "NAME" in out
-    deadline = time.monotonic() + 30
-    while not (node.status.fabrics and node.status.gpus) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        node = get_node(api_server, "gpu-e2e")
+    node = until_sync(lambda: (n := get_node(api_server, "gpu-e2e")).status.fabrics and n.status.gpus and n,
+                      "the agent to report its fabrics and GPUs", timeout=30, interval=0.5)
     assert [f.name for f in node.status.fabrics] == ["ib-a"]
     assert len(node.status.gpus) == 8
 

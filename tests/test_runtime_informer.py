@@ -6,17 +6,11 @@ from llmgw.api.types import ModelSpec, Profile
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.store import Compactor
+from tests.helpers.poll import until
 
 
 def model(name: str) -> Model:
     return Model(metadata=ObjectMeta(name=name), spec=ModelSpec(profiles=[Profile(engine="sim")]))
-
-
-async def until(cond, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 class Recorder:

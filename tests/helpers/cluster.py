@@ -15,12 +15,10 @@ ApiServer: .url .ca .admin (cert, key) .issue_node(name) .issue_component(name) 
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from llmgw.cli.ca import ca as ca_command
 from llmgw.client import Client, Unauthorized
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
+from tests.helpers.poll import until, until_sync
 
 LISTENING = re.compile(r"listening on https://([\d.]+):(\d+)")
 
@@ -96,15 +95,9 @@ class ApiServer:
 
     def wait_for_log(self, text: str, timeout: float = 15.0) -> str:
         """The first log line containing `text`; AssertionError (with the log's tail) if none appears."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for line in self.log_lines():
-                if text in line:
-                    return line
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no server log line contains {text!r}; last lines:\n"
-                                     + "\n".join(self.log_lines()[-15:]))
-            time.sleep(0.05)
+        return until_sync(lambda: next((line for line in self.log_lines() if text in line), None),
+                          f"a server log line containing {text!r}", timeout=timeout,
+                          detail=lambda: "last lines:\n" + "\n".join(self.log_lines()[-15:]))
 
     def restart(self) -> None:
         """Stop the server and start it again on the same port (same etcd, same certificates)."""
@@ -138,29 +131,32 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def _wait_listening(proc: subprocess.Popen, log_path: Path, skip: int = 0) -> tuple[str, str]:
-    deadline = time.monotonic() + 60
-    while True:
-        text = log_path.read_text()
-        found = LISTENING.findall(text)
+    def listening() -> tuple[str, str] | None:
+        exited = proc.poll() is not None  # read before the log: what it wrote before exiting counts
+        found = LISTENING.findall(log_path.read_text())
         if len(found) > skip:
             return found[skip]
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"llmgw server did not start (exit {proc.poll()}):\n{text[-3000:]}")
-        time.sleep(0.05)
+        if exited:
+            raise RuntimeError(f"llmgw server exited with {proc.poll()}:\n{log_path.read_text()[-3000:]}")
+        return None
+    try:
+        return until_sync(listening, "llmgw server to listen", detail=lambda: log_path.read_text()[-3000:])
+    except AssertionError:
+        proc.kill()
+        raise
 
 
-async def until_revoked(client: Client, node: str, tries: int = 200) -> None:
+async def until_revoked(client: Client, node: str) -> None:
     """Heartbeat as `node` until the server refuses it as revoked: it learns of a revocation
     through its watch of /llmgw/revoked/, a moment after `llmgw ca revoke` returns."""
-    for _ in range(tries):
+    async def refused() -> Unauthorized | None:
         try:
             await client.heartbeat(node)
         except Unauthorized as err:
-            assert err.reason == "CertificateRevoked"
-            return
-        await asyncio.sleep(0.05)
-    pytest.fail(f"the revoked certificate was still accepted after {tries} tries")
+            return err
+        return None
+    err = await until(refused, "the revoked certificate to be refused")
+    assert err.reason == "CertificateRevoked"
 
 
 @pytest.fixture

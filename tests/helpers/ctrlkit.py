@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
 from llmgw.api.wellknown import MODEL_LABEL
@@ -69,20 +68,6 @@ async def heartbeat(store, node_name: str) -> None:
 
 async def silence(store, node_name: str) -> None:
     await store.kv.delete(keys.heartbeat_key(node_name))
-
-
-async def until(cond: Callable[[], Any | Awaitable[Any]], timeout: float = 60.0, what: str = "") -> Any:
-    """Poll until cond() is truthy; returns its value. The timeout only bounds a hang."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = cond()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        assert loop.time() < deadline, f"condition not met: {what or cond}"
-        await asyncio.sleep(0.05)
 
 
 async def get_or_none(store, kind, name: str):

@@ -14,7 +14,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ from llmgw.api import Model, Replica
 from llmgw.dev.process import free_port
 from llmgw.gateway.proxy import Gateway
 from llmgw.gateway.table import RoutingTable
+from tests.helpers.poll import until_sync
 
 CLI = [sys.executable, "-c", "from llmgw.cli.main import cli; cli()"]
 
@@ -52,17 +52,15 @@ class Sim:
         return sim
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sim on port {self.port} exited with {self.proc.returncode}")
             try:
                 with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1):
-                    return
+                    return True
             except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"sim on port {self.port} not ready in {timeout} s") from None
-                time.sleep(0.05)
+                return False
+        until_sync(healthy, f"sim on port {self.port} to answer /health", timeout=timeout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

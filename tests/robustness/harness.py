@@ -32,6 +32,7 @@ from llmgw.client.errors import ApiError, Expired, Unreachable
 from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
+from tests.helpers.poll import until
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
 from tests.robustness.recorder import Recorder
@@ -132,20 +133,10 @@ class FaultCluster(LocalCluster):
 
     # ------------------------------------------------------------ waiting
     async def wait(self, what: str, check, timeout: float = WAIT, interval: float = 0.3):
-        """Poll the async `check` until it returns something true; AssertionError after `timeout`."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                last = await check()
-            except (StoreUnavailable, Unreachable, ApiError) as err:   # a nemesis may be at work: retry
-                last = err
-            else:
-                if last:
-                    return last
-            await asyncio.sleep(interval)
-        raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r}); "
-                             f"history: {self.history.summary()}")
+        """`until` with the failures a nemesis causes as "not yet", and the history in its message."""
+        return await until(check, what, timeout=timeout, interval=interval,
+                           retry=(StoreUnavailable, Unreachable, ApiError),
+                           detail=lambda: f"history: {self.history.summary()}")
 
     async def wait_model_ready(self, model: str, replicas: int, timeout: float = WAIT) -> None:
         async def done():
