@@ -75,9 +75,9 @@ class LocalCluster:
     etcd_members: int = 1
     etcd: EtcdCluster | None = None
     slot: slots.Slot | None = None
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
         self.server_port = self.server_port or free_port()
 
@@ -144,7 +144,7 @@ class LocalCluster:
             sysfs.mkdir(exist_ok=True)  # an island: no InfiniBand adapters
         return smi, sysfs
 
-    def _spawn(self, component: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, component: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log(component), "ab")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(env or {})},
                                 start_new_session=True, cwd=self.dir)
@@ -311,9 +311,11 @@ def _check_free(port: int, what: str) -> None:
 
 def _last_slot(cluster_dir: Path) -> int | None:
     try:
-        return json.loads((cluster_dir / "cluster.json").read_text()).get("slot")
+        saved = json.loads((cluster_dir / "cluster.json").read_text())
     except (OSError, ValueError):
         return None
+    slot = saved.get("slot") if isinstance(saved, dict) else None
+    return slot if isinstance(slot, int) else None
 
 
 def marked_pids(cluster_dir: Path, also: str | None = None) -> list[int]:

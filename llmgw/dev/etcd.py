@@ -46,7 +46,7 @@ class Member:
     log_path: Path
     host: str = "127.0.0.1"
     scheme: str = "http"
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:

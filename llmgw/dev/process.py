@@ -13,7 +13,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port of `host` (loopback) nobody listens on right now."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 60.0,
@@ -37,7 +38,7 @@ def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 6
     raise TimeoutError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
-def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGTERM, wait up to `timeout`, then SIGKILL; returns once the process is gone."""
     if proc.poll() is not None:
         return

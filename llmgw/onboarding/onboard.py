@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -19,6 +21,7 @@ from llmgw.onboarding.remote_install import (
     InstallError,
     Layout,
     RemoteHost,
+    ServiceManager,
     render_config,
     render_unit,
     service_manager,
@@ -58,7 +61,7 @@ def _check_not_another_node(cert_pem: bytes, node: str, addr: str, layout: Layou
                            f"{layout.path('etc/llmgw')} there (and revoke {holder}'s certificate) first")
 
 
-def install(opts: dict, echo=click.echo) -> tuple[RemoteHost, object]:
+def install(opts: dict[str, Any], echo: Callable[[str], object] = click.echo) -> tuple[RemoteHost, ServiceManager]:
     """Every step up to a running agent; returns the host and its service manager."""
     node = opts["node"]
     _check_inputs(node, opts["server"], opts["fabrics"])
@@ -103,7 +106,7 @@ def install(opts: dict, echo=click.echo) -> tuple[RemoteHost, object]:
     return host, sm
 
 
-async def _wait_for_node(opts: dict, timeout: float):
+async def _wait_for_node(opts: dict[str, Any], timeout: float) -> Node:
     from llmgw.client import ApiError, Client, ClientConfig, NotFound
     cfg = ClientConfig.load(opts["config"])
     last = ""
@@ -121,7 +124,7 @@ async def _wait_for_node(opts: dict, timeout: float):
             await asyncio.sleep(1)
 
 
-def wait_for_node(opts: dict, sm, echo=click.echo) -> None:
+def wait_for_node(opts: dict[str, Any], sm: ServiceManager, echo: Callable[[str], object] = click.echo) -> None:
     timeout = opts["wait"]
     echo(f"waiting up to {timeout:.0f}s for node {opts['node']} to register with {opts['server']} ...")
     try:
@@ -197,7 +200,7 @@ throwaway one); the trust store update then works on that directory's copy.
                    "~/.config/llmgw/config.yaml).")
 @click.option("--wait", default=120.0, show_default=True, type=float,
               help="Seconds to wait for the Node to register; 0: do not wait.")
-def main(**opts):
+def main(**opts: Any) -> None:
     from llmgw.client import ClientConfig, ConfigError
     try:
         if opts["wait"] > 0:

@@ -71,8 +71,9 @@ def _check_keys(path: str) -> None:
               help="With --binary: seconds to wait for the VM's ssh.")
 @click.option("--ssh-identity", type=click.Path(dir_okay=False), help="With --binary: ssh private key to use.")
 @click.option("--dry-run", is_flag=True, help="Print the commands; run nothing.")
-def main(vmid, name, ip, gateway, image, storage, bridge, cores, memory, disk_size, gpus, binary, ssh_keys,
-         ci_user, ssh_wait, ssh_identity, dry_run):
+def main(vmid: int, name: str, ip: str, gateway: str | None, image: str, storage: str, bridge: str, cores: int,
+         memory: int, disk_size: str | None, gpus: tuple[str, ...], binary: str | None, ssh_keys: str | None,
+         ci_user: str, ssh_wait: int, ssh_identity: str | None, dry_run: bool) -> None:
     try:
         check_dns1123_label(name)
     except ValueError as err:
@@ -126,8 +127,7 @@ def main(vmid, name, ip, gateway, image, storage, bridge, cores, memory, disk_si
             click.echo(f"waiting up to {ssh_wait}s for {ssh.target} to answer ssh ...")
             ssh.wait_reachable(ssh_wait)
             host = RemoteHost(ssh, Layout("/"))
-            host.probe([host.layout.binary])
-            facts = host.facts
+            facts = host.probe([host.layout.binary])
             if facts.python:
                 artifact.check_runs_on(facts.machine, facts.python)
             host.put(host.layout.binary, artifact.path.read_bytes(), 0o755)

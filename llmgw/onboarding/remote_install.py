@@ -22,6 +22,7 @@ import base64
 import hashlib
 import posixpath
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
@@ -45,25 +46,25 @@ class Layout:
         return posixpath.normpath(posixpath.join(self.root, rel.lstrip("/")))
 
     @property
-    def binary(self): return self.path("usr/local/bin/llmgw")
+    def binary(self) -> str: return self.path("usr/local/bin/llmgw")
     @property
-    def config(self): return self.path("etc/llmgw/agent.yaml")
+    def config(self) -> str: return self.path("etc/llmgw/agent.yaml")
     @property
-    def ca(self): return self.path("etc/llmgw/pki/ca.crt")
+    def ca(self) -> str: return self.path("etc/llmgw/pki/ca.crt")
     @property
-    def cert(self): return self.path("etc/llmgw/pki/node.crt")
+    def cert(self) -> str: return self.path("etc/llmgw/pki/node.crt")
     @property
-    def key(self): return self.path("etc/llmgw/pki/node.key")
+    def key(self) -> str: return self.path("etc/llmgw/pki/node.key")
     @property
-    def unit(self): return self.path(f"etc/systemd/system/{UNIT_NAME}")
+    def unit(self) -> str: return self.path(f"etc/systemd/system/{UNIT_NAME}")
     @property
-    def state_dir(self): return self.path("var/lib/llmgw/agent")
+    def state_dir(self) -> str: return self.path("var/lib/llmgw/agent")
     @property
-    def pex_root(self): return self.path("var/lib/llmgw/pex")
+    def pex_root(self) -> str: return self.path("var/lib/llmgw/pex")
     @property
-    def log(self): return self.path("var/log/llmgw-agent.log")
+    def log(self) -> str: return self.path("var/log/llmgw-agent.log")
     @property
-    def pidfile(self): return self.path("run/llmgw-agent.pid")
+    def pidfile(self) -> str: return self.path("run/llmgw-agent.pid")
 
     def trust_anchor(self, style: str) -> str:
         return self.path(TRUST_ANCHOR[style])
@@ -81,7 +82,7 @@ class HostFacts:
 
 def render_config(layout: Layout, node: str, server: str, fabrics: list[str], nvidia_smi: str | None,
                   ib_root: str | None) -> bytes:
-    cfg: dict = {"node": node, "server": server, "ca": layout.ca, "cert": layout.cert, "key": layout.key}
+    cfg: dict[str, object] = {"node": node, "server": server, "ca": layout.ca, "cert": layout.cert, "key": layout.key}
     if fabrics:
         cfg["fabrics"] = list(fabrics)
     if nvidia_smi:
@@ -126,7 +127,7 @@ def sha256(data: bytes) -> str:
 
 
 class RemoteHost:
-    def __init__(self, ssh: Ssh, layout: Layout, log=print):
+    def __init__(self, ssh: Ssh, layout: Layout, log: Callable[[str], object] = print):
         self.ssh = ssh
         self.layout = layout
         self.log = log

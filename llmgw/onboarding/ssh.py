@@ -50,7 +50,7 @@ class Ssh:
         return shlex.join(cmd)
 
     def run(self, script: str, input: bytes | None = None, check: bool = True,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run `script` remotely; stdout/stderr as text. check: SshError on non-zero exit."""
         argv = self.argv(self.remote_command(script))
         try:

@@ -4,7 +4,7 @@
     entry.cert, entry.key, entry.serial                 # paths and lower-case hex serial
     identity_from_der(der) -> Identity(role, name, org, serial, not_before, not_after)
 """
-from llmgw.pki.ca import (  # noqa: F401
+from llmgw.pki.ca import (
     COMPONENTS,
     DEFAULT_DAYS,
     ETCD_ROLES,
@@ -15,4 +15,8 @@ from llmgw.pki.ca import (  # noqa: F401
     normalize_serial,
     serial_hex,
 )
-from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file  # noqa: F401
+from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file
+
+__all__ = ["COMPONENTS", "DEFAULT_DAYS", "ETCD_ROLES", "ORG", "CAError", "CertificateAuthority", "Issued",
+           "normalize_serial", "serial_hex",
+           "Identity", "identity_from_cert", "identity_from_der", "identity_from_pem_file"]

@@ -33,7 +33,7 @@ class Identity:
         return at < self.not_before
 
 
-def _attr(name: x509.Name, oid) -> str:
+def _attr(name: x509.Name, oid: x509.ObjectIdentifier) -> str:
     values = name.get_attributes_for_oid(oid)
     return str(values[0].value) if values else ""
 

@@ -21,12 +21,13 @@ def _yaml_section(title: str, data: Any) -> list[str]:
     return [f"{title}:", *(f"  {line}" for line in body)]
 
 
-def _when(ts: Any, now: datetime) -> str:
+def _when(ts: object, now: datetime) -> str:
     if isinstance(ts, str):
         try:
-            ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+            parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         except ValueError:
             return ts
+        ts = parsed
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             ts = ts.replace(tzinfo=timezone.utc)

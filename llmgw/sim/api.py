@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -29,7 +30,7 @@ def error(status: int, message: str, kind: str) -> web.Response:
     return web.Response(status=status, body=json.dumps(body).encode(), content_type=JSON)
 
 
-def sse(obj) -> bytes:
+def sse(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -112,7 +113,7 @@ class SimApi:
     def _id(self, prefix: str) -> str:
         return f"{prefix}-{self._id_prefix}{next(self._ids)}"
 
-    async def _body(self, request: web.Request) -> dict:
+    async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
             body = json.loads(await request.read())
         except ValueError as e:
@@ -126,7 +127,7 @@ class SimApi:
         return body
 
     @staticmethod
-    def _max_tokens(body: dict, *keys: str) -> int:
+    def _max_tokens(body: dict[str, Any], *keys: str) -> int:
         for key in keys:
             value = body.get(key)
             if value is None:
@@ -245,7 +246,7 @@ class SimApi:
             return self.scheduler.generate(seq)
         return self.pacer.ticks(seq.n)
 
-    def _complete(self, model: str, chat: bool, seq: Seq) -> dict:
+    def _complete(self, model: str, chat: bool, seq: Seq) -> dict[str, Any]:
         n = seq.n
         usage = _usage(seq)
         if chat:
@@ -264,7 +265,7 @@ class SimApi:
         kind, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
         head = {"id": self._id(prefix), "object": kind, "created": int(time.time()), "model": model}
 
-        def chunk(choices: list, **extra) -> bytes:
+        def chunk(choices: list[dict[str, Any]], **extra: object) -> bytes:
             obj = {**head, "choices": choices, **extra}
             if include_usage and "usage" not in extra:
                 obj["usage"] = None
@@ -313,7 +314,7 @@ class SimApi:
         return response
 
 
-def _usage(seq: Seq) -> dict:
+def _usage(seq: Seq) -> dict[str, Any]:
     prompt, n = len(seq.tokens), seq.n
     return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
             "prompt_tokens_details": {"cached_tokens": seq.cached}}

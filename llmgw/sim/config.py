@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,11 @@ def split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _nonnegative(kind):
-    def parse(text: str):
+Number = TypeVar("Number", int, float)
+
+
+def _nonnegative(kind: type[Number]) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
         value = kind(text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"{text} is negative")

@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable
 
 from llmgw.sim.config import SimConfig
 from llmgw.sim.rendezvous import Head, RendezvousError, Worker
@@ -46,7 +47,7 @@ class Rank:
             loop.call_later(self.cfg.fail_after, self.abort, EXIT_INJECTED,
                             f"injected failure after {self.cfg.fail_after:g} s")
 
-    async def until_stop(self, awaitable) -> bool:
+    async def until_stop(self, awaitable: Awaitable[object]) -> bool:
         """Await `awaitable` unless a stop comes first; True when it completed."""
         task = asyncio.ensure_future(awaitable)
         stop = asyncio.ensure_future(self.stop_requested.wait())

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from llmgw.sim.tokens import Token
 
-def block_keys(tokens: Sequence, block_size: int) -> list[int]:
+
+def block_keys(tokens: Sequence[Token], block_size: int) -> list[int]:
     """The chained keys of a prompt's whole blocks."""
     keys = []
     key = 0
@@ -35,7 +37,7 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, tokens: Sequence) -> int:
+    def admit(self, tokens: Sequence[Token]) -> int:
         """Look a prompt up, then cache its blocks; the number of its leading tokens that were cached."""
         keys = block_keys(tokens, self.block_size)
         blocks = self._blocks

@@ -64,7 +64,7 @@ class Head:
         self.complete = asyncio.Event()
         self._server: asyncio.base_events.Server | None = None
         self._closing = False
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         if world_size == 1:
             self.complete.set()
 
@@ -132,7 +132,7 @@ class Worker:
         self.head_host, self.port, self.rank, self.world_size = head_host, port, rank, world_size
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._beat: asyncio.Task | None = None
+        self._beat: asyncio.Task[None] | None = None
 
     async def join(self) -> None:
         """Connect (retrying while rank 0 is not up yet) and be accepted; RendezvousError if refused."""

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 
 from llmgw.sim.kvcache import PrefixCache
+from llmgw.sim.tokens import Token
 
 
 class Seq:
@@ -22,7 +23,7 @@ class Seq:
 
     __slots__ = ("tokens", "n", "cached", "emitted", "gone", "ready")
 
-    def __init__(self, tokens: Sequence, n: int):
+    def __init__(self, tokens: Sequence[Token], n: int):
         self.tokens, self.n = tokens, n
         self.cached = 0  # prompt tokens found in the prefix cache, once admitted
         self.emitted = 0
@@ -43,7 +44,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self._wake = asyncio.Event()
-        self._loop: asyncio.Task | None = None
+        self._loop: asyncio.Task[None] | None = None
 
     @property
     def context_tokens(self) -> int:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
          "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
 TOKENS = tuple(" " + w for w in WORDS)
+
+Token = str | int  # a prompt's word, or a token id a client sent
 
 
 def token(i: int) -> str:
@@ -17,7 +19,7 @@ def text(n: int) -> str:
     return "".join(token(i) for i in range(n))
 
 
-def text_tokens(value) -> list:
+def text_tokens(value: object) -> Sequence[Token]:
     """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
     string without any is one empty token), the items of a token-id list, those of each prompt
     of a list of prompts one after the other. The same prompt always gives the same tokens."""
@@ -30,9 +32,9 @@ def text_tokens(value) -> list:
     return []
 
 
-def message_tokens(messages: list) -> list:
+def message_tokens(messages: Sequence[object]) -> Sequence[Token]:
     """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
-    out: list = []
+    out: list[Token] = []
     for message in messages:
         if not isinstance(message, dict):
             continue
