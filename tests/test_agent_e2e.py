@@ -107,10 +107,14 @@ def sim_shard(name: str, node: str, *, engine: str = "sim", source: str | None =
 
 
 async def wait_for(what: str, probe, agent: AgentProcess, timeout: float = WAIT):
-    """Poll `probe()` until it is truthy, while the agent runs; on failure, the agent's log."""
-    return await until(probe, what, timeout, interval=0.1, ignoring=(NotFound,),
-                       abort=lambda: agent.proc.poll() is not None,
-                       detail=lambda: f"agent exit {agent.proc.poll()}, agent log:\n{agent.tail()}")
+    """`until` for a test of one agent: a NotFound is "not yet", and if the agent exits
+    there is nothing left to wait for; a failure shows the agent's log."""
+    def alive_probe():
+        if agent.proc.poll() is not None:
+            raise AssertionError(f"{what}: the agent exited with {agent.proc.poll()}; log:\n{agent.tail()}")
+        return probe()
+    return await until(alive_probe, what, timeout=timeout, interval=0.1, retry=(NotFound,),
+                       detail=lambda: f"agent log:\n{agent.tail()}")
 
 
 async def shard_in(c, name: str, agent: AgentProcess, *phases: str) -> Shard:
@@ -223,7 +227,7 @@ async def test_restarted_agent_adopts_the_running_engine(shared_api_server, agen
         assert is_alive(pid, started), "stopping the agent stopped its engine"
         agent.start()
         await wait_for("agent adopted the engine",
-                       lambda: asyncio.sleep(0, "adopted running engine" in agent.log.read_text()), agent)
+                       lambda: "adopted running engine" in agent.log.read_text(), agent)
         shard = await c.get(Shard, "adopt-1-a")
         assert shard.status.phase == "Ready"
         assert shard.status.pid == pid
@@ -277,7 +281,7 @@ async def test_engine_of_a_shard_deleted_while_the_agent_was_away_is_stopped(sha
         agent.start()
         record = agent.state_dir / "shards" / "orphan-1-a.json"
         await wait_for("orphaned engine stopped and its record removed",
-                       lambda: asyncio.sleep(0, not record.exists()), agent)
+                       lambda: not record.exists(), agent)
         assert not is_alive(pid, started)
         assert "no longer exists: stopping its engine" in agent.log.read_text()
 

@@ -11,6 +11,7 @@ import sys
 from llmgw.agent import process
 from llmgw.agent.runner import EngineProcess, terminate
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
+from tests.helpers.poll import until
 
 # Ignores SIGTERM, starts a child that ignores it too, prints both pids, then waits forever.
 STUBBORN = """
@@ -33,11 +34,8 @@ async def start(tmp_path, code: str, name: str = "engine") -> EngineProcess:
 
 
 async def wait_log(path, text):
-    for _ in range(600):
-        if path.exists() and text in path.read_text():
-            return path.read_text()
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{path} never contained {text!r}")
+    return await until(lambda: path.exists() and text in path.read_text() and path.read_text(),
+                       f"{path} to contain {text!r}")
 
 
 async def test_engine_runs_in_its_own_session_and_group(tmp_path):

@@ -11,7 +11,8 @@ from llmgw.api.types import Model
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import Compacted, Compactor, Store
-from tests.helpers.ctrlkit import model, until
+from tests.helpers.ctrlkit import model
+from tests.helpers.poll import until
 
 
 async def _history(store: Store, writes: int) -> None:

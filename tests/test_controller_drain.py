@@ -5,7 +5,8 @@ from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
 from llmgw.api.types import Node, Replica
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
-from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running, until
+from tests.helpers.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running
+from tests.helpers.poll import until
 
 
 async def setup_model(store, names, node_name="n1", replicas=None, gpus=1):

@@ -5,7 +5,8 @@ from collections import Counter
 
 from controllers.gc import GarbageCollector
 from llmgw.api.types import Model, Replica, Shard
-from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard, until
+from tests.helpers.ctrlkit import get_or_none, model, replica, running, shard
+from tests.helpers.poll import until
 
 
 async def test_orphans_are_deleted_and_owned_objects_kept(store):

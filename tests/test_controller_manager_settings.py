@@ -13,7 +13,8 @@ from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
 from llmgw.api.types import EVICTING, Node
 from llmgw.cmd import controller_manager as cli
-from tests.helpers.ctrlkit import node, until
+from tests.helpers.ctrlkit import node
+from tests.helpers.poll import until
 
 ETCD = ["--etcd", "http://127.0.0.1:1"]
 FLAGS = {name: "--" + name.replace("_", "-") for name in ControllerSettings.model_fields}

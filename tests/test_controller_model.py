@@ -11,7 +11,8 @@ from llmgw.api.types import Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer
-from tests.helpers.controlplane import control_plane, until
+from tests.helpers.controlplane import control_plane
+from tests.helpers.poll import until
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -193,11 +194,21 @@ async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
             await store.update(cur)
             new_hash = template_hash(cur.spec)
             await until(lambda: any(r.spec.templateHash == new_hash and r.status.phase == "Starting"
-                                    for r in cp.replicas("m")))
-            await asyncio.sleep(0.5)
-            # the surge replica is not Ready: no old replica may be going yet
-            assert {r.name for r in cp.replicas("m") if r.spec.templateHash != new_hash} == old
-            assert len(cp.replicas("m")) == 3                           # maxSurge 1
+                                    for r in cp.replicas("m")), "the surge replica Starting")
+            # A marker: a new generation of the Model with the same template, written once the
+            # controller's cache holds the Starting surge replica. When the Model's status has
+            # observed it, the controller has planned from that view (and deleted what it meant
+            # to: it deletes before it writes status). The surge replica is not Ready: no old
+            # replica may be going.
+            marker = await store.get(Model, "m")
+            marker.spec.placementDeadlineSeconds += 1
+            marker = await store.update(marker)
+            await until(lambda: cp.cache.get(Model, "m").status.observedGeneration == marker.metadata.generation,
+                        "the model controller to observe the marker generation")
+            items, _ = await store.list(Replica)
+            assert {r.name for r in items if r.spec.templateHash != new_hash and not r.metadata.deletionTimestamp} \
+                == old
+            assert len(items) == 3                                      # maxSurge 1
             await cp.agents.release()
             await until(lambda: len(ready(cp, "m")) == 2
                         and all(r.spec.templateHash == new_hash for r in cp.replicas("m")))

@@ -22,8 +22,8 @@ from tests.helpers.ctrlkit import (
     replica,
     running,
     silence,
-    until,
 )
+from tests.helpers.poll import until
 
 
 def lifecycle(**settings) -> NodeLifecycleController:

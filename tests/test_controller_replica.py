@@ -8,7 +8,8 @@ from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, hel
 from llmgw.api import Model, get_condition
 from llmgw.api.types import Node, Replica, Shard
 from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
-from tests.helpers.controlplane import control_plane, until
+from tests.helpers.controlplane import control_plane
+from tests.helpers.poll import until
 
 SLOW_BACKOFF = {"rebuild_backoff_base": 3600, "rebuild_backoff_max": 3600}   # a wait no test sits out
 

@@ -9,7 +9,8 @@ from llmgw.api import get_condition
 from llmgw.api.types import Node, Replica
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
-from tests.helpers.ctrlkit import node, replica, running, until
+from tests.helpers.ctrlkit import node, replica, running
+from tests.helpers.poll import until
 
 
 def booked(replicas) -> list[tuple[str, int]]:

@@ -45,9 +45,14 @@ class DevUp:
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, text: str, timeout: float = 200.0) -> None:
-        until_sync(lambda: any(text in line for line in self.lines), f"{text!r} in dev up's output", timeout,
-                   interval=0.2, abort=lambda: self.proc.poll() is not None,
-                   detail=lambda: f"dev up exit {self.proc.poll()}:\n" + "\n".join(self.lines[-30:]))
+        def printed() -> bool:
+            exited = self.proc.poll() is not None  # read before the lines: what it printed before exiting counts
+            if any(text in line for line in self.lines):
+                return True
+            assert not exited, "dev up exited:\n" + "\n".join(self.lines[-30:])
+            return False
+        until_sync(printed, f"{text!r} from dev up", timeout=timeout, interval=0.2,
+                   detail=lambda: "\n".join(self.lines[-30:]))
 
     def complete(self, model: str) -> tuple[int, str]:
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -120,11 +125,11 @@ async def _serves(c: LocalCluster, timeout: float = 150.0) -> None:
 
     async def served() -> bool:
         c.check_alive()
-        req = urllib.request.Request(f"{c.gateway_url}/v1/chat/completions", body, {"content-type": "application/json"})
+        req = urllib.request.Request(f"{c.gateway_url}/v1/chat/completions", body,
+                                     {"content-type": "application/json"})
         with await asyncio.to_thread(urllib.request.urlopen, req, timeout=10) as resp:
-            return bool(resp.status == 200)
-
-    await until(served, f"{c.dir}: model solo served", timeout, interval=0.5, ignoring=(urllib.error.URLError, OSError))
+            return resp.status == 200
+    await until(served, f"{c.dir}: model solo served", timeout=timeout, interval=0.5, retry=(OSError,))
 
 
 async def _node(c: LocalCluster):

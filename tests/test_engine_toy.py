@@ -17,7 +17,8 @@ from llmgw.cli.main import cli
 from llmgw.engines import NodeFacts, render
 from llmgw.engines.check import widest_shards
 from llmgw.engines.engine import ENGINES, register
-from tests.helpers.ctrlkit import node, replica, running, until
+from tests.helpers.ctrlkit import node, replica, running
+from tests.helpers.poll import until
 
 HELP = """usage: toy-server [--host HOST] [--port PORT] [--name NAME] [--weights PATH] [--help]
 

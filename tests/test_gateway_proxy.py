@@ -1,7 +1,6 @@
 """The gateway's proxy against real sim engines (subprocesses), on real loopback sockets."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
@@ -14,6 +13,7 @@ from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
+from tests.helpers.poll import until
 
 NAMES = ("llama", "small")
 
@@ -266,11 +266,7 @@ async def test_client_leaving_mid_stream_releases_the_replica(sims):
                              json={"model": "llama", "prompt": "x", "max_tokens": 200, "stream": True})
             await r.content.readuntil(b"\n\n")
             r.close()  # drop the connection mid-stream
-        for _ in range(200):
-            if not gw.gateway.balancer.inflight:
-                break
-            await asyncio.sleep(0.02)
-        assert gw.gateway.balancer.inflight == {}
+        await until(lambda: gw.gateway.balancer.inflight == {}, "the replica released")
 
 
 async def test_an_engine_stopped_with_requests_in_flight_fails_none(sims):

@@ -13,6 +13,7 @@ from llmgw.dev.process import free_port
 from llmgw.gateway.server import Limits
 from llmgw.gateway.table import RoutingTable
 from tests.helpers.gateway import CLI, Sim, model, replica, running_gateway
+from tests.helpers.poll import until
 
 
 @pytest.fixture(scope="module")
@@ -221,12 +222,8 @@ async def test_a_client_that_leaves_mid_stream_stops_the_engine():
             assert b"data: " in await asyncio.wait_for(reader.readuntil(b"data: "), 10)
             assert engine_running(slow.endpoint) == 1 and gw.gateway.balancer.inflight.get("llama-0") == 1
             writer.close()  # 500 tokens at 5/s: the engine would still be generating for 100 s
-            for _ in range(200):
-                if engine_running(slow.endpoint) == 0 and not gw.gateway.balancer.inflight.get("llama-0"):
-                    break
-                await asyncio.sleep(0.05)
-            assert engine_running(slow.endpoint) == 0
-            assert not gw.gateway.balancer.inflight.get("llama-0")
+            await until(lambda: engine_running(slow.endpoint) == 0 and not gw.gateway.balancer.inflight.get("llama-0"),
+                        "the engine to stop generating and the replica to be released")
     finally:
         slow.stop()
 
@@ -304,12 +301,10 @@ async def test_connections_over_the_cap_per_address_are_refused_with_429():
             writer.write(HEALTHZ)
             assert (await response(reader))[0] == 200
         kept[0][1].close()
-        for _ in range(200):  # once the gateway has seen a connection close, one more is let in
+        async def let_in():  # once the gateway has seen a connection close, one more is let in
             [(status, _, _)] = responses(await exchange(gw.url, HEALTHZ_CLOSE))
-            if status == 200:
-                break
-            await asyncio.sleep(0.05)
-        assert status == 200
+            return status == 200
+        await until(let_in, "a connection let in after one of the two closed")
         kept[1][1].close()
 
 
@@ -320,8 +315,11 @@ async def test_a_keep_alive_client_is_unaffected_and_an_idle_one_is_closed():
         for _ in range(3):
             writer.write(post(b'{"model": "nope"}'))
             assert (await response(reader))[0] == 404
-            # Idle longer than the head and body timeouts: only the keep-alive timeout applies.
-            await asyncio.sleep(0.6)
+            # Idle longer than the head and body timeouts: a silent connection opened after the
+            # answer is closed by them, the idle one stays (only the keep-alive timeout applies).
+            witness_reader, witness = await connect(gw.url)
+            assert await until_closed(witness_reader) == b""
+            witness.close()
         writer.write(HEALTHZ)
         assert (await response(reader))[0] == 200
         writer.close()
@@ -342,20 +340,15 @@ async def test_the_gateway_command_sets_the_limits(tmp_path):
                              "--header-timeout", "0.3", "--max-conns-per-addr", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        status = None
-        for _ in range(600):  # until it listens, and has seen the connections of earlier tries close
-            try:
-                reader, writer = await connect(url)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
+        async def let_in():  # it listens, and has seen the connections of earlier tries close
+            reader, writer = await connect(url)
             writer.write(HEALTHZ)
-            status = (await response(reader))[0]
-            if status == 200:
-                break
+            if (await response(reader))[0] == 200:
+                return reader, writer
             writer.close()
-            await asyncio.sleep(0.05)
-        assert status == 200  # `writer` now holds the one connection the cap allows this address
+            return None
+        # `writer` holds the one connection the cap allows this address
+        reader, writer = await until(let_in, "the gateway to answer 200", retry=(OSError,))
         assert last_word(await exchange(url, HEALTHZ)) == (429, "too_many_connections")
         writer.write(HALF_HEAD)
         assert last_word(await until_closed(reader)) == (408, "request_timeout")

@@ -22,6 +22,7 @@ from aiohttp import web
 from llmgw.gateway.proxy import _BUFFER_LIMIT, REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from tests.helpers.gateway import metric, model, replica, running_gateway, scrape
+from tests.helpers.poll import until
 
 BIG = bytes(range(256)) * (_BUFFER_LIMIT // 256 * 2 + 3)  # over the limit: streamed, not buffered
 
@@ -200,17 +201,11 @@ async def test_a_caller_that_leaves_before_the_answer_closes_the_engines_connect
         body = json.dumps({"model": "fake", "kind": "hang"}).encode()
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))
-        while not gw.gateway.balancer.inflight:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
+        await until(lambda: seen and seen[-1][2] == body, "the engine to have the request")
         # The caller leaves: a reset (a plain close reads as a half-close, which still wants its answer).
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()
-        for _ in range(250):
-            if seen[-1][2] == b"gone":
-                break
-            await asyncio.sleep(0.02)
-        assert seen[-1][2] == b"gone"
+        await until(lambda: seen[-1][2] == b"gone", "the engine to see its connection closed")
         assert not gw.gateway.balancer.inflight and gw.gateway.pool.idle_count(endpoint) == 0
         text = await scrape(s, gw)
         assert metric(text, "llmgw_gateway_requests_total", model="fake", code="499") == 1

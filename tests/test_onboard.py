@@ -165,7 +165,7 @@ def test_onboard_installs_agent_that_registers_and_rerun_changes_nothing(onboard
     row = [ln for ln in out.splitlines() if ln.startswith("gpu-e2e ")]
     assert row and "NAME" in out
     node = until_sync(lambda: (n := get_node(api_server, "gpu-e2e")).status.fabrics and n.status.gpus and n,
-                      "the node's fabrics and GPUs reported", 30, interval=0.5)
+                      "the agent to report its fabrics and GPUs", timeout=30, interval=0.5)
     assert [f.name for f in node.status.fabrics] == ["ib-a"]
     assert len(node.status.gpus) == 8
 

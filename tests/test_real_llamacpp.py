@@ -114,7 +114,7 @@ def test_0_engine_check_finds_every_flag_in_the_real_help(binary):
 
 def test_1_a_real_llama_server_serves_through_the_gateway(cluster, model_file):
     api(cluster, lambda c: c.apply(model("tiny", model_file)))
-    until_sync(lambda: serves(cluster, "tiny"), "tiny served through the gateway", 120)
+    until_sync(lambda: serves(cluster, "tiny"), "tiny served through the gateway", timeout=120)
     oa = openai_client(cluster)
     assert {"tiny", "tiny-alias"} <= {m.id for m in oa.models.list().data}
     chat = oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
@@ -143,7 +143,7 @@ def test_3_a_restarted_agent_adopts_the_running_engine(cluster):
     assert os.path.exists(f"/proc/{before.status.pid}")      # the engine outlives its agent
     cluster.start_agent(NODE)
     log = cluster.log(f"agent-{NODE.name}")
-    until_sync(lambda: "adopted running engine" in log.read_text(), "the new agent to adopt the engine", 60)
+    until_sync(lambda: "adopted running engine" in log.read_text(), "the new agent to adopt the engine", timeout=60)
     after = shard(cluster, "tiny")
     assert (after.metadata.uid, after.status.pid) == (before.metadata.uid, before.status.pid)
     assert replica(cluster, "tiny").status.restarts == restarts
@@ -154,7 +154,7 @@ def test_4_a_killed_engine_is_rebuilt(cluster):
     old = shard(cluster, "tiny")
     os.kill(old.status.pid, signal.SIGKILL)
     until_sync(lambda: (r := replica(cluster, "tiny")) and r.status.restarts >= 1
-             and serves(cluster, "tiny"), "the replica rebuilt and serving", 180)
+               and serves(cluster, "tiny"), "the replica rebuilt and serving", timeout=180)
     assert shard(cluster, "tiny").metadata.uid != old.metadata.uid
 
 
@@ -168,7 +168,7 @@ def test_5_a_crash_loop_and_its_cause_are_visible_through_the_api(cluster, tmp_p
         p = get_condition(m.status.conditions, "Progressing")
         return p if p is not None and p.reason == "CrashLoop" else None
 
-    progressing = until_sync(looping, "the Model to say CrashLoop", 180)
+    progressing = until_sync(looping, "the Model to say CrashLoop", timeout=180)
     assert progressing.status == "False"
     assert "failed to load model" in progressing.message            # llama-server's own words
     ready = get_condition(replica(cluster, "broken").status.conditions, "Ready")

@@ -10,7 +10,7 @@ from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Compactor, Store
 from tests.helpers.cluster import api_server, ca_dir, start_api_server  # noqa: F401
-from tests.helpers.ctrlkit import until
+from tests.helpers.poll import until
 
 
 def model(name):

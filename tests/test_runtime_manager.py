@@ -147,12 +147,9 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
         assert 'llmgw_controller_reconcile_errors_total{controller="labeler"} 3.0' in text
         assert 'llmgw_controller_queue_depth{controller="labeler"}' in text
         assert "llmgw_controller_manager_leader 1.0" in text
-        for _ in range(400):   # the recorder writes events to the store in the background
-            if any(e["reason"] == "Labeled" for e in await store.events.list("models", "b")):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("event never reached the store")
+        async def stored():   # the recorder writes events to the store in the background
+            return any(e["reason"] == "Labeled" for e in await store.events.list("models", "b"))
+        await until(stored, "the Labeled event in the store")
     finally:
         await mgr.stop()
         task.cancel()

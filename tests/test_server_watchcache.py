@@ -18,6 +18,7 @@ from llmgw.dev.etcd import etcd_cluster
 from llmgw.server.watchcache import KindCache
 from llmgw.store import Compactor, Store
 from tests.helpers.cluster import ca_dir, make_pki, start_api_server  # noqa: F401
+from tests.helpers.poll import until
 
 V1 = "llmgw.io/v1"
 
@@ -249,12 +250,8 @@ async def test_open_watches_survive_an_etcd_restart(etcd, ca_dir, tmp_path):
             _, rv = await c.list(Model)
             stream = await open_watch(http, server, "models", resourceVersion=rv)
             await asyncio.to_thread(restart_etcd, etcd)
-            for _ in range(100):  # the server's etcd client reconnects
-                try:
-                    created = await c.create(model("after-restart"))
-                    break
-                except Unavailable:
-                    await asyncio.sleep(0.2)
+            created = await until(lambda: c.create(model("after-restart")), "the server's etcd client to reconnect",
+                                  interval=0.2, retry=(Unavailable,))
             # the same stream goes on: no ERROR, the event arrives
             _, ev = await next_line(stream)
             assert (ev["type"], ev["object"]["metadata"]["name"], ev["revision"]) == \

@@ -27,7 +27,6 @@ HOST = "127.0.0.1"
 DEADLINE = 30.0  # an upper bound for waits, never an assertion about speed
 
 
-
 class Sim:
     """One sim process; its stderr goes to a file the test can wait on."""
 
@@ -41,8 +40,13 @@ class Sim:
         return self.log.read_text(errors="replace")
 
     def wait_log(self, needle: str) -> None:
-        until_sync(lambda: needle in self.text() or self.proc.poll() is not None, f"{needle!r} in {self.log.name}")
-        assert needle in self.text(), f"{self.log.name} exited early:\n{self.text()}"
+        def seen() -> bool:
+            exited = self.proc.poll() is not None  # read before the log: what it wrote before exiting counts
+            if needle in self.text():
+                return True
+            assert not exited, f"{self.log.name} exited early:\n{self.text()}"
+            return False
+        until_sync(seen, f"{needle!r} in {self.log.name}", timeout=DEADLINE)
 
     def exit_code(self) -> int:
         try:
@@ -103,7 +107,7 @@ def ready(port: int) -> None:
             return get(f"http://{HOST}:{port}/health")[0] == 200
         except OSError:
             return False
-    until_sync(up, f"/health 200 on port {port}")
+    until_sync(up, f"/health 200 on port {port}", timeout=DEADLINE)
 
 
 def single(sims, *extra: str, name: str = "rank0") -> tuple[Sim, int]:
@@ -307,7 +311,7 @@ def test_sigterm_finishes_the_in_flight_request_and_refuses_new_ones(sims):
 
     sim.signal(signal.SIGTERM)
     sim.wait_log("draining 1 in-flight request(s)")
-    until_sync(lambda: refused(port), "the serve port to stop accepting connections")
+    until_sync(lambda: refused(port), "the serve port to stop accepting connections", timeout=DEADLINE)
 
     rest = response.read().decode()
     events = [line[6:] for line in (first.decode() + rest).splitlines() if line.startswith("data: ")]
@@ -408,7 +412,7 @@ def test_the_step_model_queues_past_max_num_seqs_and_reports_it(sims):
     threads = [threading.Thread(target=send) for _ in range(2)]
     for t in threads:
         t.start()
-    until_sync(lambda: metric(port, "vllm:num_requests_waiting") == 1, "one request waiting")
+    until_sync(lambda: metric(port, "vllm:num_requests_waiting") == 1, "one request waiting", timeout=DEADLINE)
     assert metric(port, "vllm:num_requests_running") == 1
     assert metric(port, "vllm:kv_cache_usage_perc") > 0
     for t in threads:

@@ -9,6 +9,7 @@ import pytest
 
 from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
 from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store
+from tests.helpers.poll import until
 
 
 def model(name: str, replicas: int = 1, labels: dict | None = None) -> Model:
@@ -251,11 +252,9 @@ async def test_fenced_writes_fail_after_leadership_changes(store):
 async def test_heartbeat_expires_with_its_lease(store):
     await store.heartbeats.beat("n1", ttl=1)
     assert "n1" in await store.heartbeats.list()
-    for _ in range(100):
-        if "n1" not in await store.heartbeats.list():
-            break
-        await asyncio.sleep(0.1)
-    assert "n1" not in await store.heartbeats.list()
+    async def expired():
+        return "n1" not in await store.heartbeats.list()
+    await until(expired, "n1's heartbeat to expire with its lease")
     await store.heartbeats.beat("n1", ttl=5)  # a new lease after expiry
     assert "n1" in await store.heartbeats.list()
 

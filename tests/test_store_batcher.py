@@ -114,9 +114,15 @@ async def test_a_call_in_flight_when_another_caller_fails_over_gets_store_unavai
     async def refused(client):
         raise aetcd.exceptions.ConnectionFailedError
 
+    sent = asyncio.Event()
+
+    async def get(client):
+        sent.set()   # the waiter wakes once this task has yielded: inside the call, on the channel
+        return await client.get(b"k")
+
     try:
-        in_flight = asyncio.create_task(conn.call(lambda client: client.get(b"k")))
-        await asyncio.sleep(0.3)
+        in_flight = asyncio.create_task(conn.call(get))
+        await asyncio.wait_for(sent.wait(), 30)
         assert not in_flight.done()
         with pytest.raises(StoreUnavailable):
             await conn.call(refused)

@@ -13,7 +13,6 @@ from controllers.replica import ReplicaController
 from controllers.settings import ControllerSettings
 from llmgw.api.types import Replica
 from llmgw.runtime.manager import Manager
-from tests.helpers.ctrlkit import until  # noqa: F401  (re-exported for the controller tests)
 from tests.helpers.fake_agents import FakeAgents
 from tests.helpers.placer import FirstFitPlacer
 

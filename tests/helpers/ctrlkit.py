@@ -19,7 +19,6 @@ from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import NotFound, keys
-from tests.helpers.poll import until as until  # the kits' users wait with it
 
 
 def node(name: str, gpus: int = 8, fabric: str | None = None, engines=("sim",), labels=None,

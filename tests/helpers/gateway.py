@@ -53,11 +53,14 @@ class Sim:
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def healthy() -> bool:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1):
-                return True
-
-        until_sync(healthy, f"sim on port {self.port} healthy", timeout, ignoring=(OSError,),
-                   abort=lambda: self.proc.poll() is not None, detail=lambda: f"exit {self.proc.poll()}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sim on port {self.port} exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1):
+                    return True
+            except OSError:
+                return False
+        until_sync(healthy, f"sim on port {self.port} to answer /health", timeout=timeout)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

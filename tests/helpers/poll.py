@@ -1,75 +1,75 @@
-"""The one way tests wait for something to happen: poll a condition until it holds.
+"""The one way a test waits for something: poll a condition until it holds.
 
-    value = await until(lambda: store.get(Replica, "r1"), "replica r1 created")   # async or plain condition
-    value = until_sync(lambda: log.exists(), "the log file", timeout=30)           # from synchronous tests
-
-A condition is polled until it returns something truthy, which is returned. The timeout
-only bounds a hang (no test asserts on speed); when it passes, the AssertionError names
-what was awaited, the last value seen, and `detail()` (a process's log tail, say).
-`ignoring`: exceptions that mean "not yet" (NotFound while an object is being created);
-`abort`: a check that ends the wait at once (the process that would do it exited).
+`until` (async) and `until_sync` share their semantics: call `cond()` every
+`interval` seconds until it returns something truthy, and return that value.
+The timeout only bounds a hang, it is never an assertion about speed: when it
+runs out, AssertionError says what was awaited (`what`, or the condition's
+source line), the last value seen, and `detail()` (a log's tail, say).
+Exceptions in `retry` count as "not yet" (the last one is reported); any other
+exception ends the wait, so a condition stops early by raising AssertionError
+(a process it waits on has died, say).
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
-
-class _Poll:
-    def __init__(self, what: str, timeout: float, detail: Callable[[], str] | None,
-                 ignoring: tuple[type[BaseException], ...], abort: Callable[[], bool] | None) -> None:
-        self.what, self.timeout, self.detail, self.ignoring, self.abort = what, timeout, detail, ignoring, abort
-        self.deadline = time.monotonic() + timeout
-        self.last: Any = None
-
-    def over(self) -> bool:
-        return time.monotonic() >= self.deadline or (self.abort is not None and self.abort())
-
-    def failure(self, cond: object) -> AssertionError:
-        why = "stopped" if self.abort is not None and self.abort() else f"not within {self.timeout:g} s"
-        message = f"{self.what or cond}: {why} (last seen: {self.last!r})"
-        if self.detail is not None:
-            message += "\n" + self.detail()
-        return AssertionError(message)
+TIMEOUT = 60.0
 
 
-async def until(cond: Callable[[], T | Awaitable[T]], what: str = "", timeout: float = 60.0, *,
-                interval: float = 0.05, detail: Callable[[], str] | None = None,
-                ignoring: tuple[type[BaseException], ...] = (), abort: Callable[[], bool] | None = None) -> T:
-    """Poll `cond()` (a plain or an async condition) until it is truthy; return its value."""
-    poll = _Poll(what, timeout, detail, ignoring, abort)
+async def until(cond: Callable[[], T | Awaitable[T]], what: str = "", *, timeout: float = TIMEOUT,
+                interval: float = 0.05, retry: tuple[type[Exception], ...] = (),
+                detail: Callable[[], str] | None = None) -> T:
+    """Await `cond()` (a plain or an async callable) until it is truthy; returns its value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     while True:
         try:
             value = cond()
             if inspect.isawaitable(value):
                 value = await value
-            poll.last = value
+        except retry as err:
+            last: object = err
+        else:
             if value:
-                return value  # type: ignore[return-value]  # awaited above when it was an awaitable
-        except ignoring as err:
-            poll.last = err
-        if poll.over():
-            raise poll.failure(cond)
+                return value
+            last = value
+        if loop.time() >= deadline:
+            raise AssertionError(_failure(cond, what, timeout, last, detail))
         await asyncio.sleep(interval)
 
 
-def until_sync(cond: Callable[[], T], what: str = "", timeout: float = 60.0, *, interval: float = 0.05,
-               detail: Callable[[], str] | None = None, ignoring: tuple[type[BaseException], ...] = (),
-               abort: Callable[[], bool] | None = None) -> T:
-    """`until` for synchronous tests and helpers: the same semantics, sleeping the thread."""
-    poll = _Poll(what, timeout, detail, ignoring, abort)
+def until_sync(cond: Callable[[], T], what: str = "", *, timeout: float = TIMEOUT, interval: float = 0.05,
+               retry: tuple[type[Exception], ...] = (), detail: Callable[[], str] | None = None) -> T:
+    """`until` for synchronous tests and fixtures (it blocks the thread while it waits)."""
+    deadline = time.monotonic() + timeout
     while True:
         try:
-            poll.last = value = cond()
+            value = cond()
+        except retry as err:
+            last: object = err
+        else:
             if value:
                 return value
-        except ignoring as err:
-            poll.last = err
-        if poll.over():
-            raise poll.failure(cond)
+            last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(_failure(cond, what, timeout, last, detail))
         time.sleep(interval)
+
+
+def _failure(cond: Callable[..., object], what: str, timeout: float, last: object,
+             detail: Callable[[], str] | None) -> str:
+    message = f"timed out after {timeout:g}s waiting for {what or _source(cond)} (last seen: {last!r})"
+    return f"{message}\n{detail()}" if detail else message
+
+
+def _source(cond: Callable[..., object]) -> str:
+    """The condition as written (a lambda's line), for waits that give no description."""
+    try:
+        return " ".join(inspect.getsource(cond).split())
+    except (OSError, TypeError):
+        return repr(cond)

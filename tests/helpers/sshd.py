@@ -12,13 +12,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from llmgw.dev.process import terminate
+from tests.helpers.poll import until_sync
 
 SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "install Debian's openssh-server and openssh-client (apt-get install openssh-server openssh-client)"
@@ -81,14 +81,17 @@ Subsystem sftp internal-sftp
         pytest.skip(f"sshd refuses its test configuration: {check.stderr.strip()}")
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 15
-    while True:
+    def accepting() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+                return True
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip(f"sshd did not start: {log.read_text()[-1000:]}")
-            time.sleep(0.1)
+            return False
+    try:
+        until_sync(accepting, f"sshd to accept connections on port {port}", timeout=15, interval=0.1)
+    except (AssertionError, RuntimeError) as err:
+        proc.kill()
+        pytest.skip(f"sshd did not start ({err}): {log.read_text()[-1000:]}")
     return Sshd(port, str(client_key), str(known), proc, log)

@@ -133,10 +133,9 @@ class FaultCluster(LocalCluster):
 
     # ------------------------------------------------------------ waiting
     async def wait(self, what: str, check, timeout: float = WAIT, interval: float = 0.3):
-        """Poll the async `check` until it returns something true; AssertionError after `timeout`."""
-        # a nemesis may be at work: the store or the server away is "not yet"
-        return await until(check, what, timeout, interval=interval,
-                           ignoring=(StoreUnavailable, Unreachable, ApiError),
+        """`until` with the failures a nemesis causes as "not yet", and the history in its message."""
+        return await until(check, what, timeout=timeout, interval=interval,
+                           retry=(StoreUnavailable, Unreachable, ApiError),
                            detail=lambda: f"history: {self.history.summary()}")
 
     async def wait_model_ready(self, model: str, replicas: int, timeout: float = WAIT) -> None:
