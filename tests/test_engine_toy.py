@@ -8,7 +8,6 @@ import os
 import pytest
 from click.testing import CliRunner
 
-import tests.toy_engine
 from controllers.scheduler import SchedulerController
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.inventory import take_inventory
@@ -32,9 +31,11 @@ HELP = """usage: toy-server [--host HOST] [--port PORT] [--name NAME] [--weights
 
 @pytest.fixture(autouse=True, scope="module")
 def toy_registered():
-    """The toy is registered while this module's tests run (importing it did), and only then:
-    other modules see the built-in engines alone."""
-    register(tests.toy_engine.ENGINE)
+    """The toy is registered while this module's tests run, and only then (it is imported here,
+    not when the tests are collected): other modules see the built-in engines alone."""
+    import tests.toy_engine  # registers it, as importing an engine's module does
+
+    register(tests.toy_engine.ENGINE)   # again, if an earlier run of this fixture imported it
     yield
     ENGINES.pop("toy")
 
