@@ -14,9 +14,13 @@ import asyncio
 import logging
 from typing import Any
 
+from aiohttp import web
+
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.metrics import AgentMetrics, EngineTarget, metrics_url
+from llmgw.agent.metrics import serve as serve_metrics
 from llmgw.agent.registration import Registration, retry_forever
 from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
@@ -61,9 +65,12 @@ class Agent:
         reg = self.registration = Registration(client, self.node, cfg.labels, cfg.heartbeat_interval)
         reg.on_reconnect.append(reporter.kick)
         tasks: list[asyncio.Task[Any]] = []
+        metrics_site: web.AppRunner | None = None
         try:
             self.foreign_ports = await self._scan_foreign_ports()
             await reg.register(self._node_status())
+            if cfg.metrics_listen:
+                metrics_site = await self._serve_metrics(cfg.metrics_listen)
             tasks = [asyncio.ensure_future(c) for c in (
                 reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover())]
             await asyncio.gather(*tasks)
@@ -71,8 +78,35 @@ class Agent:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if metrics_site is not None:
+                await metrics_site.cleanup()
             await sup.close()
             await client.close()
+
+    async def _serve_metrics(self, listen: str) -> web.AppRunner:
+        host, _, port = listen.rpartition(":")
+        metrics = AgentMetrics(self._phases, self._engine_targets)
+        runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
+        log.info("metrics on http://%s/metrics", listen)
+        return runner
+
+    def _phases(self) -> list[str]:
+        sup = self.supervisor
+        return [r.status.phase for r in sup.runners.values()] if sup is not None else []
+
+    def _engine_targets(self) -> list[EngineTarget]:
+        """The serving engines of this node's Ready shards (their probe is HTTP: rank 0's)."""
+        sup = self.supervisor
+        out = []
+        for r in sup.runners.values() if sup is not None else ():
+            record = r.record
+            if r.status.phase != "Ready" or record is None or record.probe_kind != "http" or not record.probe_url:
+                continue
+            spec = r.shard.spec
+            out.append(EngineTarget(metrics_url(record.probe_url), {
+                "model": spec.model, "replica": spec.replica, "node": self.node, "rank": str(spec.rank),
+                "engine": spec.engine}))
+        return out
 
     @staticmethod
     def _shard_writer(client: Client) -> Writer:

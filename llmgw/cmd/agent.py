@@ -48,6 +48,9 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--drain-delay", help="Wait between a shard's deletion and SIGTERM (default 2s).")
 @click.option("--stop-grace-period", help="SIGTERM to SIGKILL (default 30s).")
 @click.option("--heartbeat-interval", help="Between heartbeats (default 5s).")
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="Serve GET /metrics here: the node's shards by phase and its engines' own series, "
+                   "labelled with model, replica, node, rank and engine (default: off).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
 @click.option("--discover", "discover_only", is_flag=True,
               help="Print the Node status discovery finds, then exit (no server needed).")

@@ -1,0 +1,56 @@
+"""docs/metrics.md names exactly what each component exports: every documented series is
+exported, and every exported llmgw_ series is documented (once each of its labelled
+series has a sample)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmgw.agent.metrics import AgentMetrics
+from llmgw.gateway.metrics import Metrics as GatewayMetrics
+from llmgw.runtime.metrics import ManagerMetrics
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+NAME = re.compile(r"^\| `(llmgw_[a-z_]+)` \|", re.M)
+
+
+def documented(section: str) -> set[str]:
+    text = DOC.read_text().split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    return set(NAME.findall(text))
+
+
+def exported(text: bytes) -> set[str]:
+    names = set()
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:   # counters' names carry _total; a histogram's is its family's
+            if sample.name.endswith("_created"):   # prometheus_client's creation time of a series
+                continue
+            names.add(family.name if family.type == "histogram" else sample.name)
+    return {n for n in names if n.startswith("llmgw_")}
+
+
+def test_the_gateways_series_are_documented():
+    m = GatewayMetrics(lambda: [("m", "m-0", 1, True)])
+    m.observe("m", 200, 0.01)
+    m.retry("m")
+    m.upstream_error("m", "m-0", "refused")
+    assert exported(generate_latest(m.registry)) == documented("Gateway")
+
+
+def test_the_controller_managers_series_are_documented():
+    m = ManagerMetrics(lambda: {"model": 0})
+    m.duration.labels("model").observe(0.01)
+    m.errors.labels("model").inc()
+    m.leader.set(1)
+    assert exported(m.exposition()) == documented("Controller-manager")
+
+
+async def test_the_agents_series_are_documented():
+    m = AgentMetrics(lambda: ["Ready"], lambda: [])
+    m.scrape_errors.labels("m", "m-0").inc()
+    async with aiohttp.ClientSession() as session:
+        assert exported(await m.exposition(session)) == documented("Agent")
