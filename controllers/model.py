@@ -1,4 +1,5 @@
-"""Model controller: keeps ``spec.replicas`` Ready replicas of the Model's current template.
+"""Model controller: keeps ``spec.replicas`` Ready replicas of the Model's current template
+(with ``spec.autoscaling``: the autoscaler's ``status.desiredReplicas``, ``Model.wanted_replicas``).
 
 * Replica names are ``<model>-<templatehash>-<5 random chars>`` (the model part
   is cut so that the name stays within 60 characters: shard names append
@@ -93,7 +94,7 @@ class Plan:
 def plan(model: Model, replicas: list[Replica], now: datetime) -> Plan:
     spec = model.spec
     thash = template_hash(spec)
-    want = spec.replicas
+    want = model.wanted_replicas
     out = Plan(template_hash=thash)
     active = [r for r in replicas if r.metadata.deletionTimestamp is None]
     names = {r.name for r in active}

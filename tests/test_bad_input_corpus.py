@@ -42,6 +42,14 @@ SCHEMA = {
     "label-key": ["metadata.labels.a b,c=d: 'a b,c=d' is not a valid label key (an optional DNS subdomain and "
                   "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or "
                   "digit)"],
+    "autoscaling-bounds": ["spec.autoscaling.minReplicas: Input should be greater than or equal to 0",
+                           "spec.autoscaling.maxReplicas: Input should be greater than or equal to 1",
+                           "spec.autoscaling.targetInFlight: Input should be greater than or equal to 1",
+                           "spec.autoscaling.scaleDownStabilizationSeconds: Input should be less than or equal to "
+                           "86400",
+                           'spec.autoscaling.scaleToZeroDelaySeconds: Input should be a valid integer, got string '
+                           '"60"'],
+    "autoscaling-min-over-max": ["spec.autoscaling: maxReplicas (2) is below minReplicas (3)"],
     "source-flag": ["spec.source: '--trust-remote-code' starts with '-': the engine would read it as a flag"],
 }
 TAKEN = f"Model 'corpus-thief': the alias 'corpus-small' is the name of Model 'corpus-small'; {LIMIT}"

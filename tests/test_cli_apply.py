@@ -156,3 +156,28 @@ def test_delete_by_name_and_by_file(config, tmp_path):
     assert (out.exit_code, out.stdout.strip()) == (0, "model/del-b deleted")
     bad_kind = llmgw(config, "delete", "pods", "x")
     assert bad_kind.exit_code == 2 and "unknown kind 'pods'" in bad_kind.stderr
+
+
+AUTOSCALING = {"minReplicas": 0, "maxReplicas": 4, "targetInFlight": 2}
+
+
+def test_reapplying_an_autoscaled_model_while_scaled_changes_nothing(config, tmp_path, shared_api_server):
+    """The autoscaler's count lives in status.desiredReplicas: apply owns spec, so re-applying
+    the GitOps manifest neither resets the count nor shows it as drift."""
+    import asyncio
+
+    f = write(tmp_path / "m.yaml", model_doc("scaled-a", autoscaling=AUTOSCALING))
+    assert llmgw(config, "apply", "-f", str(f)).exit_code == 0
+
+    async def scale() -> None:   # what the autoscaler writes
+        async with shared_api_server.client() as client:
+            from llmgw.api import Model
+            await client.patch_status(Model, "scaled-a", {"desiredReplicas": 3})
+    asyncio.run(scale())
+
+    again = llmgw(config, "apply", "-f", str(f))
+    assert again.exit_code == 0 and "unchanged" in again.output, again.output
+    same = llmgw(config, "diff", "-f", str(f))
+    assert (same.exit_code, same.stdout) == (0, "")
+    live = yaml.safe_load(llmgw(config, "get", "model", "scaled-a", "-o", "yaml").stdout)
+    assert live["status"]["desiredReplicas"] == 3 and live["metadata"]["generation"] == 1

@@ -230,3 +230,15 @@ async def test_unplaceable_profile_falls_back_and_deleting_the_model_removes_rep
         assert cp.events("PlacementDeadline", "m")
         await store.delete(Model, "m")
         await until(lambda: cp.cache.index(Replica, "model", "m") == [] and cp.cache.list(Shard) == [])
+
+
+def test_an_autoscaled_model_keeps_the_autoscalers_count_not_spec_replicas():
+    scaling = {"minReplicas": 0, "maxReplicas": 3}
+    m = model(replicas=5, autoscaling=scaling)
+    assert plan(m, [], NOW).create == []                  # minReplicas until the autoscaler decides
+    m.status.desiredReplicas = 2
+    assert plan(m, [], NOW).create == [0, 0]
+    m.status.desiredReplicas = 9                          # beyond maxReplicas (the spec changed since)
+    assert plan(m, [], NOW).create == [0, 0, 0]
+    p = plan(m, [rep(n, m) for n in "abcd"], NOW)
+    assert len(p.delete) == 1 and p.delete[0][1] == "ScaledDown"

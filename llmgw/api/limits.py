@@ -22,6 +22,8 @@ MAX_NODES = 1_024              # profile nodes: nodes of one replica
 MAX_GPUS_PER_NODE = 64         # profile gpusPerNode
 MAX_PLACEMENT_DEADLINE_SECONDS = 7 * 86_400
 MAX_PORT = 65_535
+MAX_AUTOSCALE_SECONDS = 86_400  # autoscaling's stabilization windows and scale-to-zero delay
+MAX_TARGET_IN_FLIGHT = 100_000  # autoscaling's targetInFlight: requests per replica
 INT64 = (-(1 << 63), (1 << 63) - 1)  # any other integer: etcd and Go readers hold int64
 
 

@@ -41,6 +41,7 @@ class NodeStatusPatch(TypedDict, total=False):
 
 class ModelStatusPatch(TypedDict, total=False):
     observedGeneration: int
+    desiredReplicas: int | None
     replicas: int
     readyReplicas: int
     updatedReplicas: int

@@ -9,7 +9,15 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, Field, JsonValue, PrivateAttr, model_validator
 
 from llmgw import routing
-from llmgw.api.limits import MAX_GPUS_PER_NODE, MAX_NODES, MAX_PLACEMENT_DEADLINE_SECONDS, MAX_PORT, MAX_REPLICAS
+from llmgw.api.limits import (
+    MAX_AUTOSCALE_SECONDS,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_PLACEMENT_DEADLINE_SECONDS,
+    MAX_PORT,
+    MAX_REPLICAS,
+    MAX_TARGET_IN_FLIGHT,
+)
 from llmgw.api.meta import (
     API_VERSION,
     Bool,
@@ -265,7 +273,38 @@ class RoutingSpec(Strict):
         description="memory bound of prefix-score's prefix index in this gateway, per model")
 
 
+Seconds = Annotated[int, Field(strict=True, ge=0, le=MAX_AUTOSCALE_SECONDS)]
+
+
+class AutoscalingSpec(Strict):
+    """How many replicas the autoscaler keeps, from the gateways' demand (docs/contracts.md,
+    "Autoscaling"). Its decision lives in the Model's status (``desiredReplicas``), never in the
+    spec: re-applying the manifest changes nothing and `llmgw diff` sees no drift."""
+
+    minReplicas: Replicas = Field(default=1, description="fewest replicas; 0 lets the model scale to zero")
+    maxReplicas: Annotated[int, Field(strict=True, ge=1, le=MAX_REPLICAS)] = Field(
+        default=1, description="most replicas")
+    targetInFlight: Annotated[int, Field(strict=True, ge=1, le=MAX_TARGET_IN_FLIGHT)] = Field(
+        default=8, description="requests in flight or waiting per replica the autoscaler aims at")
+    scaleUpStabilizationSeconds: Seconds = Field(
+        default=0, description="scale up to the lowest recommendation of this window (0: at once)")
+    scaleDownStabilizationSeconds: Seconds = Field(
+        default=300, description="scale down only to the highest recommendation of this window")
+    scaleToZeroDelaySeconds: Seconds = Field(
+        default=600, description="seconds of no demand at all before the last replica goes")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingSpec":
+        if self.maxReplicas < self.minReplicas:
+            raise ValueError(f"maxReplicas ({self.maxReplicas}) is below minReplicas ({self.minReplicas})")
+        return self
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.minReplicas, min(self.maxReplicas, replicas))
+
+
 class ModelSpec(Strict):
+    # Ignored when autoscaling is set: the autoscaler's status.desiredReplicas counts then.
     replicas: Replicas = 1
     aliases: list[DNSLabel] = Field(default_factory=list)
     source: Source | None = None
@@ -275,10 +314,13 @@ class ModelSpec(Strict):
     # How long a replica may stay unplaced before the next profile is tried.
     placementDeadlineSeconds: DeadlineSeconds = 60
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    autoscaling: AutoscalingSpec | None = None
 
 
 class ModelStatus(Strict):
     observedGeneration: Int = 0
+    # The autoscaler's count (controllers/autoscaler.py): set only while spec.autoscaling is.
+    desiredReplicas: Int | None = None
     replicas: Int = 0
     readyReplicas: Int = 0
     updatedReplicas: Int = 0
@@ -304,6 +346,16 @@ class Model(Object[ModelSpec, ModelStatus]):
     @property
     def served_names(self) -> list[str]:
         return [self.metadata.name, *self.spec.aliases]
+
+    @property
+    def wanted_replicas(self) -> int:
+        """How many replicas the model controller keeps: spec.replicas, or with autoscaling the
+        autoscaler's status.desiredReplicas (minReplicas until it decides), within the bounds."""
+        scaling = self.spec.autoscaling
+        if scaling is None:
+            return self.spec.replicas
+        desired = self.status.desiredReplicas
+        return scaling.clamp(scaling.minReplicas if desired is None else desired)
 
 
 def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:

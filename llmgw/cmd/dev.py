@@ -196,8 +196,8 @@ async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
         desc = ", ".join(
             f"{r.status.phase}@{'+'.join(p.node for p in r.spec.placement) or '-'}" for r in mine) or "-"
         ready = m.status.readyReplicas
-        all_ready &= ready >= m.spec.replicas
-        table.add_row(name, f"{ready}/{m.spec.replicas}", desc)
+        all_ready &= ready >= m.wanted_replicas
+        table.add_row(name, f"{ready}/{m.wanted_replicas}", desc)
     return table, all_ready
 
 
