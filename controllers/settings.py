@@ -52,6 +52,12 @@ class ControllerSettings(ManagerSettings):
         default=30.0, gt=0,
         description="Seconds between looks at a draining node when no event wakes it (a safety net).")
 
+    # autoscaler (controllers/autoscaler.py)
+    autoscale_interval: float = Field(
+        default=1.0, gt=0,
+        description="Seconds between an autoscaled model's looks at its demand when no report wakes it (the "
+                    "stabilization windows and the scale-to-zero delay are counted in these looks).")
+
     # etcd compaction
     compact_keep: int = Field(
         default=10000, ge=1,

@@ -160,3 +160,18 @@ async def test_informer_relists_after_compaction_with_synthetic_deletes(api_serv
             assert set(after) == {("DELETED", "gone"), ("ADDED", "new"), ("ADDED", "new2"), ("SYNCED", None)}
         finally:
             task.cancel()
+
+
+async def test_a_demand_report_is_validated_with_paths_and_kept_under_a_lease(api_server, store):
+    from llmgw.api.errors import Invalid
+    gw = api_server.issue_component("gateway")
+    async with api_server.client(gw) as c:
+        with pytest.raises(Invalid) as err:
+            await c.report_demand("gw-a", {"m1": {"inFlight": -1, "queued": 2}}, ttl=5)
+        assert str(err.value).endswith("models.m1.inFlight: Input should be greater than or equal to 0; "
+                                       "models.m1: unknown field 'queued'"), str(err.value)
+        with pytest.raises(Invalid, match="gateway: 'GW_A' is not a DNS-1123 label"):
+            await c.report_demand("GW_A", {})
+        await c.report_demand("gw-a", {"m1": {"inFlight": 4, "waiting": 1}}, ttl=5)
+    [report] = await store.demand.list()
+    assert report.gateway == "gw-a" and report.models["m1"].total == 5

@@ -133,6 +133,11 @@ CASES = [
     ("gateway", lambda c: c.patch_status(Replica, "r1", {"phase": "Ready"}), "gateway-read"),
     ("gateway", lambda c: c.delete(Model, "m1"), "gateway-read"),
     ("gateway", lambda c: c.heartbeat("n1"), "gateway-read"),
+    # demand: reported by gateways only (an admin may too)
+    ("gateway", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), None),
+    ("n1", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), "gateway-demand"),
+    ("controller-manager", lambda c: c.report_demand("gw-1", {}), "gateway-demand"),
+    ("admin", lambda c: c.report_demand("gw-2", {}), None),
     # controller-manager and admins: everything
     ("controller-manager", lambda c: c.list(Shard), None),
     ("controller-manager", lambda c: c.create(model("m-by-cm")), None),

@@ -220,6 +220,13 @@ class Client:
                                                     body={"ttl": ttl} if ttl else {})
         return result
 
+    async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],
+                            ttl: int | None = None) -> dict[str, Any]:
+        """A gateway's demand, ``{model: {"inFlight": n, "waiting": m}}``, kept for ``ttl`` s unless reported again."""
+        body: dict[str, Any] = {"models": models, **({"ttl": ttl} if ttl else {})}
+        result: dict[str, Any] = await self.request("POST", f"{BASE}/demand/{gateway}", body=body)
+        return result
+
     async def events(self, kind: Kind, name: str) -> builtins.list[dict[str, Any]]:
         data = await self.request("GET", f"{BASE}/events", params={"kind": kind.kind_plural, "name": name})
         items: builtins.list[dict[str, Any]] = data["items"]

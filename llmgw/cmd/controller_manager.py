@@ -7,6 +7,7 @@ import signal
 
 import click
 
+from controllers.autoscaler import AutoscalerController
 from controllers.drain import DrainController
 from controllers.gc import GarbageCollector
 from controllers.model import ModelController
@@ -24,7 +25,8 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
     """Every controller the manager runs, in the order it starts them; a new controller is
     registered here (docs/architecture.md, "Adding a controller")."""
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
-            NodeLifecycleController(settings), DrainController(settings), GarbageCollector()]
+            NodeLifecycleController(settings), DrainController(settings), GarbageCollector(),
+            AutoscalerController(settings)]
 
 
 @click.command("controller-manager")

@@ -4,11 +4,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
+import socket
+from dataclasses import dataclass
 
 import click
 
 from llmgw import aio
+from llmgw.api.meta import check_dns1123_label
 from llmgw.api.types import AnyObject
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 from llmgw.gateway.server import Limits
@@ -58,12 +62,20 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--max-conns-per-addr", type=click.IntRange(min=0), default=Limits.max_conns_per_addr,
               show_default=True, help="Open connections one client address may hold; one more is answered "
               "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
+@click.option("--gateway-id", default=None,
+              help="This gateway's name in its demand reports (a DNS-1123 label, unique among the gateways); "
+              "default: the host name and process id.")
+@click.option("--demand-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Most often, in seconds, this gateway reports its demand (requests in flight per model) "
+              "to the server for the autoscaler; only with --server.")
+@click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
+              help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            log_level: str) -> None:
+            gateway_id: str | None, demand_interval: float, demand_ttl: int, log_level: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(server) == bool(static):
@@ -79,13 +91,32 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
                  limits=limits)
-    aio.run(_serve(gw, host, port, server, ca, cert, key, static))
+    gateway_id = gateway_id or _default_id()
+    try:
+        check_dns1123_label(gateway_id)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--gateway-id") from None
+    demand = _DemandSettings(gateway_id, demand_interval, demand_ttl)
+    aio.run(_serve(gw, host, port, server, ca, cert, key, static, demand))
+
+
+@dataclass(frozen=True)
+class _DemandSettings:
+    gateway: str
+    interval: float
+    ttl: int
+
+
+def _default_id() -> str:
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:50] or "gateway"
+    return f"{host}-{os.getpid()}"
 
 
 async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str | None, cert: str | None,
-                 key: str | None, static: str | None) -> None:
+                 key: str | None, static: str | None, demand: _DemandSettings) -> None:
     source = None
     client = None
+    publisher = None
     if static:
         from llmgw.gateway.source import load_static
         n = load_static(static, gw.table)
@@ -108,6 +139,10 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
         source.start()
+        from llmgw.gateway.demand import DemandPublisher, figures
+        publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer),
+                                    interval=demand.interval, ttl=demand.ttl)
+        publisher.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -115,6 +150,8 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
     try:
         await stop.wait()
     finally:
+        if publisher is not None:
+            await publisher.stop()
         if source is not None:
             await source.stop()
         await gw.stop()

@@ -10,6 +10,7 @@ class, as in ``llmgw.api.ObjectClient`` (its plural name, "replicas", is taken t
         registered by whoever builds the cache (``Cache(indexes=...)``; the
         manager registers those its controllers declare in ``Controller.indexes``)
     cache.heartbeats() -> set[str]       nodes with a live /llmgw/heartbeat/<node> key
+    cache.demand() -> list[DemandReport] the live gateways' demand reports (/llmgw/demand/<gateway>)
     cache.assume(obj)                    write-through after our own write
     cache.assume_deleted(kind, name)     after our own delete that removed the object
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, cast
 
 from llmgw.api import KINDS, AnyObject, EventType, ObjectT
+from llmgw.api.demand import DemandReport
 
 # A kind's plural name, from its class or its plural name.
 _PLURAL: dict[type[AnyObject] | str, str] = {**{cls: plural for plural, cls in KINDS.items()},
@@ -79,6 +81,7 @@ class Cache:
         self._indexes: dict[str, builtins.list[tuple[Index[Any], dict[str, set[str]]]]] = {}  # kind -> the above
         self._tombstones: dict[str, dict[str, str | None]] = {}   # kind -> name -> uid
         self._heartbeats: set[str] = set()
+        self._demand: dict[str, DemandReport] = {}   # gateway -> its live report
         for index in indexes:
             self._add_index(index)
 
@@ -115,6 +118,9 @@ class Cache:
 
     def heartbeats(self) -> set[str]:
         return set(self._heartbeats)
+
+    def demand(self) -> builtins.list[DemandReport]:
+        return builtins.list(self._demand.values())
 
     def revision(self, kind: str) -> int:
         return self._revision.get(kind, 0)
@@ -179,6 +185,15 @@ class Cache:
         if alive == (node in self._heartbeats):
             return False
         (self._heartbeats.add if alive else self._heartbeats.discard)(node)
+        return True
+
+    def set_demand(self, report: DemandReport, alive: bool) -> bool:
+        """A gateway's report written (alive) or gone; whether it changed what the cache holds."""
+        if not alive:
+            return self._demand.pop(report.gateway, None) is not None
+        if self._demand.get(report.gateway) == report:
+            return False
+        self._demand[report.gateway] = report
         return True
 
     # ----------------------------------------------------------- internal

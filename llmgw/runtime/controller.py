@@ -26,7 +26,8 @@ shared :class:`~llmgw.runtime.cache.Cache`; every event on a kind listed in
 ``watches`` calls ``keys_for(kind, obj)``, with the kind as ``watches`` names
 it, and enqueues the keys in the controller's own work queue.  For
 ``HEARTBEATS`` obj is the node name (a ``str``) and the event fires when that
-node's heartbeat key appears or vanishes.  On deletion events ``obj`` is the
+node's heartbeat key appears or vanishes; for ``DEMAND`` obj is a gateway's name and the
+event fires when its demand report is written or expires.  On deletion events ``obj`` is the
 last known object.  (A kind's plural name, "replicas", is taken wherever a
 class is, for tests; typed code names the class.)  ``keys_for`` runs for every
 event: it tells kinds apart by ``type(obj) is Replica``, which narrows ``obj``
@@ -86,8 +87,11 @@ from llmgw.runtime.events import EventRecorder
 
 # The pseudo-kind of node heartbeats: its objects are node names.
 HEARTBEATS = "heartbeats"
+# The pseudo-kind of the gateways' demand reports: its objects are gateway names (the reports
+# are in ``ctx.cache.demand()``).
+DEMAND = "demand"
 
-# A kind as ``watches`` names it: its class, or HEARTBEATS (or a plural name, for tests).
+# A kind as ``watches`` names it: its class, HEARTBEATS or DEMAND (or a plural name, for tests).
 WatchedKind = type[AnyObject] | str
 
 

@@ -7,7 +7,7 @@ stream, etcd down) backs off (llmgw.backoff) and watches again from the last
 revision seen; a stream silent for ``idle_timeout`` is re-opened where it left off.
 
 Every change that reaches the cache calls ``handler(kind, type, obj)`` with type
-ADDED / MODIFIED / DELETED; for heartbeats obj is the node name. ``synced`` is set
+ADDED / MODIFIED / DELETED; for heartbeats obj is the node name, for demand the gateway's. ``synced`` is set
 after the first successful list.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from llmgw.api.client import EventType
+from llmgw.api.demand import DemandReport
 from llmgw.api.types import KINDS, AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.reflector import ListerWatcher, Reflector, object_name
@@ -27,7 +28,7 @@ from llmgw.runtime.settings import ManagerSettings
 log = logging.getLogger("llmgw.informer")
 
 Handler = Callable[[str, EventType, Any], None]   # (kind, type, the object or, for heartbeats, the node)
-ItemT = TypeVar("ItemT")   # an object, or a node name (heartbeats)
+ItemT = TypeVar("ItemT")   # an object, a node name (heartbeats) or a gateway's report (demand)
 
 # The default is the settings' (ManagerSettings.informer_idle_timeout): one place holds it.
 IDLE_TIMEOUT: float = ManagerSettings.model_fields["informer_idle_timeout"].default
@@ -39,13 +40,23 @@ class HeartbeatSource(Protocol):
     def lister_watcher(self) -> ListerWatcher[str]: ...
 
 
+class DemandSource(Protocol):
+    """The gateways' demand reports as a lister-watcher (llmgw.store's store.demand)."""
+
+    def lister_watcher(self) -> ListerWatcher[DemandReport]: ...
+
+
 class InformerStore(Protocol):
-    """What informers read: lister-watchers of a kind's objects and of the heartbeats (llmgw.store.Store)."""
+    """What informers read: lister-watchers of a kind's objects, of the heartbeats and of the
+    gateways' demand (llmgw.store.Store)."""
 
     def lister_watcher(self, kind: type[ObjectT]) -> ListerWatcher[ObjectT]: ...
 
     @property
     def heartbeats(self) -> HeartbeatSource: ...
+
+    @property
+    def demand(self) -> DemandSource: ...
 
 
 def _ignore(kind: str, type: EventType, obj: Any) -> None:
@@ -93,9 +104,13 @@ class _Informer(Generic[ItemT]):
         for type, item in [(t, i) for t, i in changes if self._store(t, i, revision)]:
             self._emit(type, item)
 
+    def _told(self, item: ItemT) -> Any:
+        """What the handler hears of an item: the item itself, unless a subclass says otherwise."""
+        return item
+
     def _emit(self, type: EventType, item: ItemT) -> None:
         try:
-            self.handler(self.kind, type, item)
+            self.handler(self.kind, type, self._told(item))
         except Exception:
             log.exception("%s informer: handler failed", self.kind)
 
@@ -123,3 +138,23 @@ class HeartbeatInformer(_Informer[str]):
 
     def _store(self, type: EventType, node: str, revision: int) -> bool:
         return self.cache.set_heartbeat(node, type != "DELETED")
+
+
+class DemandInformer(_Informer[DemandReport]):
+    """Keeps ``cache.demand()`` = the reports of the gateways with a live /llmgw/demand/<gateway> key;
+    the handler hears the gateway's name."""
+
+    def __init__(self, store: InformerStore, cache: Cache, handler: Handler | None = None, *,
+                 idle_timeout: float = IDLE_TIMEOUT, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
+        super().__init__("demand", cache, handler, store.demand.lister_watcher(), _gateway, cache.demand,
+                         idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
+
+    def _store(self, type: EventType, report: DemandReport, revision: int) -> bool:
+        return self.cache.set_demand(report, type != "DELETED")
+
+    def _told(self, report: DemandReport) -> str:
+        return report.gateway
+
+
+def _gateway(report: DemandReport) -> str:
+    return report.gateway

@@ -5,7 +5,7 @@ manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
 leader, build a fresh Cache, a fenced store (from the leader key's
 create_revision), an EventRecorder and a Context per controller, start each
 controller's term with it (``controller.start(ctx)``, before any event of the
-term), run one informer per watched kind (plus heartbeats when asked for),
+term), run one informer per watched kind (plus heartbeats or demand when asked for),
 wait for the caches to sync, then run ``controller.workers`` workers per
 controller and the runnables (llmgw.runtime.runnable: leader-only work such
 as compaction). On losing leadership everything is cancelled and the manager
@@ -27,9 +27,9 @@ from typing import Any, Protocol, Sequence
 
 from llmgw.api.errors import Conflict
 from llmgw.runtime.cache import Cache
-from llmgw.runtime.controller import HEARTBEATS, Context, Controller, ControllerStore, WatchedKind
+from llmgw.runtime.controller import DEMAND, HEARTBEATS, Context, Controller, ControllerStore, WatchedKind
 from llmgw.runtime.events import EventRecorder, EventWriter
-from llmgw.runtime.informer import HeartbeatInformer, Informer, InformerStore
+from llmgw.runtime.informer import DemandInformer, HeartbeatInformer, Informer, InformerStore
 from llmgw.runtime.leader import Campaigner, LeaderElector, Leadership
 from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
@@ -148,10 +148,11 @@ class Manager:
         self.cache, self.events = cache, events
         for c in self.controllers:   # before the informers run: the term's first event finds it started
             c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms))
+        idle = self.settings.informer_idle_timeout
         informers = [
-            HeartbeatInformer(self.store, cache, handler, idle_timeout=self.settings.informer_idle_timeout)
-            if kind == HEARTBEATS else
-            Informer(self.store, kind, cache, handler, idle_timeout=self.settings.informer_idle_timeout)
+            HeartbeatInformer(self.store, cache, handler, idle_timeout=idle) if kind == HEARTBEATS else
+            DemandInformer(self.store, cache, handler, idle_timeout=idle) if kind == DEMAND else
+            Informer(self.store, kind, cache, handler, idle_timeout=idle)
             for kind in watchers
         ]
         tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]

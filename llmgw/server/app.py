@@ -25,6 +25,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
+from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
@@ -47,6 +48,7 @@ JSON_TYPES = ("application/json", "application/merge-patch+json")
 EVENT_FIELDS = ("kind", "name", "type", "reason", "message")
 _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "update", "delete": "delete",
           "update_status": "status", "patch_status": "status", "apply": "apply", "heartbeat": "heartbeat",
+          "report_demand": "demand",
           "list_events": "events-read", "record_event": "events-write", "revoke": "revoke"}
 
 
@@ -85,6 +87,7 @@ class ApiServer:
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_post(f"{API}/heartbeat/{{node}}", self.heartbeat)
+        r.add_post(f"{API}/demand/{{gateway}}", self.report_demand)
         r.add_get(f"{API}/events", self.list_events)
         r.add_post(f"{API}/events", self.record_event)
         r.add_post(f"{API}/revocations", self.revoke)
@@ -190,6 +193,8 @@ class ApiServer:
         info = request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", info["node"], final=False)
+        if verb == "demand":
+            return Action(verb, "demand", info["gateway"], final=False)
         if verb in ("events-read", "events-write", "revoke"):
             about = f"{q['kind']}/{q['name']}" if verb == "events-read" and q.get("kind") and q.get("name") else None
             return Action(verb, "revocations" if verb == "revoke" else "events", about, final=False)
@@ -344,6 +349,20 @@ class ApiServer:
         await self.store.get(Node, node)   # NotFound (404): a heartbeat is of a registered Node
         await self.store.heartbeats.beat(node, ttl=ttl)
         return _json({"node": node, "ttl": ttl})
+
+    async def report_demand(self, request: web.Request) -> web.Response:
+        """A gateway's demand report (docs/contracts.md, "Autoscaling"): kept under its lease."""
+        gateway = request.match_info["gateway"]
+        body = await self._body(request)
+        ttl = body.pop("ttl", 15)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
+            raise InvalidObject([f"ttl: must be an integer number of seconds in 1..600, got {ttl!r}"])
+        try:
+            report = DemandReport.model_validate({"gateway": gateway, **body})
+        except ValidationError as err:
+            raise InvalidObject(describe_validation_error(err)) from None
+        await self.store.demand.report(report, ttl=ttl)
+        return _json({"gateway": gateway, "ttl": ttl})
 
     async def list_events(self, request: web.Request) -> web.Response:
         kind, name = request.query.get("kind"), request.query.get("name")

@@ -3,7 +3,8 @@
 Rules, by the certificate's organisation:
   admins           (O=llmgw:admins)      everything, and they alone revoke certificates
   controller-manager (O=llmgw:components) everything but revoking
-  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes
+  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes; report its demand
+                                         (POST /demand/<gateway>), which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
                                          status fields only; write the agent's status fields of
                                          it (never its spec, labels, annotations or finalizers);
@@ -60,8 +61,9 @@ def written_fields(new: AnyObject, old: AnyObject | None = None) -> frozenset[st
 
 @dataclass
 class Action:
-    verb: str                 # get list watch create update status delete apply heartbeat events-read events-write
-    kind: str                 # plural kind, or "heartbeat"/"events"
+    verb: str                 # get list watch create update status delete apply heartbeat demand events-read
+                              # events-write
+    kind: str                 # plural kind, or "heartbeat"/"demand"/"events"
     name: str | None = None   # object name (for create/apply: the body's name)
     node: str | None = None   # ?node= of a list/watch
     obj_node: str | None = None  # for an existing Shard: its spec.node
@@ -107,6 +109,9 @@ class Authorizer:
             what = f"serial {act.name}" if act.name else "a certificate"
             raise Denied("revoke-admin", f"only an admin (O=llmgw:admins) may revoke a certificate; {who} "
                          "may not", log_line=f"refused: certificate {who} tried to revoke {what}")
+        if act.kind == "demand" and not (who.role == "component" and who.name == "gateway"):
+            raise Denied("gateway-demand", f"only a gateway (O=llmgw:components, CN=gateway) reports demand; "
+                         f"{who} may not")
         if who.role == "component":
             return self._component(who, act)
         if who.role == "node":
@@ -119,7 +124,7 @@ class Authorizer:
         if who.name == "controller-manager":
             return
         if who.name == "gateway":
-            if act.verb in READ and act.kind in ("models", "replicas", "nodes"):
+            if act.verb in READ and act.kind in ("models", "replicas", "nodes") or act.kind == "demand":
                 return
             raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas and "
                          f"nodes; it asked to {act}")

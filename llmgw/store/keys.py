@@ -7,6 +7,7 @@ ROOT = "/llmgw"
 SPEC = f"{ROOT}/spec/"
 STATUS = f"{ROOT}/status/"
 HEARTBEAT = f"{ROOT}/heartbeat/"
+DEMAND = f"{ROOT}/demand/"   # a gateway's demand report, bound to its lease
 LEADER = f"{ROOT}/leader/"
 REVOKED = f"{ROOT}/revoked/"
 EVENTS = f"{ROOT}/events/"
@@ -53,6 +54,10 @@ def served_name_key(name: str) -> str:
 
 def heartbeat_key(node: str) -> str:
     return f"{HEARTBEAT}{node}"
+
+
+def demand_key(gateway: str) -> str:
+    return f"{DEMAND}{gateway}"
 
 
 def leader_key(component: str) -> str:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Generic, NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from llmgw.api.client import EventType
 from llmgw.api.types import ObjectT
@@ -14,6 +14,7 @@ from llmgw.store.kv import KV
 from llmgw.store.objects import Objects
 
 AfterErrorPolicy = Callable[[Exception], AfterError]
+ValueT = TypeVar("ValueT")
 
 
 def after_store_error(err: Exception) -> AfterError:
@@ -70,6 +71,36 @@ class KeyNames:
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
         async for ev in self.kv.watch(self.prefix, from_revision):
             yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
+
+    def after_error(self, err: Exception) -> AfterError:
+        return self._after_error(err)
+
+
+class ValueEvent(NamedTuple, Generic[ValueT]):
+    type: EventType
+    object: ValueT
+    revision: int
+
+
+class KeyValues(Generic[ValueT]):
+    """The values of the keys under ``prefix``, each read by ``parse(name, value)`` (``value`` None
+    for a key deleted or expired): a key written is ADDED (again, at each write), a key gone DELETED."""
+
+    def __init__(self, kv: KV, prefix: str, parse: Callable[[str, bytes | None], ValueT],
+                 after_error: AfterErrorPolicy = after_store_error) -> None:
+        self.kv, self.prefix, self.parse, self._after_error = kv, prefix, parse, after_error
+
+    async def list(self) -> tuple[Sequence[ValueT], int]:
+        kvs, rev = await self.kv.list(self.prefix)
+        return [self.parse(k[len(self.prefix):], v) for k, v, _ in kvs], rev
+
+    async def watch(self, from_revision: int) -> AsyncIterator[Event[ValueT]]:
+        async for ev in self.kv.watch(self.prefix, from_revision):
+            name = ev.key[len(self.prefix):]
+            if ev.type == "DELETE":
+                yield ValueEvent("DELETED", self.parse(name, None), ev.revision)
+            else:
+                yield ValueEvent("ADDED", self.parse(name, ev.value), ev.revision)
 
     def after_error(self, err: Exception) -> AfterError:
         return self._after_error(err)

@@ -11,6 +11,7 @@
     await store.names.migrate()                     # served model names (names), a Model's write hook
     store.lister_watcher(Model)                     # a reflector's lister-watcher (listwatch); also
     store.heartbeats.lister_watcher()               #   of the live heartbeats
+    await store.demand.report(report)               # the gateways' demand reports (demand), leased
     store.revocations.lister_watcher()              #   and of the revoked serials
     Compactor(store.etcd, keep=..., interval=...)   # compaction (compaction), a leader-only runnable
 
@@ -28,6 +29,7 @@ from types import TracebackType
 from llmgw.api.client import ObjectClient
 from llmgw.api.types import Model, ObjectT
 from llmgw.store.connection import Connection
+from llmgw.store.demand import Demand
 from llmgw.store.election import Election
 from llmgw.store.etcd import Etcd
 from llmgw.store.events import Events, Stamps
@@ -43,6 +45,7 @@ class Store(Objects):
     kv: KV
     leases: Leases
     heartbeats: Heartbeats
+    demand: Demand
     election: Election
     events: Events
     revocations: Revocations
@@ -63,6 +66,7 @@ class Store(Objects):
         self.kv = KV(etcd)
         self.leases = Leases(etcd)
         self.heartbeats = Heartbeats(self.kv, self.leases, self._heartbeat_leases)
+        self.demand = Demand(self.kv, self.leases)
         self.election = Election(etcd, self.kv, self.leases)
         self.events = Events(etcd, self.kv, self.leases, self._event_stamps)
         self.revocations = Revocations(self.kv)

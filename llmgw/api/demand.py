@@ -1,0 +1,44 @@
+"""What a gateway reports of its demand: per model, the requests in flight and waiting at it.
+
+Each gateway publishes one report under ``/llmgw/demand/<gateway>``, bound to an etcd lease
+(``POST /demand/<gateway>``; docs/contracts.md, "Autoscaling"): a gateway that dies takes its
+figures with it when the lease expires. The autoscaler (controllers/autoscaler.py) sums the
+live reports per model.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from llmgw.api.meta import DNSLabel, Strict
+
+MAX_MODELS_PER_REPORT = 10_000
+Count = Annotated[int, Field(strict=True, ge=0, le=1 << 31)]
+
+
+class ModelDemand(Strict):
+    inFlight: Count = 0    # requests sent to a replica and not yet answered
+    waiting: Count = 0     # requests queued at the gateway for a replica (scale from zero)
+
+    @property
+    def total(self) -> int:
+        return self.inFlight + self.waiting
+
+
+class DemandReport(Strict):
+    """One gateway's report: the models it has requests for (a model absent has none)."""
+
+    gateway: DNSLabel
+    models: dict[DNSLabel, ModelDemand] = Field(default_factory=dict, max_length=MAX_MODELS_PER_REPORT)
+
+
+def total_demand(reports: list[DemandReport] | tuple[DemandReport, ...], model: str) -> ModelDemand:
+    """The model's demand summed over the gateways' reports."""
+    inflight = waiting = 0
+    for report in reports:
+        d = report.models.get(model)
+        if d is not None:
+            inflight += d.inFlight
+            waiting += d.waiting
+    return ModelDemand(inFlight=inflight, waiting=waiting)

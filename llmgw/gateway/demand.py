@@ -1,0 +1,74 @@
+"""The gateway's demand, reported to the server for the autoscaler (docs/contracts.md, "Autoscaling").
+
+Per model: the requests in flight at this gateway (its Balancer's count); ``waiting`` (requests
+held for a replica) is reported as 0 until the gateway holds requests. A report goes out when the
+figures changed, at most once per ``interval`` seconds, and at least once per ``ttl / 3`` seconds
+to keep its lease: a gateway that dies or is cut off has its figures expire with the lease,
+``ttl`` seconds after its last report.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from llmgw.backoff import Backoff
+from llmgw.gateway.balancer import Balancer
+
+log = logging.getLogger("llmgw.gateway.demand")
+
+Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m}
+
+
+class DemandSink(Protocol):
+    """Where reports go: llmgw.client.Client's report_demand."""
+
+    async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None) -> dict[str, Any]: ...
+
+
+def figures(balancer: Balancer) -> Figures:
+    """This gateway's demand per model, from the balancer's requests in flight."""
+    out: Figures = {}
+    for replica, n in balancer.inflight.items():
+        model = balancer.model_of.get(replica)
+        if model is not None:
+            out.setdefault(model, {"inFlight": 0, "waiting": 0})["inFlight"] += n
+    return out
+
+
+class DemandPublisher:
+    def __init__(self, sink: DemandSink, gateway: str, read: Callable[[], Figures], *,
+                 interval: float = 1.0, ttl: int = 15) -> None:
+        self.sink, self.gateway, self.read = sink, gateway, read
+        self.interval, self.ttl = interval, ttl
+        self.reports = 0          # reports the server accepted
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="demand-publisher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(self.interval, self.ttl / 3)
+        last: Figures | None = None
+        sent_at = 0.0
+        while True:
+            now = self.read()
+            if now != last or loop.time() - sent_at >= self.ttl / 3:
+                try:
+                    await self.sink.report_demand(self.gateway, now, ttl=self.ttl)
+                except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
+                    delay = backoff.next()
+                    log.warning("demand report failed (%s); again in %.1fs", err, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                last, sent_at = now, loop.time()
+                self.reports += 1
+            await asyncio.sleep(self.interval)
