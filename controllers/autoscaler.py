@@ -27,10 +27,8 @@ from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Model
 from llmgw.api.demand import ModelDemand, total_demand
 from llmgw.api.patches import ModelStatusPatch
-from llmgw.api.types import AutoscalingSpec
+from llmgw.api.types import SCALED, AutoscalingSpec
 from llmgw.runtime.controller import DEMAND, Context, Controller, Result, WatchedKind
-
-SCALED = "Scaled"   # the Model condition the autoscaler writes
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controllers.autoscaler import SCALED, AutoscalerController, _History, decide, recommend
+from controllers.autoscaler import AutoscalerController, _History, decide, recommend
 from controllers.settings import ControllerSettings
 from llmgw.api import Model, get_condition
 from llmgw.api.demand import DemandReport, ModelDemand
-from llmgw.api.types import AutoscalingSpec
+from llmgw.api.types import SCALED, AutoscalingSpec
 from tests.helpers.controlplane import control_plane
 from tests.helpers.poll import until
 

@@ -99,7 +99,13 @@ def test_model_replica_shard_tables():
                  "profiles": [{"engine": "vllm"}, {"engine": "sim"}, {"engine": "vllm", "nodes": 2}]},
         "status": {"readyReplicas": 2, "updatedReplicas": 1},
     })
-    assert table("models", [model], now=NOW)[1] == [["llama", "2/3", "1", "vllm,sim", "l3,llama-big", "3d4h"]]
+    assert table("models", [model], now=NOW)[1] == [["llama", "2/3", "1", "<none>", "vllm,sim", "l3,llama-big",
+                                                      "3d4h"]]
+    scaled = parse_object({**model.model_dump(mode="json"),
+                           "spec": {**model.spec.model_dump(mode="json"), "autoscaling": {"maxReplicas": 4}},
+                           "status": {"readyReplicas": 2, "updatedReplicas": 2, "desiredReplicas": 4, "conditions": [
+                               {"type": "Scaled", "status": "True", "reason": "ScaledUp"}]}})
+    assert table("models", [scaled], now=NOW)[1][0][:4] == ["llama", "2/4", "2", "1-4 ScaledUp"]
 
     headers, rows = table("replicas", [replica("r2", [("n1", [2]), ("n2", [0, 1])])], now=NOW)
     assert headers == ["NAME", "MODEL", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "AGE"]

@@ -317,6 +317,11 @@ class ModelSpec(Strict):
     autoscaling: AutoscalingSpec | None = None
 
 
+# The autoscaler's Model condition: its reason (ScaledUp, ScaledDown, ScaledToZero, Steady) and
+# message say why status.desiredReplicas is what it is (controllers/autoscaler.py).
+SCALED = "Scaled"
+
+
 class ModelStatus(Strict):
     observedGeneration: Int = 0
     # The autoscaler's count (controllers/autoscaler.py): set only while spec.autoscaling is.

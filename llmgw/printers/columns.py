@@ -6,7 +6,7 @@ from datetime import datetime
 
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.meta import get_condition
-from llmgw.api.types import EVICTING, AnyObject, Model, Node, Replica, Shard
+from llmgw.api.types import EVICTING, SCALED, AnyObject, Model, Node, Replica, Shard
 from llmgw.printers.table import NONE, human_age
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows
@@ -94,14 +94,24 @@ def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = 
 
 # -------------------------------------------------------------------- models
 
+def autoscale(m: Model) -> str:
+    """`MIN-MAX` and the autoscaler's last reason (its condition Scaled), or none without autoscaling."""
+    scaling = m.spec.autoscaling
+    if scaling is None:
+        return NONE
+    scaled = get_condition(m.status.conditions, SCALED)
+    return f"{scaling.minReplicas}-{scaling.maxReplicas}" + (f" {scaled.reason}" if scaled is not None else "")
+
+
 def model_table(models: Sequence[Model], wide: bool = False, now: datetime | None = None) -> Table:
-    headers = ["NAME", "READY", "UP-TO-DATE", "ENGINE", "ALIASES", "AGE"]
+    # READY is Ready/desired: spec.replicas, or the autoscaler's count (AUTOSCALE says why it moved).
+    headers = ["NAME", "READY", "UP-TO-DATE", "AUTOSCALE", "ENGINE", "ALIASES", "AGE"]
     if wide:
         headers += ["SOURCE", "TEMPLATE", "NODE-SELECTOR"]
     rows: list[list[str]] = []
     for m in models:
         row = [
-            m.name, f"{m.status.readyReplicas}/{m.spec.replicas}", str(m.status.updatedReplicas),
+            m.name, f"{m.status.readyReplicas}/{m.wanted_replicas}", str(m.status.updatedReplicas), autoscale(m),
             _join(_unique(p.engine for p in m.spec.profiles)), _join(m.spec.aliases),
             human_age(m.metadata.creationTimestamp, now),
         ]

@@ -1,0 +1,48 @@
+"""The gateway's demand reports: a real gateway with a slow sim engine, its publisher reporting
+through a real server (a gateway certificate) into etcd, where the autoscaler reads them."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from llmgw.gateway.demand import DemandPublisher, figures
+from llmgw.gateway.table import RoutingTable
+from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
+from tests.helpers.gateway import Sim, model, replica, running_gateway
+from tests.helpers.poll import until
+
+
+async def test_requests_in_flight_are_reported_per_model_and_drop_to_zero_when_answered(api_server, store):
+    sim = Sim.start("slow", extra=["--ttft-ms", "1500"])
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("slow"))
+    table.apply("replicas", "ADDED", replica("slow-r1", "slow", sim.endpoint))
+    try:
+        async with running_gateway(table) as gw, api_server.client(api_server.issue_component("gateway")) as c:
+            publisher = DemandPublisher(c, "gw-test", lambda: figures(gw.gateway.balancer), interval=0.05, ttl=5)
+            publisher.start()
+
+            async def demand() -> dict[str, int]:
+                return {m: d.inFlight for r in await store.demand.list() for m, d in r.models.items()}
+
+            await until(lambda: publisher.reports >= 1, "a first report")
+            assert await demand() == {}
+            async with aiohttp.ClientSession() as session:
+                async def ask() -> int:
+                    body = {"model": "slow", "prompt": "hi", "max_tokens": 1}
+                    async with session.post(gw.url + "/v1/completions", json=body) as r:
+                        return r.status
+                asks = [asyncio.create_task(ask()) for _ in range(3)]
+                await until(_eq(demand, {"slow": 3}), "3 in flight reported")
+                assert await asyncio.gather(*asks) == [200, 200, 200]
+            await until(_eq(demand, {}), "nothing in flight once answered")
+            await publisher.stop()
+    finally:
+        sim.stop()
+
+
+def _eq(read, want):
+    async def check() -> bool:
+        return await read() == want
+    return check
