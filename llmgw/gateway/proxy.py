@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from llmgw.api.limits import parse_json
-from llmgw.gateway import errors
+from llmgw.gateway import errors, trace
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
@@ -53,7 +53,7 @@ _HOP = frozenset({
     b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
 # The gateway's key is not the engine's business; the body is sent at once, so no Expect.
-_DROP_REQ = _HOP | {b"authorization", b"expect"}
+_DROP_REQ = _HOP | {b"authorization", b"expect", trace.HEADER}
 _DROP_RESP = _HOP | {b"server", b"date"}
 
 _ENGINE_503 = "unavailable: the engine answered 503 (loading or draining)"
@@ -438,8 +438,11 @@ class _Exchange:
 
 
 def _fields(request: Request) -> bytes:
-    """The request's header lines to pass on: without hop-by-hop ones, the Host line and Content-Length."""
-    return b"".join([k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ])
+    """The request's header lines to pass on: without hop-by-hop ones, the Host line and Content-Length,
+    and with the traceparent the gateway continues or starts (llmgw/gateway/trace.py)."""
+    lines = [k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ]
+    lines.append(trace.HEADER + b": " + trace.traceparent(request.header(trace.HEADER)) + b"\r\n")
+    return b"".join(lines)
 
 
 def _send(conn: Conn, request: Request, b: Backend, data: bytes, fields: bytes) -> None:
