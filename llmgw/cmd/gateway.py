@@ -10,6 +10,7 @@ import click
 
 from llmgw import aio
 from llmgw.api.types import AnyObject
+from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 from llmgw.gateway.server import Limits
 
@@ -58,14 +59,13 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--max-conns-per-addr", type=click.IntRange(min=0), default=Limits.max_conns_per_addr,
               show_default=True, help="Open connections one client address may hold; one more is answered "
               "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@log_options
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            log_level: str) -> None:
+            log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     if bool(server) == bool(static):
         raise click.UsageError("give exactly one of --server URL (with --ca/--cert/--key) or --static FILE")
     host, port = _host_port(listen)

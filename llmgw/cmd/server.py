@@ -6,12 +6,12 @@ import logging
 import os
 import signal
 import ssl
-import sys
 
 import click
 
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.logs import log_options, setup_logging
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -91,13 +91,12 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                    "replayed from etcd (410 only when etcd compacted it).")
 @click.option("--watch-queue-limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Events a watch may fall behind before it is closed (410: the client relists).")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)
+@log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, bookmark_interval: float, watch_cache_size: int, watch_queue_limit: int,
-           log_level: str) -> None:
+           log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
-    logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
                       watch_cache_size, watch_queue_limit))
