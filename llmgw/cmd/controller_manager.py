@@ -8,6 +8,7 @@ import signal
 import click
 
 from controllers.drain import DrainController
+from controllers.fleet import FleetCollector
 from controllers.gc import GarbageCollector
 from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
@@ -62,6 +63,7 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, me
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
     manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
+    manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)
