@@ -15,6 +15,7 @@ from llmgw.agent.metrics import AgentMetrics
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.server.metrics import ServerMetrics
 from tests.helpers.ctrlkit import node, replica, shard
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -54,6 +55,13 @@ def test_the_controller_managers_series_are_documented():
         cache.apply(obj.kind_plural, "ADDED", obj, 1)
     m.registry.register(FleetCollector(lambda: cache))
     assert exported(m.exposition()) == documented("Controller-manager")
+
+
+def test_the_servers_series_are_documented():
+    m = ServerMetrics()
+    m.observe("get", "models", 200)
+    m.watches.labels("models").inc()
+    assert exported(generate_latest(m.registry)) == documented("API server")
 
 
 async def test_the_agents_series_are_documented():

@@ -35,6 +35,7 @@ from llmgw.api.selectors import Selector
 from llmgw.api.types import Node, Shard, node_of
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
@@ -101,12 +102,13 @@ class ApiServer:
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
+        self.metrics = ServerMetrics()
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate, self._authorize],
+        app = web.Application(middlewares=[self._count, self._errors, self._authenticate, self._authorize],
                               client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
@@ -137,6 +139,34 @@ class ApiServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every answer counted by verb, kind and code (a watch when it ends)."""
+        code = 500
+        try:
+            resp = await handler(request)
+            code = resp.status
+            return resp
+        except web.HTTPException as err:
+            code = err.status
+            raise
+        finally:
+            verb, kind = self._what(request)
+            self.metrics.observe(verb, kind, code)
+
+    @staticmethod
+    def _what(request: web.Request) -> tuple[str, str]:
+        """The verb and kind a request is counted under (unknown paths: "-")."""
+        handler = getattr(request.match_info.route, "handler", None)
+        verb = _VERBS.get(getattr(handler, "__name__", ""), "-")
+        if verb == "list" and request.query.get("watch") in ("1", "true"):
+            verb = "watch"
+        kind = request.match_info.get("kind", "")
+        if kind not in KINDS:
+            kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
+                    "revoke": "revocations"}.get(verb, "-")
+        return verb, kind
+
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -464,6 +494,8 @@ class ApiServer:
             watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
+        open_watches = self.metrics.watches.labels(kind)
+        open_watches.inc()
         try:
             await resp.prepare(request)
             if watcher is None:
@@ -477,6 +509,7 @@ class ApiServer:
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
+            open_watches.dec()
             if unbind is not None:
                 unbind()
             if watcher is not None:
