@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +22,6 @@ from tests.helpers.gateway import model as gateway_model
 from tests.helpers.gateway import running_gateway
 
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
-API = "/apis/llmgw.io/v1"
 LIMIT = "a name or alias is served by one Model only"
 
 # case -> its problems, the same from `llmgw apply -f manifests/<case>.yaml` (exit 2, a line each,
@@ -219,19 +215,6 @@ def test_client_config_corpus(name):
     assert (out.exit_code, out.stdout, out.stderr) == (2, "", f"error: {path}: {CONFIGS[name]}\n")
 
 
-def _send(server, identity: tuple[str, str], method: str, path: str, body: bytes | None,
-          content_type: str = "application/json") -> tuple[int, dict]:
-    ctx = ssl.create_default_context(cafile=server.ca)
-    ctx.load_cert_chain(*identity)
-    req = urllib.request.Request(server.url + API + path, data=body, method=method,
-                                 headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
 @pytest.fixture(scope="module")
 def node_identity(seeded):
     return seeded.issue_node("corpus-node")
@@ -247,23 +230,25 @@ def test_rest_corpus(seeded, identities, case):
     name, method, path, who, status, reason, message = case
     identity = identities[who]
     before = etcd_keys(seeded)
-    got_status, body = _send(seeded, identity, method, path, (CORPUS / "rest" / name).read_bytes())
+    got_status, body = seeded.send(identity, method, path, (CORPUS / "rest" / name).read_bytes())
     assert (got_status, body.get("reason"), body.get("message")) == (status, reason, message)
     assert etcd_keys(seeded) == before
 
 
 @pytest.mark.parametrize("query", ["node=../../spec", "node=corpus-node/x", "node=" + "a" * 64])
 def test_a_node_parameter_that_is_not_a_name_is_a_400(seeded, query):
-    status, body = _send(seeded, seeded.admin, "GET", f"/shards?{query}", None)
+    status, body = seeded.send(seeded.admin, "GET", f"/shards?{query}")
     assert (status, body["reason"]) == (400, "BadRequest")
     assert body["message"].startswith("node: ") and "is not a DNS-1123 label" in body["message"]
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/yaml"])
+# a merge patch is a PATCH's body only: POST and PUT take an object
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/yaml",
+                                          "application/merge-patch+json"])
 def test_a_body_that_is_not_json_is_a_415(seeded, content_type):
     before = etcd_keys(seeded)
-    status, body = _send(seeded, seeded.admin, "POST", "/models",
-                         json.dumps(model_doc("corpus-415")).encode(), content_type=content_type)
+    status, body = seeded.send(seeded.admin, "POST", "/models", json.dumps(model_doc("corpus-415")).encode(),
+                               content_type=content_type)
     assert (status, body["reason"]) == (415, "UnsupportedMediaType")
     assert repr(content_type) in body["message"]
     assert etcd_keys(seeded) == before
@@ -272,7 +257,7 @@ def test_a_body_that_is_not_json_is_a_415(seeded, content_type):
 def test_a_body_over_the_limit_is_a_413_in_json(seeded):
     before = etcd_keys(seeded)
     big = json.dumps(model_doc("corpus-413") | {"x": "z" * (1 << 20)}).encode()
-    status, body = _send(seeded, seeded.admin, "POST", "/models", big)
+    status, body = seeded.send(seeded.admin, "POST", "/models", big)
     assert (status, body["reason"], body["message"]) == (
         413, "RequestEntityTooLarge", "request body: larger than the limit of 1 MiB")
     assert etcd_keys(seeded) == before

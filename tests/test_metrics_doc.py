@@ -10,9 +10,13 @@ import aiohttp
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controllers.fleet import FleetCollector
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
+from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.server.metrics import ServerMetrics
+from tests.helpers.ctrlkit import node, replica, shard
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NAME = re.compile(r"^\| `(llmgw_[a-z_]+)` \|", re.M)
@@ -46,7 +50,18 @@ def test_the_controller_managers_series_are_documented():
     m.duration.labels("model").observe(0.01)
     m.errors.labels("model").inc()
     m.leader.set(1)
+    cache = Cache()
+    for obj in (node("n1", fabric="ib-a"), replica("r1", "m"), shard("r1-0", replica("r1", "m"), "n1")):
+        cache.apply(obj.kind_plural, "ADDED", obj, 1)
+    m.registry.register(FleetCollector(lambda: cache))
     assert exported(m.exposition()) == documented("Controller-manager")
+
+
+def test_the_servers_series_are_documented():
+    m = ServerMetrics()
+    m.observe("get", "models", 200)
+    m.watches.labels("models").inc()
+    assert exported(generate_latest(m.registry)) == documented("API server")
 
 
 async def test_the_agents_series_are_documented():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -170,8 +171,80 @@ async def test_a_demand_report_is_validated_with_paths_and_kept_under_a_lease(ap
             await c.report_demand("gw-a", {"m1": {"inFlight": -1, "queued": 2}}, ttl=5)
         assert str(err.value).endswith("models.m1.inFlight: Input should be greater than or equal to 0; "
                                        "models.m1: unknown field 'queued'"), str(err.value)
-        with pytest.raises(Invalid, match="gateway: 'GW_A' is not a DNS-1123 label"):
+        with pytest.raises(BadRequest, match="gateway: 'GW_A' is not a DNS-1123 label"):   # read with the URL
             await c.report_demand("GW_A", {})
         await c.report_demand("gw-a", {"m1": {"inFlight": 4, "waiting": 1}}, ttl=5)
     [report] = await store.demand.list()
     assert report.gateway == "gw-a" and report.models["m1"].total == 5
+
+
+NOT_A_LABEL = "is not a DNS-1123 label"
+
+
+@pytest.mark.parametrize("method, path, problem", [
+    ("GET", "/models/a%2Fb", f"name: 'a/b' {NOT_A_LABEL}"),
+    ("GET", "/shards/n1%2Fs1", f"name: 'n1/s1' {NOT_A_LABEL}"),
+    ("DELETE", "/models/Big_Model", f"name: 'Big_Model' {NOT_A_LABEL}"),
+    ("PATCH", "/nodes/..%2Fspec/status", f"name: '../spec' {NOT_A_LABEL}"),
+    ("POST", "/heartbeat/Node_1", f"node: 'Node_1' {NOT_A_LABEL}"),
+    ("GET", "/events?kind=models&name=../spec", f"name: '../spec' {NOT_A_LABEL}"),
+    ("GET", "/events?kind=pods&name=x", "kind: unknown kind 'pods' (known: nodes, models, replicas, shards)"),
+], ids=["slash", "shard-slash", "upper", "dotdot-status", "heartbeat", "events-name", "events-kind"])
+def test_a_name_in_the_url_that_is_not_a_name_is_a_400(shared_api_server, method, path, problem):
+    """Every object's name is a DNS-1123 label; the URL's names are read before anything else
+    (and never reach a store key or a log line as they came)."""
+    status, body = shared_api_server.send(shared_api_server.admin, method, path, b"{}")
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert body["message"].startswith(problem)
+
+
+@pytest.mark.parametrize("method, path, status, reason", [
+    ("GET", "/no/such/path", 404, "NotFound"),
+    ("PATCH", "/models", 405, "MethodNotAllowed"),
+])
+def test_a_path_or_method_the_api_lacks_is_a_json_status(shared_api_server, method, path, status, reason):
+    got, body = shared_api_server.send(shared_api_server.admin, method, path, b"{}")
+    assert (got, body["kind"], body["code"], body["reason"]) == (status, "Status", status, reason)
+
+
+async def test_only_a_status_patch_takes_a_merge_patch(shared_api_server):
+    srv = shared_api_server
+    async with srv.client() as c:
+        await c.create(model("merge"))
+    for n, content_type in enumerate(("application/merge-patch+json", "application/json"), start=1):
+        status, body = await asyncio.to_thread(srv.send, srv.admin, "PATCH", "/models/merge/status",
+                                               json.dumps({"replicas": n}).encode(), content_type)
+        assert (status, body["status"]["replicas"]) == (200, n)
+    async with srv.client() as c:
+        whole = json.dumps((await c.get(Model, "merge")).model_dump(mode="json")).encode()
+    status, body = await asyncio.to_thread(srv.send, srv.admin, "PUT", "/models/merge/status", whole,
+                                           "application/merge-patch+json")
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("name", "ev-about/x", f"name: 'ev-about/x' {NOT_A_LABEL}"),
+    ("node", "../spec", f"node: '../spec' {NOT_A_LABEL}"),
+    ("kind", "pods", "kind: unknown kind 'pods' (known: nodes, models, replicas, shards)"),
+    ("reason", {"a": 1}, "reason: must be a string"),
+])
+def test_an_event_is_about_an_object_by_its_kind_and_name(shared_api_server, field, value, problem):
+    srv = shared_api_server
+    event = {"kind": "models", "name": "ev-about", "type": "Normal", "reason": "Tested", "message": "m"}
+    status, body = srv.send(srv.admin, "POST", "/events", json.dumps(event | {field: value}).encode())
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["message"].startswith(problem)
+    assert srv.send(srv.admin, "GET", "/events?kind=models&name=ev-about") == (200, {"items": []})
+
+
+async def test_a_heartbeat_ttl_is_seconds_in_range(shared_api_server):
+    srv = shared_api_server
+    async with srv.client() as c:
+        await c.create(Node.model_validate({"metadata": {"name": "ttl-node"}}))
+    for ttl in (0, 601, "15", 1.5):
+        status, body = await asyncio.to_thread(srv.send, srv.admin, "POST", "/heartbeat/ttl-node",
+                                               json.dumps({"ttl": ttl}).encode())
+        assert (status, body["message"]) == (
+            400, f"ttl must be an integer number of seconds in 1..600, got {ttl!r}"), ttl
+    async with Store(srv.etcd) as store:
+        assert "ttl-node" not in await store.heartbeats.list()

@@ -221,3 +221,21 @@ async def test_node_cannot_undo_an_admins_cordon_and_each_refusal_is_logged(clus
     line = cluster.wait_for_log("update nodes/n-cordoned")
     assert "refused: certificate CN=n-cordoned O=llmgw:nodes" in line and "rule node-spec:" in line
     assert sum("update nodes/n-cordoned: forbidden by rule node-spec" in ln for ln in cluster.log_lines()) == 4
+
+
+# URLs an identity may not use, and bodies that would each earn another answer (415, 413, 400,
+# 422) if they were read: authorized by the URL before the body is read, each is a 403.
+NOT_THEIRS = [("n1", "PATCH", "/nodes/n2/status", "node-self"), ("n1", "POST", "/models", "node-shard-refs"),
+              ("gateway", "POST", "/models", "gateway-read"), ("gateway", "PUT", "/replicas/r1/status", "gateway-read"),
+              ("n1", "POST", "/revocations", "revoke-admin")]
+BODIES = {"text/plain": (b'{"a": 1}', "text/plain"), "merge patch": (b"{}", "application/merge-patch+json"),
+          "over 1 MiB": (b"[" * (2 << 20), "application/json"), "not JSON": (b"{'a'", "application/json"),
+          "invalid": (b'{"kind": "Pod"}', "application/json")}
+
+
+@pytest.mark.parametrize("who, method, path, rule", NOT_THEIRS, ids=[f"{w}-{m}{p}" for w, m, p, _ in NOT_THEIRS])
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_a_url_the_identity_may_not_use_is_a_403_whatever_the_body(cluster, who, method, path, rule, body):
+    raw, content_type = BODIES[body]
+    status, answer = cluster.send(cluster.ids[who], method, path, raw, content_type)
+    assert (status, answer["reason"], answer["details"]) == (403, "Forbidden", {"rule": rule})

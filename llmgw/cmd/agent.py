@@ -12,6 +12,7 @@ import yaml
 
 from llmgw.agent.config import ConfigError, load_config
 from llmgw.api.fabrics import FabricError
+from llmgw.cmd.logs import log_options, setup_logging
 
 if TYPE_CHECKING:
     from llmgw.agent.agent import Agent
@@ -54,17 +55,15 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
 @click.option("--discover", "discover_only", is_flag=True,
               help="Print the Node status discovery finds, then exit (no server needed).")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]),
-              show_default=True)
-def agent(config_path: str | None, discover_only: bool, log_level: str, engines: tuple[str, ...],
+@log_options
+def agent(config_path: str | None, discover_only: bool, log_level: str, log_format: str, engines: tuple[str, ...],
           labels: tuple[str, ...], **flags: Any) -> None:
     """Run the node agent: register this node, heartbeat, run and supervise its shards' engines.
 
     Engines run in their own sessions and outlive the agent; a restarted agent
     adopts them (see hack/systemd/llmgw-agent.service, KillMode=process).
     """
-    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     overrides = dict(flags)
     overrides["engines"] = _pairs(engines, "--engine") or None
     overrides["labels"] = _pairs(labels, "--label") or None

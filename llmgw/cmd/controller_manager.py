@@ -9,6 +9,7 @@ import click
 
 from controllers.autoscaler import AutoscalerController
 from controllers.drain import DrainController
+from controllers.fleet import FleetCollector
 from controllers.gc import GarbageCollector
 from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
@@ -17,6 +18,7 @@ from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.cmd.settings import settings_options
 from llmgw.runtime.controller import Controller
 
@@ -38,16 +40,15 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @settings_options(ControllerSettings)
 @click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@log_options
 def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
                        metrics_listen: str, settings: ControllerSettings, identity: str | None,
-                       log_level: str) -> None:
+                       log_level: str, log_format: str) -> None:
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
 
     Each setting below comes from its flag if given, else from the --config file, else its default.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, settings, identity))
 
 
@@ -64,6 +65,7 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, me
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
     manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
+    manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)

@@ -14,6 +14,7 @@ import click
 from llmgw import aio
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.types import AnyObject
+from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
 from llmgw.gateway.server import Limits
 
@@ -70,14 +71,13 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "to the server for the autoscaler; only with --server.")
 @click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
               help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@log_options
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            gateway_id: str | None, demand_interval: float, demand_ttl: int, log_level: str) -> None:
+            gateway_id: str | None, demand_interval: float, demand_ttl: int, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     if bool(server) == bool(static):
         raise click.UsageError("give exactly one of --server URL (with --ca/--cert/--key) or --static FILE")
     host, port = _host_port(listen)

@@ -6,12 +6,12 @@ import logging
 import os
 import signal
 import ssl
-import sys
 
 import click
 
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.logs import log_options, setup_logging
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -23,7 +23,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None = None,
                 etcd_cert: str | None = None, etcd_key: str | None = None, bookmark_interval: float = 10.0,
-                watch_cache_size: int = 10000, watch_queue_limit: int = 1000) -> None:
+                watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "") -> None:
     from aiohttp import web
 
     from llmgw.server.app import ApiServer
@@ -65,12 +65,20 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await store.close()
         raise click.ClickException(f"cannot listen on {listen}: {err.strerror or err}") from None
     log.info("listening on https://%s:%d (etcd %s)", host, site.port, etcd)
+    metrics_site = None
+    if metrics_listen:
+        from llmgw.server.metrics import serve as serve_metrics
+        m_host, m_port = _listen(metrics_listen)
+        metrics_site = await serve_metrics(api.metrics, m_host, m_port)
+        log.info("metrics on http://%s/metrics", metrics_listen)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    if metrics_site is not None:
+        await metrics_site.cleanup()
     await runner.cleanup()
     await store.close()
 
@@ -91,13 +99,14 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                    "replayed from etcd (410 only when etcd compacted it).")
 @click.option("--watch-queue-limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Events a watch may fall behind before it is closed (410: the client relists).")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]), show_default=True)
+@click.option("--metrics-listen", default="", metavar="HOST:PORT",
+              help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
+@log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, bookmark_interval: float, watch_cache_size: int, watch_queue_limit: int,
-           log_level: str) -> None:
+           metrics_listen: str, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
-    logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
-                      watch_cache_size, watch_queue_limit))
+                  watch_cache_size, watch_queue_limit, metrics_listen))

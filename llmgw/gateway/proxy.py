@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from llmgw.api.limits import parse_json
-from llmgw.gateway import errors
+from llmgw.gateway import errors, trace
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
@@ -53,7 +53,7 @@ _HOP = frozenset({
     b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
 # The gateway's key is not the engine's business; the body is sent at once, so no Expect.
-_DROP_REQ = _HOP | {b"authorization", b"expect"}
+_DROP_REQ = _HOP | {b"authorization", b"expect", trace.HEADER}
 _DROP_RESP = _HOP | {b"server", b"date"}
 
 _ENGINE_503 = "unavailable: the engine answered 503 (loading or draining)"
@@ -209,7 +209,7 @@ class Gateway:
         b: Backend | None
         if failed is not None:
             b, reason = failed
-            last = self._failed(model, b, reason, retrying=True)
+            last = self._failed(request, model, b, reason, retrying=True)
             tried.append(b.replica)
         for attempt in (1,) if failed is not None else (0, 1):
             b = self._pick(request, body, model, self.table.backends_for(model) if attempt else backends, tried)
@@ -225,7 +225,7 @@ class Gateway:
             try:
                 return await self._attempt(request, b, body.for_backend(b, name), fields, fresh)
             except _Retry as r:
-                last = self._failed(model, b, r.reason, retrying=attempt == 0)
+                last = self._failed(request, model, b, r.reason, retrying=attempt == 0)
                 tried.append(b.replica)
         if not self.table.backends_for(model) or last.endswith(_ENGINE_503):
             return errors.no_replica(model, self.retry_after)
@@ -239,11 +239,13 @@ class Gateway:
             body.key = (policy, policy.key(body.doc, request.header(SESSION_HEADER)))
         return policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
 
-    def _failed(self, model: str, b: Backend, reason: str, retrying: bool) -> str:
+    def _failed(self, request: Request, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
         last = f"{b.replica} ({b.endpoint}): {reason}"
         self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
-        log.info("upstream %s failed before its first byte; %s", last, "retrying" if retrying else "giving up")
+        tid = _trace_id(request)
+        log.info("upstream %s failed before its first byte; %s (trace %s)", last,
+                 "retrying" if retrying else "giving up", tid, extra={"trace_id": tid, "model": model})
         return last
 
     async def _attempt(self, request: Request, b: Backend, data: bytes, fields: bytes,
@@ -296,7 +298,9 @@ class Gateway:
             if request.client_gone:
                 return resp  # the caller left too
             self.metrics.upstream_error(b.model, b.replica, "midstream")
-            log.warning("replica %s (%s) failed mid-response: %s", b.replica, b.endpoint, err.reason)
+            tid = _trace_id(request)
+            log.warning("replica %s (%s) failed mid-response: %s (trace %s)", b.replica, b.endpoint, err.reason,
+                        tid, extra={"trace_id": tid, "model": b.model, "replica": b.replica})
             if sse:
                 await resp.write(b"data: " + errors.error_body(
                     f"The engine of replica {b.replica} failed mid-response", "upstream_error",
@@ -438,8 +442,17 @@ class _Exchange:
 
 
 def _fields(request: Request) -> bytes:
-    """The request's header lines to pass on: without hop-by-hop ones, the Host line and Content-Length."""
-    return b"".join([k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ])
+    """The request's header lines to pass on: without hop-by-hop ones, the Host line and Content-Length,
+    and with the traceparent the gateway continues or starts (llmgw/gateway/trace.py)."""
+    lines = [k + b": " + v + b"\r\n" for k, v in request.headers if k.lower() not in _DROP_REQ]
+    if request.traceparent is None:   # once per request: a retry is the same trace
+        request.traceparent = trace.traceparent(request.header(trace.HEADER))
+    lines.append(trace.HEADER + b": " + request.traceparent + b"\r\n")
+    return b"".join(lines)
+
+
+def _trace_id(request: Request) -> str | None:
+    return trace.trace_id(request.traceparent) if request.traceparent else None
 
 
 def _send(conn: Conn, request: Request, b: Backend, data: bytes, fields: bytes) -> None:

@@ -126,7 +126,7 @@ class _NotHttp1(Exception):
 
 class Request:
     __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
-                 "canned", "on_lost", "_conn", "_chunks", "_size", "_continue", "_waiter")
+                 "canned", "on_lost", "traceparent", "_conn", "_chunks", "_size", "_continue", "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, http10: bool):
@@ -139,6 +139,8 @@ class Request:
         self.canned: Response | None = None  # the answer to input that could not be parsed
         # begin's cleanup, called if the client leaves before the answer
         self.on_lost: Callable[[], None] | None = None
+        # the W3C traceparent the handler sends on with this request, once made (its trace id is in its logs)
+        self.traceparent: bytes | None = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body

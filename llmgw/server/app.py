@@ -3,13 +3,15 @@
 Every request goes through one pipeline, in Kubernetes' order (the middlewares of
 ``ApiServer.app``, then the handler):
 
-1. errors: whatever a later step raises becomes one JSON Status answer;
+1. errors: whatever a later step raises becomes one JSON Status answer (a path or a method
+   the API does not have too: 404, 405);
 2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked);
-3. authorize by the URL: the verb (the route and method), the kind and the names the URL
-   holds (path and ``?node=``, which must be names: 400), before the body is read (403);
-4. the handler: reads the body (415 unless JSON, 413, 400), decodes and validates it (422),
-   authorizes again with what the body says (the name created, the fields written, the
-   stored shard's node), then calls the store.
+3. authorize by the URL: the verb (the route and method), the kind (404 when unknown) and the
+   names the URL holds (the path's, ``?node=``, the events' ``?kind=&name=``), which must be
+   names (400: none reaches a store key or a log line as it came), before the body is read (403);
+4. the handler: reads the body (415 unless its content-type is what the method takes, 413,
+   400), decodes and validates it (422), authorizes again with what the body says (the name
+   created, the fields written, the stored shard's node), then calls the store.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from llmgw.api.selectors import Selector
 from llmgw.api.types import Node, Shard, node_of
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
@@ -42,7 +45,10 @@ from llmgw.store import Store
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
-JSON_TYPES = ("application/json", "application/merge-patch+json")
+# The content-types a body may have: an object is JSON; a status PATCH is a JSON merge patch
+# (RFC 7386), which the client sends as application/json, so a PATCH takes both.
+JSON = "application/json"
+BODY_TYPES = {"PATCH": (JSON, "application/merge-patch+json")}
 
 # A handler's verb, as the authorizer knows it (list_or_watch is "watch" with ?watch=1).
 EVENT_FIELDS = ("kind", "name", "type", "reason", "message")
@@ -58,8 +64,29 @@ class Fail(Exception):
         super().__init__(message)
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(data), status=status, content_type="application/json")
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(data), status=status, headers=headers, content_type=JSON)
+
+
+def _not_a_name(value: str) -> str | None:
+    """Why `value` is not an object's name (every kind's names are DNS-1123 labels); None if it is one."""
+    try:
+        check_dns1123_label(value)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _url_name(field: str, value: str) -> str:
+    """A name the URL holds: itself, or a 400 naming the field."""
+    why = _not_a_name(value)
+    if why is not None:
+        raise Fail(400, "BadRequest", f"{field}: {why}")
+    return value
+
+
+def _unknown_kind(kind: object) -> str:
+    return f"unknown kind {kind!r} (known: {', '.join(KINDS)})"
 
 
 def _dump(obj: AnyObject) -> dict[str, Any]:
@@ -77,12 +104,13 @@ class ApiServer:
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
+        self.metrics = ServerMetrics()
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate, self._authorize],
+        app = web.Application(middlewares=[self._count, self._errors, self._authenticate, self._authorize],
                               client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
@@ -115,6 +143,34 @@ class ApiServer:
 
     # ------------------------------------------------------------ middlewares
     @web.middleware
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every answer counted by verb, kind and code (a watch when it ends)."""
+        code = 500
+        try:
+            resp = await handler(request)
+            code = resp.status
+            return resp
+        except web.HTTPException as err:
+            code = err.status
+            raise
+        finally:
+            verb, kind = self._what(request)
+            self.metrics.observe(verb, kind, code)
+
+    @staticmethod
+    def _what(request: web.Request) -> tuple[str, str]:
+        """The verb and kind a request is counted under (unknown paths: "-")."""
+        handler = getattr(request.match_info.route, "handler", None)
+        verb = _VERBS.get(getattr(handler, "__name__", ""), "-")
+        if verb == "list" and request.query.get("watch") in ("1", "true"):
+            verb = "watch"
+        kind = request.match_info.get("kind", "")
+        if kind not in KINDS:
+            kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
+                    "revoke": "revocations", "demand": "demand"}.get(verb, "-")
+        return verb, kind
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -130,8 +186,14 @@ class ApiServer:
             return _json(status_body(403, "Forbidden", str(d), rule=d.rule), 403)
         except InvalidObject as err:
             return _json(status_body(422, "Invalid", "; ".join(err.problems)), 422)
-        except web.HTTPException:
-            raise
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            # the router's 404 (no such path) and 405 (no such method), as a Status like every other
+            # refusal; the 405's Allow header is kept
+            allow = {"Allow": err.headers["Allow"]} if "Allow" in err.headers else None
+            return _json(status_body(err.status, "".join(err.reason.split()),
+                                     f"{request.method} {request.path}: {err.reason}"), err.status, allow)
         except StatusError as err:   # the store's errors carry the answer's code and reason
             return _json(status_body(err.code, err.reason, str(err)), err.code)
         except ValueError as err:
@@ -177,30 +239,33 @@ class ApiServer:
         return await handler(request)
 
     def _url_action(self, request: web.Request) -> Action | None:
-        """What the URL asks to do, with what only the body can say left unknown; None: anyone may."""
+        """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
+        Its names are checked here (400 for one that is not a name), before any rule reads them."""
         route = request.match_info.route
         handler = getattr(route, "handler", None)
         verb = _VERBS.get(getattr(handler, "__name__", ""))
         if verb is None:
             return None   # /healthz, or no route: 404/405 for every identity alike
-        q = request.query
-        node = q.get("node") or None
-        if node is not None:
-            try:
-                check_dns1123_label(node)
-            except ValueError as err:
-                raise Fail(400, "BadRequest", f"node: {err}") from None
-        info = request.match_info
+        q, info = request.query, request.match_info
         if verb == "heartbeat":
-            return Action(verb, "heartbeat", info["node"], final=False)
+            return Action(verb, "heartbeat", _url_name("node", info["node"]), final=False)
         if verb == "demand":
-            return Action(verb, "demand", info["gateway"], final=False)
-        if verb in ("events-read", "events-write", "revoke"):
-            about = f"{q['kind']}/{q['name']}" if verb == "events-read" and q.get("kind") and q.get("name") else None
-            return Action(verb, "revocations" if verb == "revoke" else "events", about, final=False)
+            return Action(verb, "demand", _url_name("gateway", info["gateway"]), final=False)
+        if verb == "events-read":
+            kind, name = q.get("kind"), q.get("name")
+            if not kind or not name:
+                raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
+            if kind not in KINDS:
+                raise Fail(400, "BadRequest", f"kind: {_unknown_kind(kind)}")
+            return Action(verb, "events", f"{kind}/{_url_name('name', name)}", final=False)
+        if verb in ("events-write", "revoke"):
+            return Action(verb, "revocations" if verb == "revoke" else "events", final=False)
         if verb == "list" and q.get("watch") in ("1", "true"):
             verb = "watch"
-        return Action(verb, self._kind(request), info.get("name"), node=node, final=False)
+        kind = self._kind(request)
+        node = _url_name("node", q["node"]) if q.get("node") else None
+        name = _url_name("name", info["name"]) if "name" in info else None
+        return Action(verb, kind, name, node=node, final=False)
 
     async def _check(self, request: web.Request, act: Action) -> None:
         await self.authz.check(request["identity"], act)
@@ -214,14 +279,15 @@ class ApiServer:
     def _kind(request: web.Request) -> str:
         kind = request.match_info["kind"]
         if kind not in KINDS:
-            raise Fail(404, "NotFound", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+            raise Fail(404, "NotFound", _unknown_kind(kind))
         return kind
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
-        if request.content_type not in JSON_TYPES:
-            raise Fail(415, "UnsupportedMediaType", f"request body: content-type {request.content_type!r} is not "
-                       f"JSON; send {' or '.join(JSON_TYPES)}")
+        takes = BODY_TYPES.get(request.method, (JSON,))
+        if request.content_type not in takes:
+            raise Fail(415, "UnsupportedMediaType", f"request body: {request.method} takes {' or '.join(takes)}, "
+                       f"not content-type {request.content_type!r}")
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -343,7 +409,9 @@ class ApiServer:
     async def heartbeat(self, request: web.Request) -> web.Response:
         node = request.match_info["node"]
         body = await self._body(request) if request.can_read_body else {}
-        ttl = body.get("ttl") or 15
+        ttl = body.get("ttl")
+        if ttl is None:   # absent or null: the default
+            ttl = 15
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise Fail(400, "BadRequest", f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
         await self.store.get(Node, node)   # NotFound (404): a heartbeat is of a registered Node
@@ -365,10 +433,8 @@ class ApiServer:
         return _json({"gateway": gateway, "ttl": ttl})
 
     async def list_events(self, request: web.Request) -> web.Response:
-        kind, name = request.query.get("kind"), request.query.get("name")
-        if not kind or not name:
-            raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
-        return _json({"items": await self.store.events.list(kind, name)})
+        # ?kind= and ?name= were checked with the URL (_url_action)
+        return _json({"items": await self.store.events.list(request.query["kind"], request.query["name"])})
 
     async def record_event(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -380,8 +446,12 @@ class ApiServer:
         if wrong:
             raise InvalidObject(wrong)
         kind, name, type_, reason, message = (body[k] for k in EVENT_FIELDS)
-        if kind not in KINDS:
-            raise Fail(400, "BadRequest", f"unknown kind {kind!r}")
+        # what it is about: an object's kind and name (a name with '/' would file it under another's)
+        about = [f"kind: {_unknown_kind(kind)}"] if kind not in KINDS else []
+        about += [f"{f}: {why}" for f in ("name", "node") if body.get(f) is not None
+                  and (why := _not_a_name(body[f])) is not None]
+        if about:
+            raise InvalidObject(about)
         obj_node = name if kind == "nodes" else None
         if kind == "shards" and request["identity"].role == "node":
             obj_node = (await self.store.get(Shard, name, node=body.get("node"))).spec.node
@@ -443,6 +513,8 @@ class ApiServer:
             watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
+        open_watches = self.metrics.watches.labels(kind)
+        open_watches.inc()
         try:
             await resp.prepare(request)
             if watcher is None:
@@ -456,6 +528,7 @@ class ApiServer:
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
+            open_watches.dec()
             if unbind is not None:
                 unbind()
             if watcher is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -24,10 +25,25 @@ from llmgw.sim.scheduler import Scheduler, Seq
 DEFAULT_MAX_TOKENS = 16
 JSON = "application/json"
 
+log = logging.getLogger("llmgw.sim")
+
 
 def error(status: int, message: str, kind: str) -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     return web.Response(status=status, body=json.dumps(body).encode(), content_type=JSON)
+
+
+async def _join_trace(request: web.Request, response: web.StreamResponse) -> None:
+    """W3C Trace Context, as an engine with tracing does: a request's `traceparent` is joined
+    (logged with the request, at debug) and answered with a `traceresponse` of the same trace id
+    and this engine's span."""
+    parent = request.headers.get("traceparent", "")
+    parts = parent.strip().lower().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return
+    span = os.urandom(8).hex()
+    log.debug("%s %s traceparent=%s span=%s", request.method, request.path, parent, span)
+    response.headers["traceresponse"] = f"00-{parts[1]}-{span}-{parts[3]}"
 
 
 def sse(obj: Any) -> bytes:
@@ -77,6 +93,7 @@ class SimApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.on_response_prepare.append(_join_trace)
         return app
 
     async def start(self) -> None:
