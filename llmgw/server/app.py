@@ -27,7 +27,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
-from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
+from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
@@ -37,7 +37,7 @@ from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
-from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
+from llmgw.server.watchcache import WatchCache, Watcher, check_revision, error_line, event_line
 from llmgw.store import Store
 
 log = logging.getLogger("llmgw.server")
