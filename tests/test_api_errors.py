@@ -7,6 +7,10 @@ run here against one etcd, the REST client through a real `llmgw server`.
 """
 from __future__ import annotations
 
+import ast
+import importlib
+from pathlib import Path
+
 import pytest
 
 import llmgw.client.errors as client_errors
@@ -71,3 +75,34 @@ async def test_a_controller_helper_runs_against_the_rest_client(api_server: ApiS
             await c.create(node("twice"))
             await c.create(node("twice"))
         assert err.value.code == 409 and err.value.reason == "AlreadyExists"
+
+
+# Where the contract has a class, code outside the two implementations imports the contract's:
+# `from llmgw.client import NotFound` would hold only while the caller is given a REST client.
+# An implementation's own errors with no twin in the contract (the client's TLSError and
+# Unreachable, the store's Compacted, FencedOut, StoreUnavailable) may be imported from it.
+DEFINERS = ("llmgw/api/", "llmgw/store/", "llmgw/client/")   # the contract and its two implementations
+
+
+def _imports_of_a_twin(path: Path) -> list[str]:
+    found = []
+    for stmt in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.module.startswith("llmgw.")):
+            continue
+        if stmt.module == "llmgw.api" or stmt.module.startswith("llmgw.api."):
+            continue
+        module = importlib.import_module(stmt.module)
+        for alias in stmt.names:
+            obj = getattr(module, alias.name, None)
+            if (isinstance(obj, type) and issubclass(obj, api.StatusError)
+                    and getattr(api, obj.__name__, None) not in (None, obj)):
+                found.append(f"{path}:{stmt.lineno}: {alias.name} from {stmt.module}, not llmgw.api.errors")
+    return found
+
+
+def test_code_that_catches_a_contract_error_imports_the_contracts() -> None:
+    root = Path(__file__).resolve().parent.parent
+    files = [*root.glob("llmgw/**/*.py"), *root.glob("controllers/*.py"), *root.glob("tests/helpers/*.py")]
+    checked = [f for f in files if not f.relative_to(root).as_posix().startswith(DEFINERS)]
+    assert len(checked) > 100
+    assert [line for f in sorted(checked) for line in _imports_of_a_twin(f)] == []

@@ -113,8 +113,8 @@ def test_get_outputs_and_describe_events(shared_api_server, config, tmp_path):
     asyncio.run(event())
 
     table = llmgw(config, "get", "models", "-l", "app=out")
-    assert columns(table.stdout) == [["NAME", "READY", "UP-TO-DATE", "ENGINE", "ALIASES"],
-                                     ["out-m", "0/2", "0", "sim", "om"]]
+    assert columns(table.stdout) == [["NAME", "READY", "UP-TO-DATE", "AUTOSCALE", "ENGINE", "ALIASES"],
+                                     ["out-m", "0/2", "0", "<none>", "sim", "om"]]
     as_yaml = yaml.safe_load(llmgw(config, "get", "model", "out-m", "-o", "yaml").stdout)
     assert parse_object(as_yaml).spec.aliases == ["om"]
     listed = yaml.safe_load(llmgw(config, "get", "models", "-l", "app=out", "-o", "json").stdout)
@@ -208,7 +208,8 @@ def test_get_watch_prints_changed_rows(shared_api_server, config, tmp_path):
     assert llmgw(config, "apply", "-f", str(f)).exit_code == 0
     proc = spawn(config, "get", "models", "-l", "app=w", "-w")
     try:
-        assert proc.stdout.readline().split() == ["NAME", "READY", "UP-TO-DATE", "ENGINE", "ALIASES", "AGE"]
+        assert proc.stdout.readline().split() == ["NAME", "READY", "UP-TO-DATE", "AUTOSCALE", "ENGINE", "ALIASES",
+                                                  "AGE"]
         assert proc.stdout.readline().split()[:2] == ["w-m", "0/1"]
         doc["spec"]["replicas"] = 3
         f.write_text(yaml.safe_dump(doc))

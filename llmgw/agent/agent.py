@@ -27,7 +27,8 @@ from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.api import NodeStatus, Shard, ShardStatus
-from llmgw.client import Client, NotFound
+from llmgw.api.errors import NotFound
+from llmgw.client import Client
 
 log = logging.getLogger(__name__)
 

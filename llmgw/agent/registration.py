@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
+from llmgw.api.errors import AlreadyExists, NotFound
 from llmgw.backoff import Backoff, ExponentialJitter
-from llmgw.client import AlreadyExists, Client, NotFound
+from llmgw.client import Client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

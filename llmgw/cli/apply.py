@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api.errors import NotFound
 from llmgw.api.manifests import load_path
 from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
@@ -42,8 +43,6 @@ def load_manifests(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
 
 
 async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
-    from llmgw.client import NotFound
-
     try:
         return await c.get(KINDS[kind], name)
     except NotFound:
@@ -96,8 +95,6 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
 
 
 async def _delete_quietly(c: Client, kind: str, name: str) -> None:
-    from llmgw.client import NotFound
-
     try:
         await c.delete(KINDS[kind], name)
     except NotFound:  # someone else was faster: the result is the same
@@ -171,8 +168,6 @@ def diff(files: tuple[str, ...], recursive: bool, conn: Connection) -> None:
 
 
 async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_found: bool) -> None:
-    from llmgw.client import NotFound
-
     async with conn.client() as c:
         for kind, name in targets:
             try:

@@ -74,19 +74,10 @@ def connection_options(f: Callable[..., R]) -> Callable[..., R]:
 
 def explain(err: BaseException) -> CliError | None:
     """The one-line message and exit code for an error from the client, a manifest or a config."""
+    from llmgw.api.errors import AlreadyExists, Conflict, Forbidden, NotFound, Unauthorized
     from llmgw.api.manifests import ManifestError
     from llmgw.api.selectors import SelectorError
-    from llmgw.client import (
-        AlreadyExists,
-        ApiError,
-        ConfigError,
-        Conflict,
-        Forbidden,
-        NotFound,
-        TLSError,
-        Unauthorized,
-        Unreachable,
-    )
+    from llmgw.client import ApiError, ConfigError, TLSError, Unreachable
 
     if isinstance(err, CliError):
         return err

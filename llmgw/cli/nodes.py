@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmgw.api.errors import AlreadyExists, Conflict, Expired
 from llmgw.api.kinds import all_of_kind, of_kind
 from llmgw.api.types import Node
 from llmgw.cli import errors as ec
@@ -22,8 +23,6 @@ async def set_node_spec(c: Client, name: str, **changes: bool) -> tuple[Node, No
 
     Returns (node before, node after) with after None when nothing needed changing.
     """
-    from llmgw.client import AlreadyExists, Conflict
-
     for attempt in range(_TRIES):
         node = of_kind(Node, await c.get(Node, name))
         if all(getattr(node.spec, k) == v for k, v in changes.items()):
@@ -99,8 +98,6 @@ async def wait_drained(c: Client, name: str, node: Node, rev: int, judge_first: 
     when this command just requested the drain: a Drained left over from an earlier drain
     says nothing about this one; only what the controller writes after `rev` counts.
     """
-    from llmgw.client import Expired
-
     if judge_first:
         last = progress(node)
         click.echo(last)

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
+from llmgw.api.errors import NotFound
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.types import Node
@@ -109,7 +110,7 @@ def install(opts: dict[str, Any], echo: Echo = click.echo) -> tuple[RemoteHost, 
 
 
 async def _wait_for_node(opts: dict[str, Any], timeout: float) -> Node:
-    from llmgw.client import ApiError, Client, ClientConfig, NotFound
+    from llmgw.client import ApiError, Client, ClientConfig
     cfg = ClientConfig.load(opts["config"])
     last = ""
     deadline = time.monotonic() + timeout

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
 from llmgw.api.demand import DemandReport
-from llmgw.api.errors import AlreadyExists, Conflict, NotFound, StatusError
+from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
@@ -39,7 +39,7 @@ from llmgw.server.authz import Action, Authorizer, Denied, written_fields
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
-from llmgw.server.watchcache import Expired, WatchCache, Watcher, check_revision, error_line, event_line
+from llmgw.server.watchcache import WatchCache, Watcher, check_revision, error_line, event_line
 from llmgw.store import Store
 
 log = logging.getLogger("llmgw.server")

@@ -54,10 +54,6 @@ ALL = sys.maxsize     # (R, ALL): every event of revision R and before
 _DELETED = b'{"type": "DELETED"'
 
 
-class Expired(errors.Expired):
-    """The requested revision was compacted in etcd."""
-
-
 def error_line(code: int, reason: str, message: str) -> bytes:
     return (json.dumps({"type": "ERROR", "object": status_body(code, reason, message)}) + "\n").encode()
 
@@ -80,7 +76,7 @@ async def check_revision(store: Store, after: int) -> int:
     try:
         return await store.revision(since=after)
     except Compacted:
-        raise Expired(f"resourceVersion {after} was compacted; relist and watch from the list's "
+        raise errors.Expired(f"resourceVersion {after} was compacted; relist and watch from the list's "
                       "resourceVersion") from None
 
 

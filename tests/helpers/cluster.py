@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from llmgw.api.errors import Unauthorized
 from llmgw.cli.ca import ca as ca_command
-from llmgw.client import Client, Unauthorized
+from llmgw.client import Client
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
 from tests.helpers.poll import until, until_sync

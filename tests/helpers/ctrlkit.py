@@ -14,11 +14,12 @@ import contextlib
 from typing import Any
 
 from llmgw.api import Model, Node, ObjectMeta, OwnerReference, Replica, Shard
+from llmgw.api.errors import NotFound
 from llmgw.api.wellknown import MODEL_LABEL
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
-from llmgw.store import NotFound, keys
+from llmgw.store import keys
 
 
 def node(name: str, gpus: int = 8, fabric: str | None = None, engines=("sim",), labels=None,

@@ -26,9 +26,10 @@ import json
 from typing import Iterable
 
 from llmgw.api import Condition, Node, ObjectMeta, now
+from llmgw.api.errors import NotFound
 from llmgw.api.types import GPU, Adapter, EngineInfo, Fabric, NodeStatus, Shard
 from llmgw.runtime.workqueue import WorkQueue
-from llmgw.store import NotFound, StoreError
+from llmgw.store import StoreError
 from llmgw.store.errors import Compacted, StoreUnavailable
 
 ENGINES = ("sim", "vllm", "sglang", "llamacpp")
