@@ -62,6 +62,11 @@ class FaultCluster(LocalCluster):
             self.managers_started += 1
             self.start_controller_manager(f"controller-manager-{self.managers_started}")
 
+    def engine_ports(self) -> range:
+        """The ports the agents give engines: the slot's `--port-range` (start_agent passes it)."""
+        first, last = (int(p) for p in self.slot.port_range.split("-"))
+        return range(first, last + 1)
+
     def connect_store(self) -> Store:
         """A store on the cluster's etcd (TLS), as its admin."""
         cert, key = self.etcd_certs["dev-admin"]
@@ -227,7 +232,7 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
         c.store = await c.connect_store().connect()
         c.api = Client.from_config(ClientConfig.load(c.admin_config))
         await c.wait("every node Ready", lambda: _all_ready(c), WAIT)
-        c.recorder = await Recorder(c.store, c.dir, c.history).start()
+        c.recorder = await Recorder(c.store, c.dir, c.history, c.engine_ports()).start()
         yield c
     finally:
         if getattr(c, "recorder", None):
