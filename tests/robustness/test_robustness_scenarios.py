@@ -64,6 +64,16 @@ async def under_load(tmp_path, replicas: int = 2, **cluster):
         c.holds(**serving(c, "m", replicas, start, end))
 
 
+def served_during(c, fault: str, back: str) -> None:
+    """Assert the load and the recorder ran on while the fault was on: a request ended between
+    the last `fault` and the `back` after it (a nemesis that blocked the event loop would show
+    none: the clients and the watches pause exactly while it waits)."""
+    t0 = max(f.t for f in c.history.faults if f.nemesis == fault)
+    t1 = min(f.t for f in c.history.faults if f.nemesis == back and f.t >= t0)
+    ended = [r for r in c.history.requests if t0 < r.end < t1]
+    assert ended, f"no request ended during {fault} .. {back} ({t1 - t0:.2f}s): the load paused with the fault"
+
+
 async def victim_of(c) -> str:
     """A node hosting a replica of m."""
     return (await c.replicas("m"))[0].spec.placement[0].node
@@ -112,7 +122,8 @@ async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
 
 async def test_server_kill_loses_no_request(tmp_path):
     async with under_load(tmp_path) as c:
-        nemesis.kill_server(c)
+        await nemesis.kill_server(c)
+        served_during(c, "kill-server", "start-server")
         await c.apply_model("m2", replicas=1)   # the control plane works again
         await c.wait_model_ready("m2", 1)
 
@@ -121,7 +132,8 @@ async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
     async with under_load(tmp_path, etcd_members=3) as c:
         old = {r.name for r in await c.replicas("m")}
         await c.set_args("m", ["--tokens-per-second", "400"])
-        nemesis.kill_etcd_member(c, 0)
+        await nemesis.kill_etcd_member(c, 0)
+        served_during(c, "kill-etcd", "start-etcd")
         await c.wait_rolled("m", old, 2)
 
 
@@ -204,7 +216,7 @@ async def test_single_replica_crash_rebuilds_at_once(tmp_path):
 async def test_restarted_server_resumes_watches(tmp_path):
     async with with_model(tmp_path, 1) as c:
         _, before = await c.api.list(Node)
-        nemesis.kill_server(c)
+        await nemesis.kill_server(c)
         await c.cordon("n1", True)
         _, now = await c.api.list(Node)
         # Nodes, which no component watches through the server: the test's watches are its

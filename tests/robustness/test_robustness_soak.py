@@ -59,13 +59,13 @@ async def _kill_leader(c, rng) -> str:
 
 
 async def _kill_server(c, rng) -> str:
-    nemesis.kill_server(c)
+    await nemesis.kill_server(c)
     return "kill server"
 
 
 async def _kill_etcd(c, rng) -> str:
     i = rng.randrange(len(c.etcd.members))
-    nemesis.kill_etcd_member(c, i)
+    await nemesis.kill_etcd_member(c, i)
     return f"kill etcd member {i}"
 
 
