@@ -33,6 +33,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
 from tests.helpers.poll import until
+from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
 from tests.robustness.recorder import Recorder
@@ -107,6 +108,13 @@ class FaultCluster(LocalCluster):
     async def node_condition_reason(self, node: str, type_: str) -> tuple[str, str] | None:
         n = await self.store.get(Node, node)
         return next(((c.status, c.reason) for c in n.status.conditions if c.type == type_), None)
+
+    async def evicted_or_held(self, nodes: list[str]) -> bool:
+        """True once every node in `nodes` is held back for mass silence (condition Evicting False,
+        reason MassSilence), or a replica on one is evicted."""
+        if invariants.no_eviction(self.history, set(nodes)):
+            return True
+        return all([await self.node_condition_reason(n, "Evicting") == ("False", "MassSilence") for n in nodes])
 
     # ------------------------------------------------------------ acting
     async def apply_model(self, name: str, replicas: int, args: list[str] | None = None,

@@ -145,14 +145,6 @@ def by_load(replicas: list) -> list[str]:
     return [n for n, _ in count.most_common()]
 
 
-async def evicted_or_held(c, nodes: list[str]):
-    """True once every node in `nodes` is held back for mass silence (condition Evicting False,
-    reason MassSilence), or a replica on one is evicted."""
-    if inv.no_eviction(c.history, set(nodes)):
-        return True
-    return all([await c.node_condition_reason(n, "Evicting") == ("False", "MassSilence") for n in nodes])
-
-
 async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
     async with with_model(tmp_path, 6) as c:      # every GPU of the cluster
         victim = by_load(await c.replicas("m"))[0]
@@ -183,7 +175,7 @@ async def test_partition_evicts_nothing(tmp_path, silent_nodes, node_grace, inte
         silent = (busiest + [n.name for n in c.nodes if n.name not in busiest])[:silent_nodes]
         async with c.load(["m"]):
             start = time.monotonic()
-            await nemesis.partition_heal(c, silent[::-1], lambda: evicted_or_held(c, silent),
+            await nemesis.partition_heal(c, silent[::-1], lambda: c.evicted_or_held(silent),
                                          interval)
             await c.settle({"m": 6})
         c.holds(**common(c, "m", 6), no_eviction=inv.no_eviction(c.history, set(silent), start),
