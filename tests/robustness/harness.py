@@ -33,6 +33,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
 from tests.helpers.poll import until
+from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
 from tests.robustness.recorder import Recorder
@@ -62,6 +63,11 @@ class FaultCluster(LocalCluster):
             self.managers_started += 1
             self.start_controller_manager(f"controller-manager-{self.managers_started}")
 
+    def engine_ports(self) -> range:
+        """The ports the agents give engines: the slot's `--port-range` (start_agent passes it)."""
+        first, last = (int(p) for p in self.slot.port_range.split("-"))
+        return range(first, last + 1)
+
     def connect_store(self) -> Store:
         """A store on the cluster's etcd (TLS), as its admin."""
         cert, key = self.etcd_certs["dev-admin"]
@@ -73,10 +79,10 @@ class FaultCluster(LocalCluster):
                 os.kill(pid, signal.SIGCONT)
         super().stop()
 
-    def restart_etcd_member(self, m) -> None:
+    async def restart_etcd_member(self, m) -> None:
         peers = ",".join(f"{x.name}={x.peer_url}" for x in self.etcd.members)
         self.etcd._spawn(m, peers)          # its data dir is kept: it rejoins as itself
-        self.etcd._wait_ready(m, WAIT)
+        await asyncio.to_thread(self.etcd._wait_ready, m, WAIT)   # off the loop: the load goes on
 
     # ------------------------------------------------------------ reading
     async def replicas(self, model: str) -> list:
@@ -102,6 +108,13 @@ class FaultCluster(LocalCluster):
     async def node_condition_reason(self, node: str, type_: str) -> tuple[str, str] | None:
         n = await self.store.get(Node, node)
         return next(((c.status, c.reason) for c in n.status.conditions if c.type == type_), None)
+
+    async def evicted_or_held(self, nodes: list[str]) -> bool:
+        """True once every node in `nodes` is held back for mass silence (condition Evicting False,
+        reason MassSilence), or a replica on one is evicted."""
+        if invariants.no_eviction(self.history, set(nodes)):
+            return True
+        return all([await self.node_condition_reason(n, "Evicting") == ("False", "MassSilence") for n in nodes])
 
     # ------------------------------------------------------------ acting
     async def apply_model(self, name: str, replicas: int, args: list[str] | None = None,
@@ -227,7 +240,7 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
         c.store = await c.connect_store().connect()
         c.api = Client.from_config(ClientConfig.load(c.admin_config))
         await c.wait("every node Ready", lambda: _all_ready(c), WAIT)
-        c.recorder = await Recorder(c.store, c.dir, c.history).start()
+        c.recorder = await Recorder(c.store, c.dir, c.history, c.engine_ports()).start()
         yield c
     finally:
         if getattr(c, "recorder", None):

@@ -2,7 +2,7 @@
 
     exclusive_engines      never a GPU or a port claimed by two live engines of a node at once
     surge_bound            never more than replicas + maxSurge replicas of a model (not being deleted,
-                           nor replaced by a drain)
+                           nor replaced by a drain), and never two live replacements of one original
     ready_floor            never fewer Ready than replicas - maxUnavailable inside the given windows
     no_orphans             no engine left without its Shard for longer than a bound
     ready_on_own_engine    no shard reported Ready whose engine then could not bind its serve port
@@ -50,12 +50,21 @@ def exclusive_engines(h: History) -> list[str]:
 
 def surge_bound(h: History, model: str, replicas: int, max_surge: int) -> list[str]:
     """An original a drain replacement stands in for is not counted: a drain moves a replica
-    make-before-break on its own budget (llmgw/api/wellknown.py)."""
-    out = []
+    make-before-break on its own budget (llmgw/api/wellknown.py), one replacement per original,
+    so a second live replacement of one original is a violation of its own."""
+    out, said = [], set()
     for c, live in h.states("replicas"):
         mine = [r for r in live.values() if r.spec.model == model and r.metadata.deletionTimestamp is None]
-        replaced = {r.metadata.annotations.get(DRAINING_REPLACEMENT_FOR) for r in mine}
-        mine = [r for r in mine if r.name not in replaced]
+        made = defaultdict(list)
+        for r in mine:
+            if DRAINING_REPLACEMENT_FOR in r.metadata.annotations:
+                made[r.metadata.annotations[DRAINING_REPLACEMENT_FOR]].append(r.name)
+        for orig, names in made.items():
+            if len(names) > 1 and (orig, *names) not in said:
+                said.add((orig, *names))
+                out.append(f"revision {c.revision}: {len(names)} replacements for {orig} of {model} "
+                           f"(a drain makes one): {sorted(names)}")
+        mine = [r for r in mine if r.name not in made]
         if len(mine) > replicas + max_surge:
             out.append(f"revision {c.revision}: {len(mine)} replicas of {model} "
                        f"(more than {replicas} + maxSurge {max_surge}): {sorted(r.name for r in mine)}")

@@ -91,20 +91,21 @@ async def kill_leader(c) -> str:
     return name
 
 
-def kill_server(c) -> None:
-    c.stop_process("server", signal.SIGKILL)
+async def kill_server(c) -> None:
+    """The waits run off the event loop, so the load and the recorder's watches go on meanwhile."""
+    await asyncio.to_thread(c.stop_process, "server", signal.SIGKILL)
     _fault(c, "kill-server", "server")
     c.start_server()
-    c.wait_server()
+    await asyncio.to_thread(c.wait_server)
     _fault(c, "start-server", "server")
 
 
-def kill_etcd_member(c, index: int) -> None:
+async def kill_etcd_member(c, index: int) -> None:
     m = c.etcd.members[index]
     m.proc.kill()
-    m.proc.wait()
+    await asyncio.to_thread(m.proc.wait)
     _fault(c, "kill-etcd", m.name)
-    c.restart_etcd_member(m)
+    await c.restart_etcd_member(m)
     _fault(c, "start-etcd", m.name)
 
 

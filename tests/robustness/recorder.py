@@ -1,6 +1,6 @@
 """The recorder: every model/replica/shard/node change from etcd's watch, and engine samples from /proc.
 
-    rec = Recorder(store, cluster_dir, history)
+    rec = Recorder(store, cluster_dir, history, ports)   # ports: the agents' engine port range
     await rec.start()      # lists, then watches from the list's revision; the sampler thread starts
     ...
     await rec.stop()
@@ -9,7 +9,8 @@ Engines are found by the cluster's marker in their environment (llmgw.dev.cluste
 `-m llmgw.sim` in their argv; each sample holds every engine's node, GPUs
 (CUDA_VISIBLE_DEVICES), declared ports (--port, and the --dist-init-addr port on rank 0)
 and the sockets it listens on (/proc/net/tcp matched with its fds), plus the listeners
-on the nodes' addresses in the engine port range that no engine owns (a foreign process).
+on the nodes' addresses in the agents' engine port range (`ports`, the cluster's slot's
+`--port-range`) that no engine owns (a foreign process).
 """
 from __future__ import annotations
 
@@ -25,12 +26,11 @@ from llmgw.store import Compacted, StoreUnavailable
 from tests.robustness.history import Change, Engine, History, Sample
 
 KINDS = ("models", "replicas", "shards", "nodes")
-PORT_RANGE = range(30000, 32768)   # the agent's default engine port range
 
 
 class Recorder:
-    def __init__(self, store, cluster_dir: Path, history: History, interval: float = 0.1):
-        self.store, self.history, self.interval = store, history, interval
+    def __init__(self, store, cluster_dir: Path, history: History, ports: range, interval: float = 0.1):
+        self.store, self.history, self.ports, self.interval = store, history, ports, interval
         self.addresses = set(history.addresses.values())
         self.marker = f"{MARKER}={Path(cluster_dir).resolve()}".encode()
         self.revision = 0
@@ -91,7 +91,7 @@ class Recorder:
                 listening=tuple(sorted(listeners[i] for i in inodes if i in listeners)),
                 stopped=_state(pid) == "T"))
         foreign = tuple(sorted((a, p, i) for i, (a, p) in listeners.items()
-                               if i not in owned and a in self.addresses and p in PORT_RANGE))
+                               if i not in owned and a in self.addresses and p in self.ports))
         return Sample(time.monotonic(), tuple(e for e in engines if _state(e.pid) not in ("Z", "")), foreign)
 
 

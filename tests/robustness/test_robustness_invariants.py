@@ -60,6 +60,20 @@ def test_surge_bound_counts_replicas_not_being_deleted():
     assert not inv.surge_bound(drained, "m", replicas=2, max_surge=1)
 
 
+def test_surge_bound_reports_a_drain_that_made_two_replacements_for_one_original():
+    """Two replacements of a (a leader killed mid-drain re-creating one, say) stay within
+    replicas + maxSurge once a is left out, but a drain's budget is one per original."""
+    twice = History(changes=changes("replicas", replica("a"), replica("b"),
+                                    replica("r1", annotations={DRAINING_REPLACEMENT_FOR: "a"}),
+                                    replica("r2", annotations={DRAINING_REPLACEMENT_FOR: "a"})))
+    found = inv.surge_bound(twice, "m", replicas=2, max_surge=1)
+    assert found and "2 replacements for a" in found[0]
+    once_more = History(changes=twice.changes[:3] + changes("replicas", replica("r1", deleting=True,
+                        annotations={DRAINING_REPLACEMENT_FOR: "a"}), replica("r2", annotations={
+                        DRAINING_REPLACEMENT_FOR: "a"}), start=4))
+    assert not inv.surge_bound(once_more, "m", replicas=2, max_surge=1)    # the first was deleted first
+
+
 def test_ready_floor_only_inside_its_windows():
     h = History(changes=changes("replicas", replica("a"), replica("b"), replica("a", phase="Starting")))
     assert inv.ready_floor(h, "m", 2, [(0.0, 5.0)])

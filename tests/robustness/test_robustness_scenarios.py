@@ -64,6 +64,16 @@ async def under_load(tmp_path, replicas: int = 2, **cluster):
         c.holds(**serving(c, "m", replicas, start, end))
 
 
+def served_during(c, fault: str, back: str) -> None:
+    """Assert the load and the recorder ran on while the fault was on: a request ended between
+    the last `fault` and the `back` after it (a nemesis that blocked the event loop would show
+    none: the clients and the watches pause exactly while it waits)."""
+    t0 = max(f.t for f in c.history.faults if f.nemesis == fault)
+    t1 = min(f.t for f in c.history.faults if f.nemesis == back and f.t >= t0)
+    ended = [r for r in c.history.requests if t0 < r.end < t1]
+    assert ended, f"no request ended during {fault} .. {back} ({t1 - t0:.2f}s): the load paused with the fault"
+
+
 async def victim_of(c) -> str:
     """A node hosting a replica of m."""
     return (await c.replicas("m"))[0].spec.placement[0].node
@@ -112,7 +122,8 @@ async def test_agent_kill_and_restart_keeps_engines_and_requests(tmp_path):
 
 async def test_server_kill_loses_no_request(tmp_path):
     async with under_load(tmp_path) as c:
-        nemesis.kill_server(c)
+        await nemesis.kill_server(c)
+        served_during(c, "kill-server", "start-server")
         await c.apply_model("m2", replicas=1)   # the control plane works again
         await c.wait_model_ready("m2", 1)
 
@@ -121,7 +132,8 @@ async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
     async with under_load(tmp_path, etcd_members=3) as c:
         old = {r.name for r in await c.replicas("m")}
         await c.set_args("m", ["--tokens-per-second", "400"])
-        nemesis.kill_etcd_member(c, 0)
+        await nemesis.kill_etcd_member(c, 0)
+        served_during(c, "kill-etcd", "start-etcd")
         await c.wait_rolled("m", old, 2)
 
 
@@ -131,14 +143,6 @@ def by_load(replicas: list) -> list[str]:
     """Nodes hosting replicas, the busiest first."""
     count = Counter(p.node for r in replicas for p in r.spec.placement)
     return [n for n, _ in count.most_common()]
-
-
-async def evicted_or_held(c, nodes: list[str]):
-    """True once every node in `nodes` is held back for mass silence (condition Evicting False,
-    reason MassSilence), or a replica on one is evicted."""
-    if inv.no_eviction(c.history, set(nodes)):
-        return True
-    return all([await c.node_condition_reason(n, "Evicting") == ("False", "MassSilence") for n in nodes])
 
 
 async def test_node_back_after_loss_gets_no_engine_on_held_gpus(tmp_path):
@@ -171,7 +175,7 @@ async def test_partition_evicts_nothing(tmp_path, silent_nodes, node_grace, inte
         silent = (busiest + [n.name for n in c.nodes if n.name not in busiest])[:silent_nodes]
         async with c.load(["m"]):
             start = time.monotonic()
-            await nemesis.partition_heal(c, silent[::-1], lambda: evicted_or_held(c, silent),
+            await nemesis.partition_heal(c, silent[::-1], lambda: c.evicted_or_held(silent),
                                          interval)
             await c.settle({"m": 6})
         c.holds(**common(c, "m", 6), no_eviction=inv.no_eviction(c.history, set(silent), start),
@@ -204,7 +208,7 @@ async def test_single_replica_crash_rebuilds_at_once(tmp_path):
 async def test_restarted_server_resumes_watches(tmp_path):
     async with with_model(tmp_path, 1) as c:
         _, before = await c.api.list(Node)
-        nemesis.kill_server(c)
+        await nemesis.kill_server(c)
         await c.cordon("n1", True)
         _, now = await c.api.list(Node)
         # Nodes, which no component watches through the server: the test's watches are its
@@ -220,7 +224,7 @@ async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
     squatters = []
     try:
         async with fault_cluster(tmp_path, node_plans(2)) as c:
-            first = int(c.slot.port_range.split("-")[0])
+            first = c.engine_ports()[0]
             for n in c.nodes:      # a foreign process listens on each node's first engine port
                 s = socket.socket()
                 s.bind((c.address(n), first))
@@ -231,6 +235,9 @@ async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
             async def ready_or_reused():
                 return await c.ready("m") or inv.foreign_port_once(c.history)
             await c.wait("m Ready (or the foreign port given twice)", ready_or_reused)
+            seen = {(a, p) for sample in c.history.samples for a, p, _ in sample.foreign}
+            squatted = {s.getsockname() for s in squatters}
+            assert squatted <= seen, f"the recorder missed the foreign listeners {sorted(squatted - seen)}"
             if not inv.foreign_port_once(c.history):
                 await c.settle({"m": 1})
             c.holds(**common(c, "m", 1), foreign_port_once=inv.foreign_port_once(c.history))
