@@ -55,7 +55,7 @@ class Onboarding:
 
     def run(self, node: str, *extra: str, server: str | None = None, wait: str = "120") -> subprocess.CompletedProcess:
         argv = [str(SCRIPT)] if SCRIPT.exists() else \
-            [sys.executable, "-c", "from llmgw.onboarding.onboard import main; main()"]
+            [sys.executable, "-c", "from llmgw.cmd.onboard import main; main()"]
         argv += ["--node", node, "--addr", "127.0.0.1", "--server", server or self.api.url,
                  "--ssh-port", str(self.sshd.port), "--ssh-identity", self.sshd.identity,
                  "--ssh-known-hosts", self.sshd.known_hosts, "--ca-dir", str(self.api.pki.dir),

@@ -28,7 +28,7 @@ def pve(tmp_path):
 
         def run(self, *args: str, **env: str) -> subprocess.CompletedProcess:
             argv = [str(SCRIPT)] if SCRIPT.exists() else \
-                [sys.executable, "-c", "from llmgw.onboarding.provision import main; main()"]
+                [sys.executable, "-c", "from llmgw.cmd.provision import main; main()"]
             environ = {**os.environ, "PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_PROXMOX_DIR": str(state),
                        "HOME": str(tmp_path), **env}
             return subprocess.run([*argv, *args], capture_output=True, text=True, env=environ, timeout=60)

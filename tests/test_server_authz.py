@@ -114,6 +114,10 @@ CASES = [
     ("n1", lambda c: c.patch_status(Shard, "s2", {"phase": "Failed"}), "node-shards"),
     ("n1", lambda c: c.create(shard("s9", "n1", "r1", "m1")), "node-shards"),
     ("n1", lambda c: c.delete(Shard, "s1"), "node-shards"),
+    # events about itself and the shards bound to it (the Shard's node read from its scope's key)
+    ("n1", lambda c: c.record_event(Shard, "s1", "Normal", "Started", "rank 0 up"), None),
+    ("n1", lambda c: c.record_event(Shard, "s2", "Warning", "Failed", "not mine"), "node-events"),
+    ("n1", lambda c: c.record_event(Node, "n2", "Normal", "Registered", "not me"), "node-events"),
     # node n1: models and replicas of its shards, nothing else
     ("n1", lambda c: c.get(Model, "m1"), None),
     ("n1", lambda c: c.get(Replica, "r1"), None),

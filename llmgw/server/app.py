@@ -453,8 +453,8 @@ class ApiServer:
         if about:
             raise InvalidObject(about)
         obj_node = name if kind == "nodes" else None
-        if kind == "shards" and request["identity"].role == "node":
-            obj_node = (await self.store.get(Shard, name, node=body.get("node"))).spec.node
+        if KINDS[kind].scope == "Node" and request["identity"].role == "node":
+            obj_node = node_of(await self.store.get(KINDS[kind], name, node=body.get("node")))
         await self._check(request, Action("events-write", "events", f"{kind}/{name}", obj_node=obj_node))
         await self.store.events.record(kind, name, type_, reason, message)
         return _json({"recorded": True}, 201)
