@@ -279,12 +279,15 @@ class HttpConn(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_size = 0
-        # A chunked body is fed to the parser a line at a time, so that on_chunk_header knows the
-        # line it follows (httptools does not pass the chunk's size): the line, and what came of
-        # it before the last data_received.
-        self._chunked = False
-        self._line = b""
-        self._line_tail = b""
+        # How input is cut before the parser has it (_feed): a head is fed up to its end, so that
+        # on_headers_complete may start a chunked body before its bytes are parsed; a chunk's size
+        # line alone, so that on_chunk_header knows the line it follows (httptools does not pass
+        # the chunk's size); a chunk's data, or a Content-Length body, whole.
+        self._head_tail = b""  # the last bytes of a head not yet ended, where its end may begin
+        self._chunked = False  # in a chunked body
+        self._line = b""  # the chunk-size line (its start) fed last
+        self._line_tail = b""  # the start of a size line not yet ended
+        self._whole = 0  # bytes to come that are fed whole: a chunk's data and CRLF, or a body
 
     # ------------------------------------------------------------ transport events
 
@@ -336,20 +339,31 @@ class HttpConn(asyncio.Protocol):
         self._dispatch()
 
     def _feed(self, data: bytes) -> None:
-        """Parse `data`; a chunked body's lines one at a time (see _chunked)."""
+        """Parse `data`, cut where the parser's callbacks need it (see _whole); a segment is cut
+        into few pieces, each a slice of it, not a copy."""
         feed = self.parser.feed_data
-        while data:
-            if not self._chunked:
-                # Up to the end of a head: its on_headers_complete may start a chunked body.
-                end = data.find(b"\r\n\r\n")
-                piece, data = (data, b"") if end < 0 else (data[:end + 4], data[end + 4:])
-                feed(piece)
-                continue
-            nl = data.find(b"\n")
-            piece, data = (data, b"") if nl < 0 else (data[:nl + 1], data[nl + 1:])
-            self._line = (self._line_tail + piece[:MAX_CHUNK_LINE])[:MAX_CHUNK_LINE]
-            self._line_tail = b"" if nl >= 0 else self._line
-            feed(piece)
+        view = memoryview(data)
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._whole:
+                stop = min(end, pos + self._whole)
+                self._whole -= stop - pos
+            elif self._chunked:  # a size line, or a trailer after the last chunk
+                nl = data.find(b"\n", pos)
+                stop = end if nl < 0 else nl + 1
+                self._line = (self._line_tail + data[pos:min(stop, pos + MAX_CHUNK_LINE)])[:MAX_CHUNK_LINE]
+                self._line_tail = b"" if nl >= 0 else self._line
+            else:  # a head (llhttp ends one with CRLF CRLF only), or between requests
+                tail = self._head_tail
+                at = (tail + data[pos:pos + 3]).find(b"\r\n\r\n") if tail else -1  # across segments
+                if at >= 0:
+                    stop = pos + at + 4 - len(tail)
+                else:
+                    at = data.find(b"\r\n\r\n", pos)
+                    stop = end if at < 0 else at + 4
+                self._head_tail = (tail + data[pos:end])[-3:] if stop == end and at < 0 else b""
+            feed(view[pos:stop])
+            pos = stop
 
     def eof_received(self) -> bool:
         if self._cur is not None:  # the client stopped sending in the middle of a body
@@ -437,9 +451,10 @@ class HttpConn(asyncio.Protocol):
             lk = k.lower()
             if lk == b"content-length":
                 try:
-                    req.too_large = int(v) > self.server.max_body
+                    self._whole = int(v)  # the body, fed whole
                 except ValueError:
                     pass  # llhttp refuses a malformed Content-Length before this
+                req.too_large = self._whole > self.server.max_body
             elif lk == b"expect" and v.lower() == b"100-continue" and not req.http10:
                 req._continue = True
             elif lk == b"transfer-encoding" and v.lower().endswith(b"chunked"):
@@ -466,13 +481,16 @@ class HttpConn(asyncio.Protocol):
     def on_chunk_header(self) -> None:
         """A chunk's size line was read: a chunk that would take the body over the limit is refused
         now (413), not after its bytes, which may never come."""
+        line, self._line = self._line, b""  # read once: a line not known is never read again
+        try:
+            size = int(line.partition(b";")[0].strip(), 16)
+        except ValueError:  # llhttp refuses a size that is not hexadecimal: the line was not known
+            self._whole = 0  # so the next one is cut where it ends, to be known
+            return
+        self._whole = size + 2 if size else 0  # the data and its CRLF; after the last chunk, trailers
         req = self._cur
         if req is None or req.too_large:
             return
-        try:
-            size = int(self._line.partition(b";")[0].strip(), 16)
-        except ValueError:
-            return  # llhttp refuses a chunk size that is not hexadecimal
         if req._size + size > self.server.max_body:
             req.too_large = True
             req._chunks = []
