@@ -181,6 +181,15 @@ async def spied(gw) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, _Counti
     return reader, writer, conn.parser
 
 
+async def send_apart(writer: asyncio.StreamWriter, parser: _CountingParser, pieces: list[bytes]) -> None:
+    """Send each piece once the gateway has read the one before: in segments apart (else they
+    may come in one)."""
+    writer.write(pieces[0])
+    for piece in pieces[1:]:
+        await until(lambda fed=parser.fed: parser.fed > fed, "the gateway read what came before")
+        writer.write(piece)
+
+
 @pytest.mark.parametrize("pieces", [   # after the head's start, in segments apart
     [b"\r\nffffffff\r\n{"],                        # the first chunk announces 4 GiB, with the head
     [b"\r\n", b"ffffffff\r\n{"],                     # after it
@@ -193,10 +202,8 @@ async def test_a_chunk_over_the_limit_is_a_413_at_once(pieces):
     async with running_gateway(table_for("127.0.0.1:9"), max_body_bytes=100,
                                limits=Limits(body_timeout=3600)) as gw:
         reader, writer, parser = await spied(gw)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n" + pieces[0])
-        for piece in pieces[1:]:  # each sent once the gateway has read what came before
-            await until(lambda fed=parser.fed: parser.fed > fed, "the gateway read what came before")
-            writer.write(piece)
+        await send_apart(writer, parser, [
+            b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n" + pieces[0], *pieces[1:]])
         raw = await until_closed(reader)
         writer.close()
     [(status, headers, body)] = responses(raw)
@@ -204,12 +211,21 @@ async def test_a_chunk_over_the_limit_is_a_413_at_once(pieces):
     assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
-@pytest.mark.parametrize("line", [b"GET /healthz\r\n\r\n", b"GET /healthz HTTP/2.0\r\nHost: gw\r\n\r\n"],
-                         ids=["http0.9", "http2.0"])
-async def test_a_request_line_that_is_not_http1_is_a_400_and_a_close(line):
-    async with running_gateway(RoutingTable()) as gw:
-        raw = await exchange(gw.url, line)
-    [(status, headers, body)] = responses(raw)   # read to EOF: the gateway closed the connection
+@pytest.mark.parametrize("pieces", [
+    [b"GET /healthz\r\n"],                           # HTTP/0.9: one line, then its client waits
+    [b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\nGET /", b"healthz\r", b"\n"],   # after a request, split
+    [b"GET /healthz\r\n\r\n"],                       # with a blank line after it
+    [b"GET /healthz HTTP/2.0\r\nHost: gw\r\n\r\n"],
+], ids=["http0.9", "http0.9-split-after-a-request", "http0.9-blank-line", "http2.0"])
+async def test_a_request_line_that_is_not_http1_is_a_400_and_a_close(pieces):
+    # At once: not at the header timeout (an hour here, far past until_closed's bound).
+    async with running_gateway(RoutingTable(), limits=Limits(header_timeout=3600)) as gw:
+        reader, writer, parser = await spied(gw)
+        await send_apart(writer, parser, pieces)
+        raw = await until_closed(reader)
+        writer.close()
+    *before, (status, headers, body) = responses(raw)   # read to EOF: the gateway closed the connection
+    assert [s for s, _, _ in before] == [200] * (len(pieces) > 1)
     assert status == 400 and headers["connection"] == "close"
     assert "is not spoken here" in json.loads(body)["error"]["message"]
 

@@ -30,7 +30,11 @@ requests are parsed as they arrive and wait their turn (reading pauses while
 MAX_QUEUED wait). A request's body is read as it arrives, up to `max_body`;
 `Expect: 100-continue` is answered when the handler asks for the body.
 Malformed input is answered 400 (a head over MAX_HEAD 431) after the requests
-before it, then the connection closes. A client that disconnects cancels the
+before it, then the connection closes; so is a request line that is not HTTP/1.x,
+HTTP/0.9's as soon as it ends. A chunk that would take the body over `max_body`
+is answered 413 as soon as its size line is read. For these two the input is cut
+where a head and a chunk-size line end before the parser has it (a body is fed
+whole: HttpConn._feed). A client that disconnects cancels the
 handler of its request (which closes the engine's connection: the engine stops
 generating).
 
@@ -68,6 +72,7 @@ MAX_HEADERS = 128
 MAX_QUEUED = 16  # parsed requests waiting on one connection before reading pauses
 LINGER = 10.0  # seconds input is still read (and dropped) after a final answer, so it arrives whole
 _CLOSE = b"Connection: close\r\n"
+_LINE_END = len(b" HTTP/1.1\r")  # what ends a request line with a version
 MAX_CHUNK_LINE = 4096  # of a chunk's size line, the start kept to read the size (extensions may follow it)
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
 
@@ -122,6 +127,9 @@ class _HeadTooLarge(Exception):
 
 class _NotHttp1(Exception):
     """A request line of another version than HTTP/1.x (HTTP/0.9's has none): 400, then close."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(f"HTTP/{version} is not spoken here: send HTTP/1.1 (or 1.0)")
 
 
 class Request:
@@ -283,7 +291,8 @@ class HttpConn(asyncio.Protocol):
         # on_headers_complete may start a chunked body before its bytes are parsed; a chunk's size
         # line alone, so that on_chunk_header knows the line it follows (httptools does not pass
         # the chunk's size); a chunk's data, or a Content-Length body, whole.
-        self._head_tail = b""  # the last bytes of a head not yet ended, where its end may begin
+        self._head_tail = b""  # the last bytes of a head not yet ended (its end may begin there)
+        self._line_ended = False  # ...whose request line has ended (with a version)
         self._chunked = False  # in a chunked body
         self._line = b""  # the chunk-size line (its start) fed last
         self._line_tail = b""  # the start of a size line not yet ended
@@ -323,6 +332,8 @@ class HttpConn(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # No protocol switching here: answer the request as a plain one, then close.
             self._stop_reading()
+        except _NotHttp1 as err:  # a request line without a version (_feed)
+            self._refuse(errors.bad_request(str(err)))
         except httptools.HttpParserCallbackError as err:
             if isinstance(err.__context__, _NotHttp1):
                 self._refuse(errors.bad_request(str(err.__context__)))
@@ -355,15 +366,30 @@ class HttpConn(asyncio.Protocol):
                 self._line_tail = b"" if nl >= 0 else self._line
             else:  # a head (llhttp ends one with CRLF CRLF only), or between requests
                 tail = self._head_tail
-                at = (tail + data[pos:pos + 3]).find(b"\r\n\r\n") if tail else -1  # across segments
+                at = (tail[-3:] + data[pos:pos + 3]).find(b"\r\n\r\n") if tail else -1  # across segments
                 if at >= 0:
-                    stop = pos + at + 4 - len(tail)
+                    stop = pos + at + 4 - len(tail[-3:])
                 else:
                     at = data.find(b"\r\n\r\n", pos)
                     stop = end if at < 0 else at + 4
-                self._head_tail = (tail + data[pos:end])[-3:] if stop == end and at < 0 else b""
+                if at >= 0:
+                    self._head_tail, self._line_ended = b"", False
+                else:  # the head goes on in a later segment
+                    if not self._line_ended:
+                        self._check_request_line(tail + data[pos:end])
+                    self._head_tail = (tail + data[pos:end])[-_LINE_END:]
             feed(view[pos:stop])
             pos = stop
+
+    def _check_request_line(self, head: bytes) -> None:
+        """`head`: a head not ended yet, as far as it came (or its last bytes before this segment,
+        then the segment). A request line without a version, HTTP/0.9's, is refused as soon as
+        it ends: its client sends nothing more (llhttp would wait for headers, then time out)."""
+        line, nl, _ = head.lstrip(b"\r\n").partition(b"\n")  # (blank lines may come before a request)
+        if nl:
+            if not line[-_LINE_END:].startswith(b" HTTP/"):  # " HTTP/1.1\r" ends a line with a version
+                raise _NotHttp1("0.9")
+            self._line_ended = True
 
     def eof_received(self) -> bool:
         if self._cur is not None:  # the client stopped sending in the middle of a body
@@ -444,7 +470,7 @@ class HttpConn(asyncio.Protocol):
                 pass
         version = p.get_http_version()
         if version not in ("1.1", "1.0"):
-            raise _NotHttp1(f"HTTP/{version} is not spoken here: send HTTP/1.1 (or 1.0)")
+            raise _NotHttp1(version)
         path = url.partition(b"?")[0]
         req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(), version == "1.0")
         for k, v in self._headers:
