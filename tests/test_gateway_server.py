@@ -106,6 +106,31 @@ async def test_a_chunked_request_body_is_forwarded(sim):
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1
 
 
+def _chunked(body: bytes) -> bytes:
+    half = len(body) // 2
+    return b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n%x;ext=1\r\n%s\r\n0\r\nX-Trailer: t\r\n\r\n" % (
+        half, body[:half], len(body) - half, body[half:])
+
+
+@pytest.mark.parametrize("framing", [_chunked, lambda body: b"Content-Length: %d\r\n\r\n%s" % (len(body), body)],
+                         ids=["chunked", "content-length"])
+async def test_a_body_is_fed_to_the_parser_whole_not_line_by_line(sim, framing):
+    # Heads and chunk-size lines are cut where they end (to read them: the 413s above); a body
+    # is not, or one of blank lines costs a parser call per line (and a copy of the rest per call).
+    lines = 100_000
+    body = COMPLETION[:1] + b"\r\n\r\n" * lines + COMPLETION[1:]   # JSON: whitespace between tokens
+    async with running_gateway(table_for(sim.endpoint)) as gw:
+        reader, writer, parser = await spied(gw)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n" + framing(body)
+                     + b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        raw = await until_closed(reader)
+        writer.close()
+    [(status, _, answer), (health, _, _)] = responses(raw)
+    assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 1
+    assert health == 200
+    assert parser.fed < lines // 100   # a few pieces per segment read, whatever the lines
+
+
 async def test_a_malformed_request_is_a_400_after_the_requests_before_it():
     async with running_gateway(RoutingTable()) as gw:
         raw = await exchange(gw.url, b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\nNOT HTTP AT ALL\r\n\r\n")
@@ -134,20 +159,51 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_sent():
         assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
-@pytest.mark.parametrize("pieces", [
-    [b"ffffffff\r\n{"],                            # the first chunk announces 4 GiB
-    [b"2\r\n{}\r\n", b"6", b"3;ext=1\r\n"],        # the second, its size line split across segments
-], ids=["first-chunk", "second-chunk-split"])
+class _CountingParser:
+    """A connection's real parser, counting the pieces it is fed."""
+
+    def __init__(self, parser) -> None:
+        self.parser, self.fed = parser, 0
+
+    def feed_data(self, data) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name):
+        return getattr(self.parser, name)
+
+
+async def spied(gw) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, _CountingParser]:
+    """A connection to the gateway, and its parser, counting."""
+    reader, writer = await connect(gw.url)
+    [conn] = await until(lambda: list(gw.gateway.server.conns), "the connection accepted")
+    conn.parser = _CountingParser(conn.parser)
+    return reader, writer, conn.parser
+
+
+async def send_apart(writer: asyncio.StreamWriter, parser: _CountingParser, pieces: list[bytes]) -> None:
+    """Send each piece once the gateway has read the one before: in segments apart (else they
+    may come in one)."""
+    writer.write(pieces[0])
+    for piece in pieces[1:]:
+        await until(lambda fed=parser.fed: parser.fed > fed, "the gateway read what came before")
+        writer.write(piece)
+
+
+@pytest.mark.parametrize("pieces", [   # after the head's start, in segments apart
+    [b"\r\nffffffff\r\n{"],                        # the first chunk announces 4 GiB, with the head
+    [b"\r\n", b"ffffffff\r\n{"],                     # after it
+    [b"\r\n2\r\n{}\r\n", b"6", b"3;ext=1\r\n"],    # the second, its size line split
+    [b"\r", b"\nffffffff\r\n{"],                     # the first, the head's end split
+], ids=["first-chunk", "first-chunk-apart", "second-chunk-split", "head-end-split"])
 async def test_a_chunk_over_the_limit_is_a_413_at_once(pieces):
     # The body's bytes never come: without a look at the chunk's size, the answer would wait for
     # the body timeout (an hour here, far past until_closed's bound).
     async with running_gateway(table_for("127.0.0.1:9"), max_body_bytes=100,
                                limits=Limits(body_timeout=3600)) as gw:
-        reader, writer = await connect(gw.url)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for piece in pieces:
-            await writer.drain()
-            writer.write(piece)
+        reader, writer, parser = await spied(gw)
+        await send_apart(writer, parser, [
+            b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n" + pieces[0], *pieces[1:]])
         raw = await until_closed(reader)
         writer.close()
     [(status, headers, body)] = responses(raw)
@@ -155,12 +211,21 @@ async def test_a_chunk_over_the_limit_is_a_413_at_once(pieces):
     assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
-@pytest.mark.parametrize("line", [b"GET /healthz\r\n\r\n", b"GET /healthz HTTP/2.0\r\nHost: gw\r\n\r\n"],
-                         ids=["http0.9", "http2.0"])
-async def test_a_request_line_that_is_not_http1_is_a_400_and_a_close(line):
-    async with running_gateway(RoutingTable()) as gw:
-        raw = await exchange(gw.url, line)
-    [(status, headers, body)] = responses(raw)   # read to EOF: the gateway closed the connection
+@pytest.mark.parametrize("pieces", [
+    [b"GET /healthz\r\n"],                           # HTTP/0.9: one line, then its client waits
+    [b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\nGET /", b"healthz\r", b"\n"],   # after a request, split
+    [b"GET /healthz\r\n\r\n"],                       # with a blank line after it
+    [b"GET /healthz HTTP/2.0\r\nHost: gw\r\n\r\n"],
+], ids=["http0.9", "http0.9-split-after-a-request", "http0.9-blank-line", "http2.0"])
+async def test_a_request_line_that_is_not_http1_is_a_400_and_a_close(pieces):
+    # At once: not at the header timeout (an hour here, far past until_closed's bound).
+    async with running_gateway(RoutingTable(), limits=Limits(header_timeout=3600)) as gw:
+        reader, writer, parser = await spied(gw)
+        await send_apart(writer, parser, pieces)
+        raw = await until_closed(reader)
+        writer.close()
+    *before, (status, headers, body) = responses(raw)   # read to EOF: the gateway closed the connection
+    assert [s for s, _, _ in before] == [200] * (len(pieces) > 1)
     assert status == 400 and headers["connection"] == "close"
     assert "is not spoken here" in json.loads(body)["error"]["message"]
 

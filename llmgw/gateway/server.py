@@ -30,7 +30,11 @@ requests are parsed as they arrive and wait their turn (reading pauses while
 MAX_QUEUED wait). A request's body is read as it arrives, up to `max_body`;
 `Expect: 100-continue` is answered when the handler asks for the body.
 Malformed input is answered 400 (a head over MAX_HEAD 431) after the requests
-before it, then the connection closes. A client that disconnects cancels the
+before it, then the connection closes; so is a request line that is not HTTP/1.x,
+HTTP/0.9's as soon as it ends. A chunk that would take the body over `max_body`
+is answered 413 as soon as its size line is read. For these two the input is cut
+where a head and a chunk-size line end before the parser has it (a body is fed
+whole: HttpConn._feed). A client that disconnects cancels the
 handler of its request (which closes the engine's connection: the engine stops
 generating).
 
@@ -68,6 +72,7 @@ MAX_HEADERS = 128
 MAX_QUEUED = 16  # parsed requests waiting on one connection before reading pauses
 LINGER = 10.0  # seconds input is still read (and dropped) after a final answer, so it arrives whole
 _CLOSE = b"Connection: close\r\n"
+_LINE_END = len(b" HTTP/1.1\r")  # what ends a request line with a version
 MAX_CHUNK_LINE = 4096  # of a chunk's size line, the start kept to read the size (extensions may follow it)
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"  # only needed for HTTP/1.0 clients
 
@@ -122,6 +127,9 @@ class _HeadTooLarge(Exception):
 
 class _NotHttp1(Exception):
     """A request line of another version than HTTP/1.x (HTTP/0.9's has none): 400, then close."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__(f"HTTP/{version} is not spoken here: send HTTP/1.1 (or 1.0)")
 
 
 class Request:
@@ -281,12 +289,16 @@ class HttpConn(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_size = 0
-        # A chunked body is fed to the parser a line at a time, so that on_chunk_header knows the
-        # line it follows (httptools does not pass the chunk's size): the line, and what came of
-        # it before the last data_received.
-        self._chunked = False
-        self._line = b""
-        self._line_tail = b""
+        # How input is cut before the parser has it (_feed): a head is fed up to its end, so that
+        # on_headers_complete may start a chunked body before its bytes are parsed; a chunk's size
+        # line alone, so that on_chunk_header knows the line it follows (httptools does not pass
+        # the chunk's size); a chunk's data, or a Content-Length body, whole.
+        self._head_tail = b""  # the last bytes of a head not yet ended (its end may begin there)
+        self._line_ended = False  # ...whose request line has ended (with a version)
+        self._chunked = False  # in a chunked body
+        self._line = b""  # the chunk-size line (its start) fed last
+        self._line_tail = b""  # the start of a size line not yet ended
+        self._whole = 0  # bytes to come that are fed whole: a chunk's data and CRLF, or a body
 
     # ------------------------------------------------------------ transport events
 
@@ -322,6 +334,8 @@ class HttpConn(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # No protocol switching here: answer the request as a plain one, then close.
             self._stop_reading()
+        except _NotHttp1 as err:  # a request line without a version (_feed)
+            self._refuse(errors.bad_request(str(err)))
         except httptools.HttpParserCallbackError as err:
             if isinstance(err.__context__, _NotHttp1):
                 self._refuse(errors.bad_request(str(err.__context__)))
@@ -338,20 +352,46 @@ class HttpConn(asyncio.Protocol):
         self._dispatch()
 
     def _feed(self, data: bytes) -> None:
-        """Parse `data`; a chunked body's lines one at a time (see _chunked)."""
+        """Parse `data`, cut where the parser's callbacks need it (see _whole); a segment is cut
+        into few pieces, each a slice of it, not a copy."""
         feed = self.parser.feed_data
-        while data:
-            if not self._chunked:
-                # Up to the end of a head: its on_headers_complete may start a chunked body.
-                end = data.find(b"\r\n\r\n")
-                piece, data = (data, b"") if end < 0 else (data[:end + 4], data[end + 4:])
-                feed(piece)
-                continue
-            nl = data.find(b"\n")
-            piece, data = (data, b"") if nl < 0 else (data[:nl + 1], data[nl + 1:])
-            self._line = (self._line_tail + piece[:MAX_CHUNK_LINE])[:MAX_CHUNK_LINE]
-            self._line_tail = b"" if nl >= 0 else self._line
-            feed(piece)
+        view = memoryview(data)
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._whole:
+                stop = min(end, pos + self._whole)
+                self._whole -= stop - pos
+            elif self._chunked:  # a size line, or a trailer after the last chunk
+                nl = data.find(b"\n", pos)
+                stop = end if nl < 0 else nl + 1
+                self._line = (self._line_tail + data[pos:min(stop, pos + MAX_CHUNK_LINE)])[:MAX_CHUNK_LINE]
+                self._line_tail = b"" if nl >= 0 else self._line
+            else:  # a head (llhttp ends one with CRLF CRLF only), or between requests
+                tail = self._head_tail
+                at = (tail[-3:] + data[pos:pos + 3]).find(b"\r\n\r\n") if tail else -1  # across segments
+                if at >= 0:
+                    stop = pos + at + 4 - len(tail[-3:])
+                else:
+                    at = data.find(b"\r\n\r\n", pos)
+                    stop = end if at < 0 else at + 4
+                if at >= 0:
+                    self._head_tail, self._line_ended = b"", False
+                else:  # the head goes on in a later segment
+                    if not self._line_ended:
+                        self._check_request_line(tail + data[pos:end])
+                    self._head_tail = (tail + data[pos:end])[-_LINE_END:]
+            feed(view[pos:stop])
+            pos = stop
+
+    def _check_request_line(self, head: bytes) -> None:
+        """`head`: a head not ended yet, as far as it came (or its last bytes before this segment,
+        then the segment). A request line without a version, HTTP/0.9's, is refused as soon as
+        it ends: its client sends nothing more (llhttp would wait for headers, then time out)."""
+        line, nl, _ = head.lstrip(b"\r\n").partition(b"\n")  # (blank lines may come before a request)
+        if nl:
+            if not line[-_LINE_END:].startswith(b" HTTP/"):  # " HTTP/1.1\r" ends a line with a version
+                raise _NotHttp1("0.9")
+            self._line_ended = True
 
     def eof_received(self) -> bool:
         if self._cur is not None:  # the client stopped sending in the middle of a body
@@ -432,16 +472,17 @@ class HttpConn(asyncio.Protocol):
                 pass
         version = p.get_http_version()
         if version not in ("1.1", "1.0"):
-            raise _NotHttp1(f"HTTP/{version} is not spoken here: send HTTP/1.1 (or 1.0)")
+            raise _NotHttp1(version)
         path = url.partition(b"?")[0]
         req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(), version == "1.0")
         for k, v in self._headers:
             lk = k.lower()
             if lk == b"content-length":
                 try:
-                    req.too_large = int(v) > self.server.max_body
+                    self._whole = int(v)  # the body, fed whole
                 except ValueError:
                     pass  # llhttp refuses a malformed Content-Length before this
+                req.too_large = self._whole > self.server.max_body
             elif lk == b"expect" and v.lower() == b"100-continue" and not req.http10:
                 req._continue = True
             elif lk == b"transfer-encoding" and v.lower().endswith(b"chunked"):
@@ -468,13 +509,16 @@ class HttpConn(asyncio.Protocol):
     def on_chunk_header(self) -> None:
         """A chunk's size line was read: a chunk that would take the body over the limit is refused
         now (413), not after its bytes, which may never come."""
+        line, self._line = self._line, b""  # read once: a line not known is never read again
+        try:
+            size = int(line.partition(b";")[0].strip(), 16)
+        except ValueError:  # llhttp refuses a size that is not hexadecimal: the line was not known
+            self._whole = 0  # so the next one is cut where it ends, to be known
+            return
+        self._whole = size + 2 if size else 0  # the data and its CRLF; after the last chunk, trailers
         req = self._cur
         if req is None or req.too_large:
             return
-        try:
-            size = int(self._line.partition(b";")[0].strip(), 16)
-        except ValueError:
-            return  # llhttp refuses a chunk size that is not hexadecimal
         if req._size + size > self.server.max_body:
             req.too_large = True
             req._chunks = []
