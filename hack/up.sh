@@ -5,6 +5,6 @@
 # Arguments go to `llmgw dev up` (e.g. --nodes 6 --dir /tmp/llmgw).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl
-ensure_venv
+ensure_venv "[examples]"   # the openai client of the example `dev up` prints
 cd "$ROOT"
 exec "$VENV/bin/llmgw" dev up "$@"

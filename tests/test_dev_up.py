@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import threading
+import tomllib
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +28,8 @@ from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from llmgw.store import Store, StoreUnavailable
 from tests.helpers.poll import until, until_sync
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -72,6 +77,21 @@ class DevUp:
         return code
 
 
+def printed_openai_example(lines: list[str]) -> str:
+    """The `python -c 'import openai; ...'` command dev up printed, its continuation lines joined."""
+    start = next(i for i, line in enumerate(lines) if "import openai" in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].rstrip().endswith(")'"))
+    return "\n".join(lines[start:end + 1])
+
+
+def test_the_first_commands_virtualenv_has_what_dev_ups_examples_need():
+    """hack/up.sh makes the virtualenv `dev up` runs in: the extra it installs holds the openai client
+    the printed example imports (the test extra's openai does not count: up.sh does not install it)."""
+    extra = re.search(r'ensure_venv "\[(\w+)\]"', (REPO / "hack" / "up.sh").read_text()).group(1)
+    wanted = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    assert any(req.startswith("openai") for req in wanted), wanted
+
+
 def dev_down(directory) -> str:
     out = subprocess.run([*LocalCluster.llmgw, "dev", "down", "--dir", str(directory)],
                          capture_output=True, text=True, timeout=120)
@@ -91,6 +111,10 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
                 status, text = up.complete(model)
                 assert status == 200, f"{run} run, {model}: {status} {text}"
                 assert json.loads(text)["choices"][0]["message"]["content"]
+            if run == "first":   # the openai example it printed works as printed
+                done = subprocess.run(["bash", "-c", printed_openai_example(up.lines)], capture_output=True,
+                                      text=True, timeout=60)
+                assert done.returncode == 0 and done.stdout.strip(), done.stderr
             if run == "second":
                 assert "stopped" in dev_down(tmp_path / "dev")
         finally:
