@@ -3,8 +3,8 @@
 Reported in Node status (`engines`), so the scheduler never places a shard
 where its engine is missing. Versions are read only where that is cheap: the
 dist-info directory next to a Python tool's virtual environment, or
-`llama-server --version` with a short timeout. The sim engine is always
-present: it is llmgw itself.
+`llama-server --version` with a short timeout. The engines llmgw itself runs
+(those with no programs of their own: the sim) are always present.
 """
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from pathlib import Path
 
 from llmgw.agent.version import agent_version
 from llmgw.api import EngineInfo
-from llmgw.engines.engine import Executable
+from llmgw.engines.engine import Executable, builtin
 from llmgw.engines.engine import executables as programs
 
 
 @dataclass
 class Inventory:
-    # Named by engine (Profile.engine: vllm, sglang, llamacpp, sim) and "ray" for the Ray launcher.
+    # Named as each program reports itself (Executable.reports: its engine's name, or ray for
+    # vLLM's Ray launcher), and the engines llmgw runs itself.
     engines: list[EngineInfo] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # "vllm: executable file not found: /opt/..."
     configured: dict[str, str] = field(default_factory=dict)  # executable (llama-server, ...) -> path
@@ -47,7 +48,8 @@ def llmgw_launcher() -> str | None:
     return str(candidate) if os.access(candidate, os.X_OK) else None
 
 
-def sim_executable() -> str:
+def llmgw_executable() -> str:
+    """What runs llmgw here: the `llmgw` script, else this interpreter (`python -m llmgw...`)."""
     return llmgw_launcher() or sys.executable
 
 
@@ -73,7 +75,7 @@ def take_inventory(executables: dict[str, str]) -> Inventory:
             continue
         program = programs()[name]
         inv.engines.append(EngineInfo(name=program.reports, path=path, version=_version(program, path)))
-    inv.engines.append(EngineInfo(name="sim", path=sim_executable(), version=agent_version()))
+    inv.engines += [EngineInfo(name=e.name, path=llmgw_executable(), version=agent_version()) for e in builtin()]
     return inv
 
 

@@ -1,7 +1,8 @@
 """Checks before a shard's engine starts; each failure names the path or field at fault.
 
 Render the shard for this node, then check every program it would run, the
-model's weights (not for sim) and the GPUs it was given (not for sim).
+model's weights and the GPUs it was given (where its engine declares it loads
+weights and uses GPUs: not the sim).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import shutil
 from llmgw.agent.facts import Facts
 from llmgw.agent.inventory import check_executable
 from llmgw.api import Shard
-from llmgw.engines import NodeFacts, RenderedShard, RenderError, render
+from llmgw.engines import NodeFacts, RenderedShard, RenderError, lookup, render
 
 
 class PreflightError(Exception):
@@ -36,9 +37,10 @@ def prepare(shard: Shard, facts: Facts) -> RenderedShard:
         problem = _executable_problem(cmd.argv[0], cmd.env)
         if problem:
             raise PreflightError(problem)
-    if spec.engine != "sim":
-        if spec.source and not os.path.exists(spec.source):
-            raise PreflightError(f"model weights not found: {spec.source} (spec.source of model {spec.model})")
+    engine = lookup(spec.engine)   # render found it
+    if engine.loads_weights and spec.source and not os.path.exists(spec.source):
+        raise PreflightError(f"model weights not found: {spec.source} (spec.source of model {spec.model})")
+    if engine.uses_gpus:
         _check_gpus(shard, facts)
     return rendered
 

@@ -74,11 +74,17 @@ class Engine:
     render: Renderer
     # How engine-check asks a rendered command's program for its help (None: not a program of this engine).
     help_of: Callable[[Command], HelpCommand | None]
-    executables: tuple[Executable, ...] = ()   # the first is the main program; () for the sim (llmgw itself)
+    # The first is the main program. () for an engine llmgw itself runs (the sim): every node has
+    # it, and the agent reports it with its own path and version.
+    executables: tuple[Executable, ...] = ()
     reserved: Mapping[str, str] = field(default_factory=dict)   # flag spelling -> why llmgw sets it
     syntax: Syntax = Syntax()
     launch_modes: tuple[str, ...] = ()   # Profile.launchMode's values; the first is the default
     multi_node: bool = True
+    # What the agent's preflight checks before the first command starts: the weights at the
+    # shard's spec.source are on the node, and the node has the shard's GPUs (the sim uses neither).
+    loads_weights: bool = True
+    uses_gpus: bool = True
     # status.engines a node must report, by launch mode (default: the engine's own name)
     needs: Callable[[str | None], frozenset[str]] | None = None
 
@@ -139,6 +145,11 @@ def check_launch_mode(mode: str) -> str:
     if mode not in known:
         raise ValueError(f"unknown launch mode {mode!r}: one of {', '.join(known)}")
     return mode
+
+
+def builtin() -> list[Engine]:
+    """The engines llmgw itself runs (no programs of their own): every node has them."""
+    return [e for e in ENGINES.values() if not e.executables]
 
 
 def executables() -> dict[str, Executable]:

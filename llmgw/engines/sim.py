@@ -47,7 +47,8 @@ def _help(command: Command) -> HelpCommand | None:
     return HelpCommand("sim", [*argv[:start], "--help"], flags=used_flags(argv[start:]))
 
 
-# No executables: the sim is llmgw itself, on every node (the agent reports it always).
+# No executables: the sim is llmgw itself, on every node (the agent reports it always). It loads
+# no weights and uses no GPU, so the agent's preflight checks neither.
 ENGINE = register(Engine(
     name="sim", render=render, help_of=_help,
     reserved={
@@ -57,4 +58,5 @@ ENGINE = register(Engine(
         "--dist-init-addr": MULTINODE,
     },
     syntax=Syntax(abbreviations=True),
+    loads_weights=False, uses_gpus=False,
 ))

@@ -36,7 +36,7 @@ class NodeInfo:
     ready: bool = True
     cordoned: bool = False
     labels: dict[str, str] = field(default_factory=dict)
-    engines: frozenset[str] = frozenset({"sim"})
+    engines: frozenset[str] = frozenset()   # the names in its status.engines
     fabrics: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
     ports: int = 2768

@@ -13,7 +13,7 @@ class Request:
     model: str
     nodes: int = 1                 # ranks, one per node
     gpus: int = 1                  # GPUs per node
-    engines: frozenset[str] = frozenset({"sim"})
+    engines: frozenset[str] = frozenset()   # what its nodes must report (its engine's `required`)
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
 
