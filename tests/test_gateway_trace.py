@@ -11,25 +11,11 @@ import json
 import aiohttp
 import pytest
 
-from llmgw.gateway.table import RoutingTable
 from llmgw.gateway.trace import trace_id, traceparent
-from tests.helpers.gateway import Sim, model, replica, running_gateway
+from tests.helpers.gateway import running_gateway
+from tests.test_gateway_server import sim, table_for  # noqa: F401 - the module's sim engine fixture
 
 CLIENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-@pytest.fixture(scope="module")
-def sim():
-    s = Sim.start("llama")
-    yield s
-    s.stop()
-
-
-def table_for(endpoint: str) -> RoutingTable:
-    t = RoutingTable()
-    t.apply("models", "ADDED", model("llama"))
-    t.apply("replicas", "ADDED", replica("llama-0", "llama", endpoint, served=("llama",)))
-    return t
 
 
 async def ask(url: str, headers: dict[str, str], stream: bool = False) -> str:

@@ -58,6 +58,14 @@ _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "
           "list_events": "events-read", "record_event": "events-write", "revoke": "revoke"}
 
 
+def _verb(request: web.Request) -> str | None:
+    """The verb a request's route and method are, as the authorizer names it (None: no route, /healthz)."""
+    verb = _VERBS.get(getattr(getattr(request.match_info.route, "handler", None), "__name__", ""))
+    if verb == "list" and request.query.get("watch") in ("1", "true"):
+        return "watch"
+    return verb
+
+
 class Fail(Exception):
     def __init__(self, code: int, reason: str, message: str, **details: Any) -> None:
         self.code, self.reason, self.message, self.details = code, reason, message, details
@@ -160,10 +168,7 @@ class ApiServer:
     @staticmethod
     def _what(request: web.Request) -> tuple[str, str]:
         """The verb and kind a request is counted under (unknown paths: "-")."""
-        handler = getattr(request.match_info.route, "handler", None)
-        verb = _VERBS.get(getattr(handler, "__name__", ""), "-")
-        if verb == "list" and request.query.get("watch") in ("1", "true"):
-            verb = "watch"
+        verb = _verb(request) or "-"
         kind = request.match_info.get("kind", "")
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
@@ -241,9 +246,7 @@ class ApiServer:
     def _url_action(self, request: web.Request) -> Action | None:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
-        route = request.match_info.route
-        handler = getattr(route, "handler", None)
-        verb = _VERBS.get(getattr(handler, "__name__", ""))
+        verb = _verb(request)
         if verb is None:
             return None   # /healthz, or no route: 404/405 for every identity alike
         q, info = request.query, request.match_info
@@ -260,8 +263,6 @@ class ApiServer:
             return Action(verb, "events", f"{kind}/{_url_name('name', name)}", final=False)
         if verb in ("events-write", "revoke"):
             return Action(verb, "revocations" if verb == "revoke" else "events", final=False)
-        if verb == "list" and q.get("watch") in ("1", "true"):
-            verb = "watch"
         kind = self._kind(request)
         node = _url_name("node", q["node"]) if q.get("node") else None
         name = _url_name("name", info["name"]) if "name" in info else None
