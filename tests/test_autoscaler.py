@@ -80,6 +80,8 @@ async def test_scales_up_with_demand_adds_gateways_and_scales_down_then_to_zero(
         # no demand yet: minReplicas (0) until the delay, so at most one
         await report(store, "gw-a", **{"as": 3})                  # ceil(3 / 2) = 2
         await until(lambda: scaled(cp, "as") == (2, 2), "2 replicas for 3 in flight")
+        # the next decision's message counts the model's Ready replicas (its status): wait for both
+        await until(lambda: cp.cache.get(Model, "as").status.replicas == 2, "both replicas Ready")
         await report(store, "gw-b", **{"as": 4})                  # 3 + 4 = 7 -> 4
         await until(lambda: scaled(cp, "as") == (4, 4), "4 replicas for two gateways' 7 in flight")
         m = cp.cache.get(Model, "as")
