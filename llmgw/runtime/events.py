@@ -4,6 +4,9 @@
 logs the event, keeps it in ``recent`` (for tests and debugging) and queues it
 for ``store.events.record_many``.  An identical event for the same object within
 ``dedup_seconds`` is dropped, so a retrying reconcile does not flood the store.
+When the store falls behind and the queue is full, events are dropped and the
+drops are logged once per ``DROP_LOG_SECONDS`` with their count (a line per
+dropped event would flood the log exactly when the process is busiest).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from llmgw.store.events import Events
 log = logging.getLogger("llmgw.events")
 
 BATCH = 64   # events per transaction (etcd allows 128 operations in one)
+DROP_LOG_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,9 @@ class EventRecorder:
         self._last: dict[tuple[str, str, str, str, str], float] = {}
         self._dedup = dedup_seconds
         self._clock = clock
+        self.dropped = 0              # events dropped since this recorder started
+        self._drops_logged = 0        # ... of which the log has told
+        self._drop_logged_at = -1e18
 
     def record(self, obj: AnyObject, type: str, reason: str, message: str) -> None:
         ev = Event(obj.kind_plural, obj.metadata.name, type, reason, message)
@@ -62,7 +69,11 @@ class EventRecorder:
         try:
             self._queue.put_nowait(ev)
         except asyncio.QueueFull:
-            log.warning("event queue full; dropped %s/%s %s", ev.kind, ev.name, reason)
+            self.dropped += 1
+            if t - self._drop_logged_at >= DROP_LOG_SECONDS:
+                log.warning("event queue full: dropped %d event(s) since the last report, the latest %s/%s %s",
+                            self.dropped - self._drops_logged, ev.kind, ev.name, reason)
+                self._drops_logged, self._drop_logged_at = self.dropped, t
 
     def find(self, kind: str | None = None, name: str | None = None, reason: str | None = None) -> list[Event]:
         return [e for e in self.recent
