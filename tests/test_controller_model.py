@@ -242,3 +242,23 @@ def test_an_autoscaled_model_keeps_the_autoscalers_count_not_spec_replicas():
     assert plan(m, [], NOW).create == [0, 0, 0]
     p = plan(m, [rep(n, m) for n in "abcd"], NOW)
     assert len(p.delete) == 1 and p.delete[0][1] == "ScaledDown"
+
+
+def test_replica_events_gather_longer_the_more_replicas_a_model_has():
+    # a reconcile reads every replica of its model: its rate falls as the model grows, so the
+    # controller's cost per replica event stays flat (the 10,000-node benchmark, issue 34)
+    from controllers.indexes import REPLICAS_BY_MODEL
+    from controllers.model import BATCH_REPLICAS, ModelController
+    from llmgw.runtime.controller import Context
+    from llmgw.runtime.events import EventRecorder
+
+    cache = Cache(indexes=[REPLICAS_BY_MODEL])
+    small, big = model("small"), model("big")
+    for m, n in ((small, 10), (big, 5 * BATCH_REPLICAS)):
+        for i in range(n):
+            cache.assume(rep(f"{m.name}-{i}", m))
+    c = ModelController()
+    c.start(Context(store=None, cache=cache, events=EventRecorder()))  # type: ignore[arg-type]
+    assert c.batch_delay("small") == c.batch_seconds
+    assert c.batch_delay("big") == 5 * c.batch_seconds
+    assert c.batch_delay("absent") == c.batch_seconds

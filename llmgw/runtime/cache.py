@@ -116,6 +116,10 @@ class Cache:
         items = self._items.get(plural, {})
         return cast("builtins.list[ObjectT]", [items[n].obj for n in names if n in items])
 
+    def count(self, kind: type[AnyObject], index: str, value: str) -> int:
+        """How many objects `index` holds under `value` (what len(index(...)) says, without the list)."""
+        return len(self._index[(_PLURAL.get(kind, ""), index)].get(value, ()))
+
     def heartbeats(self) -> set[str]:
         return set(self._heartbeats)
 

@@ -136,6 +136,11 @@ class Controller:
     batch_seconds: float = 0.0
     ctx: Context
 
+    def batch_delay(self, key: str) -> float:
+        """How long events of a secondary kind for `key` gather before it is reconciled;
+        ``batch_seconds`` unless a controller whose reconcile grows with a key's size says more."""
+        return self.batch_seconds
+
     def start(self, ctx: Context) -> None:
         """A leadership term starts (see the module's docstring): keep its context. Override
         to build per-term state fresh, calling ``super().start(ctx)``."""

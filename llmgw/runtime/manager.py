@@ -135,9 +135,9 @@ class Manager:
         def handler(plural: str, type: str, obj: Any) -> None:
             for c, kind in watchers.get(plural, ()):
                 try:
-                    delay = c.batch_seconds if kind != c.primary_kind else 0.0
+                    queue, secondary = self.queues[c.name], kind != c.primary_kind
                     for key in c.keys_for(kind, obj):
-                        self.queues[c.name].add_after(key, delay)
+                        queue.add_after(key, c.batch_delay(key) if secondary else 0.0)
                 except Exception:
                     log.exception("%s: keys_for(%s) failed", c.name, plural)
 
