@@ -173,11 +173,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -278,6 +281,23 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def etcd_writes(endpoint: str) -> float:
+    """Keys etcd has put and deleted so far (its etcd_mvcc_put_total + etcd_mvcc_delete_total),
+    read from its /metrics: a transaction of many writes counts each."""
+    async with aiohttp.ClientSession() as http, http.get(endpoint.rstrip("/") + "/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("etcd_mvcc_put_total ", "etcd_mvcc_delete_total ")))
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -340,6 +360,13 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     if proc is not None:
         pids["controller-manager"] = proc.pid
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    writes_before = await etcd_writes(endpoint)
+    spy = None
+    if args.profile and proc is not None:
+        # py-spy (pip install py-spy) samples the controller-manager from apply to the end;
+        # --format raw is the collapsed-stack text that flame graph tools read
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "50", "--nonblocking",
+                                "--format", "raw", "--output", args.profile], stdout=subprocess.DEVNULL)
     t_apply = time.perf_counter()
     if args.backlog:
         mtask = asyncio.create_task(manager.run())
@@ -357,6 +384,11 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
                       f"shards={[(s.name, s.status.phase, s.metadata.deletionTimestamp) for s in shards]}")
     t_end = time.perf_counter()
     cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    writes = await etcd_writes(endpoint) - writes_before
+    rss = peak_rss_mb(proc.pid) if proc is not None else peak_rss_mb(os.getpid())
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
 
     bound = sorted(observer.bound.values())
     binds_per_s = len(bound) / (bound[-1] - t_apply) if bound else 0.0
@@ -373,7 +405,10 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     print("CPU seconds from apply to the end: " + ", ".join(
         f"{name} {sec:.1f}" for name, sec in cpu.items()) + f" (of {2 * (t_end - t_apply):.1f} on 2 cores)")
     print(f"etcd raw put rate: {raw:.0f} puts/s")
-    print(f"binds/s={binds_per_s:.0f} ratio_to_raw_etcd={binds_per_s / raw:.2f}")
+    cm_cpu = cpu.get("controller-manager", cpu["hollow nodes + observer"])
+    print(f"binds/s={binds_per_s:.0f} ratio_to_raw_etcd={binds_per_s / raw:.2f} "
+          f"cm_cpu_ms_per_replica={cm_cpu * 1000 / observer.want:.2f} cm_peak_rss_mb={rss:.0f} "
+          f"writes_per_replica={writes / observer.want:.1f}")
 
     if proc is not None:
         terminate(proc, 30)
@@ -393,6 +428,9 @@ if __name__ == "__main__":
                     help="run only the scheduler (implies --backlog): its own bind rate; nothing gets Ready")
     ap.add_argument("--in-process", action="store_true",
                     help="run the controllers in this process instead of `llmgw controller-manager`")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="sample the controller-manager with py-spy from apply to the end into FILE "
+                         "(collapsed stacks)")
     ap.add_argument("--backlog", action="store_true",
                     help="write the models' replicas before starting the controllers (binds not paced "
                          "by the model controller); times are from the manager's start")
