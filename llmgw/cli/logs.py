@@ -31,7 +31,7 @@ def _target(word: str) -> tuple[LogKind | None, str]:
 
 async def _which(c: Client, name: str) -> LogKind:
     """A bare name is a replica's if one has it, else a shard's."""
-    from llmgw.client import NotFound
+    from llmgw.api.errors import NotFound
 
     try:
         await c.get(Replica, name)
