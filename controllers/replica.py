@@ -57,7 +57,7 @@ from llmgw.api import AnyObject, Node, ObjectMeta, Replica, Shard, get_condition
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
 from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
-from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER
+from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER, shard_name
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import describe
 
@@ -72,10 +72,6 @@ def crash_log(shards: list[Shard]) -> str:
     tail = next((s.status.logTail for s in shards if s.status.phase == "Failed" and s.status.logTail), [])
     text = "\n".join(tail[-LOG_TAIL_LINES:])
     return text[-LOG_TAIL_CHARS:]
-
-
-def shard_name(replica: str, rank: int) -> str:
-    return f"{replica}-{rank}"
 
 
 def backoff_seconds(streak: int, base: float = 10.0, cap: float = 300.0) -> float:

@@ -46,7 +46,7 @@ def test_node_certificate_names_the_node_and_is_signed_by_the_root(ca_dir):
     days = (cert.not_valid_after_utc - cert.not_valid_before_utc).days
     assert days == 30
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]  # serves its logs
     assert _mode(ca_dir.dir / "issued" / "node-gpu-07.key") == 0o600
     ident = identity_from_pem_file(cert_path)
     assert (ident.role, ident.name) == ("node", "gpu-07")

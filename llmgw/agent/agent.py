@@ -19,6 +19,8 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.logs import LogServer
+from llmgw.agent.logs import server_context as logs_tls
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, metrics_url
 from llmgw.agent.metrics import serve as serve_metrics
 from llmgw.agent.registration import Registration, retry_forever
@@ -41,6 +43,7 @@ class Agent:
         self.supervisor: Supervisor | None = None
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
+        self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
 
     def discover(self) -> Facts:
         self.facts = gather(self.config)
@@ -67,7 +70,10 @@ class Agent:
         reg.on_reconnect.append(reporter.kick)
         tasks: list[asyncio.Task[Any]] = []
         metrics_site: web.AppRunner | None = None
+        logs_site: web.AppRunner | None = None
         try:
+            if cfg.logs_listen:
+                logs_site = await self._serve_logs(cfg.logs_listen, LogServer(state, sup.running), facts.address)
             self.foreign_ports = await self._scan_foreign_ports()
             await reg.register(self._node_status())
             if cfg.metrics_listen:
@@ -79,8 +85,9 @@ class Agent:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if metrics_site is not None:
-                await metrics_site.cleanup()
+            for site in (metrics_site, logs_site):
+                if site is not None:
+                    await site.cleanup()
             await sup.close()
             await client.close()
 
@@ -89,6 +96,16 @@ class Agent:
         metrics = AgentMetrics(self._phases, self._engine_targets)
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
+        return runner
+
+    async def _serve_logs(self, listen: str, server: LogServer, address: str) -> web.AppRunner:
+        cfg = self.config
+        assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
+        host, _, port = listen.rpartition(":")
+        runner, bound = await server.serve(host.strip("[]") or "0.0.0.0", int(port),
+                                           logs_tls(cfg.cert, cfg.key, cfg.ca))
+        self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
+        log.info("engine logs for the API server on %s", self.logs_endpoint)
         return runner
 
     def _phases(self) -> list[str]:
@@ -157,6 +174,7 @@ class Agent:
         assert self.facts is not None  # discovered by run
         status = node_status(self.facts, self.config)
         status.foreignPorts = list(self.foreign_ports)
+        status.agentEndpoint = self.logs_endpoint
         return status
 
     async def _scan_foreign_ports(self) -> list[int]:

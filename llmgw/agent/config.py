@@ -86,6 +86,7 @@ class AgentConfig(BaseModel):
     rediscover_interval: float = 60.0      # GPU/IB/engine rediscovery; 0: only at start
     log_lines: int = 30                    # lines of an engine's log reported when it exits
     metrics_listen: str | None = None      # HOST:PORT of GET /metrics (llmgw/agent/metrics.py); None: off
+    logs_listen: str | None = None         # HOST:PORT of the engine logs, to the API server (llmgw/agent/logs.py)
 
     @field_validator("node")
     @classmethod

@@ -235,6 +235,7 @@ class ShardRunner:
             return
         state = self.ctx.state
         workdir = state.work_dir(self.name)
+        state.rotate_logs(self.name)
         record = ShardRecord(shard=self.name, uid=self.uid, probe_kind=rendered.probe.kind,
                              probe_url=rendered.probe.url, started_at=now().isoformat(),
                              gpus=sorted(gpus), ports=sorted(own))

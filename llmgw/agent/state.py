@@ -2,7 +2,8 @@
 
     <state-dir>/shards/<shard>.json    shard name and uid, its GPUs and ports, and per command:
                                        pid, start time, log
-    <state-dir>/logs/<shard>/<command>.log
+    <state-dir>/logs/<shard>/<command>.log     the latest run of the shard on this node
+    <state-dir>/logs/<shard>/<command>.log.1   the run before it (`llmgw logs --previous`)
 
 A record is written right after the engine processes start and removed once
 they are confirmed gone.
@@ -57,6 +58,21 @@ class StateDir:
 
     def log_path(self, shard: str, command: str) -> Path:
         return self.logs / shard / f"{command}.log"
+
+    def logs_of(self, shard: str, previous: bool = False) -> dict[str, Path]:
+        """The shard's logs by command: its latest run's on this node, or the run's before it."""
+        d = self.logs / shard
+        suffix = ".log.1" if previous else ".log"
+        found = sorted(d.glob(f"*{suffix}")) if d.is_dir() else []
+        return {p.name.removesuffix(suffix): p for p in found}
+
+    def rotate_logs(self, shard: str) -> None:
+        """A new run of the shard starts here: its latest run's logs become the previous run's
+        (one kept), so a crashed engine's log outlives the rebuild that follows."""
+        for path in self.logs_of(shard, previous=True).values():
+            path.unlink(missing_ok=True)
+        for path in self.logs_of(shard).values():
+            os.replace(path, path.with_name(path.name + ".1"))
 
     def work_dir(self, shard: str) -> Path:
         d = self.logs / shard

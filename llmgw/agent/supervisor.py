@@ -85,6 +85,11 @@ class Supervisor:
             self._orphans.append(asyncio.ensure_future(self._stop_orphan(record, claim)))
         self.ctx.claims.ready.set()
 
+    def running(self, name: str) -> bool:
+        """Whether the shard's engine runs now (its runner holds started processes)."""
+        runner = self.runners.get(name)
+        return runner is not None and bool(runner.procs)
+
     def engine_groups(self) -> list[int]:
         """Process groups of every engine of this node that may run, records not yet claimed too."""
         return self.ctx.claims.groups() + [p.pid for r in self.records.values() for p in r.processes]

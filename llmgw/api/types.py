@@ -183,13 +183,16 @@ class NodeStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
     drain: DrainStatus | None = None
     agentVersion: str | None = None
+    # Where its agent serves its shards' engine logs to the API server ("https://ADDR:PORT",
+    # the agent's --logs-listen); None: it serves none (`llmgw logs` says so).
+    agentEndpoint: str | None = None
 
 
 # The Node status fields its agent writes (registration, rediscovery); a node certificate may
 # write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
 # and drain progress are the controllers'.
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
-                            "agentVersion", "foreignPorts")
+                            "agentVersion", "foreignPorts", "agentEndpoint")
 
 # The node lifecycle controller's verdict on a silent node, a Node condition
 # (docs/contracts.md, "Failure semantics"); its reason says why.

@@ -41,6 +41,12 @@ MODEL_LABEL = "llmgw.io/model"
 # Label on every shard of a replica.
 REPLICA_LABEL = "llmgw.io/replica"
 
+
+def shard_name(replica: str, rank: int) -> str:
+    """A replica's shard of `rank` (the replica controller names them; `llmgw logs REPLICA` finds them)."""
+    return f"{replica}-{rank}"
+
+
 # Finalizers.
 SHARDS_FINALIZER = "llmgw.io/shards"      # on a Replica: its shards are gone
 PROCESS_FINALIZER = "llmgw.io/process"    # on a Shard: the agent stopped its process

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "cordon": "llmgw.cli.verbs:cordon",
     "uncordon": "llmgw.cli.verbs:uncordon",
     "drain": "llmgw.cli.verbs:drain",
+    "logs": "llmgw.cli.logs:logs",
     "ctl": "llmgw.cli.ctl:ctl",
     "version": "llmgw.cli.verbs:version",
 }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from llmgw.api.client import ObjectClient, StatusPatch, WatchEvent
+from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
 from llmgw.api.types import AnyObject, ObjectT
 from llmgw.backoff import Backoff
@@ -112,6 +113,8 @@ class Client:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         # A watch lasts forever; bookmarks arrive every few seconds, so silence means a dead server.
         self._watch_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=watch_idle_timeout)
+        # A followed log may be silent for as long as its engine is.
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -242,6 +245,25 @@ class Client:
         body = {"serial": serial, **({"role": role} if role else {}), **({"name": name} if name else {})}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
         return result
+
+    async def log(self, kind: Kind, name: str, query: LogQuery, *, rank: int | None = None,
+                  node: str | None = None) -> AsyncIterator[bytes]:
+        """An engine's log as the server relays it from the node's agent (``llmgw logs``): a shard's,
+        or a replica's shard of ``rank``. Raises before the first chunk when refused; a followed
+        log lasts as long as the engine runs, so no overall timeout applies."""
+        url = self.server + self._path(kind, name, "log")
+        extra = {"rank": rank, "node": node}
+        params = {**query.params(), **{k: str(v) for k, v in extra.items() if v is not None}}
+        try:
+            async with self._open().get(url, params=params, timeout=self._stream_timeout) as resp:
+                if resp.status >= 400:
+                    raise await _error_from_response(resp, url)
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+        except ApiError:
+            raise
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            raise _translate(err, url) from None
 
     # --------------------------------------------------------------- watch
 

@@ -27,6 +27,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     from aiohttp import web
 
     from llmgw.server.app import ApiServer
+    from llmgw.server.logs import agent_client_context
     from llmgw.server.tls import TLSSite, server_context
     from llmgw.store import Store, StoreError
 
@@ -37,6 +38,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
             raise click.ClickException(f"{what} {path}: no such file")
     try:
         ctx = server_context(cert, key, client_ca)
+        agent_tls = agent_client_context(cert, key, client_ca)
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}") from None
@@ -54,7 +56,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
-                    watch_queue_limit=watch_queue_limit)
+                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)

@@ -204,7 +204,8 @@ class LocalCluster:
                 "--state-dir", str(self.dir / "nodes" / n.name / "state"),
                 "--advertise-address", self.address(n), "--port-range", self.slot.port_range,
                 "--drain-delay", f"{self.drain_delay}s",
-                "--stop-grace-period", "10s", "--heartbeat-interval", "2s"]
+                "--stop-grace-period", "10s", "--heartbeat-interval", "2s",
+                "--logs-listen", f"{self.address(n)}:0"]
         if n.fabric:
             argv += ["--fabric", n.fabric]
         for name, path in self.engines.items():

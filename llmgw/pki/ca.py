@@ -206,9 +206,10 @@ class CertificateAuthority:
             start = start.replace(tzinfo=timezone.utc)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
                              x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])])
-        usage = {"server": [ExtendedKeyUsageOID.SERVER_AUTH],
-                 # a member serves clients and peers, and dials its peers
-                 "etcd-member": [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        # A member serves clients and peers, and dials its peers; the API server serves and dials
+        # the agents (their engines' logs); an agent dials the server and serves those logs.
+        usage = {"server": both, "etcd-member": both, "node": both,
                  }.get(role, [ExtendedKeyUsageOID.CLIENT_AUTH])
         builder = (
             x509.CertificateBuilder()

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,12 +31,15 @@ from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
+from llmgw.api.logs import LogQuery, parse_rank
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
-from llmgw.api.types import Node, Shard, node_of
+from llmgw.api.types import Node, Replica, Shard, node_of
+from llmgw.api.wellknown import REPLICA_LABEL, shard_name
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
+from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
@@ -55,7 +59,7 @@ EVENT_FIELDS = ("kind", "name", "type", "reason", "message")
 _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "update", "delete": "delete",
           "update_status": "status", "patch_status": "status", "apply": "apply", "heartbeat": "heartbeat",
           "report_demand": "demand",
-          "list_events": "events-read", "record_event": "events-write", "revoke": "revoke"}
+          "list_events": "events-read", "record_event": "events-write", "revoke": "revoke", "log": "log"}
 
 
 def _verb(request: web.Request) -> str | None:
@@ -106,12 +110,13 @@ def _dump(obj: AnyObject) -> dict[str, Any]:
 
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
-                 watch_queue_limit: int = 1000):
+                 watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None):
         self.store = store
         self.bookmark_interval = bookmark_interval
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
+        self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
         self.metrics = ServerMetrics()
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -135,6 +140,7 @@ class ApiServer:
         r.add_put(f"{API}/{{kind}}/{{name}}/status", self.update_status)
         r.add_patch(f"{API}/{{kind}}/{{name}}/status", self.patch_status)
         r.add_post(f"{API}/{{kind}}/{{name}}/apply", self.apply)
+        r.add_get(f"{API}/{{kind}}/{{name}}/log", self.log)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -145,6 +151,7 @@ class ApiServer:
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
+        await self.agent_logs.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -433,6 +440,48 @@ class ApiServer:
         await self.store.demand.report(report, ttl=ttl)
         return _json({"gateway": gateway, "ttl": ttl})
 
+    async def log(self, request: web.Request) -> web.StreamResponse:
+        """An engine's log, from the agent of the node that runs the shard (llmgw.server.logs):
+        ``shards/<name>/log``, or ``replicas/<name>/log?rank=R`` (its shard of that rank, else the
+        node its placement names)."""
+        kind, name = self._kind(request), request.match_info["name"]
+        try:
+            query = LogQuery.parse(request.query)
+        except ValueError as err:
+            raise Fail(400, "BadRequest", str(err)) from None
+        if kind == "shards":
+            shard = await self.store.get(Shard, name, node=request.query.get("node") or None)
+            shard_name, node = shard.name, shard.spec.node
+        elif kind == "replicas":
+            shard_name, node = await self._shard_of(name, request.query)
+        else:
+            raise Fail(404, "NotFound", f"{kind} have no log (replicas and shards do)")
+        await self._check(request, Action("log", kind, name, obj_node=node))
+        node_obj = await self.store.get(Node, node)
+        async with self.agent_logs.open(node_obj, shard_name, query) as chunks:
+            resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
+                                               "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            await _relay(request, resp, chunks)
+        return resp
+
+    async def _shard_of(self, replica: str, query: Mapping[str, str]) -> tuple[str, str]:
+        """A replica's shard of ?rank= and its node: the shard's, or the placement's while there is
+        none (the log of the run before a rebuild stays on that node)."""
+        try:
+            rank = parse_rank(query)
+        except ValueError as err:
+            raise Fail(400, "BadRequest", str(err)) from None
+        r = await self.store.get(Replica, replica)
+        name = shard_name(replica, rank)
+        shards, _ = await self.store.list(Shard, selector=f"{REPLICA_LABEL}={replica}")
+        node = next((s.spec.node for s in shards if s.name == name),
+                    next((p.node for p in r.spec.placement if p.rank == rank), None))
+        if node is None:
+            raise Fail(404, "NotFound", f"replica {replica} has no shard of rank {rank} and no placement: "
+                       "no node holds its log now (`llmgw logs` the shard once it is placed)")
+        return name, node
+
     async def list_events(self, request: web.Request) -> web.Response:
         # ?kind= and ?name= were checked with the URL (_url_action)
         return _json({"items": await self.store.events.list(request.query["kind"], request.query["name"])})
@@ -555,6 +604,27 @@ class ApiServer:
             timer.cancel()
             unsubscribe()
         return undo
+
+
+async def _relay(request: web.Request, resp: web.StreamResponse, chunks: AsyncIterator[bytes]) -> None:
+    """Copy the agent's log to the client until it ends or the client goes (a followed log may be
+    silent for long: the client's going is looked for every second)."""
+    it = aiter(chunks)
+    try:
+        while True:
+            nxt = asyncio.ensure_future(anext(it))
+            while not nxt.done():
+                await asyncio.wait({nxt}, timeout=1.0)
+                if request.transport is None or request.transport.is_closing():
+                    nxt.cancel()
+                    return
+            try:
+                chunk = nxt.result()
+            except StopAsyncIteration:
+                return
+            await resp.write(chunk)
+    except ConnectionError:
+        pass   # the client went away
 
 
 async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tuple[str, AnyObject]:

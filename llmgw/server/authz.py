@@ -2,7 +2,7 @@
 
 Rules, by the certificate's organisation:
   admins           (O=llmgw:admins)      everything, and they alone revoke certificates
-  controller-manager (O=llmgw:components) everything but revoking
+  controller-manager (O=llmgw:components) everything but revoking and engine logs
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes; report its demand
                                          (POST /demand/<gateway>), which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
@@ -11,7 +11,9 @@ Rules, by the certificate's organisation:
                                          heartbeat as N, get/list/watch Shards bound to N
                                          (list and watch must say node=N), their status,
                                          events about N and its shards, and get the Models
-                                         and Replicas its shards reference
+                                         and Replicas its shards reference; read the
+                                         engine logs of its own shards (never another node's)
+Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', and each node's own.
 Anything else is Forbidden, with the rule's name in the message.
 
 A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
@@ -62,7 +64,7 @@ def written_fields(new: AnyObject, old: AnyObject | None = None) -> frozenset[st
 @dataclass
 class Action:
     verb: str                 # get list watch create update status delete apply heartbeat demand events-read
-                              # events-write
+                              # events-write log
     kind: str                 # plural kind, or "heartbeat"/"demand"/"events"
     name: str | None = None   # object name (for create/apply: the body's name)
     node: str | None = None   # ?node= of a list/watch
@@ -109,6 +111,8 @@ class Authorizer:
             what = f"serial {act.name}" if act.name else "a certificate"
             raise Denied("revoke-admin", f"only an admin (O=llmgw:admins) may revoke a certificate; {who} "
                          "may not", log_line=f"refused: certificate {who} tried to revoke {what}")
+        if act.verb == "log" and who.role != "node":
+            raise Denied("logs", f"only admins read engine logs (and a node those of its own shards); {who} may not")
         if act.kind == "demand" and not (who.role == "component" and who.name == "gateway"):
             raise Denied("gateway-demand", f"only a gateway (O=llmgw:components, CN=gateway) reports demand; "
                          f"{who} may not")
@@ -137,6 +141,15 @@ class Authorizer:
             return Denied(rule, f"certificate CN={me} may {what} only as node {me}, not {other}",
                           log_line=f"refused: certificate CN={me} claims node {other}")
 
+        if act.verb == "log":
+            if act.node not in (None, me):
+                raise claims(act.node, "node-logs", "read engine logs")
+            if act.obj_node == me or act.unknown(act.obj_node):
+                return
+            raise Denied("node-logs", f"node {me} may read the engine logs of its own shards only; "
+                         f"{act.kind}/{act.name} runs on node {act.obj_node}",
+                         log_line=f"refused: certificate CN={me} asked for the log of {act.kind}/{act.name} "
+                                  f"on node {act.obj_node}")
         if act.kind == "nodes":
             if act.verb not in ("get", "create", "update", "status", "apply"):
                 raise Denied("node-self", f"node {me} may only get, register and write the status of its own "

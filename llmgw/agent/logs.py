@@ -1,0 +1,154 @@
+"""This node's engine logs, served to the API server over HTTPS (`llmgw logs`; docs/contracts.md,
+"Engine logs").
+
+    GET /shards/<shard>/log?tail=N&follow=1&previous=1&command=C     (llmgw.api.logs.LogQuery)
+
+Mutual TLS with the node's own certificate: the agent answers the API server alone (a client
+certificate of the cluster CA with O=llmgw:servers), which authorizes the caller and proxies
+the answer; any other certificate, another node's included, is refused (403). Logs live in the
+state directory (llmgw.agent.state): the shard's latest run, and the run before it, so a
+crashed engine's log stays readable after its shard is rebuilt.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from llmgw.agent.state import StateDir
+from llmgw.api.logs import MAX_LOG_BYTES, LogQuery
+from llmgw.api.meta import check_dns1123_label
+
+log = logging.getLogger(__name__)
+
+SERVER_ORG = "llmgw:servers"   # the API server's organisation (llmgw.pki.ca.ORG["server"])
+CHUNK = 64 * 1024
+FOLLOW_POLL = 0.2              # how often a followed log is read for what was appended
+
+
+def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """TLS of the log endpoint: the node's certificate; clients must present one of the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def read_end(f: IO[bytes], tail: int | None) -> bytes:
+    """The end of an open log, its last `tail` lines (all when None), at most MAX_LOG_BYTES starting
+    at a line; leaves `f` at its end, where following carries on."""
+    size = f.seek(0, os.SEEK_END)
+    start = max(0, size - MAX_LOG_BYTES)
+    f.seek(start)
+    data = f.read(size - start)
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1:]      # a cut line is no line
+    if tail is not None:
+        data = b"".join(data.splitlines(keepends=True)[-tail:]) if tail else b""
+    return data
+
+
+def _subject(request: web.Request) -> dict[str, str]:
+    """The verified client certificate's subject attributes (organizationName, commonName)."""
+    ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+    cert: Any = ssl_obj.getpeercert() if ssl_obj is not None else None
+    return {k: v for rdn in (cert or {}).get("subject", ()) for k, v in rdn}
+
+
+def _gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+class LogServer:
+    """`running(shard)`: whether the shard's engine runs now (a follow ends when it stops)."""
+
+    def __init__(self, state: StateDir, running: Callable[[str], bool]):
+        self.state = state
+        self.running = running
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._only_the_server])
+        app.router.add_get("/shards/{name}/log", self.shard_log)
+        return app
+
+    async def serve(self, host: str, port: int, tls: ssl.SSLContext) -> tuple[web.AppRunner, int]:
+        """Listen; the runner (to clean up) and the port bound (port 0: any free one)."""
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        bound: int = runner.addresses[0][1]
+        return runner, bound
+
+    @web.middleware
+    async def _only_the_server(self, request: web.Request,
+                               handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        who = _subject(request)
+        org, cn = who.get("organizationName", ""), who.get("commonName", "")
+        if org != SERVER_ORG:
+            log.warning("refused: log request %s from CN=%s O=%s (%s): only the API server reads logs here",
+                        request.path, cn, org, request.remote)
+            raise web.HTTPForbidden(text=f"only the API server (O={SERVER_ORG}) reads engine logs from an agent; "
+                                         f"CN={cn} O={org} may not: ask the API server (`llmgw logs`)")
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    async def shard_log(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        try:
+            check_dns1123_label(name)
+            query = LogQuery.parse(request.query)
+        except ValueError as err:
+            raise web.HTTPBadRequest(text=str(err)) from None
+        path = self._path(name, query)
+        with open(path, "rb") as f:  # noqa: ASYNC230 a local file, read in bounded pieces
+            resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+            await resp.prepare(request)
+            try:
+                await resp.write(read_end(f, query.tail))
+                if query.follow:
+                    await self._follow(request, resp, f, path, name)
+            except ConnectionError:
+                pass   # the API server (its client) went away
+        return resp
+
+    def _path(self, shard: str, query: LogQuery) -> Path:
+        logs = self.state.logs_of(shard, previous=query.previous)
+        which = "previous run" if query.previous else "engine"
+        if not logs:
+            raise web.HTTPNotFound(text=f"no {which} log of shard {shard} on this node")
+        if query.command is not None:
+            if query.command not in logs:
+                raise web.HTTPNotFound(text=f"shard {shard} has no {which} log of command {query.command} "
+                                            f"(it has: {', '.join(logs)})")
+            return logs[query.command]
+        if len(logs) > 1:
+            raise web.HTTPBadRequest(text=f"shard {shard} runs several commands: choose one of "
+                                          f"{', '.join(logs)} (--command)")
+        return next(iter(logs.values()))
+
+    async def _follow(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes], path: Path,
+                      shard: str) -> None:
+        """What the engine appends, until its run ends (it stopped, or a new run took the file's
+        name) or the client goes. `f` stays open: a renamed log is still read to its end."""
+        inode = os.fstat(f.fileno()).st_ino
+        while not _gone(request):
+            running = self.running(shard)    # asked before the read: what it wrote before it ended is sent
+            while chunk := f.read(CHUNK):
+                await resp.write(chunk)
+            try:
+                replaced = os.stat(path).st_ino != inode
+            except FileNotFoundError:
+                replaced = True
+            if not running or replaced:
+                while chunk := f.read(CHUNK):
+                    await resp.write(chunk)
+                return
+            await asyncio.sleep(FOLLOW_POLL)
