@@ -63,6 +63,11 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--max-conns-per-addr", type=click.IntRange(min=0), default=Limits.max_conns_per_addr,
               show_default=True, help="Open connections one client address may hold; one more is answered "
               "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
+@click.option("--response-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True, help="Seconds from sending a request to an engine until its response "
+              "headers; then the try fails and, if nothing was sent to the client, goes to another replica. "
+              "A streamed response's headers come after the prompt's prefill, a whole response's after the "
+              "last token: keep it above your longest non-streamed generation.")
 @click.option("--gateway-id", default=None,
               help="This gateway's name in its demand reports (a DNS-1123 label, unique among the gateways); "
               "default: the host name and process id.")
@@ -75,7 +80,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            gateway_id: str | None, demand_interval: float, demand_ttl: int, log_level: str, log_format: str) -> None:
+            response_timeout: float, gateway_id: str | None, demand_interval: float, demand_ttl: int,
+            log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     setup_logging(log_level, log_format)
     if bool(server) == bool(static):
@@ -90,7 +96,7 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
-                 limits=limits)
+                 limits=limits, response_timeout=response_timeout)
     gateway_id = gateway_id or _default_id()
     try:
         check_dns1123_label(gateway_id)

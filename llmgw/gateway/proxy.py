@@ -5,8 +5,10 @@ keep-alive pool (upstream.py, the same parser) talks to the engines. A request
 is routed by its body's `model` (a model name or an alias) to the replica
 with the fewest outstanding requests, or by the model's cache-aware policy
 (balancer.py; the policies in llmgw/routing/). A connection failure before the
-engine's first byte (refused, reset, disconnected before the headers) or a
-503 from the engine is retried once on another replica. Server-sent events
+engine's first byte (refused, reset, disconnected before the headers, no
+headers within the response timeout) or a 503 from the engine is retried once
+on another replica; a replica that keeps failing so is left out of routing
+for a while (outlier.py). Server-sent events
 are relayed chunk by chunk as they arrive, never buffered.
 
 The common case (the body at hand, an idle connection to the replica picked,
@@ -29,6 +31,7 @@ from llmgw.gateway import errors, trace
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
+from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
 from llmgw.gateway.table import Backend, RoutingTable
@@ -72,6 +75,7 @@ class Gateway:
         max_body_bytes: int = DEFAULT_MAX_BODY,
         retry_after: int = 2,
         connect_timeout: float = 5.0,
+        response_timeout: float | None = None,
         synced: bool = True,
         limits: Limits = Limits(),
     ):
@@ -81,9 +85,10 @@ class Gateway:
         self.retry_after = retry_after
         self.connect_timeout = connect_timeout
         self.balancer = Balancer()
+        self.outliers = Outliers()
         self.metrics = Metrics(self._inflight_samples)
         self.synced = synced  # False until the source has given a first full view
-        self.pool = Pool(connect_timeout=connect_timeout)
+        self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout)
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
@@ -237,11 +242,15 @@ class Gateway:
         policy = self.balancer.policy(model, self.table.routing(model))
         if body.key is None or body.key[0] is not policy:  # (a retry may find the Model changed)
             body.key = (policy, policy.key(body.doc, request.header(SESSION_HEADER)))
+        if self.outliers.ejections:
+            exclude = self.outliers.excluded((b.replica for b in backends), exclude)
         return policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
 
     def _failed(self, request: Request, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
         last = f"{b.replica} ({b.endpoint}): {reason}"
+        if reason != _ENGINE_503:   # a loading or draining engine says so; not an outlier
+            self.outliers.failed(b.replica)
         self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
         tid = _trace_id(request)
         log.info("upstream %s failed before its first byte; %s (trace %s)", last,
@@ -279,6 +288,7 @@ class Gateway:
     async def _relay(self, request: Request, conn: Conn, b: Backend) -> Response | Stream:
         if conn.status == 503:
             raise _Retry(_ENGINE_503)
+        self._answered(b)
         headers, length, sse = _response_head(conn, b)
         if _buffered(length, sse):
             try:
@@ -314,6 +324,12 @@ class Gateway:
             return resp
         resp.end()
         return resp
+
+    def _answered(self, b: Backend) -> None:
+        """The engine's response started (not a 503): its failure streak ends."""
+        outliers = self.outliers
+        if outliers.failures or outliers.ejections:
+            outliers.succeeded(b.replica)
 
     # ------------------------------------------------------------ without a task
 
@@ -409,6 +425,7 @@ class _Exchange:
             headers, length, sse = _response_head(conn, self.backend)
             if conn.status == 503 or not _buffered(length, sse):
                 return self._hand_over()
+            self.gw._answered(self.backend)
             self._head = head = headers
             conn.read_whole()
         if conn.complete:

@@ -21,6 +21,12 @@ fn` (called after each piece of the response and on a failure: check `conn.faile
 
 Failures are UpstreamError with a `reason` whose first word (before ':') is
 the metrics label: connect, timeout, disconnected, protocol.
+
+`response_timeout`: a request whose response headers have not come that many
+seconds after it was sent fails with "timeout: ..." and its connection is
+closed (an engine that accepts and never answers, or a stopped one). One
+watchdog per pool looks at the waiting connections once a second, so the
+hot path pays for a timestamp and a set, not a timer per request.
 """
 from __future__ import annotations
 
@@ -70,6 +76,7 @@ class Conn(asyncio.Protocol):
         # called after each piece of input and on a failure, for a caller without a task
         self.listener: Callable[[], None] | None = None
         self._busy = False
+        self.sent_at = 0.0   # when the request in flight was sent (monotonic), for the response timeout
 
     # ------------------------------------------------------------ protocol
 
@@ -118,6 +125,7 @@ class Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.pool.answered(self)
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
         self._got_headers = True
@@ -150,6 +158,9 @@ class Conn(asyncio.Protocol):
             raise UpstreamError("disconnected: the engine closed the connection")
         self._busy = True
         write_message(self.transport, head, body)
+        if self.pool.response_timeout is not None:
+            self.sent_at = time.monotonic()
+            self.pool.awaiting(self)
 
     async def headers_done(self) -> None:
         while not self._got_headers:
@@ -202,11 +213,20 @@ class Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.pool.answered(self)
         self.transport.close()
+
+    def time_out(self, after: float) -> None:
+        """No response headers `after` seconds after the request was sent: fail and close."""
+        self._fail(UpstreamError(f"timeout: no response within {after:g}s"))
+        self.close()
+        if self.listener is not None:
+            self.listener()
 
     # ------------------------------------------------------------ internals
 
     def _fail(self, err: UpstreamError) -> None:
+        self.pool.answered(self)
         if self._error is None:
             self._error = err
         self._wake()
@@ -241,12 +261,34 @@ class Conn(asyncio.Protocol):
 class Pool:
     """Idle keep-alive connections per endpoint ("host:port"); no limit on their number."""
 
-    def __init__(self, connect_timeout: float = 5.0, keepalive: float = 30.0):
+    def __init__(self, connect_timeout: float = 5.0, keepalive: float = 30.0,
+                 response_timeout: float | None = None):
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
+        self.response_timeout = response_timeout
         self._idle: dict[str, list[Conn]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._waiting: set[Conn] = set()     # sent, no response headers yet (with a response_timeout)
+        self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
+
+    def awaiting(self, conn: Conn) -> None:
+        self._waiting.add(conn)
+        if self._watchdog is None and not self._closed:
+            self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
+
+    def answered(self, conn: Conn) -> None:
+        self._waiting.discard(conn)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        timeout = self.response_timeout
+        assert timeout is not None  # armed only with one
+        cutoff = time.monotonic() - timeout
+        for conn in [c for c in self._waiting if c.sent_at < cutoff]:
+            conn.time_out(timeout)
+        if self._waiting and not self._closed:
+            self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
     async def acquire(self, endpoint: str, fresh: bool = False) -> Conn:
         conn = None if fresh else self.idle(endpoint)
@@ -274,6 +316,9 @@ class Pool:
 
     def close(self) -> None:
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None

@@ -1,0 +1,111 @@
+"""A replica whose engine stops answering (issue 33's hung engine, and a partition between the
+gateway and one engine): the response timeout ends a try that got no headers, the request goes
+to another replica, and passive outlier detection leaves the sick replica out for a while."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from llmgw.gateway.outlier import Outliers
+from llmgw.gateway.proxy import REPLICA_HEADER
+from llmgw.gateway.table import RoutingTable
+from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
+
+
+class Mute:
+    """An engine that accepts connections, reads requests and never answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                self.requests += data.count(b"POST ")
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> "Mute":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None
+        return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    s = Sim.start("llama")
+    yield s
+    s.stop()
+
+
+def table(*endpoints: str) -> RoutingTable:
+    t = RoutingTable()
+    t.apply("models", "ADDED", model("llama"))
+    for i, ep in enumerate(endpoints):
+        t.apply("replicas", "ADDED", replica(f"llama-{i}", "llama", ep, served=("llama",)))
+    return t
+
+
+BODY = {"model": "llama", "prompt": "hi", "max_tokens": 2}
+
+
+def test_failures_in_a_row_eject_for_longer_each_time_and_never_every_replica():
+    now = [0.0]
+    o = Outliers(threshold=3, base=5, most=12, clock=lambda: now[0])
+    o.failed("a")
+    o.failed("a")
+    o.succeeded("a")                      # a response started: the streak ends
+    o.failed("a")
+    o.failed("a")
+    assert set(o.excluded(["a", "b"])) == set()
+    o.failed("a")                         # three in a row
+    assert set(o.excluded(["a", "b"])) == {"a"}
+    assert set(o.excluded(["a"])) == set()        # never every replica of a model
+    assert set(o.excluded(["a", "b"], also={"b"})) == {"b"}
+    now[0] = 5.1
+    assert set(o.excluded(["a", "b"])) == set()   # its time is up: tried again
+    for _ in range(3):
+        o.failed("a")
+    assert o.ejections["a"] == (5.1 + 10, 2)       # the second ejection in a row: twice as long
+    now[0] = 15.2
+    for _ in range(3):
+        o.failed("a")
+    assert o.ejections["a"] == (15.2 + 12, 3)      # at most `most`
+    now[0] = 27.3
+    o.succeeded("a")
+    assert o.ejections == {} and o.failures == {}
+
+
+async def test_a_mute_replica_costs_a_response_timeout_then_is_left_out(sim):
+    async with Mute() as mute, running_gateway(table(mute.endpoint, sim.endpoint), response_timeout=1.0) as gw:
+        gw.gateway.outliers = Outliers(threshold=3, base=600)
+        async with aiohttp.ClientSession() as s:
+            answered_by = []
+            for _ in range(10):
+                async with s.post(gw.url + "/v1/completions", json=BODY) as r:
+                    assert r.status == 200, await r.text()
+                    answered_by.append(r.headers[REPLICA_HEADER])
+            text = await scrape(s, gw)
+    # every request answered by the sim; the mute one was tried three times, then never again
+    assert answered_by == ["llama-1"] * 10
+    assert mute.requests == 3
+    assert metric(text, "llmgw_gateway_upstream_errors_total", replica="llama-0", reason="timeout") == 3
+
+
+async def test_a_request_to_a_model_whose_only_replica_is_mute_ends_at_the_response_timeout():
+    async with Mute() as mute, running_gateway(table(mute.endpoint), response_timeout=1.0) as gw:
+        async with aiohttp.ClientSession() as s, s.post(gw.url + "/v1/completions", json=BODY) as r:
+            body = await r.json()
+    assert r.status == 502 and "no response within 1s" in body["error"]["message"], body
+    assert mute.requests == 2     # the try and its retry on a fresh connection
