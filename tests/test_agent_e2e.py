@@ -214,6 +214,22 @@ async def test_shard_starts_becomes_ready_and_fails_with_the_exit_code_when_kill
         assert not (agent.state_dir / "shards" / "run-1-a.json").exists()
 
 
+async def test_a_hung_engine_is_stopped_and_its_shard_failed_after_the_liveness_timeout(shared_api_server, agents):
+    """An engine that stops answering (here SIGSTOP: alive, holding its port and GPUs, silent) is
+    not left unready forever: after --liveness-timeout of failed probes the agent kills it and
+    fails the shard, so the replica controller rebuilds the replica (issue 33)."""
+    agent = agents("hung-1", "--liveness-timeout", "2")
+    async with shared_api_server.client() as c:
+        await c.create(sim_shard("hung-1-a", "hung-1"))
+        shard = await shard_in(c, "hung-1-a", agent, "Ready", "Failed")
+        assert shard.status.phase == "Ready", shard.status
+        pid = shard.status.pid
+        os.kill(pid, signal.SIGSTOP)
+        shard = await shard_in(c, "hung-1-a", agent, "Failed")
+        assert shard.status.message.startswith("unhealthy: health probe") and "failing for 2s" in shard.status.message
+        await until(lambda: not is_alive(pid), "the stopped engine killed")
+
+
 async def test_restarted_agent_adopts_the_running_engine(shared_api_server, agents):
     agent = agents("adopt-1")
     async with shared_api_server.client() as c:

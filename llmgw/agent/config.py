@@ -83,6 +83,9 @@ class AgentConfig(BaseModel):
     stop_grace_period: float = 30.0        # SIGTERM to SIGKILL
     heartbeat_interval: float = 5.0
     probe_interval: float = 1.0
+    # A shard that was Ready and whose probe keeps failing this long is stopped and Failed (reason
+    # Unhealthy), so its replica is rebuilt; 0: never (it stays unready while the probe fails)
+    liveness_timeout: float = 30.0
     rediscover_interval: float = 60.0      # GPU/IB/engine rediscovery; 0: only at start
     log_lines: int = 30                    # lines of an engine's log reported when it exits
     metrics_listen: str | None = None      # HOST:PORT of GET /metrics (llmgw/agent/metrics.py); None: off
@@ -124,7 +127,7 @@ class AgentConfig(BaseModel):
     def _port_range(cls, v: Any) -> PortRange:
         return parse_port_range(v)
 
-    @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval",
+    @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval", "liveness_timeout",
                      "nvidia_smi_timeout", "rediscover_interval", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:

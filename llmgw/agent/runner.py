@@ -345,6 +345,9 @@ class ShardRunner:
         """Probe until a process exits (Failed) or a stop is requested."""
         stop = asyncio.ensure_future(self.stop_requested.wait())
         failures = 0
+        was_ready = self.status.phase == "Ready"
+        failing_since: float | None = None   # since when the probe of a shard that was Ready fails
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 waiters = [p.waiter() for p in self.procs]
@@ -357,7 +360,7 @@ class ShardRunner:
                 if stop.done():
                     return
                 if await self._probe():
-                    failures = 0
+                    failures, failing_since, was_ready = 0, None, True
                     if self.status.phase != "Ready":
                         why_not = await self._answered_by_another()
                         if why_not:
@@ -369,6 +372,12 @@ class ShardRunner:
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
                         assert self.record is not None  # Ready: adopted or launched, so recorded
                         self._set("Running", message=f"health probe failing ({self.record.probe_url})")
+                    if was_ready:
+                        failing_since = loop.time() if failing_since is None else failing_since
+                        limit = self.ctx.config.liveness_timeout
+                        if limit and loop.time() - failing_since >= limit:
+                            await self._on_unhealthy(limit)
+                            return
         finally:
             stop.cancel()
 
@@ -397,6 +406,21 @@ class ShardRunner:
             message += f"; stopped {', '.join(p.record.name for p in others)}"
         message += f"; log: {proc.record.log}"
         self._set("Failed", exitCode=code, message=message, logTail=tail)
+
+    async def _on_unhealthy(self, seconds: float) -> None:
+        """A shard that served stopped answering its probe (hung, stopped, wedged): its engine is
+        stopped (SIGKILL after a short grace reaches a stopped process too) and the shard Failed
+        (liveness_timeout), so that the replica is rebuilt instead of sitting unready on its GPUs."""
+        assert self.record is not None  # it was Ready: adopted or launched, so recorded
+        url = self.record.probe_url
+        await self._terminate(self.procs, grace=min(5.0, self.ctx.config.stop_grace_period))
+        log_path = self.procs[0].record.log if self.procs else ""
+        tail = process.tail(log_path, self.ctx.config.log_lines) if log_path else ""
+        self.procs = []
+        self.ctx.state.remove(self.name)
+        self.claim.release()
+        self._set("Failed", message=f"unhealthy: health probe ({url}) failing for {seconds:g}s; engine "
+                  f"stopped; log: {log_path}", logTail=tail)
 
     async def _stop(self, drain: bool) -> None:
         live = [p for p in self.procs if p.has_processes()]

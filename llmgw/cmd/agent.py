@@ -49,6 +49,8 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--drain-delay", help="Wait between a shard's deletion and SIGTERM (default 2s).")
 @click.option("--stop-grace-period", help="SIGTERM to SIGKILL (default 30s).")
 @click.option("--heartbeat-interval", help="Between heartbeats (default 5s).")
+@click.option("--liveness-timeout", help="How long a Ready shard's health probe may keep failing before its engine "
+              "is stopped and the shard Failed, so the replica is rebuilt (default 30s; 0: never).")
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="Serve GET /metrics here: the node's shards by phase and its engines' own series, "
                    "labelled with model, replica, node, rank and engine (default: off).")
