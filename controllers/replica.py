@@ -382,7 +382,8 @@ class ReplicaController(Controller):
                         worldSize=len(placement), gpus=list(p.gpus), ports=shard_ports,
                         headAddress=head, fabric=p.fabric, engine=profile.engine,
                         launchMode=profile.launch_mode, gpusPerNode=profile.gpusPerNode,
-                        source=r.spec.source, servedModelNames=r.spec.servedModelNames or [r.spec.model],
+                        source=r.spec.source, digest=r.spec.digest,
+                        servedModelNames=r.spec.servedModelNames or [r.spec.model],
                         args=list(profile.args), env=dict(profile.env),
                     ),
                 )
