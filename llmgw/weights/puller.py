@@ -9,10 +9,11 @@ the pull and its progress.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class Pull:
 class Puller:
     def __init__(self, cache: Cache, hub: HubConfig,
                  session: Callable[[], aiohttp.ClientSession] | None = None,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cache = cache
         self.hub = hub
         self._session = session
@@ -66,7 +67,7 @@ class Puller:
         if current is not None:
             return current
         progress = Progress(digest=pin)
-        task = asyncio.ensure_future(self._pull(source, pin, progress))
+        task = asyncio.ensure_future(self._reported(source, pin, progress))
         pull = self._pulls[key] = Pull(task, progress)
         task.add_done_callback(lambda _t: self._pulls.pop(key, None))
         return pull
@@ -85,6 +86,18 @@ class Puller:
             self._own = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30,
                                                                             sock_read=60))
         return self._own
+
+    async def _reported(self, source: PulledSource, pin: str | None, progress: Progress) -> Pulled:
+        """A pull, then the cache's new content told (models added or evicted, room left)."""
+        try:
+            return await self._pull(source, pin, progress)
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            raise PullError("CacheFull", f"{source.text}: the disk of {self.cache.root} is full") from None
+        finally:
+            if self.on_change is not None:
+                await asyncio.shield(self.on_change())
 
     async def _pull(self, source: PulledSource, pin: str | None, progress: Progress) -> Pulled:
         http = self._http()
@@ -109,8 +122,6 @@ class Puller:
             self.cache.release(reservation)
             shutil.rmtree(tree, ignore_errors=True)
         log.info("pulled %s: %s, %d files, %d bytes", source.text, digest, len(listing.files), listing.total)
-        if self.on_change is not None:
-            self.on_change()
         return Pulled(digest, path)
 
     async def _fetch_all(self, http: aiohttp.ClientSession, listing: Listing, tree: Path,

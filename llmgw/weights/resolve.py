@@ -26,6 +26,11 @@ from llmgw.weights.errors import PullError, Reason
 DEFAULT_HUB = "https://huggingface.co"
 
 
+def default_hub() -> str:
+    """HF_ENDPOINT (the hub clients' own variable for a mirror), else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT") or DEFAULT_HUB
+
+
 @dataclass(frozen=True)
 class HubConfig:
     endpoint: str = DEFAULT_HUB

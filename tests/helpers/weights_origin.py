@@ -81,7 +81,7 @@ class WeightsOrigin:
         return [r for r in self.log if r.method == method and r.path.endswith(suffix)]
 
     # ------------------------------------------------------------ serving
-    async def start(self) -> WeightsOrigin:
+    async def start(self, port: int = 0) -> WeightsOrigin:
         app = web.Application(middlewares=[self._logged])
         app.router.add_get("/api/models/{org}/{name}/revision/{rev}", self._model_info)
         app.router.add_get("/api/models/{org}/{name}", self._model_info)
@@ -90,7 +90,7 @@ class WeightsOrigin:
         app.router.add_get("/models/{name}/{path:.+}", self._dir_file)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
