@@ -64,3 +64,12 @@ def test_a_pin_changes_the_template_but_no_pin_keeps_old_hashes():
     assert template_hash(plain.spec) != template_hash(pinned.spec)
     # The hash of a spec without a digest is the one computed before digests existed (main's code).
     assert template_hash(parse_object(model(source="/x")).spec) == "9ecf05c206"
+
+
+def test_agent_cache_size_reads_quantities_and_names_the_key_when_bad():
+    from llmgw.agent.config import ConfigError, load_config
+    assert load_config(None, {"weights_cache_size": "1.5Gi"}).weights_cache_size == 3 << 29
+    assert load_config(None, {"weights_cache_size": "500G"}).weights_cache_size == 500 * 10**9
+    assert load_config(None, {"state_dir": "/s"}).weights_path == "/s/weights"
+    with pytest.raises(ConfigError, match="weights-cache-size: 'lots' is not a size"):
+        load_config(None, {"weights_cache_size": "lots"})
