@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from llmgw.api import get_condition
 from llmgw.api.types import Node, PullStatus, ShardStatus
 from llmgw.printers.columns import shard_table
 from tests.helpers.cluster import shared_api_server  # noqa: F401
-from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated
+from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated, origin  # noqa: F401
 from tests.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
 
 FILES = {"config.json": 400, "model.safetensors": 3_000_000, "tokenizer/tokenizer.json": 20_000}
-
-
-@pytest.fixture
-async def origin():
-    o = await WeightsOrigin().start()
-    yield o
-    await o.stop()
 
 
 def cmdline(pid: int) -> list[str]:
@@ -99,3 +90,13 @@ def test_get_shards_shows_a_pulls_share():
     shard.status = ShardStatus(phase="Pulling", pull=PullStatus(bytesDone=3, bytesTotal=4))
     _, rows = shard_table([shard])
     assert rows[0][3] == "Pulling 75%"
+
+
+def test_a_replica_with_a_pulling_shard_is_starting_and_says_how_far():
+    from controllers.replica import fold_phase, pulling_message
+    pulling = sim_shard("s", "node-a", source="hf://org/m")
+    pulling.status = ShardStatus(phase="Pulling", pull=PullStatus(bytesDone=1_200_000_000, bytesTotal=4_000_000_000))
+    resolving = sim_shard("t", "node-b", source="hf://org/m")
+    resolving.status = ShardStatus(phase="Pulling")
+    assert fold_phase(None, [pulling]) == "Starting"
+    assert pulling_message([pulling, resolving]) == "pulling weights: node-a 1.2 GB of 4.0 GB, node-b resolving"

@@ -13,16 +13,9 @@ from llmgw.weights.cache import Cache
 from llmgw.weights.errors import PullError
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
-from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated
+from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated, origin  # noqa: F401
 
 FILES = {"config.json": 300, "model-00001.safetensors": 200_000, "sub/tokenizer.json": 5_000}
-
-
-@pytest.fixture
-async def origin():
-    o = await WeightsOrigin().start()
-    yield o
-    await o.stop()
 
 
 def puller(tmp_path: Path, origin: WeightsOrigin, capacity: int | None = None) -> Puller:

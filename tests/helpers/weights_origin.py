@@ -18,6 +18,7 @@ import json
 import random
 from dataclasses import dataclass, field
 
+import pytest
 from aiohttp import web
 
 LFS_FROM = 1024       # files this big or bigger are LFS files on the hub (named by sha256)
@@ -178,3 +179,11 @@ class WeightsOrigin:
         await resp.write(body)
         await resp.write_eof()
         return resp
+
+
+@pytest.fixture
+async def origin():
+    """A started WeightsOrigin, stopped after the test."""
+    o = await WeightsOrigin().start()
+    yield o
+    await o.stop()
