@@ -334,7 +334,7 @@ class ModelController(Controller):
                 ownerReferences=[model.owner_reference()],
             ),
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
-                             source=spec.source, servedModelNames=model.served_names,
+                             source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
                              nodeSelector=dict(spec.nodeSelector)),
         )
         created = await self.ctx.store.create(replica)

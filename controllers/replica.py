@@ -103,9 +103,22 @@ def fold_phase(replica: Replica, shards: list[Shard]) -> ReplicaPhase:
     if head is not None and head.status.phase == "Ready" and all(
             s.status.phase in ("Ready", "Running") for s in shards):
         return "Ready"
-    if any(s.status.phase in ("Starting", "Running", "Ready") for s in shards):
+    if any(s.status.phase in ("Pulling", "Starting", "Running", "Ready") for s in shards):
         return "Starting"
     return "Scheduled"
+
+
+def pulling_message(shards: list[Shard]) -> str:
+    """The weights' pulls of shards in phase Pulling, e.g. "pulling weights: node-a 1.2/4.0 GB"
+    ("" when none is): `get replicas -o wide` and `describe` show it."""
+    pulls = [(s.spec.node, s.status.pull) for s in shards if s.status.phase == "Pulling"]
+    return "pulling weights: " + ", ".join(
+        f"{node} {_size(p.bytesDone)} of {_size(p.bytesTotal)}" if p is not None and p.bytesTotal
+        else f"{node} resolving" for node, p in pulls) if pulls else ""
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 class _MinTimer:
@@ -382,7 +395,8 @@ class ReplicaController(Controller):
                         worldSize=len(placement), gpus=list(p.gpus), ports=shard_ports,
                         headAddress=head, fabric=p.fabric, engine=profile.engine,
                         launchMode=profile.launch_mode, gpusPerNode=profile.gpusPerNode,
-                        source=r.spec.source, servedModelNames=r.spec.servedModelNames or [r.spec.model],
+                        source=r.spec.source, digest=r.spec.digest,
+                        servedModelNames=r.spec.servedModelNames or [r.spec.model],
                         args=list(profile.args), env=dict(profile.env),
                     ),
                 )
@@ -405,7 +419,8 @@ class ReplicaController(Controller):
         endpoint = f"{head.spec.headAddress}:{head.spec.ports.serve}"
         ready = phase == "Ready"
         msg = {"Ready": f"serving at {endpoint}",
-               "Starting": f"{sum(s.status.phase in ('Ready', 'Running') for s in shards)}/{len(shards)} shards up",
+               "Starting": pulling_message(shards)
+               or f"{sum(s.status.phase in ('Ready', 'Running') for s in shards)}/{len(shards)} shards up",
                "Scheduled": f"{len(shards)} shard(s) created, waiting for agents"}[phase]
         conds: list[ConditionPatch] = [{"type": "Ready", "status": "True" if ready else "False",
                   "reason": "ShardsReady" if ready else "ShardsNotReady", "message": msg},

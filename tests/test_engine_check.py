@@ -209,7 +209,7 @@ def test_sim_flags_match_the_real_sim_help():
     assert result.exit_code == 0, result.output
     assert rows == dict.fromkeys(
         [("sim", f) for f in ("--host", "--port", "--served-model-name", "--rank", "--world-size",
-                              "--dist-init-addr")], "found")
+                              "--dist-init-addr", "--model")], "found")
 
 
 def test_usage_errors(bindir):

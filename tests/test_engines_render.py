@@ -171,6 +171,7 @@ def test_sim_every_rank_runs_the_same_line_with_its_rank(rank, world):
         sys.executable, "-m", "llmgw.sim",
         "--host", f"10.0.0.{10 + rank}", "--port", "30001", "--served-model-name", "llama-70b", "llama",
         "--rank", str(rank), "--world-size", str(world), "--dist-init-addr", "10.0.0.10:30002",
+        "--model", "/models/llama-70b",     # spec.source: the sim checks the path is there
         "--load-seconds", "2",
     ]]
     assert out.commands[0].serves == (rank == 0)

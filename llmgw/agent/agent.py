@@ -31,6 +31,9 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.api import NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.client import Client
+from llmgw.weights.cache import Cache
+from llmgw.weights.puller import Puller
+from llmgw.weights.resolve import HubConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class Agent:
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
+        self.puller: Puller | None = None
 
     def discover(self) -> Facts:
         self.facts = gather(self.config)
@@ -60,8 +64,11 @@ class Agent:
         state.prepare()
         client = Client(cfg.server_url, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
         reporter = StatusReporter(self._shard_writer(client), self.node)
+        cache = Cache(cfg.weights_path, cfg.weights_cache_size)
+        cache.open()
+        self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed)
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
-                      foreign_ports=self._set_foreign_ports)
+                      foreign_ports=self._set_foreign_ports, puller=self.puller)
         sup = self.supervisor = Supervisor(ctx)
         if sup.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
@@ -89,6 +96,7 @@ class Agent:
                 if site is not None:
                     await site.cleanup()
             await sup.close()
+            await self.puller.close()
             await client.close()
 
     async def _serve_metrics(self, listen: str) -> web.AppRunner:
@@ -175,7 +183,13 @@ class Agent:
         status = node_status(self.facts, self.config)
         status.foreignPorts = list(self.foreign_ports)
         status.agentEndpoint = self.logs_endpoint
+        if self.puller is not None:
+            status.weights = self.puller.cache.status()
         return status
+
+    async def _weights_changed(self) -> None:
+        if self.registration is not None:
+            await self.registration.update_status(self._node_status())
 
     async def _scan_foreign_ports(self) -> list[int]:
         rng = self.config.port_range

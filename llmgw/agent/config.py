@@ -18,6 +18,7 @@ from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.limits import InputError, check_document
 from llmgw.api.manifests import read_yaml
 from llmgw.engines.engine import executable_name
+from llmgw.weights.resolve import default_hub
 
 DEFAULT_STATE_DIR = "/var/lib/llmgw/agent"
 DEFAULT_SERVER_PORT = 7443
@@ -40,6 +41,24 @@ def parse_duration(value: Any) -> float:
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")
     return seconds
+
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from 1000000, "500G", "1.5Ti", "800Mi" (Kubernetes' quantities, B optional)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", str(value), re.IGNORECASE)
+        if not m:
+            raise ValueError(f"{value!r} is not a size (bytes, or a number with K, M, G, T, Ki, Mi, Gi, Ti)")
+        size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if size < 0:
+        raise ValueError(f"{value!r} is negative")
+    return size
 
 
 def parse_port_range(value: Any) -> PortRange:
@@ -90,6 +109,10 @@ class AgentConfig(BaseModel):
     log_lines: int = 30                    # lines of an engine's log reported when it exits
     metrics_listen: str | None = None      # HOST:PORT of GET /metrics (llmgw/agent/metrics.py); None: off
     logs_listen: str | None = None         # HOST:PORT of the engine logs, to the API server (llmgw/agent/logs.py)
+    weights_dir: str | None = None         # the weights cache (llmgw/weights/cache.py); None: <state-dir>/weights
+    weights_cache_size: int | None = None  # its budget in bytes; None: what the disk holds
+    hub_endpoint: str = Field(default_factory=default_hub)   # the Hugging Face Hub of hf:// sources, or a mirror
+    hub_token_file: str | None = None      # its token; None: HF_TOKEN from the environment, if set
 
     @field_validator("node")
     @classmethod
@@ -127,6 +150,11 @@ class AgentConfig(BaseModel):
     def _port_range(cls, v: Any) -> PortRange:
         return parse_port_range(v)
 
+    @field_validator("weights_cache_size", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int | None:
+        return None if v is None else parse_size(v)
+
     @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval", "liveness_timeout",
                      "nvidia_smi_timeout", "rediscover_interval", mode="before")
     @classmethod
@@ -154,6 +182,10 @@ class AgentConfig(BaseModel):
         for k in ("ca", "cert", "key"):
             if not Path(getattr(self, k)).is_file():
                 raise ConfigError(f"{k} file not found: {getattr(self, k)}")
+
+    @property
+    def weights_path(self) -> str:
+        return self.weights_dir or str(Path(self.state_dir) / "weights")
 
     @property
     def server_url(self) -> str:

@@ -1,6 +1,7 @@
-"""One shard's life on this node: preflight, start, probe, report, stop; or adopt and carry on.
+"""One shard's life on this node: pull, preflight, start, probe, report, stop; or adopt and carry on.
 
-Phases: Pending (preflight, waiting its turn) -> Starting (launching) -> Running (processes alive,
+Phases: Pending -> Pulling (a pulled source's weights into the node's cache, llmgw.agent.pulling;
+skipped for a path) -> Pending (preflight, waiting its turn) -> Starting (launching) -> Running (processes alive,
 not yet healthy) -> Ready (probe passes); Failed (exitCode, message, logTail);
 Stopping -> Stopped once a deleted shard's processes are confirmed gone.
 A shard never restarts: after Failed its replica is rebuilt elsewhere.
@@ -29,9 +30,11 @@ from llmgw.agent.claims import Claim, Claims
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts
 from llmgw.agent.preflight import PreflightError, prepare
+from llmgw.agent.pulling import weights_for
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
 from llmgw.api import Shard, ShardStatus, now, set_condition
+from llmgw.weights.puller import Puller
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class Context:
     claims: Claims = field(default_factory=Claims)
     # Called with the ports of the node's range held by foreign processes, at each check.
     foreign_ports: Callable[[list[int]], Awaitable[None]] | None = None
+    puller: Puller | None = None          # the node's weights cache and its pulls
 
     async def session(self) -> aiohttp.ClientSession:
         s = self.http.get("session")
@@ -123,6 +127,7 @@ class ShardRunner:
         self.stop_requested = asyncio.Event()
         self.drain = True
         self.task: asyncio.Task[None] | None = None
+        self.weights: str | None = None       # the cached digest its engine uses, pinned while it lives
 
     # -------------------------------------------------------------- inputs
     def start(self) -> asyncio.Task[None]:
@@ -167,6 +172,8 @@ class ShardRunner:
             await self.stop_requested.wait()
             await self._stop(drain=False)
         self.ctx.claims.discard(self.claim)
+        if self.weights is not None and self.ctx.puller is not None:
+            self.ctx.puller.cache.unpin(self.weights)
 
     async def _life(self) -> None:
         if self.record is not None:
@@ -181,7 +188,7 @@ class ShardRunner:
                 self.claim.release()
         if not self.procs and not self.stop_requested.is_set():
             phase = self.status.phase
-            if phase == "Pending":
+            if phase in ("Pending", "Pulling"):     # Pulling: an agent restarted mid-pull resumes it
                 await self._launch()
             elif phase in ("Starting", "Running", "Ready") and self.record is None:
                 self._set("Failed", exitCode=None, message=(
@@ -197,6 +204,9 @@ class ShardRunner:
         alive = [p for p in procs if p.alive()]
         if procs and len(alive) == len(procs):
             self.procs = procs
+            if record.weights is not None and self.ctx.puller is not None:
+                self.ctx.puller.cache.pin(record.weights)       # its engine reads them
+                self.weights = record.weights
             log.info("shard %s: adopted running engine (pids %s)", self.name, [p.pid for p in procs])
             serving = self._serving()
             assert serving is not None  # there are processes
@@ -215,8 +225,12 @@ class ShardRunner:
                   message=f"{names} exited while the agent was not running (exit code unknown)")
 
     async def _launch(self) -> None:
+        weights = await weights_for(self.shard, self.status, self.ctx.puller, self._set, self.stop_requested)
+        if weights is None:
+            return
+        self.weights = weights.digest       # pinned by weights_for
         try:
-            rendered = prepare(self.shard, self.ctx.facts)
+            rendered = prepare(weights.shard, self.ctx.facts)
         except PreflightError as err:
             self._set("Failed", message=f"preflight: {err}")
             return
@@ -238,7 +252,7 @@ class ShardRunner:
         state.rotate_logs(self.name)
         record = ShardRecord(shard=self.name, uid=self.uid, probe_kind=rendered.probe.kind,
                              probe_url=rendered.probe.url, started_at=now().isoformat(),
-                             gpus=sorted(gpus), ports=sorted(own))
+                             gpus=sorted(gpus), ports=sorted(own), weights=self.weights)
         for cmd in rendered.commands:
             log_path = state.log_path(self.name, cmd.name)
             env = {**os.environ, **cmd.env}

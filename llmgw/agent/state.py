@@ -40,6 +40,7 @@ class ShardRecord:
     # What the engine was given; None (a record written before these were kept): everything.
     gpus: list[int] | None = None
     ports: list[int] | None = None
+    weights: str | None = None      # the cached digest its engine was started on (kept from eviction)
 
 
 class StateDir:

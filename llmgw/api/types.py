@@ -31,6 +31,7 @@ from llmgw.api.meta import (
     OwnerReference,
     Strict,
 )
+from llmgw.api.sources import check_digest, parse_source
 from llmgw.engines import engine as engines
 
 
@@ -52,13 +53,15 @@ IndexBytes = Annotated[int, Field(strict=True, ge=65536, le=1 << 40)]
 
 
 def _check_source(value: str) -> str:
-    if value.startswith("-"):
-        raise ValueError(f"{value!r} starts with '-': the engine would read it as a flag")
+    parse_source(value)
     return value
 
 
-# Weights: a path or a hub id, never something an engine's command line takes for a flag.
+# Weights: a path, hf://ORG/NAME[@REVISION] or http(s)://HOST/DIR/ (llmgw/api/sources.py); never
+# something an engine's command line takes for a flag.
 Source = Annotated[str, AfterValidator(_check_source)]
+# The content digest of a pulled source (llmgw/weights/digest.py), pinned by a Model.
+Digest = Annotated[str, AfterValidator(check_digest)]
 def _launch_mode_schema(schema: dict[str, JsonValue]) -> None:
     modes: list[JsonValue] = [*sorted({m for e in engines.ENGINES.values() for m in e.launch_modes})]
     schema["enum"] = modes
@@ -169,6 +172,19 @@ class NodeSpec(Strict):
     drain: Bool = False
 
 
+class CachedWeights(Strict):
+    digest: Digest
+    bytes: Int = 0
+
+
+class WeightsCache(Strict):
+    """The agent's weights cache (llmgw/weights/cache.py): what it holds, so placement can prefer
+    the nodes that already have a Model's digest, and how much more it may hold."""
+    capacityBytes: Int = 0
+    freeBytes: Int = 0
+    models: list[CachedWeights] = Field(default_factory=list)
+
+
 class NodeStatus(Strict):
     observedGeneration: Int = 0
     addresses: list[str] = Field(default_factory=list)
@@ -186,13 +202,14 @@ class NodeStatus(Strict):
     # Where its agent serves its shards' engine logs to the API server ("https://ADDR:PORT",
     # the agent's --logs-listen); None: it serves none (`llmgw logs` says so).
     agentEndpoint: str | None = None
+    weights: WeightsCache | None = None
 
 
 # The Node status fields its agent writes (registration, rediscovery); a node certificate may
 # write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
 # and drain progress are the controllers'.
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
-                            "agentVersion", "foreignPorts", "agentEndpoint")
+                            "agentVersion", "foreignPorts", "agentEndpoint", "weights")
 
 # The node lifecycle controller's verdict on a silent node, a Node condition
 # (docs/contracts.md, "Failure semantics"); its reason says why.
@@ -311,6 +328,9 @@ class ModelSpec(Strict):
     replicas: Replicas = 1
     aliases: list[DNSLabel] = Field(default_factory=list)
     source: Source | None = None
+    # The content the source must resolve to (hf:// and http(s):// sources): a pull that finds
+    # other content fails, so a moved branch or a changed origin never reaches an engine.
+    digest: Digest | None = None
     profiles: list[Profile] = Field(min_length=1)
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     update: UpdateStrategy = Field(default_factory=UpdateStrategy)
@@ -318,6 +338,12 @@ class ModelSpec(Strict):
     placementDeadlineSeconds: DeadlineSeconds = 60
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     autoscaling: AutoscalingSpec | None = None
+
+    @model_validator(mode="after")
+    def _digest_of_pulled(self) -> Self:
+        if self.digest is not None and (self.source is None or parse_source(self.source) is None):
+            raise ValueError("digest: pins the content of an hf:// or http(s):// source; a path is used as it is")
+        return self
 
 
 # The autoscaler's Model condition: its reason (ScaledUp, ScaledDown, ScaledToZero, Steady) and
@@ -374,6 +400,8 @@ def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:
         "nodeSelector": spec.nodeSelector,
         "profiles": [p.model_dump(mode="json") for p in spec.profiles],
     }
+    if spec.digest is not None:     # only when set: a Model without one keeps its replicas' hash
+        template["digest"] = spec.digest
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
     return digest[:10]
 
@@ -396,6 +424,7 @@ class ReplicaSpec(Strict):
     profileIndex: Int = 0
     profile: Profile
     source: Source | None = None
+    digest: Digest | None = None
     servedModelNames: list[str] = Field(default_factory=list)
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     placement: list[Placement] = Field(default_factory=list)
@@ -423,7 +452,7 @@ class Replica(Object[ReplicaSpec, ReplicaStatus]):
 
 # -------------------------------------------------------------------- Shard
 
-ShardPhase = Literal["Pending", "Starting", "Running", "Ready", "Failed", "Stopping", "Stopped"]
+ShardPhase = Literal["Pending", "Pulling", "Starting", "Running", "Ready", "Failed", "Stopping", "Stopped"]
 
 
 class ShardPorts(Strict):
@@ -445,9 +474,17 @@ class ShardSpec(Strict):
     launchMode: LaunchMode | None = None
     gpusPerNode: GPUCount = 1
     source: Source | None = None
+    digest: Digest | None = None
     servedModelNames: list[str] = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
     env: dict[EnvName, str] = Field(default_factory=dict)
+
+
+class PullStatus(Strict):
+    """The weights' pull into the node's cache (phase Pulling): bytes in the cache of the total."""
+    digest: Digest | None = None      # known once the source is resolved (http) or pulled (hf)
+    bytesDone: Int = 0
+    bytesTotal: Int = 0
 
 
 class ShardStatus(Strict):
@@ -460,6 +497,7 @@ class ShardStatus(Strict):
     startedAt: datetime | None = None
     phaseTime: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    pull: PullStatus | None = None
 
 
 class Shard(Object[ShardSpec, ShardStatus]):

@@ -44,6 +44,13 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--engine", "engines", multiple=True, metavar="NAME=PATH",
               help="Engine executable: vllm, ray, sglang or llama-server; repeatable.")
 @click.option("--state-dir", help="Where engine records and logs live (default /var/lib/llmgw/agent).")
+@click.option("--weights-dir", help="The weights cache: models pulled from hf:// and http(s):// sources "
+              "(default <state-dir>/weights).")
+@click.option("--weights-cache-size", metavar="SIZE",
+              help="The cache's budget, e.g. 500Gi (default: what its disk holds); unused models are evicted.")
+@click.option("--hub-endpoint", help="The Hugging Face Hub of hf:// sources, or its mirror "
+              "(default: HF_ENDPOINT, else https://huggingface.co).")
+@click.option("--hub-token-file", help="A file holding the hub's token (default: HF_TOKEN, if set).")
 @click.option("--port-range", help="Ports for engines, FIRST-LAST (default 30000-32767).")
 @click.option("--advertise-address", help="Address engines bind and peers reach (default: the route to the server).")
 @click.option("--drain-delay", help="Wait between a shard's deletion and SIGTERM (default 2s).")

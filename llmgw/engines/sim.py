@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from llmgw.engines.base import PROCESS_PROBE, Command, NodeFacts, RenderedShard, base_env, health_probe, join_host_port
-from llmgw.engines.engine import HOST, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
+from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--rank", str(spec.rank),
         "--world-size", str(spec.worldSize),
         "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
+        *(["--model", spec.source] if spec.source else []),
         *spec.args,
     ]
     serves = spec.rank == 0
@@ -48,14 +49,15 @@ def _help(command: Command) -> HelpCommand | None:
 
 
 # No executables: the sim is llmgw itself, on every node (the agent reports it always). It loads
-# no weights and uses no GPU, so the agent's preflight checks neither.
+# no weights and uses no GPU, so the agent's preflight checks neither; given spec.source, it checks
+# itself that the path is there (--model), as an engine loading it would fail.
 ENGINE = register(Engine(
     name="sim", render=render, help_of=_help,
     reserved={
         "--host": HOST, "--port": PORT,
         "--served-model-name": NAME,
         "--rank": MULTINODE, "--world-size": MULTINODE,
-        "--dist-init-addr": MULTINODE,
+        "--dist-init-addr": MULTINODE, "--model": MODEL,
     },
     syntax=Syntax(abbreviations=True),
     loads_weights=False, uses_gpus=False,

@@ -155,6 +155,14 @@ def replica_table(replicas: Sequence[Replica], wide: bool = False, now: datetime
 
 # -------------------------------------------------------------------- shards
 
+def _shard_phase(s: Shard) -> str:
+    """The phase, with a pull's share done ("Pulling 40%")."""
+    pull = s.status.pull
+    if s.status.phase == "Pulling" and pull is not None and pull.bytesTotal:
+        return f"Pulling {100 * pull.bytesDone // pull.bytesTotal}%"
+    return s.status.phase
+
+
 def shard_table(shards: Sequence[Shard], wide: bool = False, now: datetime | None = None) -> Table:
     headers = ["NAME", "NODE", "RANK", "PHASE", "GPUS", "PORT", "AGE"]
     if wide:
@@ -162,7 +170,7 @@ def shard_table(shards: Sequence[Shard], wide: bool = False, now: datetime | Non
     rows: list[list[str]] = []
     for s in shards:
         row = [
-            s.name, s.spec.node, f"{s.spec.rank}/{s.spec.worldSize}", s.status.phase,
+            s.name, s.spec.node, f"{s.spec.rank}/{s.spec.worldSize}", _shard_phase(s),
             _join(str(g) for g in s.spec.gpus), str(s.spec.ports.serve),
             human_age(s.metadata.creationTimestamp, now),
         ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -27,6 +28,7 @@ class SimConfig:
     max_num_seqs: int = 256
     block_size: int = 16
     kv_cache_tokens: int = 262144
+    model_path: str | None = None
 
     @property
     def model(self) -> str:
@@ -64,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True, help="HTTP serve port (rank 0)")
     p.add_argument("--served-model-name", nargs="+", action="extend", required=True, metavar="NAME",
                    help="model names the API answers to; the first is the model's name")
+    p.add_argument("--model", metavar="PATH",
+                   help="the model's weights on this node (a directory or a file); the sim reads none, "
+                        "but refuses to start where the path is missing, as an engine would")
     p.add_argument("--rank", type=_nonnegative(int), default=0, help="this process's rank (default: 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks (default: 1)")
     p.add_argument("--dist-init-addr", metavar="HEAD:PORT",
@@ -122,6 +127,8 @@ def parse(argv: list[str]) -> SimConfig:
     if (a.prefill_ms_per_token or a.decode_ms_per_token) and (a.ttft_ms or a.tokens_per_second):
         p.error("--ttft-ms and --tokens-per-second pace requests one by one; they do not go with "
                 "the step model (--prefill-ms-per-token, --decode-ms-per-token)")
+    if a.model is not None and not os.path.exists(a.model):
+        p.error(f"--model {a.model}: no such file or directory: the weights are not on this node")
     head_host, dist_port = "", 0
     if a.world_size > 1:
         if not a.dist_init_addr:
@@ -137,4 +144,5 @@ def parse(argv: list[str]) -> SimConfig:
         drain_grace=a.drain_grace, fail_after=a.fail_after, crash_on_request=a.crash_on_request,
         prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_token=a.decode_ms_per_token,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_cache_tokens=a.kv_cache_tokens,
+        model_path=a.model,
     )
