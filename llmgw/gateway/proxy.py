@@ -295,13 +295,18 @@ class Gateway:
                 data = await conn.read_all()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
+            if conn.status == 200:
+                self.metrics.usage(b.model, data)
             return Response(conn.status, headers, data)
         resp = request.stream(conn.status, headers, None if sse else length)
+        timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
         try:
             while True:
                 chunk = await conn.read_chunk()
                 if not chunk:
                     break
+                if timer is not None:
+                    timer.chunk(chunk)
                 await resp.write(chunk)
         except UpstreamError as err:
             conn.close()
@@ -323,6 +328,8 @@ class Gateway:
             conn.close()  # the caller left: drop the engine's connection so it stops generating
             return resp
         resp.end()
+        if timer is not None:
+            timer.end()
         return resp
 
     def _answered(self, b: Backend) -> None:
@@ -435,7 +442,10 @@ class _Exchange:
         self.request.on_lost = None
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
-        self.gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
+        metrics = self.gw.metrics
+        metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
+        if resp.status == 200:
+            metrics.usage(self.model, resp.body)
         self.request.answer(resp)
 
     def _hand_over(self) -> None:
