@@ -12,6 +12,7 @@ from llmgw.runtime.manager import Manager
 from llmgw.runtime.metrics import serve
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import FencedOut, Store
+from tests.helpers.gateway import metric
 from tests.helpers.poll import until
 
 
@@ -145,6 +146,10 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
                 assert resp.status == 200
                 assert "leader=True" in await resp.text()
         assert 'llmgw_controller_reconcile_errors_total{controller="labeler"} 3.0' in text
+        assert 'llmgw_controller_queue_retries_total{controller="labeler"} 3.0' in text
+        assert metric(text, "llmgw_controller_queue_adds_total", controller="labeler") >= 4
+        assert (metric(text, "llmgw_controller_queue_wait_seconds_count", controller="labeler")
+                >= metric(text, "llmgw_controller_reconcile_duration_seconds_count", controller="labeler") >= 4)
         assert 'llmgw_controller_queue_depth{controller="labeler"}' in text
         assert "llmgw_controller_manager_leader 1.0" in text
         async def stored():   # the recorder writes events to the store in the background

@@ -14,7 +14,7 @@ from controllers.gc import GarbageCollector
 from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
-from controllers.scheduler import SchedulerController
+from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
@@ -66,6 +66,9 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, me
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
     manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
     manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
+    for c in manager.controllers:
+        if isinstance(c, SchedulerController):
+            manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)

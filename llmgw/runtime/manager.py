@@ -71,8 +71,8 @@ class Manager:
         self.identity = identity or default_identity()
         self.settings = settings if settings is not None else ManagerSettings()
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
-        self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
+        self.queues = self._new_queues()
         self.is_leader = False
         self.leadership: Leadership | None = None
         self.cache: Cache | None = None
@@ -121,10 +121,13 @@ class Manager:
         return running, f"ok leader={self.is_leader} identity={self.identity}" if running else "stopped"
 
     # ---------------------------------------------------------------- a term
+    def _new_queues(self) -> dict[str, WorkQueue]:
+        return {c.name: WorkQueue(stats=self.metrics.queue_stats(c.name)) for c in self.controllers}
+
     async def _lead(self, leadership: Leadership) -> None:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
-        self.queues = {c.name: WorkQueue() for c in self.controllers}
+        self.queues = self._new_queues()
         # plural name -> (controller, the kind as its watches name it)
         watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
         for c in self.controllers:
