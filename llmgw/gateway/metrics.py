@@ -33,8 +33,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 
 _USAGE = b'"usage"'
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_COUNT = re.compile(rb"\s*:\s*(\d+)")  # a key's value, matched where the key ends
 _USAGE_SPAN = 512  # bytes after "usage" that hold its counts (vLLM's, the sim's: under 200)
 
 
@@ -83,11 +82,10 @@ class Metrics:
         if at < 0:
             return None
         span = body[at:at + _USAGE_SPAN]
-        prompt = _PROMPT_TOKENS.search(span)
-        if prompt is None:  # "usage": null, on a stream's every chunk but the last
+        n_in = _count(span, b'"prompt_tokens"')
+        if n_in is None:  # "usage": null, on a stream's every chunk but the last
             return None
-        completion = _COMPLETION_TOKENS.search(span)
-        n_in, n_out = int(prompt.group(1)), int(completion.group(1)) if completion else 0
+        n_out = _count(span, b'"completion_tokens"') or 0
         self._input_tokens[model] = self._input_tokens.get(model, 0) + n_in
         self._output_tokens[model] = self._output_tokens.get(model, 0) + n_out
         return n_in, n_out
@@ -109,6 +107,16 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _count(span: bytes, key: bytes) -> int | None:
+    """The number after `key` in `span` (found by bytes.find and an anchored match: a
+    regex search over the span costs several times more, on every response)."""
+    at = span.find(key)
+    if at < 0:
+        return None
+    m = _COUNT.match(span, at + len(key))
+    return int(m.group(1)) if m else None
 
 
 class StreamTimer:
