@@ -10,6 +10,7 @@ gateway), and one too wide for any node (an unschedulable replica).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.api import Model
 from llmgw.api.types import Replica
+from llmgw.cli.metricsview import MODEL_HEADERS, NODE_HEADERS, REPLICA_HEADERS
 from llmgw.client import Client, ClientConfig
 from llmgw.dev import prometheus
 from llmgw.dev.cluster import LocalCluster, NodePlan
@@ -199,3 +201,42 @@ def test_the_clusters_prometheus_yml_scrapes_every_component(cluster):
     assert len(targets) == 5   # server, controller-manager, gateway, two agents
     fleet = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert [j["job_name"] for j in fleet["scrape_configs"]] == list(prometheus.JOBS)
+
+
+def test_llmgw_top_shows_each_models_rate_and_each_nodes_gpus(cluster, exported):
+    async def under_load() -> str:
+        top = await asyncio.create_subprocess_exec(
+            *LocalCluster.llmgw, "top", "--once", "--dir", str(cluster.dir), "--interval", "3",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        body = {"model": "obs-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": True, "stream_options": {"include_usage": True}}
+        async with aiohttp.ClientSession() as s:
+            while top.returncode is None:   # requests until top has read its second scrape
+                async with s.post(f"{cluster.gateway_url}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200
+                    await r.read()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(top.wait()), 0.05)
+        out, _ = await top.communicate()
+        assert top.returncode == 0, out.decode()
+        return out.decode()
+    text = asyncio.run(under_load())
+    sections = text.split("\n\n")
+    assert [s.splitlines()[0] for s in sections[:3]] == ["MODELS", "REPLICAS", "NODES"], text
+    models, replicas, nodes = (columns(s.splitlines()[1:], h) for s, h in
+                               zip(sections, (MODEL_HEADERS, REPLICA_HEADERS, NODE_HEADERS), strict=False))
+    assert set(models) == {"obs-chat", "obs-crash", "obs-wide"}, text
+    assert models["obs-wide"]["READY"] == "0/1", text
+    chat = models["obs-chat"]
+    assert chat["READY"] == "1/1" and float(chat["REQ/S"]) > 0 and chat["TTFT P50"] != "-", text
+    assert set(nodes) == {"node01", "node02"}, text
+    assert sum(int(n["GPUS"].split("/")[0]) for n in nodes.values()) >= 2, text   # obs-chat's and obs-crash's
+    assert any(r["MODEL"] == "obs-chat" and r["NODE"] in nodes for r in replicas.values()), text
+
+
+def columns(lines: list[str], headers: list[str]) -> dict[str, dict[str, str]]:
+    """A plain table's rows by their first cell, each cell under its header (headers hold spaces)."""
+    starts = [lines[0].index(h) for h in headers] + [None]
+    return {row[:starts[1]].strip(): {h: row[a:b].strip() for h, a, b in zip(headers, starts, starts[1:],
+                                                                              strict=False)}
+            for row in lines[1:]}
