@@ -7,8 +7,8 @@ import aiohttp
 import pytest
 
 from llmgw.gateway.metrics import Metrics
-from llmgw.gateway.table import RoutingTable
-from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
+from tests.helpers.gateway import Sim, metric, running_gateway, scrape
+from tests.test_gateway_server import table_for
 
 TTFT_MS = 300  # the sim's time to first token: a floor under the gateway's
 
@@ -20,13 +20,6 @@ def sim():
     s.stop()
 
 
-def table(endpoint: str) -> RoutingTable:
-    t = RoutingTable()
-    t.apply("models", "ADDED", model("llama"))
-    t.apply("replicas", "ADDED", replica("llama-0", "llama", endpoint, served=("llama",)))
-    return t
-
-
 async def chat(s: aiohttp.ClientSession, url: str, **extra) -> bytes:
     body = {"model": "llama", "messages": [{"role": "user", "content": "one two three"}], **extra}
     async with s.post(url + "/v1/chat/completions", json=body) as r:
@@ -35,7 +28,7 @@ async def chat(s: aiohttp.ClientSession, url: str, **extra) -> bytes:
 
 
 async def test_a_whole_response_counts_its_tokens_and_no_first_token(sim):
-    async with running_gateway(table(sim.endpoint)) as gw, aiohttp.ClientSession() as s:
+    async with running_gateway(table_for(sim.endpoint)) as gw, aiohttp.ClientSession() as s:
         usage = json.loads(await chat(s, gw.url, max_tokens=3))["usage"]
         text = await scrape(s, gw)
     assert usage["completion_tokens"] == 3
@@ -46,7 +39,7 @@ async def test_a_whole_response_counts_its_tokens_and_no_first_token(sim):
 
 
 async def test_a_stream_times_its_first_token_and_with_usage_its_output_tokens(sim):
-    async with running_gateway(table(sim.endpoint)) as gw, aiohttp.ClientSession() as s:
+    async with running_gateway(table_for(sim.endpoint)) as gw, aiohttp.ClientSession() as s:
         raw = await chat(s, gw.url, max_tokens=5, stream=True, stream_options={"include_usage": True})
         assert raw.count(b'"prompt_tokens"') == 1
         text = await scrape(s, gw)
