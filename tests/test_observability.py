@@ -198,7 +198,7 @@ def test_the_clusters_prometheus_yml_scrapes_every_component(cluster):
     doc = yaml.safe_load((cluster.dir / "prometheus.yml").read_text())
     targets = {t for job in doc["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
     assert targets == set(cluster.metrics_addresses.values())
-    assert len(targets) == 5   # server, controller-manager, gateway, two agents
+    assert len(targets) == 6   # server, controller-manager, gateway, two agents, etcd
     fleet = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert [j["job_name"] for j in fleet["scrape_configs"]] == list(prometheus.JOBS)
 

@@ -106,10 +106,12 @@ class LocalCluster:
 
     @property
     def metrics_addresses(self) -> dict[str, str]:
-        """component -> where its /metrics is (the gateway's is on its own port)."""
+        """component -> where its /metrics is (the gateway's is on its own port; etcd's on a plain-HTTP one)."""
         out = {name: f"127.0.0.1:{port}" for name, port in self.metrics_ports.items()}
         if "gateway" in self.procs:
             out["gateway"] = f"127.0.0.1:{self.gateway_port}"
+        for m in self.etcd.members if self.etcd else ():
+            out[f"etcd-{m.name}"] = m.metrics_address
         return out
 
     def env(self) -> dict[str, str]:

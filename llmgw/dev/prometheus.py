@@ -15,6 +15,7 @@ JOBS = {
     "llmgw-controller-manager": "controller-manager",
     "llmgw-gateways": "gateway",
     "llmgw-agents": "agent-",
+    "etcd": "etcd-",
 }
 
 
