@@ -104,7 +104,7 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
         from llmgw.gateway.spans import Spans
         try:
             gw.spans = Spans.otlp()
-        except RuntimeError as err:
+        except ImportError as err:
             raise click.UsageError(str(err)) from None
     gateway_id = gateway_id or _default_id()
     try:

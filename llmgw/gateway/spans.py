@@ -2,9 +2,8 @@
 `llmgw gateway --otel`).
 
 One span per proxied request, exported over OTLP/HTTP where OpenTelemetry's standard
-variables say (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT;
-http://localhost:4318 by default; OTEL_SERVICE_NAME names the service, "llmgw-gateway"
-by default), in batches from the SDK's own thread, off the event loop. The span is the
+variables say (llmgw/otel.py; the service is "llmgw-gateway" unless OTEL_SERVICE_NAME
+names it), in batches from the SDK's own thread, off the event loop. The span is the
 one the request's traceparent names (trace.py): its trace id and span id are the ones
 the engine gets as its parent, so an engine's own spans (vLLM with OpenTelemetry) hang
 under it; its parent is the client's span when the request came with a traceparent.
@@ -18,7 +17,6 @@ batch processor (a few microseconds, only with --otel).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -34,22 +32,20 @@ OPERATIONS = {b"/v1/chat/completions": "chat", b"/v1/completions": "text_complet
 
 class Spans:
     def __init__(self, processor: "SpanProcessor") -> None:
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+        from llmgw import otel
+
         self.processor = processor
-        self.resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SERVICE)})
+        self.resource = otel.resource(SERVICE)
         self.scope = InstrumentationScope("llmgw.gateway")
 
     @classmethod
     def otlp(cls) -> "Spans":
-        """Exported over OTLP/HTTP, configured by the standard OTEL_* variables."""
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError as err:
-            raise RuntimeError(f"--otel needs OpenTelemetry's SDK: pip install 'llmgw[otel]' ({err})") from None
-        return cls(BatchSpanProcessor(OTLPSpanExporter()))
+        """Exported over OTLP/HTTP, configured by the standard OTEL_* variables (llmgw/otel.py)."""
+        from llmgw import otel
+
+        return cls(otel.otlp_processor())
 
     def request(self, path: bytes, traceparent: bytes | None, incoming: bytes | None, model: str, code: int,
                 seconds: float) -> None:
