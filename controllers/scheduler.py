@@ -17,10 +17,19 @@ the placement alone, one write, with a "Scheduled" event saying where; the
 condition Scheduled=True that repeats it for people goes out with the replica
 controller's first status write for the placed replica (a write it makes
 anyway), not as a second write here.
+
+Metrics (SchedulerCollector, on the controller-manager's /metrics): binds, counted
+over the process's life, and while leading the replicas waiting for room by their
+reason: the one most nodes give (placer's words: "insufficient GPUs", "no fabric", ...).
 """
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
@@ -39,13 +48,14 @@ class SchedulerController(Controller):
         self.settings = settings
         # per leadership term (start): the ledger mirrors the term's cache
         self.ledger: Ledger | None = None
-        self.unschedulable: set[str] = set()   # replicas waiting for room
+        self.unschedulable: dict[str, str] = {}   # replicas waiting for room -> the main reason
+        self.binds = 0   # over the process's life, for llmgw_scheduler_binds_total
 
     def start(self, ctx: Context) -> None:
         """A new term's ledger is built from its own cache, at its first use (the informers
         fill the cache after start); nothing booked in the last term carries over."""
         super().start(ctx)
-        self.ledger, self.unschedulable = None, set()
+        self.ledger, self.unschedulable = None, {}
 
     # ------------------------------------------------------------ ledger
     def _ledger(self) -> Ledger:
@@ -83,11 +93,11 @@ class SchedulerController(Controller):
         if cur is None:
             had = name in led.replicas
             led.forget_replica(name)
-            self.unschedulable.discard(name)
+            self.unschedulable.pop(name, None)
             return list(self.unschedulable) if had else []
         led.observe_replica(cur)
         if cur.spec.placement or cur.metadata.deletionTimestamp:
-            self.unschedulable.discard(name)
+            self.unschedulable.pop(name, None)
             return []
         return [name]
 
@@ -96,7 +106,7 @@ class SchedulerController(Controller):
         cache, led = self.ctx.cache, self._ledger()
         rep = cache.get(Replica, key)
         if rep is None or rep.spec.placement or rep.metadata.deletionTimestamp:
-            self.unschedulable.discard(key)
+            self.unschedulable.pop(key, None)
             return None
         led.observe_replica(rep)
         if key in led.assumed:
@@ -113,10 +123,10 @@ class SchedulerController(Controller):
                 return None
         out = place(led, request_for(rep))
         if not isinstance(out, Fit):
-            self.unschedulable.add(key)
+            self.unschedulable[key] = _main_reason(out.reasons)
             await self._unschedulable(rep, out.message)
             return Result(requeue_after=self.settings.scheduler_retry)
-        self.unschedulable.discard(key)
+        self.unschedulable.pop(key, None)
         led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
         # A shallow copy with a new spec: the cached replica is shared and stays as it is.
         new = rep.model_copy(update={"spec": rep.spec.model_copy(update={"placement": [
@@ -133,6 +143,7 @@ class SchedulerController(Controller):
         # retry reads the replica back (above).
         cache.assume(written)
         led.observe_replica(written)
+        self.binds += 1
         self.ctx.events.record(written, "Normal", "Scheduled", f"placed {describe(out.slots)}")
         return None
 
@@ -148,3 +159,30 @@ class SchedulerController(Controller):
         except NotFound:
             return
         self.ctx.cache.assume(written)
+
+
+def _main_reason(reasons: dict[str, int]) -> str:
+    """The reason most nodes give (ties: the first by name); "no nodes" when there are none."""
+    if not reasons:
+        return "no nodes"
+    return min(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+
+class SchedulerCollector:
+    """llmgw_scheduler_binds_total, and llmgw_scheduler_unschedulable_replicas while `leading()`."""
+
+    def __init__(self, scheduler: SchedulerController, leading: Callable[[], bool]) -> None:
+        self.scheduler, self.leading = scheduler, leading
+
+    def collect(self) -> Iterator[Metric]:
+        binds = CounterMetricFamily("llmgw_scheduler_binds", "Replicas placed by this scheduler")
+        binds.add_metric([], self.scheduler.binds)
+        yield binds
+        if not self.leading():
+            return
+        waiting = GaugeMetricFamily("llmgw_scheduler_unschedulable_replicas",
+                                    "Replicas that fit on no node, by the reason most nodes give",
+                                    labels=["reason"])
+        for reason, n in sorted(Counter(self.scheduler.unschedulable.values()).items()):
+            waiting.add_metric([reason], n)
+        yield waiting

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import asyncio
 
-from controllers.scheduler import SchedulerController
+from prometheus_client import generate_latest
+
+from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import get_condition
 from llmgw.api.types import Node, Replica
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from tests.helpers.ctrlkit import node, replica, running
+from tests.helpers.gateway import metric
 from tests.helpers.poll import until
 
 
@@ -44,6 +47,10 @@ async def test_binds_explains_and_binds_when_room_appears(store):
         assert cond.reason == "Unschedulable"
         assert cond.message.startswith("0/4 nodes: 2 insufficient GPUs, 1 cordoned, 1 no fabric;")
         assert m.events.find(name="wide2", reason="FailedScheduling")
+        m.metrics.registry.register(SchedulerCollector(sched, lambda: m.is_leader))
+        text = generate_latest(m.metrics.registry).decode()
+        assert metric(text, "llmgw_scheduler_binds_total") == 1
+        assert metric(text, "llmgw_scheduler_unschedulable_replicas", reason="insufficient GPUs") == 1
 
         # uncordoning one node is not enough (one fabric node); adding a second fabric node is
         off = await store.get(Node, "off")
@@ -52,6 +59,9 @@ async def test_binds_explains_and_binds_when_room_appears(store):
         await store.create(node("a3", fabric="fab-a"))
         wide2 = await until(lambda: placed(store, "wide2"))
         assert {p.node for p in wide2.spec.placement} == {"off", "a3"}
+        # counted once the write returns, which may be after the placement is seen in the store
+        text = await until(lambda: _scraped_when(m, "llmgw_scheduler_binds_total", 2), "the second bind counted")
+        assert metric(text, "llmgw_scheduler_unschedulable_replicas") == 0
 
 
 async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
@@ -142,3 +152,8 @@ async def _cond(store, name, type, status=None):
 async def _all_placed(store, n):
     reps, _ = await store.list(Replica)
     return sum(1 for r in reps if r.spec.placement) >= n
+
+
+def _scraped_when(m, name: str, value: float) -> str | None:
+    text = generate_latest(m.metrics.registry).decode()
+    return text if metric(text, name) == value else None

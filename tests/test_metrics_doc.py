@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controllers.fleet import FleetCollector
+from controllers.scheduler import SchedulerCollector, SchedulerController
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.runtime.cache import Cache
@@ -40,6 +41,9 @@ def exported(text: bytes) -> set[str]:
 def test_the_gateways_series_are_documented():
     m = GatewayMetrics(lambda: [("m", "m-0", 1, True)])
     m.observe("m", 200, 0.01)
+    timer = m.stream("m", 0.0)
+    timer.chunk(b'data: {"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
+    timer.end()
     m.retry("m")
     m.upstream_error("m", "m-0", "refused")
     assert exported(generate_latest(m.registry)) == documented("Gateway")
@@ -50,6 +54,10 @@ def test_the_controller_managers_series_are_documented():
     m.duration.labels("model").observe(0.01)
     m.errors.labels("model").inc()
     m.leader.set(1)
+    m.queue_stats("model").observe_wait(0.01)
+    scheduler = SchedulerController()
+    scheduler.unschedulable["r2"] = "insufficient GPUs"
+    m.registry.register(SchedulerCollector(scheduler, lambda: True))
     cache = Cache()
     for obj in (node("n1", fabric="ib-a"), replica("r1", "m"), shard("r1-0", replica("r1", "m"), "n1")):
         cache.apply(obj.kind_plural, "ADDED", obj, 1)

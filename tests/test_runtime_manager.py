@@ -3,6 +3,10 @@ import asyncio
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from llmgw.api import Model, ObjectMeta
 from llmgw.api.types import ModelSpec, Profile
@@ -12,6 +16,7 @@ from llmgw.runtime.manager import Manager
 from llmgw.runtime.metrics import serve
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import FencedOut, Store
+from tests.helpers.gateway import metric
 from tests.helpers.poll import until
 
 
@@ -145,6 +150,10 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
                 assert resp.status == 200
                 assert "leader=True" in await resp.text()
         assert 'llmgw_controller_reconcile_errors_total{controller="labeler"} 3.0' in text
+        assert 'llmgw_controller_queue_retries_total{controller="labeler"} 3.0' in text
+        assert metric(text, "llmgw_controller_queue_adds_total", controller="labeler") >= 4
+        assert (metric(text, "llmgw_controller_queue_wait_seconds_count", controller="labeler")
+                >= metric(text, "llmgw_controller_reconcile_duration_seconds_count", controller="labeler") >= 4)
         assert 'llmgw_controller_queue_depth{controller="labeler"}' in text
         assert "llmgw_controller_manager_leader 1.0" in text
         async def stored():   # the recorder writes events to the store in the background
@@ -154,3 +163,26 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
         await mgr.stop()
         task.cancel()
         await runner.cleanup()
+
+
+async def test_each_reconcile_is_a_span_with_what_it_raised(store):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    mgr = Manager(store, [Labeler("traced", fail=2)], identity="traced", settings=ManagerSettings(lease_seconds=2))
+    mgr.tracer = provider.get_tracer("test")
+    task = asyncio.create_task(mgr.run())
+    try:
+        await store.create(model("t"))
+        await until(lambda: mgr.is_leader
+                    and (mgr.cache.get(Model, "t") or model("x")).metadata.labels.get("by") == "traced")
+    finally:
+        await mgr.stop()
+        task.cancel()
+    spans = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get("llmgw.key") == "t"]
+    assert [s.name for s in spans[:3]] == ["reconcile labeler"] * 3
+    failed, ok = spans[:2], spans[2]
+    assert all(s.status.status_code is StatusCode.ERROR and s.events[0].name == "exception"
+               and s.events[0].attributes["exception.type"] == "RuntimeError" for s in failed)
+    assert ok.status.status_code is not StatusCode.ERROR
+    assert dict(ok.attributes or {}) == {"llmgw.controller": "labeler", "llmgw.key": "t", "llmgw.term": 1}

@@ -1,7 +1,7 @@
 """WorkQueue semantics: dedup, one worker per key, dirty re-queue, backoff, delays."""
 import asyncio
 
-from llmgw.runtime.workqueue import WorkQueue
+from llmgw.runtime.workqueue import QueueStats, WorkQueue
 
 
 async def test_add_dedups_waiting_keys():
@@ -102,3 +102,20 @@ async def test_shutdown_wakes_getters():
     assert await asyncio.wait_for(getter, 5) is None
     q.add("x")
     assert len(q) == 0
+
+
+async def test_stats_count_adds_but_not_dedups_retries_and_each_keys_wait():
+    waits: list[float] = []
+    q = WorkQueue(stats=QueueStats(waits.append))
+    for k in ["a", "b", "a"]:
+        q.add(k)
+    assert q.stats.adds == 2          # the second "a" was deduped
+    assert await q.get() == "a"
+    q.add("a")                        # while processing: counted, queued again at done
+    q.done("a")
+    assert q.stats.adds == 3
+    assert [await q.get(), await q.get()] == ["b", "a"]
+    assert len(waits) == 3 and all(w >= 0 for w in waits)
+    q.add_rate_limited("a")
+    q.add_rate_limited("a")
+    assert q.stats.retries == 2

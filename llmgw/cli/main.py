@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "drain": "llmgw.cli.verbs:drain",
     "logs": "llmgw.cli.logs:logs",
     "ctl": "llmgw.cli.ctl:ctl",
+    "top": "llmgw.cli.top:top",
     "version": "llmgw.cli.verbs:version",
 }
 

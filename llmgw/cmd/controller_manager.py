@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,13 +15,17 @@ from controllers.gc import GarbageCollector
 from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
-from controllers.scheduler import SchedulerController
+from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.cmd.settings import settings_options
 from llmgw.runtime.controller import Controller
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
 
 
 def controllers(settings: ControllerSettings) -> list[Controller]:
@@ -40,20 +45,41 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @settings_options(ControllerSettings)
 @click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
+@click.option("--otel", is_flag=True,
+              help="Export a span per reconcile with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
+              "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
 def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-                       metrics_listen: str, settings: ControllerSettings, identity: str | None,
+                       metrics_listen: str, settings: ControllerSettings, identity: str | None, otel: bool,
                        log_level: str, log_format: str) -> None:
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
 
     Each setting below comes from its flag if given, else from the --config file, else its default.
     """
     setup_logging(log_level, log_format)
-    aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, settings, identity))
+    tracing = _tracing() if otel else None
+    try:
+        aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, settings, identity,
+                      tracing.get_tracer("llmgw.runtime") if tracing else None))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()   # what is batched is exported before the process ends
+
+
+def _tracing() -> "TracerProvider":
+    try:
+        from llmgw import otel
+    except ImportError as err:
+        raise click.UsageError(str(err)) from None
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider(resource=otel.resource("llmgw-controller-manager"))
+    provider.add_span_processor(otel.otlp_processor())
+    return provider
 
 
 async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, metrics_listen: str,
-                settings: ControllerSettings, identity: str | None) -> None:
+                settings: ControllerSettings, identity: str | None, tracer: "Tracer | None") -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Compactor, Store
@@ -65,7 +91,11 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, me
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
     manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
+    manager.tracer = tracer
     manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
+    for c in manager.controllers:
+        if isinstance(c, SchedulerController):
+            manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
     if metrics_listen:
         host, port = parse_listen(metrics_listen)

@@ -240,5 +240,9 @@ Watch status in etcd (TLS; the admin's etcd client certificate):
 
   . {c.dir / 'etcd' / 'etcdctl.env'}; etcdctl watch --prefix /llmgw/status/
 
+Metrics: every component's /metrics is in {c.dir / 'cluster.json'}; a Prometheus scrapes them all with
+
+  prometheus --config.file {c.dir / 'prometheus.yml'}     (docs/metrics.md; dashboards in deploy/grafana/)
+
 Ctrl-C here (or `{llmgw} dev down --dir {c.dir}`) stops everything.
 """)

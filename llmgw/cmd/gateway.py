@@ -76,12 +76,15 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "to the server for the autoscaler; only with --server.")
 @click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
               help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
+@click.option("--otel", is_flag=True,
+              help="Export a span per request with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
+              "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
             response_timeout: float, gateway_id: str | None, demand_interval: float, demand_ttl: int,
-            log_level: str, log_format: str) -> None:
+            otel: bool, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     setup_logging(log_level, log_format)
     if bool(server) == bool(static):
@@ -97,6 +100,12 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
                  limits=limits, response_timeout=response_timeout)
+    if otel:
+        from llmgw.gateway.spans import Spans
+        try:
+            gw.spans = Spans.otlp()
+        except ImportError as err:
+            raise click.UsageError(str(err)) from None
     gateway_id = gateway_id or _default_id()
     try:
         check_dns1123_label(gateway_id)
@@ -161,5 +170,7 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         if source is not None:
             await source.stop()
         await gw.stop()
+        if gw.spans is not None:
+            gw.spans.shutdown()   # what is batched is exported before the process ends
         if client is not None:
             await client.close()

@@ -8,7 +8,8 @@ directory:
     etcd/                     etcd's data, log, `endpoint` and `etcdctl.env`
     logs/<component>.log      server, controller-manager, gateway, agent-<node>
     nodes/<node>/             fake nvidia-smi, fake sysfs, the agent's state dir
-    cluster.json              addresses and pids, read by `llmgw dev down`
+    cluster.json              addresses (metrics: each component's /metrics) and pids, read by `llmgw dev down`
+    prometheus.yml            a scrape config for every component (llmgw.dev.prometheus)
 
 Each node gets its own loopback address, so engines bind where a real node's
 engines would: on the node's address. The addresses (127.0.K.N) and the engines'
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.dev import slots
+from llmgw.dev import prometheus, slots
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.process import free_port, wait_http
 from llmgw.pki.ca import CertificateAuthority
@@ -76,6 +77,7 @@ class LocalCluster:
     etcd: EtcdCluster | None = None
     slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # component -> its /metrics port
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
@@ -97,6 +99,20 @@ class LocalCluster:
 
     def log(self, component: str) -> Path:
         return self.dir / "logs" / f"{component}.log"
+
+    def metrics_listen(self, component: str) -> str:
+        """The component's metrics address, the same each time it starts."""
+        return f"127.0.0.1:{self.metrics_ports.setdefault(component, free_port())}"
+
+    @property
+    def metrics_addresses(self) -> dict[str, str]:
+        """component -> where its /metrics is (the gateway's is on its own port; etcd's on a plain-HTTP one)."""
+        out = {name: f"127.0.0.1:{port}" for name, port in self.metrics_ports.items()}
+        if "gateway" in self.procs:
+            out["gateway"] = f"127.0.0.1:{self.gateway_port}"
+        for m in self.etcd.members if self.etcd else ():
+            out[f"etcd-{m.name}"] = m.metrics_address
+        return out
 
     def env(self) -> dict[str, str]:
         return {**os.environ, MARKER: str(self.dir), "LLMGW_CONFIG": str(self.admin_config),
@@ -161,8 +177,10 @@ class LocalCluster:
             "pids": {name: p.pid for name, p in self.procs.items()},
             "etcd_pids": [m.proc.pid for m in self.etcd.members if m.proc] if self.etcd else [],
             "slot": self.slot.index if self.slot else None,
+            "metrics": self.metrics_addresses,
         }
         (self.dir / "cluster.json").write_text(json.dumps(state, indent=1))
+        (self.dir / "prometheus.yml").write_text(prometheus.scrape_config(self.metrics_addresses))
 
     # --------------------------------------------------------------- components
 
@@ -179,14 +197,14 @@ class LocalCluster:
         cert, key = self.certs["llmgw-server"]
         self._spawn("server", [*self.llmgw, "server", "--listen", f"127.0.0.1:{self.server_port}",
                                *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
-                               "--client-ca", self.ca_cert])
+                               "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen("server")])
 
     def start_controller_managers(self) -> None:
         self.start_controller_manager()
 
     def start_controller_manager(self, name: str = "controller-manager") -> None:
         self._spawn(name, [*self.llmgw, "controller-manager", *self.etcd_flags("controller-manager"),
-                           "--metrics-listen", f"127.0.0.1:{free_port()}",
+                           "--metrics-listen", self.metrics_listen(name),
                            "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
 
     def start_gateway(self) -> None:
@@ -205,7 +223,8 @@ class LocalCluster:
                 "--advertise-address", self.address(n), "--port-range", self.slot.port_range,
                 "--drain-delay", f"{self.drain_delay}s",
                 "--stop-grace-period", "10s", "--heartbeat-interval", "2s",
-                "--logs-listen", f"{self.address(n)}:0"]
+                "--logs-listen", f"{self.address(n)}:0",
+                "--metrics-listen", self.metrics_listen(f"agent-{n.name}")]
         if n.fabric:
             argv += ["--fabric", n.fabric]
         for name, path in self.engines.items():

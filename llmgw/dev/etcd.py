@@ -47,6 +47,11 @@ class Member:
     host: str = "127.0.0.1"
     scheme: str = "http"
     proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0   # plain-HTTP /metrics (--listen-metrics-urls): Prometheus needs no client certificate
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{self.host}:{self.metrics_port}"
 
     @property
     def endpoint(self) -> str:
@@ -90,6 +95,7 @@ class EtcdCluster:
             for m in self.members:
                 shutil.rmtree(m.data_dir, ignore_errors=True)
                 m.client_port, m.peer_port = free_port(m.host), free_port(m.host)
+                m.metrics_port = free_port(m.host)
 
     def _lost_a_port(self) -> bool:
         return any(m.proc is not None and m.proc.poll() is not None
@@ -114,6 +120,7 @@ class EtcdCluster:
             # loopback tests: short timeouts; no auto-compaction (llmgw compacts itself)
             "--heartbeat-interval", "50", "--election-timeout", "500",
             "--max-request-bytes", str(16 * 1024 * 1024),
+            "--listen-metrics-urls", f"http://{m.metrics_address}",
             *self._tls_flags(m),
         ]
         log = open(m.log_path, "ab")
@@ -145,7 +152,7 @@ def etcd_cluster(base: Path, size: int = 1, ca: CertificateAuthority | None = No
     base = Path(base)
     members = [
         Member(f"m{i}", base / f"m{i}", free_port(host), free_port(host), base / f"m{i}.log", host,
-               "https" if ca else "http")
+               "https" if ca else "http", metrics_port=free_port(host))
         for i in range(size)
     ]
     base.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
+from llmgw.gateway.spans import Spans
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Conn, Pool, UpstreamError
 from llmgw.routing import RoutingPolicy
@@ -87,6 +88,7 @@ class Gateway:
         self.balancer = Balancer()
         self.outliers = Outliers()
         self.metrics = Metrics(self._inflight_samples)
+        self.spans: Spans | None = None  # OpenTelemetry export, when --otel asks for it
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout)
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
@@ -100,6 +102,12 @@ class Gateway:
         """Stop accepting; requests in flight get `grace` seconds to finish."""
         await self.server.close(grace)
         self.pool.close()
+
+    def finished(self, request: Request, model: str, code: int, seconds: float) -> None:
+        """A proxied request answered: its metrics, and its span if spans are exported."""
+        self.metrics.observe(model, code, seconds)
+        if self.spans is not None:
+            self.spans.request(request.path, request.traceparent, request.header(trace.HEADER), model, code, seconds)
 
     def _inflight_samples(self) -> Iterator[tuple[str, str, int, bool]]:
         """(model, replica, n, routable) for every routable replica and any still busy after leaving."""
@@ -157,7 +165,7 @@ class Gateway:
             code = 500  # the server logs it and answers 500 (server.py)
             raise
         finally:
-            self.metrics.observe(label, code, time.perf_counter() - start)
+            self.finished(request, label, code, time.perf_counter() - start)
 
     async def _route(self, request: Request) -> tuple[Response | Stream, str]:
         """The response and the model label for the metrics ("-" when no model was resolved)."""
@@ -295,13 +303,18 @@ class Gateway:
                 data = await conn.read_all()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
+            if conn.status == 200:
+                self.metrics.usage(b.model, data)
             return Response(conn.status, headers, data)
         resp = request.stream(conn.status, headers, None if sse else length)
+        timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
         try:
             while True:
                 chunk = await conn.read_chunk()
                 if not chunk:
                     break
+                if timer is not None:
+                    timer.chunk(chunk)
                 await resp.write(chunk)
         except UpstreamError as err:
             conn.close()
@@ -323,6 +336,8 @@ class Gateway:
             conn.close()  # the caller left: drop the engine's connection so it stops generating
             return resp
         resp.end()
+        if timer is not None:
+            timer.end()
         return resp
 
     def _answered(self, b: Backend) -> None:
@@ -435,7 +450,9 @@ class _Exchange:
         self.request.on_lost = None
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
-        self.gw.metrics.observe(self.model, resp.status, time.perf_counter() - self.start)
+        self.gw.finished(self.request, self.model, resp.status, time.perf_counter() - self.start)
+        if resp.status == 200:
+            self.gw.metrics.usage(self.model, resp.body)
         self.request.answer(resp)
 
     def _hand_over(self) -> None:
@@ -449,7 +466,7 @@ class _Exchange:
         assert conn is not None  # on_lost is set only with one
         conn.close()  # the engine stops generating
         self._let_go(conn)
-        self.gw.metrics.observe(self.model, 499, time.perf_counter() - self.start)
+        self.gw.finished(self.request, self.model, 499, time.perf_counter() - self.start)
 
     def _let_go(self, conn: Conn) -> None:
         """Done with the connection (back to the pool iff reusable) and with the replica."""

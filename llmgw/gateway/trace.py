@@ -30,3 +30,11 @@ def trace_id(value: bytes | str) -> str | None:
     raw = value.encode() if isinstance(value, str) else value
     m = _TRACEPARENT.match(raw.strip().lower())
     return m.group(1).decode() if m else None
+
+
+def ids(value: bytes) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a traceparent, as integers (OpenTelemetry's SpanContext's)."""
+    m = _TRACEPARENT.match(value.strip().lower())
+    if m is None:
+        return None
+    return int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)

@@ -19,11 +19,12 @@ released so another manager takes over at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from llmgw.api.errors import Conflict
 from llmgw.runtime.cache import Cache
@@ -35,6 +36,9 @@ from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger("llmgw.manager")
 
@@ -71,8 +75,8 @@ class Manager:
         self.identity = identity or default_identity()
         self.settings = settings if settings is not None else ManagerSettings()
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
-        self.queues: dict[str, WorkQueue] = {c.name: WorkQueue() for c in self.controllers}
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
+        self.queues = self._new_queues()
         self.is_leader = False
         self.leadership: Leadership | None = None
         self.cache: Cache | None = None
@@ -81,6 +85,8 @@ class Manager:
         self._resign = True
         self._task: asyncio.Task[None] | None = None
         self.leading = asyncio.Event()     # set while leader with synced caches
+        # A span per reconcile (controller-manager --otel): OpenTelemetry's, an optional extra.
+        self.tracer: Tracer | None = None
 
     # ------------------------------------------------------------------ life
     async def run(self) -> None:
@@ -121,10 +127,13 @@ class Manager:
         return running, f"ok leader={self.is_leader} identity={self.identity}" if running else "stopped"
 
     # ---------------------------------------------------------------- a term
+    def _new_queues(self) -> dict[str, WorkQueue]:
+        return {c.name: WorkQueue(stats=self.metrics.queue_stats(c.name)) for c in self.controllers}
+
     async def _lead(self, leadership: Leadership) -> None:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
-        self.queues = {c.name: WorkQueue() for c in self.controllers}
+        self.queues = self._new_queues()
         # plural name -> (controller, the kind as its watches name it)
         watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
         for c in self.controllers:
@@ -190,13 +199,21 @@ class Manager:
         except Exception:
             log.exception("%s failed; it starts again with the next leadership term", type(runnable).__name__)
 
+    def _span(self, c: Controller, key: str) -> contextlib.AbstractContextManager[object]:
+        """The reconcile's span, which records what it raised; nothing without a tracer."""
+        if self.tracer is None:
+            return contextlib.nullcontext()
+        return self.tracer.start_as_current_span(
+            f"reconcile {c.name}", attributes={"llmgw.controller": c.name, "llmgw.key": key, "llmgw.term": self.terms})
+
     async def _worker(self, c: Controller, queue: WorkQueue) -> None:
         duration = self.metrics.duration.labels(c.name)
         errors = self.metrics.errors.labels(c.name)
         while (key := await queue.get()) is not None:
             t0 = time.perf_counter()
             try:
-                result = await c.reconcile(key)
+                with self._span(c, key):
+                    result = await c.reconcile(key)
             except asyncio.CancelledError:
                 raise
             except Exception as err:

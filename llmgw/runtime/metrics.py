@@ -3,6 +3,8 @@
 Metrics (one registry per Manager, so several managers can live in one process):
 
 * ``llmgw_controller_queue_depth{controller}``: keys waiting in the work queue.
+* ``llmgw_controller_queue_adds_total{controller}``, ``llmgw_controller_queue_retries_total{controller}``
+  and ``llmgw_controller_queue_wait_seconds{controller}``: from the queues' QueueStats.
 * ``llmgw_controller_reconcile_duration_seconds{controller}``: histogram.
 * ``llmgw_controller_reconcile_errors_total{controller}``: reconciles that raised.
 * ``llmgw_controller_manager_leader``: 1 while this manager is the leader.
@@ -13,33 +15,58 @@ from typing import Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+
+from llmgw.runtime.workqueue import QueueStats
+
+# A reconcile is a cache read and a write or two; a key's wait in its queue can be a
+# controller's batching delay (seconds) or a backlog after a relist (minutes).
+RECONCILE_BUCKETS = (.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+WAIT_BUCKETS = (.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
-class _QueueDepth:
-    def __init__(self, depths: Callable[[], dict[str, int]]):
-        self._depths = depths
+class _Queues:
+    def __init__(self, depths: Callable[[], dict[str, int]], stats: dict[str, QueueStats]):
+        self._depths, self._stats = depths, stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         g = GaugeMetricFamily("llmgw_controller_queue_depth", "Keys waiting in a controller's work queue",
                               labels=["controller"])
         for name, depth in self._depths().items():
             g.add_metric([name], depth)
-        yield g
+        adds = CounterMetricFamily("llmgw_controller_queue_adds", "Keys added to a controller's work queue",
+                                   labels=["controller"])
+        retries = CounterMetricFamily("llmgw_controller_queue_retries",
+                                      "Keys re-added after a failed reconcile, with backoff", labels=["controller"])
+        for name, stats in sorted(self._stats.items()):
+            adds.add_metric([name], stats.adds)
+            retries.add_metric([name], stats.retries)
+        yield from (g, adds, retries)
 
 
 class ManagerMetrics:
     def __init__(self, depths: Callable[[], dict[str, int]]):
         self.registry = CollectorRegistry()
         self.duration = Histogram("llmgw_controller_reconcile_duration_seconds", "Time spent in reconcile",
-                                  ["controller"], registry=self.registry,
-                                  buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+                                  ["controller"], registry=self.registry, buckets=RECONCILE_BUCKETS)
+        self.wait = Histogram("llmgw_controller_queue_wait_seconds",
+                              "Time a key waited in a controller's work queue before a worker took it",
+                              ["controller"], registry=self.registry, buckets=WAIT_BUCKETS)
         self.errors = Counter("llmgw_controller_reconcile_errors_total", "Reconciles that raised",
                               ["controller"], registry=self.registry)
         self.leader = Gauge("llmgw_controller_manager_leader", "1 while this manager is the leader",
                             registry=self.registry)
-        self.registry.register(_QueueDepth(depths))
+        self._stats: dict[str, QueueStats] = {}
+        self.registry.register(_Queues(depths, self._stats))
+
+    def queue_stats(self, controller: str) -> QueueStats:
+        """The controller's queue counts, the same object every term."""
+        stats = self._stats.get(controller)
+        if stats is None:
+            stats = self._stats[controller] = QueueStats(self.wait.labels(controller).observe)
+        return stats
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

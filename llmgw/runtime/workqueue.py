@@ -10,18 +10,38 @@
   away every key fails at once, and their retries should not arrive in step.
 * ``add_after(key, delay)``: the earliest pending delay for a key wins.
 * ``shutdown()`` wakes every ``get()``, which then returns None.
+
+A queue counts into its ``QueueStats``: keys added (not those deduped), retries
+(``add_rate_limited``) and each key's wait from being queued to being handed out.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from typing import Callable
 
 from llmgw.backoff import Backoff
 
 
+class QueueStats:
+    """What a controller's queues count. Its manager keeps one per controller across
+    leadership terms (each term has new queues), so the counts only grow."""
+
+    __slots__ = ("adds", "retries", "observe_wait")
+
+    def __init__(self, observe_wait: Callable[[float], None] | None = None) -> None:
+        self.adds = 0
+        self.retries = 0
+        self.observe_wait = observe_wait or (lambda _seconds: None)
+
+
 class WorkQueue:
-    def __init__(self, *, base_delay: float = 0.005, max_delay: float = 300.0):
+    def __init__(self, *, base_delay: float = 0.005, max_delay: float = 300.0,
+                 stats: QueueStats | None = None):
+        self.stats = stats if stats is not None else QueueStats()
         self._queue: deque[str] = deque()
+        self._queued_at: dict[str, float] = {}  # key -> when it was queued (time.monotonic)
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._failures: dict[str, Backoff] = {}
@@ -42,10 +62,10 @@ class WorkQueue:
         if self._shutdown or key in self._dirty:
             return
         self._dirty.add(key)
+        self.stats.adds += 1
         if key in self._processing:
             return
-        self._queue.append(key)
-        self._wake()
+        self._enqueue(key)
 
     async def get(self) -> str | None:
         while not self._queue:
@@ -59,6 +79,7 @@ class WorkQueue:
                 if fut in self._waiters:
                     self._waiters.remove(fut)
         key = self._queue.popleft()
+        self.stats.observe_wait(time.monotonic() - self._queued_at.pop(key))
         self._dirty.discard(key)
         self._processing.add(key)
         return key
@@ -66,8 +87,12 @@ class WorkQueue:
     def done(self, key: str) -> None:
         self._processing.discard(key)
         if key in self._dirty and not self._shutdown:
-            self._queue.append(key)
-            self._wake()
+            self._enqueue(key)
+
+    def _enqueue(self, key: str) -> None:
+        self._queued_at[key] = time.monotonic()
+        self._queue.append(key)
+        self._wake()
 
     def add_after(self, key: str, delay: float) -> None:
         if self._shutdown:
@@ -94,6 +119,7 @@ class WorkQueue:
         if backoff is None:
             backoff = self._failures[key] = Backoff(self._base, self._max)
         delay = backoff.next()
+        self.stats.retries += 1
         self.add_after(key, delay)
         return delay
 

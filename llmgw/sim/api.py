@@ -314,13 +314,14 @@ class SimApi:
                 await response.write(first + b"".join(token_chunk(i) for i in range(n)) + tail())
                 self.generation_tokens += n
             else:
-                if first:
-                    await response.write(first)
+                # The role's chunk goes with the first token, as vLLM's does: a stream's first
+                # chunk marks its time to first token.
                 ticks = self._ticks(seq)
                 async for i in ticks:
-                    await response.write(token_chunk(i))
+                    await response.write(first + token_chunk(i))
+                    first = b""
                     self.generation_tokens += 1
-                await response.write(tail())
+                await response.write(first + tail())
             await response.write_eof()
         except ConnectionError:
             return response  # the client went away; nothing to finish
