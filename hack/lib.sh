@@ -16,10 +16,12 @@ ensure_debian_packages() {
   export DEBIAN_FRONTEND=noninteractive
   as_root apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
     || { as_root apt-get update -q >/dev/null && as_root apt-get install -y -q "${missing[@]}" >/dev/null; }
-  # Debian starts etcd as a service on install; llmgw runs its own members.
-  if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1; then
-    as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+  # Debian starts etcd and Prometheus as services on install; llmgw runs its own.
+  if command -v systemctl >/dev/null 2>&1; then
+    [[ " ${missing[*]} " == *" etcd-server "* ]] && { as_root systemctl disable --now etcd >/dev/null 2>&1 || true; }
+    [[ " ${missing[*]} " == *" prometheus "* ]] && { as_root systemctl disable --now prometheus >/dev/null 2>&1 || true; }
   fi
+  return 0
 }
 
 ensure_venv() {
