@@ -314,8 +314,9 @@ class ModelController(Controller):
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
-            await asyncio.gather(*(self._create(model, p.template_hash, index)
-                                   for index in p.create[i:i + CREATE_BATCH]))
+            batch = p.create[i:i + CREATE_BATCH]
+            names = await asyncio.gather(*(self._create(model, p.template_hash, index) for index in batch))
+            self._created(model, batch, names)
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
@@ -323,7 +324,7 @@ class ModelController(Controller):
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 
-    async def _create(self, model: Model, thash: str, index: int) -> None:
+    async def _create(self, model: Model, thash: str, index: int) -> str:
         spec = model.spec
         profile = spec.profiles[index]
         replica = Replica(
@@ -339,9 +340,19 @@ class ModelController(Controller):
         )
         created = await self.ctx.store.create(replica)
         self.ctx.cache.assume(created)
-        self.ctx.events.record(model, "Normal", "ReplicaCreated",
-                               f"created replica {created.name} (profile {index}: {profile.engine}, "
-                               f"{profile.nodes} node(s) x {profile.gpusPerNode} GPU(s))")
+        return created.name
+
+    def _created(self, model: Model, indexes: list[int], names: list[str]) -> None:
+        """One event per profile for a batch of creates (a scale-up to a thousand replicas is
+        about thirty events, not a thousand writes), naming the first few replicas."""
+        for index in dict.fromkeys(indexes):
+            mine = [n for i, n in zip(indexes, names, strict=True) if i == index]
+            profile = model.spec.profiles[index]
+            shown = ", ".join(mine[:3]) + (f" and {len(mine) - 3} more" if len(mine) > 3 else "")
+            what = f"replica {shown}" if len(mine) == 1 else f"{len(mine)} replicas: {shown}"
+            self.ctx.events.record(model, "Normal", "ReplicaCreated",
+                                   f"created {what} (profile {index}: {profile.engine}, "
+                                   f"{profile.nodes} node(s) x {profile.gpusPerNode} GPU(s))")
 
     async def _delete(self, r: Replica, reason: str, message: str) -> None:
         try:

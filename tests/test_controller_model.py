@@ -171,6 +171,17 @@ async def test_model_becomes_ready_then_scales_up_and_down(store):
         assert cp.agents.transitions.count((f"{starting}-0", "Stopped")) == 1
 
 
+async def test_a_scale_up_is_one_event_per_batch_naming_the_first_replicas(store):
+    async with control_plane(store, gpus=8) as cp:
+        await store.create(spec_model("burst", 5))
+        await until(lambda: len(cp.replicas("burst")) == 5)
+        await until(lambda: cp.events("ReplicaCreated", "burst"), "the event")
+        [ev] = cp.events("ReplicaCreated", "burst")
+        names = sorted(r.name for r in cp.replicas("burst"))
+        assert ev.message.startswith("created 5 replicas: ") and " and 2 more (profile 0: sim, " in ev.message
+        assert sum(n in ev.message for n in names) == 3
+
+
 async def test_rolling_update_never_drops_below_spec_replicas_ready(store):
     async with control_plane(store) as cp:
         await store.create(spec_model("m", 2))
