@@ -1,6 +1,8 @@
 """Refused certificates: unknown CA, expired, revoked, wrong purpose, none; and what each side says."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import asyncio
 from datetime import datetime, timedelta, timezone
 
@@ -106,11 +108,37 @@ async def test_a_watch_ends_when_its_certificate_expires(shared_api_server):
     assert line.split("ended: ")[1].startswith("expired at ")
 
 
-async def test_wrong_purpose_certificate_is_refused(shared_api_server):
+def server_only_certificate(pki, out: Path) -> tuple[str, str]:
+    """An admin's name, signed by the cluster's CA, for serving alone (extended key usage
+    serverAuth): every certificate llmgw issues that serves (server, node) also dials now."""
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate((pki.dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki.dir / "ca.key").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "serving-only"),
+                                     x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw:admins")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    crt, pem = out / "serving-only.crt", out / "serving-only.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    return str(crt), str(pem)
+
+
+async def test_wrong_purpose_certificate_is_refused(shared_api_server, tmp_path):
     srv = shared_api_server
-    server_cert = (str(srv.pki.dir / "issued" / "server-llmgw-server.crt"),
-                   str(srv.pki.dir / "issued" / "server-llmgw-server.key"))
-    async with srv.client(server_cert) as c:
+    async with srv.client(server_only_certificate(srv.pki, tmp_path)) as c:
         with pytest.raises(TLSError) as err:
             await c.list(Model)
     assert err.value.side == "client"
