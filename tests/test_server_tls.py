@@ -1,10 +1,9 @@
 """Refused certificates: unknown CA, expired, revoked, wrong purpose, none; and what each side says."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import asyncio
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -111,7 +110,6 @@ async def test_a_watch_ends_when_its_certificate_expires(shared_api_server):
 def server_only_certificate(pki, out: Path) -> tuple[str, str]:
     """An admin's name, signed by the cluster's CA, for serving alone (extended key usage
     serverAuth): every certificate llmgw issues that serves (server, node) also dials now."""
-    from datetime import datetime, timedelta, timezone
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
