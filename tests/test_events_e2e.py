@@ -10,13 +10,15 @@ import subprocess
 import pytest
 
 from llmgw.api import Model, Node, ObjectMeta, Replica, Shard
-from llmgw.api.errors import BadRequest, Forbidden, NotFound
+from llmgw.api.errors import BadRequest, Expired, Forbidden, Unauthorized
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
+from llmgw.pki import identity_from_pem_file
+from llmgw.store import Compactor, Store
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 from tests.helpers.ctrlkit import replica
 from tests.helpers.poll import until
 from tests.test_agent_e2e import LLMGW, WAIT, agents, shard_in, sim_shard  # noqa: F401
-from tests.test_logs_e2e import logs_agent
+from tests.test_logs_e2e import _gone, logs_agent
 
 
 def flags(server, identity: tuple[str, str] | None = None) -> list[str]:
@@ -128,6 +130,28 @@ async def test_watch_from_a_revision_and_events_w_sees_a_new_event(shared_api_se
         ["Warning", "During", "replica/ev-watched"], ["Warning", "After", "replica/ev-watched"]]
 
 
+async def test_an_events_watch_ends_expired_when_compacted_and_unauthorized_when_revoked(shared_api_server):
+    srv = shared_api_server
+    async with srv.client() as c, Store(srv.etcd) as store:
+        _, revision = await c.list_events()
+        for i in range(3):
+            await c.record_event(Model, "ev-compacted", "Normal", "Filler", f"event {i}")
+        await Compactor(store.etcd, keep=1).compact()
+        with pytest.raises(Expired):
+            async for _ in c.watch_events(revision, Model, "ev-compacted"):
+                pass
+
+        ident = srv.issue_admin("ev-doomed")
+        async with srv.client(ident) as doomed:
+            _, now = await doomed.list_events(Model)
+            watch = doomed.watch_events(now + 1, Model)
+            ended = asyncio.ensure_future(anext(watch))
+            await c.revoke(identity_from_pem_file(ident[0]).serial)
+            with pytest.raises(Unauthorized, match="was revoked"):
+                await asyncio.wait_for(ended, WAIT)
+    srv.wait_for_log("watch of events by certificate CN=ev-doomed")
+
+
 async def _line_with(stream: asyncio.StreamReader, text: str) -> str:
     while True:
         line = (await asyncio.wait_for(stream.readline(), WAIT)).decode()
@@ -176,10 +200,3 @@ async def test_describe_of_a_failed_replica_shows_its_engine_logs_last_lines(sha
     at = after.index(f"Engine log (shard {name}, last 10 lines):")
     assert "injected failure" in after[at + 1:after.index("Events:")][-1]
 
-
-async def _gone(c, name: str) -> bool:
-    try:
-        await c.get(Shard, name)
-    except NotFound:
-        return True
-    return False

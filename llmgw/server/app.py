@@ -44,7 +44,7 @@ from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
-from llmgw.server.watchcache import WatchCache, Watcher, check_revision, error_line, event_line
+from llmgw.server.watchcache import WatchCache, check_revision, error_line, event_line
 from llmgw.store import Store
 
 log = logging.getLogger("llmgw.server")
@@ -563,7 +563,6 @@ class ApiServer:
         cache = self.watch_cache.kind(kind)
         initial: list[AnyObject] = []
         expired: str | None = None
-        watcher: Watcher | None = None
         if rv:
             try:
                 current = await check_revision(self.store, rv)  # 410 if etcd compacted rv, as before
@@ -574,57 +573,54 @@ class ApiServer:
         else:
             initial, rv = await self.store.list(KINDS[kind], selector=selector, node=node)
             cache.start(rv)
-        if expired is None:  # no await since the revision check or the list: nothing can slip in between
-            who = f"{request['identity']} ({request.remote})"
-            watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-        unbind = self._end_with_identity(watcher.fail, request["identity"], kind, request.remote) if watcher else None
-        open_watches = self.metrics.watches.labels(kind)
-        open_watches.inc()
+        if expired is not None:
+            return await self._serve_watch(request, kind, error_line(410, "Expired", expired), None)
+        # no await since the revision check or the list: nothing can slip in between
+        watcher = cache.subscribe(rv, node=node, selector=sel, who=f"{request['identity']} ({request.remote})")
         try:
-            await resp.prepare(request)
-            if watcher is None:
-                assert expired is not None  # the only reason there is no watcher
-                await resp.write(error_line(410, "Expired", expired))
-                return resp
-            if initial:
-                await resp.write(b"".join(event_line("ADDED", _dump(o), rv) for o in initial))
-            async for chunk in watcher.stream(self.bookmark_interval):
-                await resp.write(chunk)
-        except (ConnectionResetError, ConnectionError):
-            pass  # the client went away
+            return await self._serve_watch(request, kind, b"".join(event_line("ADDED", _dump(o), rv) for o in initial),
+                                           (watcher.stream(self.bookmark_interval), watcher.fail))
         finally:
-            open_watches.dec()
-            if unbind is not None:
-                unbind()
-            if watcher is not None:
-                watcher.close()
-        return resp
+            watcher.close()
 
     async def _watch_events(self, request: web.Request, kind: str | None, name: str | None,
                             rv: int) -> web.StreamResponse:
         """Events as an object watch streams objects (rv=0: the current ones as ADDED first)."""
         initial: list[dict[str, Any]] = []
         if rv:
-            await check_revision(self.store, rv)   # 410 when rv was compacted: relist
+            try:
+                await check_revision(self.store, rv)
+            except Expired as err:   # relist
+                return await self._serve_watch(request, "events", error_line(410, "Expired", str(err)), None)
         else:
             initial, rv = await self.store.events.list_all(kind, name)
         watch = EventWatch(self.store, rv, kind, name, limit=self.watch_cache.queue_limit)
+        return await self._serve_watch(request, "events", b"".join(event_line("ADDED", e, rv) for e in initial),
+                                       (watch.stream(self.bookmark_interval), watch.fail))
+
+    async def _serve_watch(self, request: web.Request, what: str, first: bytes,
+                           then: tuple[AsyncIterator[bytes], Callable[[int, str, str], None]] | None,
+                           ) -> web.StreamResponse:
+        """A watch's answer: `first` (the current items as ADDED, or the ERROR that ends it), then the
+        chunks of `then`'s stream until it ends or the client goes; its `fail` ends it with a 401 when
+        the client's certificate is revoked or expires. Counted among the open watches of `what`."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-        unbind = self._end_with_identity(watch.fail, request["identity"], "events", request.remote)
-        open_watches = self.metrics.watches.labels("events")
+        unbind = self._end_with_identity(then[1], request["identity"], what, request.remote) if then else None
+        open_watches = self.metrics.watches.labels(what)
         open_watches.inc()
         try:
             await resp.prepare(request)
-            if initial:
-                await resp.write(b"".join(event_line("ADDED", e, rv) for e in initial))
-            async for chunk in watch.stream(self.bookmark_interval):
-                await resp.write(chunk)
+            if first:
+                await resp.write(first)
+            if then is not None:
+                async for chunk in then[0]:
+                    await resp.write(chunk)
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
             open_watches.dec()
-            unbind()
+            if unbind is not None:
+                unbind()
         return resp
 
     def _end_with_identity(self, fail: Callable[[int, str, str], None], who: Identity, kind: str,
