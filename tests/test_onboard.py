@@ -61,6 +61,7 @@ class Onboarding:
                  "--ssh-known-hosts", self.sshd.known_hosts, "--ca-dir", str(self.api.pki.dir),
                  "--binary", str(self.artifact), "--root", str(self.root), "--service-manager", "direct",
                  "--nvidia-smi", str(FAKE_SMI), "--ib-root", str(self.ib), "--fabric", "ib-a",
+                 "--logs-listen", "127.0.0.1:0",   # any free port: the machine is shared
                  "--config", str(self.client_config), "--wait", wait, *extra]
         env = {**os.environ, "HOME": str(self.tmp)}
         env.pop("LLMGW_INSTALL_ROOT", None)
@@ -147,7 +148,7 @@ def test_onboard_installs_agent_that_registers_and_rerun_changes_nothing(onboard
                    "cert": str(onboarding.path("etc/llmgw/pki/node.crt")),
                    "key": str(onboarding.path("etc/llmgw/pki/node.key")),
                    "fabrics": ["ib-a"], "nvidia-smi": str(FAKE_SMI), "ib-root": str(onboarding.ib),
-                   "state-dir": str(onboarding.path("var/lib/llmgw/agent"))}
+                   "logs-listen": "127.0.0.1:0", "state-dir": str(onboarding.path("var/lib/llmgw/agent"))}
     unit = onboarding.path("etc/systemd/system/llmgw-agent.service").read_text()
     assert f"ExecStart={onboarding.path('usr/local/bin/llmgw')} agent --config " \
            f"{onboarding.path('etc/llmgw/agent.yaml')}" in unit
@@ -164,10 +165,12 @@ def test_onboard_installs_agent_that_registers_and_rerun_changes_nothing(onboard
     assert node.metadata.name == "gpu-e2e"
     row = [ln for ln in out.splitlines() if ln.startswith("gpu-e2e ")]
     assert row and "NAME" in out
-    node = until_sync(lambda: (n := get_node(api_server, "gpu-e2e")).status.fabrics and n.status.gpus and n,
-                      "the agent to report its fabrics and GPUs", timeout=30, interval=0.5)
+    node = until_sync(lambda: (n := get_node(api_server, "gpu-e2e")).status.fabrics and n.status.gpus
+                      and n.status.agentEndpoint and n,
+                      "the agent to report its fabrics, GPUs and log endpoint", timeout=30, interval=0.5)
     assert [f.name for f in node.status.fabrics] == ["ib-a"]
     assert len(node.status.gpus) == 8
+    assert node.status.agentEndpoint.startswith("https://")   # it serves its engines' logs (`llmgw logs`)
 
     # a second run changes nothing: same certificate, no file written, the agent not restarted
     before = onboarding.snapshot()

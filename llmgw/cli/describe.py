@@ -1,12 +1,17 @@
-"""`llmgw describe`: one object, the objects a person looks at next, and its recent events."""
+"""`llmgw describe`: one object, the objects a person looks at next, its recent events, and for a
+failed shard (of a replica) the last lines of its engine log."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import click
 
+from llmgw.api.errors import StatusError
 from llmgw.api.kinds import all_of_kind
+from llmgw.api.logs import LogQuery
 from llmgw.api.types import KINDS, AnyObject, Model, Node, Replica, Shard
+from llmgw.api.wellknown import shard_name
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.get import by_name, kind_arg
@@ -16,6 +21,8 @@ from llmgw.printers.table import NONE, section
 
 if TYPE_CHECKING:
     from llmgw.client import Client
+
+ENGINE_LOG_LINES = 10   # of a failed shard's engine log
 
 
 async def _related(c: Client, obj: AnyObject) -> list[str]:
@@ -41,7 +48,35 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
         ranks = sorted((s for s in shards if s.spec.replica == obj.name), key=lambda s: s.spec.rank)
         lines += section("Shards", ["NAME", "NODE", "RANK", "PHASE"],
                          [[s.name, s.spec.node, str(s.spec.rank), s.status.phase] for s in ranks])
+        for rank in _failed_ranks(obj, ranks):
+            lines += await _engine_log(c, Replica, obj.name, rank)
+    elif isinstance(obj, Shard) and obj.status.phase == "Failed":
+        lines += await _engine_log(c, Shard, obj.name, None)
     return lines
+
+
+def _failed_ranks(r: Replica, shards: list[Shard]) -> list[int]:
+    """The ranks of a replica's failed shards: those in phase Failed, and while the replica is
+    Failed, the one its message names (the controller deletes the failed shard within seconds;
+    its log stays on the node, which the placement still names)."""
+    ranks = {s.spec.rank for s in shards if s.status.phase == "Failed"}
+    if r.status.phase == "Failed":
+        ranks |= {p.rank for p in r.spec.placement
+                  if re.search(rf"\bshard {re.escape(shard_name(r.name, p.rank))}\b", r.status.message)}
+    return sorted(ranks)
+
+
+async def _engine_log(c: Client, kind: type[Replica] | type[Shard], name: str, rank: int | None) -> list[str]:
+    """The last lines of the engine log of a shard (a replica's of `rank`), read through the API
+    server as `llmgw logs` reads it; one line saying why when it cannot be read (a caller who may
+    not read logs, an agent that serves none)."""
+    what = f"shard {name}" if rank is None else f"shard {shard_name(name, rank)}"
+    try:
+        text = b"".join([chunk async for chunk in c.log(kind, name, LogQuery(tail=ENGINE_LOG_LINES), rank=rank)])
+    except StatusError as err:
+        return [f"Engine log ({what}): not shown: {err}"]
+    log = text.decode(errors="replace").splitlines()
+    return [f"Engine log ({what}, last {ENGINE_LOG_LINES} lines):", *(f"  {line}" for line in log or [NONE])]
 
 
 async def _describe(conn: Connection, kind: str, name: str) -> str:

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "uncordon": "llmgw.cli.verbs:uncordon",
     "drain": "llmgw.cli.verbs:drain",
     "logs": "llmgw.cli.logs:logs",
+    "events": "llmgw.cli.events:events",
     "ctl": "llmgw.cli.ctl:ctl",
     "top": "llmgw.cli.top:top",
     "version": "llmgw.cli.verbs:version",

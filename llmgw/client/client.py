@@ -6,23 +6,25 @@ import builtins
 import json
 import os
 import ssl
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import aiohttp
 
-from llmgw.api.client import ObjectClient, StatusPatch, WatchEvent
+from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
+from llmgw.api.events import event_key
 from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
 from llmgw.api.types import AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
-from llmgw.reflector import AfterError, Reflector, object_name
+from llmgw.reflector import AfterError, ListerWatcher, Reflector, object_name
 
 BASE = "/apis/llmgw.io/v1"
 
 Kind = type[AnyObject]
+T = TypeVar("T")
 
 
 def _ssl_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext:
@@ -231,9 +233,26 @@ class Client:
         return result
 
     async def events(self, kind: Kind, name: str) -> builtins.list[dict[str, Any]]:
-        data = await self.request("GET", f"{BASE}/events", params={"kind": kind.kind_plural, "name": name})
-        items: builtins.list[dict[str, Any]] = data["items"]
-        return items
+        """One object's events, oldest first."""
+        return (await self.list_events(kind, name))[0]
+
+    async def list_events(self, kind: Kind | None = None,
+                          name: str | None = None) -> tuple[builtins.list[dict[str, Any]], int]:
+        """Every object's events (a kind's, one object's), oldest first, each with its "kind",
+        "name", "id", "type", "reason", "message" and "time"; and the revision to watch after."""
+        data = await self.request("GET", f"{BASE}/events", params=_about(kind, name))
+        return data["items"], int(data["metadata"]["resourceVersion"])
+
+    async def watch_events(self, from_revision: int, kind: Kind | None = None,
+                           name: str | None = None) -> AsyncIterator[EventChange]:
+        """Events recorded (ADDED) and expired (DELETED) at ``from_revision`` and after; errors as ``watch``'s."""
+        params = {"watch": "1", "resourceVersion": str(from_revision - 1), **_about(kind, name)}
+        async for type_, doc, revision in self._watch_lines(self.server + f"{BASE}/events", params):
+            yield EventChange(type_, doc, revision)
+
+    def events_lister_watcher(self, kind: Kind | None = None, name: str | None = None) -> "ServerEvents":
+        """The events (of ``kind``, of its object ``name``) as a reflector's lister-watcher."""
+        return ServerEvents(self, kind, name)
 
     async def record_event(self, kind: Kind, name: str, type: str, reason: str, message: str) -> dict[str, Any]:
         body = {"kind": kind.kind_plural, "name": name, "type": type, "reason": reason, "message": message}
@@ -281,9 +300,13 @@ class Client:
             if resource_version is not None:
                 raise TypeError("watch from_revision or after resource_version, not both")
             resource_version = from_revision - 1
-        url = self.server + self._path(kind)
         params = {"watch": "1", "resourceVersion": resource_version, "node": node, "labelSelector": selector}
         query = {k: str(v) for k, v in params.items() if v is not None}
+        async for type_, doc, revision in self._watch_lines(self.server + self._path(kind), query):
+            yield WatchEvent(type_, self._of(kind, doc), revision)
+
+    async def _watch_lines(self, url: str, query: dict[str, str]) -> AsyncIterator[tuple[EventType, Any, int]]:
+        """A watch stream's (type, object, revision), BOOKMARKs skipped; an ERROR line raised."""
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
@@ -297,7 +320,7 @@ class Client:
                     if ev["type"] == "ERROR":
                         o = ev.get("object", {})
                         raise error_for(int(o.get("code", 500)), o.get("reason", ""), o.get("message", ""), url)
-                    yield WatchEvent(ev["type"], self._of(kind, ev["object"]), int(ev.get("revision", 0)))
+                    yield ev["type"], ev["object"], int(ev.get("revision", 0))
         except ApiError:
             raise
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
@@ -320,20 +343,71 @@ class Client:
         synced=True it also yields ("SYNCED", None) after each list has been emitted.
         Forbidden, NotFound and other request errors are raised.
         """
-        # The reflector calls back; this generator hands its calls on, in order, then what ended it.
-        queue: asyncio.Queue[tuple[str, AnyObject | None] | None] = asyncio.Queue()
-        reflector = Reflector(
-            self.lister_watcher(kind, node, selector), lambda type_, obj, _rev: queue.put_nowait((type_, obj)),
-            key=object_name, on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
-            backoff=Backoff(0.1, retry_max), name=f"watch of {kind.kind_plural}")
-        task = asyncio.ensure_future(reflector.run())
-        task.add_done_callback(lambda _: queue.put_nowait(None))
-        try:
-            while (item := await queue.get()) is not None:
-                yield item
-            task.result()   # raises what ended it
-        finally:
-            task.cancel()
+        async for item in _reflect(self.lister_watcher(kind, node, selector), object_name, synced, retry_max,
+                                   f"watch of {kind.kind_plural}"):
+            yield item
+
+    async def list_and_watch_events(self, kind: Kind | None = None, name: str | None = None, synced: bool = False,
+                                    retry_max: float = 5.0) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+        """``list_and_watch`` of the events (of ``kind``, of its object ``name``): ADDED when
+        recorded, DELETED when expired, relisted and re-watched as objects are."""
+        async for item in _reflect(self.events_lister_watcher(kind, name), event_key, synced, retry_max,
+                                   "watch of events"):
+            yield item
+
+
+class EventChange(NamedTuple):
+    """A change to the events a watch of them follows: one recorded (ADDED) or expired (DELETED)."""
+
+    type: EventType
+    object: dict[str, Any]
+    revision: int
+
+
+async def _reflect(lw: ListerWatcher[T], key: Callable[[T], str], synced: bool, retry_max: float,
+                   name: str) -> AsyncIterator[tuple[str, T | None]]:
+    """A reflector's calls as a stream (``list_and_watch``); what ended it is raised."""
+    # The reflector calls back; this generator hands its calls on, in order, then what ended it.
+    queue: asyncio.Queue[tuple[str, T | None] | None] = asyncio.Queue()
+    reflector = Reflector(lw, lambda type_, item, _rev: queue.put_nowait((type_, item)), key=key,
+                          on_synced=(lambda: queue.put_nowait(("SYNCED", None))) if synced else None,
+                          backoff=Backoff(0.1, retry_max), name=name)
+    task = asyncio.ensure_future(reflector.run())
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    try:
+        while (item := await queue.get()) is not None:
+            yield item
+        task.result()   # raises what ended it
+    finally:
+        task.cancel()
+
+
+def _about(kind: Kind | None, name: str | None) -> dict[str, str]:
+    """The query of GET /events that says whose events."""
+    return {k: v for k, v in (("kind", kind.kind_plural if kind else None), ("name", name)) if v is not None}
+
+
+def _after_watch_error(err: Exception) -> AfterError:
+    if isinstance(err, Expired):
+        return "relist"
+    if isinstance(err, Unreachable) or (isinstance(err, ApiError) and err.code >= 500):
+        return "retry"   # the server or its etcd is away: it comes back
+    return "raise"       # refused (401, 403), not found, a bad query: the caller decides
+
+
+class ServerEvents:
+    """Events on the server, as a reflector's lister-watcher (llmgw.reflector): `llmgw events -w`."""
+
+    def __init__(self, client: Client, kind: Kind | None, name: str | None) -> None:
+        self.client, self.kind, self.name = client, kind, name
+
+    async def list(self) -> tuple[Sequence[dict[str, Any]], int]:
+        return await self.client.list_events(self.kind, self.name)
+
+    def watch(self, from_revision: int) -> AsyncIterator[EventChange]:
+        return self.client.watch_events(from_revision, self.kind, self.name)
+
+    after_error = staticmethod(_after_watch_error)
 
 
 class ServerObjects:
@@ -348,12 +422,7 @@ class ServerObjects:
     def watch(self, from_revision: int) -> AsyncIterator[WatchEvent[AnyObject]]:
         return self.client.watch(self.kind, from_revision, self.node, selector=self.selector)
 
-    def after_error(self, err: Exception) -> AfterError:
-        if isinstance(err, Expired):
-            return "relist"
-        if isinstance(err, Unreachable) or (isinstance(err, ApiError) and err.code >= 500):
-            return "retry"   # the server or its etcd is away: it comes back
-        return "raise"       # refused (401, 403), not found, a bad query: the caller decides
+    after_error = staticmethod(_after_watch_error)
 
 
 if TYPE_CHECKING:

@@ -46,6 +46,9 @@ throwaway one); the trust store update then works on that directory's copy.
               help="Fabric the node is cabled to (the agent's --fabric); repeatable.")
 @click.option("--nvidia-smi", help="nvidia-smi path on the node (default: the agent's).")
 @click.option("--ib-root", help="InfiniBand sysfs root on the node (default /sys/class/infiniband).")
+@click.option("--logs-listen", default="0.0.0.0:10250", show_default=True, metavar="HOST:PORT",
+              help="Where the agent serves its engine logs to the API server (`llmgw logs`; the agent's "
+                   "logs-listen); '' to serve none.")
 @click.option("--binary", type=click.Path(dir_okay=False),
               help="Release artifact to install (hack/release.sh: dist/llmgw-VERSION-linux-ARCH.pex). "
                    "Without it the host must already have /usr/local/bin/llmgw.")

@@ -99,7 +99,8 @@ def install(opts: dict[str, Any], echo: Echo = click.echo) -> tuple[RemoteHost, 
     changed |= host.put(layout.cert, ident.cert_pem, 0o644)
     changed |= host.put(layout.key, ident.key_pem, 0o600)
     host.trust_root(ident.ca_pem, facts.trust)
-    config = render_config(layout, node, opts["server"], list(opts["fabrics"]), opts["nvidia_smi"], opts["ib_root"])
+    config = render_config(layout, node, opts["server"], list(opts["fabrics"]), opts["nvidia_smi"], opts["ib_root"],
+                           opts["logs_listen"])
     changed |= host.put(layout.config, config, 0o644)
     changed |= host.put(layout.unit, render_unit(layout), 0o644)
     echo(f"agent ({sm.name}): {sm.apply(changed)}")

@@ -82,7 +82,7 @@ class HostFacts:
 
 
 def render_config(layout: Layout, node: str, server: str, fabrics: list[str], nvidia_smi: str | None,
-                  ib_root: str | None) -> bytes:
+                  ib_root: str | None, logs_listen: str | None) -> bytes:
     cfg: dict[str, Any] = {"node": node, "server": server, "ca": layout.ca, "cert": layout.cert, "key": layout.key}
     if fabrics:
         cfg["fabrics"] = list(fabrics)
@@ -90,6 +90,8 @@ def render_config(layout: Layout, node: str, server: str, fabrics: list[str], nv
         cfg["nvidia-smi"] = nvidia_smi
     if ib_root:
         cfg["ib-root"] = ib_root
+    if logs_listen:
+        cfg["logs-listen"] = logs_listen
     cfg["state-dir"] = layout.state_dir
     head = "# Written by llmgw-onboard-node; a re-run rewrites it. Keys: examples/agent.yaml.\n"
     return (head + yaml.safe_dump(cfg, sort_keys=False)).encode()

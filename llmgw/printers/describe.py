@@ -7,7 +7,7 @@ from typing import Any
 
 from llmgw.api.types import AnyObject
 from llmgw.printers.objects import dump_yaml, to_dict
-from llmgw.printers.table import NONE, human_age, section
+from llmgw.printers.table import NONE, age_of, human_age, section
 
 
 def _labels(d: dict[str, str]) -> list[str]:
@@ -19,19 +19,6 @@ def _yaml_section(title: str, data: Any) -> list[str]:
         return [f"{title}:", f"  {NONE}"]
     body = dump_yaml(data).rstrip("\n").splitlines()
     return [f"{title}:", *(f"  {line}" for line in body)]
-
-
-def _when(ts: Any, now: datetime) -> str:
-    if isinstance(ts, str):
-        try:
-            ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-        except ValueError:
-            return str(ts)
-    if isinstance(ts, datetime):
-        if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=timezone.utc)
-        return human_age(ts, now)
-    return NONE
 
 
 def describe(obj: AnyObject, events: Sequence[dict[str, Any]] = (), extra: Sequence[str] = (),
@@ -61,11 +48,11 @@ def describe(obj: AnyObject, events: Sequence[dict[str, Any]] = (), extra: Seque
     conditions = status.pop("conditions", [])
     lines += _yaml_section("Status", status)
     lines += section("Conditions", ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], [
-        [c["type"], c["status"], c.get("reason") or NONE, _when(c.get("lastTransitionTime"), now),
+        [c["type"], c["status"], c.get("reason") or NONE, age_of(c.get("lastTransitionTime"), now),
          c.get("message") or ""] for c in conditions])
     lines += extra
     lines += section("Events", ["TYPE", "REASON", "AGE", "MESSAGE"], [
         [str(e.get("type", "")), str(e.get("reason", "")),
-         _when(e.get("lastTimestamp") or e.get("timestamp") or e.get("time"), now),
+         age_of(e.get("lastTimestamp") or e.get("timestamp") or e.get("time"), now),
          str(e.get("message", ""))] for e in events])
     return "\n".join(lines)

@@ -45,6 +45,20 @@ def human_age(created: datetime | None, now: datetime | None = None) -> str:
     return f"{d // 365}y"
 
 
+def age_of(ts: object, now: datetime) -> str:
+    """How long ago a timestamp (a datetime or an ISO 8601 string) was, as human_age says it."""
+    if isinstance(ts, str):
+        try:
+            ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            return str(ts)
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=timezone.utc)
+        return human_age(ts, now)
+    return NONE
+
+
 def _line(row: Row, widths: Sequence[int]) -> str:
     return GAP.join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
 
@@ -96,14 +110,19 @@ class RowPrinter:
         changed = [list(r) for r in rows if self.last.get(r[0]) != list(r)]
         if not changed and self.started:
             return
+        self.append(changed)
         for r in changed:
+            self.last[r[0]] = r
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Print the rows as they are, after the header (once), as wide as the widest cell so far."""
+        for r in rows:
             self.widths = [max(w, len(c)) for w, c in zip(self.widths, r, strict=False)]
         if not self.started:
             click.echo(_line(self.headers, self.widths))
             self.started = True
-        for r in changed:
+        for r in rows:
             click.echo(_line(r, self.widths))
-            self.last[r[0]] = r
 
 
 class WatchTable:

@@ -39,11 +39,12 @@ from llmgw.api.types import Node, Replica, Shard, node_of
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
+from llmgw.server.events import EventWatch
 from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
-from llmgw.server.watchcache import WatchCache, Watcher, check_revision, error_line, event_line
+from llmgw.server.watchcache import WatchCache, check_revision, error_line, event_line
 from llmgw.store import Store
 
 log = logging.getLogger("llmgw.server")
@@ -62,10 +63,14 @@ _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "
           "list_events": "events-read", "record_event": "events-write", "revoke": "revoke", "log": "log"}
 
 
+def _watching(request: web.Request) -> bool:
+    return request.query.get("watch") in ("1", "true")
+
+
 def _verb(request: web.Request) -> str | None:
     """The verb a request's route and method are, as the authorizer names it (None: no route, /healthz)."""
     verb = _VERBS.get(getattr(getattr(request.match_info.route, "handler", None), "__name__", ""))
-    if verb == "list" and request.query.get("watch") in ("1", "true"):
+    if verb == "list" and _watching(request):
         return "watch"
     return verb
 
@@ -95,6 +100,18 @@ def _url_name(field: str, value: str) -> str:
     if why is not None:
         raise Fail(400, "BadRequest", f"{field}: {why}")
     return value
+
+
+def _resource_version(query: Mapping[str, str]) -> int:
+    """A watch's ?resourceVersion=: the revision it resumes after (0: none, list first)."""
+    asked = query.get("resourceVersion", "")
+    try:
+        rv = int(asked) if asked else 0
+    except ValueError:
+        rv = -1
+    if not 0 <= rv <= INT64[1]:
+        raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), got {asked[:40]!r}")
+    return rv
 
 
 def _unknown_kind(kind: object) -> str:
@@ -261,13 +278,14 @@ class ApiServer:
             return Action(verb, "heartbeat", _url_name("node", info["node"]), final=False)
         if verb == "demand":
             return Action(verb, "demand", _url_name("gateway", info["gateway"]), final=False)
-        if verb == "events-read":
-            kind, name = q.get("kind"), q.get("name")
-            if not kind or not name:
-                raise Fail(400, "BadRequest", "events need ?kind=K&name=N")
-            if kind not in KINDS:
+        if verb == "events-read":   # every object's, ?kind=K's, or ?kind=K&name=N's
+            kind, name = q.get("kind") or None, q.get("name") or None
+            if name is not None and kind is None:
+                raise Fail(400, "BadRequest", "name: the events of a name need ?kind= too")
+            if kind is not None and kind not in KINDS:
                 raise Fail(400, "BadRequest", f"kind: {_unknown_kind(kind)}")
-            return Action(verb, "events", f"{kind}/{_url_name('name', name)}", final=False)
+            about = "/".join(p for p in (kind, name and _url_name("name", name)) if p) or None
+            return Action(verb, "events", about, final=False)
         if verb in ("events-write", "revoke"):
             return Action(verb, "revocations" if verb == "revoke" else "events", final=False)
         kind = self._kind(request)
@@ -335,16 +353,8 @@ class ApiServer:
         node, selector = q.get("node") or None, q.get("labelSelector") or None
         if selector:
             Selector.parse(selector)  # 400 on a bad selector before anything else
-        if q.get("watch") in ("1", "true"):
-            asked = q.get("resourceVersion", "")
-            try:
-                rv = int(asked) if asked else 0
-            except ValueError:
-                rv = -1
-            if not 0 <= rv <= INT64[1]:
-                raise Fail(400, "BadRequest", f"resourceVersion must be a revision (an integer >= 0), "
-                           f"got {asked[:40]!r}")
-            return await self._watch(request, kind, node, selector, rv)
+        if _watching(request):
+            return await self._watch(request, kind, node, selector, _resource_version(q))
         items, rev = await self.store.list(KINDS[kind], selector=selector, node=node)
         return _json({"apiVersion": "llmgw.io/v1", "kind": f"{KINDS[kind].model_fields['kind'].default}List",
                       "metadata": {"resourceVersion": rev}, "items": [_dump(o) for o in items]})
@@ -482,9 +492,15 @@ class ApiServer:
                        "no node holds its log now (`llmgw logs` the shard once it is placed)")
         return name, node
 
-    async def list_events(self, request: web.Request) -> web.Response:
+    async def list_events(self, request: web.Request) -> web.StreamResponse:
+        """Every object's events, oldest first (or ?kind='s, or ?kind=&name='s), each with its kind,
+        name and id, or with ?watch=1 their stream (llmgw.server.events)."""
         # ?kind= and ?name= were checked with the URL (_url_action)
-        return _json({"items": await self.store.events.list(request.query["kind"], request.query["name"])})
+        kind, name = request.query.get("kind") or None, request.query.get("name") or None
+        if _watching(request):
+            return await self._watch_events(request, kind, name, _resource_version(request.query))
+        items, rev = await self.store.events.list_all(kind, name)
+        return _json({"kind": "EventList", "metadata": {"resourceVersion": rev}, "items": items})
 
     async def record_event(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -547,7 +563,6 @@ class ApiServer:
         cache = self.watch_cache.kind(kind)
         initial: list[AnyObject] = []
         expired: str | None = None
-        watcher: Watcher | None = None
         if rv:
             try:
                 current = await check_revision(self.store, rv)  # 410 if etcd compacted rv, as before
@@ -558,40 +573,63 @@ class ApiServer:
         else:
             initial, rv = await self.store.list(KINDS[kind], selector=selector, node=node)
             cache.start(rv)
-        if expired is None:  # no await since the revision check or the list: nothing can slip in between
-            who = f"{request['identity']} ({request.remote})"
-            watcher = cache.subscribe(rv, node=node, selector=sel, who=who)
+        if expired is not None:
+            return await self._serve_watch(request, kind, error_line(410, "Expired", expired), None)
+        # no await since the revision check or the list: nothing can slip in between
+        watcher = cache.subscribe(rv, node=node, selector=sel, who=f"{request['identity']} ({request.remote})")
+        try:
+            return await self._serve_watch(request, kind, b"".join(event_line("ADDED", _dump(o), rv) for o in initial),
+                                           (watcher.stream(self.bookmark_interval), watcher.fail))
+        finally:
+            watcher.close()
+
+    async def _watch_events(self, request: web.Request, kind: str | None, name: str | None,
+                            rv: int) -> web.StreamResponse:
+        """Events as an object watch streams objects (rv=0: the current ones as ADDED first)."""
+        initial: list[dict[str, Any]] = []
+        if rv:
+            try:
+                await check_revision(self.store, rv)
+            except Expired as err:   # relist
+                return await self._serve_watch(request, "events", error_line(410, "Expired", str(err)), None)
+        else:
+            initial, rv = await self.store.events.list_all(kind, name)
+        watch = EventWatch(self.store, rv, kind, name, limit=self.watch_cache.queue_limit)
+        return await self._serve_watch(request, "events", b"".join(event_line("ADDED", e, rv) for e in initial),
+                                       (watch.stream(self.bookmark_interval), watch.fail))
+
+    async def _serve_watch(self, request: web.Request, what: str, first: bytes,
+                           then: tuple[AsyncIterator[bytes], Callable[[int, str, str], None]] | None,
+                           ) -> web.StreamResponse:
+        """A watch's answer: `first` (the current items as ADDED, or the ERROR that ends it), then the
+        chunks of `then`'s stream until it ends or the client goes; its `fail` ends it with a 401 when
+        the client's certificate is revoked or expires. Counted among the open watches of `what`."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
-        unbind = self._end_with_identity(watcher, request["identity"], kind, request.remote) if watcher else None
-        open_watches = self.metrics.watches.labels(kind)
+        unbind = self._end_with_identity(then[1], request["identity"], what, request.remote) if then else None
+        open_watches = self.metrics.watches.labels(what)
         open_watches.inc()
         try:
             await resp.prepare(request)
-            if watcher is None:
-                assert expired is not None  # the only reason there is no watcher
-                await resp.write(error_line(410, "Expired", expired))
-                return resp
-            if initial:
-                await resp.write(b"".join(event_line("ADDED", _dump(o), rv) for o in initial))
-            async for chunk in watcher.stream(self.bookmark_interval):
-                await resp.write(chunk)
+            if first:
+                await resp.write(first)
+            if then is not None:
+                async for chunk in then[0]:
+                    await resp.write(chunk)
         except (ConnectionResetError, ConnectionError):
             pass  # the client went away
         finally:
             open_watches.dec()
             if unbind is not None:
                 unbind()
-            if watcher is not None:
-                watcher.close()
         return resp
 
-    def _end_with_identity(self, watcher: Watcher, who: Identity, kind: str,
+    def _end_with_identity(self, fail: Callable[[int, str, str], None], who: Identity, kind: str,
                            peer: str | None) -> Callable[[], None]:
-        """End `watcher` with a 401 ERROR and a log line when its certificate is revoked (the
-        revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
+        """End a watch (through its `fail`) with a 401 ERROR and a log line when its certificate is
+        revoked (the revocation watch calls back) or reaches notAfter (a timer). Returns the undo."""
         def end(reason: str, why: str) -> None:
             log.warning("watch of %s by certificate %s from %s ended: %s", kind, who, peer, why)
-            watcher.fail(401, reason, f"client certificate {who} {why}")
+            fail(401, reason, f"client certificate {who} {why}")
 
         delay = (who.not_after - datetime.now(timezone.utc)).total_seconds()
         timer = asyncio.get_running_loop().call_later(

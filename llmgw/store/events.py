@@ -1,4 +1,5 @@
-"""Events: what happened to an object, for people (`llmgw describe`), under /llmgw/events/<kind>/<name>/."""
+"""Events: what happened to an object, for people (`llmgw describe`, `llmgw events`), under
+/llmgw/events/<kind>/<name>/<id>, the id a nanosecond timestamp (so keys sort by time within an object)."""
 from __future__ import annotations
 
 import builtins
@@ -12,6 +13,7 @@ from llmgw.store import keys as K
 from llmgw.store.etcd import Etcd, put_op
 from llmgw.store.kv import KV
 from llmgw.store.leases import Leases
+from llmgw.store.listwatch import AfterErrorPolicy, KeyValues, after_store_error
 
 # (kind, name, type, reason, message)
 Event = tuple[str, str, str, str, str]
@@ -58,3 +60,24 @@ class Events:
         """The object's events, oldest first: {"type", "reason", "message", "time"}."""
         items, _ = await self._kv.list(K.events_prefix(kind, name))
         return [json.loads(v) for _, v, _ in items]
+
+    async def list_all(self, kind: str | None = None,
+                       name: str | None = None) -> tuple[builtins.list[dict[str, Any]], int]:
+        """Every object's events (or a kind's, or one object's), oldest first across objects, each
+        with its "kind", "name" and "id"; and the revision they were read at (to watch from)."""
+        items, revision = await self.lister_watcher(kind, name).list()
+        return sorted(items, key=lambda e: str(e["id"])), revision
+
+    def lister_watcher(self, kind: str | None = None, name: str | None = None,
+                       after_error: AfterErrorPolicy = after_store_error) -> KeyValues[dict[str, Any]]:
+        """The events under `events_prefix(kind, name)` as a reflector's lister-watcher: a recorded
+        event is ADDED, an expired one DELETED (with its kind, name and id alone)."""
+        prefix = K.events_prefix(kind, name)
+        return KeyValues(self._kv, prefix, lambda rest, value: _event(prefix + rest, value), after_error)
+
+
+def _event(key: str, value: bytes | None) -> dict[str, Any]:
+    """An event as the API shows it: where it is filed (kind, name, id) and what it says."""
+    kind, name, id_ = K.parse_event_key(key)
+    said: dict[str, Any] = json.loads(value) if value is not None else {}
+    return {"kind": kind, "name": name, "id": id_, **said}

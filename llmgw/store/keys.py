@@ -68,8 +68,20 @@ def revoked_key(serial: str) -> str:
     return f"{REVOKED}{serial}"
 
 
-def events_prefix(kind: str, name: str) -> str:
-    return f"{EVENTS}{kind}/{name}/"
+def events_prefix(kind: str | None = None, name: str | None = None) -> str:
+    """Every object's events, a kind's (`/llmgw/events/models/`) or one object's (`.../models/m/`)."""
+    if name is not None and kind is None:
+        raise ValueError("the events of a name need its kind")
+    return EVENTS + "".join(f"{part}/" for part in (kind, name) if part is not None)
+
+
+def parse_event_key(key: str) -> tuple[str, str, str]:
+    """(kind, name, id) of `/llmgw/events/<kind>/<name>/<id>`; ValueError for any other key."""
+    parts = key[len(EVENTS):].split("/") if key.startswith(EVENTS) else []
+    if len(parts) != 3:
+        raise ValueError(f"{key!r} is not an event's key")
+    kind, name, id_ = parts
+    return kind, name, id_
 
 
 def prefix_end(prefix: str | bytes) -> bytes:
