@@ -71,3 +71,33 @@ async def test_the_compactor_runs_on_the_leader_only_while_it_leads(etcd):
         await until(lambda: managers[1 - lead].is_leader)
         await stores[0].patch_status(Model, "m", {"replicas": 100})
         await until(lambda: compactors[1 - lead].compacted_to)               # the new leader's now
+
+
+async def test_a_full_etcd_refuses_writes_clearly_and_the_compactor_brings_it_back(tmp_path):
+    """etcd's space quota reached (a 16 MiB --quota-backend-bytes, filled by the history of one
+    key): every write is refused with StoreFull (503, reason StorageFull, saying what to do), reads
+    still answer, and the compactor's recovery (compact, defragment, disarm) makes writes work
+    again (issue 33)."""
+    from llmgw.api.errors import Unavailable
+    from llmgw.dev.etcd import etcd_cluster
+    from llmgw.store import StoreFull
+
+    etcd = etcd_cluster(tmp_path, extra_args=["--quota-backend-bytes", str(16 << 20)]).start()
+    try:
+        async with Store(etcd.endpoint) as store:
+            await store.create(model("kept"))
+            blob = bytes(range(256)) * 4096                      # 1 MiB
+            with pytest.raises(StoreFull) as err:
+                for _ in range(64):
+                    await store.kv.put("/llmgw/test/blob", blob)
+            assert isinstance(err.value, Unavailable) and err.value.reason == "StorageFull"
+            assert "space quota is exhausted" in str(err.value)
+            assert (await store.get(Model, "kept")).name == "kept"          # reads still answer
+            with pytest.raises(StoreFull):
+                await store.create(model("refused"))
+            compactor = Compactor(store.etcd, keep=1)
+            assert await compactor.recover() and compactor.recoveries == 1
+            await store.create(model("accepted"))                           # writes again
+            assert await compactor.recover() is False                       # no alarm left
+    finally:
+        etcd.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class Member:
 class EtcdCluster:
     members: list[Member] = field(default_factory=list)
     tls: EtcdTLS | None = None
+    extra_args: list[str] = field(default_factory=list)   # more flags for every member
 
     @property
     def endpoint(self) -> str:
@@ -121,7 +123,7 @@ class EtcdCluster:
             "--heartbeat-interval", "50", "--election-timeout", "500",
             "--max-request-bytes", str(16 * 1024 * 1024),
             "--listen-metrics-urls", f"http://{m.metrics_address}",
-            *self._tls_flags(m),
+            *self._tls_flags(m), *self.extra_args,
         ]
         log = open(m.log_path, "ab")
         m.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -147,8 +149,9 @@ class EtcdCluster:
 
 
 def etcd_cluster(base: Path, size: int = 1, ca: CertificateAuthority | None = None,
-                 host: str = "127.0.0.1") -> EtcdCluster:
-    """Members on free ports of `host`; with `ca`, over TLS with certificates from its etcd CA."""
+                 host: str = "127.0.0.1", extra_args: Sequence[str] = ()) -> EtcdCluster:
+    """Members on free ports of `host`; with `ca`, over TLS with certificates from its etcd CA;
+    `extra_args`: more flags for each member (e.g. a small --quota-backend-bytes)."""
     base = Path(base)
     members = [
         Member(f"m{i}", base / f"m{i}", free_port(host), free_port(host), base / f"m{i}.log", host,
@@ -163,4 +166,4 @@ def etcd_cluster(base: Path, size: int = 1, ca: CertificateAuthority | None = No
         health = etcd_ca.issue("etcd-client", "etcd-health")
         tls = EtcdTLS(str(etcd_ca.cert_path), {n: (e.cert, e.key) for n, e in issued.items()},
                       (health.cert, health.key))
-    return EtcdCluster(members, tls)
+    return EtcdCluster(members, tls, list(extra_args))

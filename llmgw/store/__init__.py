@@ -18,6 +18,7 @@ from llmgw.store.errors import (
     NameTaken,
     NotFound,
     StoreError,
+    StoreFull,
     StoreUnavailable,
 )
 from llmgw.store.kv import RawEvent
@@ -25,5 +26,5 @@ from llmgw.store.store import Store
 
 __all__ = [
     "AlreadyExists", "Compacted", "Compactor", "Conflict", "FencedOut", "Leadership", "NameTaken", "NotFound",
-    "RawEvent", "Selector", "Store", "StoreError", "StoreUnavailable", "WatchEvent",
+    "RawEvent", "Selector", "Store", "StoreError", "StoreFull", "StoreUnavailable", "WatchEvent",
 ]

@@ -13,7 +13,7 @@ import aetcd.watcher
 import grpc
 from aetcd import rpc
 
-from llmgw.store.errors import StoreUnavailable
+from llmgw.store.errors import StoreFull, StoreUnavailable
 
 log = logging.getLogger("llmgw.store")
 
@@ -134,11 +134,17 @@ class Connection:
                 last = err
                 await self._rotate(c)
             except grpc.aio.AioRpcError as err:
+                if is_nospace(err):
+                    raise StoreFull(NOSPACE_MESSAGE) from None
                 if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 last = err
                 await self._rotate(c)
         raise StoreUnavailable(f"no etcd endpoint answered ({', '.join(self._urls())}): {describe_failure(last)}")
+
+    def each(self) -> list["Connection"]:
+        """A connection to each endpoint alone (what is done per member: defragmentation)."""
+        return [Connection(url, self._ca, self._cert, self._key, self._timeout) for url in self._urls()]
 
     def _urls(self) -> list[str]:
         return [f"{s}://{h}:{p}" for s, h, p in self.endpoints]
@@ -147,6 +153,16 @@ class Connection:
         if self._client is not None:
             c, self._client = self._client, None
             await _close_client(c)
+
+
+NOSPACE_MESSAGE = ("etcd's space quota is exhausted (its NOSPACE alarm is raised): writes are refused, "
+                   "reads still work; the controller-manager's compactor compacts history, defragments the "
+                   "members and disarms the alarm (docs/contracts.md, \"etcd full\")")
+
+
+def is_nospace(err: grpc.aio.AioRpcError) -> bool:
+    """etcd's answer to a write while its NOSPACE alarm is raised."""
+    return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (err.details() or "")
 
 
 def describe_failure(err: BaseException | None) -> str:

@@ -43,5 +43,13 @@ class Compacted(StoreError, api.Expired):
         super().__init__(f"revision compacted; oldest available is {compact_revision}")
 
 
+class StoreFull(StoreError, api.Unavailable):
+    """etcd refuses writes: its space quota is exhausted and its NOSPACE alarm raised. Reads
+    still work; writes do again once history is compacted, the members defragmented and the
+    alarm disarmed (the controller-manager's compactor does all three; docs/contracts.md)."""
+
+    reason = "StorageFull"
+
+
 class StoreUnavailable(StoreError, api.Unavailable):
     """etcd did not answer (every endpoint tried), or a watch stream dropped."""

@@ -186,6 +186,26 @@ class Etcd:
                 raise Compacted(revision) from None
             raise
 
+    async def nospace_alarms(self) -> list[int]:
+        """The ids of the members whose NOSPACE alarm is raised (etcd refuses writes while any is)."""
+        req = rpc.AlarmRequest(action=rpc.AlarmRequest.GET, memberID=0, alarm=rpc.NONE)
+        resp = await self.conn.call(lambda c: c.maintenancestub.Alarm(req, timeout=c._timeout, metadata=c.metadata))
+        return [a.memberID for a in resp.alarms if a.alarm == rpc.NOSPACE]
+
+    async def defragment_members(self, timeout: float = 120.0) -> None:
+        """Give each member's freed pages back (after a compaction), one member at a time: a
+        member answers nothing else while it defragments."""
+        for conn in self.conn.each():
+            try:
+                await conn.call(lambda c: c.maintenancestub.Defragment(
+                    rpc.DefragmentRequest(), timeout=timeout, metadata=c.metadata))
+            finally:
+                await conn.close()
+
+    async def disarm_nospace(self, member: int) -> None:
+        req = rpc.AlarmRequest(action=rpc.AlarmRequest.DEACTIVATE, memberID=member, alarm=rpc.NOSPACE)
+        await self.conn.call(lambda c: c.maintenancestub.Alarm(req, timeout=c._timeout, metadata=c.metadata))
+
     async def events(self, start: bytes, end: bytes, from_revision: int,
                      prev_kv: bool = False) -> AsyncIterator[KeyEvent]:
         """Every change to keys in [start, end) at or after from_revision, in revision order.
