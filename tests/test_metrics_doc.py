@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controllers.fleet import FleetCollector
 from controllers.scheduler import SchedulerCollector, SchedulerController
-from llmgw.agent.metrics import AgentMetrics
+from llmgw.agent.metrics import AgentMetrics, NodeFacts, Pull
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
@@ -73,7 +73,8 @@ def test_the_servers_series_are_documented():
 
 
 async def test_the_agents_series_are_documented():
-    m = AgentMetrics(lambda: ["Ready"], lambda: [])
+    facts = NodeFacts([Pull("m", "m-1", 10, 100)], cache_capacity=1000, cache_free=900, failures={"m": 1})
+    m = AgentMetrics(lambda: ["Ready"], lambda: [], lambda: facts)
     m.scrape_errors.labels("m", "m-0").inc()
     async with aiohttp.ClientSession() as session:
         assert exported(await m.exposition(session)) == documented("Agent")

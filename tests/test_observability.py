@@ -40,7 +40,7 @@ SECTIONS = {"Gateway": "llmgw-gateways", "Controller-manager": "llmgw-controller
             "API server": "llmgw-server", "Agent": "llmgw-agents"}
 ROW = re.compile(r"^\| `(llmgw_[a-z_]+)` \| (\w+) \| ([a-z_, ]*) \|", re.M)
 # Counted only when it happens, and nothing here makes it happen for sure.
-EVENTS_ONLY = {"llmgw_agent_engine_scrape_errors_total"}
+EVENTS_ONLY = {"llmgw_agent_engine_scrape_errors_total", "llmgw_agent_pull_bytes", "llmgw_agent_pull_total_bytes"}
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 TARGET_LABELS = {"instance", "job"}   # added by Prometheus to every series it scrapes
 

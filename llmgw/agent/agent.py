@@ -21,7 +21,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
 from llmgw.agent.logs import LogServer
 from llmgw.agent.logs import server_context as logs_tls
-from llmgw.agent.metrics import AgentMetrics, EngineTarget, metrics_url
+from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
 from llmgw.agent.metrics import serve as serve_metrics
 from llmgw.agent.registration import Registration, retry_forever
 from llmgw.agent.reporter import Gone, StatusReporter, Writer
@@ -101,7 +101,7 @@ class Agent:
 
     async def _serve_metrics(self, listen: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
-        metrics = AgentMetrics(self._phases, self._engine_targets)
+        metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts)
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
         return runner
@@ -119,6 +119,17 @@ class Agent:
     def _phases(self) -> list[str]:
         sup = self.supervisor
         return [r.status.phase for r in sup.runners.values()] if sup is not None else []
+
+    def _node_facts(self) -> NodeFacts:
+        sup, puller = self.supervisor, self.puller
+        pulls = []
+        for r in sup.runners.values() if sup is not None else ():
+            pull = r.status.pull
+            if r.status.phase == "Pulling" and pull is not None:
+                pulls.append(Pull(r.shard.spec.model, r.shard.spec.replica, pull.bytesDone, pull.bytesTotal))
+        cache = puller.cache.status() if puller is not None else None
+        return NodeFacts(pulls, cache.capacityBytes if cache else None, cache.freeBytes if cache else None,
+                         dict(sup.ctx.failures) if sup is not None else {})
 
     def _engine_targets(self) -> list[EngineTarget]:
         """The serving engines of this node's Ready shards (their probe is HTTP: rank 0's)."""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,12 +61,63 @@ class _Phases:
         yield family
 
 
+@dataclass(frozen=True)
+class Pull:
+    """A shard's weights on their way into the node's cache."""
+
+    model: str
+    replica: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the agent's own series read of it at a scrape."""
+
+    pulls: list[Pull]
+    cache_capacity: int | None       # the weights cache's budget and free bytes (None: no cache)
+    cache_free: int | None
+    failures: dict[str, int]         # model -> shards of it that went Failed on this node
+
+
+class _Node:
+    def __init__(self, facts: Callable[[], NodeFacts]) -> None:
+        self.facts = facts
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.facts()
+        done = GaugeMetricFamily("llmgw_agent_pull_bytes", "Bytes of a pulling shard's weights in the "
+                                 "node's cache so far", labels=["model", "replica"])
+        total = GaugeMetricFamily("llmgw_agent_pull_total_bytes", "Bytes of a pulling shard's weights in all",
+                                  labels=["model", "replica"])
+        for p in f.pulls:
+            done.add_metric([p.model, p.replica], p.done)
+            total.add_metric([p.model, p.replica], p.total)
+        yield done
+        yield total
+        if f.cache_capacity is not None and f.cache_free is not None:
+            yield GaugeMetricFamily("llmgw_agent_weights_cache_capacity_bytes", "The weights cache's budget",
+                                    value=f.cache_capacity)
+            yield GaugeMetricFamily("llmgw_agent_weights_cache_free_bytes", "Bytes the weights cache may still "
+                                    "take", value=f.cache_free)
+        failures = CounterMetricFamily("llmgw_agent_shard_failures", "Shards that went Failed on this node "
+                                       "(an engine that exited, was unhealthy, was refused or whose weights "
+                                       "could not be pulled), by model", labels=["model"])
+        for model, n in sorted(f.failures.items()):
+            failures.add_metric([model], n)
+        yield failures
+
+
 class AgentMetrics:
     """The agent's registry, and the scrape of its engines that each request for /metrics makes."""
 
-    def __init__(self, phases: Callable[[], Iterable[str]], targets: Callable[[], list[EngineTarget]]) -> None:
+    def __init__(self, phases: Callable[[], Iterable[str]], targets: Callable[[], list[EngineTarget]],
+                 node: Callable[[], NodeFacts] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_Phases(phases))
+        if node is not None:
+            self.registry.register(_Node(node))
         self.scrape_errors = Counter("llmgw_agent_engine_scrape_errors", "Scrapes of an engine's /metrics "
                                      "that failed or took too long", ["model", "replica"], registry=self.registry)
         self.targets = targets

@@ -55,6 +55,7 @@ class Context:
     # Called with the ports of the node's range held by foreign processes, at each check.
     foreign_ports: Callable[[list[int]], Awaitable[None]] | None = None
     puller: Puller | None = None          # the node's weights cache and its pulls
+    failures: dict[str, int] = field(default_factory=dict)   # model -> shards of it that went Failed here
 
     async def session(self) -> aiohttp.ClientSession:
         s = self.http.get("session")
@@ -153,6 +154,9 @@ class ShardRunner:
         data.update(fields)
         if phase != s.phase:
             data["phaseTime"] = now()
+            if phase == "Failed":
+                model = self.shard.spec.model
+                self.ctx.failures[model] = self.ctx.failures.get(model, 0) + 1
             detail = fields.get("message") or ""
             log.info("shard %s: %s -> %s%s", self.name, s.phase, phase, f": {detail}" if detail else "")
         data["phase"] = phase
