@@ -134,7 +134,8 @@ class _NotHttp1(Exception):
 
 class Request:
     __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
-                 "canned", "on_lost", "traceparent", "received", "_conn", "_chunks", "_size", "_continue", "_waiter")
+                 "canned", "on_lost", "traceparent", "received", "priority", "_conn", "_chunks", "_size", "_continue",
+                 "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, http10: bool):
@@ -150,6 +151,8 @@ class Request:
         # the W3C traceparent the handler sends on with this request, once made (its trace id is in its logs)
         self.traceparent: bytes | None = None
         self.received = time.perf_counter()  # its head's arrival: where its time to first token starts
+        # its priority class (queue.py: critical, standard, sheddable), set by whoever admits it
+        self.priority = "standard"
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
