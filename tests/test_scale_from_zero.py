@@ -27,14 +27,13 @@ BURST = 1000
 
 
 def autoscaled(name: str, max_replicas: int = 2, target: int = 8) -> Model:
-    # scaleToZeroDelaySeconds 0: a new model stays at zero until a request (with a delay the
-    # autoscaler keeps one replica until the delay has passed without demand); the long scale-down
-    # window keeps the replica once it is up, for the rest of the module
+    # a new model at minReplicas 0 starts no replica before its first request; the long scale-down
+    # window and delay keep the replica once it is up, for the rest of the module
     return Model.model_validate({"metadata": {"name": name}, "spec": {
         "profiles": [{"engine": "sim", "gpusPerNode": 1,
                       "args": ["--tokens-per-second", "1000", "--load-seconds", str(LOAD_SECONDS)]}],
         "autoscaling": {"minReplicas": 0, "maxReplicas": max_replicas, "targetInFlight": target,
-                        "scaleDownStabilizationSeconds": 600, "scaleToZeroDelaySeconds": 0}}})
+                        "scaleDownStabilizationSeconds": 600, "scaleToZeroDelaySeconds": 600}}})
 
 
 @pytest.fixture(scope="module")
