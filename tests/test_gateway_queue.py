@@ -223,3 +223,21 @@ async def test_before_its_first_sync_the_gateway_holds_a_request_rather_than_404
             assert status == 404
     finally:
         sim.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_client_that_hangs_up_while_waiting_leaves_the_queue():
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("cold"))
+    async with running_gateway(table) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"model": "cold", "prompt": "hi"}'
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await until(lambda: gw.gateway.queue.waiting() == {"cold": 1}, "it waits")
+        writer.write_eof()                                   # the client hangs up (its FIN)
+        answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 499 ") and b"client_closed_request" in answer
+        assert gw.gateway.queue.waiting() == {}
+        writer.close()

@@ -219,7 +219,9 @@ class Gateway:
         if model is None:
             return errors.model_not_found(name, self.table.known_names()), "-"
         if self.queue.blocked(model):  # no replica yet, at its limit, or others wait before it
-            refused = await self.queue.wait(model, request.priority)
+            refused = await self.queue.wait(model, request.priority,
+                                            lambda leave: setattr(request, "on_eof", leave))
+            request.on_eof = None
             if refused is not None:
                 return errors.queue_refused(model, refused, self.retry_after), model
         return await self._forward(request, body, name, model), model

@@ -38,6 +38,7 @@ class Why(Enum):
     FULL = "full"          # the queue held `size` requests, none of a worse class
     SHED = "shed"          # a request of a better class took this one's place
     TIMEOUT = "timeout"    # no room within `timeout` seconds
+    LEFT = "left"          # the caller hung up while it waited
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,11 @@ class WaitQueues:
         room = self.room(model)
         return room is None or room <= 0
 
-    async def wait(self, model: str, priority: str = DEFAULT_PRIORITY) -> Refusal | None:
+    async def wait(self, model: str, priority: str = DEFAULT_PRIORITY,
+                   on_wait: Callable[[Callable[[], None]], None] | None = None) -> Refusal | None:
         """Wait until the request may be sent (None) or is refused. On None the caller must put the
-        request in flight before it next awaits (the room it was given is counted until then)."""
+        request in flight before it next awaits (the room it was given is counted until then).
+        `on_wait(leave)`: while it waits, `leave()` takes it out (refused, Why.LEFT): its caller hung up."""
         q = self._queues.get(model)
         if q is None:
             q = self._queues[model] = _ModelQueue()
@@ -133,7 +136,9 @@ class WaitQueues:
         w = _Waiter(loop.create_future(), rank)
         q.classes[rank].append(w)
         q.count += 1
-        w.timer = loop.call_at(start + self.timeout, self._expire, model, q, w)
+        w.timer = loop.call_at(start + self.timeout, self._expire, model, q, w, Why.TIMEOUT)
+        if on_wait is not None:
+            on_wait(lambda: self._expire(model, q, w, Why.LEFT))
         if q.count == 1 and self.on_first is not None:
             self.on_first(model)
         self.wake(model)   # there may be room already (a slot freed by a request that ended)
@@ -197,10 +202,13 @@ class WaitQueues:
             w.timer.cancel()
         w.fut.set_result(result)
 
-    def _expire(self, model: str, q: _ModelQueue, w: _Waiter) -> None:
+    def _expire(self, model: str, q: _ModelQueue, w: _Waiter, why: Why) -> None:
+        """Out of the queue, where it stays (done) until a pop passes it."""
         if not w.fut.done():
             q.count -= 1
-            w.fut.set_result(Why.TIMEOUT)
+            if w.timer is not None:
+                w.timer.cancel()
+            w.fut.set_result(why)
             self._drop_if_empty(model, q)
 
     def _gone(self, model: str, q: _ModelQueue, w: _Waiter) -> None:
