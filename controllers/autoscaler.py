@@ -4,8 +4,10 @@ Demand is what the gateways report (``/llmgw/demand/<gateway>``, each under its 
 a dead gateway's figures expire with it), summed per model over the live reports: requests in
 flight plus requests waiting. Every ``autoscale_interval`` seconds, and at every report, a model's
 *recommendation* is ``clamp(ceil(demand / targetInFlight), minReplicas, maxReplicas)``, except
-that no demand recommends 0 only once there has been none for ``scaleToZeroDelaySeconds`` (until
-then at least 1). The desired count then moves, as Kubernetes' HPA does:
+that no demand recommends 0 for a model that has replicas only once there has been none for
+``scaleToZeroDelaySeconds`` (until then at least 1); a model at zero with no demand stays there
+(a new model at minReplicas 0 starts no replica before its first request). The desired count then
+moves, as Kubernetes' HPA does:
 
 * up, to the lowest recommendation of the last ``scaleUpStabilizationSeconds`` (0: at once);
 * down, to the highest recommendation of the last ``scaleDownStabilizationSeconds``: only when
@@ -47,10 +49,11 @@ class Decision:
     message: str
 
 
-def recommend(scaling: AutoscalingSpec, demand: ModelDemand, idle_for: float) -> int:
-    """The count the demand asks for now, within the bounds; no demand asks for zero only after the delay."""
+def recommend(scaling: AutoscalingSpec, demand: ModelDemand, idle_for: float, current: int) -> int:
+    """The count the demand asks for now, within the bounds; no demand asks a model with replicas
+    for zero only after the delay (the delay keeps a replica; it never starts one)."""
     wanted = math.ceil(demand.total / scaling.targetInFlight)
-    if wanted == 0 and idle_for < scaling.scaleToZeroDelaySeconds:
+    if wanted == 0 and current and idle_for < scaling.scaleToZeroDelaySeconds:
         wanted = 1
     return scaling.clamp(wanted)
 
@@ -59,7 +62,7 @@ def decide(scaling: AutoscalingSpec, current: int, history: _History, now: float
            replicas: int) -> Decision:
     """Record this look's recommendation and stabilize it (see the module's docstring)."""
     idle_for = 0.0 if history.idle_since is None else now - history.idle_since
-    rec = recommend(scaling, demand, idle_for)
+    rec = recommend(scaling, demand, idle_for, current)
     recs = history.recommendations
     recs.append((now, rec))
     keep = max(scaling.scaleUpStabilizationSeconds, scaling.scaleDownStabilizationSeconds)

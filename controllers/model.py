@@ -6,8 +6,11 @@
   ``-<rank>``); each replica has an ownerReference to the Model, the label
   ``llmgw.io/model=<model>`` and the finalizer ``llmgw.io/shards`` (removed by
   the replica controller once its shards are gone).
-* Scaling down removes unscheduled replicas first, then unready ones, then
-  Ready ones (newest first).
+* Scaling down is make-before-break's mirror: it removes unplaced and Failed
+  replicas first, then Ready ones while as many as wanted stay Ready, those
+  whose removal frees whole nodes first (no other replica on them), newest
+  first among equals; a replica still starting (placed, its engine pulling or
+  loading) is never chosen: the surplus waits until it is Ready (or Failed).
 * A template change (``template_hash``) rolls make-before-break: at most
   ``spec.replicas + update.maxSurge`` replicas exist, and a Ready replica of
   the old template is deleted only while at least
@@ -39,9 +42,9 @@ import random
 import string
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Callable, Iterable
 
-from controllers.indexes import REPLICAS_BY_MODEL
+from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, get_condition, template_hash
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
@@ -118,8 +121,34 @@ def facts_of(replicas: list[Replica], memo: Memo) -> list[Facts]:
 
 def _victim_order(f: Facts) -> tuple[bool, bool, float]:
     """Sort key: the replica to remove first comes first."""
-    created = (f.replica.metadata.creationTimestamp or datetime.now(timezone.utc)).timestamp()
-    return (f.placed, f.ready, -created)
+    return (f.placed, f.ready, -_created(f))
+
+
+def _created(f: Facts) -> float:
+    return (f.replica.metadata.creationTimestamp or datetime.now(timezone.utc)).timestamp()
+
+
+def _scale_down_victims(candidates: list[Facts], surplus: int, spare_ready: int,
+                        replicas_on: Callable[[str], int]) -> list[Facts]:
+    """Which of the current template's replicas go when there are `surplus` too many (see the module's
+    docstring): at most `spare_ready` Ready ones. `replicas_on(node)`: the live replicas placed on a
+    node, of every model."""
+    idle = [f for f in candidates if not f.placed or f.replica.status.phase == "Failed"]
+    victims = sorted(idle, key=_victim_order)[:surplus]
+    ready = [f for f in candidates if f.ready]
+    users: dict[str, int] = {}
+
+    def frees(f: Facts) -> tuple[int, float]:   # whole nodes its removal frees, then the newest
+        nodes = {p.node for p in f.replica.spec.placement}
+        return sum(1 for n in nodes if users.setdefault(n, replicas_on(n)) <= 1), _created(f)
+
+    for _ in range(min(surplus - len(victims), len(ready), spare_ready)):
+        f = max(ready, key=frees)
+        ready.remove(f)
+        victims.append(f)
+        for n in {p.node for p in f.replica.spec.placement}:
+            users[n] = users.setdefault(n, replicas_on(n)) - 1
+    return victims
 
 
 @dataclass
@@ -131,11 +160,14 @@ class Plan:
     requeue_after: float | None = None
 
 
-def plan(model: Model, replicas: list[Replica], now: datetime, memo: Memo | None = None) -> Plan:
-    return plan_facts(model, facts_of(replicas, {} if memo is None else memo), now)
+def plan(model: Model, replicas: list[Replica], now: datetime, memo: Memo | None = None,
+         replicas_on: Callable[[str], int] = lambda node: 0) -> Plan:
+    return plan_facts(model, facts_of(replicas, {} if memo is None else memo), now, replicas_on)
 
 
-def plan_facts(model: Model, replicas: list[Facts], now: datetime) -> Plan:
+def plan_facts(model: Model, replicas: list[Facts], now: datetime,
+               replicas_on: Callable[[str], int] = lambda node: 0) -> Plan:
+    """`replicas_on(node)`: the live replicas of every model placed on a node (scale-down frees nodes)."""
     spec = model.spec
     thash = template_hash(spec)
     want = model.wanted_replicas
@@ -174,9 +206,10 @@ def plan_facts(model: Model, replicas: list[Facts], now: datetime) -> Plan:
     # 3. surplus of the current template (scale down)
     deleting = {r.name for r, _, _ in out.delete}
     surplus = len(new) - want
-    if surplus > 0:  # the sort is the costly part of a plan: only when scaling down
-        victims = sorted((f for f in new if f.name not in deleting and f.name not in protected), key=_victim_order)
-        for f in victims[:surplus]:
+    if surplus > 0:  # the choice is the costly part of a plan: only when scaling down
+        candidates = [f for f in new if f.name not in deleting and f.name not in protected]
+        spare = sum(1 for f in active if f.ready and f.name not in deleting) - want
+        for f in _scale_down_victims(candidates, surplus, spare, replicas_on):
             out.delete.append((f.replica, "ScaledDown", f"scaled down to {want} replicas"))
             deleting.add(f.name)
 
@@ -260,7 +293,7 @@ def _inputs(model: Model) -> tuple[object, ...]:
 class ModelController(Controller):
     name = "model"
     watches = (Model, Replica)
-    indexes = (REPLICAS_BY_MODEL,)
+    indexes = (REPLICAS_BY_MODEL, REPLICAS_BY_NODE)
     batch_seconds = 0.1
     workers = 8   # models reconcile on their own: the creates of several overlap
 
@@ -310,7 +343,10 @@ class ModelController(Controller):
             elif f.active:
                 await self._delete(f.replica, "Orphaned", f"owned by an earlier model {key}")
 
-        p = plan_facts(model, mine, datetime.now(timezone.utc))
+        def replicas_on(node: str) -> int:
+            return sum(1 for r in cache.index(Replica, "node", node) if r.metadata.deletionTimestamp is None)
+
+        p = plan_facts(model, mine, datetime.now(timezone.utc), replicas_on)
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):

@@ -21,12 +21,14 @@ def spec(**kw) -> AutoscalingSpec:
 
 def test_recommendation_is_demand_over_target_within_bounds_and_zero_only_after_the_delay():
     s = spec(scaleToZeroDelaySeconds=60)
-    assert recommend(s, ModelDemand(inFlight=12), 0) == 3
-    assert recommend(s, ModelDemand(inFlight=12, waiting=1), 0) == 4
-    assert recommend(s, ModelDemand(inFlight=100), 0) == 5                # maxReplicas
-    assert recommend(s, ModelDemand(), 59) == 1
-    assert recommend(s, ModelDemand(), 60) == 0
-    assert recommend(spec(minReplicas=2), ModelDemand(), 1000) == 2
+    assert recommend(s, ModelDemand(inFlight=12), 0, 1) == 3
+    assert recommend(s, ModelDemand(inFlight=12, waiting=1), 0, 1) == 4
+    assert recommend(s, ModelDemand(inFlight=100), 0, 1) == 5             # maxReplicas
+    assert recommend(s, ModelDemand(), 59, 1) == 1
+    assert recommend(s, ModelDemand(), 60, 1) == 0
+    assert recommend(s, ModelDemand(), 0, 0) == 0                         # the delay never starts one
+    assert recommend(s, ModelDemand(waiting=1), 0, 0) == 1
+    assert recommend(spec(minReplicas=2), ModelDemand(), 1000, 2) == 2
 
 
 def test_scale_down_waits_until_every_recommendation_of_the_window_is_lower():

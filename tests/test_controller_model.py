@@ -44,13 +44,35 @@ def test_replica_names_fit_shard_names_in_a_dns_label():
     assert re.fullmatch(r"x+-0123456789-[a-z0-9]{5}", name) and len(name) <= 60
 
 
-def test_scale_down_removes_unscheduled_then_unready_then_newest_ready():
+def test_scale_down_removes_unplaced_and_failed_then_ready_ones_while_enough_stay_ready():
     m = model(replicas=1)
     rs = [rep("ready-old", m, age=500), rep("ready-new", m, age=10), rep("starting", m, phase="Starting"),
-          rep("pending", m, phase="Pending", placed=False)]
+          rep("pending", m, phase="Pending", placed=False), rep("failed", m, phase="Failed")]
     p = plan(m, rs, NOW)
-    assert [r.name for r, _, _ in p.delete] == ["pending", "starting", "ready-new"]
+    # never the one still starting (kserve#1247): the surplus waits until it is Ready
+    assert [r.name for r, _, _ in p.delete] == ["pending", "failed", "ready-new"]
     assert p.create == []
+    # once it is Ready, it may go (the newest)
+    p = plan(m, [rep("ready-old", m, age=500), rep("starting", m, age=5)], NOW)
+    assert [r.name for r, _, _ in p.delete] == ["starting"]
+
+
+def test_scale_down_keeps_a_starting_replica_and_as_many_ready_ones_as_wanted():
+    m = model(replicas=1)
+    p = plan(m, [rep("ready", m), rep("s1", m, phase="Starting"), rep("s2", m, phase="Scheduled")], NOW)
+    assert p.delete == []
+    assert plan(model(replicas=0), [rep("ready", m), rep("s1", m, phase="Starting")], NOW).delete[0][0].name == "ready"
+
+
+def test_scale_down_prefers_the_replica_whose_removal_frees_whole_nodes():
+    m = model(replicas=1)
+    shared = Replica.model_validate({**rep("shared", m, age=10).model_dump(mode="json")})
+    alone = Replica.model_validate({**rep("alone", m, age=500).model_dump(mode="json")})
+    alone.spec.placement[0].node = "n2"
+    on = {"n1": 2, "n2": 1}                  # n1 also runs another model's replica
+    p = plan(m, [shared, alone], NOW, replicas_on=lambda node: on[node])
+    assert [r.name for r, _, _ in p.delete] == ["alone"]      # though it is the older
+    assert [r.name for r, _, _ in plan(m, [shared, alone], NOW).delete] == ["shared"]   # else: the newest
 
 
 def test_scale_up_creates_the_missing_and_reports_status():
@@ -162,9 +184,14 @@ async def test_model_becomes_ready_then_scales_up_and_down(store):
         readies = {r.name for r in ready(cp, "m")}
         cur = await store.get(Model, "m")
         cur.spec.replicas = 2
-        await store.update(cur)
+        cur = await store.update(cur)
+        # the model controller has planned the new generation, and kept the one still starting
+        await until(lambda: cp.cache.get(Model, "m").status.observedGeneration == cur.metadata.generation)
+        assert starting in {r.name for r in cp.replicas("m")} and len(cp.replicas("m")) == 3
+        cp.agents.hold = lambda shard: False
+        await cp.agents.release(None)                             # it gets Ready: now it may go (the newest)
         await until(lambda: len(cp.replicas("m")) == 2)
-        assert {r.name for r in cp.replicas("m")} == readies     # the unready one went first
+        assert {r.name for r in cp.replicas("m")} == readies
         # and it is torn down completely: shards stopped, finalizer released, object gone
         await until(lambda: cp.cache.get(Replica, starting) is None
                     and cp.cache.index(Shard, "replica", starting) == [])

@@ -46,3 +46,28 @@ def _eq(read, want):
     async def check() -> bool:
         return await read() == want
     return check
+
+
+async def test_the_first_request_waiting_for_a_model_at_zero_is_reported_at_once(api_server, store):
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("cold"))                 # known, no replica
+    async with running_gateway(table) as gw, api_server.client(api_server.issue_component("gateway")) as c:
+        g = gw.gateway
+        # an interval no test waits out: a report before it is the poke's
+        publisher = DemandPublisher(c, "gw-zero", lambda: figures(g.balancer, g.queue.waiting()),
+                                    interval=100, ttl=600)
+        g.queue.on_first = lambda model: publisher.poke()
+        publisher.start()
+        await until(lambda: publisher.reports >= 1, "a first report")
+
+        async def waiting() -> dict[str, int]:
+            return {m: d.waiting for r in await store.demand.list() for m, d in r.models.items()}
+
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "cold", "prompt": "hi", "max_tokens": 1}
+            ask = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
+            await until(_eq(waiting, {"cold": 1}), "the waiting request reported", timeout=30)
+            ask.cancel()
+            await asyncio.gather(ask, return_exceptions=True)
+        await until(lambda: g.queue.waiting() == {}, "the request out of the queue once its client left")
+        await publisher.stop()

@@ -15,7 +15,7 @@ from llmgw import aio
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.types import AnyObject
 from llmgw.cmd.logs import log_options, setup_logging
-from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway
+from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway, QueueSettings
 from llmgw.gateway.server import Limits
 
 log = logging.getLogger("llmgw.gateway")
@@ -68,6 +68,16 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "headers; then the try fails and, if nothing was sent to the client, goes to another replica. "
               "A streamed response's headers come after the prompt's prefill, a whole response's after the "
               "last token: keep it above your longest non-streamed generation.")
+@click.option("--queue-size", type=click.IntRange(min=0), default=QueueSettings.size, show_default=True,
+              help="Requests that may wait per model for a Ready replica (scale from zero) or under "
+              "--model-concurrency; one more is refused with 503 (429 at the concurrency limit) and Retry-After, "
+              "unless it is of a better priority class than one waiting, which is refused instead.")
+@click.option("--queue-timeout", type=click.FloatRange(min=0, min_open=True), default=QueueSettings.timeout,
+              show_default=True, help="Seconds a request waits in its model's queue (or, right after a start, "
+              "for the first view of the models) before it is refused with 503 (429) and Retry-After.")
+@click.option("--model-concurrency", type=click.IntRange(min=0), default=QueueSettings.model_concurrency,
+              show_default=True, help="Requests in flight per model at this gateway past which more wait in "
+              "the model's queue (0: no limit).")
 @click.option("--gateway-id", default=None,
               help="This gateway's name in its demand reports (a DNS-1123 label, unique among the gateways); "
               "default: the host name and process id.")
@@ -83,7 +93,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            response_timeout: float, gateway_id: str | None, demand_interval: float, demand_ttl: int,
+            response_timeout: float, queue_size: int, queue_timeout: float, model_concurrency: int,
+            gateway_id: str | None, demand_interval: float, demand_ttl: int,
             otel: bool, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     setup_logging(log_level, log_format)
@@ -99,7 +110,8 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
-                 limits=limits, response_timeout=response_timeout)
+                 limits=limits, response_timeout=response_timeout,
+                 queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
     if otel:
         from llmgw.gateway.spans import Spans
         try:
@@ -155,8 +167,9 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
         source.start()
         from llmgw.gateway.demand import DemandPublisher, figures
-        publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer),
+        publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
                                     interval=demand.interval, ttl=demand.ttl)
+        gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

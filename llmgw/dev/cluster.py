@@ -73,6 +73,7 @@ class LocalCluster:
     gpus_per_node: int = 8
     lease_seconds: float = 15.0
     engines: dict[str, str] = field(default_factory=dict)  # agent --engine NAME=PATH, on every node
+    gateway_args: list[str] = field(default_factory=list)  # more flags of `llmgw gateway`
     etcd_members: int = 1
     etcd: EtcdCluster | None = None
     slot: slots.Slot | None = None
@@ -210,7 +211,8 @@ class LocalCluster:
     def start_gateway(self) -> None:
         cert, key = self.certs["gateway"]
         self._spawn("gateway", [*self.llmgw, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
-                                "--server", self.server_url, "--ca", self.ca_cert, "--cert", cert, "--key", key])
+                                "--server", self.server_url, "--ca", self.ca_cert, "--cert", cert, "--key", key,
+                                *self.gateway_args])
 
     def start_agent(self, n: NodePlan) -> None:
         smi, sysfs = self._fake_hardware(n)

@@ -3,7 +3,7 @@ given the requests in flight at this gateway, which the balancer counts."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from llmgw.api import RoutingSpec
@@ -15,6 +15,8 @@ class Balancer:
     def __init__(self) -> None:
         self.inflight: dict[str, int] = defaultdict(int)  # replica -> outstanding requests
         self.model_of: dict[str, str] = {}  # replica -> model, while it has outstanding requests
+        self.per_model: dict[str, int] = defaultdict(int)  # model -> outstanding requests (its concurrency)
+        self.on_release: Callable[[str], None] | None = None  # (model) after a request ended: room for a waiter
         self._policies: dict[str, tuple[RoutingSpec, RoutingPolicy]] = {}  # model -> (its routing, policy)
 
     def policy(self, model: str, routing: RoutingSpec) -> RoutingPolicy:
@@ -31,6 +33,7 @@ class Balancer:
     def acquire(self, b: Backend) -> None:
         self.inflight[b.replica] += 1
         self.model_of[b.replica] = b.model
+        self.per_model[b.model] += 1
 
     def release(self, b: Backend) -> None:
         n = self.inflight[b.replica] - 1
@@ -39,3 +42,10 @@ class Balancer:
             self.model_of.pop(b.replica, None)
         else:
             self.inflight[b.replica] = n
+        m = self.per_model[b.model] - 1
+        if m <= 0:
+            del self.per_model[b.model]
+        else:
+            self.per_model[b.model] = m
+        if self.on_release is not None:
+            self.on_release(b.model)

@@ -1,16 +1,18 @@
 """The gateway's demand, reported to the server for the autoscaler (docs/contracts.md, "Autoscaling").
 
-Per model: the requests in flight at this gateway (its Balancer's count); ``waiting`` (requests
-held for a replica) is reported as 0 until the gateway holds requests. A report goes out when the
-figures changed, at most once per ``interval`` seconds, and at least once per ``ttl / 3`` seconds
-to keep its lease: a gateway that dies or is cut off has its figures expire with the lease,
-``ttl`` seconds after its last report.
+Per model: the requests in flight at this gateway (its Balancer's count) and those waiting in its
+queue for a replica or a concurrency slot (queue.py). A report goes out when the figures changed,
+at most once per ``interval`` seconds, and at least once per ``ttl / 3`` seconds to keep its
+lease: a gateway that dies or is cut off has its figures expire with the lease, ``ttl`` seconds
+after its last report. ``poke()`` sends the next report at once: the gateway pokes when a model's
+first request starts waiting, so a model at zero is scaled up by the first request of a burst,
+not after an interval (and by one report, not one per request).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from llmgw.backoff import Backoff
@@ -27,13 +29,13 @@ class DemandSink(Protocol):
     async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None) -> dict[str, Any]: ...
 
 
-def figures(balancer: Balancer) -> Figures:
-    """This gateway's demand per model, from the balancer's requests in flight."""
+def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Figures:
+    """This gateway's demand per model: the balancer's requests in flight, and `waiting` (per model)."""
     out: Figures = {}
-    for replica, n in balancer.inflight.items():
-        model = balancer.model_of.get(replica)
-        if model is not None:
-            out.setdefault(model, {"inFlight": 0, "waiting": 0})["inFlight"] += n
+    for model, n in balancer.per_model.items():
+        out[model] = {"inFlight": n, "waiting": 0}
+    for model, n in (waiting or {}).items():
+        out.setdefault(model, {"inFlight": 0, "waiting": 0})["waiting"] = n
     return out
 
 
@@ -44,6 +46,11 @@ class DemandPublisher:
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
         self._task: asyncio.Task[None] | None = None
+        self._poked = asyncio.Event()
+
+    def poke(self) -> None:
+        """Report now rather than at the end of the interval."""
+        self._poked.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="demand-publisher")
@@ -71,4 +78,8 @@ class DemandPublisher:
                 backoff.reset()
                 last, sent_at = now, loop.time()
                 self.reports += 1
-            await asyncio.sleep(self.interval)
+            try:
+                await asyncio.wait_for(self._poked.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._poked.clear()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from llmgw.gateway.queue import Refusal, Why
 from llmgw.gateway.response import JSON, Response
 
 
@@ -30,6 +31,34 @@ def no_replica(model: str, retry_after: int) -> Response:
         503, f"The model '{model}' has no ready replica; retry in {retry_after} s",
         "service_unavailable", "model", "no_ready_replica",
         headers=b"Retry-After: %d\r\n" % retry_after,
+    )
+
+
+_QUEUE_WHY = {
+    Why.FULL: ("its wait queue at this gateway is full", "model_queue_full"),
+    Why.SHED: ("a request of a higher priority took this one's place in its full wait queue", "request_shed"),
+    Why.TIMEOUT: ("this request waited {waited:.0f} s in its queue, the gateway's limit", "model_queue_timeout"),
+    Why.LEFT: ("the client hung up while this request waited", "client_closed_request"),
+}
+
+
+def queue_refused(model: str, refusal: Refusal, retry_after: int) -> Response:
+    """429 when the model's concurrency limit held the request back, 503 when it had no replica; 499
+    (nginx's "client closed request", what the metrics count) to a client that hung up while waiting."""
+    why, code = _QUEUE_WHY[refusal.why]
+    what = "is at its concurrency limit" if refusal.limited else "has no ready replica yet"
+    return error_response(
+        499 if refusal.why is Why.LEFT else 429 if refusal.limited else 503,
+        f"The model '{model}' {what} and {why.format(waited=refusal.waited)}; retry in {retry_after} s",
+        "rate_limit_error" if refusal.limited else "service_unavailable", "model", code,
+        headers=b"Retry-After: %d\r\n" % retry_after,
+    )
+
+
+def syncing(retry_after: int) -> Response:
+    return error_response(
+        503, f"The gateway has not yet loaded its routing table; retry in {retry_after} s",
+        "service_unavailable", None, "gateway_syncing", headers=b"Retry-After: %d\r\n" % retry_after,
     )
 
 

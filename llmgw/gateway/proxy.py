@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -32,6 +33,7 @@ from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
+from llmgw.gateway.queue import UNLIMITED, WaitQueues
 from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
 from llmgw.gateway.spans import Spans
@@ -79,6 +81,7 @@ class Gateway:
         response_timeout: float | None = None,
         synced: bool = True,
         limits: Limits = Limits(),
+        queue: QueueSettings | None = None,
     ):
         self.table = table if table is not None else RoutingTable()
         self.api_keys = api_keys
@@ -89,6 +92,12 @@ class Gateway:
         self.outliers = Outliers()
         self.metrics = Metrics(self._inflight_samples)
         self.spans: Spans | None = None  # OpenTelemetry export, when --otel asks for it
+        q = queue or QueueSettings()
+        self.model_concurrency = q.model_concurrency
+        self.queue = WaitQueues(self._room, size=q.size, timeout=q.timeout)
+        self.table.on_change = self.queue.wake_all
+        if q.model_concurrency:
+            self.balancer.on_release = self.queue.wake
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout)
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
@@ -108,6 +117,24 @@ class Gateway:
         self.metrics.observe(model, code, seconds)
         if self.spans is not None:
             self.spans.request(request.path, request.traceparent, request.header(trace.HEADER), model, code, seconds)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        self._synced = value
+        if value:
+            self.queue.set_synced()  # requests held since a restart find their models now
+
+    def _room(self, model: str) -> int | None:
+        """How many more of the model's requests may go now; None: it has no Ready replica."""
+        if not self.table.backends_for(model):
+            return None
+        if not self.model_concurrency:
+            return UNLIMITED
+        return self.model_concurrency - self.balancer.per_model.get(model, 0)
 
     def _inflight_samples(self) -> Iterator[tuple[str, str, int, bool]]:
         """(model, replica, n, routable) for every routable replica and any still busy after leaving."""
@@ -185,8 +212,18 @@ class Gateway:
             return parsed, "-"
         body, name = parsed
         model = self.table.resolve(name)
+        if model is None and not self.synced:  # just started: the table may not know it yet
+            if not await self.queue.synced():
+                return errors.syncing(self.retry_after), "-"
+            model = self.table.resolve(name)
         if model is None:
             return errors.model_not_found(name, self.table.known_names()), "-"
+        if self.queue.blocked(model):  # no replica yet, at its limit, or others wait before it
+            refused = await self.queue.wait(model, request.priority,
+                                            lambda leave: setattr(request, "on_eof", leave))
+            request.on_eof = None
+            if refused is not None:
+                return errors.queue_refused(model, refused, self.retry_after), model
         return await self._forward(request, body, name, model), model
 
     def _parse(self, body: bytes) -> "Response | tuple[_Body, str]":
@@ -361,7 +398,7 @@ class Gateway:
             return False
         body, name = parsed
         model = self.table.resolve(name)
-        if model is None:
+        if model is None or self.queue.blocked(model):
             return False
         b = self._pick(request, body, model, self.table.backends_for(model))
         if b is None:
@@ -399,6 +436,16 @@ class Gateway:
             "routableReplicas": len(self.table.backends),
         }
         return json_response(body, status=200 if self.synced else 503)
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Each model's wait queue (queue.py): how many requests, how long, and the concurrency limit
+    per model at this gateway past which requests wait (0: none)."""
+
+    size: int = 1000
+    timeout: float = 60.0
+    model_concurrency: int = 0
 
 
 class _Exchange:

@@ -134,7 +134,8 @@ class _NotHttp1(Exception):
 
 class Request:
     __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
-                 "canned", "on_lost", "traceparent", "received", "_conn", "_chunks", "_size", "_continue", "_waiter")
+                 "canned", "on_lost", "on_eof", "traceparent", "received", "priority", "_conn", "_chunks", "_size",
+                 "_continue", "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, http10: bool):
@@ -147,9 +148,14 @@ class Request:
         self.canned: Response | None = None  # the answer to input that could not be parsed
         # begin's cleanup, called if the client leaves before the answer
         self.on_lost: Callable[[], None] | None = None
+        # called if the client hangs up (its FIN) while this request is being answered: the connection
+        # stays open to answer it, so a handler that is only waiting (queue.py) gives up its place
+        self.on_eof: Callable[[], None] | None = None
         # the W3C traceparent the handler sends on with this request, once made (its trace id is in its logs)
         self.traceparent: bytes | None = None
         self.received = time.perf_counter()  # its head's arrival: where its time to first token starts
+        # its priority class (queue.py: critical, standard, sheddable), set by whoever admits it
+        self.priority = "standard"
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
@@ -399,6 +405,8 @@ class HttpConn(asyncio.Protocol):
             self._fail_body(Incomplete("The client stopped sending before the end of the request body"))
         self._client_eof = True
         self._stop_reading()
+        if self.queue and self.queue[0].on_eof is not None:
+            self.queue[0].on_eof()
         return self.busy  # keep the transport open to answer what is queued
 
     def connection_lost(self, exc: Exception | None) -> None:

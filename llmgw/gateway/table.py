@@ -10,6 +10,7 @@ that event, before its engine is stopped (make-before-break).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ class RoutingTable:
     models: dict[str, _ModelEntry] = field(default_factory=dict)
     backends: dict[str, Backend] = field(default_factory=dict)  # replica name -> Backend
     version: int = 0  # bumped on every change that affects routing
+    on_change: Callable[[], None] | None = None  # after every such change (the gateway wakes its queues)
     _by_model: dict[str, list[Backend]] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # name or alias -> model
     _replica_names: set[str] = field(default_factory=set)  # every replica seen, routable or not
@@ -134,6 +136,8 @@ class RoutingTable:
             names[m.name] = m.name
         self._by_model, self._names = by_model, names
         self.version += 1
+        if self.on_change is not None:
+            self.on_change()
 
     # ------------------------------------------------------------ queries
 
