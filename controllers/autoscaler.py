@@ -17,6 +17,11 @@ moves, as Kubernetes' HPA does:
 The count is written to the Model's ``status.desiredReplicas`` (never its spec: `llmgw apply` of
 the same manifest changes nothing), with the condition ``Scaled`` and an event saying why ("12 in
 flight over 2 replicas, target 4 per replica -> 3"); the model controller keeps that many.
+
+A scale-up the scheduler cannot place says so instead of growing: while replicas of the model
+are unschedulable (their condition Scheduled=False), ``Scaled`` is False with reason
+``Unplaceable`` and the scheduler's words, and the count does not go up further (it may go
+down); once they are placed, scaling up resumes.
 """
 from __future__ import annotations
 
@@ -25,8 +30,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from controllers.indexes import REPLICAS_BY_MODEL
 from controllers.settings import DEFAULTS, ControllerSettings
-from llmgw.api import AnyObject, Model
+from llmgw.api import AnyObject, Model, Replica, get_condition
 from llmgw.api.demand import ModelDemand, total_demand
 from llmgw.api.patches import ModelStatusPatch
 from llmgw.api.types import SCALED, AutoscalingSpec
@@ -87,7 +93,8 @@ def decide(scaling: AutoscalingSpec, current: int, history: _History, now: float
 
 class AutoscalerController(Controller):
     name = "autoscaler"
-    watches = (Model, DEMAND)
+    watches = (Model, DEMAND, Replica)   # replicas: read at each look, never a reason for one
+    indexes = (REPLICAS_BY_MODEL,)
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
@@ -123,13 +130,36 @@ class AutoscalerController(Controller):
             history.idle_since = now
         current = model.wanted_replicas
         d = decide(scaling, current, history, now, demand, model.status.replicas)
-        if d.desired != current or model.status.desiredReplicas is None:
+        unplaced = self._unschedulable(key)
+        status, reason, message = "True", d.reason, d.message
+        if unplaced:
+            if d.desired > current:
+                d = Decision(current, "Unplaceable", d.message)
+            status, reason = "False", "Unplaceable"
+            message = (f"{len(unplaced)} of {d.desired} replicas cannot be placed ({unplaced[0]}); "
+                       f"not scaling up until they are: {d.message}")
+        held = get_condition(model.status.conditions, SCALED)
+        if (d.desired != current or model.status.desiredReplicas is None
+                or (unplaced and (held is None or (held.status, held.reason) != (status, reason)))
+                or (not unplaced and held is not None and held.reason == "Unplaceable")):
             await self._write(model, {"desiredReplicas": d.desired, "conditions": [{
-                "type": SCALED, "status": "True", "reason": d.reason, "message": d.message,
+                "type": SCALED, "status": status, "reason": reason, "message": message,
                 "observedGeneration": model.metadata.generation}]})
             if d.desired != current:
                 self.ctx.events.record(model, "Normal", d.reason, d.message)
+            elif unplaced and (held is None or held.reason != "Unplaceable"):
+                self.ctx.events.record(model, "Warning", "Unplaceable", message)
         return Result(requeue_after=self.settings.autoscale_interval)
+
+    def _unschedulable(self, model: str) -> list[str]:
+        """The scheduler's words for each replica of `model` it could not place."""
+        out = []
+        for r in self.ctx.cache.index(Replica, REPLICAS_BY_MODEL.name, model):
+            cond = get_condition(r.status.conditions, "Scheduled")
+            if not r.spec.placement and r.metadata.deletionTimestamp is None and cond is not None \
+                    and cond.status == "False":
+                out.append(cond.message)
+        return out
 
     async def _write(self, model: Model, patch: ModelStatusPatch) -> None:
         self.ctx.cache.assume(await self.ctx.store.patch_status(Model, model.name, patch, current=model))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controllers.autoscaler import AutoscalerController, _History, decide, recommend
+from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw.api import Model, get_condition
 from llmgw.api.demand import DemandReport, ModelDemand
@@ -108,3 +109,28 @@ async def test_a_dead_gateways_demand_expires_with_its_lease(store):
         await until(lambda: scaled(cp, "lease") == (4, 4), "4 replicas for 8 in flight")
         await until(lambda: cp.cache.demand() == [], "the report gone with its lease", timeout=30)
         await until(lambda: scaled(cp, "lease") == (1, 1), "back to minReplicas")
+
+
+@pytest.mark.timeout(120)
+async def test_a_scale_up_the_scheduler_cannot_place_says_so_and_goes_no_higher(store):
+    async with control_plane(store, nodes=("n1",), gpus=2, settings=FAST, placer=SchedulerController(),
+                             extra=(AutoscalerController(ControllerSettings(**FAST)),)) as cp:
+        await store.create(autoscaled("wide", minReplicas=1, maxReplicas=8, scaleDownStabilizationSeconds=0))
+        await report(store, "gw-a", wide=6)                        # ceil(6 / 2) = 3; 2 GPUs hold 2
+
+        def unplaceable():
+            m = cp.cache.get(Model, "wide")
+            cond = m and get_condition(m.status.conditions, SCALED)
+            return cond if cond is not None and cond.reason == "Unplaceable" else None
+        cond = await until(unplaceable, "the Scaled condition saying the scale-up cannot be placed")
+        assert cond.status == "False" and cond.message.startswith("1 of 3 replicas cannot be placed (")
+        await report(store, "gw-a", wide=16)                       # would be 8: held at 3
+        await until(lambda: cp.events("Unplaceable", "wide"), "a warning event")
+        for _ in range(5):   # several looks at the higher demand (autoscale_interval 0.1 s)
+            await until(lambda: cp.cache.get(Model, "wide").status.desiredReplicas == 3, "held at 3")
+        assert len(cp.replicas("wide")) == 3
+
+        await report(store, "gw-a", wide=2)                        # 1 wanted: it fits again
+        await until(lambda: (c := get_condition(cp.cache.get(Model, "wide").status.conditions, SCALED))
+                    and c.reason != "Unplaceable", "the condition cleared once every replica is placed",
+                    timeout=60)
