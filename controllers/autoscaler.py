@@ -29,6 +29,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from controllers.indexes import REPLICAS_BY_MODEL
 from controllers.settings import DEFAULTS, ControllerSettings
@@ -131,7 +132,8 @@ class AutoscalerController(Controller):
         current = model.wanted_replicas
         d = decide(scaling, current, history, now, demand, model.status.replicas)
         unplaced = self._unschedulable(key)
-        status, reason, message = "True", d.reason, d.message
+        status: Literal["True", "False"] = "True"
+        reason, message = d.reason, d.message
         if unplaced:
             if d.desired > current:
                 d = Decision(current, "Unplaceable", d.message)
