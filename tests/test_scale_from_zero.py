@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from llmgw.api.types import Model
+from llmgw.api.types import Model, Replica
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
@@ -57,13 +57,19 @@ async def client(cluster):
 
 async def at_zero(cluster, client: Client, name: str, **kw) -> Model:
     """The model created, at zero replicas, and known to the gateway (else its name would 404)."""
+    return await known(cluster, client, autoscaled(name, **kw))
+
+
+async def known(cluster, client: Client, model: Model) -> Model:
+    """`model` created and known to the gateway."""
     async with aiohttp.ClientSession() as http:
         async def models() -> int:
             async with http.get(cluster.gateway_url + "/healthz") as r:
                 return int((await r.json())["models"])
         before = await models()
-        m = await client.create(autoscaled(name, **kw))
-        await until(lambda: _eq(models, before + 1), f"the gateway to know {name}", timeout=30, interval=0.1)
+        m = await client.create(model)
+        await until(lambda: _eq(models, before + 1), f"the gateway to know {model.name}", timeout=30,
+                    interval=0.1)
     return m
 
 
@@ -122,3 +128,50 @@ async def test_a_gateway_restarted_while_its_model_is_at_zero_holds_the_request(
                 return None
         status, text = await until(answer, "the restarted gateway to answer", timeout=120, interval=0.05)
     assert status == 200, text
+
+
+async def test_scale_down_under_load_fails_no_request(cluster, client):
+    """Three replicas under six streaming clients, then one client: the autoscaler scales down
+    to one while that client streams on, and every stream of both phases ends whole (the replicas
+    that go leave the gateway's table before their engines stop)."""
+    m = Model.model_validate({"metadata": {"name": "down"}, "spec": {
+        "profiles": [{"engine": "sim", "gpusPerNode": 1, "args": ["--tokens-per-second", "40"]}],
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "targetInFlight": 2,
+                        "scaleDownStabilizationSeconds": 2, "scaleToZeroDelaySeconds": 600}}})
+    await known(cluster, client, m)
+    body = {"model": "down", "max_tokens": 12, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    outcomes: list[str] = []
+    clients_wanted = [6]
+
+    async def streamer(i: int, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        while not stop.is_set() and i < clients_wanted[0]:
+            try:
+                async with http.post(cluster.gateway_url + "/v1/chat/completions", json=body) as r:
+                    text = await r.text()
+                    outcomes.append("ok" if r.status == 200 and text.rstrip().endswith("data: [DONE]")
+                                    else f"{r.status}: {text[-200:]}")
+            except aiohttp.ClientError as err:
+                outcomes.append(repr(err))
+
+    async def replicas() -> int:
+        return len([r for r in (await client.list(Replica))[0] if r.spec.model == "down"])
+
+    async def ready() -> int:
+        return (await client.get(Model, "down")).status.readyReplicas
+
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        tasks = [asyncio.create_task(streamer(i, http, stop)) for i in range(6)]
+        try:
+            await until(lambda: _eq(ready, 3), "three Ready replicas under six clients", timeout=120)
+            clients_wanted[0] = 1                      # five clients stop after their stream
+            await until(lambda: _eq(replicas, 1), "scaled down to one replica under one client", timeout=120)
+            await asyncio.sleep(2)                     # and it goes on answering
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    failures = [o for o in outcomes if o != "ok"]
+    assert failures == [], f"{len(failures)} of {len(outcomes)} failed, e.g. {failures[:3]}"
+    decided = [e["message"] for e in await client.events(Model, "down")
+               if e["reason"] == "ScaledDown" and "->" in e["message"]]     # the autoscaler's, not the deletes
+    assert decided and decided[-1].endswith("-> 1"), decided
