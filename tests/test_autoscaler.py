@@ -2,6 +2,8 @@
 demand reports written under real leases (store.demand, as the server writes a gateway's)."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controllers.autoscaler import AutoscalerController, _History, decide, recommend
@@ -134,3 +136,45 @@ async def test_a_scale_up_the_scheduler_cannot_place_says_so_and_goes_no_higher(
         await until(lambda: (c := get_condition(cp.cache.get(Model, "wide").status.conditions, SCALED))
                     and c.reason != "Unplaceable", "the condition cleared once every replica is placed",
                     timeout=60)
+
+
+@pytest.mark.timeout(120)
+async def test_three_gateways_under_a_sawtooth_make_at_most_one_move_per_direction_per_window(store):
+    """kubeai#67's flapping, avoided by the windows: three gateways report a load that swings
+    between high and low every half second; each direction moves at most once per window (here:
+    up once or twice, never down: every down-window holds a high report)."""
+    up_window, down_window = 2, 3
+    async with control_plane(store, gpus=4, settings=FAST,
+                             extra=(AutoscalerController(ControllerSettings(**FAST)),)) as cp:
+        await store.create(autoscaled("saw", minReplicas=1, scaleUpStabilizationSeconds=up_window,
+                                      scaleDownStabilizationSeconds=down_window, scaleToZeroDelaySeconds=600))
+        loop = asyncio.get_running_loop()
+        moves: list[tuple[float, int]] = []          # (when, desired) at each change seen
+
+        async def watch() -> None:
+            last = None
+            while True:
+                m = cp.cache.get(Model, "saw")
+                desired = m.status.desiredReplicas if m else None
+                if desired is not None and desired != last:
+                    moves.append((loop.time(), desired))
+                    last = desired
+                await asyncio.sleep(0.02)
+        watcher = asyncio.create_task(watch())
+        try:
+            end = loop.time() + 9.0
+            high = True
+            while loop.time() < end:
+                for gw in ("gw-a", "gw-b", "gw-c"):
+                    await report(store, gw, saw=3 if high else 1)   # 9 in flight (4 wanted), then 3 (2)
+                high = not high
+                await asyncio.sleep(0.5)
+        finally:
+            watcher.cancel()
+    steps = list(zip(moves, moves[1:], strict=False))
+    ups = [t for (_, a), (t, b) in steps if b > a]
+    downs = [t for (_, a), (t, b) in steps if b < a]
+    for times, window in ((ups, up_window), (downs, down_window)):
+        assert all(b - a >= window * 0.9 for a, b in zip(times, times[1:], strict=False)), (moves, window)
+    assert len(ups) + len(downs) <= 9.0 / up_window + 9.0 / down_window, moves
+    assert downs == [] and len(ups) <= 2, moves
