@@ -17,7 +17,7 @@ dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="
 days_option = click.option("--days", type=int, default=DEFAULT_DAYS, show_default=True, help="Validity in days.")
 not_before_option = click.option(
     "--not-before", type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"]), default=None,
-    help="Start of validity (UTC; default: 5 minutes ago, for clock skew).")
+    help="Start of validity (UTC; default: an hour ago, for clocks behind the issuer's).")
 
 
 def _ca(directory: str) -> CertificateAuthority:

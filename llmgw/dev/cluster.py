@@ -79,6 +79,8 @@ class LocalCluster:
     slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # component -> its /metrics port
+    # component -> a command its own runs under, e.g. {"agent-node01": ["faketime", "-f", "+5m"]}
+    wrap: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
@@ -163,6 +165,7 @@ class LocalCluster:
 
     def _spawn(self, component: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log(component), "ab")
+        argv = [*self.wrap.get(component, []), *argv]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(env or {})},
                                 start_new_session=True, cwd=self.dir)
         log.close()

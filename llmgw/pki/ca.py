@@ -41,6 +41,9 @@ ORG = {"node": "llmgw:nodes", "admin": "llmgw:admins", "component": "llmgw:compo
 ETCD_ROLES = ("etcd-member", "etcd-client")
 COMPONENTS = ("controller-manager", "gateway")
 DEFAULT_DAYS = 365
+# A certificate is valid from this long before its issue: a machine whose clock is behind the
+# issuer's by up to this much accepts it at once.
+SKEW_ALLOWED = timedelta(hours=1)
 CA_DAYS = 3650
 
 
@@ -138,7 +141,7 @@ class CertificateAuthority:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                           x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw")])
-        start = datetime.now(timezone.utc) - timedelta(minutes=5)
+        start = datetime.now(timezone.utc) - SKEW_ALLOWED
         cert = (
             x509.CertificateBuilder()
             .subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -201,7 +204,7 @@ class CertificateAuthority:
             raise CAError(f"validity must be at least one day, got {days}")
         ca_cert, ca_key = self._load()
         key = ec.generate_private_key(ec.SECP256R1())
-        start = not_before or (datetime.now(timezone.utc) - timedelta(minutes=5))
+        start = not_before or (datetime.now(timezone.utc) - SKEW_ALLOWED)
         if start.tzinfo is None:
             start = start.replace(tzinfo=timezone.utc)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
