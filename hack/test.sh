@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run llmgw's tests: installs etcd (Debian's etcd-server), sshd (for the
-# onboarding test), Prometheus (its promtool parses the dashboards' PromQL), faketime
-# (clock skew) and a
-# virtualenv with llmgw and its test dependencies when missing, then runs the checks (ruff; lint-imports, the import contracts in
-# pyproject.toml; mypy, strict on the whole tree) and pytest. Extra arguments go to pytest (e.g. -k store).
+# onboarding test), Prometheus (its promtool parses the dashboards' PromQL),
+# faketime (clock skew) and a virtualenv with llmgw and its test dependencies
+# when missing, then runs the checks (ruff; lint-imports, the import contracts in
+# pyproject.toml; mypy, strict on the whole tree) and pytest. Extra arguments go
+# to pytest (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime
