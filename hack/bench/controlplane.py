@@ -190,6 +190,13 @@ machine (helpers' work began during the later runs: load 2-5):
       (load 0.7; etcd's raw put rate 5569/s): all Ready 59.5 s, binds 806/s, controller-manager
       49.7 CPU s, etcd 32.3, hollow nodes + observer 21.0 (of 119 on 2 cores):
       binds/s=806 ratio_to_raw_etcd=0.14 cm_cpu_ms_per_replica=2.26 cm_peak_rss_mb=869 writes_per_replica=12.4
+    Where the memory goes (tracemalloc, --in-process at 1,000 nodes, so the hollow nodes' share is
+    in it too: 155 MB traced): objects decoded by pydantic 99 MB (type_adapter 61, main 38: a
+    Replica is ~7.7 KB as an object, 1.2 KB as JSON), aetcd's KeyValues 13 MB and the store's
+    watches' raw spec and status bytes (Objects.watch keeps each key's last spec kv and status
+    value beside the object it yielded, to assemble the next event), copies 8 MB. So the 500 MB
+    target at 10,000 nodes needs a more compact object (or sharing equal parts between objects),
+    not a fix in one place.
     So the controller-manager's CPU per replica at 10,000 nodes is 1.2 times its 1,000-node
     figure (2.2 before; target 1.3). Still short of the targets: binds 532-618/s (1,000), all
     Ready 75-90 s (60), peak RSS 866 MB (500: a Replica is ~7.7 KB as a pydantic object against
