@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""How long `llmgw` takes to start and finish, as an operator's loop or script sees it.
+
+    .venv/bin/python hack/bench/cli.py [--runs 10]
+
+Starts a real etcd, a CA and `llmgw server` on loopback (tests/helpers/cluster.py's, as the
+other benches do), writes an admin client config with `llmgw ca issue admin --write-config`,
+then runs each command --runs times as a fresh process (the `llmgw` script next to this
+Python), one after another:
+
+    llmgw version
+    llmgw get nodes              (one node registered, so the table has a row)
+    llmgw apply -f model.yaml    (one small Model; after the first run it is 'unchanged')
+    python -c pass               (the floor: the interpreter's own start)
+
+and prints each command's median wall time; the last line is
+
+    cli: version_s=<median> get_s=<median> apply_s=<median> floor_s=<median>
+
+Target (issue 35): version, get and apply each within 0.3 s.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from llmgw.dev.etcd import etcd_cluster
+from tests.helpers.cluster import llmgw_ca, make_pki, start_api_server
+from tests.helpers.fake_agents import make_node
+
+MODEL = """\
+apiVersion: llmgw.io/v1
+kind: Model
+metadata:
+  name: bench-cli
+spec:
+  replicas: 0
+  profiles:
+  - engine: sim
+"""
+
+
+def timed(argv: list[str], env: dict[str, str], runs: int) -> float:
+    """The median wall time of `argv` over `runs` runs; every run must exit 0."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
+    return statistics.median(times)
+
+
+async def register_node(server, name: str) -> None:
+    async with server.client() as c:
+        created = await c.create(make_node(name, 1))
+        await c.update_status(created.model_copy(update={"status": make_node(name, 1).status}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=10)
+    args = ap.parse_args()
+    llmgw = str(Path(sys.executable).parent / "llmgw")
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-cli-") as tmp:
+        base = Path(tmp)
+        etcd = etcd_cluster(base / "etcd", size=1).start()
+        server = start_api_server(make_pki(base / "ca"), etcd.endpoint, base)
+        try:
+            config = base / "config.yaml"
+            llmgw_ca("issue", "admin", "bench", "--dir", str(server.pki.dir), "--write-config",
+                     "--server", server.url, "--config", str(config))
+            asyncio.run(register_node(server, "bench-node"))
+            manifest = base / "model.yaml"
+            manifest.write_text(MODEL)
+            env = {**os.environ, "LLMGW_CONFIG": str(config)}
+            figures = {
+                "version_s": timed([llmgw, "version"], env, args.runs),
+                "get_s": timed([llmgw, "get", "nodes"], env, args.runs),
+                "apply_s": timed([llmgw, "apply", "-f", str(manifest)], env, args.runs),
+                "floor_s": timed([sys.executable, "-c", "pass"], env, args.runs),
+            }
+        finally:
+            server.stop()
+            etcd.stop()
+    print("cli: " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
