@@ -1,6 +1,7 @@
 """The `llmgw` command group; each subcommand lives in its own module, loaded on use."""
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 
@@ -17,19 +18,19 @@ COMMANDS: dict[str, str] = {
     "sim": "llmgw.cmd.sim:sim",
     "dev": "llmgw.cmd.dev:dev",
     # kubectl-like verbs
-    "apply": "llmgw.cli.verbs:apply",
-    "diff": "llmgw.cli.verbs:diff",
-    "get": "llmgw.cli.verbs:get",
-    "describe": "llmgw.cli.verbs:describe",
-    "delete": "llmgw.cli.verbs:delete",
-    "cordon": "llmgw.cli.verbs:cordon",
-    "uncordon": "llmgw.cli.verbs:uncordon",
-    "drain": "llmgw.cli.verbs:drain",
+    "apply": "llmgw.cli.apply:apply",
+    "diff": "llmgw.cli.apply:diff",
+    "get": "llmgw.cli.get:get",
+    "describe": "llmgw.cli.describe:describe",
+    "delete": "llmgw.cli.apply:delete",
+    "cordon": "llmgw.cli.nodes:cordon",
+    "uncordon": "llmgw.cli.nodes:uncordon",
+    "drain": "llmgw.cli.nodes:drain",
     "logs": "llmgw.cli.logs:logs",
     "events": "llmgw.cli.events:events",
     "ctl": "llmgw.cli.ctl:ctl",
     "top": "llmgw.cli.top:top",
-    "version": "llmgw.cli.verbs:version",
+    "version": "llmgw.cli.version:version",
 }
 
 
@@ -63,5 +64,15 @@ def cli() -> None:
     """
 
 
+def main() -> None:
+    """The `llmgw` script: the group, and a quick exit."""
+    try:
+        cli()
+    finally:
+        # The exit's collections walk every object the imports made (~30 ms of a short
+        # command); frozen objects are left out of them.
+        gc.freeze()
+
+
 if __name__ == "__main__":
-    cli()
+    main()
