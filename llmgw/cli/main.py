@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "ctl": "llmgw.cli.ctl:ctl",
     "top": "llmgw.cli.top:top",
     "version": "llmgw.cli.version:version",
+    "config": "llmgw.cli.config:config",
 }
 
 
