@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from llmgw.cli.completion import complete_context
 from llmgw.cli.connect import checked, config_option
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.printers.table import print_table
@@ -55,7 +56,7 @@ def current_context(config: str | None) -> None:
 
 
 @config.command("use-context")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_context)
 @config_option
 def use_context(name: str, config: str | None) -> None:
     """Make NAME the current context: the one every command uses without --context."""

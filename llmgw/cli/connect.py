@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from llmgw.cli import errors as ec
+from llmgw.cli.completion import complete_context
 from llmgw.cli.errors import CliError
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ config_option = click.option(
 
 _OPTIONS = [
     config_option,
-    click.option("--context", metavar="NAME",
+    click.option("--context", metavar="NAME", shell_complete=complete_context,
                  help="Which of the config's contexts (clusters) to use. Default: its current-context."),
     click.option("--server", metavar="URL", help="Override the config's server URL."),
     click.option("--ca", metavar="FILE", help="Override the config's CA certificate."),

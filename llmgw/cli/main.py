@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "top": "llmgw.cli.top:top",
     "version": "llmgw.cli.version:version",
     "config": "llmgw.cli.config:config",
+    "completion": "llmgw.cli.completion:completion",
 }
 
 
