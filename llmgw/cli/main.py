@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 
 import click
+from click.shell_completion import CompletionItem
 
 # command name -> "module:attribute". Loaded lazily so `llmgw get` does not
 # import the agent, the server or the gateway.
@@ -33,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "version": "llmgw.cli.version:version",
     "config": "llmgw.cli.config:config",
     "completion": "llmgw.cli.completion:completion",
+    "plugin": "llmgw.cli.plugins:plugin",
 }
 
 
@@ -50,11 +52,33 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         cmd = super().get_command(ctx, name)
-        if cmd is not None or name not in COMMANDS or not self._available(name):
+        if cmd is not None:
             return cmd
+        if name not in COMMANDS or not self._available(name):
+            return self._plugin(name)
         module, attr = COMMANDS[name].split(":")
         command: click.Command = getattr(importlib.import_module(module), attr)
         return command
+
+    @staticmethod
+    def _plugin(name: str) -> click.Command | None:
+        """`llmgw NAME` for no built-in NAME: the executable llmgw-NAME on PATH (llmgw.cli.plugins)."""
+        from llmgw.cli import plugins
+
+        found = plugins.find(name)
+        return plugins.command(found) if found else None
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """Commands and options as click completes them, and the plugins on PATH."""
+        from llmgw.cli import plugins
+
+        items = super().shell_complete(ctx, incomplete)
+        names = {i.value for i in items}
+        for p in plugins.candidates():
+            if p.name.startswith(incomplete) and p.name not in names and plugins.executable(p.path):
+                names.add(p.name)
+                items.append(CompletionItem(p.name))
+        return items
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,6 +87,8 @@ def cli() -> None:
 
     Desired state lives in etcd; controllers reconcile it; an agent on each
     node runs the engines; an OpenAI-compatible gateway routes requests.
+
+    Plugins: an executable llmgw-NAME on PATH runs as `llmgw NAME` (`llmgw plugin list`).
     """
 
 
