@@ -28,10 +28,12 @@ three runs of the benchmark each:
     each verb imported alone; rich only on a terminal; pydantic schemas built on first use
     (defer_build), the stored-object adapter of every kind too; objects frozen before the exit:
         cli: version_s=0.060-0.063 get_s=0.305-0.313 apply_s=0.308-0.320 floor_s=0.023
-What get and apply still import (python -X importtime): aiohttp ~80 ms (half of it the two
-default SSL contexts it makes at import, loading the system's CA bundle, which llmgw never
-uses), pydantic and llmgw.api ~110 ms (~20 ms of it pydantic's plugin look-up through
-importlib.metadata), asyncio ~24 ms, click ~18 ms, yaml ~10 ms; the run itself ~30 ms.
+    and the verbs' requests through http.client (llmgw/client/oneshot.py), not aiohttp (~100 ms
+    to import, ~40 ms of it the two default SSL contexts it makes at import and llmgw never uses):
+        cli: version_s=0.061-0.062 get_s=0.215-0.225 apply_s=0.214-0.228 floor_s=0.022-0.023
+What get and apply still import (python -X importtime): pydantic and llmgw.api ~110 ms (~20 ms
+of it pydantic's plugin look-up through importlib.metadata), asyncio ~24 ms, click ~18 ms, yaml
+~10 ms; the run itself ~30 ms (TLS, two requests for get nodes, the Node and Replica schemas).
 """
 from __future__ import annotations
 

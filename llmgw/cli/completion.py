@@ -61,7 +61,7 @@ async def _list_names(params: dict[str, Any], kind: str) -> list[str]:
     from llmgw.client import Client
 
     conn = Connection(**{k: params.get(k) for k in ("config", "server", "ca", "cert", "key", "context")})
-    async with Client.from_config(conn.client_config(), timeout=LIST_TIMEOUT) as c:
+    async with Client.from_config(conn.client_config(), timeout=LIST_TIMEOUT, oneshot=True) as c:
         items, _ = await c.list(KINDS[resolve_kind(kind)])
     return [o.name for o in items]
 

@@ -46,9 +46,11 @@ class Connection:
         return cfg
 
     def client(self) -> Client:
+        """A client for a command: requests without aiohttp (llmgw.client.oneshot); a watch or a
+        followed log imports it when it starts."""
         from llmgw.client import Client
 
-        return Client.from_config(self.client_config())
+        return Client.from_config(self.client_config(), oneshot=True)
 
 
 config_option = click.option(
