@@ -68,11 +68,30 @@ class LazyGroup(click.Group):
         found = plugins.find(name)
         return plugins.command(found) if found else None
 
+    def summary(self, ctx: click.Context, name: str, limit: int) -> str:
+        """A command's short help, read without importing it where its source allows."""
+        from llmgw.cli.summary import summary
+
+        text = summary(COMMANDS[name], limit) if name in COMMANDS else None
+        if text is None:
+            command = self.get_command(ctx, name)
+            text = command.get_short_help_str(limit) if command else ""
+        return text
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of commands, without importing every one of them."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, self.summary(ctx, name, limit)) for name in names])
+
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
-        """Commands and options as click completes them, and the plugins on PATH."""
+        """Commands (without importing them), the group's options, and the plugins on PATH."""
         from llmgw.cli import plugins
 
-        items = super().shell_complete(ctx, incomplete)
+        items = [CompletionItem(name, help=self.summary(ctx, name, 45))
+                 for name in self.list_commands(ctx) if name.startswith(incomplete)]
+        items += click.Command.shell_complete(self, ctx, incomplete)   # the options; click.Group's imports
         names = {i.value for i in items}
         for p in plugins.candidates():
             if p.name.startswith(incomplete) and p.name not in names and plugins.executable(p.path):
