@@ -1,4 +1,4 @@
 """`python -m llmgw` is `llmgw`."""
-from llmgw.cli.main import cli
+from llmgw.cli.main import main
 
-cli()
+main()

@@ -233,7 +233,7 @@ def test_rendered_unit_keeps_the_reference_units_service_settings():
     assert rendered["Environment"] == "PEX_ROOT=/var/lib/llmgw/pex"
 
 
-def _fake_pex(path: Path, wheels: list[str], entry_point: str = "llmgw.cli.main:cli") -> Path:
+def _fake_pex(path: Path, wheels: list[str], entry_point: str = "llmgw.cli.main:main") -> Path:
     import json
     import zipfile
     with zipfile.ZipFile(path, "w") as zf:
@@ -256,5 +256,6 @@ def test_artifact_platforms_are_read_from_its_wheels(tmp_path):
         art.check_runs_on("aarch64", "3.13")
     with pytest.raises(ArtifactError, match="not of llmgw"):
         inspect(_fake_pex(tmp_path / "b.pex", wheels, entry_point="black:main"))
+    assert inspect(_fake_pex(tmp_path / "old.pex", wheels, entry_point="llmgw.cli.main:cli")).version == "0.3.1"
     with pytest.raises(ArtifactError, match="does not contain the llmgw wheel"):
         inspect(_fake_pex(tmp_path / "c.pex", wheels[1:]))

@@ -59,7 +59,7 @@ def now() -> datetime:
 class Strict(BaseModel):
     """Base of every API model: unknown fields are an error, never dropped."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, defer_build=True)
 
 
 class OwnerReference(Strict):

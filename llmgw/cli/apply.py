@@ -12,6 +12,7 @@ from llmgw.api.manifests import load_path
 from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
 from llmgw.cli import errors as ec
+from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.diff import applied_view, unified_diff
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
@@ -180,8 +181,8 @@ async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_f
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind", required=False)
-@click.argument("names", nargs=-1)
+@click.argument("kind", required=False, shell_complete=complete_kind)
+@click.argument("names", nargs=-1, shell_complete=complete_name)
 @click.option("-f", "--filename", "files", multiple=True, metavar="FILE|DIR",
               help="Delete the objects of these manifests instead.")
 @click.option("-R", "--recursive", is_flag=True, help="With -f: also read subdirectories.")

@@ -7,7 +7,7 @@ from typing import NoReturn
 
 import click
 
-from llmgw.cli.connect import Connection, connection_options, run
+from llmgw.cli.connect import Connection, checked, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, Issued, normalize_serial
 from llmgw.printers.table import print_table
@@ -85,14 +85,21 @@ def issue_node(name: str, directory: str, days: int, not_before: datetime | None
 @click.option("--server", default="https://127.0.0.1:7443", show_default=True, help="Server URL for --write-config.")
 @click.option("--config", "config", default=None,
               help="Where --write-config writes (default $LLMGW_CONFIG or ~/.config/llmgw/config.yaml).")
+@click.option("--context", metavar="NAME",
+              help="With --write-config: add this cluster to the config as context NAME, keeping its other "
+                   "contexts (the current one too, or NAME when there was none); without it the file is "
+                   "this one cluster.")
 def issue_admin(name: str, directory: str, days: int, not_before: datetime | None, write_config: bool,
-                server: str, config: str | None) -> None:
+                server: str, config: str | None, context: str | None) -> None:
     """A person's certificate: O=llmgw:admins may do anything."""
+    if context and not write_config:
+        raise click.UsageError("--context names the context --write-config writes; add --write-config")
     entry = _issue(directory, "admin", name, days=days, not_before=not_before)
     if write_config:
         from llmgw.client import ClientConfig
         cfg = ClientConfig(server=server, ca=str(_ca(directory).cert_path), cert=entry.cert, key=entry.key)
-        click.echo(f"config written: {cfg.save(config)}")
+        written = checked(lambda: cfg.save_context(context, config)) if context else cfg.save(config)
+        click.echo(f"config written: {written}" + (f" (context {context!r})" if context else ""))
 
 
 @issue.command("component")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from llmgw.cli import errors as ec
+from llmgw.cli.completion import complete_context
 from llmgw.cli.errors import CliError
 
 if TYPE_CHECKING:
@@ -26,9 +27,11 @@ class Connection:
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
+    context: str | None = None
 
     def client_config(self) -> ClientConfig:
-        """The config file's settings with any --server/--ca/--cert/--key on top.
+        """The config file's settings (its --context, else its current one) with any
+        --server/--ca/--cert/--key on top.
 
         With --server, --ca, --cert and --key all given, no file is read.
         """
@@ -37,21 +40,28 @@ class Connection:
         overrides = {k: getattr(self, k) for k in ("server", "ca", "cert", "key") if getattr(self, k)}
         if len(overrides) == 4:
             return ClientConfig(**overrides)
-        cfg = ClientConfig.load(self.config)
+        cfg = ClientConfig.load(self.config, self.context)
         for k, v in overrides.items():
             setattr(cfg, k, v)
         return cfg
 
     def client(self) -> Client:
+        """A client for a command: requests without aiohttp (llmgw.client.oneshot); a watch or a
+        followed log imports it when it starts."""
         from llmgw.client import Client
 
-        return Client.from_config(self.client_config())
+        return Client.from_config(self.client_config(), oneshot=True)
 
+
+config_option = click.option(
+    "--config", "config", envvar="LLMGW_CONFIG", metavar="FILE",
+    help="Client config (server, ca, cert, key; or contexts). Default: $LLMGW_CONFIG, "
+         "else ~/.config/llmgw/config.yaml.")
 
 _OPTIONS = [
-    click.option("--config", "config", envvar="LLMGW_CONFIG", metavar="FILE",
-                 help="Client config (server, ca, cert, key). Default: $LLMGW_CONFIG, "
-                      "else ~/.config/llmgw/config.yaml."),
+    config_option,
+    click.option("--context", metavar="NAME", shell_complete=complete_context,
+                 help="Which of the config's contexts (clusters) to use. Default: its current-context."),
     click.option("--server", metavar="URL", help="Override the config's server URL."),
     click.option("--ca", metavar="FILE", help="Override the config's CA certificate."),
     click.option("--cert", metavar="FILE", help="Override the config's client certificate."),
@@ -60,12 +70,12 @@ _OPTIONS = [
 
 
 def connection_options(f: Callable[..., R]) -> Callable[..., R]:
-    """Add --config/--server/--ca/--cert/--key; the command receives them as `conn`."""
+    """Add --config/--context/--server/--ca/--cert/--key; the command receives them as `conn`."""
 
     @functools.wraps(f)
-    def wrapper(*args: Any, config: str | None, server: str | None, ca: str | None, cert: str | None,
-                key: str | None, **kw: Any) -> R:
-        return f(*args, conn=Connection(config, server, ca, cert, key), **kw)
+    def wrapper(*args: Any, config: str | None, context: str | None, server: str | None, ca: str | None,
+                cert: str | None, key: str | None, **kw: Any) -> R:
+        return f(*args, conn=Connection(config, server, ca, cert, key, context), **kw)
 
     for option in reversed(_OPTIONS):
         wrapper = option(wrapper)
@@ -114,8 +124,13 @@ def _prefixed(word: str, err: BaseException) -> str:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a verb's coroutine; known errors become CliError (one line, exit code by kind)."""
+    return checked(lambda: asyncio.run(coro))
+
+
+def checked(call: Callable[[], T]) -> T:
+    """Call `call`; known errors become CliError (one line, exit code by kind)."""
     try:
-        return asyncio.run(coro)
+        return call()
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None
     except Exception as err:

@@ -12,6 +12,7 @@ from llmgw.api.kinds import all_of_kind
 from llmgw.api.logs import LogQuery
 from llmgw.api.types import KINDS, AnyObject, Model, Node, Replica, Shard
 from llmgw.api.wellknown import shard_name
+from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.get import by_name, kind_arg
@@ -88,8 +89,8 @@ async def _describe(conn: Connection, kind: str, name: str) -> str:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind")
-@click.argument("name")
+@click.argument("kind", shell_complete=complete_kind)
+@click.argument("name", shell_complete=complete_name)
 @connection_options
 def describe(kind: str, name: str, conn: Connection) -> None:
     """Show one object: metadata, spec, status, conditions, related objects and recent events."""

@@ -10,6 +10,7 @@ import click
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.selectors import Selector, parse_selector
 from llmgw.api.types import KINDS, AnyObject, ObjectT, Replica, resolve_kind
+from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.printers.columns import table
@@ -153,8 +154,8 @@ def run_get(conn: Connection, kind: str, name: str | None, output: str | None, s
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind")
-@click.argument("name", required=False)
+@click.argument("kind", shell_complete=complete_kind)
+@click.argument("name", required=False, shell_complete=complete_name)
 @get_options
 @connection_options
 def get(kind: str, name: str | None, output: str | None, selector: str | None, watch: bool,

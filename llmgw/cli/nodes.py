@@ -9,6 +9,7 @@ from llmgw.api.errors import AlreadyExists, Conflict, Expired
 from llmgw.api.kinds import all_of_kind, of_kind
 from llmgw.api.types import Node
 from llmgw.cli import errors as ec
+from llmgw.cli.completion import complete_node
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 
@@ -49,7 +50,7 @@ async def _cordon(conn: Connection, name: str, on: bool) -> str:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("node")
+@click.argument("node", shell_complete=complete_node)
 @connection_options
 def cordon(node: str, conn: Connection) -> None:
     """Mark NODE unschedulable: no new replicas are placed on it; running ones stay."""
@@ -57,7 +58,7 @@ def cordon(node: str, conn: Connection) -> None:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("node")
+@click.argument("node", shell_complete=complete_node)
 @connection_options
 def uncordon(node: str, conn: Connection) -> None:
     """Mark NODE schedulable again; this also cancels a requested drain."""
@@ -152,7 +153,7 @@ async def _drain(conn: Connection, name: str, wait: bool) -> None:
 
 def drain_command(name: str = "drain") -> click.Command:
     @click.command(name, epilog=EXIT_CODES_HELP)
-    @click.argument("node")
+    @click.argument("node", shell_complete=complete_node)
     @click.option("--wait", is_flag=True,
                   help="Follow the drain's progress; exit 0 when Drained, 1 as soon as it is Stuck.")
     @connection_options

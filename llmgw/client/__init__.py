@@ -5,6 +5,7 @@
     cfg = ClientConfig.load(path=None)   # explicit path > $LLMGW_CONFIG > ~/.config/llmgw/config.yaml
                                          # fields: server, ca, cert, key (ConfigError when unusable)
     async with Client(server_url, ca=..., cert=..., key=...) as c:   # or Client.from_config(cfg)
+        # oneshot=True: requests through http.client, aiohttp only once a watch or a log starts (the CLI)
         # an llmgw.api.ObjectClient: kind is a class (Model: typed answers) or a name (plural, singular, "mo")
         obj = await c.get(kind, name, node=None)
         items, rv = await c.list(kind, selector=None, node=None)   # rv: the revision to watch from

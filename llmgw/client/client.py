@@ -9,8 +9,6 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-import aiohttp
-
 from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.events import event_key
 from llmgw.api.logs import LogQuery
@@ -19,7 +17,13 @@ from llmgw.api.types import AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
+from llmgw.client.oneshot import OneShot
 from llmgw.reflector import AfterError, ListerWatcher, Reflector, object_name
+
+# aiohttp is imported where it is used: a client made with oneshot=True (the CLI's verbs) may
+# never need it (llmgw.client.oneshot says why that matters).
+if TYPE_CHECKING:
+    import aiohttp
 
 BASE = "/apis/llmgw.io/v1"
 
@@ -68,6 +72,8 @@ def _find_ssl_error(err: BaseException | None) -> ssl.SSLError | None:
 
 
 def _translate(err: BaseException, url: str) -> ApiError:
+    import aiohttp
+
     if isinstance(err, aiohttp.ClientConnectorCertificateError):
         cert_err = err.certificate_error
         why = getattr(cert_err, "verify_message", None) or str(cert_err)
@@ -86,19 +92,42 @@ def _translate(err: BaseException, url: str) -> ApiError:
     if isinstance(err, (asyncio.TimeoutError, TimeoutError)):
         return Unreachable(url, "timed out")
     if isinstance(err, aiohttp.ClientConnectorError):
-        return Unreachable(url, err.os_error.strerror or str(err.os_error))
+        # "Connection refused" (its errno's words), as http.client says it, not asyncio's "Connect call failed"
+        os_err = err.os_error
+        return Unreachable(url, (os.strerror(os_err.errno) if os_err.errno else os_err.strerror) or str(os_err))
     if isinstance(err, aiohttp.ServerDisconnectedError):
         return Unreachable(url, "the server closed the connection")
+    if isinstance(err, OSError) and err.strerror:
+        return Unreachable(url, err.strerror)   # http.client's: ConnectionRefusedError and the like
     return Unreachable(url, str(err) or type(err).__name__)
 
 
 async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiError:
-    text = await resp.text()
+    return _error_from_text(resp.status, resp.reason or "", await resp.text(), url)
+
+
+async def _oneshot_request(oneshot: OneShot, url: str, method: str, path: str, params: dict[str, str],
+                           body: Any) -> Any:
+    """Client.request through http.client: the same answers and errors."""
+    try:
+        answer = await oneshot.request(method, path, params, body)
+    except (OSError, asyncio.TimeoutError) as err:
+        raise _translate(err, url) from None
+    if answer.status >= 400:
+        raise _error_from_text(answer.status, answer.reason, answer.text, url)
+    try:
+        return json.loads(answer.text)
+    except ValueError:
+        raise ApiError(answer.status, "BadResponse", f"the server's answer is not JSON: {answer.text[:200]!r}",
+                       url) from None
+
+
+def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
     try:
         body = json.loads(text)
-        return error_for(resp.status, body.get("reason", resp.reason or ""), body.get("message", text), url)
+        return error_for(status, body.get("reason", reason), body.get("message", text), url)
     except (ValueError, AttributeError):
-        return error_for(resp.status, resp.reason or "", f"{resp.status} {resp.reason}: {text.strip()[:200]}", url)
+        return error_for(status, reason, f"{status} {reason}: {text.strip()[:200]}", url)
 
 
 
@@ -109,16 +138,30 @@ class Client:
     Replica) or by name (``"replicas"``, ``"rep"``)."""
 
     def __init__(self, server: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 *, timeout: float = 30.0, watch_idle_timeout: float = 90.0, connections: int = 100):
+                 *, timeout: float = 30.0, watch_idle_timeout: float = 90.0, connections: int = 100,
+                 oneshot: bool = False):
+        """oneshot: requests (not watches, not logs) through http.client (llmgw.client.oneshot), for
+        a short-lived command that may be done before aiohttp would have been imported."""
         self.server = server.rstrip("/")
         self._ssl = _ssl_context(ca, cert, key) if self.server.startswith("https://") else None
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        # A watch lasts forever; bookmarks arrive every few seconds, so silence means a dead server.
-        self._watch_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=watch_idle_timeout)
-        # A followed log may be silent for as long as its engine is.
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout)
+        self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
+        self._oneshot = OneShot(self.server, self._ssl, timeout) if oneshot else None
+
+    @property
+    def _watch_timeout(self) -> aiohttp.ClientTimeout:
+        """A watch lasts forever; bookmarks arrive every few seconds, so silence means a dead server."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=None, sock_connect=self._timeout_s, sock_read=self._watch_idle_s)
+
+    @property
+    def _stream_timeout(self) -> aiohttp.ClientTimeout:
+        """A followed log may be silent for as long as its engine is."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=None, sock_connect=self._timeout_s)
 
     @classmethod
     def from_config(cls, cfg: ClientConfig | None = None, **kw: Any) -> "Client":
@@ -126,19 +169,25 @@ class Client:
         return cls(cfg.server, ca=cfg.ca, cert=cfg.cert, key=cfg.key, **kw)
 
     async def __aenter__(self) -> "Client":
-        self._open()
+        if self._oneshot is None:
+            self._open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def _open(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl else False, limit=self._connections)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._session = aiohttp.ClientSession(connector=connector,
+                                                  timeout=aiohttp.ClientTimeout(total=self._timeout_s))
         return self._session
 
     async def close(self) -> None:
+        if self._oneshot is not None:
+            self._oneshot.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -148,6 +197,10 @@ class Client:
                       body: Any = None) -> Any:
         url = self.server + path
         params = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        if self._oneshot is not None:
+            return await _oneshot_request(self._oneshot, url, method, path, params, body)
+        import aiohttp
+
         try:
             async with self._open().request(method, url, params=params, json=body) as resp:
                 if resp.status >= 400:
@@ -157,6 +210,7 @@ class Client:
             raise
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
             raise _translate(err, url) from None
+
 
     @staticmethod
     def _path(kind: Kind, name: str | None = None, sub: str | None = None) -> str:
@@ -270,6 +324,8 @@ class Client:
         """An engine's log as the server relays it from the node's agent (``llmgw logs``): a shard's,
         or a replica's shard of ``rank``. Raises before the first chunk when refused; a followed
         log lasts as long as the engine runs, so no overall timeout applies."""
+        import aiohttp
+
         url = self.server + self._path(kind, name, "log")
         extra = {"rank": rank, "node": node}
         params = {**query.params(), **{k: str(v) for k, v in extra.items() if v is not None}}
@@ -307,6 +363,8 @@ class Client:
 
     async def _watch_lines(self, url: str, query: dict[str, str]) -> AsyncIterator[tuple[EventType, Any, int]]:
         """A watch stream's (type, object, revision), BOOKMARKs skipped; an ERROR line raised."""
+        import aiohttp
+
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:

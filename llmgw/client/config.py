@@ -1,17 +1,33 @@
-"""Where the client finds the server and its credentials.
+"""Where the client finds the server and its credentials: one cluster, or several contexts.
 
-~/.config/llmgw/config.yaml (or $LLMGW_CONFIG, or an explicit path):
+~/.config/llmgw/config.yaml (or $LLMGW_CONFIG, or an explicit path), one cluster:
 
     server: https://10.0.0.1:7443
     ca: /home/me/.config/llmgw/ca.crt       # the CA that signed the server's certificate
     cert: /home/me/.config/llmgw/admin.crt  # this client's certificate
     key: /home/me/.config/llmgw/admin.key
+
+or several, each a context (as kubectl's kubeconfig), one of them current:
+
+    current-context: prod
+    contexts:
+    - name: prod
+      server: https://10.0.0.1:7443
+      ca: prod/ca.crt                       # relative paths: from the file's folder
+      cert: prod/admin.crt
+      key: prod/admin.key
+    - name: lab
+      server: https://10.9.0.1:7443
+      ...
+
+`--context NAME` picks one for a command; `llmgw config use-context NAME` changes the current one.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,6 +36,8 @@ from llmgw.api.manifests import read_yaml
 
 DEFAULT_PATH = "~/.config/llmgw/config.yaml"
 DEFAULT_SERVER = "https://127.0.0.1:7443"
+CLUSTER_FIELDS = ("server", "ca", "cert", "key")
+CURRENT = "current-context"
 
 
 class ConfigError(Exception):
@@ -37,44 +55,151 @@ class ClientConfig:
     cert: str | None = None
     key: str | None = None
     path: str | None = None  # the file it came from, for error messages
+    context: str | None = None  # the context it is, in a file of contexts
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None) -> "ClientConfig":
+    def load(cls, path: str | os.PathLike[str] | None = None, context: str | None = None) -> ClientConfig:
+        """The cluster of a one-cluster file, or a file's context: `context`, else its current one."""
         p = config_path(path)
-        if not p.exists():
-            raise ConfigError(
-                f"{p}: no client configuration; run `llmgw ca issue admin NAME --write-config` "
-                "or set LLMGW_CONFIG to one")
-        try:
-            docs = read_yaml(p, max_bytes=1 << 20)
-            data = (docs[0] if docs else None) or {}
-            check_document(data)
-        except InputError as err:
-            raise ConfigError(f"{p}: {err.message if err.path == '<document>' else err}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping with server, ca, cert, key")
-        unknown = set(data) - {"server", "ca", "cert", "key"}
-        if unknown:
-            raise ConfigError(f"{p}: unknown field {sorted(unknown)[0]!r} (expected server, ca, cert, key)")
-        base = p.parent
-        cfg = cls(server=str(data.get("server") or DEFAULT_SERVER), path=str(p))
-        for field in ("ca", "cert", "key"):
-            value = data.get(field)
-            if not value:
-                raise ConfigError(f"{p}: field {field!r} is required")
-            full = (base / Path(str(value)).expanduser())
-            if not full.exists():
-                raise ConfigError(f"{p}: {field}: {full} does not exist")
-            setattr(cfg, field, str(full))
-        return cfg
+        data = _read(p, missing_ok=False)
+        if "contexts" not in data:
+            if context is not None:
+                raise ConfigError(f"{p}: no contexts in this file (it holds one cluster's server, ca, cert, "
+                                  f"key), so there is no context {context!r}")
+            return _cluster(p, data, "", None)
+        entries = _contexts(p, data)
+        name = context or data.get(CURRENT)
+        if not name:
+            raise ConfigError(f"{p}: {CURRENT}: not set; choose one with `llmgw config use-context NAME` or "
+                              f"--context NAME (contexts: {_names(entries)})")
+        for i, entry in enumerate(entries):
+            if entry["name"] == name:
+                return _cluster(p, entry, f"contexts[{i}].", str(name))
+        where = "--context" if context else CURRENT
+        raise ConfigError(f"{p}: {where}: no context {name!r} (contexts: {_names(entries)})")
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write this cluster as the whole file (a one-cluster file), replacing what was there."""
         p = config_path(path or self.path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        data = {k: v for k, v in asdict(self).items() if k != "path"}
-        tmp = p.with_name(p.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(data, f, sort_keys=False)
-        os.replace(tmp, p)
+        _write(p, {k: getattr(self, k) for k in CLUSTER_FIELDS})
         return p
+
+    def save_context(self, name: str, path: str | os.PathLike[str] | None = None) -> Path:
+        """Add this cluster to a file as context `name` (replacing one of that name), keeping the
+        file's other contexts; the current context too, or `name` when there was none. A
+        one-cluster file's cluster is kept as context "default"."""
+        p = config_path(path or self.path)
+        data = _read(p, missing_ok=True)
+        if data and "contexts" not in data:
+            data = {CURRENT: "default", "contexts": [{"name": "default", **data}]}
+        entries = _contexts(p, data) if data else []
+        entry = {"name": name, **{k: getattr(self, k) for k in CLUSTER_FIELDS}}
+        kept = [e for e in entries if e["name"] != name]
+        data = {CURRENT: data.get(CURRENT) or name, "contexts": [*kept, entry]}
+        _write(p, data)
+        return p
+
+
+@dataclass(frozen=True)
+class Context:
+    name: str
+    server: str
+    current: bool
+
+
+def list_contexts(path: str | os.PathLike[str] | None = None) -> list[Context]:
+    """A file's contexts in its order; a one-cluster file has none."""
+    p = config_path(path)
+    data = _read(p, missing_ok=False)
+    if "contexts" not in data:
+        return []
+    return [Context(str(e["name"]), str(e.get("server") or DEFAULT_SERVER), e["name"] == data.get(CURRENT))
+            for e in _contexts(p, data)]
+
+
+def use_context(name: str, path: str | os.PathLike[str] | None = None) -> Path:
+    """Make `name` the file's current context; ConfigError when the file has no such context."""
+    p = config_path(path)
+    names = [c.name for c in list_contexts(p)]
+    if name not in names:
+        what = f"contexts: {', '.join(names)}" if names else "it has no contexts: one cluster's server, ca, cert, key"
+        raise ConfigError(f"{p}: no context {name!r} ({what})")
+    data = _read(p, missing_ok=False)
+    data[CURRENT] = name
+    _write(p, data)
+    return p
+
+
+def _read(p: Path, missing_ok: bool) -> dict[str, Any]:
+    if not p.exists():
+        if missing_ok:
+            return {}
+        raise ConfigError(
+            f"{p}: no client configuration; run `llmgw ca issue admin NAME --write-config` "
+            "or set LLMGW_CONFIG to one")
+    try:
+        docs = read_yaml(p, max_bytes=1 << 20)
+        data = (docs[0] if docs else None) or {}
+        check_document(data)
+    except InputError as err:
+        raise ConfigError(f"{p}: {err.message if err.path == '<document>' else err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping with server, ca, cert, key (or contexts)")
+    expected = {"contexts", CURRENT} if "contexts" in data else set(CLUSTER_FIELDS)
+    unknown = set(data) - expected
+    if unknown:
+        raise ConfigError(f"{p}: unknown field {sorted(map(str, unknown))[0]!r} "
+                          f"(expected {', '.join(sorted(expected))})")
+    return data
+
+
+def _contexts(p: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The file's contexts, each a mapping with a unique name and a cluster's fields."""
+    entries = data.get("contexts")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{p}: contexts: expected a list of contexts (name, server, ca, cert, key)")
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{p}: contexts[{i}]: expected a mapping with name, server, ca, cert, key")
+        unknown = set(entry) - {"name", *CLUSTER_FIELDS}
+        if unknown:
+            raise ConfigError(f"{p}: contexts[{i}]: unknown field {sorted(map(str, unknown))[0]!r} "
+                              "(expected name, server, ca, cert, key)")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{p}: contexts[{i}].name: required, a string")
+        if name in seen:
+            raise ConfigError(f"{p}: contexts[{i}].name: {name!r} is contexts[{seen[name]}]'s name too")
+        seen[name] = i
+    if data.get(CURRENT) is not None and not isinstance(data[CURRENT], str):
+        raise ConfigError(f"{p}: {CURRENT}: expected a context's name")
+    return entries
+
+
+def _cluster(p: Path, data: dict[str, Any], where: str, context: str | None) -> ClientConfig:
+    """A ClientConfig from one cluster's fields, its files relative to the config file's folder."""
+    cfg = ClientConfig(server=str(data.get("server") or DEFAULT_SERVER), path=str(p), context=context)
+    for field in ("ca", "cert", "key"):
+        value = data.get(field)
+        if not value:
+            raise ConfigError(f"{p}: {where}{field}: required")
+        full = p.parent / Path(str(value)).expanduser()
+        if not full.exists():
+            raise ConfigError(f"{p}: {where}{field}: {full} does not exist")
+        setattr(cfg, field, str(full))
+    return cfg
+
+
+def _names(entries: list[dict[str, Any]]) -> str:
+    return ", ".join(str(e["name"]) for e in entries)
+
+
+def _write(p: Path, data: dict[str, Any]) -> None:
+    """Replace the file at once (no reader sees half of it), readable by its owner alone."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(tmp, p)

@@ -13,7 +13,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ENTRY_POINT = "llmgw.cli.main:cli"
+ENTRY_POINT = "llmgw.cli.main:main"
+# The `llmgw` script's entry point before it froze objects for a quick exit: artifacts built then.
+FORMER_ENTRY_POINTS = ("llmgw.cli.main:cli",)
 _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
                     r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
 _MACHINES = ("x86_64", "aarch64")
@@ -56,7 +58,7 @@ def inspect(path: str | Path) -> Artifact:
     except (zipfile.BadZipFile, KeyError, ValueError):
         raise ArtifactError(f"{p} is not an llmgw release artifact (no PEX-INFO inside; an installed "
                             f"`llmgw` script only runs in its own virtualenv); {hint}") from None
-    if info.get("entry_point") != ENTRY_POINT:
+    if info.get("entry_point") not in (ENTRY_POINT, *FORMER_ENTRY_POINTS):
         raise ArtifactError(f"{p} is a PEX of {info.get('entry_point') or info.get('script')!r}, "
                             f"not of llmgw ({ENTRY_POINT}); {hint}")
     version: str | None = None

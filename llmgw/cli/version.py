@@ -1,14 +1,9 @@
-"""The kubectl-like verbs; each lives in its own module (see llmgw.cli.main.COMMANDS)."""
+"""`llmgw version`: this client's version, read from the installed package's metadata."""
 from __future__ import annotations
 
 from importlib import metadata
 
 import click
-
-from llmgw.cli.apply import apply, delete, diff  # noqa: F401
-from llmgw.cli.describe import describe  # noqa: F401
-from llmgw.cli.get import get  # noqa: F401
-from llmgw.cli.nodes import cordon, drain, uncordon  # noqa: F401
 
 
 def client_version() -> str:
