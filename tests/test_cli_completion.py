@@ -72,6 +72,12 @@ def test_object_names_come_from_the_cluster(config, models):
     assert offered(None, f"llmgw get models --config {config} comp-", 5) == ["comp-a", "comp-b"]
 
 
+def test_events_for_and_logs_complete_kinds_then_names(config, models):
+    assert offered(config, "llmgw events --for mo", 3) == ["models/"]
+    assert offered(config, "llmgw events --for models/comp-", 3) == ["models/comp-a", "models/comp-b"]
+    assert offered(config, "llmgw logs shard/", 2) == []          # no shard in this cluster: nothing
+
+
 def test_bash_script_fills_compreply(config, models):
     """The printed bash script, sourced in a real bash, asking the real llmgw."""
     script = ('source <(llmgw completion bash)\n'

@@ -30,6 +30,23 @@ def complete_name(ctx: click.Context, param: click.Parameter, incomplete: str) -
     return _names(ctx, ctx.params.get("kind"), incomplete)
 
 
+def complete_kind_slash_name(ctx: click.Context, param: click.Parameter,
+                             incomplete: str) -> list[CompletionItem]:
+    """KIND[/NAME] (events --for): kinds, then KIND/ and the names of that kind from the cluster."""
+    kind, sep, rest = incomplete.partition("/")
+    if not sep:
+        return [CompletionItem(k.value + "/") for k in complete_kind(ctx, param, incomplete)]
+    return [CompletionItem(f"{kind}/{i.value}") for i in _names(ctx, kind, rest)]
+
+
+def complete_log_target(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """REPLICA|SHARD (logs): replicas' names, or replica/NAME and shard/NAME."""
+    kind, sep, rest = incomplete.partition("/")
+    if sep and kind in ("replica", "shard"):
+        return [CompletionItem(f"{kind}/{i.value}") for i in _names(ctx, kind, rest)]
+    return _names(ctx, "replicas", incomplete)
+
+
 def complete_node(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     return _names(ctx, "nodes", incomplete)
 

@@ -9,6 +9,7 @@ import click
 
 from llmgw.api.events import EVENT_TYPES
 from llmgw.api.types import KINDS, AnyObject
+from llmgw.cli.completion import complete_kind_slash_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.cli.get import kind_arg
@@ -76,7 +77,7 @@ async def _watch(conn: Connection, kind: type[AnyObject] | None, name: str | Non
 
 @click.command(epilog=EXIT_CODES_HELP)
 @click.option("-w", "--watch", is_flag=True, help="After listing, print each new event as it is recorded.")
-@click.option("--for", "for_", metavar="KIND[/NAME]",
+@click.option("--for", "for_", metavar="KIND[/NAME]", shell_complete=complete_kind_slash_name,
               help="Only the events of this object (replica/llama-x, node/gpu-1), or of every object of a kind.")
 @click.option("--type", "type_", type=click.Choice(EVENT_TYPES), help="Only events of this type.")
 @click.option("-o", "--output", type=click.Choice(["wide", "yaml", "json"]),

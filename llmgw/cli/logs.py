@@ -8,6 +8,7 @@ import click
 
 from llmgw.api.logs import MAX_LOG_TAIL, MAX_RANK, LogQuery
 from llmgw.api.types import Replica, Shard
+from llmgw.cli.completion import complete_log_target
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 
@@ -53,7 +54,7 @@ async def _logs(conn: Connection, target: str, query: LogQuery, rank: int | None
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("target", metavar="REPLICA|SHARD")
+@click.argument("target", metavar="REPLICA|SHARD", shell_complete=complete_log_target)
 @click.option("--rank", type=click.IntRange(0, MAX_RANK), help="A replica's shard of this rank (default 0).")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming what the engine writes until it stops.")
 @click.option("--tail", type=click.IntRange(0, MAX_LOG_TAIL), metavar="N",
