@@ -277,3 +277,34 @@ def _assert_nothing_fits(led: Ledger, req: Request) -> None:
             for f in i.fabrics:
                 per_fabric[f] = per_fabric.get(f, 0) + 1
         assert all(n < req.nodes for n in per_fabric.values())
+
+
+D = "sha256:" + "ab" * 32
+
+
+def test_nodes_holding_the_weights_are_preferred_never_required():
+    # pack order alone would pick the fuller a1 (2 free); b1 holds the weights
+    led = ledger_of(node("a1", gpus=2), node("b1", gpus=8, weights=frozenset({D})), node("c1", gpus=8))
+    assert bind(led, Request("r1", "m", gpus=2, digest=D)).nodes == ["b1"]
+    assert bind(led, Request("r2", "other", gpus=2)).nodes == ["a1"]      # no digest: best fit as before
+    # spreading still comes first: b1 already holds a rank of m, so the next goes elsewhere
+    assert bind(led, Request("r3", "m", gpus=2, digest=D)).nodes == ["c1"]
+    # a node full of other work does not block placement: the weights are a preference only
+    led2 = ledger_of(node("held", gpus=2, weights=frozenset({D})), node("empty", gpus=8))
+    led2.assume("busy", "x", (("held", (0, 1)),))
+    assert bind(led2, Request("r", "m", gpus=2, digest=D)).nodes == ["empty"]
+
+
+def test_a_two_node_replica_prefers_the_fabric_nodes_holding_its_weights():
+    led = ledger_of(node("a1", fabric="f"), node("a2", fabric="f"), node("a3", fabric="f", weights=frozenset({D})),
+                    node("a4", fabric="f", weights=frozenset({D})))
+    assert sorted(bind(led, Request("r", "m", nodes=2, gpus=8, digest=D)).nodes) == ["a3", "a4"]
+
+
+def test_the_ledger_knows_which_nodes_hold_a_digest_as_nodes_change():
+    led = ledger_of(node("n1", weights=frozenset({D})), node("n2", weights=frozenset({D})))
+    assert led.holders == {D: {"n1", "n2"}}
+    led.observe_node(node("n1"))          # evicted from n1's cache
+    assert led.holders == {D: {"n2"}}
+    led.forget_node("n2")
+    assert led.holders == {}

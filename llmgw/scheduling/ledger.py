@@ -40,6 +40,7 @@ class NodeInfo:
     fabrics: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
     ports: int = 2768
+    weights: frozenset[str] = frozenset()   # the digests in its weights cache (status.weights)
 
     @classmethod
     def from_node(cls, node: Node) -> "NodeInfo":
@@ -55,6 +56,7 @@ class NodeInfo:
             fabrics=tuple(f.name for f in st.fabrics),
             gpus=tuple(sorted({g.index for g in st.gpus})),
             ports=max(0, rng.last - rng.first + 1 - len(foreign)),
+            weights=frozenset(m.digest for m in st.weights.models) if st.weights else frozenset(),
         )
 
 
@@ -70,6 +72,7 @@ def slots_of(replica: Replica) -> Slots:
 class Ledger:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeInfo] = {}
+        self.holders: dict[str, set[str]] = {}     # weights digest -> the nodes whose cache has it
         # node -> GPU index -> holders (more than one only if placements written
         # elsewhere overlap; a count keeps one release from freeing the other)
         self.used: dict[str, dict[int, int]] = {}
@@ -107,12 +110,25 @@ class Ledger:
         if old == info:
             return
         self._unbucket(info.name)
+        self._unhold(old)
         self.nodes[info.name] = info
         self._rebucket(info.name)
+        for digest in info.weights:
+            self.holders.setdefault(digest, set()).add(info.name)
 
     def forget_node(self, name: str) -> None:
         self._unbucket(name)
-        self.nodes.pop(name, None)
+        self._unhold(self.nodes.pop(name, None))
+
+    def _unhold(self, info: NodeInfo | None) -> None:
+        if info is None:
+            return
+        for digest in info.weights:
+            held = self.holders.get(digest)
+            if held is not None:
+                held.discard(info.name)
+                if not held:
+                    del self.holders[digest]
 
     # ----------------------------------------------------------- replicas
     def observe_replica(self, replica: Replica) -> None:

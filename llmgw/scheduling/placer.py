@@ -15,6 +15,10 @@ Scoring, lowest wins:
      one fabric, and scattering small replicas would leave none);
   3. order of arrival in the free-GPU bucket (deterministic for a given
      sequence of events).
+Weights: a replica whose weights' digest is pinned goes, among the nodes
+equal by 1., first to those whose cache holds it (Node status.weights), then
+by 2. and 3.: a preference, never a filter, so a node without them still
+takes the replica when none with them fits.
 For a multi-node replica each fabric offers its best `nodes` nodes; the fabric
 with the lowest (sum of 1., sum of 2., name) wins.
 
@@ -106,9 +110,19 @@ def _best(ledger: Ledger, buckets: dict[int, dict[str, None]], req: Request, wan
     nodes = ledger.nodes
     spread: list[tuple[int, int, str]] = []     # nodes without the model, best first
     others: list[tuple[int, int, str]] = []
+    holders = ledger.holders.get(req.digest, ()) if req.digest else ()
+    if holders:
+        # the nodes holding the weights come first among the spread ones (a few: checked directly)
+        held = sorted((free, name) for name in holders if (free := ledger.free_count(name)) >= req.gpus
+                      and name in _members(buckets, free) and _fits(ledger, nodes[name], req)
+                      and counts.get(name, 0) == 0)
+        spread = [(0, free, name) for free, name in held[:want]]
+        if len(spread) == want:
+            return spread
+    taken = {name for _, _, name in spread}
     for free in sorted(b for b in buckets if b >= req.gpus):
         for name in buckets[free]:
-            if not _fits(ledger, nodes[name], req):
+            if name in taken or not _fits(ledger, nodes[name], req):
                 continue
             c = counts.get(name, 0)
             if c == 0:
@@ -121,6 +135,11 @@ def _best(ledger: Ledger, buckets: dict[int, dict[str, None]], req: Request, wan
         return []
     # stable sort: arrival order breaks ties
     return sorted(spread + others, key=lambda t: (t[0], t[1]))[:want]
+
+
+def _members(buckets: dict[int, dict[str, None]], free: int) -> dict[str, None]:
+    """The nodes of `buckets` (all nodes, or one fabric's) with `free` free GPUs."""
+    return buckets.get(free, {})
 
 
 def place(ledger: Ledger, req: Request) -> Fit | Unfit:

@@ -15,6 +15,7 @@ class Request:
     gpus: int = 1                  # GPUs per node
     engines: frozenset[str] = frozenset()   # what its nodes must report (its engine's `required`)
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    digest: str | None = None      # its weights' content digest, when pinned (nodes holding it are preferred)
 
 
 def request_for(replica: Replica) -> Request:
@@ -26,4 +27,5 @@ def request_for(replica: Replica) -> Request:
         gpus=p.gpusPerNode,
         engines=lookup(p.engine).required(p.launch_mode),
         selector=tuple(sorted(replica.spec.nodeSelector.items())),
+        digest=replica.spec.digest,
     )
