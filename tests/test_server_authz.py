@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from llmgw.api import parse_object
-from llmgw.api.types import Model, Node, Replica, Shard
+from llmgw.api.secrets import hash_secret
+from llmgw.api.types import ApiKey, Model, Node, Replica, Shard
 from llmgw.client import Forbidden
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 
@@ -30,6 +31,14 @@ def shard(name, node, replica_name, model_name):
                                   "headAddress": "127.0.0.1", "engine": "sim", "servedModelNames": [model_name]}})
 
 
+_HASH = hash_secret("llmgw_k_" + "0" * 48, n=2)   # the cheapest scrypt: only its shape matters here
+
+
+def apikey(name):
+    return parse_object({"apiVersion": V1, "kind": "ApiKey", "metadata": {"name": name},
+                         "spec": {"owner": "team-a", "secretHash": _HASH}})
+
+
 def node(name, spec=None, **metadata):
     return parse_object({"apiVersion": V1, "kind": "Node", "metadata": {"name": name, **metadata},
                          "spec": spec or {}})
@@ -48,6 +57,7 @@ def cluster(shared_api_server):
                 await c.create(model(f"m{i}"))
                 await c.create(replica(f"r{i}", f"m{i}"))
                 await c.create(shard(f"s{i}", f"n{i}", f"r{i}", f"m{i}"))
+            await c.create(apikey("k1"))
     asyncio.run(setup())
     srv.ids = {
         "admin": srv.admin,
@@ -137,6 +147,17 @@ CASES = [
     ("gateway", lambda c: c.patch_status(Replica, "r1", {"phase": "Ready"}), "gateway-read"),
     ("gateway", lambda c: c.delete(Model, "m1"), "gateway-read"),
     ("gateway", lambda c: c.heartbeat("n1"), "gateway-read"),
+    # API keys: the admins' to manage; gateways read them; no one else sees them
+    ("gateway", lambda c: c.list(ApiKey), None),
+    ("gateway", lambda c: c.get(ApiKey, "k1"), None),
+    ("gateway", lambda c: _first_event(c, ApiKey), None),
+    ("gateway", lambda c: c.create(apikey("k-by-gw")), "apikeys-admin"),
+    ("gateway", lambda c: c.delete(ApiKey, "k1"), "apikeys-admin"),
+    ("controller-manager", lambda c: c.list(ApiKey), "apikeys-admin"),
+    ("controller-manager", lambda c: c.create(apikey("k-by-cm")), "apikeys-admin"),
+    ("n1", lambda c: c.get(ApiKey, "k1"), "apikeys-admin"),
+    ("admin", lambda c: c.create(apikey("k-by-admin")), None),
+    ("admin", lambda c: c.delete(ApiKey, "k-by-admin"), None),
     # demand: reported by gateways only (an admin may too)
     ("gateway", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), None),
     ("n1", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), "gateway-demand"),

@@ -1,4 +1,4 @@
-"""The four kinds: Node, Model, Replica, Shard (docs/architecture.md, "Objects")."""
+"""The kinds: Node, Model, Replica, Shard, ApiKey (docs/architecture.md, "Objects")."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +12,7 @@ from llmgw import routing
 from llmgw.api.limits import (
     MAX_AUTOSCALE_SECONDS,
     MAX_GPUS_PER_NODE,
+    MAX_KEY_LIMIT,
     MAX_NODES,
     MAX_PLACEMENT_DEADLINE_SECONDS,
     MAX_PORT,
@@ -31,6 +32,7 @@ from llmgw.api.meta import (
     OwnerReference,
     Strict,
 )
+from llmgw.api.secrets import check_secret_hash
 from llmgw.api.sources import check_digest, parse_source
 from llmgw.engines import engine as engines
 
@@ -508,9 +510,53 @@ class Shard(Object[ShardSpec, ShardStatus]):
     status: ShardStatus = Field(default_factory=ShardStatus)
 
 
+# ------------------------------------------------------------------- ApiKey
+
+# Who is shed first under overload (the gateway's queue.py): best first.
+PriorityClass = Literal["critical", "standard", "sheddable"]
+KeyLimit = Annotated[int, Field(strict=True, ge=1, le=MAX_KEY_LIMIT)]
+
+
+class ApiKeyLimits(Strict):
+    """A key's limits over all gateways together (docs/gateway.md, "API keys"); absent: none."""
+    requestsPerMinute: KeyLimit | None = None
+    tokensPerMinute: KeyLimit | None = Field(
+        default=None, description="prompt and completion tokens, as the engines report them")
+    concurrentRequests: KeyLimit | None = None
+
+
+class ApiKeySpec(Strict):
+    owner: str = Field(min_length=1, max_length=253, description="who the key was given to")
+    # The only trace of the secret: a salted KDF hash (llmgw/api/secrets.py); the secret is shown once.
+    secretHash: Annotated[str, AfterValidator(check_secret_hash)]
+    models: list[str] = Field(default_factory=list, description="model names or aliases the key may call")
+    modelSelector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, description="models whose labels match may be called too; with no models "
+                                          "either, the key may call every model")
+    expires: datetime | None = None
+    limits: ApiKeyLimits = Field(default_factory=ApiKeyLimits)
+    priorityClass: PriorityClass = "standard"
+
+    @property
+    def any_model(self) -> bool:
+        return not self.models and not self.modelSelector
+
+
+class ApiKeyStatus(Strict):
+    observedGeneration: Int = 0
+
+
+class ApiKey(Object[ApiKeySpec, ApiKeyStatus]):
+    kind_plural: ClassVar[str] = "apikeys"
+    kind: Literal["ApiKey"] = "ApiKey"
+    spec: ApiKeySpec
+    status: ApiKeyStatus = Field(default_factory=ApiKeyStatus)
+
+
 # --------------------------------------------------------------- registry
 
-KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard}
+KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard,
+                                     "apikeys": ApiKey}
 # Node scope is said once, by the kind's class (``scope``); these read it.
 NODE_SCOPED: frozenset[str] = frozenset(plural for plural, cls in KINDS.items() if cls.scope == "Node")
 
@@ -526,6 +572,7 @@ _KIND_ALIASES = {
     "model": "models", "models": "models", "mo": "models",
     "replica": "replicas", "replicas": "replicas", "rep": "replicas",
     "shard": "shards", "shards": "shards", "sh": "shards",
+    "apikey": "apikeys", "apikeys": "apikeys", "key": "apikeys",
 }
 
 
@@ -536,5 +583,5 @@ def resolve_kind(word: str) -> str:
     except KeyError:
         raise ValueError(
             f"unknown kind {word!r}: use one of node/nodes/no, model/models/mo, "
-            "replica/replicas/rep, shard/shards/sh"
+            "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key"
         ) from None

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "diff": "llmgw.cli.apply:diff",
     "get": "llmgw.cli.get:get",
     "describe": "llmgw.cli.describe:describe",
+    "create": "llmgw.cli.create:create",
     "delete": "llmgw.cli.apply:delete",
     "cordon": "llmgw.cli.nodes:cordon",
     "uncordon": "llmgw.cli.nodes:uncordon",

@@ -33,6 +33,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
         log.info("routing: replica %s %s (phase %s, endpoint %s%s)", obj.metadata.name, type_.lower(),
                  obj.status.phase, obj.status.endpoint,
                  ", terminating" if obj.metadata.deletionTimestamp else "")
+    elif kind == "apikeys":
+        log.info("api key %s %s", obj.metadata.name, type_.lower())
     else:
         log.info("routing: model %s %s", obj.metadata.name, type_.lower())
 
@@ -46,7 +48,11 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--static", "static", type=click.Path(exists=True),
               help="Instead of --server: Model and Replica manifests (with status) to route by.")
 @click.option("--api-keys", type=click.Path(exists=True, dir_okay=False),
-              help="File of bearer API keys, one per line; re-read when it changes.")
+              help="File of bearer API keys, one per line; re-read when it changes (for --static; with --server, "
+              "see --watch-api-keys).")
+@click.option("--watch-api-keys", is_flag=True,
+              help="With --server: authenticate bearer keys against the ApiKey objects (`llmgw create apikey`) "
+              "and enforce their scope, limits and priority class; without a valid key a request is refused 401.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_BODY, show_default=True)
 @click.option("--retry-after", type=click.IntRange(min=1), default=2, show_default=True,
               help="Seconds in Retry-After when a model has no Ready replica.")
@@ -91,7 +97,7 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
-            api_keys: str | None, max_body_bytes: int, retry_after: int, header_timeout: float,
+            api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
             response_timeout: float, queue_size: int, queue_timeout: float, model_concurrency: int,
             gateway_id: str | None, demand_interval: float, demand_ttl: int,
@@ -100,6 +106,9 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     setup_logging(log_level, log_format)
     if bool(server) == bool(static):
         raise click.UsageError("give exactly one of --server URL (with --ca/--cert/--key) or --static FILE")
+    if watch_api_keys and (static or api_keys):
+        raise click.UsageError("--watch-api-keys reads the ApiKeys of --server; it takes neither --static nor "
+                               "--api-keys")
     host, port = _host_port(listen)
     keys = None
     if api_keys:
@@ -112,6 +121,8 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
                  limits=limits, response_timeout=response_timeout,
                  queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
+    if watch_api_keys:
+        gw.watch_keys()
     if otel:
         from llmgw.gateway.spans import Spans
         try:
@@ -164,11 +175,13 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         assert server is not None  # --server or --static, checked by the command
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
-        source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True))
+        source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
+                              keys=gw.keys)
         source.start()
         from llmgw.gateway.demand import DemandPublisher, figures
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
-                                    interval=demand.interval, ttl=demand.ttl)
+                                    interval=demand.interval, ttl=demand.ttl,
+                                    on_gateways=gw.admission.set_gateways if gw.admission else None)
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
     stop = asyncio.Event()

@@ -7,6 +7,9 @@ lease: a gateway that dies or is cut off has its figures expire with the lease, 
 after its last report. ``poke()`` sends the next report at once: the gateway pokes when a model's
 first request starts waiting, so a model at zero is scaled up by the first request of a burst,
 not after an interval (and by one report, not one per request).
+
+The server answers a report with the number of live reports, the gateways (this one included):
+``on_gateways(n)`` hands it on, to share each API key's limits among them (admission.py).
 """
 from __future__ import annotations
 
@@ -41,8 +44,9 @@ def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Fig
 
 class DemandPublisher:
     def __init__(self, sink: DemandSink, gateway: str, read: Callable[[], Figures], *,
-                 interval: float = 1.0, ttl: int = 15) -> None:
+                 interval: float = 1.0, ttl: int = 15, on_gateways: Callable[[int], None] | None = None) -> None:
         self.sink, self.gateway, self.read = sink, gateway, read
+        self.on_gateways = on_gateways
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
         self._task: asyncio.Task[None] | None = None
@@ -69,13 +73,16 @@ class DemandPublisher:
             now = self.read()
             if now != last or loop.time() - sent_at >= self.ttl / 3:
                 try:
-                    await self.sink.report_demand(self.gateway, now, ttl=self.ttl)
+                    reply = await self.sink.report_demand(self.gateway, now, ttl=self.ttl)
                 except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
                     delay = backoff.next()
                     log.warning("demand report failed (%s); again in %.1fs", err, delay)
                     await asyncio.sleep(delay)
                     continue
                 backoff.reset()
+                gateways = reply.get("gateways")
+                if self.on_gateways is not None and isinstance(gateways, int):
+                    self.on_gateways(gateways)
                 last, sent_at = now, loop.time()
                 self.reports += 1
             try:

@@ -137,14 +137,15 @@ class StreamTimer:
             self.metrics._ttft.observe(self.model, self.first - self.received)
         self.prev, self.last = self.last, data
 
-    def end(self) -> None:
-        """The stream ended whole."""
+    def end(self) -> tuple[int, int] | None:
+        """The stream ended whole: its usage (input, output tokens), if it reported one."""
         if not self.first:
-            return
+            return None
         counted = self.metrics.usage(self.model, self.prev + self.last)
         if counted is not None and counted[1] > 1:
             per_token = (time.perf_counter() - self.first) / (counted[1] - 1)
             self.metrics._tpot.observe(self.model, per_token)
+        return counted
 
 
 class _Histogram:

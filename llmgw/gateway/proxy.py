@@ -28,9 +28,12 @@ from typing import Any
 from urllib.parse import unquote
 
 from llmgw.api.limits import parse_json
+from llmgw.api.types import ApiKey
 from llmgw.gateway import errors, trace
+from llmgw.gateway.admission import Admission, Ticket
 from llmgw.gateway.apikeys import ApiKeys
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.keyring import KeyRing
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.queue import UNLIMITED, WaitQueues
@@ -92,6 +95,8 @@ class Gateway:
         self.outliers = Outliers()
         self.metrics = Metrics(self._inflight_samples)
         self.spans: Spans | None = None  # OpenTelemetry export, when --otel asks for it
+        self.keys: KeyRing | None = None  # ApiKey objects (watch_keys), instead of or beside a key file
+        self.admission: Admission | None = None
         q = queue or QueueSettings()
         self.model_concurrency = q.model_concurrency
         self.queue = WaitQueues(self._room, size=q.size, timeout=q.timeout)
@@ -112,8 +117,19 @@ class Gateway:
         await self.server.close(grace)
         self.pool.close()
 
+    def watch_keys(self) -> KeyRing:
+        """Authenticate by ApiKey objects, admitted by their limits: the ring the source feeds."""
+        self.admission = Admission(self.table.labels, self.table.resolve)
+        self.keys = KeyRing(self.admission.revoke)
+        self.metrics.registry.register(self.admission.collector())
+        return self.keys
+
     def finished(self, request: Request, model: str, code: int, seconds: float) -> None:
         """A proxied request answered: its metrics, and its span if spans are exported."""
+        ticket = request.ticket
+        if ticket is not None:
+            request.ticket = None
+            ticket.release()
         self.metrics.observe(model, code, seconds)
         if self.spans is not None:
             self.spans.request(request.path, request.traceparent, request.header(trace.HEADER), model, code, seconds)
@@ -164,9 +180,12 @@ class Gateway:
             denied = self._auth(request)
             if denied is not None:
                 return denied
+            key = await self._key(request)
+            if isinstance(key, Response):
+                return key
             if path == _MODELS:
-                return self._models()
-            return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")))
+                return self._models(key)
+            return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")), key)
         return errors.not_found(path.decode("latin-1"))
 
     def _auth(self, request: Request) -> Response | None:
@@ -199,6 +218,9 @@ class Gateway:
         denied = self._auth(request)
         if denied is not None:
             return denied, "-"
+        key = await self._key(request)
+        if isinstance(key, Response):
+            return key, "-"
         try:
             raw = await request.body()
         except TooLarge:
@@ -216,8 +238,14 @@ class Gateway:
             if not await self.queue.synced():
                 return errors.syncing(self.retry_after), "-"
             model = self.table.resolve(name)
-        if model is None:
-            return errors.model_not_found(name, self.table.known_names()), "-"
+        if model is None or key is not None and not self._allows(key, model):
+            return errors.model_not_found(name, self._known(key)), "-"
+        if key is not None:
+            limited = self._admit(request, body, key, model)
+            if limited is not None:
+                assert self.admission is not None   # with keys
+                self.admission.refused(key.name, model)
+                return limited, model
         if self.queue.blocked(model):  # no replica yet, at its limit, or others wait before it
             refused = await self.queue.wait(model, request.priority,
                                             lambda leave: setattr(request, "on_eof", leave))
@@ -225,6 +253,36 @@ class Gateway:
             if refused is not None:
                 return errors.queue_refused(model, refused, self.retry_after), model
         return await self._forward(request, body, name, model), model
+
+    async def _key(self, request: Request) -> ApiKey | Response | None:
+        """The request's ApiKey (None without keys), or the 401 it gets."""
+        if self.keys is None:
+            return None
+        key = await self.keys.check(request.header(b"authorization"))
+        return errors.unauthorized(key) if isinstance(key, str) else key
+
+    def _allows(self, key: ApiKey, model: str) -> bool:
+        assert self.admission is not None   # with keys
+        return self.admission.allows(key, model)
+
+    def _known(self, key: ApiKey | None) -> list[str]:
+        """The model names a 404 lists: those the key may call (a key learns of no other model)."""
+        names = self.table.known_names()
+        if key is None:
+            return names
+        return [n for n in names if self._allows(key, self.table.resolve(n) or n)]
+
+    def _admit(self, request: Request, body: "_Body", key: ApiKey, model: str) -> Response | None:
+        """Admit a request of `key` by its limits (admission.py): None, or the 429 it gets."""
+        assert self.admission is not None   # with keys
+        ticket = self.admission.admit(key, model, request.abort)
+        if not isinstance(ticket, Ticket):
+            return ticket
+        request.ticket = ticket
+        request.priority = key.spec.priorityClass   # the model's wait queue orders by it (queue.py)
+        if key.spec.limits.tokensPerMinute is not None:
+            body.ask_usage()
+        return None
 
     def _parse(self, body: bytes) -> "Response | tuple[_Body, str]":
         """The body and the model it names, or the 400 it deserves."""
@@ -341,7 +399,7 @@ class Gateway:
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
             if conn.status == 200:
-                self.metrics.usage(b.model, data)
+                _used(request, self.metrics.usage(b.model, data))
             return Response(conn.status, headers, data)
         resp = request.stream(conn.status, headers, None if sse else length)
         timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
@@ -374,7 +432,7 @@ class Gateway:
             return resp
         resp.end()
         if timer is not None:
-            timer.end()
+            _used(request, timer.end())
         return resp
 
     def _answered(self, b: Backend) -> None:
@@ -390,6 +448,12 @@ class Gateway:
         routable; anything else (False) the handler answers, with the error it deserves."""
         if request.path not in PROXIED or request.method != b"POST" or self._auth(request) is not None:
             return False
+        key = None
+        if self.keys is not None:   # a key verified before, or the handler verifies it
+            checked = self.keys.check_now(request.header(b"authorization"))
+            if not isinstance(checked, ApiKey):
+                return False
+            key = checked
         raw = request.body_at_hand()
         if raw is None:
             return False
@@ -398,11 +462,13 @@ class Gateway:
             return False
         body, name = parsed
         model = self.table.resolve(name)
-        if model is None or self.queue.blocked(model):
+        if model is None or self.queue.blocked(model) or key is not None and not self._allows(key, model):
             return False
         b = self._pick(request, body, model, self.table.backends_for(model))
         if b is None:
             return False
+        if key is not None and self._admit(request, body, key, model) is not None:
+            return False   # the handler answers the refusal (and counts it)
         _Exchange(self, request, body, name, model, b, self.pool.idle(b.endpoint))
         return True
 
@@ -416,18 +482,20 @@ class Gateway:
         except _Retry as r:
             return await self._forward(ex.request, ex.body, ex.name, ex.model, failed=(ex.backend, r.reason))
 
-    def _models(self) -> Response:
+    def _models(self, key: ApiKey | None) -> Response:
         data = []
         for model, aliases, created in self.table.routable_models():
+            if key is not None and not self._allows(key, model):
+                continue
             data.append(_model_card(model, model, created, aliases))
             data.extend(_model_card(a, model, created, ()) for a in aliases)
         return json_response({"object": "list", "data": data})
 
-    def _model(self, name: str) -> Response:
+    def _model(self, name: str, key: ApiKey | None) -> Response:
         for model, aliases, created in self.table.routable_models():
-            if name == model or name in aliases:
+            if (name == model or name in aliases) and (key is None or self._allows(key, model)):
                 return json_response(_model_card(name, model, created, aliases if name == model else ()))
-        return errors.model_not_found(name, self.table.known_names())
+        return errors.model_not_found(name, self._known(key))
 
     def _healthz(self) -> Response:
         body = {
@@ -499,7 +567,7 @@ class _Exchange:
         self._let_go(conn)
         self.gw.finished(self.request, self.model, resp.status, time.perf_counter() - self.start)
         if resp.status == 200:
-            self.gw.metrics.usage(self.model, resp.body)
+            _used(self.request, self.gw.metrics.usage(self.model, resp.body))
         self.request.answer(resp)
 
     def _hand_over(self) -> None:
@@ -520,6 +588,13 @@ class _Exchange:
         conn.listener = None
         self.gw.pool.release(conn)
         self.gw.balancer.release(self.backend)
+
+
+def _used(request: Request, counted: tuple[int, int] | None) -> None:
+    """The engine's usage (prompt, completion tokens) of a request's answer, to its key's ticket."""
+    ticket = request.ticket
+    if ticket is not None:
+        ticket.used(counted)
 
 
 def _fields(request: Request) -> bytes:
@@ -574,6 +649,16 @@ class _Body:
         self.raw, self.doc = raw, doc
         # (policy, key): the key the model's policy made of this request, once (its type is the policy's)
         self.key: tuple[RoutingPolicy, Any] | None = None
+
+    def ask_usage(self) -> None:
+        """A stream is to end with its usage (OpenAI's stream_options.include_usage), which the
+        gateway counts against a token limit: set for a key with one, even if its client did not."""
+        doc = self.doc
+        options = doc.get("stream_options")
+        if doc.get("stream") is True and not (isinstance(options, dict) and options.get("include_usage") is True):
+            self.doc = {**doc, "stream_options": {**(options if isinstance(options, dict) else {}),
+                                                  "include_usage": True}}
+            self.raw = json.dumps(self.doc).encode()
 
     def for_backend(self, b: Backend, name: str) -> bytes:
         other = b.upstream_name(name)

@@ -134,8 +134,8 @@ class _NotHttp1(Exception):
 
 class Request:
     __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
-                 "canned", "on_lost", "on_eof", "traceparent", "received", "priority", "_conn", "_chunks", "_size",
-                 "_continue", "_waiter")
+                 "canned", "on_lost", "on_eof", "traceparent", "received", "priority", "ticket", "_conn",
+                 "_chunks", "_size", "_continue", "_waiter")
 
     def __init__(self, conn: "HttpConn", method: bytes, path: bytes, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, http10: bool):
@@ -156,6 +156,8 @@ class Request:
         self.received = time.perf_counter()  # its head's arrival: where its time to first token starts
         # its priority class (queue.py: critical, standard, sheddable), set by whoever admits it
         self.priority = "standard"
+        # what admitted it (admission.py's Ticket), released once it is answered
+        self.ticket: Any = None
         self._chunks: list[bytes] = []
         self._size = 0
         self._continue = False  # the client waits for "100 Continue" before sending the body
@@ -200,6 +202,10 @@ class Request:
             return None
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def abort(self) -> None:
+        """Close the client's connection: the request must not go on (its API key was revoked)."""
+        self._conn.transport.close()
 
     def answer(self, resp: Response) -> None:
         """Send the answer to a request `begin` took, now."""

@@ -1,4 +1,4 @@
-"""Feeding the routing table: from the server's watches, or from a static file."""
+"""Feeding the routing table (and the API keys, keyring.py): from the server's watches, or from a static file."""
 from __future__ import annotations
 
 import asyncio
@@ -6,12 +6,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.api import Model, Replica
+from llmgw.api import ApiKey, Model, Replica
 from llmgw.api.client import EventType
 from llmgw.api.manifests import load_path
 from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
 from llmgw.client import Client
+from llmgw.gateway.keyring import KeyRing
 from llmgw.gateway.table import RoutingTable
 from llmgw.reflector import Reflector, object_name
 
@@ -26,15 +27,18 @@ class ServerSource:
 
     It relists after a 410 and re-watches after a drop, and reports a DELETED
     for every object that vanished across a relist, so a replica deleted while
-    the watch was down does not stay routable. `synced` turns True once both
-    kinds have been listed.
+    the watch was down does not stay routable. `synced` turns True once every
+    kind has been listed. With `keys`, ApiKeys are watched too, into that ring
+    (a key deleted while the watch was down is refused after the relist).
     """
 
     def __init__(self, client: Client, table: RoutingTable,
                  on_change: Callable[[str, str, AnyObject], None] | None = None,
-                 on_synced: Callable[[], None] | None = None) -> None:
+                 on_synced: Callable[[], None] | None = None, keys: KeyRing | None = None) -> None:
         self.client = client
         self.table = table
+        self.keys = keys
+        self.kinds: tuple[type[AnyObject], ...] = KINDS if keys is None else (*KINDS, ApiKey)
         self.on_change = on_change  # (kind, type, obj) after each event that changed routing
         self.on_synced = on_synced  # () once both kinds have been listed
         self._synced: set[str] = set()
@@ -42,11 +46,11 @@ class ServerSource:
 
     @property
     def synced(self) -> bool:
-        return self._synced.issuperset(k.kind_plural for k in KINDS)
+        return self._synced.issuperset(k.kind_plural for k in self.kinds)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._run(kind), name=f"gateway-watch-{kind.kind_plural}")
-                       for kind in KINDS]
+                       for kind in self.kinds]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -58,7 +62,9 @@ class ServerSource:
         backoff = Backoff(1.0, 30.0)
 
         def apply(type_: EventType, obj: AnyObject, revision: int) -> None:
-            if self.table.apply(kind, type_, obj) and self.on_change:
+            changed = self.keys.apply(type_, obj) if type(obj) is ApiKey and self.keys else \
+                self.table.apply(kind, type_, obj)
+            if changed and self.on_change:
                 self.on_change(kind, type_, obj)
 
         def listed() -> None:

@@ -43,6 +43,7 @@ class _ModelEntry:
     aliases: tuple[str, ...]
     created: int = 0
     routing: RoutingSpec = field(default_factory=lambda: DEFAULT_ROUTING)
+    labels: dict[str, str] = field(default_factory=dict)   # an ApiKey's modelSelector reads them
 
 
 @dataclass
@@ -82,7 +83,7 @@ class RoutingTable:
         if type_ == "DELETED":
             return self._forget("models", name)
         created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
-        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing)
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing, m.metadata.labels)
         if self.models.get(name) == entry:
             return False
         self.models[name] = entry
@@ -149,6 +150,11 @@ class RoutingTable:
         """The model's spec.routing (the default for a model the table does not know)."""
         entry = self.models.get(model)
         return entry.routing if entry is not None else DEFAULT_ROUTING
+
+    def labels(self, model: str) -> dict[str, str]:
+        """The Model's labels ({} for a model the table does not know)."""
+        entry = self.models.get(model)
+        return entry.labels if entry is not None else {}
 
     def backends_for(self, model: str) -> list[Backend]:
         return self._by_model.get(model, [])

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.meta import get_condition
-from llmgw.api.types import EVICTING, SCALED, AnyObject, Model, Node, Replica, Shard
+from llmgw.api.types import EVICTING, SCALED, AnyObject, ApiKey, Model, Node, Replica, Shard
 from llmgw.printers.table import NONE, human_age
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows
@@ -184,6 +184,34 @@ def shard_table(shards: Sequence[Shard], wide: bool = False, now: datetime | Non
     return headers, rows
 
 
+# ------------------------------------------------------------------- apikeys
+
+def key_scope(k: ApiKey) -> str:
+    """The models a key may call: names, then `label=value` selectors; `*` for every model."""
+    if k.spec.any_model:
+        return "*"
+    return _join([*k.spec.models, *(f"{n}={v}" for n, v in sorted(k.spec.modelSelector.items()))])
+
+
+def key_limits(k: ApiKey) -> str:
+    lim = k.spec.limits
+    parts = [f"{what}={n}" for what, n in (("rpm", lim.requestsPerMinute), ("tpm", lim.tokensPerMinute),
+                                           ("concurrency", lim.concurrentRequests)) if n is not None]
+    return _join(parts)
+
+
+def apikey_table(keys: Sequence[ApiKey], wide: bool = False, now: datetime | None = None) -> Table:
+    # Never the secret: the object holds only its hash, which is not shown either.
+    headers = ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "AGE"]
+    rows: list[list[str]] = []
+    for k in keys:
+        expires = k.spec.expires
+        rows.append([k.name, k.spec.owner, key_scope(k), key_limits(k), k.spec.priorityClass,
+                     expires.isoformat().replace("+00:00", "Z") if expires is not None else NONE,
+                     human_age(k.metadata.creationTimestamp, now)])
+    return headers, rows
+
+
 def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
           replicas: Sequence[Replica] = (), now: datetime | None = None) -> Table:
     """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
@@ -195,5 +223,7 @@ def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
         return replica_table(all_of_kind(Replica, objects), wide, now)
     if kind == "shards":
         return shard_table(all_of_kind(Shard, objects), wide, now)
+    if kind == "apikeys":
+        return apikey_table(all_of_kind(ApiKey, objects), wide, now)
     raise ValueError(f"no table for kind {kind!r}")
 

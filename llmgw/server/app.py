@@ -448,7 +448,8 @@ class ApiServer:
         except ValidationError as err:
             raise InvalidObject(describe_validation_error(err)) from None
         await self.store.demand.report(report, ttl=ttl)
-        return _json({"gateway": gateway, "ttl": ttl})
+        # The live gateways, this one included: each enforces its share of an API key's limits.
+        return _json({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
 
     async def log(self, request: web.Request) -> web.StreamResponse:
         """An engine's log, from the agent of the node that runs the shard (llmgw.server.logs):

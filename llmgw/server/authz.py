@@ -1,10 +1,11 @@
 """Authorization by client certificate (issue 3, part 3; node rights: docs/contracts.md, "Node rights").
 
 Rules, by the certificate's organisation:
-  admins           (O=llmgw:admins)      everything, and they alone revoke certificates
-  controller-manager (O=llmgw:components) everything but revoking and engine logs
-  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes; report its demand
-                                         (POST /demand/<gateway>), which no one else but an admin may
+  admins           (O=llmgw:admins)      everything, and they alone revoke certificates and manage
+                                         API keys (apikeys)
+  controller-manager (O=llmgw:components) everything but revoking, engine logs and API keys
+  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys; report its
+                                         demand (POST /demand/<gateway>), which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
                                          status fields only; write the agent's status fields of
                                          it (never its spec, labels, annotations or finalizers);
@@ -116,6 +117,9 @@ class Authorizer:
         if act.kind == "demand" and not (who.role == "component" and who.name == "gateway"):
             raise Denied("gateway-demand", f"only a gateway (O=llmgw:components, CN=gateway) reports demand; "
                          f"{who} may not")
+        if act.kind == "apikeys" and not (who.role == "component" and who.name == "gateway" and act.verb in READ):
+            raise Denied("apikeys-admin", f"only an admin (O=llmgw:admins) manages API keys, and a gateway reads "
+                         f"them; {who} may not {act}")
         if who.role == "component":
             return self._component(who, act)
         if who.role == "node":
@@ -128,10 +132,10 @@ class Authorizer:
         if who.name == "controller-manager":
             return
         if who.name == "gateway":
-            if act.verb in READ and act.kind in ("models", "replicas", "nodes") or act.kind == "demand":
+            if act.verb in READ and act.kind in ("models", "replicas", "nodes", "apikeys") or act.kind == "demand":
                 return
-            raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas and "
-                         f"nodes; it asked to {act}")
+            raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas, nodes "
+                         f"and apikeys; it asked to {act}")
         raise Denied("component", f"unknown component {who.name!r} (known: controller-manager, gateway)")
 
     async def _node(self, who: Identity, act: Action) -> None:
