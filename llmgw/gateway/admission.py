@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from llmgw.api.types import ApiKey
@@ -237,7 +237,7 @@ class Admission:
         return u
 
     def collector(self) -> "UsageCollector":
-        return UsageCollector(self._usage)
+        return UsageCollector(self._usage, lambda: self.gateways)
 
 
 def duration(seconds: float) -> str:
@@ -260,8 +260,8 @@ class UsageCollector:
         ("llmgw_gateway_key_rate_limited", "Requests refused 429 by the key's limits, by API key and model", 3),
     )
 
-    def __init__(self, usage: dict[tuple[str, str], list[int]]) -> None:
-        self.usage = usage
+    def __init__(self, usage: dict[tuple[str, str], list[int]], gateways: Callable[[], int]) -> None:
+        self.usage, self.gateways = usage, gateways
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -273,3 +273,6 @@ class UsageCollector:
             for (key, model), u in rows:
                 family.add_metric([key, model], u[i])
             yield family
+        yield GaugeMetricFamily("llmgw_gateway_key_limit_gateways", "Live gateways that share each API key's "
+                                "limits (this one included), from the server's answer to its demand reports",
+                                value=self.gateways())

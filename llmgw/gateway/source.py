@@ -62,7 +62,7 @@ class ServerSource:
         backoff = Backoff(1.0, 30.0)
 
         def apply(type_: EventType, obj: AnyObject, revision: int) -> None:
-            changed = self.keys.apply(type_, obj) if type(obj) is ApiKey and self.keys else \
+            changed = self.keys.apply(type_, obj) if type(obj) is ApiKey and self.keys is not None else \
                 self.table.apply(kind, type_, obj)
             if changed and self.on_change:
                 self.on_change(kind, type_, obj)
