@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controllers.fleet import FleetCollector
 from controllers.scheduler import SchedulerCollector, SchedulerController
 from llmgw.agent.metrics import AgentMetrics, NodeFacts, Pull
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
@@ -46,6 +47,9 @@ def test_the_gateways_series_are_documented():
     timer.end()
     m.retry("m")
     m.upstream_error("m", "m-0", "refused")
+    admission = Admission(lambda model: {}, lambda name: name)   # the per-key series (--watch-api-keys)
+    admission.usage("key-a", "m")
+    m.registry.register(admission.collector())
     assert exported(generate_latest(m.registry)) == documented("Gateway")
 
 
