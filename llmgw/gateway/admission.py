@@ -94,10 +94,10 @@ def _sized(bucket: Bucket | None, limit: int | None, gateways: int, floor: float
 class Ticket:
     """One admitted request of a key: released (once) when it is answered."""
 
-    __slots__ = ("admission", "state", "model", "end", "released")
+    __slots__ = ("state", "counts", "end", "released")
 
-    def __init__(self, admission: Admission, state: _KeyState, model: str, end: Callable[[], None]) -> None:
-        self.admission, self.state, self.model, self.end = admission, state, model, end
+    def __init__(self, state: _KeyState, counts: list[int], end: Callable[[], None]) -> None:
+        self.state, self.counts, self.end = state, counts, end   # counts: the key's and model's usage
         self.released = False
 
     @property
@@ -113,7 +113,7 @@ class Ticket:
         if bucket is not None:
             bucket.refill(time.monotonic())
             bucket.level -= prompt + completion
-        u = self.admission.usage(self.key, self.model)
+        u = self.counts
         u[1] += prompt
         u[2] += completion
 
@@ -164,24 +164,18 @@ class Admission:
                                      "concurrency_limit_exceeded")
         now = time.monotonic()
         requests, tokens = state.requests, state.tokens
-        headers: dict[str, str] = {}
-        if requests is not None:
-            requests.refill(now)
-            headers.update(self._headers("requests", lim.requestsPerMinute, requests, 1.0))
-            if requests.level < 1.0:
-                return self._refused(key, model, "requests per minute", lim.requestsPerMinute, requests.size,
-                                     requests.wait(1.0), headers, "rate_limit_exceeded")
-        if tokens is not None:
-            tokens.refill(now)
-            headers.update(self._headers("tokens", lim.tokensPerMinute, tokens, 0.0))
-            if tokens.level <= 0.0:
-                return self._refused(key, model, "tokens per minute", lim.tokensPerMinute, tokens.size,
-                                     tokens.wait(1.0), headers, "tokens_limit_exceeded")
+        if requests is not None and requests.refill(now) < 1.0:
+            return self._refused(key, model, "requests per minute", lim.requestsPerMinute, requests.size,
+                                 requests.wait(1.0), self._headers(state), "rate_limit_exceeded")
+        if tokens is not None and tokens.refill(now) <= 0.0:
+            return self._refused(key, model, "tokens per minute", lim.tokensPerMinute, tokens.size,
+                                 tokens.wait(1.0), self._headers(state), "tokens_limit_exceeded")
         if requests is not None:
             requests.level -= 1.0
-        ticket = Ticket(self, state, model, end)
+        counts = self.usage(key.name, model)
+        counts[0] += 1
+        ticket = Ticket(state, counts, end)
         state.tickets.add(ticket)
-        self.usage(key.name, model)[0] += 1
         return ticket
 
     def set_gateways(self, n: int) -> None:
@@ -206,12 +200,21 @@ class Admission:
         state = self._states.get(name)
         return len(state.tickets) if state is not None else 0
 
-    def _headers(self, what: str, limit: int | None, bucket: Bucket, need: float) -> dict[str, str]:
-        # The remaining count is this gateway's share's, scaled to all gateways: an estimate.
-        remaining = max(0, math.floor((bucket.level - need) * self.gateways)) if bucket.level >= need else 0
-        return {f"x-ratelimit-limit-{what}": str(limit),
-                f"x-ratelimit-remaining-{what}": str(min(remaining, limit or 0)),
-                f"x-ratelimit-reset-{what}": duration(bucket.reset())}
+    def _headers(self, state: _KeyState) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* of the key's buckets (made for a refusal only: they cost a
+        microsecond or two, which an admitted request does not pay)."""
+        out = {}
+        lim = state.key.spec.limits
+        for what, limit, bucket in (("requests", lim.requestsPerMinute, state.requests),
+                                    ("tokens", lim.tokensPerMinute, state.tokens)):
+            if bucket is None or limit is None:
+                continue
+            # The remaining count is this gateway's share's, scaled to all gateways: an estimate.
+            remaining = min(limit, max(0, math.floor(bucket.level * self.gateways)))
+            out[f"x-ratelimit-limit-{what}"] = str(limit)
+            out[f"x-ratelimit-remaining-{what}"] = str(remaining)
+            out[f"x-ratelimit-reset-{what}"] = duration(bucket.reset())
+        return out
 
     def _refused(self, key: ApiKey, model: str, what: str, limit: int | None, share: float, wait: float,
                  headers: dict[str, str], code: str) -> Response:

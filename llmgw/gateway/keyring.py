@@ -3,8 +3,9 @@
 Fed by the server's watch of apikeys (source.py), as the routing table is. A presented secret
 names its key (`llmgw_<name>_<random>`, llmgw/api/secrets.py), so one object is looked up and
 its salted scrypt hash checked, in a worker thread (the KDF takes tens of milliseconds), at most
-`kdf_threads` at a time. What was verified is remembered per key (a SHA-256 of the secret, compared
-in constant time) until the key's hash changes or the key goes, so a request pays a dict lookup,
+`kdf_threads` at a time. What was verified is remembered, as the SHA-256 of the Authorization
+header that carried it (a lookup by digest: its timing tells nothing of how much of a guess was
+right), until the key's hash changes or the key goes, so a request pays a hash and a dict lookup,
 not a KDF. A key deleted, or past its `expires`, is refused from then on, and `on_revoked(name)`
 is called so its requests in flight are ended (admission.py).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -36,7 +36,9 @@ class KeyRing:
         self.on_revoked = on_revoked
         self._keys: dict[str, ApiKey] = {}
         self._expires: dict[str, float] = {}               # name -> expiry (time.time()), for those that expire
-        self._verified: dict[str, tuple[str, bytes]] = {}  # name -> (its secretHash, SHA-256 of its secret)
+        # SHA-256 of a verified Authorization header -> (the key's name, the secretHash it was verified by)
+        self._verified: dict[bytes, tuple[str, str]] = {}
+        self._headers: dict[str, set[bytes]] = {}          # name -> the digests verified for it
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._kdf = asyncio.Semaphore(kdf_threads)
 
@@ -54,7 +56,7 @@ class KeyRing:
         old = self._keys.get(name)
         self._keys[name] = key
         if old is not None and old.spec.secretHash != key.spec.secretHash:
-            self._verified.pop(name, None)
+            self._unverify(name)
         self._arm(name, key)
         return True
 
@@ -71,13 +73,17 @@ class KeyRing:
     def _forget(self, name: str) -> None:
         if self._keys.pop(name, None) is None:
             return
-        self._verified.pop(name, None)
+        self._unverify(name)
         self._expires.pop(name, None)
         timer = self._timers.pop(name, None)
         if timer is not None:
             timer.cancel()
         log.info("api key %s deleted: refused from now on", name)
         self.on_revoked(name)
+
+    def _unverify(self, name: str) -> None:
+        for digest in self._headers.pop(name, ()):
+            self._verified.pop(digest, None)
 
     def _arm(self, name: str, key: ApiKey) -> None:
         timer = self._timers.pop(name, None)
@@ -107,7 +113,15 @@ class KeyRing:
 
     def check_now(self, authorization: bytes | None) -> ApiKey | str | None:
         """The key of an Authorization header verified before, or why it is refused (a 401's
-        message), or None: it must be verified (`verify`, a KDF) first."""
+        message), or None: it must be verified (`check`, a KDF) first."""
+        if authorization is not None:
+            seen = self._verified.get(hashlib.sha256(authorization).digest())
+            if seen is not None:
+                key = self._keys.get(seen[0])
+                if key is not None and key.spec.secretHash == seen[1]:
+                    expires = self._expires.get(seen[0])
+                    if expires is None or time.time() < expires:
+                        return key
         token = _token(authorization)
         if token is None:
             return MISSING if authorization is None else MALFORMED
@@ -118,10 +132,7 @@ class KeyRing:
         expires = self._expires.get(key.name)
         if expires is not None and time.time() >= expires:
             return f"API key {key.name} expired at {key.spec.expires}"
-        seen = self._verified.get(key.name)
-        if seen is None or seen[0] != key.spec.secretHash:
-            return None
-        return key if hmac.compare_digest(seen[1], _digest(token)) else INCORRECT
+        return None
 
     async def check(self, authorization: bytes | None) -> ApiKey | str:
         """The header's key, or why it is refused; verifies its secret (once) if need be."""
@@ -137,9 +148,13 @@ class KeyRing:
             ok = await asyncio.to_thread(verify_secret, token, key.spec.secretHash)
         if not ok:
             return INCORRECT
-        if self._keys.get(name) is key:   # not deleted or changed while its hash was checked
-            self._verified[name] = (key.spec.secretHash, _digest(token))
-        return self.check_now(authorization) or INCORRECT
+        assert authorization is not None   # it carried a token
+        if self._keys.get(name) is not key:   # deleted or changed while its hash was checked
+            return INCORRECT
+        digest = hashlib.sha256(authorization).digest()
+        self._verified[digest] = (name, key.spec.secretHash)
+        self._headers.setdefault(name, set()).add(digest)
+        return key
 
 
 def _token(authorization: bytes | None) -> str | None:
@@ -149,6 +164,3 @@ def _token(authorization: bytes | None) -> str | None:
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
 
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
