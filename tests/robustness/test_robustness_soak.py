@@ -125,10 +125,14 @@ async def _partition(c, rng) -> Round:
 
 async def _crash_single(c, rng) -> Round:
     """Case 5: the engine of the single replica of s killed; rebuilt at once (first_rebuild_at_once).
-    Its requests fail until then: no promise of requests in this round."""
-    pid = next(s.status.pid for s in await c.shards()
-               if s.spec.model == "s" and s.status.phase == "Ready" and s.status.pid)
+    Its requests fail until then: no promise of requests in this round, which lasts until s serves
+    again (settle alone could pass before the agent saw the crash, and the next round's window
+    would then hold this one's failures: soak seed 4242)."""
+    first = (await c.ready("s"))[0]
+    pid = next(s.status.pid for s in await c.shards() if s.spec.replica == first.name and s.status.pid)
     nemesis.kill_engine(c, pid)
+    await c.wait_serving("s", lambda r: r.name != first.name or r.status.restarts > first.status.restarts,
+                         "s Ready again after the crash")
     return Round(f"kill the engine of s (pid {pid})", lossless=False)
 
 
