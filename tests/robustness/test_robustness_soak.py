@@ -26,10 +26,8 @@ faults, 14718 requests, 0 failed, 1564 changes and 2835 samples, 8 invariants: a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -149,22 +147,14 @@ async def _server_kill_resume(c, rng) -> Round:
 async def _foreign_port(c, rng) -> Round:
     """Case 7: a foreign listener on each node's lowest free engine port while m rolls (new shards
     get ports): the port goes to one shard at most (foreign_port_once)."""
-    squatters = []
-    try:
-        for n in c.nodes:
-            held = {p for e in c.engine_processes(n.name) for p in e.ports}
-            port = next(p for p in c.engine_ports() if p not in held)
-            s = socket.socket()
-            with contextlib.suppress(OSError):       # taken meanwhile: that node goes without
-                s.bind((c.address(n), port))
-                s.listen()
-            squatters.append(s)
+    free = {}
+    for n in c.nodes:
+        held = {p for e in c.engine_processes(n.name) for p in e.ports}
+        free[n.name] = next(p for p in c.engine_ports() if p not in held)
+    with c.squatting(free):        # a port taken meanwhile: that node goes without
         old = {r.name for r in await c.replicas("m")}
         await c.set_args("m", ["--tokens-per-second", str(rng.choice([250, 350, 450]))])
         await c.wait_rolled("m", old, MODELS["m"])
-    finally:
-        for s in squatters:
-            s.close()
     return Round("foreign listeners during a rolling update of m")
 
 
