@@ -10,6 +10,7 @@
     ports_free_when_given  no engine found its port taken by another engine of the cluster (a port
                            booked twice), as its bind failure in the shard's log tail says
     no_failed_requests     every request through the gateway succeeded (inside the given windows)
+    prompt_requests        every request that started inside the given windows ended within a bound
     no_eviction            no replica on the given nodes evicted or rebuilt as "node lost" after a time
     first_rebuild_at_once  the first failure of a streak is rebuilt without a crash-loop delay
     watches_resume         a watch resumed at a revision etcd still holds is not answered 410 Expired
@@ -153,6 +154,17 @@ def no_failed_requests(h: History, windows: list[tuple[float, float]] | None = N
     kinds = Counter(r.detail[:80] for r in failed)
     return [f"{len(failed)} of {len(h.requests)} requests failed; e.g. "
             + "; ".join(f"{n}x {d}" for d, n in kinds.most_common(3))]
+
+
+def prompt_requests(h: History, windows: list[tuple[float, float]], bound: float) -> list[str]:
+    """A request slower than `bound` (below the gateway's connect timeout) picked a replica it
+    could not reach: the gateway had not stopped choosing it."""
+    slow = sorted((r for r in h.requests if _within(r.start, windows) and r.end - r.start > bound),
+                  key=lambda r: r.start)
+    if not slow:
+        return []
+    return [f"{len(slow)} requests took longer than {bound:g}s; e.g. " + "; ".join(
+        f"t={r.start:.1f} took {r.end - r.start:.1f}s ({r.replica or r.detail[:60]})" for r in slow[:3])]
 
 
 def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:

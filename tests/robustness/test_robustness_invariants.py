@@ -119,6 +119,12 @@ def test_no_failed_requests_within_windows():
     assert not inv.no_failed_requests(h, [(0.0, 2.0)])
 
 
+def test_prompt_requests_reports_a_slow_request_inside_the_windows():
+    h = History(requests=[Request(1.0, 6.0, "m", True, replica="m-b"), Request(9.0, 9.1, "m", True)])
+    assert "1 requests took longer than 3s; e.g. t=1.0 took 5.0s (m-b)" in inv.prompt_requests(h, [(0.0, 10.0)], 3.0)[0]
+    assert not inv.prompt_requests(h, [(5.0, 10.0)], 3.0)
+
+
 def test_no_eviction_sees_the_evict_mark_and_a_lost_node_rebuild():
     marked = replica("a", annotations={EVICT: "node-lost"})
     assert inv.no_eviction(History(changes=changes("replicas", replica("a"), marked)), {"n1"})
