@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run llmgw's tests: installs etcd (Debian's etcd-server), sshd (for the
 # onboarding test), Prometheus (its promtool parses the dashboards' PromQL),
-# faketime (clock skew) and a virtualenv with llmgw and its test dependencies
-# when missing, then runs the checks (ruff; lint-imports, the import contracts in
-# pyproject.toml; mypy, strict on the whole tree) and pytest. Extra arguments go
-# to pytest (e.g. -k store).
+# faketime (clock skew), nftables (the robustness suite's network faults) and a
+# virtualenv with llmgw and its test dependencies when missing, then runs the
+# checks (ruff; lint-imports, the import contracts in pyproject.toml; mypy,
+# strict on the whole tree) and pytest. Extra arguments go to pytest (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
-  ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime
+  ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime \
+  nftables:/usr/sbin/nft
 ensure_venv "[test]"
 # A real llama-server for tests/test_real_llamacpp.py, built once per version and
 # cached outside the checkout; without a compiler that test says so and is skipped.

@@ -68,6 +68,7 @@ class LocalCluster:
     nodes: list[NodePlan]
     gateway_port: int = 8000
     server_port: int = 0
+    server_host: str = "127.0.0.1"   # where the server listens (a test's nodes in network namespaces reach a bridge's)
     node_grace: float = 30.0
     drain_delay: float = 2.0
     gpus_per_node: int = 8
@@ -90,7 +91,7 @@ class LocalCluster:
 
     @property
     def server_url(self) -> str:
-        return f"https://127.0.0.1:{self.server_port}"
+        return f"https://{self.server_host}:{self.server_port}"
 
     @property
     def gateway_url(self) -> str:
@@ -128,7 +129,7 @@ class LocalCluster:
         if not ca.exists():
             ca.init()
         self.certs = {}
-        for role, name, sans in [("server", "llmgw-server", ["127.0.0.1", "localhost"]),
+        for role, name, sans in [("server", "llmgw-server", sorted({"127.0.0.1", "localhost", self.server_host})),
                                  ("admin", "dev-admin", []),
                                  ("component", "controller-manager", []),
                                  ("component", "gateway", [])]:
@@ -199,7 +200,7 @@ class LocalCluster:
 
     def start_server(self) -> None:
         cert, key = self.certs["llmgw-server"]
-        self._spawn("server", [*self.llmgw, "server", "--listen", f"127.0.0.1:{self.server_port}",
+        self._spawn("server", [*self.llmgw, "server", "--listen", f"{self.server_host}:{self.server_port}",
                                *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                                "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen("server")])
 
@@ -289,7 +290,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                socket.create_connection(("127.0.0.1", self.server_port), timeout=1).close()
+                socket.create_connection((self.server_host, self.server_port), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.1)

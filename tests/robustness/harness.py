@@ -9,20 +9,28 @@ store, an admin client, the recorder, the load and the conditions the scenarios 
         await c.settle({"m": 2})
         c.holds(no_failed_requests=invariants.no_failed_requests(c.history), ...)
 
-Nodes get addresses in a loopback /24 of their own (127.0.<random>.N), so engines of two
-clusters on one machine (two test sessions) never share an address, and the recorder can
-tell a foreign listener on a node's address from everything else.
+Each node runs in a network namespace of its own (netns.py): its agent and engines inside,
+reached over a veth pair into a bridge, at an address of a private /24 picked per cluster, so
+engines of two clusters on one machine never share an address, the recorder can tell a foreign
+listener on a node's address from everything else, and a network nemesis is an nftables rule in
+one node's namespace. The control plane and the gateway stay in the host's namespace and reach a
+node only over its veth (the API server listens on the bridge's address). Where namespaces
+cannot be made (not root, no iproute2), every scenario says so and is skipped.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import random
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from llmgw.api import Model
 from llmgw.api.types import KINDS, Node, Replica, Shard
@@ -36,6 +44,7 @@ from tests.helpers.poll import until
 from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
+from tests.robustness.netns import Network, Unavailable
 from tests.robustness.recorder import Recorder
 
 WAIT = 120.0          # bound of every condition wait (s): generous, the machine is shared
@@ -52,6 +61,7 @@ class FaultCluster(LocalCluster):
     history: History = field(default_factory=History)
     store: Store | None = None
     api: Client | None = None
+    net: Network | None = None
 
     def start(self) -> "FaultCluster":
         super().start()
@@ -141,6 +151,26 @@ class FaultCluster(LocalCluster):
         changes = {"unschedulable": True} if on else {"unschedulable": False, "drain": False}
         await self.wait(f"{node} cordoned={on}", lambda: set_node_spec(self.api, node, **changes))
 
+    @contextlib.contextmanager
+    def squatting(self, ports: dict[str, int]) -> Iterator[set[tuple[str, int]]]:
+        """A foreign process listening on each node's address at its port in `ports`, inside the
+        node's namespace, while the block runs; yields the (address, port) pairs it holds (a port
+        taken meanwhile is left out). It carries the cluster's marker, so the recorder reads its
+        namespace even while the node's agent is gone."""
+        procs = []
+        try:
+            for node, port in ports.items():
+                address = self.address(next(n for n in self.nodes if n.name == node))
+                procs.append(((address, port), subprocess.Popen(
+                    [*self.net.exec_prefix(node), sys.executable, "-c", _SQUAT, address, str(port)],
+                    stdout=subprocess.PIPE, text=True, env=self.env())))
+            yield {where for where, p in procs if p.stdout.readline().strip() == "listening"}
+        finally:
+            for _, p in procs:
+                p.kill()
+                p.wait()
+                p.stdout.close()
+
     def load(self, models: list[str], concurrency: int = 3) -> Load:
         return Load(self.gateway_url, models, self.history, concurrency)
 
@@ -224,17 +254,46 @@ class FaultCluster(LocalCluster):
             raise InvariantViolated(f"invariants violated ({self.history.summary()}):\n" + "\n".join(lines))
 
 
+_SQUAT = """import socket, sys, time
+s = socket.socket()
+try:
+    s.bind((sys.argv[1], int(sys.argv[2])))
+    s.listen()
+    print("listening", flush=True)
+except OSError as err:
+    print(f"taken: {err}", flush=True)
+time.sleep(3600)
+"""
+
+
 def node_plans(count: int) -> list[NodePlan]:
-    net = random.randrange(100, 250)
-    return [NodePlan(f"n{i + 1}", "ib-a", f"127.0.{net}.{i + 1}") for i in range(count)]
+    """Names and fabric; fault_cluster gives each the address of its namespace."""
+    return [NodePlan(f"n{i + 1}", "ib-a") for i in range(count)]
 
 
 @contextlib.asynccontextmanager
 async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_members: int = 1, gpus: int = 2,
                         node_grace: float = 3.0):
     plans = node_plans(nodes) if isinstance(nodes, int) else nodes
-    c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
-                     drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members)
+    try:
+        net = await asyncio.to_thread(Network.create, [p.name for p in plans])
+    except Unavailable as why:
+        pytest.skip(f"the fault cluster's nodes need network namespaces, which cannot be made here: {why}")
+    try:
+        for p in plans:
+            p.address = net.address(p.name)
+        c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
+                         drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members,
+                         server_host=net.host, net=net,
+                         wrap={f"agent-{p.name}": net.exec_prefix(p.name) for p in plans})
+        async with _running(c):
+            yield c
+    finally:
+        await asyncio.to_thread(net.remove)
+
+
+@contextlib.asynccontextmanager
+async def _running(c: FaultCluster):
     try:
         await asyncio.to_thread(c.start)
         c.store = await c.connect_store().connect()

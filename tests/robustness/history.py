@@ -49,6 +49,7 @@ class Request:
     model: str
     ok: bool
     detail: str = ""
+    replica: str = ""      # the replica that answered (the gateway's X-Llmgw-Replica)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
     ports_free_when_given  no engine found its port taken by another engine of the cluster (a port
                            booked twice), as its bind failure in the shard's log tail says
     no_failed_requests     every request through the gateway succeeded (inside the given windows)
+    prompt_requests        every request that started inside the given windows ended within a bound
     no_eviction            no replica on the given nodes evicted or rebuilt as "node lost" after a time
     first_rebuild_at_once  the first failure of a streak is rebuilt without a crash-loop delay
     watches_resume         a watch resumed at a revision etcd still holds is not answered 410 Expired
@@ -155,6 +156,17 @@ def no_failed_requests(h: History, windows: list[tuple[float, float]] | None = N
             + "; ".join(f"{n}x {d}" for d, n in kinds.most_common(3))]
 
 
+def prompt_requests(h: History, windows: list[tuple[float, float]], bound: float) -> list[str]:
+    """A request slower than `bound` (below the gateway's connect timeout) picked a replica it
+    could not reach: the gateway had not stopped choosing it."""
+    slow = sorted((r for r in h.requests if _within(r.start, windows) and r.end - r.start > bound),
+                  key=lambda r: r.start)
+    if not slow:
+        return []
+    return [f"{len(slow)} requests took longer than {bound:g}s; e.g. " + "; ".join(
+        f"t={r.start:.1f} took {r.end - r.start:.1f}s ({r.replica or r.detail[:60]})" for r in slow[:3])]
+
+
 def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:
     out, said = [], set()
     for c in h.ordered("replicas"):
@@ -192,21 +204,35 @@ def watches_resume(h: History) -> list[str]:
 
 
 def foreign_port_once(h: History) -> list[str]:
-    seen: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for s in h.samples:
-        for addr, port, _inode in s.foreign:
-            seen[(addr, port)].append(s.t)
-    held = {k: (min(ts), max(ts)) for k, ts in seen.items() if len(ts) > 1}
+    """A foreign listener is a run of consecutive samples that see it; a single sighting, or a run
+    split from the next by a sample without it, is an engine's socket seen between its end and the
+    sampler's look at the processes (the port free again, then reused by a later engine)."""
+    runs: list[tuple[tuple[str, int], float, float]] = []
+    open_runs: dict[tuple[str, int], list[float]] = {}
+    for s in sorted(h.samples, key=lambda s: s.t):
+        here = {(addr, port) for addr, port, _inode in s.foreign}
+        for key in [k for k in open_runs if k not in here]:
+            runs.append((key, *_span(open_runs.pop(key))))
+        for key in here:
+            open_runs.setdefault(key, []).append(s.t)
+    runs += [(key, *_span(ts)) for key, ts in open_runs.items()]
+    held: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for key, first, last in runs:
+        if last > first:
+            held[key].append((first, last))
     given: dict[tuple[str, int], list[str]] = defaultdict(list)
     for c in h.ordered("shards"):
         s = c.obj
         addr = h.addresses.get(s.spec.node)
         for port in (s.spec.ports.serve, s.spec.ports.distInit if s.spec.rank == 0 else None):
-            span = held.get((addr, port))
-            if span and span[0] <= c.t <= span[1] and s.metadata.uid not in given[(addr, port)]:
+            if _within(c.t, held.get((addr, port), [])) and s.metadata.uid not in given[(addr, port)]:
                 given[(addr, port)].append(s.metadata.uid)
     return [f"{addr}:{port}, held by a foreign process, was given to {len(uids)} shards"
             for (addr, port), uids in given.items() if len(uids) > 1]
+
+
+def _span(ts: list[float]) -> tuple[float, float]:
+    return ts[0], ts[-1]
 
 
 def converged(h: History) -> list[str]:

@@ -6,6 +6,7 @@ import time
 
 import aiohttp
 
+from llmgw.gateway.proxy import REPLICA_HEADER
 from tests.robustness.history import History, Request
 
 
@@ -29,9 +30,10 @@ class Load:
                 async with session.post(f"{self.url}/v1/chat/completions", json=body) as r:
                     text = await r.text()
                     ok, detail = r.status == 200, "" if r.status == 200 else f"{r.status} {text[:160]}"
+                    replica = r.headers.get(REPLICA_HEADER, "")
             except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                ok, detail = False, repr(err)[:160]
-            self.history.requests.append(Request(start, time.monotonic(), model, ok, detail))
+                ok, detail, replica = False, repr(err)[:160], ""
+            self.history.requests.append(Request(start, time.monotonic(), model, ok, detail, replica))
             await asyncio.sleep(self.pause)
 
     async def __aenter__(self) -> "Load":

@@ -9,6 +9,17 @@
     kill_etcd_member                          SIGKILL one etcd member and start it again on its data
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
                                               each an interval after the last is Ready again
+
+At the network level (nftables rules on the node's eth0, in its namespace: netns.py):
+
+    cut_control_plane                         a node from the API server (and everything but the
+                                              gateway's connections to its engines)
+    cut_gateway                               a node from the gateway (its engines' ports); the
+                                              control plane still reaches it
+    cut_engine                                the gateway from one engine's serve port
+    lossy_link                                drop a share of a node's packets, both ways
+    heal                                      one node's rules gone, or every node's
+A cut drops (never rejects): a peer sees silence, as behind a failed switch.
 """
 from __future__ import annotations
 
@@ -123,3 +134,44 @@ async def partition_heal(c, nodes: list[str], held, interval: float) -> None:
 
 async def _ready(c, node: str) -> bool:
     return await c.node_condition(node, "Ready") == "True"
+
+
+def _engine_ports(c) -> str:
+    first, last = c.engine_ports()[0], c.engine_ports()[-1]
+    return f"{first}-{last}"
+
+
+def cut_control_plane(c, node: str) -> None:
+    """Everything on the node's link but connections to its engines' ports: the agent neither
+    reaches the API server nor is reached by it; the gateway still reaches the engines."""
+    ports = _engine_ports(c)
+    c.net.rules(node, [f'iifname "eth0" tcp dport != {ports} drop'], [f'oifname "eth0" tcp sport != {ports} drop'])
+    _fault(c, "cut-control-plane", node)
+
+
+def cut_gateway(c, node: str) -> None:
+    """Connections to the node's engines' ports (only the gateway makes them from outside)."""
+    ports = _engine_ports(c)
+    c.net.rules(node, [f'iifname "eth0" tcp dport {ports} drop'], [f'oifname "eth0" tcp sport {ports} drop'])
+    _fault(c, "cut-gateway", node)
+
+
+def cut_engine(c, node: str, port: int) -> None:
+    """The gateway from one engine: its serve port on the node's link; its agent still reaches
+    it (over the namespace's loopback)."""
+    c.net.rules(node, [f'iifname "eth0" tcp dport {port} drop'], [f'oifname "eth0" tcp sport {port} drop'])
+    _fault(c, "cut-engine", f"{node}:{port}")
+
+
+def lossy_link(c, node: str, percent: int) -> None:
+    """Drop `percent` % of the packets on the node's link, each way (nftables' numgen random)."""
+    drop = f"numgen random mod 100 < {percent} drop"
+    c.net.rules(node, [f'iifname "eth0" {drop}'], [f'oifname "eth0" {drop}'])
+    _fault(c, "lossy-link", f"{node} {percent}%")
+
+
+def heal(c, node: str | None = None) -> None:
+    """Every network fault of `node` (None: of every node) gone."""
+    for n in [node] if node else [p.name for p in c.nodes]:
+        c.net.heal(n)
+        _fault(c, "heal", n)

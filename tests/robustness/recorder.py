@@ -8,9 +8,9 @@
 Engines are found by the cluster's marker in their environment (llmgw.dev.cluster) and
 `-m llmgw.sim` in their argv; each sample holds every engine's node, GPUs
 (CUDA_VISIBLE_DEVICES), declared ports (--port, and the --dist-init-addr port on rank 0)
-and the sockets it listens on (/proc/net/tcp matched with its fds), plus the listeners
-on the nodes' addresses in the agents' engine port range (`ports`, the cluster's slot's
-`--port-range`) that no engine owns (a foreign process).
+and the sockets it listens on (/proc/<pid>/net/tcp, its node's network namespace, matched
+with its fds), plus the listeners on the nodes' addresses in the agents' engine port range
+(`ports`, the cluster's slot's `--port-range`) that no engine owns (a foreign process).
 """
 from __future__ import annotations
 
@@ -77,9 +77,10 @@ class Recorder:
                 return
 
     def sample(self) -> Sample:
-        listeners = _listeners()
+        marked = list(_marked_processes(self.marker))
+        listeners = _listeners([pid for pid, _, _ in marked])
         engines, owned = [], set()
-        for pid, argv, env in _marked_processes(self.marker):
+        for pid, argv, env in marked:
             if not _is_engine(argv):
                 continue
             inodes = _socket_inodes(pid)
@@ -150,11 +151,30 @@ def _socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def _listeners() -> dict[int, tuple[str, int]]:
-    """inode -> (IPv4 address, port) of every listening TCP socket."""
-    out = {}
+def _listeners(pids: list[int]) -> dict[int, tuple[str, int]]:
+    """inode -> (IPv4 address, port) of every listening TCP socket in the network namespaces of
+    this process and of `pids` (a node's: its agent, engines and squatters); each namespace's
+    table read once, through one of its processes."""
+    tables = {_netns("self"): "/proc/self/net/tcp"}
+    for pid in pids:
+        tables.setdefault(_netns(str(pid)), f"/proc/{pid}/net/tcp")
+    out: dict[int, tuple[str, int]] = {}
+    for path in tables.values():
+        out |= _listening(path)
+    return out
+
+
+def _netns(pid: str) -> str:
     try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def _listening(path: str) -> dict[int, tuple[str, int]]:
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        lines = Path(path).read_text().splitlines()[1:]
     except OSError:
         return out
     for line in lines:

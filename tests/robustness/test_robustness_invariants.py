@@ -119,6 +119,12 @@ def test_no_failed_requests_within_windows():
     assert not inv.no_failed_requests(h, [(0.0, 2.0)])
 
 
+def test_prompt_requests_reports_a_slow_request_inside_the_windows():
+    h = History(requests=[Request(1.0, 6.0, "m", True, replica="m-b"), Request(9.0, 9.1, "m", True)])
+    assert "1 requests took longer than 3s; e.g. t=1.0 took 5.0s (m-b)" in inv.prompt_requests(h, [(0.0, 10.0)], 3.0)[0]
+    assert not inv.prompt_requests(h, [(5.0, 10.0)], 3.0)
+
+
 def test_no_eviction_sees_the_evict_mark_and_a_lost_node_rebuild():
     marked = replica("a", annotations={EVICT: "node-lost"})
     assert inv.no_eviction(History(changes=changes("replicas", replica("a"), marked)), {"n1"})
@@ -155,6 +161,20 @@ def test_foreign_port_once_counts_shards_given_a_squatted_port():
                                         shard("m-b-0", "Pending", uid="u2", port=30002)),
                         samples=squat, addresses={"n1": "127.0.9.1"})
     assert not inv.foreign_port_once(elsewhere)
+
+
+def test_foreign_port_once_splits_sightings_by_gaps():
+    """An engine's port seen as foreign twice around its end (the sampler's race), at t=1-2 and
+    t=20-21, with samples without it between: the shards given it at t=5 and t=10 took a free port
+    (soak seed 4242 blamed them)."""
+    def seen(t: float, foreign: bool) -> Sample:
+        return Sample(t, (), (("127.0.9.1", 30000, 77),) if foreign else ())
+    samples = [seen(float(t), t in (1, 2, 20, 21)) for t in range(25)]
+    given = [Change(5.0, 1, "shards", "m-a-0", shard("m-a-0", "Pending", uid="u1")),
+             Change(10.0, 2, "shards", "m-b-0", shard("m-b-0", "Pending", uid="u2"))]
+    assert not inv.foreign_port_once(History(changes=given, samples=samples, addresses={"n1": "127.0.9.1"}))
+    held = [seen(float(t), 1 <= t <= 21) for t in range(25)]
+    assert inv.foreign_port_once(History(changes=given, samples=held, addresses={"n1": "127.0.9.1"}))
 
 
 def test_converged_reports_what_settle_waited_for_in_vain():

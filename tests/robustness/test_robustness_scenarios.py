@@ -8,7 +8,6 @@ failed, before their fixes, on the invariant each bug breaks.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections import Counter
 
@@ -221,26 +220,18 @@ async def test_restarted_server_resumes_watches(tmp_path):
 
 
 async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
-    squatters = []
-    try:
-        async with fault_cluster(tmp_path, node_plans(2)) as c:
-            first = c.engine_ports()[0]
-            for n in c.nodes:      # a foreign process listens on each node's first engine port
-                s = socket.socket()
-                s.bind((c.address(n), first))
-                s.listen()
-                squatters.append(s)
+    async with fault_cluster(tmp_path, node_plans(2)) as c:
+        first = c.engine_ports()[0]
+        # a foreign process listens on each node's first engine port
+        with c.squatting({n.name: first for n in c.nodes}) as squatted:
+            assert len(squatted) == len(c.nodes), f"only {squatted} could be held"
             await c.apply_model("m", replicas=1)
 
             async def ready_or_reused():
                 return await c.ready("m") or inv.foreign_port_once(c.history)
             await c.wait("m Ready (or the foreign port given twice)", ready_or_reused)
             seen = {(a, p) for sample in c.history.samples for a, p, _ in sample.foreign}
-            squatted = {s.getsockname() for s in squatters}
             assert squatted <= seen, f"the recorder missed the foreign listeners {sorted(squatted - seen)}"
             if not inv.foreign_port_once(c.history):
                 await c.settle({"m": 1})
             c.holds(**common(c, "m", 1), foreign_port_once=inv.foreign_port_once(c.history))
-    finally:
-        for s in squatters:
-            s.close()

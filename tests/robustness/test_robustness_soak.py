@@ -11,9 +11,12 @@ waits for the cluster to settle: drain + uncordon, rolling update, leader kill, 
 etcd member kill, agent kill + restart, agent SIGSTOP shorter than its heartbeat's lease, and
 the nemeses of issue 21's seven cases (an agent silent past the node grace, half the nodes
 silent and healed one by one, the crash of a single replica's engine, a watch resumed through
-a restarted server, foreign listeners during a rollout) and a hung engine (SIGSTOP, SIGCONT).
-A round whose nemesis promises it (all but the engine crash and the hung engine) is a window
-in which no request may fail; a partition's round, one in which its nodes lose no replica.
+a restarted server, foreign listeners during a rollout), a hung engine (SIGSTOP, SIGCONT) and
+the network's faults (nftables in the nodes' namespaces: a node cut from the control plane, a
+node or one engine cut from the gateway, packet loss on two links healed link by link).
+A round whose nemesis promises it (all but the engine crash, the hung engine and the cut from
+the gateway) is a window in which no request may fail; a partition's or a lossy link's round,
+one in which its nodes lose no replica.
 
 Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
 rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
@@ -26,10 +29,8 @@ faults, 14718 requests, 0 failed, 1564 changes and 2835 samples, 8 invariants: a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -108,12 +109,15 @@ async def _silent_past_grace(c, rng) -> Round:
     replicas move off make-before-break, then it comes back."""
     node = rng.choice(sorted({p.node for m in MODELS for r in await c.replicas(m) for p in r.spec.placement}))
     nemesis.stop_agent(c, node)
-
-    async def moved_off():
-        return not [r for m in MODELS for r in await c.replicas(m) if node in {p.node for p in r.spec.placement}]
-    await c.wait(f"replicas moved off the silent {node}", moved_off)
+    await _moved_off(c, node, "silent")
     nemesis.cont_agent(c, node)
     return Round(f"agent of {node} silent past the grace")
+
+
+async def _moved_off(c, node: str, why: str) -> None:
+    async def moved():
+        return not [r for m in MODELS for r in await c.replicas(m) if node in {p.node for p in r.spec.placement}]
+    await c.wait(f"replicas moved off the {why} {node}", moved)
 
 
 async def _partition(c, rng) -> Round:
@@ -125,10 +129,14 @@ async def _partition(c, rng) -> Round:
 
 async def _crash_single(c, rng) -> Round:
     """Case 5: the engine of the single replica of s killed; rebuilt at once (first_rebuild_at_once).
-    Its requests fail until then: no promise of requests in this round."""
-    pid = next(s.status.pid for s in await c.shards()
-               if s.spec.model == "s" and s.status.phase == "Ready" and s.status.pid)
+    Its requests fail until then: no promise of requests in this round, which lasts until s serves
+    again (settle alone could pass before the agent saw the crash, and the next round's window
+    would then hold this one's failures: soak seed 4242)."""
+    first = (await c.ready("s"))[0]
+    pid = next(s.status.pid for s in await c.shards() if s.spec.replica == first.name and s.status.pid)
     nemesis.kill_engine(c, pid)
+    await c.wait_serving("s", lambda r: r.name != first.name or r.status.restarts > first.status.restarts,
+                         "s Ready again after the crash")
     return Round(f"kill the engine of s (pid {pid})", lossless=False)
 
 
@@ -145,22 +153,14 @@ async def _server_kill_resume(c, rng) -> Round:
 async def _foreign_port(c, rng) -> Round:
     """Case 7: a foreign listener on each node's lowest free engine port while m rolls (new shards
     get ports): the port goes to one shard at most (foreign_port_once)."""
-    squatters = []
-    try:
-        for n in c.nodes:
-            held = {p for e in c.engine_processes(n.name) for p in e.ports}
-            port = next(p for p in c.engine_ports() if p not in held)
-            s = socket.socket()
-            with contextlib.suppress(OSError):       # taken meanwhile: that node goes without
-                s.bind((c.address(n), port))
-                s.listen()
-            squatters.append(s)
+    free = {}
+    for n in c.nodes:
+        held = {p for e in c.engine_processes(n.name) for p in e.ports}
+        free[n.name] = next(p for p in c.engine_ports() if p not in held)
+    with c.squatting(free):        # a port taken meanwhile: that node goes without
         old = {r.name for r in await c.replicas("m")}
         await c.set_args("m", ["--tokens-per-second", str(rng.choice([250, 350, 450]))])
         await c.wait_rolled("m", old, MODELS["m"])
-    finally:
-        for s in squatters:
-            s.close()
     return Round("foreign listeners during a rolling update of m")
 
 
@@ -174,8 +174,52 @@ async def _hang_engine(c, rng) -> Round:
     return Round(f"engine pid {pid} stopped, then continued", lossless=False)
 
 
+# ------------------------------------------------------------------ the network (issue 33)
+
+async def _cut_control_plane(c, rng) -> Round:
+    """A node cut from the control plane, not from the gateway: judged lost, its replicas move
+    off make-before-break while its engines serve on; healed once they moved."""
+    node = rng.choice([n.name for n in c.nodes])
+    nemesis.cut_control_plane(c, node)
+    await _moved_off(c, node, "cut off")
+    nemesis.heal(c, node)
+    return Round(f"{node} cut from the control plane")
+
+
+async def _cut_gateway(c, rng) -> Round:
+    """A node, or one engine on it, cut from the gateway for a few seconds (its agent still reaches
+    it: its replicas stay Ready), then every link healed at once. A request that picks it waits
+    the connect timeout and goes to another replica, but s has no other: no promise of requests
+    in this round (test_robustness_network holds the promise where another replica serves)."""
+    e = rng.choice(c.engine_processes())
+    if rng.random() < 0.5:
+        nemesis.cut_gateway(c, e.node)
+        what = f"{e.node} cut from the gateway"
+    else:
+        nemesis.cut_engine(c, e.node, e.ports[0])
+        what = f"the gateway cut from engine {e.node}:{e.ports[0]}"
+    await asyncio.sleep(rng.choice([3.0, 8.0]))     # the cut itself
+    nemesis.heal(c)
+    return Round(what, lossless=False)
+
+
+async def _lossy_links(c, rng) -> Round:
+    """Two nodes' links drop 5 or 10 % of their packets each way for a few seconds, healed link by
+    link: TCP retransmits, so no request fails and nothing is judged lost."""
+    nodes = rng.sample([n.name for n in c.nodes], 2)
+    percent = rng.choice([5, 10])
+    for n in nodes:
+        nemesis.lossy_link(c, n, percent)
+    await asyncio.sleep(5.0)                         # the loss itself
+    for n in nodes:
+        nemesis.heal(c, n)
+        await asyncio.sleep(1.0)                     # the heal's schedule, not a synchronisation
+    return Round(f"{percent}% loss on {sorted(nodes)}, healed link by link", kept=set(nodes))
+
+
 NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_etcd, _kill_agent, _pause_agent,
-           _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port, _hang_engine]
+           _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port, _hang_engine,
+           _cut_control_plane, _cut_gateway, _lossy_links]
 
 
 async def test_soak(tmp_path):
