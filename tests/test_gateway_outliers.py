@@ -60,36 +60,51 @@ def table(*endpoints: str) -> RoutingTable:
 BODY = {"model": "llama", "prompt": "hi", "max_tokens": 2}
 
 
-def test_failures_in_a_row_eject_for_longer_each_time_and_never_every_replica():
+async def test_failures_eject_a_replica_and_only_a_probe_that_connects_returns_it():
     now = [0.0]
-    o = Outliers(threshold=3, base=5, most=12, clock=lambda: now[0])
-    o.failed("a")
-    o.failed("a")
+    reachable = {"a:1": False}
+
+    async def probe(endpoint: str) -> bool:
+        return reachable[endpoint]
+    o = Outliers(probe, threshold=3, base=5, most=12, clock=lambda: now[0])
+    o.failed("a", "a:1")
+    o.failed("a", "a:1")
     o.succeeded("a")                      # a response started: the streak ends
-    o.failed("a")
-    o.failed("a")
+    o.failed("a", "a:1")
+    o.failed("a", "a:1")
     assert set(o.excluded(["a", "b"])) == set()
-    o.failed("a")                         # three in a row
+    o.failed("a", "a:1")                  # three in a row
     assert set(o.excluded(["a", "b"])) == {"a"}
     assert set(o.excluded(["a"])) == set()        # never every replica of a model
     assert set(o.excluded(["a", "b"], also={"b"})) == {"b"}
-    now[0] = 5.1
-    assert set(o.excluded(["a", "b"])) == set()   # its time is up: tried again
-    for _ in range(3):
-        o.failed("a")
-    assert o.ejections["a"] == (5.1 + 10, 2)       # the second ejection in a row: twice as long
+    now[0] = 5.1                          # time up: a probe, not a request, finds out
+    assert set(o.excluded(["a", "b"])) == {"a"}
+    await asyncio.sleep(0)
+    assert o.ejections["a"].until == 5.1 + 10 and o.ejections["a"].times == 2   # it failed: twice as long
     now[0] = 15.2
-    for _ in range(3):
-        o.failed("a")
-    assert o.ejections["a"] == (15.2 + 12, 3)      # at most `most`
+    o.excluded(["a", "b"])
+    await asyncio.sleep(0)
+    assert o.ejections["a"].until == 15.2 + 12                                   # at most `most`
+    reachable["a:1"] = True
     now[0] = 27.3
+    assert set(o.excluded(["a", "b"])) == {"a"}   # still out while the probe runs
+    await asyncio.sleep(0)
+    assert set(o.excluded(["a", "b"])) == set()   # the probe connected: routed again
     o.succeeded("a")
     assert o.ejections == {} and o.failures == {}
 
 
+async def test_a_connect_that_timed_out_ejects_at_once():
+    async def probe(endpoint: str) -> bool:
+        return False
+    o = Outliers(probe, threshold=3)
+    o.failed("a", "a:1", at_once=True)
+    assert set(o.excluded(["a", "b"])) == {"a"}
+
+
 async def test_a_mute_replica_costs_a_response_timeout_then_is_left_out(sim):
     async with Mute() as mute, running_gateway(table(mute.endpoint, sim.endpoint), response_timeout=1.0) as gw:
-        gw.gateway.outliers = Outliers(threshold=3, base=600)
+        gw.gateway.outliers = Outliers(gw.gateway.outliers.probe, threshold=3, base=600)
         async with aiohttp.ClientSession() as s:
             answered_by = []
             for _ in range(10):

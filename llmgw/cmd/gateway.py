@@ -69,6 +69,10 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--max-conns-per-addr", type=click.IntRange(min=0), default=Limits.max_conns_per_addr,
               show_default=True, help="Open connections one client address may hold; one more is answered "
               "429 and closed (0: no cap). Raise it behind a proxy or load balancer.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Seconds for a connection to an engine to open; then the try goes to another replica and "
+              "the replica is ejected from routing until a connection to it opens again (an engine on the "
+              "fleet's network answers in milliseconds: one that does not is cut off).")
 @click.option("--response-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
               show_default=True, help="Seconds from sending a request to an engine until its response "
               "headers; then the try fails and, if nothing was sent to the client, goes to another replica. "
@@ -99,7 +103,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            response_timeout: float, queue_size: int, queue_timeout: float, model_concurrency: int,
+            connect_timeout: float, response_timeout: float, queue_size: int, queue_timeout: float,
+            model_concurrency: int,
             gateway_id: str | None, demand_interval: float, demand_ttl: int,
             otel: bool, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
@@ -119,7 +124,7 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
-                 limits=limits, response_timeout=response_timeout,
+                 limits=limits, connect_timeout=connect_timeout, response_timeout=response_timeout,
                  queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
     if watch_api_keys:
         gw.watch_keys()

@@ -19,6 +19,7 @@ as a request that began there.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -41,7 +42,7 @@ from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.server import BodyError, HttpServer, Limits, Request, Stream, TimedOut, TooLarge
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.table import Backend, RoutingTable
-from llmgw.gateway.upstream import Conn, Pool, UpstreamError
+from llmgw.gateway.upstream import CONNECT_TIMED_OUT, Conn, Pool, UpstreamError
 from llmgw.routing import RoutingPolicy
 from llmgw.routing.prefix import SESSION_HEADER
 
@@ -92,7 +93,7 @@ class Gateway:
         self.retry_after = retry_after
         self.connect_timeout = connect_timeout
         self.balancer = Balancer()
-        self.outliers = Outliers()
+        self.outliers = Outliers(self._accepts)
         self.metrics = Metrics(self._inflight_samples)
         self.spans: Spans | None = None  # OpenTelemetry export, when --otel asks for it
         self.keys: KeyRing | None = None  # ApiKey objects (watch_keys), instead of or beside a key file
@@ -116,6 +117,7 @@ class Gateway:
         """Stop accepting; requests in flight get `grace` seconds to finish."""
         await self.server.close(grace)
         self.pool.close()
+        self.outliers.close()
 
     def watch_keys(self) -> KeyRing:
         """Authenticate by ApiKey objects, admitted by their limits: the ring the source feeds."""
@@ -353,7 +355,7 @@ class Gateway:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
         last = f"{b.replica} ({b.endpoint}): {reason}"
         if reason != _ENGINE_503:   # a loading or draining engine says so; not an outlier
-            self.outliers.failed(b.replica)
+            self.outliers.failed(b.replica, b.endpoint, at_once=reason.startswith(CONNECT_TIMED_OUT))
         self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
         tid = _trace_id(request)
         log.info("upstream %s failed before its first byte; %s (trace %s)", last,
@@ -434,6 +436,18 @@ class Gateway:
         if timer is not None:
             _used(request, timer.end())
         return resp
+
+    async def _accepts(self, endpoint: str) -> bool:
+        """Whether the engine at `endpoint` accepts a connection within the connect timeout (an
+        ejected replica's way back)."""
+        host, _, port = endpoint.rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)),
+                                               self.connect_timeout)
+        except (OSError, ValueError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
 
     def _answered(self, b: Backend) -> None:
         """The engine's response started (not a 503): its failure streak ends."""

@@ -44,6 +44,9 @@ HIGH_WATER = 256 * 1024  # body bytes buffered before reading from the engine pa
 LOW_WATER = 64 * 1024
 
 
+CONNECT_TIMED_OUT = "timeout: connecting took too long"
+
+
 class UpstreamError(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -340,7 +343,7 @@ class Pool:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: Conn(self, endpoint), host, int(port)), self.connect_timeout)
         except asyncio.TimeoutError:
-            raise UpstreamError("timeout: connecting took too long") from None
+            raise UpstreamError(CONNECT_TIMED_OUT) from None
         except (OSError, ValueError) as err:
             why = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise UpstreamError(f"connect: {why}") from None

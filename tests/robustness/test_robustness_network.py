@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(shutil.which("nft") is None,
                                  reason="needs nft (Debian's nftables; hack/test.sh installs it)")]
 
-CUT = 15.0          # s a cut lasts: three times the gateway's connect timeout
+CUT = 15.0          # s a cut lasts: several of the gateway's 2 s connect timeouts and a probe or two
 STARTED_AFTER = 3.0  # s after a cut from which no request may fail
 STOPS_WITHIN = 5.0   # s after a cut from which the gateway no longer picks the replica
-PROMPT = 3.0         # s a request may take: below the gateway's 5 s connect timeout, the cost of a wrong pick
+PROMPT = 3.0         # s a request may take: above the gateway's 2 s connect timeout, the cost of a wrong pick
 
 
 async def test_node_cut_from_control_plane_keeps_serving(tmp_path):
@@ -40,13 +40,12 @@ async def test_node_cut_from_control_plane_keeps_serving(tmp_path):
         c.holds(**common(c, "m", 1), no_failed_requests=inv.no_failed_requests(c.history))
 
 
-@pytest.mark.xfail(strict=True, reason="the gateway re-tries a cut replica each time its ejection ends "
-                   "(a request then waits the 5 s connect timeout); the lead's response-start timeout "
-                   "and outlier work is to bound it (issue 33)")
 async def test_gateway_cut_from_one_engine_stops_choosing_it(tmp_path):
     """The gateway cannot reach one of m's two engines; its agent still does, so the replica stays
     Ready. No request that started 3 s after the cut fails; from 5 s after it no request waits on
-    the cut replica (each would take the connect timeout); after the heal it answers again."""
+    the cut replica (a connect that times out ejects it, and only a probe that connects returns
+    it: llmgw/gateway/outlier.py); after the heal it answers again. First seen failing (xfail):
+    the gateway tried the replica again with a request each time its ejection ended."""
     async with with_model(tmp_path, 2) as c:
         target = (await c.ready("m"))[0]
         shard = next(s for s in await c.shards() if s.spec.replica == target.name)
