@@ -1,6 +1,7 @@
 """API keys as objects at real gateways (`llmgw gateway --server --watch-api-keys`), a real server and
 sim engines: scope (404), requests per minute (429 the official openai client understands), tokens
-per minute on streams, a deleted key refused and its open stream ended, two gateways sharing a limit."""
+per minute on streams, a deleted key refused and its open stream ended, two gateways sharing a limit,
+critical keys answered while sheddable ones are shed under overload."""
 from __future__ import annotations
 
 import subprocess
@@ -47,7 +48,7 @@ async def _key(admin, name: str, **kw) -> str:
 
 
 @asynccontextmanager
-async def _gateways(api_server, tmp_path, n: int = 1):
+async def _gateways(api_server, tmp_path, n: int = 1, extra: tuple[str, ...] = ()):
     cert, key = api_server.issue_component("gateway")
     ports = [free_port() for _ in range(n)]
     procs = []
@@ -56,7 +57,7 @@ async def _gateways(api_server, tmp_path, n: int = 1):
         procs.append(subprocess.Popen(
             [*CLI, "gateway", "--listen", f"127.0.0.1:{port}", "--server", api_server.url, "--ca", api_server.ca,
              "--cert", cert, "--key", key, "--watch-api-keys", "--gateway-id", f"gw-{i}",
-             "--demand-interval", "0.2", "--demand-ttl", "3"], stdout=log, stderr=subprocess.STDOUT))
+             "--demand-interval", "0.2", "--demand-ttl", "3", *extra], stdout=log, stderr=subprocess.STDOUT))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
         async with aiohttp.ClientSession() as http:
@@ -220,3 +221,34 @@ async def test_two_gateways_share_a_limit(api_server, sims, tmp_path):
 
 async def _status_is(coro, status: int) -> bool:
     return (await coro)[0] == status
+
+
+async def test_under_overload_critical_keys_keep_succeeding_while_sheddable_ones_are_shed(api_server, tmp_path):
+    """One request at a time for the model and room for ten waiting: ten critical and ten
+    sheddable requests at once. Every critical one is answered (a critical request takes the
+    place of the latest sheddable one when the queue is full); sheddable ones are shed with a
+    429 and Retry-After in OpenAI's shape, never a critical one (issue 31)."""
+    import asyncio
+
+    slow = Sim.start("slow", extra=["--tokens-per-second", "100"])     # 20 tokens: 0.2 s a request
+    try:
+        async with api_server.client() as admin:
+            await admin.create(_model("slow"))
+            await _ready(admin, "slow", slow.endpoint)
+            critical = await _key(admin, "crit", priority="critical")
+            sheddable = await _key(admin, "shed", priority="sheddable")
+        async with _gateways(api_server, tmp_path, extra=("--model-concurrency", "1", "--queue-size", "10")) as (
+                [url], http):
+            results = await asyncio.gather(*(
+                _post(http, url, secret, model="slow", max_tokens=20) for secret in [sheddable, critical] * 10))
+    finally:
+        slow.stop()
+    crit = [r for i, r in enumerate(results) if i % 2 == 1]
+    shed = [r for i, r in enumerate(results) if i % 2 == 0]
+    assert [status for status, _, _ in crit] == [200] * 10, [b for _, b, _ in crit if "error" in b]
+    refused = [(status, body["error"]["code"], headers.get("Retry-After")) for status, body, headers in shed
+               if status != 200]
+    assert refused, "the overload shed no sheddable request"
+    # 429: the model is at its --model-concurrency (docs/gateway.md), with a Retry-After
+    assert {code for _, code, _ in refused} <= {"request_shed", "model_queue_full"}, refused
+    assert all(status == 429 and after for status, _, after in refused), refused
