@@ -7,6 +7,7 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
+from llmgw.api.types import CachedWeights, WeightsCache
 from llmgw.printers.columns import node_status, table
 from llmgw.printers.table import format_table, human_age
 
@@ -87,8 +88,12 @@ def test_node_table_counts_gpus_and_replicas_from_placements():
         ["n3", "Ready", "0/0", "ib-a", "vllm,sim", "0", "120m"],
     ]
     headers, rows = table("nodes", nodes[:1], replicas=replicas, wide=True, now=NOW)
-    assert headers[-3:] == ["ADDRESS", "GPU-MODEL", "AGENT"]
-    assert rows[0][-3:] == ["10.0.0.7", "NVIDIA H100", "0.1.0"]
+    assert headers[-4:] == ["WEIGHTS", "ADDRESS", "GPU-MODEL", "AGENT"]
+    assert rows[0][-4:] == ["<none>", "10.0.0.7", "NVIDIA H100", "0.1.0"]
+    cached = node("n4")
+    cached.status.weights = WeightsCache(capacityBytes=500 << 30, freeBytes=(120 << 30) + 5, models=[
+        CachedWeights(digest="sha256:" + "a" * 64, bytes=1 << 30), CachedWeights(digest="sha256:" + "b" * 64, bytes=1)])
+    assert table("nodes", [cached], replicas=[], wide=True, now=NOW)[1][0][-4] == "2 models, 120Gi free"
 
 
 def test_model_replica_shard_tables():

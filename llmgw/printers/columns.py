@@ -58,6 +58,23 @@ def gpus_used(replicas: Iterable[Replica]) -> dict[str, set[int]]:
     return used
 
 
+def weights(node: Node) -> str:
+    """The node's weights cache: `2 models, 120Gi free` (none: its agent keeps no cache)."""
+    cache = node.status.weights
+    if cache is None:
+        return NONE
+    n = len(cache.models)
+    return f"{n} model{'' if n == 1 else 's'}, {binary_size(cache.freeBytes)} free"
+
+
+def binary_size(n: int) -> str:
+    """Bytes as kubectl shows quantities: the largest of Ki, Mi, Gi, Ti that keeps a whole number."""
+    for unit, shift in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
 def replicas_per_node(replicas: Iterable[Replica]) -> dict[str, int]:
     count: dict[str, int] = {}
     for r in replicas:
@@ -70,7 +87,7 @@ def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = 
                now: datetime | None = None) -> Table:
     headers = ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
     if wide:
-        headers += ["ADDRESS", "GPU-MODEL", "AGENT"]
+        headers += ["WEIGHTS", "ADDRESS", "GPU-MODEL", "AGENT"]
     used, count = gpus_used(replicas), replicas_per_node(replicas)
     rows: list[list[str]] = []
     for n in nodes:
@@ -84,6 +101,7 @@ def node_table(nodes: Sequence[Node], replicas: Sequence[Replica], wide: bool = 
         ]
         if wide:
             row += [
+                weights(n),
                 n.status.addresses[0] if n.status.addresses else NONE,
                 _join(_unique(g.name or "" for g in n.status.gpus)),
                 n.status.agentVersion or NONE,
