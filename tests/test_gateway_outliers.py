@@ -124,3 +124,68 @@ async def test_a_request_to_a_model_whose_only_replica_is_mute_ends_at_the_respo
             body = await r.json()
     assert r.status == 502 and "no response within 1s" in body["error"]["message"], body
     assert mute.requests == 2     # the try and its retry on a fresh connection
+
+
+class Trickle:
+    """An engine that answers a stream with `chunks` events `gap` seconds apart, then, with
+    `stall`, sends nothing more and keeps the connection open (a hung engine, a cut link)."""
+
+    def __init__(self, chunks: int, gap: float, stall: bool) -> None:
+        self.chunks, self.gap, self.stall = chunks, gap, stall
+        self.server: asyncio.base_events.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(self.chunks):
+            event = b'data: {"choices": [{"index": 0, "text": "t%d"}]}\n\n' % i
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(self.gap)
+        if self.stall:
+            await asyncio.sleep(3600)
+        event = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+        await writer.drain()
+        writer.close()
+
+    async def __aenter__(self) -> "Trickle":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None
+        return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+
+async def _stream(url: str) -> list[bytes]:
+    async with aiohttp.ClientSession() as s, \
+            s.post(url + "/v1/completions", json={**BODY, "stream": True}) as r:
+        assert r.status == 200
+        return [line async for line in r.content if line.strip()]
+
+
+async def test_a_stream_that_stops_mid_way_ends_at_the_idle_timeout_with_an_error_event():
+    async with Trickle(2, 0.1, stall=True) as engine, \
+            running_gateway(table(engine.endpoint), response_timeout=30.0, idle_timeout=1.0) as gw:
+        lines = await asyncio.wait_for(_stream(gw.url), 20)
+        async with aiohttp.ClientSession() as s:
+            text = await scrape(s, gw)
+    assert lines[:2] == [b'data: {"choices": [{"index": 0, "text": "t0"}]}\n',
+                         b'data: {"choices": [{"index": 0, "text": "t1"}]}\n'], lines
+    assert len(lines) == 3 and b"failed mid-response" in lines[2], lines   # and no [DONE]
+    assert metric(text, "llmgw_gateway_upstream_errors_total",
+                  model="llama", replica="llama-0", reason="midstream") == 1
+
+
+async def test_a_slow_steady_stream_is_not_cut_by_the_idle_timeout():
+    """Events 0.6 s apart for 3 s under a 1 s idle timeout: each one restarts the clock."""
+    async with Trickle(5, 0.6, stall=False) as engine, \
+            running_gateway(table(engine.endpoint), response_timeout=30.0, idle_timeout=1.0) as gw:
+        lines = await _stream(gw.url)
+    assert len(lines) == 6 and lines[-1] == b"data: [DONE]\n", lines

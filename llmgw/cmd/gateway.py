@@ -78,6 +78,11 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "headers; then the try fails and, if nothing was sent to the client, goes to another replica. "
               "A streamed response's headers come after the prompt's prefill, a whole response's after the "
               "last token: keep it above your longest non-streamed generation.")
+@click.option("--stream-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="Seconds a response from an engine may bring no byte once it has "
+              "started (between two tokens of a stream); then it ends: a stream with an error event, "
+              "other bodies cut off. Time spent waiting for a slow client does not count. Keep it above "
+              "your longest prefill when a stream's headers come before it.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=QueueSettings.size, show_default=True,
               help="Requests that may wait per model for a Ready replica (scale from zero) or under "
               "--model-concurrency; one more is refused with 503 (429 at the concurrency limit) and Retry-After, "
@@ -103,7 +108,7 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            connect_timeout: float, response_timeout: float, queue_size: int, queue_timeout: float,
+            connect_timeout: float, response_timeout: float, stream_idle_timeout: float, queue_size: int, queue_timeout: float,
             model_concurrency: int,
             gateway_id: str | None, demand_interval: float, demand_ttl: int,
             otel: bool, log_level: str, log_format: str) -> None:
@@ -125,7 +130,7 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
                     body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
     gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
                  limits=limits, connect_timeout=connect_timeout, response_timeout=response_timeout,
-                 queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
+                 idle_timeout=stream_idle_timeout, queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
     if watch_api_keys:
         gw.watch_keys()
     if otel:

@@ -83,6 +83,7 @@ class Gateway:
         retry_after: int = 2,
         connect_timeout: float = 5.0,
         response_timeout: float | None = None,
+        idle_timeout: float | None = None,
         synced: bool = True,
         limits: Limits = Limits(),
         queue: QueueSettings | None = None,
@@ -105,7 +106,8 @@ class Gateway:
         if q.model_concurrency:
             self.balancer.on_release = self.queue.wake
         self.synced = synced  # False until the source has given a first full view
-        self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout)
+        self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout,
+                         idle_timeout=idle_timeout)
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
 
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:

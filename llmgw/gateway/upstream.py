@@ -24,9 +24,13 @@ the metrics label: connect, timeout, disconnected, protocol.
 
 `response_timeout`: a request whose response headers have not come that many
 seconds after it was sent fails with "timeout: ..." and its connection is
-closed (an engine that accepts and never answers, or a stopped one). One
-watchdog per pool looks at the waiting connections once a second, so the
-hot path pays for a timestamp and a set, not a timer per request.
+closed (an engine that accepts and never answers, or a stopped one).
+`idle_timeout`: a response whose body has started and then brings no byte for
+that many seconds fails the same way ("timeout: ..."), so a stream cut off
+mid-way (a hung engine, a partition) ends instead of waiting for the link to
+heal; time the gateway spends waiting on a slow client does not count. One
+watchdog per pool looks at the connections in flight once a second, so the
+hot path pays for a timestamp, a counter and a set, not a timer per request.
 """
 from __future__ import annotations
 
@@ -79,7 +83,9 @@ class Conn(asyncio.Protocol):
         # called after each piece of input and on a failure, for a caller without a task
         self.listener: Callable[[], None] | None = None
         self._busy = False
-        self.sent_at = 0.0   # when the request in flight was sent (monotonic), for the response timeout
+        self.sent_at = 0.0   # when the request in flight was sent, or last seen making progress (monotonic)
+        self.pieces = 0      # body pieces received; the watchdog compares it with what it saw last
+        self.pieces_seen = 0
 
     # ------------------------------------------------------------ protocol
 
@@ -128,7 +134,7 @@ class Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.pool.answered(self)
+        self.pool.headers_came(self)
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
         self._got_headers = True
@@ -143,6 +149,7 @@ class Conn(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self.pieces += 1
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > HIGH_WATER and not self._paused and not self._whole:
@@ -151,6 +158,7 @@ class Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        self.pool.answered(self)
         self.complete = True
         self._wake()
 
@@ -161,7 +169,7 @@ class Conn(asyncio.Protocol):
             raise UpstreamError("disconnected: the engine closed the connection")
         self._busy = True
         write_message(self.transport, head, body)
-        if self.pool.response_timeout is not None:
+        if self.pool.watched:
             self.sent_at = time.monotonic()
             self.pool.awaiting(self)
 
@@ -219,9 +227,9 @@ class Conn(asyncio.Protocol):
         self.pool.answered(self)
         self.transport.close()
 
-    def time_out(self, after: float) -> None:
-        """No response headers `after` seconds after the request was sent: fail and close."""
-        self._fail(UpstreamError(f"timeout: no response within {after:g}s"))
+    def time_out(self, why: str) -> None:
+        """No response headers in time, or a body that stopped: fail with `why` and close."""
+        self._fail(UpstreamError(f"timeout: {why}"))
         self.close()
         if self.listener is not None:
             self.listener()
@@ -265,13 +273,15 @@ class Pool:
     """Idle keep-alive connections per endpoint ("host:port"); no limit on their number."""
 
     def __init__(self, connect_timeout: float = 5.0, keepalive: float = 30.0,
-                 response_timeout: float | None = None):
+                 response_timeout: float | None = None, idle_timeout: float | None = None):
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.response_timeout = response_timeout
+        self.idle_timeout = idle_timeout
+        self.watched = response_timeout is not None or idle_timeout is not None
         self._idle: dict[str, list[Conn]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
-        self._waiting: set[Conn] = set()     # sent, no response headers yet (with a response_timeout)
+        self._waiting: set[Conn] = set()     # sent, response not yet whole (with either timeout)
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -280,16 +290,30 @@ class Pool:
         if self._watchdog is None and not self._closed:
             self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
+    def headers_came(self, conn: Conn) -> None:
+        """The response started: from now on only the idle timeout watches it."""
+        if self.idle_timeout is None:
+            self._waiting.discard(conn)
+        else:
+            conn.sent_at, conn.pieces_seen = time.monotonic(), conn.pieces
+
     def answered(self, conn: Conn) -> None:
         self._waiting.discard(conn)
 
     def _watch(self) -> None:
         self._watchdog = None
-        timeout = self.response_timeout
-        assert timeout is not None  # armed only with one
-        cutoff = time.monotonic() - timeout
-        for conn in [c for c in self._waiting if c.sent_at < cutoff]:
-            conn.time_out(timeout)
+        now = time.monotonic()
+        late: list[tuple[Conn, str]] = []
+        for conn in self._waiting:
+            if not conn._got_headers:
+                if self.response_timeout is not None and now - conn.sent_at > self.response_timeout:
+                    late.append((conn, f"no response within {self.response_timeout:g}s"))
+            elif conn.pieces != conn.pieces_seen or conn._paused:  # progress, or waiting on the client
+                conn.pieces_seen, conn.sent_at = conn.pieces, now
+            elif self.idle_timeout is not None and now - conn.sent_at > self.idle_timeout:
+                late.append((conn, f"the response stopped for {self.idle_timeout:g}s mid-way"))
+        for conn, why in late:
+            conn.time_out(why)
         if self._waiting and not self._closed:
             self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 

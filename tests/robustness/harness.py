@@ -171,8 +171,8 @@ class FaultCluster(LocalCluster):
                 p.wait()
                 p.stdout.close()
 
-    def load(self, models: list[str], concurrency: int = 3) -> Load:
-        return Load(self.gateway_url, models, self.history, concurrency)
+    def load(self, models: list[str], concurrency: int = 3, streams: int = 0) -> Load:
+        return Load(self.gateway_url, models, self.history, concurrency, streams=streams)
 
     # ------------------------------------------------------------ waiting
     async def wait(self, what: str, check, timeout: float = WAIT, interval: float = 0.3):
@@ -273,7 +273,7 @@ def node_plans(count: int) -> list[NodePlan]:
 
 @contextlib.asynccontextmanager
 async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_members: int = 1, gpus: int = 2,
-                        node_grace: float = 3.0):
+                        node_grace: float = 3.0, gateway_args: list[str] | None = None):
     plans = node_plans(nodes) if isinstance(nodes, int) else nodes
     try:
         net = await asyncio.to_thread(Network.create, [p.name for p in plans])
@@ -284,7 +284,7 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
             p.address = net.address(p.name)
         c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
                          drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members,
-                         server_host=net.host, net=net,
+                         server_host=net.host, net=net, gateway_args=gateway_args or [],
                          wrap={f"agent-{p.name}": net.exec_prefix(p.name) for p in plans})
         async with _running(c):
             yield c

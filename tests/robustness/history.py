@@ -50,6 +50,8 @@ class Request:
     ok: bool
     detail: str = ""
     replica: str = ""      # the replica that answered (the gateway's X-Llmgw-Replica)
+    first: float = 0.0     # when its response started (headers); 0: it never did
+    streamed: bool = False
 
 
 @dataclass(frozen=True)

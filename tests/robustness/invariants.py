@@ -157,14 +157,25 @@ def no_failed_requests(h: History, windows: list[tuple[float, float]] | None = N
 
 
 def prompt_requests(h: History, windows: list[tuple[float, float]], bound: float) -> list[str]:
-    """A request slower than `bound` (below the gateway's connect timeout) picked a replica it
-    could not reach: the gateway had not stopped choosing it."""
-    slow = sorted((r for r in h.requests if _within(r.start, windows) and r.end - r.start > bound),
+    """A request whose response started later than `bound` after it was sent (below the gateway's
+    connect timeout; a stream's tokens after its start do not count) picked a replica it could
+    not reach: the gateway had not stopped choosing it."""
+    def waited(r) -> float:
+        return (r.first or r.end) - r.start
+    slow = sorted((r for r in h.requests if _within(r.start, windows) and waited(r) > bound),
                   key=lambda r: r.start)
     if not slow:
         return []
-    return [f"{len(slow)} requests took longer than {bound:g}s; e.g. " + "; ".join(
-        f"t={r.start:.1f} took {r.end - r.start:.1f}s ({r.replica or r.detail[:60]})" for r in slow[:3])]
+    return [f"{len(slow)} requests waited longer than {bound:g}s for a response; e.g. " + "; ".join(
+        f"t={r.start:.1f} waited {waited(r):.1f}s ({r.replica or r.detail[:60]})" for r in slow[:3])]
+
+
+def ended_by(h: History, at: float, by: float) -> list[str]:
+    """Every request in flight at `at` ended before `by` (it was not left waiting past a
+    promised timeout, e.g. until a partition healed)."""
+    late = [r for r in h.requests if r.start < at < r.end and r.end >= by]
+    return [f"t={r.start:.1f}: in flight at t={at:.1f}, ended at t={r.end:.1f}, not before t={by:.1f} "
+            f"({'stream' if r.streamed else 'whole'}, {r.replica or r.detail[:60]})" for r in late]
 
 
 def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:

@@ -9,6 +9,8 @@
     kill_etcd_member                          SIGKILL one etcd member and start it again on its data
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
                                               each an interval after the last is Ready again
+    lose_quorum                               SIGSTOP a majority of etcd's members for a while
+    kill_gateway                              SIGKILL the gateway and start it on the same port
 
 At the network level (nftables rules on the node's eth0, in its namespace: netns.py):
 
@@ -118,6 +120,36 @@ async def kill_etcd_member(c, index: int) -> None:
     _fault(c, "kill-etcd", m.name)
     await c.restart_etcd_member(m)
     _fault(c, "start-etcd", m.name)
+
+
+async def lose_quorum(c, seconds: float) -> None:
+    """A majority of the members silent (SIGSTOP, as behind a failed switch) for `seconds`."""
+    members = c.etcd.members[:len(c.etcd.members) // 2 + 1]
+    for m in members:
+        _signal(m.proc.pid, signal.SIGSTOP)
+    _fault(c, "stop-etcd-quorum", ",".join(m.name for m in members))
+    await asyncio.sleep(seconds)     # the outage itself
+    for m in members:
+        _signal(m.proc.pid, signal.SIGCONT)
+    _fault(c, "cont-etcd-quorum", ",".join(m.name for m in members))
+
+
+async def kill_gateway(c) -> None:
+    """Returns once the new gateway accepts connections (before it has its routes: a request
+    that comes now must wait for them, not fail)."""
+    await asyncio.to_thread(c.stop_process, "gateway", signal.SIGKILL)
+    _fault(c, "kill-gateway", "gateway")
+    c.start_gateway()
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", c.gateway_port)
+        except OSError:
+            c.check_alive()
+            await asyncio.sleep(0.02)
+            continue
+        writer.close()
+        break
+    _fault(c, "start-gateway", "gateway")
 
 
 async def partition_heal(c, nodes: list[str], held, interval: float) -> None:

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.timeout(600),
 CUT = 15.0          # s a cut lasts: several of the gateway's 2 s connect timeouts and a probe or two
 STARTED_AFTER = 3.0  # s after a cut from which no request may fail
 STOPS_WITHIN = 5.0   # s after a cut from which the gateway no longer picks the replica
+TIMEOUT = 5.0       # s: the gateway's response and stream idle timeouts in the cut-engine scenario
 PROMPT = 3.0         # s a request may take: above the gateway's 2 s connect timeout, the cost of a wrong pick
 
 
@@ -42,15 +43,22 @@ async def test_node_cut_from_control_plane_keeps_serving(tmp_path):
 
 async def test_gateway_cut_from_one_engine_stops_choosing_it(tmp_path):
     """The gateway cannot reach one of m's two engines; its agent still does, so the replica stays
-    Ready. No request that started 3 s after the cut fails; from 5 s after it no request waits on
-    the cut replica (a connect that times out ejects it, and only a probe that connects returns
-    it: llmgw/gateway/outlier.py); after the heal it answers again. First seen failing (xfail):
-    the gateway tried the replica again with a request each time its ejection ended."""
-    async with with_model(tmp_path, 2) as c:
+    Ready. The load: whole responses and streams of 300 tokens (3 s each). No request that started
+    3 s after the cut fails; from 5 s after it no request waits on the cut replica for its
+    response to start (a connect that times out ejects it, and only a probe that connects returns
+    it: llmgw/gateway/outlier.py); every request in flight at the cut ends at the gateway's
+    response timeout or stream idle timeout (5 s each here), long before the heal; after the heal
+    it answers again. First seen failing: the gateway tried the replica again with a request
+    each time its ejection ended (strict xfail); streams in flight at the cut waited for the
+    heal (no idle timeout)."""
+    timeouts = ["--response-timeout", str(TIMEOUT), "--stream-idle-timeout", str(TIMEOUT)]
+    async with with_model(tmp_path, 2, args=["--tokens-per-second", "100"], gateway_args=timeouts) as c:
         target = (await c.ready("m"))[0]
         shard = next(s for s in await c.shards() if s.spec.replica == target.name)
         h = c.history
-        async with c.load(["m"]):
+        async with c.load(["m"], concurrency=2, streams=2) as load:
+            await c.wait("a stream open on the replica about to be cut", lambda: load.streaming[target.name] > 0,
+                         interval=0.05)
             nemesis.cut_engine(c, shard.spec.node, shard.spec.ports.serve)
             cut = time.monotonic()
             await asyncio.sleep(CUT)     # the fault's length, not a synchronisation
@@ -61,4 +69,5 @@ async def test_gateway_cut_from_one_engine_stops_choosing_it(tmp_path):
             await c.settle({"m": 2})
         c.holds(**common(c, "m", 2),
                 no_failed_requests=inv.no_failed_requests(h, [(cut + STARTED_AFTER, time.monotonic())]),
-                prompt_requests=inv.prompt_requests(h, [(cut + STOPS_WITHIN, healed)], PROMPT))
+                prompt_requests=inv.prompt_requests(h, [(cut + STOPS_WITHIN, healed)], PROMPT),
+                in_flight_ended=inv.ended_by(h, cut, healed))

@@ -42,20 +42,22 @@ def serving(c, model: str, replicas: int, start: float, end: float) -> dict:
 
 
 @contextlib.asynccontextmanager
-async def with_model(tmp_path, replicas: int, **cluster):
-    """A cluster (fault_cluster's options) with model m's `replicas` Ready."""
+async def with_model(tmp_path, replicas: int, args: list[str] | None = None, **cluster):
+    """A cluster (fault_cluster's options) with model m's `replicas` Ready (its engines given `args`)."""
     async with fault_cluster(tmp_path, **cluster) as c:
-        await c.apply_model("m", replicas=replicas)
+        await c.apply_model("m", replicas=replicas, args=args)
         await c.wait_model_ready("m", replicas)
         yield c
 
 
 @contextlib.asynccontextmanager
 async def under_load(tmp_path, replicas: int = 2, **cluster):
-    """A cluster serving model m under load; after the body: settle, then the `serving` invariants
-    with the body's time as the window in which every replica must stay Ready."""
-    async with with_model(tmp_path, replicas, **cluster) as c:
-        async with c.load(["m"]):
+    """A cluster serving model m (200 tokens a second) under load, three clients of whole responses
+    and two of 300-token streams (1.5 s each, so faults land mid-stream); after the body: settle,
+    then the `serving` invariants with the body's time as the window in which every replica must
+    stay Ready."""
+    async with with_model(tmp_path, replicas, args=["--tokens-per-second", "200"], **cluster) as c:
+        async with c.load(["m"], streams=2):
             start = time.monotonic()
             yield c
             await c.settle({"m": replicas})

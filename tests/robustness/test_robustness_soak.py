@@ -5,18 +5,22 @@ LLMGW_ROBUSTNESS_SEED the schedule's seed (default: random, printed).
 
     LLMGW_ROBUSTNESS=long .venv/bin/python -m pytest -q -s tests/robustness/test_robustness_soak.py
 
-Cluster: 4 nodes x 2 fake GPUs, 3 etcd members, two controller-managers; models `m` (2
-replicas) and `s` (1 replica), a load on both. Each round picks one nemesis at random and
-waits for the cluster to settle: drain + uncordon, rolling update, leader kill, server kill,
-etcd member kill, agent kill + restart, agent SIGSTOP shorter than its heartbeat's lease, and
-the nemeses of issue 21's seven cases (an agent silent past the node grace, half the nodes
-silent and healed one by one, the crash of a single replica's engine, a watch resumed through
-a restarted server, foreign listeners during a rollout), a hung engine (SIGSTOP, SIGCONT) and
-the network's faults (nftables in the nodes' namespaces: a node cut from the control plane, a
-node or one engine cut from the gateway, packet loss on two links healed link by link).
-A round whose nemesis promises it (all but the engine crash, the hung engine and the cut from
-the gateway) is a window in which no request may fail; a partition's or a lossy link's round,
-one in which its nodes lose no replica.
+Cluster: 4 nodes x 2 fake GPUs, 3 etcd members, two controller-managers, a gateway whose
+response and stream idle timeouts are 8 s; models `m` (2 replicas) and `s` (1 replica), 200
+tokens a second; a load on both: three clients of whole responses and two of 300-token
+streams. Each round picks one nemesis at random and waits for the cluster to settle: drain +
+uncordon, rolling update, leader kill, server kill, etcd member kill, agent kill + restart,
+agent SIGSTOP shorter than its heartbeat's lease, and the nemeses of issue 21's seven cases (an
+agent silent past the node grace, half the nodes silent and healed one by one, the crash of a
+single replica's engine, a watch resumed through a restarted server, foreign listeners during a
+rollout), a hung engine (SIGSTOP, SIGCONT), the network's faults (nftables in the nodes'
+namespaces: a node cut from the control plane, a node or one engine cut from the gateway,
+packet loss on two links healed link by link), etcd's quorum lost for 10 or 20 s, and the
+gateway killed and started again. A round whose nemesis promises it (all but the engine crash,
+the hung engine and the cut from the gateway; the gateway's restart from when it listens) is a
+window in which no request may fail; a partition's, a lossy link's or a lost quorum's round,
+one in which its nodes lose no replica; a hang or a cut longer than the timeouts, one at whose
+end no request in flight at its start is still waiting.
 
 Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
 rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
@@ -47,16 +51,20 @@ pytestmark = [pytest.mark.skipif(os.environ.get("LLMGW_ROBUSTNESS") != "long",
               pytest.mark.timeout(0)]
 
 MODELS = {"m": 2, "s": 1}
+TIMEOUT = 8.0   # s: the gateway's response and stream idle timeouts (a loaded 2-core machine)
 
 
 @dataclass
 class Round:
-    """What a nemesis did; `lossless`: no request may fail in its round (its promise today);
-    `kept`: nodes none of whose replicas may be evicted (a partition held back)."""
+    """What a nemesis did; `lossless`: no request may fail in its round (its promise today), from
+    `since` if set; `kept`: nodes none of whose replicas may be evicted (a partition held back);
+    `bounded`: (at, by) pairs: every request in flight at `at` must end before `by`."""
 
     what: str
     lossless: bool = True
     kept: set[str] = field(default_factory=set)
+    since: float | None = None
+    bounded: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def _drain_and_back(c, rng) -> Round:
@@ -165,13 +173,16 @@ async def _foreign_port(c, rng) -> Round:
 
 
 async def _hang_engine(c, rng) -> Round:
-    """An engine SIGSTOPped for a few seconds, then continued. What a hung engine costs is not
-    promised yet (issue 33): no promise of requests in this round."""
+    """An engine SIGSTOPped for 2 or 12 s, then continued. s has one replica, so its requests
+    may fail; a request in flight at a 12 s hang ends at the gateway's timeouts, before the
+    engine goes on (docs/contracts.md, "An engine hangs")."""
     pid = rng.choice([e.pid for e in c.engine_processes()])
     nemesis.stop_engine(c, pid)
-    await asyncio.sleep(rng.choice([2.0, 6.0]))     # the hang itself
+    stopped, hang = time.monotonic(), rng.choice([2.0, 12.0])
+    await asyncio.sleep(hang)     # the hang itself
     nemesis.cont_engine(c, pid)
-    return Round(f"engine pid {pid} stopped, then continued", lossless=False)
+    bounded = [(stopped, time.monotonic())] if hang > TIMEOUT + 2 else []
+    return Round(f"engine pid {pid} stopped {hang:g}s, then continued", lossless=False, bounded=bounded)
 
 
 # ------------------------------------------------------------------ the network (issue 33)
@@ -198,9 +209,11 @@ async def _cut_gateway(c, rng) -> Round:
     else:
         nemesis.cut_engine(c, e.node, e.ports[0])
         what = f"the gateway cut from engine {e.node}:{e.ports[0]}"
-    await asyncio.sleep(rng.choice([3.0, 8.0]))     # the cut itself
+    cut, length = time.monotonic(), rng.choice([3.0, 12.0])
+    await asyncio.sleep(length)     # the cut itself
     nemesis.heal(c)
-    return Round(what, lossless=False)
+    bounded = [(cut, time.monotonic())] if length > TIMEOUT + 2 else []
+    return Round(what, lossless=False, bounded=bounded)
 
 
 async def _lossy_links(c, rng) -> Round:
@@ -217,9 +230,25 @@ async def _lossy_links(c, rng) -> Round:
     return Round(f"{percent}% loss on {sorted(nodes)}, healed link by link", kept=set(nodes))
 
 
+async def _lose_quorum(c, rng) -> Round:
+    """A majority of etcd's members silent for 10 or 20 s: nothing is written or decided, the
+    gateway serves from its table, no node is judged lost (docs/contracts.md, "etcd loses its
+    quorum")."""
+    seconds = rng.choice([10.0, 20.0])
+    await nemesis.lose_quorum(c, seconds)
+    return Round(f"etcd quorum lost for {seconds:g}s", kept={n.name for n in c.nodes})
+
+
+async def _restart_gateway(c, rng) -> Round:
+    """The gateway SIGKILLed and started again: requests in flight and those sent while it is down
+    fail; none that comes once it listens does (it waits for the routes: docs/gateway.md)."""
+    await nemesis.kill_gateway(c)
+    return Round("kill gateway, start it again", since=time.monotonic())
+
+
 NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_etcd, _kill_agent, _pause_agent,
            _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port, _hang_engine,
-           _cut_control_plane, _cut_gateway, _lossy_links]
+           _cut_control_plane, _cut_gateway, _lossy_links, _lose_quorum, _restart_gateway]
 
 
 async def test_soak(tmp_path):
@@ -227,20 +256,22 @@ async def test_soak(tmp_path):
     seed = int(os.environ.get("LLMGW_ROBUSTNESS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"soak: seed {seed}, {seconds:g}s")
-    async with fault_cluster(tmp_path, nodes=4, etcd_members=3) as c:
+    timeouts = ["--response-timeout", str(TIMEOUT), "--stream-idle-timeout", str(TIMEOUT)]
+    async with fault_cluster(tmp_path, nodes=4, etcd_members=3, gateway_args=timeouts) as c:
         for name, n in MODELS.items():
-            await c.apply_model(name, replicas=n)
+            await c.apply_model(name, replicas=n, args=["--tokens-per-second", "200"])
         for name, n in MODELS.items():
             await c.wait_model_ready(name, n)
-        windows, rounds, kept = [], [], []
+        windows, rounds, kept, bounded = [], [], [], []
         deadline = time.monotonic() + seconds
-        async with c.load(list(MODELS)):
+        async with c.load(list(MODELS), streams=2):
             while time.monotonic() < deadline:
                 start = time.monotonic()
                 rounds.append(await rng.choice(NEMESES)(c, rng))
                 await c.settle(MODELS)
                 if rounds[-1].lossless:
-                    windows.append((start, time.monotonic()))
+                    windows.append((rounds[-1].since or start, time.monotonic()))
+                bounded += rounds[-1].bounded
                 kept += inv.no_eviction(c.history, rounds[-1].kept, start)
                 print(f"round {len(rounds)}: {rounds[-1].what} ({time.monotonic() - start:.0f}s)")
         h = c.history
@@ -253,6 +284,7 @@ async def test_soak(tmp_path):
                   "first_rebuild_at_once": inv.first_rebuild_at_once(h),
                   "watches_resume": inv.watches_resume(h),
                   "foreign_port_once": inv.foreign_port_once(h),
+                  "in_flight_ended": [v for at, by in bounded for v in inv.ended_by(h, at, by)],
                   "converged": inv.converged(h),
                   **{f"surge_bound[{m}]": inv.surge_bound(h, m, n, 1) for m, n in MODELS.items()}}
         kinds = Counter(f.nemesis for f in h.faults)
