@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,12 +36,12 @@ pytestmark = pytest.mark.timeout(400)
 
 
 class DevUp:
-    def __init__(self, directory, port: int):
+    def __init__(self, directory, port: int, *args: str):
         self.lines: list[str] = []
         self.port = port
         self.proc = subprocess.Popen(
             [*LocalCluster.llmgw, "dev", "up", "--dir", str(directory),
-             "--gateway-port", str(port), "--timeout", "150"],
+             "--gateway-port", str(port), "--timeout", "150", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -122,6 +123,35 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
         assert code == 0, "\n".join(up.lines[-30:])
         assert "stopped; nothing left running" in up.lines[-1]
         assert not any("error" in line for line in up.lines), up.lines[-30:]
+
+
+def _netns_of(pid: int) -> str:
+    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
+
+
+def _namespaces() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in listed.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip")
+def test_dev_up_netns_runs_each_node_in_a_namespace_of_its_own_and_removes_them(tmp_path):
+    up = DevUp(tmp_path / "dev", free_port(), "--netns")
+    try:
+        up.wait_for("Ctrl-C here")
+        saved = json.loads((tmp_path / "dev" / "netns.json").read_text())
+        assert len(saved["netns"]) == 4 and set(saved["netns"]) <= _namespaces(), saved
+        pids = json.loads((tmp_path / "dev" / "cluster.json").read_text())["pids"]
+        agents = {name: pid for name, pid in pids.items() if name.startswith("agent-")}
+        assert sorted(_netns_of(pid) for pid in agents.values()) == sorted(saved["netns"]), agents
+        assert _netns_of(pids["server"]) == "" and _netns_of(pids["gateway"]) == ""   # the host's
+        for model in ("small", "sim-large"):     # the gateway reaches the engines over the veths
+            status, text = up.complete(model)
+            assert status == 200, f"{model}: {status} {text}"
+    finally:
+        code = up.stop()
+    assert code == 0, "\n".join(up.lines[-30:])
+    assert not set(saved["netns"]) & _namespaces() and not (tmp_path / "dev" / "netns.json").exists()
 
 
 def test_a_taken_gateway_port_is_one_line_naming_the_flag(tmp_path):

@@ -19,8 +19,9 @@ from rich.table import Table
 from llmgw.api import condition_true, load_path
 from llmgw.api.types import Model, Node, Replica
 from llmgw.client import ApiError, Client, ClientConfig
-from llmgw.dev.cluster import REPO, LocalCluster, PortTaken, default_nodes
+from llmgw.dev.cluster import NETNS_FILE, REPO, LocalCluster, NodePlan, PortTaken, default_nodes
 from llmgw.dev.cluster import down as cluster_down
+from llmgw.dev.netns import Network, Unavailable, remove_saved
 from llmgw.engines.engine import executable_name, executables
 
 DEFAULT_DIR = ".llmgw-dev"
@@ -46,8 +47,12 @@ def dev() -> None:
 @click.option("--engine", "engines", multiple=True, metavar="NAME[=PATH]",
               help="Give every agent a real engine: llamacpp (or llama-server), vllm, ray, or sglang=PYTHON; "
                    "without =PATH the program is looked for on PATH. Repeatable.")
+@click.option("--netns", is_flag=True,
+              help="Run each node (its agent and engines) in a network namespace of its own, reached over a "
+                   "veth pair from a bridge with a private /24 (root, iproute2); a partition is then one "
+                   "nftables rule on the node's eth0 (`ip netns exec NS nft ...`). Removed when the cluster stops.")
 def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, timeout: float,
-       engines: tuple[str, ...]) -> None:
+       engines: tuple[str, ...], netns: bool) -> None:
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
     Exit codes: 0 after a clean Ctrl-C or `llmgw dev down`; 1 when a component failed.
@@ -58,8 +63,12 @@ def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, ti
     if (cluster_dir / "etcd").exists():
         console.print(f"reusing the state an earlier run left in {cluster_dir}: replicas whose engines stopped "
                       f"with it are rebuilt first (for a fresh start, remove the directory)")
-    cluster = LocalCluster(cluster_dir, default_nodes(node_count), gateway_port=gateway_port,
-                           engines=engine_paths(engines))
+    plans = default_nodes(node_count)
+    cluster = LocalCluster(cluster_dir, plans, gateway_port=gateway_port, engines=engine_paths(engines))
+    net = _namespaces(plans, cluster_dir) if netns else None
+    if net is not None:   # the agents (and their engines) run inside; the server listens on the bridge
+        cluster.server_host = net.host
+        cluster.wrap = {f"agent-{p.name}": net.exec_prefix(p.name) for p in plans}
     stop = _stop_on_signals()
     try:
         with console.status("starting etcd, server, controller-manager, gateway and agents..."):
@@ -81,6 +90,8 @@ def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, ti
     finally:
         with console.status("stopping everything..."):
             cluster.stop()
+            if net is not None:
+                remove_saved(cluster_dir / NETNS_FILE)
     console.print("stopped; nothing left running")
 
 
@@ -91,6 +102,22 @@ def down(directory: str) -> None:
     running is asked to stop first, and says so where it runs."""
     n = cluster_down(Path(directory))
     click.echo(f"stopped {n} process(es)" if n else "nothing was running")
+
+
+def _namespaces(plans: list[NodePlan], cluster_dir: Path) -> Network:
+    """A namespace per node (each plan given its address), written down for `dev down`."""
+    try:
+        net = Network.create([p.name for p in plans])
+    except Unavailable as why:
+        console.print(f"[red]error:[/] --netns: {why}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    net.save(cluster_dir / NETNS_FILE)
+    for p in plans:
+        p.address = net.address(p.name)
+    console.print(f"each node in a network namespace of its own: {', '.join(sorted(net.netns.values()))} "
+                  f"(bridge {net.bridge}, {net.prefix}.0/24)", highlight=False, soft_wrap=True)
+    return net
 
 
 def engine_paths(values: tuple[str, ...]) -> dict[str, str]:

@@ -108,8 +108,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            connect_timeout: float, response_timeout: float, stream_idle_timeout: float, queue_size: int, queue_timeout: float,
-            model_concurrency: int,
+            connect_timeout: float, response_timeout: float, stream_idle_timeout: float, queue_size: int,
+            queue_timeout: float, model_concurrency: int,
             gateway_id: str | None, demand_interval: float, demand_ttl: int,
             otel: bool, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""

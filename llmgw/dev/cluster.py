@@ -10,12 +10,14 @@ directory:
     nodes/<node>/             fake nvidia-smi, fake sysfs, the agent's state dir
     cluster.json              addresses (metrics: each component's /metrics) and pids, read by `llmgw dev down`
     prometheus.yml            a scrape config for every component (llmgw.dev.prometheus)
+    netns.json                `dev up --netns`: the nodes' namespaces and bridge (llmgw.dev.netns)
 
 Each node gets its own loopback address, so engines bind where a real node's
 engines would: on the node's address. The addresses (127.0.K.N) and the engines'
 port range come from the cluster's slot (llmgw.dev.slots): two clusters on one
-machine never share them. etcd runs as in production: TLS with client
-certificates from the etcd CA, held by the server, the controller-manager and
+machine never share them (with `--netns`, each node is in a network namespace of its own at
+an address of a private /24 instead, and the server listens on the bridge's). etcd runs as
+in production: TLS with client certificates from the etcd CA, held by the server, the controller-manager and
 the admin (for etcdctl) only.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from llmgw.dev import prometheus, slots
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
+from llmgw.dev.netns import remove_saved
 from llmgw.dev.process import free_port, wait_http
 from llmgw.pki.ca import CertificateAuthority
 
@@ -46,6 +49,9 @@ class NodePlan:
     name: str
     fabric: str | None = None   # None: an island
     address: str | None = None  # None: the cluster's slot gives one
+
+
+NETNS_FILE = "netns.json"   # the namespaces of `dev up --netns`, for `dev down`
 
 
 class PortTaken(RuntimeError):
@@ -80,6 +86,7 @@ class LocalCluster:
     slot: slots.Slot | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # component -> its /metrics port
+    metrics_hosts: dict[str, str] = field(default_factory=dict)  # component -> its address, where not loopback
     # component -> a command its own runs under, e.g. {"agent-node01": ["faketime", "-f", "+5m"]}
     wrap: dict[str, list[str]] = field(default_factory=dict)
 
@@ -104,14 +111,17 @@ class LocalCluster:
     def log(self, component: str) -> Path:
         return self.dir / "logs" / f"{component}.log"
 
-    def metrics_listen(self, component: str) -> str:
-        """The component's metrics address, the same each time it starts."""
-        return f"127.0.0.1:{self.metrics_ports.setdefault(component, free_port())}"
+    def metrics_listen(self, component: str, host: str = "127.0.0.1") -> str:
+        """The component's metrics address, the same each time it starts (`host`: a node in a
+        network namespace of its own listens on its address, where the host reaches it)."""
+        if host != "127.0.0.1":
+            self.metrics_hosts[component] = host
+        return f"{host}:{self.metrics_ports.setdefault(component, free_port())}"
 
     @property
     def metrics_addresses(self) -> dict[str, str]:
         """component -> where its /metrics is (the gateway's is on its own port; etcd's on a plain-HTTP one)."""
-        out = {name: f"127.0.0.1:{port}" for name, port in self.metrics_ports.items()}
+        out = {name: f"{self.metrics_hosts.get(name, '127.0.0.1')}:{port}" for name, port in self.metrics_ports.items()}
         if "gateway" in self.procs:
             out["gateway"] = f"127.0.0.1:{self.gateway_port}"
         for m in self.etcd.members if self.etcd else ():
@@ -230,7 +240,7 @@ class LocalCluster:
                 "--drain-delay", f"{self.drain_delay}s",
                 "--stop-grace-period", "10s", "--heartbeat-interval", "2s",
                 "--logs-listen", f"{self.address(n)}:0",
-                "--metrics-listen", self.metrics_listen(f"agent-{n.name}")]
+                "--metrics-listen", self.metrics_listen(f"agent-{n.name}", n.address or "127.0.0.1")]
         if n.fabric:
             argv += ["--fabric", n.fabric]
         for name, path in self.engines.items():
@@ -427,4 +437,5 @@ def down(cluster_dir: Path) -> int:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    remove_saved(cluster_dir / NETNS_FILE)   # a `dev up --netns` that could not remove its namespaces
     return len(set(pids))

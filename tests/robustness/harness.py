@@ -9,7 +9,7 @@ store, an admin client, the recorder, the load and the conditions the scenarios 
         await c.settle({"m": 2})
         c.holds(no_failed_requests=invariants.no_failed_requests(c.history), ...)
 
-Each node runs in a network namespace of its own (netns.py): its agent and engines inside,
+Each node runs in a network namespace of its own (llmgw/dev/netns.py): its agent and engines inside,
 reached over a veth pair into a bridge, at an address of a private /24 picked per cluster, so
 engines of two clusters on one machine never share an address, the recorder can tell a foreign
 listener on a node's address from everything else, and a network nemesis is an nftables rule in
@@ -38,13 +38,13 @@ from llmgw.cli.nodes import set_node_spec
 from llmgw.client import Client, ClientConfig
 from llmgw.client.errors import ApiError, Expired, Unreachable
 from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
+from llmgw.dev.netns import Network, Unavailable
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
 from tests.helpers.poll import until
 from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
-from tests.robustness.netns import Network, Unavailable
 from tests.robustness.recorder import Recorder
 
 WAIT = 120.0          # bound of every condition wait (s): generous, the machine is shared

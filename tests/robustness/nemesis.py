@@ -12,7 +12,7 @@
     lose_quorum                               SIGSTOP a majority of etcd's members for a while
     kill_gateway                              SIGKILL the gateway and start it on the same port
 
-At the network level (nftables rules on the node's eth0, in its namespace: netns.py):
+At the network level (nftables rules on the node's eth0, in its namespace: llmgw/dev/netns.py):
 
     cut_control_plane                         a node from the API server (and everything but the
                                               gateway's connections to its engines)

@@ -121,8 +121,24 @@ def test_no_failed_requests_within_windows():
 
 def test_prompt_requests_reports_a_slow_request_inside_the_windows():
     h = History(requests=[Request(1.0, 6.0, "m", True, replica="m-b"), Request(9.0, 9.1, "m", True)])
-    assert "1 requests took longer than 3s; e.g. t=1.0 took 5.0s (m-b)" in inv.prompt_requests(h, [(0.0, 10.0)], 3.0)[0]
+    assert "1 requests waited longer than 3s for a response; e.g. t=1.0 waited 5.0s (m-b)" in \
+        inv.prompt_requests(h, [(0.0, 10.0)], 3.0)[0]
     assert not inv.prompt_requests(h, [(5.0, 10.0)], 3.0)
+
+
+def test_prompt_requests_counts_a_streams_wait_for_its_start_not_its_tokens():
+    h = History(requests=[Request(1.0, 9.0, "m", True, first=1.2, streamed=True),
+                          Request(2.0, 9.0, "m", True, replica="m-b", first=6.0, streamed=True)])
+    assert inv.prompt_requests(h, [(0.0, 10.0)], 3.0) == [
+        "1 requests waited longer than 3s for a response; e.g. t=2.0 waited 4.0s (m-b)"]
+
+
+def test_ended_by_reports_a_request_in_flight_at_a_fault_that_outlived_the_bound():
+    h = History(requests=[Request(1.0, 4.0, "m", True), Request(2.0, 20.0, "m", True, replica="m-a", streamed=True),
+                          Request(6.0, 25.0, "m", True)])
+    assert inv.ended_by(h, 3.0, 10.0) == [
+        "t=2.0: in flight at t=3.0, ended at t=20.0, not before t=10.0 (stream, m-a)"]
+    assert not inv.ended_by(h, 3.0, 30.0)
 
 
 def test_no_eviction_sees_the_evict_mark_and_a_lost_node_rebuild():

@@ -1,4 +1,5 @@
-"""Each node of a fault cluster in a network namespace of its own, and nftables rules in it.
+"""Each node of a local cluster in a network namespace of its own, and nftables rules in it
+(the fault-injection tests' clusters, and `llmgw dev up --netns`).
 
     net = Network.create(["n1", "n2"])    # Unavailable (a reason) where namespaces cannot be made
     net.address("n1")                     # 10.X.Y.1: the node's address, on its namespace's eth0
@@ -6,6 +7,7 @@
     net.rules("n1", ['iifname "eth0" tcp dport 10000 drop'], ['oifname "eth0" tcp sport 10000 drop'])
     net.heal("n1")                        # its rules gone
     net.remove()                          # namespaces, veth pairs and the bridge gone
+    net.save(path); remove_saved(path)    # what `llmgw dev down` removes after a `dev up` that died
 
 Layout: a bridge in the host's namespace holds 10.X.Y.254/24 (a /24 picked at random from
 10.200.0.0-10.249.255.0, one no route of the host covers); each node's namespace has its end of a
@@ -20,10 +22,12 @@ bridge's creation is the lock on the /24, so two clusters on one machine never s
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 TABLE = "llmgw_nemesis"
 HOST = 254          # the bridge's address in the /24
@@ -103,6 +107,9 @@ class Network:
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", self.bridge, check=False)
 
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"bridge": self.bridge, "netns": sorted(self.netns.values())}))
+
     # ------------------------------------------------------------ nftables
     def rules(self, node: str, inbound: list[str], outbound: list[str]) -> None:
         """Add rules (nft rule statements) to the node's input and output chains."""
@@ -125,3 +132,16 @@ class Network:
                               capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"nft in {self.netns[node]} failed: {done.stderr.strip()}\n{script}")
+
+
+def remove_saved(path: Path) -> bool:
+    """Remove the namespaces and the bridge a `save` wrote down (those still there), and the file;
+    False when there was no such file."""
+    if not path.exists():
+        return False
+    saved = json.loads(path.read_text())
+    for ns in saved["netns"]:
+        _ip("netns", "del", ns, check=False)
+    _ip("link", "del", saved["bridge"], check=False)
+    path.unlink()
+    return True
