@@ -1,4 +1,4 @@
-"""etcd without a quorum (issue 33): two of a three-member etcd stopped (SIGSTOP) for 20 s under
+"""etcd without a quorum (issue 33): two of a three-member etcd stopped (SIGSTOP) for 30 s under
 load, in a cluster of real processes, then resumed.
 
 While there is no quorum nothing can be written or read through etcd: the API server answers
@@ -23,7 +23,7 @@ from llmgw.dev.process import free_port
 from tests.helpers.poll import until
 
 pytestmark = pytest.mark.timeout(300)
-OUTAGE = 20.0
+OUTAGE = 30.0
 
 
 @pytest.fixture(scope="module")
