@@ -7,9 +7,10 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
-from llmgw.api.types import CachedWeights, WeightsCache
+from llmgw.api.types import CachedWeights, Shard, WeightsCache
 from llmgw.printers.columns import node_status, table
 from llmgw.printers.table import format_table, human_age
+from llmgw.printers.weights import weights_rows
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -214,3 +215,29 @@ def test_watch_table_redraws_in_place_on_a_terminal_and_stops():
     assert "Pending" in text and "Ready" in text and text.index("Pending") < text.index("Ready")
     assert "\x1b[" in text                      # drawn by rich, cursor moves included: not plain rows
     assert text.rstrip().endswith("stopped")
+
+
+def test_weights_rows_name_the_models_of_each_cached_digest_and_the_shards_using_it():
+    a, b, c = ("sha256:" + x * 64 for x in "abc")
+    full, empty, none = node("n1"), node("n2"), node("n3")
+    full.status.weights = WeightsCache(capacityBytes=100 << 30, freeBytes=40 << 30, models=[
+        CachedWeights(digest=b, bytes=20 << 30), CachedWeights(digest=a, bytes=40 << 30),
+        CachedWeights(digest=c, bytes=1 << 20)])
+    empty.status.weights = WeightsCache(capacityBytes=100 << 30, freeBytes=100 << 30)
+    pinned = parse_object({"apiVersion": "llmgw.io/v1", "kind": "Model", "metadata": {"name": "llama"},
+                           "spec": {"source": "hf://org/llama", "digest": a, "profiles": [{"engine": "sim"}]}})
+
+    def shard(name: str, model: str, on: str, pulled: str) -> Shard:
+        return parse_object({
+            "apiVersion": "llmgw.io/v1", "kind": "Shard", "metadata": {"name": name},
+            "spec": {"replica": name, "model": model, "node": on, "rank": 0, "worldSize": 1, "engine": "sim",
+                     "ports": {"serve": 30001, "distInit": 30002}, "headAddress": "10.0.0.7",
+                     "servedModelNames": [model]},
+            "status": {"phase": "Ready", "pull": {"digest": pulled, "bytesDone": 1, "bytesTotal": 1}}})
+    shards = [shard("l-1", "llama", "n1", a), shard("l-2", "llama", "n1", a), shard("q-1", "qwen", "n9", b)]
+    assert weights_rows([none, empty, full], [pinned], shards) == [
+        ["n1", "sha256:" + "a" * 12, "40Gi", "llama", "2", "40Gi", "100Gi"],
+        ["n1", "sha256:" + "b" * 12, "20Gi", "qwen", "0", "40Gi", "100Gi"],   # pulled elsewhere, unused here
+        ["n1", "sha256:" + "c" * 12, "1Mi", "<none>", "0", "40Gi", "100Gi"],  # no model known for it
+        ["n2", "<none>", "<none>", "<none>", "0", "100Gi", "100Gi"],
+    ]

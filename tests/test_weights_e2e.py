@@ -2,6 +2,10 @@
 with a Model whose weights are on a hub: applied, pulled by a node that had nothing, Ready, served."""
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+
 import aiohttp
 import pytest
 
@@ -10,6 +14,7 @@ from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.client import Client, ClientConfig, NotFound
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
+from llmgw.printers.weights import short
 from tests.helpers.poll import until
 from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated
 
@@ -61,6 +66,13 @@ async def test_hf_model_becomes_ready_on_a_node_that_had_nothing(cluster):
                 n = await c.get(Node, "wnode1")
                 return n.status.weights is not None and [m.digest for m in n.status.weights.models] == [digest]
             await until(cached, "wnode1 lists the digest", timeout=30, interval=0.3)
+            shown = await asyncio.to_thread(
+                subprocess.run, [*LocalCluster.llmgw, "ctl", "weights"], capture_output=True, text=True,
+                env={**os.environ, "LLMGW_CONFIG": str(cluster.admin_config)})
+            assert shown.returncode == 0, shown.stderr
+            header, row = shown.stdout.splitlines()
+            assert header.split() == ["NODE", "DIGEST", "SIZE", "MODELS", "SHARDS", "FREE", "CAPACITY"]
+            assert row.split()[:5] == ["wnode1", short(digest), "1Mi", "hub-model", "1"], shown.stdout
 
             async def served():
                 body = {"model": "hub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

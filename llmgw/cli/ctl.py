@@ -106,5 +106,31 @@ def _drain_command() -> click.Command:
     return drain_command("drain")
 
 
+def _weights_command() -> click.Command:
+    from llmgw.api.kinds import all_of_kind
+    from llmgw.api.types import Model, Node, Shard
+    from llmgw.cli.connect import Connection, connection_options, run
+    from llmgw.cli.errors import EXIT_CODES_HELP
+    from llmgw.printers.table import print_table
+    from llmgw.printers.weights import HEADERS, weights_rows
+
+    async def rows(conn: Connection) -> list[list[str]]:
+        async with conn.client() as c:
+            nodes = all_of_kind(Node, (await c.list(Node))[0])
+            models = all_of_kind(Model, (await c.list(Model))[0])
+            shards = all_of_kind(Shard, (await c.list(Shard))[0])
+        return [list(r) for r in weights_rows(nodes, models, shards)]
+
+    @click.command("weights", epilog=EXIT_CODES_HELP)
+    @connection_options
+    def weights(conn: Connection) -> None:
+        """Which nodes' caches hold which weights (by content digest), for which models, the shards
+        using each copy (an unused one may be evicted), and each cache's free space and capacity."""
+        print_table(HEADERS, run(rows(conn)))
+
+    return weights
+
+
 ctl.add_command(_nodes_command())
 ctl.add_command(_drain_command())
+ctl.add_command(_weights_command())
