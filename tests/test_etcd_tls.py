@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 from click.testing import CliRunner
@@ -9,9 +14,11 @@ from click.testing import CliRunner
 from llmgw.api import Node, parse_object
 from llmgw.cli.ca import ca as ca_command
 from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import free_port
 from llmgw.pki import CertificateAuthority
 from llmgw.store import Store, StoreUnavailable
 from tests.helpers.cluster import api_server, ca_dir, make_pki, start_api_server, until_revoked  # noqa: F401
+from tests.helpers.poll import until_sync
 
 
 @pytest.fixture
@@ -96,3 +103,58 @@ def test_a_server_on_plain_etcd_warns_once(api_server):
     line = api_server.wait_for_log("without TLS")
     assert "WARNING" in line and "Production security" in line
     assert sum("without TLS" in line for line in api_server.log_lines()) == 1
+
+
+async def test_a_refused_certificate_is_not_waited_for(secured, caplog):
+    """A TLS refusal is a configuration to fix: connect's wait for etcd gives up on it at once."""
+    pki, etcd = secured
+    node_cert, node_key = pki.issue("node", "gpu-02")
+    store = Store(etcd.endpoint, ca=str(pki.dir / "etcd" / "ca.crt"), cert=node_cert, key=node_key)
+    with pytest.raises(StoreUnavailable) as err:
+        await store.connect(wait=600)
+    await store.close()
+    assert err.value.misconfigured and "refused this client's TLS certificate" in str(err.value)
+    assert "does not answer yet" not in caplog.text
+
+
+def test_a_controller_manager_started_while_etcd_is_silent_waits_for_it(secured, tmp_path):
+    """etcd SIGSTOPped (restarting, or without a quorum): with --etcd-wait 0 the controller-manager
+    gives up in one line, no traceback; with the default wait it says it is waiting, and runs once
+    etcd answers. First seen failing: it exited 1 with a traceback (the soak, seed 5150, started
+    one right after etcd's quorum came back)."""
+    pki, etcd = secured
+    args = [sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", etcd.endpoint,
+            *_etcd_client(pki, "controller-manager")]
+    member = etcd.members[0].proc
+    os.kill(member.pid, signal.SIGSTOP)
+    try:
+        quick = subprocess.run([*args, "--etcd-wait", "0", "--metrics-listen", ""], capture_output=True, text=True,
+                               timeout=120)
+        assert quick.returncode == 1, quick.stderr
+        last = quick.stderr.strip().splitlines()[-1]
+        assert last.startswith("Error: cannot reach etcd at https://") and "Traceback" not in quick.stderr, \
+            quick.stderr
+        port = free_port()
+        log = tmp_path / "cm.log"
+        with open(log, "wb") as out:
+            cm = subprocess.Popen([*args, "--metrics-listen", f"127.0.0.1:{port}"], stdout=out,
+                                  stderr=subprocess.STDOUT)
+        try:
+            until_sync(lambda: "etcd does not answer yet" in log.read_text(), "the controller-manager waiting",
+                       timeout=60, detail=log.read_text)
+            os.kill(member.pid, signal.SIGCONT)
+
+            def healthy() -> bool:
+                assert cm.poll() is None, log.read_text()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                        return r.status == 200
+                except OSError:
+                    return False
+            until_sync(healthy, "the controller-manager serving once etcd answers", timeout=90,
+                       detail=log.read_text)
+        finally:
+            cm.terminate()
+            cm.wait(30)
+    finally:
+        os.kill(member.pid, signal.SIGCONT)

@@ -18,7 +18,7 @@ from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
-from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.cmd.settings import settings_options
 from llmgw.runtime.controller import Controller
@@ -41,6 +41,7 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
               help="etcd endpoints, comma-separated (http(s)://HOST:PORT); https with the --etcd-ca/"
                    "--etcd-cert/--etcd-key below in production (README, \"Production security\").")
 @etcd_tls
+@etcd_wait
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @settings_options(ControllerSettings)
@@ -50,8 +51,8 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
 def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-                       metrics_listen: str, settings: ControllerSettings, identity: str | None, otel: bool,
-                       log_level: str, log_format: str) -> None:
+                       etcd_wait: float, metrics_listen: str, settings: ControllerSettings, identity: str | None,
+                       otel: bool, log_level: str, log_format: str) -> None:
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
 
     Each setting below comes from its flag if given, else from the --config file, else its default.
@@ -59,7 +60,7 @@ def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, et
     setup_logging(log_level, log_format)
     tracing = _tracing() if otel else None
     try:
-        aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, metrics_listen, settings, identity,
+        aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, etcd_wait, metrics_listen, settings, identity,
                       tracing.get_tracer("llmgw.runtime") if tracing else None))
     finally:
         if tracing is not None:
@@ -78,16 +79,19 @@ def _tracing() -> "TracerProvider":
     return provider
 
 
-async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, metrics_listen: str,
+async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, etcd_wait: float, metrics_listen: str,
                 settings: ControllerSettings, identity: str | None, tracer: "Tracer | None") -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
-    from llmgw.store import Compactor, Store
+    from llmgw.store import Compactor, Store, StoreError
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
     store = Store(etcd, ca=ca, cert=cert, key=key)
-    await store.connect()
+    try:
+        await store.connect(wait=etcd_wait)
+    except (StoreError, OSError) as err:
+        raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
     manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)

@@ -27,6 +27,14 @@ def etcd_tls(fn: F) -> F:
     return fn
 
 
+def etcd_wait(fn: F) -> F:
+    """--etcd-wait: how long a starting component waits for etcd to answer."""
+    return click.option(
+        "--etcd-wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+        help="Seconds to wait at startup for etcd to answer (restarting, or without a quorum) before "
+             "giving up with one line naming the endpoints; 0: give up at once.")(fn)
+
+
 def warn_unless_tls(endpoints: str, cert: str | None, log: logging.Logger) -> None:
     """One warning at startup when etcd is reached without TLS and a client certificate."""
     plain = [e for e in endpoints.split(",") if not e.strip().startswith("https://")]

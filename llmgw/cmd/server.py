@@ -10,7 +10,7 @@ import ssl
 import click
 
 from llmgw import aio
-from llmgw.cmd.etcdflags import etcd_tls, warn_unless_tls
+from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 
 
@@ -22,7 +22,8 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None = None,
-                etcd_cert: str | None = None, etcd_key: str | None = None, bookmark_interval: float = 10.0,
+                etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
+                bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "") -> None:
     from aiohttp import web
 
@@ -45,7 +46,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
-        await store.connect()
+        await store.connect(wait=etcd_wait)
     except (StoreError, OSError) as err:
         raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
     try:   # Models stored before served names were reserved: their names' keys, before any write
@@ -94,6 +95,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
 @click.option("--key", required=True, help="Server private key.")
 @click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
 @etcd_tls
+@etcd_wait
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,
@@ -105,10 +107,10 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
-           etcd_key: str | None, bookmark_interval: float, watch_cache_size: int, watch_queue_limit: int,
-           metrics_listen: str, log_level: str, log_format: str) -> None:
+           etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
+           watch_queue_limit: int, metrics_listen: str, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, bookmark_interval,
+    aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
                   watch_cache_size, watch_queue_limit, metrics_listen))

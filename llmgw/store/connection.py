@@ -13,7 +13,7 @@ import aetcd.watcher
 import grpc
 from aetcd import rpc
 
-from llmgw.store.errors import StoreFull, StoreUnavailable
+from llmgw.store.errors import StoreFull, StoreMisconfigured, StoreUnavailable
 
 log = logging.getLogger("llmgw.store")
 
@@ -140,7 +140,8 @@ class Connection:
                     raise
                 last = err
                 await self._rotate(c)
-        raise StoreUnavailable(f"no etcd endpoint answered ({', '.join(self._urls())}): {describe_failure(last)}")
+        error = StoreMisconfigured if _tls_refused(_details(last)) else StoreUnavailable
+        raise error(f"no etcd endpoint answered ({', '.join(self._urls())}): {describe_failure(last)}")
 
     def each(self) -> list["Connection"]:
         """A connection to each endpoint alone (what is done per member: defragmentation)."""
@@ -165,15 +166,30 @@ def is_nospace(err: grpc.aio.AioRpcError) -> bool:
     return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (err.details() or "")
 
 
-def describe_failure(err: BaseException | None) -> str:
-    """One line for why an endpoint did not answer, with the likely fix for a TLS mismatch."""
+def _details(err: BaseException | None) -> str:
     if not isinstance(err, grpc.aio.AioRpcError):
         return str(err)
-    details = err.details() or str(err.code())
-    if "BAD_CERTIFICATE" in details or "TSI_DATA_CORRUPTED" in details or "CERTIFICATE_REQUIRED" in details:
+    return err.details() or str(err.code())
+
+
+_CERT_REFUSED = ("BAD_CERTIFICATE", "TSI_DATA_CORRUPTED", "CERTIFICATE_REQUIRED")
+_CA_MISMATCH = ("CERTIFICATE_VERIFY_FAILED", "Handshake failed")
+
+
+def _tls_refused(details: str) -> bool:
+    """etcd answered and the TLS handshake failed: a configuration to fix, not an outage to wait out."""
+    return any(m in details for m in _CERT_REFUSED + _CA_MISMATCH)
+
+
+def describe_failure(err: BaseException | None) -> str:
+    """One line for why an endpoint did not answer, with the likely fix for a TLS mismatch."""
+    details = _details(err)
+    if not isinstance(err, grpc.aio.AioRpcError):
+        return details
+    if any(m in details for m in _CERT_REFUSED):
         return (f"{details}: etcd refused this client's TLS certificate; give --etcd-cert/--etcd-key "
                 "from the etcd CA (`llmgw ca issue etcd-client`)")
-    if "CERTIFICATE_VERIFY_FAILED" in details or "Handshake failed" in details:
+    if any(m in details for m in _CA_MISMATCH):
         return f"{details}: check --etcd-ca (the etcd CA's ca.crt) and that etcd serves TLS"
     if "Socket closed" in details:
         return (f"{details}: plain http to an etcd that requires TLS? "

@@ -52,4 +52,11 @@ class StoreFull(StoreError, api.Unavailable):
 
 
 class StoreUnavailable(StoreError, api.Unavailable):
-    """etcd did not answer (every endpoint tried), or a watch stream dropped."""
+    """etcd did not answer (every endpoint tried), or a watch stream dropped. `misconfigured`:
+    etcd answered, but refused this client's TLS (waiting will not help)."""
+
+    misconfigured = False
+
+
+class StoreMisconfigured(StoreUnavailable):
+    misconfigured = True

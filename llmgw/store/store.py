@@ -23,14 +23,19 @@ leases) is shared with it.
 """
 from __future__ import annotations
 
+import asyncio
 import copy
+import logging
+import time
 from types import TracebackType
 
 from llmgw.api.client import ObjectClient
 from llmgw.api.types import Model, ObjectT
+from llmgw.backoff import Backoff
 from llmgw.store.connection import Connection
 from llmgw.store.demand import Demand
 from llmgw.store.election import Election
+from llmgw.store.errors import StoreUnavailable
 from llmgw.store.etcd import Etcd
 from llmgw.store.events import Events, Stamps
 from llmgw.store.kv import KV
@@ -39,6 +44,8 @@ from llmgw.store.listwatch import AfterErrorPolicy, StoreObjects, after_store_er
 from llmgw.store.names import Names
 from llmgw.store.objects import Memory, Objects
 from llmgw.store.revocations import Revocations
+
+log = logging.getLogger("llmgw.store")
 
 
 class Store(Objects):
@@ -80,10 +87,23 @@ class Store(Objects):
 
     # ------------------------------------------------------------ lifecycle
 
-    async def connect(self) -> Store:
+    async def connect(self, wait: float = 0.0) -> Store:
+        """Fail now, with the endpoint named, if etcd does not answer; with `wait`, try again for
+        that many seconds first (a component started while etcd restarts or has no quorum waits for
+        it, as a restarted process under a supervisor would, instead of dying into a restart loop)."""
         await self.etcd.conn.client()
-        await self.revision()  # fail now, with the endpoint named, if etcd is not there
-        return self
+        backoff, deadline = Backoff(0.2, 5.0), time.monotonic() + wait
+        while True:
+            try:
+                await self.revision()
+                return self
+            except StoreUnavailable as err:
+                left = deadline - time.monotonic()
+                if left <= 0 or err.misconfigured:
+                    raise
+                delay = min(backoff.next(), left)
+                log.warning("etcd does not answer yet (%s); trying again in %.1fs", err, delay)
+                await asyncio.sleep(delay)
 
     async def close(self) -> None:
         await self.etcd.conn.close()
