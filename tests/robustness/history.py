@@ -40,6 +40,7 @@ class Sample:
     t: float
     engines: tuple[Engine, ...]
     foreign: tuple[tuple[str, int, int], ...] = ()  # (address, port, socket inode) listeners no engine owns
+    holders: tuple[tuple[int, str], ...] = ()       # (inode, "pid command") of the foreign ones, where seen
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class Recorder:
                 stopped=_state(pid) == "T"))
         foreign = tuple(sorted((a, p, i) for i, (a, p) in listeners.items()
                                if i not in owned and a in self.addresses and p in self.ports))
-        return Sample(time.monotonic(), tuple(e for e in engines if _state(e.pid) not in ("Z", "")), foreign)
+        return Sample(time.monotonic(), tuple(e for e in engines if _state(e.pid) not in ("Z", "")), foreign,
+                      _holders({i for _, _, i in foreign}) if foreign else ())
 
 
 def _is_engine(argv: list[str]) -> bool:
@@ -134,6 +135,21 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1]
     except (OSError, IndexError):
         return ""
+
+
+def _holders(inodes: set[int]) -> tuple[tuple[int, str], ...]:
+    """Who holds each socket of `inodes`, among every process: (inode, "pid command"); rare (foreign
+    listeners only), so a scan of all of /proc is affordable."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            for inode in _socket_inodes(int(entry.name)) & inodes:
+                try:
+                    cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+                except OSError:
+                    cmd = "?"
+                out.append((inode, f"{entry.name} {cmd}"))
+    return tuple(sorted(out))
 
 
 def _socket_inodes(pid: int) -> set[int]:

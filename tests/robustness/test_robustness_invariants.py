@@ -196,3 +196,11 @@ def test_foreign_port_once_splits_sightings_by_gaps():
 def test_converged_reports_what_settle_waited_for_in_vain():
     assert inv.converged(History(unconverged=["every model Ready"])) == ["never settled: every model Ready"]
     assert not inv.converged(History())
+
+
+def test_no_failed_requests_excuses_a_request_overlapping_a_round_without_the_promise():
+    h = History(requests=[Request(1.0, 3.5, "m", False, "error event"), Request(2.0, 2.5, "m", False, "502"),
+                          Request(4.0, 4.1, "m", True)])
+    assert inv.no_failed_requests(h, [(0.0, 3.0)]) == ["2 of 3 requests failed; e.g. 1x error event; 1x 502"]
+    assert inv.no_failed_requests(h, [(0.0, 3.0)], excused=[(3.0, 5.0)]) == [
+        "1 of 3 requests failed; e.g. 1x 502"]

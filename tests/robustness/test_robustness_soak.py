@@ -18,9 +18,10 @@ namespaces: a node cut from the control plane, a node or one engine cut from the
 packet loss on two links healed link by link), etcd's quorum lost for 10 or 20 s, and the
 gateway killed and started again. A round whose nemesis promises it (all but the engine crash,
 the hung engine and the cut from the gateway; the gateway's restart from when it listens) is a
-window in which no request may fail; a partition's, a lossy link's or a lost quorum's round,
-one in which its nodes lose no replica; a hang or a cut longer than the timeouts, one at whose
-end no request in flight at its start is still waiting.
+window in which no request may fail (a request that overlaps a round without that promise is
+excused: a stream begun before an engine's crash); a partition's, a lossy link's or a lost
+quorum's round, one in which its nodes lose no replica; a hang or a cut of 20 s, one in which
+every request in flight at its start ends within two timeouts (its try and its retry).
 
 Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
 rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
@@ -52,6 +53,9 @@ pytestmark = [pytest.mark.skipif(os.environ.get("LLMGW_ROBUSTNESS") != "long",
 
 MODELS = {"m": 2, "s": 1}
 TIMEOUT = 8.0   # s: the gateway's response and stream idle timeouts (a loaded 2-core machine)
+# s within which a request in flight at a hang or a cut ends: its try's timeout, and its one retry's
+# (s has one replica: the retry goes to the same engine), each seen by a watchdog ticking once a second
+ENDS_WITHIN = 2 * (TIMEOUT + 1)
 
 
 @dataclass
@@ -173,15 +177,15 @@ async def _foreign_port(c, rng) -> Round:
 
 
 async def _hang_engine(c, rng) -> Round:
-    """An engine SIGSTOPped for 2 or 12 s, then continued. s has one replica, so its requests
-    may fail; a request in flight at a 12 s hang ends at the gateway's timeouts, before the
-    engine goes on (docs/contracts.md, "An engine hangs")."""
+    """An engine SIGSTOPped for 2 or 20 s, then continued. s has one replica, so its requests
+    may fail; a request in flight at a 20 s hang ends at the gateway's timeouts (its try's and
+    its retry's), before the engine goes on (docs/contracts.md, "An engine hangs")."""
     pid = rng.choice([e.pid for e in c.engine_processes()])
     nemesis.stop_engine(c, pid)
-    stopped, hang = time.monotonic(), rng.choice([2.0, 12.0])
+    stopped, hang = time.monotonic(), rng.choice([2.0, 20.0])
     await asyncio.sleep(hang)     # the hang itself
     nemesis.cont_engine(c, pid)
-    bounded = [(stopped, time.monotonic())] if hang > TIMEOUT + 2 else []
+    bounded = [(stopped, stopped + ENDS_WITHIN)] if hang > ENDS_WITHIN else []
     return Round(f"engine pid {pid} stopped {hang:g}s, then continued", lossless=False, bounded=bounded)
 
 
@@ -209,10 +213,10 @@ async def _cut_gateway(c, rng) -> Round:
     else:
         nemesis.cut_engine(c, e.node, e.ports[0])
         what = f"the gateway cut from engine {e.node}:{e.ports[0]}"
-    cut, length = time.monotonic(), rng.choice([3.0, 12.0])
+    cut, length = time.monotonic(), rng.choice([3.0, 20.0])
     await asyncio.sleep(length)     # the cut itself
     nemesis.heal(c)
-    bounded = [(cut, time.monotonic())] if length > TIMEOUT + 2 else []
+    bounded = [(cut, cut + ENDS_WITHIN)] if length > ENDS_WITHIN else []
     return Round(what, lossless=False, bounded=bounded)
 
 
@@ -262,7 +266,7 @@ async def test_soak(tmp_path):
             await c.apply_model(name, replicas=n, args=["--tokens-per-second", "200"])
         for name, n in MODELS.items():
             await c.wait_model_ready(name, n)
-        windows, rounds, kept, bounded = [], [], [], []
+        windows, rounds, kept, bounded, excused = [], [], [], [], []
         deadline = time.monotonic() + seconds
         async with c.load(list(MODELS), streams=2):
             while time.monotonic() < deadline:
@@ -271,11 +275,13 @@ async def test_soak(tmp_path):
                 await c.settle(MODELS)
                 if rounds[-1].lossless:
                     windows.append((rounds[-1].since or start, time.monotonic()))
+                if not rounds[-1].lossless or rounds[-1].since:
+                    excused.append((start, time.monotonic() if not rounds[-1].lossless else rounds[-1].since))
                 bounded += rounds[-1].bounded
                 kept += inv.no_eviction(c.history, rounds[-1].kept, start)
                 print(f"round {len(rounds)}: {rounds[-1].what} ({time.monotonic() - start:.0f}s)")
         h = c.history
-        checks = {"no_failed_requests": inv.no_failed_requests(h, windows),
+        checks = {"no_failed_requests": inv.no_failed_requests(h, windows, excused),
                   "exclusive_engines": inv.exclusive_engines(h),
                   "no_orphans": inv.no_orphans(h, 30.0),
                   "ready_on_own_engine": inv.ready_on_own_engine(h),
