@@ -23,15 +23,17 @@ from llmgw.agent.logs import LogServer
 from llmgw.agent.logs import server_context as logs_tls
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
 from llmgw.agent.metrics import serve as serve_metrics
+from llmgw.agent.peers import CacheServer
 from llmgw.agent.registration import Registration, retry_forever
 from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import NodeStatus, Shard, ShardStatus
+from llmgw.api import Node, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.client import Client
 from llmgw.weights.cache import Cache
+from llmgw.weights.peers import Peers, client_context
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
 
@@ -66,7 +68,12 @@ class Agent:
         reporter = StatusReporter(self._shard_writer(client), self.node)
         cache = Cache(cfg.weights_path, cfg.weights_cache_size)
         cache.open()
-        self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed)
+        peers = None
+        if cfg.logs_listen and cfg.weights_peers:
+            assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
+            peers = Peers(self.node, lambda: self._nodes(client), client_context(cfg.cert, cfg.key, cfg.ca))
+        self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed,
+                             peers=peers)
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
                       foreign_ports=self._set_foreign_ports, puller=self.puller)
         sup = self.supervisor = Supervisor(ctx)
@@ -80,7 +87,8 @@ class Agent:
         logs_site: web.AppRunner | None = None
         try:
             if cfg.logs_listen:
-                logs_site = await self._serve_logs(cfg.logs_listen, LogServer(state, sup.running), facts.address)
+                logs_site = await self._listen(cfg.logs_listen, facts.address, {
+                    "/shards": LogServer(state, sup.running).app(), "/weights": CacheServer(self.puller).app()})
             self.foreign_ports = await self._scan_foreign_ports()
             await reg.register(self._node_status())
             if cfg.metrics_listen:
@@ -106,15 +114,28 @@ class Agent:
         log.info("metrics on http://%s/metrics", listen)
         return runner
 
-    async def _serve_logs(self, listen: str, server: LogServer, address: str) -> web.AppRunner:
+    async def _listen(self, listen: str, address: str, apps: dict[str, web.Application]) -> web.AppRunner:
+        """The agent's TLS listener (--logs-listen): engine logs for the API server, the weights
+        cache for peers, each under its prefix with its own rule of who may ask."""
         cfg = self.config
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
+        root = web.Application()
+        for prefix, app in apps.items():
+            root.add_subapp(prefix, app)
         host, _, port = listen.rpartition(":")
-        runner, bound = await server.serve(host.strip("[]") or "0.0.0.0", int(port),
-                                           logs_tls(cfg.cert, cfg.key, cfg.ca))
+        runner = web.AppRunner(root, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port),
+                          ssl_context=logs_tls(cfg.cert, cfg.key, cfg.ca)).start()
+        bound = runner.addresses[0][1]
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
-        log.info("engine logs for the API server on %s", self.logs_endpoint)
+        log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner
+
+    @staticmethod
+    async def _nodes(client: Client) -> list[Node]:
+        nodes, _ = await client.list(Node)
+        return nodes
 
     def _phases(self) -> list[str]:
         sup = self.supervisor
@@ -195,7 +216,7 @@ class Agent:
         status.foreignPorts = list(self.foreign_ports)
         status.agentEndpoint = self.logs_endpoint
         if self.puller is not None:
-            status.weights = self.puller.cache.status()
+            status.weights = self.puller.status()
         return status
 
     async def _weights_changed(self) -> None:

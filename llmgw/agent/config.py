@@ -113,6 +113,7 @@ class AgentConfig(BaseModel):
     weights_cache_size: int | None = None  # its budget in bytes; None: what the disk holds
     hub_endpoint: str = Field(default_factory=default_hub)   # the Hugging Face Hub of hf:// sources, or a mirror
     hub_token_file: str | None = None      # its token; None: HF_TOKEN from the environment, if set
+    weights_peers: bool = True             # peers before the origin (with logs-listen; llmgw/weights/peers.py)
 
     @field_validator("node")
     @classmethod

@@ -3,7 +3,8 @@
 
     GET /shards/<shard>/log?tail=N&follow=1&previous=1&command=C     (llmgw.api.logs.LogQuery)
 
-Mutual TLS with the node's own certificate: the agent answers the API server alone (a client
+Mutual TLS with the node's own certificate, on the agent's listener (which also serves its weights
+cache to peers, llmgw/agent/peers.py): the agent answers the API server alone (a client
 certificate of the cluster CA with O=llmgw:servers), which authorizes the caller and proxies
 the answer; any other certificate, another node's included, is refused (403). Logs live in the
 state directory (llmgw.agent.state): the shard's latest run, and the run before it, so a
@@ -56,7 +57,7 @@ def read_end(f: IO[bytes], tail: int | None) -> bytes:
     return data
 
 
-def _subject(request: web.Request) -> dict[str, str]:
+def subject(request: web.Request) -> dict[str, str]:
     """The verified client certificate's subject attributes (organizationName, commonName)."""
     ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
     cert: Any = ssl_obj.getpeercert() if ssl_obj is not None else None
@@ -75,22 +76,15 @@ class LogServer:
         self.running = running
 
     def app(self) -> web.Application:
+        """Its routes, under /shards/ of the agent's listener."""
         app = web.Application(middlewares=[self._only_the_server])
-        app.router.add_get("/shards/{name}/log", self.shard_log)
+        app.router.add_get("/{name}/log", self.shard_log)
         return app
-
-    async def serve(self, host: str, port: int, tls: ssl.SSLContext) -> tuple[web.AppRunner, int]:
-        """Listen; the runner (to clean up) and the port bound (port 0: any free one)."""
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
-        bound: int = runner.addresses[0][1]
-        return runner, bound
 
     @web.middleware
     async def _only_the_server(self, request: web.Request,
                                handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        who = _subject(request)
+        who = subject(request)
         org, cn = who.get("organizationName", ""), who.get("commonName", "")
         if org != SERVER_ORG:
             log.warning("refused: log request %s from CN=%s O=%s (%s): only the API server reads logs here",

@@ -177,6 +177,15 @@ class NodeSpec(Strict):
 class CachedWeights(Strict):
     digest: Digest
     bytes: Int = 0
+    # The sources pulled as this content (a hub commit, hf://ORG/NAME@COMMIT), so a pulling peer
+    # finds it before the content's digest is known; an HTTP manifest's source is its digest
+    sources: list[str] = Field(default_factory=list)
+
+
+class WeightsPull(Strict):
+    """A pull in flight on a node: peers pulling the same source after it stream its files from it."""
+    source: str
+    startedAt: datetime
 
 
 class WeightsCache(Strict):
@@ -185,6 +194,7 @@ class WeightsCache(Strict):
     capacityBytes: Int = 0
     freeBytes: Int = 0
     models: list[CachedWeights] = Field(default_factory=list)
+    pulls: list[WeightsPull] = Field(default_factory=list)
 
 
 class NodeStatus(Strict):

@@ -62,9 +62,13 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
               help="Serve GET /metrics here: the node's shards by phase and its engines' own series, "
                    "labelled with model, replica, node, rank and engine (default: off).")
 @click.option("--logs-listen", metavar="HOST:PORT",
-              help="Serve this node's engine logs to the API server here, over TLS with the node's "
-                   "certificate (`llmgw logs`); advertised in the Node's status.agentEndpoint with "
-                   "--advertise-address (port 0: any free port; default: off).")
+              help="Serve this node's engine logs to the API server, and its weights cache read-only to "
+                   "the other nodes, here, over TLS with the node's certificate (`llmgw logs`); advertised "
+                   "in the Node's status.agentEndpoint with --advertise-address (port 0: any free port; "
+                   "default: off).")
+@click.option("--weights-peers/--no-weights-peers", default=None,
+              help="Fetch weights from the nodes that hold or are pulling them before the origin "
+                   "(default: on, with --logs-listen).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
 @click.option("--discover", "discover_only", is_flag=True,
               help="Print the Node status discovery finds, then exit (no server needed).")

@@ -6,7 +6,8 @@ Rules, by the certificate's organisation:
   controller-manager (O=llmgw:components) everything but revoking, engine logs and API keys
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys; report its
                                          demand (POST /demand/<gateway>), which no one else but an admin may
-  node N           (O=llmgw:nodes, CN=N) get its own Node; create it with labels and the agent's
+  node N           (O=llmgw:nodes, CN=N) get its own Node, list the Nodes (the peers holding weights
+                                         it pulls); create it with labels and the agent's
                                          status fields only; write the agent's status fields of
                                          it (never its spec, labels, annotations or finalizers);
                                          heartbeat as N, get/list/watch Shards bound to N
@@ -155,9 +156,11 @@ class Authorizer:
                          log_line=f"refused: certificate CN={me} asked for the log of {act.kind}/{act.name} "
                                   f"on node {act.obj_node}")
         if act.kind == "nodes":
+            if act.verb == "list":
+                return      # the other nodes' status: which hold or pull the weights it pulls (peers)
             if act.verb not in ("get", "create", "update", "status", "apply"):
-                raise Denied("node-self", f"node {me} may only get, register and write the status of its own "
-                             f"Node; it asked to {act}")
+                raise Denied("node-self", f"node {me} may only list the Nodes, and get, register and write "
+                             f"the status of its own Node; it asked to {act}")
             if act.name != me and not act.unknown(act.name):
                 raise claims(act.name, "node-self", "read and write a Node")
             return self._own_node(me, act)

@@ -4,7 +4,8 @@
                              (sha256:<hex>, digest.py); there only once complete (renamed in whole)
     <dir>/partial/<hash>     files being fetched, by expected hash (fetch.py): kept to resume
     <dir>/staging/<tmp>/     a model's tree being assembled; emptied at start, never used
-    <dir>/resolved/<key>     a source's digest once pulled (a hub commit names no digest of its own)
+    <dir>/resolved/<key>     a source's digest once pulled (a hub commit names no digest of its own),
+                             then the source on a second line (what peers look for)
 
 A model's last use is its directory's mtime. Room for a pull is made by evicting, least recently
 used first, partial files no pull is writing and then models no shard of this node uses (a pinned
@@ -62,6 +63,7 @@ class Cache:
         self.pins: Counter[str] = Counter()
         self.reservations: list[Reservation] = []
         self._sizes: dict[str, int] = {}
+        self._sources: dict[str, set[str]] = {}     # digest -> the sources resolved to it
 
     def open(self) -> None:
         try:
@@ -72,6 +74,10 @@ class Cache:
         for leftover in self.staging.iterdir():     # an agent stopped mid-assembly: never used
             shutil.rmtree(leftover, ignore_errors=True)
         self._sizes = {"sha256:" + d.name: _size(d) for d in self.models.iterdir() if d.is_dir()}
+        for f in self.resolved.iterdir():
+            if not f.name.startswith("."):
+                digest, _, source = f.read_text().partition("\n")
+                self._sources.setdefault(digest.strip(), set()).add(source.strip())
 
     # ------------------------------------------------------------ lookups
     def path(self, digest: str) -> Path:
@@ -83,7 +89,7 @@ class Cache:
     def digest_of(self, source: str) -> str | None:
         """The digest `source` (a listing's key) was pulled as, if it is still held."""
         try:
-            digest = (self.resolved / _key(source)).read_text().strip()
+            digest = (self.resolved / _key(source)).read_text().partition("\n")[0].strip()
         except FileNotFoundError:
             return None
         return digest if self.has(digest) else None
@@ -167,15 +173,21 @@ class Cache:
             os.rename(tree, target)
         self._sizes[digest] = _size(target)
         tmp = self.resolved / f".{_key(source)}.tmp"
-        tmp.write_text(digest)
+        tmp.write_text(f"{digest}\n{source}")
         os.rename(tmp, self.resolved / _key(source))
+        self._sources.setdefault(digest, set()).add(source)
         return target
 
     # ------------------------------------------------------------ report
     def status(self) -> WeightsCache:
         capacity = self.capacity if self.capacity is not None else self.used() + self.free()
         return WeightsCache(capacityBytes=capacity, freeBytes=self.free(),
-                            models=[CachedWeights(digest=d, bytes=n) for d, n in sorted(self._sizes.items())])
+                            models=[CachedWeights(digest=d, bytes=n, sources=self._sources_of(d))
+                                    for d, n in sorted(self._sizes.items())])
+
+    def _sources_of(self, digest: str) -> list[str]:
+        """The sources resolved to `digest` that are not the digest itself (a manifest's)."""
+        return sorted(self._sources.get(digest, set()) - {digest, ""})
 
 
 def _key(source: str) -> str:

@@ -28,7 +28,7 @@ ATTEMPTS = 5           # connections per file that may drop before the pull fail
 
 
 async def fetch(http: aiohttp.ClientSession, entry: FileEntry, part: Path, headers: dict[str, str],
-                progress: Callable[[int], None]) -> str:
+                progress: Callable[[int], None], attempts: int = ATTEMPTS) -> str:
     """Fetch `entry` into `part` (resuming what is there); its sha256 once verified.
     `progress(n)` is told each n bytes that reach the file (the resumed prefix too)."""
     backoff = Backoff(0.2, 5.0)
@@ -36,9 +36,9 @@ async def fetch(http: aiohttp.ClientSession, entry: FileEntry, part: Path, heade
         try:
             return await _attempt(http, entry, part, headers, progress)
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as err:
-            if backoff.failures + 1 >= ATTEMPTS:
+            if backoff.failures + 1 >= attempts:
                 raise PullError("OriginUnreachable", f"{entry.url}: {type(err).__name__}: {err} "
-                                f"({ATTEMPTS} attempts)") from None
+                                f"({attempts} attempts)") from None
             log.warning("%s: %s: %s; resuming", entry.url, type(err).__name__, err)
             await backoff.sleep()
 

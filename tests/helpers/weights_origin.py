@@ -9,10 +9,11 @@
 
 Files are generated. Faults, each for the next request of one file: `corrupt` (one byte flipped,
 the listing unchanged), `drop_after` (the connection cut after n bytes). Every request is logged
-(method, path, Range header).
+(method, path, Range header), and the bytes of files' bodies sent are counted (`bytes_sent`).
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
@@ -57,6 +58,8 @@ class WeightsOrigin:
     commits: dict[str, str] = field(default_factory=dict)                  # hub: "org/name" -> commit
     dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)        # http: name -> files
     log: list[Logged] = field(default_factory=list)
+    bytes_sent: int = 0
+    rate: float | None = None        # bytes/s each file's body is sent at (an origin slower than loopback)
     corrupt_next: set[str] = field(default_factory=set)
     drop_next: dict[str, int] = field(default_factory=dict)
     url: str = ""
@@ -173,10 +176,16 @@ class WeightsOrigin:
         cut = self.drop_next.pop(key, None)
         if cut is not None:
             await resp.write(body[:cut])
+            self.bytes_sent += len(body[:cut])
             assert request.transport is not None
             request.transport.abort()        # the connection drops mid-body
             return resp
-        await resp.write(body)
+        step = len(body) if self.rate is None else 1 << 16
+        for at in range(0, len(body), step):
+            await resp.write(body[at:at + step])
+            self.bytes_sent += len(body[at:at + step])
+            if self.rate is not None:
+                await asyncio.sleep(step / self.rate)
         await resp.write_eof()
         return resp
 
