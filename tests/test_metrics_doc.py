@@ -77,7 +77,8 @@ def test_the_servers_series_are_documented():
 
 
 async def test_the_agents_series_are_documented():
-    facts = NodeFacts([Pull("m", "m-1", 10, 100)], cache_capacity=1000, cache_free=900, failures={"m": 1})
+    facts = NodeFacts([Pull("m", "m-1", 10, 100)], cache_capacity=1000, cache_free=900, failures={"m": 1},
+                      fetched={"peer": 3, "origin": 1})
     m = AgentMetrics(lambda: ["Ready"], lambda: [], lambda: facts)
     m.scrape_errors.labels("m", "m-0").inc()
     async with aiohttp.ClientSession() as session:

@@ -150,7 +150,8 @@ class Agent:
                 pulls.append(Pull(r.shard.spec.model, r.shard.spec.replica, pull.bytesDone, pull.bytesTotal))
         cache = puller.cache.status() if puller is not None else None
         return NodeFacts(pulls, cache.capacityBytes if cache else None, cache.freeBytes if cache else None,
-                         dict(sup.ctx.failures) if sup is not None else {})
+                         dict(sup.ctx.failures) if sup is not None else {},
+                         dict(puller.fetched) if puller is not None else {})
 
     def _engine_targets(self) -> list[EngineTarget]:
         """The serving engines of this node's Ready shards (their probe is HTTP: rank 0's)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -79,6 +79,7 @@ class NodeFacts:
     cache_capacity: int | None       # the weights cache's budget and free bytes (None: no cache)
     cache_free: int | None
     failures: dict[str, int]         # model -> shards of it that went Failed on this node
+    fetched: dict[str, int] = field(default_factory=dict)    # "peer"|"origin" -> verified weights bytes
 
 
 class _Node:
@@ -107,6 +108,11 @@ class _Node:
         for model, n in sorted(f.failures.items()):
             failures.add_metric([model], n)
         yield failures
+        fetched = CounterMetricFamily("llmgw_agent_weights_fetched_bytes", "Bytes of weights files fetched "
+                                      "and verified, by where from: a peer node or the origin", labels=["source"])
+        for source, n in sorted(f.fetched.items()):
+            fetched.add_metric([source], n)
+        yield fetched
 
 
 class AgentMetrics:
