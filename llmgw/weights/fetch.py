@@ -60,15 +60,22 @@ async def _attempt(http: aiohttp.ClientSession, entry: FileEntry, part: Path, he
             progress(-have)
             hashes, have = Hashes(entry), 0
         with part.open("ab" if have else "wb") as f:
-            async for chunk in resp.content.iter_chunked(CHUNK):
-                if have + len(chunk) > entry.size:
-                    f.close()
-                    await asyncio.to_thread(part.unlink, missing_ok=True)
-                    raise PullError("ChecksumMismatch", f"{entry.path}: the origin sent more than its "
-                                    f"{entry.size} bytes")
-                await asyncio.to_thread(_write, f, hashes, chunk)
-                have += len(chunk)
-                progress(len(chunk))
+            # Written a CHUNK at a time: one hop to a thread per MiB, not per TLS record (a few KiB).
+            pending = bytearray()
+            try:
+                async for chunk in resp.content.iter_chunked(CHUNK):
+                    if have + len(pending) + len(chunk) > entry.size:
+                        pending.clear()
+                        f.close()
+                        await asyncio.to_thread(part.unlink, missing_ok=True)
+                        raise PullError("ChecksumMismatch", f"{entry.path}: the origin sent more than its "
+                                        f"{entry.size} bytes")
+                    pending += chunk
+                    if len(pending) >= CHUNK:
+                        have += await _flush(f, hashes, pending, progress)
+            finally:
+                if pending:     # what came before a dropped connection is kept, to resume from
+                    have += await _flush(f, hashes, pending, progress)
     if have != entry.size:      # the body ended early without an error from the connection
         raise aiohttp.ClientPayloadError(f"{entry.path}: {have} of {entry.size} bytes")
     return _verified(hashes, part)
@@ -87,6 +94,14 @@ def _rehash(part: Path, size: int, hashes: Hashes) -> int:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             hashes.update(chunk)
     return have
+
+
+async def _flush(f: BinaryIO, hashes: Hashes, pending: bytearray, progress: Callable[[int], None]) -> int:
+    data = bytes(pending)
+    pending.clear()
+    await asyncio.to_thread(_write, f, hashes, data)
+    progress(len(data))
+    return len(data)
 
 
 def _write(f: BinaryIO, hashes: Hashes, chunk: bytes) -> None:
