@@ -20,6 +20,7 @@ from llmgw.agent.peers import CacheServer
 from llmgw.api.sources import parse_source
 from llmgw.api.types import Node, NodeStatus
 from llmgw.weights.cache import Cache
+from llmgw.weights.digest import FileEntry
 from llmgw.weights.peers import Peers, client_context
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
@@ -190,3 +191,39 @@ async def test_a_pull_streams_from_a_peer_pulling_the_same_source_and_survives_i
     assert {p: (got_b.path / p).read_bytes() for p in files} == files
     assert b.fetched["origin"] == 0 and b.fetched["peer"] == sum(map(len, files.values()))
     assert a.status().pulls == [] and b.status().models[0].digest == got_b.digest
+
+
+def test_peers_are_holders_on_this_nodes_fabric_first_then_earlier_pullers_latest_first():
+    from datetime import datetime, timedelta, timezone
+
+    from llmgw.weights.peers import choose
+    t0 = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    digest, source = "sha256:" + "ab" * 32, "hf://org/m@" + "c" * 40
+
+    def node(name, fabrics=(), models=(), pulls=()):
+        return Node.model_validate({"metadata": {"name": name}, "status": {
+            "agentEndpoint": f"https://{name}:1", "fabrics": [{"name": f} for f in fabrics],
+            "weights": {"models": list(models), "pulls": list(pulls)}}})
+    held = [{"digest": digest, "sources": [source]}]
+    nodes = [
+        node("me", fabrics=["ib-a"]),
+        node("far", fabrics=["ib-b"], models=held),
+        node("near", fabrics=["ib-a"], models=held),
+        node("by-digest", models=[{"digest": digest}]),          # a manifest's source is its digest
+        node("other-model", models=[{"digest": "sha256:" + "cd" * 32}]),
+        node("first", pulls=[{"source": source, "startedAt": t0.isoformat()}]),
+        node("second", pulls=[{"source": source, "startedAt": (t0 + timedelta(seconds=1)).isoformat()}]),
+        node("later", pulls=[{"source": source, "startedAt": (t0 + timedelta(seconds=9)).isoformat()}]),
+    ]
+    # A hub source (its digest not known yet): the holders that resolved it to their content, the
+    # one on this node's fabric first; then the nodes that began pulling it before this one, latest
+    # first (a chain); never this node, a later puller, or other content.
+    peers = choose(nodes, "me", source, None, t0 + timedelta(seconds=5))
+    assert [p.node for p in peers] == ["near", "far", "second", "first"]
+    assert peers[0].url(FileEntry("w/a b.bin", 1, "")) == f"https://near:1/weights/models/{'ab' * 32}/w/a%20b.bin"
+    assert peers[-1].digest is None
+    wanted = FileEntry("x", 7, "", sha256="ef" * 32)
+    assert peers[-1].url(wanted) == f"https://first:1/weights/files/sha256-{'ef' * 32}?size=7"
+    # A manifest's source is its digest: a node holding that digest serves whatever source it came from.
+    peers = choose(nodes, "me", digest, digest, t0)
+    assert peers[0].node == "near" and {p.node for p in peers[1:]} == {"far", "by-digest"}
