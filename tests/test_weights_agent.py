@@ -20,7 +20,7 @@ def cmdline(pid: int) -> list[str]:
 
 async def test_hf_shard_pulls_resumes_and_starts_its_engine_on_the_cached_copy(shared_api_server, agents, origin):
     files = generated(11, FILES)
-    origin.add_repo("org/tiny", files)
+    commit = origin.add_repo("org/tiny", files)
     origin.drop_after("org/tiny/model.safetensors", 1_000_000)     # the first fetch is cut short
     agent = agents("pull-1", "--hub-endpoint", origin.url)
     async with shared_api_server.client() as c:
@@ -32,6 +32,7 @@ async def test_hf_shard_pulls_resumes_and_starts_its_engine_on_the_cached_copy(s
         assert shard.status.pull == PullStatus(digest=digest, bytesDone=total, bytesTotal=total)
         pulled = get_condition(shard.status.conditions, "Pulled")
         assert pulled is not None and pulled.status == "True" and digest in pulled.message
+        assert f"hf://org/tiny@main (hf://org/tiny@{commit})" in pulled.message    # the branch's commit
         # The engine runs on the cache's verified copy, not on the hf:// string.
         argv = cmdline(shard.status.pid)
         model = Path(argv[argv.index("--model") + 1])

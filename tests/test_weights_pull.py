@@ -123,6 +123,20 @@ async def test_origin_unreachable_and_unknown_repo_are_clear(tmp_path, origin):
     await p.close()
 
 
+async def test_a_hub_revision_is_known_as_its_commit_before_its_files_arrive(tmp_path, origin):
+    commit = origin.add_repo("org/slow", generated(9, FILES))
+    origin.rate = 1e6                   # the files take a while: the commit is known long before
+    p = puller(tmp_path, origin)
+    src = parse_source("hf://org/slow")
+    assert src is not None
+    pull = p.pull(src, None)
+    while pull.progress.resolved is None:
+        await asyncio.sleep(0.01)
+    assert pull.progress.resolved == f"hf://org/slow@{commit}" and pull.progress.done < pull.progress.total
+    assert (await pull.task).resolved == f"hf://org/slow@{commit}"
+    await p.close()
+
+
 async def test_shards_wanting_one_source_share_one_pull(tmp_path, origin):
     files = generated(8, FILES)
     origin.add_repo("org/s", files)

@@ -48,7 +48,8 @@ async def weights_for(shard: Shard, status: ShardStatus, puller: Puller | None, 
         try:
             while not pull.task.done():
                 p = pull.progress
-                report("Pulling", message=f"pulling {source.text}: {p.done} of {p.total or '?'} bytes",
+                report("Pulling", message=f"pulling {_named(source.text, p.resolved)}: {p.done} of "
+                       f"{p.total or '?'} bytes",
                        pull=PullStatus(digest=p.digest, bytesDone=p.done, bytesTotal=p.total))
                 await asyncio.wait({pull.task, stopped}, timeout=REPORT_EVERY, return_when=asyncio.FIRST_COMPLETED)
                 if stop.is_set():
@@ -66,9 +67,15 @@ async def weights_for(shard: Shard, status: ShardStatus, puller: Puller | None, 
             break
     puller.cache.pin(pulled.digest)
     conditions = [c.model_copy() for c in status.conditions]
-    set_condition(conditions, PULLED, "True", "Cached", f"{source.text} is {pulled.digest} at {pulled.path}")
+    set_condition(conditions, PULLED, "True", "Cached",
+                  f"{_named(source.text, pulled.resolved)} is {pulled.digest} at {pulled.path}")
     total = pull.progress.total
     report("Pulling", message=f"{source.text} is in the cache", conditions=conditions,
            pull=PullStatus(digest=pulled.digest, bytesDone=total, bytesTotal=total))
     spec = shard.spec.model_copy(update={"source": str(pulled.path)})
     return Weights(shard.model_copy(update={"spec": spec}), pulled.digest)
+
+
+def _named(source: str, resolved: str | None) -> str:
+    """The source, and what it resolved to where that says more (a hub branch's commit)."""
+    return f"{source} ({resolved})" if resolved and resolved.startswith("hf://") and resolved != source else source

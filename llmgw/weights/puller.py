@@ -43,12 +43,14 @@ class Progress:
     done: int = 0
     total: int = 0
     digest: str | None = None
+    resolved: str | None = None     # the source as resolved: a hub revision's commit, before any file
 
 
 @dataclass(frozen=True)
 class Pulled:
     digest: str
     path: Path
+    resolved: str           # the source it was pulled as (hf://ORG/NAME@COMMIT, or the digest)
 
 
 class Pull:
@@ -158,6 +160,7 @@ class Puller:
     async def _pull(self, source: PulledSource, pin: str | None, progress: Progress) -> Pulled:
         http = self._http()
         listing = await resolve(source, http, self.hub)
+        progress.resolved = listing.source
         digest = listing.digest or self.cache.digest_of(listing.source)
         if digest is not None:
             _check_pin(digest, pin, listing.source)
@@ -165,7 +168,7 @@ class Puller:
             if self.cache.has(digest):
                 self.cache.touch(digest)
                 progress.done = progress.total = listing.total
-                return Pulled(digest, self.cache.path(digest))
+                return Pulled(digest, self.cache.path(digest), listing.source)
         progress.total = listing.total
         reservation = self.cache.reserve(listing.total, {f.key for f in listing.files}, source.text)
         tree = self.cache.new_staging()
@@ -184,7 +187,7 @@ class Puller:
             self.cache.release(reservation)
             shutil.rmtree(tree, ignore_errors=True)
         log.info("pulled %s: %s, %d files, %d bytes", source.text, digest, len(listing.files), listing.total)
-        return Pulled(digest, path)
+        return Pulled(digest, path, listing.source)
 
     async def _fetch_all(self, http: aiohttp.ClientSession, listing: Listing, active: Active,
                          progress: Progress, reservation: Reservation) -> str:
