@@ -12,10 +12,10 @@ from llmgw.api import parse_object
 from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig, NotFound
-from llmgw.dev.cluster import LocalCluster, NodePlan
+from llmgw.dev.cluster import NodePlan
 from llmgw.dev.process import free_port
 from tests.helpers.poll import until
-from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated
+from tests.helpers.weights_origin import WeightsOrigin, cluster_with_hub, content_digest, generated
 
 pytestmark = pytest.mark.timeout(300)
 HUB_PORT = free_port()
@@ -23,16 +23,9 @@ HUB_PORT = free_port()
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_ENDPOINT", f"http://127.0.0.1:{HUB_PORT}")
-    c = LocalCluster(tmp_path_factory.mktemp("weights-drain"), [NodePlan("dnode1"), NodePlan("dnode2")],
-                     gateway_port=free_port())
-    try:
-        c.start()
+    nodes = [NodePlan("dnode1"), NodePlan("dnode2")]
+    with cluster_with_hub(tmp_path_factory.mktemp("weights-drain"), nodes, HUB_PORT) as c:
         yield c
-    finally:
-        c.stop()
-        mp.undo()
 
 
 async def record(c: Client, kind, into: list[tuple[int, str, str, str, bool, str | None]]) -> None:

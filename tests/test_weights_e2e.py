@@ -12,11 +12,11 @@ import pytest
 from llmgw.api import parse_object
 from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.client import Client, ClientConfig, NotFound
-from llmgw.dev.cluster import LocalCluster, NodePlan
+from llmgw.dev.cluster import NodePlan
 from llmgw.dev.process import free_port
 from llmgw.printers.weights import short
 from tests.helpers.poll import until
-from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated
+from tests.helpers.weights_origin import WeightsOrigin, cluster_with_hub, content_digest, generated
 
 pytestmark = pytest.mark.timeout(300)
 HUB_PORT = free_port()
@@ -24,16 +24,8 @@ HUB_PORT = free_port()
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # The agents find the hub as every hub client does, by HF_ENDPOINT; the hub starts in the test.
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_ENDPOINT", f"http://127.0.0.1:{HUB_PORT}")
-    c = LocalCluster(tmp_path_factory.mktemp("weights"), [NodePlan("wnode1")], gateway_port=free_port())
-    try:
-        c.start()
+    with cluster_with_hub(tmp_path_factory.mktemp("weights"), [NodePlan("wnode1")], HUB_PORT) as c:
         yield c
-    finally:
-        c.stop()
-        mp.undo()
 
 
 async def test_hf_model_becomes_ready_on_a_node_that_had_nothing(cluster):

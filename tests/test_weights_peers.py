@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.agent.logs import server_context
+from llmgw.agent.listener import serve, server_context
 from llmgw.agent.peers import CacheServer
 from llmgw.api.sources import parse_source
 from llmgw.api.types import Node, NodeStatus
@@ -27,6 +27,7 @@ from llmgw.weights.resolve import HubConfig
 from tests.helpers.cluster import shared_api_server  # noqa: F401
 from tests.helpers.weights_origin import WeightsOrigin, content_digest, generated, origin, sha256  # noqa: F401
 from tests.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
+from tests.test_weights_pull import pull
 
 FILES = {"config.json": 500, **{f"model-{i:05}.safetensors": 400_000 for i in range(1, 9)}}
 
@@ -108,7 +109,6 @@ class Fleet:
         self.runners: list = []
 
     async def node(self, name: str) -> Puller:
-        from aiohttp import web
         cert, key = self.server.issue_node(name)
         cache = Cache(self.root / name)
         cache.open()
@@ -119,15 +119,11 @@ class Fleet:
                 for n, p in self.pullers.items()]
         puller = Puller(cache, HubConfig(endpoint=self.origin.url),
                         peers=Peers(name, nodes, client_context(cert, key, self.server.ca)))
-        root = web.Application()
-        root.add_subapp("/weights", CacheServer(puller).app())
-        runner = web.AppRunner(root, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(cert, key, self.server.ca))
-        await site.start()
+        runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
+                                   server_context(cert, key, self.server.ca))
         self.runners.append(runner)
         self.pullers[name] = puller
-        self.endpoints[name] = f"https://127.0.0.1:{runner.addresses[0][1]}"
+        self.endpoints[name] = f"https://127.0.0.1:{port}"
         return puller
 
     async def close(self) -> None:
@@ -142,12 +138,6 @@ async def fleet(shared_api_server, origin, tmp_path):
     f = Fleet(shared_api_server, origin, tmp_path)
     yield f
     await f.close()
-
-
-async def pull(p: Puller, source: str):
-    src = parse_source(source)
-    assert src is not None
-    return await p.pull(src, None).task
 
 
 async def test_a_corrupted_byte_in_a_peers_cache_is_detected_and_fetched_elsewhere(fleet, origin):

@@ -53,7 +53,7 @@ from aiohttp import web
 
 from llmgw import aio
 from llmgw.agent.config import parse_size
-from llmgw.agent.logs import server_context
+from llmgw.agent.listener import serve, server_context
 from llmgw.agent.peers import CacheServer
 from llmgw.api.sources import HttpSource
 from llmgw.api.types import Node, NodeStatus
@@ -158,12 +158,8 @@ async def node(name: str, work: Path, url: str) -> None:
     cache = Cache(work / "caches" / name)
     cache.open()
     puller = Puller(cache, HubConfig(), on_change=publish, peers=Peers(name, listed, client_context(cert, key, ca)))
-    root = web.Application()
-    root.add_subapp("/weights", CacheServer(puller).app())
-    runner = web.AppRunner(root, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_context(cert, key, ca)).start()
-    endpoint = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0, server_context(cert, key, ca))
+    endpoint = f"https://127.0.0.1:{port}"
     await publish()
     while not (work / "go").exists():
         await asyncio.sleep(0.01)

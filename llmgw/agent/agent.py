@@ -19,8 +19,9 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.listener import serve as listen
+from llmgw.agent.listener import server_context
 from llmgw.agent.logs import LogServer
-from llmgw.agent.logs import server_context as logs_tls
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
 from llmgw.agent.metrics import serve as serve_metrics
 from llmgw.agent.peers import CacheServer
@@ -114,20 +115,14 @@ class Agent:
         log.info("metrics on http://%s/metrics", listen)
         return runner
 
-    async def _listen(self, listen: str, address: str, apps: dict[str, web.Application]) -> web.AppRunner:
+    async def _listen(self, where: str, address: str, apps: dict[str, web.Application]) -> web.AppRunner:
         """The agent's TLS listener (--logs-listen): engine logs for the API server, the weights
         cache for peers, each under its prefix with its own rule of who may ask."""
         cfg = self.config
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
-        root = web.Application()
-        for prefix, app in apps.items():
-            root.add_subapp(prefix, app)
-        host, _, port = listen.rpartition(":")
-        runner = web.AppRunner(root, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port),
-                          ssl_context=logs_tls(cfg.cert, cfg.key, cfg.ca)).start()
-        bound = runner.addresses[0][1]
+        host, _, port = where.rpartition(":")
+        runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port),
+                                     server_context(cfg.cert, cfg.key, cfg.ca))
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner

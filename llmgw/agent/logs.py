@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from aiohttp import web
 
+from llmgw.agent.listener import only
 from llmgw.agent.state import StateDir
 from llmgw.api.logs import MAX_LOG_BYTES, LogQuery
 from llmgw.api.meta import check_dns1123_label
@@ -31,16 +31,6 @@ log = logging.getLogger(__name__)
 SERVER_ORG = "llmgw:servers"   # the API server's organisation (llmgw.pki.ca.ORG["server"])
 CHUNK = 64 * 1024
 FOLLOW_POLL = 0.2              # how often a followed log is read for what was appended
-
-
-def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
-    """TLS of the log endpoint: the node's certificate; clients must present one of the CA."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    ctx.load_verify_locations(cafile=ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
 
 
 def read_end(f: IO[bytes], tail: int | None) -> bytes:
@@ -57,13 +47,6 @@ def read_end(f: IO[bytes], tail: int | None) -> bytes:
     return data
 
 
-def subject(request: web.Request) -> dict[str, str]:
-    """The verified client certificate's subject attributes (organizationName, commonName)."""
-    ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
-    cert: Any = ssl_obj.getpeercert() if ssl_obj is not None else None
-    return {k: v for rdn in (cert or {}).get("subject", ()) for k, v in rdn}
-
-
 def _gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
@@ -77,22 +60,11 @@ class LogServer:
 
     def app(self) -> web.Application:
         """Its routes, under /shards/ of the agent's listener."""
-        app = web.Application(middlewares=[self._only_the_server])
+        app = web.Application(middlewares=[only(SERVER_ORG, "log request", lambda cn, org: (
+            f"only the API server (O={SERVER_ORG}) reads engine logs from an agent; CN={cn} O={org} may not: "
+            "ask the API server (`llmgw logs`)"))])
         app.router.add_get("/{name}/log", self.shard_log)
         return app
-
-    @web.middleware
-    async def _only_the_server(self, request: web.Request,
-                               handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        who = subject(request)
-        org, cn = who.get("organizationName", ""), who.get("commonName", "")
-        if org != SERVER_ORG:
-            log.warning("refused: log request %s from CN=%s O=%s (%s): only the API server reads logs here",
-                        request.path, cn, org, request.remote)
-            raise web.HTTPForbidden(text=f"only the API server (O={SERVER_ORG}) reads engine logs from an agent; "
-                                         f"CN={cn} O={org} may not: ask the API server (`llmgw logs`)")
-        resp: web.StreamResponse = await handler(request)
-        return resp
 
     async def shard_log(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

@@ -17,12 +17,11 @@ import asyncio
 import logging
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from llmgw.agent.logs import subject
+from llmgw.agent.listener import only
 from llmgw.weights.digest import check_path
 from llmgw.weights.puller import WAIT, Puller
 
@@ -41,23 +40,11 @@ class CacheServer:
         self.puller = puller
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._only_nodes])
+        app = web.Application(middlewares=[only(NODE_ORG, "weights request", lambda cn, org: (
+            f"only nodes (O={NODE_ORG}) read a node's weights cache; CN={cn} O={org} may not"))])
         app.router.add_get("/models/{hex}/{path:.+}", self.model_file)
         app.router.add_get("/files/{key}", self.pulling_file)
         return app
-
-    @web.middleware
-    async def _only_nodes(self, request: web.Request,
-                          handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        who = subject(request)
-        org, cn = who.get("organizationName", ""), who.get("commonName", "")
-        if org != NODE_ORG:
-            log.warning("refused: weights request %s from CN=%s O=%s (%s): only nodes read this cache",
-                        request.path, cn, org, request.remote)
-            raise web.HTTPForbidden(text=f"only nodes (O={NODE_ORG}) read a node's weights cache; CN={cn} O={org} "
-                                         "may not")
-        resp: web.StreamResponse = await handler(request)
-        return resp
 
     async def model_file(self, request: web.Request) -> web.StreamResponse:
         hexdigest, path = request.match_info["hex"], request.match_info["path"]

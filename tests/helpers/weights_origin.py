@@ -14,13 +14,19 @@ the listing unchanged), `drop_after` (the connection cut after n bytes). Every r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+from llmgw.dev.cluster import LocalCluster, NodePlan
+from llmgw.dev.process import free_port
 
 LFS_FROM = 1024       # files this big or bigger are LFS files on the hub (named by sha256)
 
@@ -188,6 +194,21 @@ class WeightsOrigin:
                 await asyncio.sleep(step / self.rate)
         await resp.write_eof()
         return resp
+
+
+@contextlib.contextmanager
+def cluster_with_hub(directory: Path, nodes: list[NodePlan], hub_port: int) -> Iterator[LocalCluster]:
+    """A local cluster (llmgw/dev) whose agents find the hub as every hub client does, by
+    HF_ENDPOINT, at `hub_port` (the hub itself starts in the test)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub_port}")
+    c = LocalCluster(directory, nodes, gateway_port=free_port())
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        mp.undo()
 
 
 @pytest.fixture

@@ -1,0 +1,65 @@
+"""The agent's one TLS listener (--logs-listen; its Node's status.agentEndpoint): apps under their
+prefixes, each with its own rule of who may ask. /shards/ serves the engine logs to the API server
+alone (logs.py); /weights/ serves the weights cache to the other nodes (peers.py).
+
+Mutual TLS with the node's own certificate: a client must present a certificate of the cluster's
+CA, and each app's middleware (`only`) lets one organisation in.
+"""
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """The listener's TLS: the node's certificate; clients must present one of the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def subject(request: web.Request) -> dict[str, str]:
+    """The verified client certificate's subject attributes (organizationName, commonName)."""
+    ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+    cert: Any = ssl_obj.getpeercert() if ssl_obj is not None else None
+    return {k: v for rdn in (cert or {}).get("subject", ()) for k, v in rdn}
+
+
+def only(org: str, what: str, refusal: Callable[[str, str], str]) -> Any:
+    """A middleware answering 403, with `refusal(cn, org)`, to every client certificate whose
+    organisation is not `org`; `what` names the requests in the log line."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        who = subject(request)
+        theirs, cn = who.get("organizationName", ""), who.get("commonName", "")
+        if theirs != org:
+            log.warning("refused: %s %s from CN=%s O=%s (%s): only O=%s here", what, request.path, cn, theirs,
+                        request.remote, org)
+            raise web.HTTPForbidden(text=refusal(cn, theirs))
+        return await handler(request)
+    return check
+
+
+async def serve(apps: dict[str, web.Application], host: str, port: int,
+                tls: ssl.SSLContext) -> tuple[web.AppRunner, int]:
+    """Listen with `apps` under their prefixes; the runner (to clean up) and the port bound
+    (port 0: any free one)."""
+    root = web.Application()
+    for prefix, app in apps.items():
+        root.add_subapp(prefix, app)
+    runner = web.AppRunner(root, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=tls).start()
+    bound: int = runner.addresses[0][1]
+    return runner, bound
