@@ -12,7 +12,7 @@ import pytest
 from llmgw.api import parse_object
 from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.client import Client, ClientConfig, NotFound
-from llmgw.dev.cluster import NodePlan
+from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from llmgw.printers.weights import short
 from tests.helpers.poll import until
