@@ -60,18 +60,19 @@ async def _attempt(http: aiohttp.ClientSession, entry: FileEntry, part: Path, he
             progress(-have)
             hashes, have = Hashes(entry), 0
         with part.open("ab" if have else "wb") as f:
-            # Written a CHUNK at a time: one hop to a thread per MiB, not per TLS record (a few KiB).
-            pending = bytearray()
+            # Written a CHUNK at a time: one hop to a thread per MiB, not per TLS record (a few KiB);
+            # the chunks as they came, never copied into one buffer.
+            pending: list[bytes] = []
             try:
                 async for chunk in resp.content.iter_chunked(CHUNK):
-                    if have + len(pending) + len(chunk) > entry.size:
+                    if have + _sum(pending) + len(chunk) > entry.size:
                         pending.clear()
                         f.close()
                         await asyncio.to_thread(part.unlink, missing_ok=True)
                         raise PullError("ChecksumMismatch", f"{entry.path}: the origin sent more than its "
                                         f"{entry.size} bytes")
-                    pending += chunk
-                    if len(pending) >= CHUNK:
+                    pending.append(chunk)
+                    if _sum(pending) >= CHUNK:
                         have += await _flush(f, hashes, pending, progress)
             finally:
                 if pending:     # what came before a dropped connection is kept, to resume from
@@ -96,17 +97,23 @@ def _rehash(part: Path, size: int, hashes: Hashes) -> int:
     return have
 
 
-async def _flush(f: BinaryIO, hashes: Hashes, pending: bytearray, progress: Callable[[int], None]) -> int:
-    data = bytes(pending)
+def _sum(chunks: list[bytes]) -> int:
+    return sum(map(len, chunks))
+
+
+async def _flush(f: BinaryIO, hashes: Hashes, pending: list[bytes], progress: Callable[[int], None]) -> int:
+    chunks = pending[:]
     pending.clear()
-    await asyncio.to_thread(_write, f, hashes, data)
-    progress(len(data))
-    return len(data)
+    await asyncio.to_thread(_write, f, hashes, chunks)
+    n = _sum(chunks)
+    progress(n)
+    return n
 
 
-def _write(f: BinaryIO, hashes: Hashes, chunk: bytes) -> None:
-    f.write(chunk)
-    hashes.update(chunk)
+def _write(f: BinaryIO, hashes: Hashes, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        f.write(chunk)
+        hashes.update(chunk)
 
 
 def _verified(hashes: Hashes, part: Path) -> str:
