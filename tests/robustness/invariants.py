@@ -237,11 +237,17 @@ def foreign_port_once(h: History) -> list[str]:
         if last > first:
             held[key].append((first, last))
     given: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)   # uid -> name and when
+    seen: set[str] = set()
     for c in h.ordered("shards"):
         s = c.obj
+        if s.metadata.uid in seen:     # a port is given when the shard is made, not at its later changes
+            continue
+        seen.add(s.metadata.uid)
         addr = h.addresses.get(s.spec.node)
-        for port in (s.spec.ports.serve, s.spec.ports.distInit if s.spec.rank == 0 else None):
-            if _within(c.t, held.get((addr, port), [])) and s.metadata.uid not in given[(addr, port)]:
+        # the ports its engine binds: the dist-init port only on rank 0 of a multi-node replica
+        binds = (s.spec.ports.serve, s.spec.ports.distInit if s.spec.rank == 0 and s.spec.worldSize > 1 else None)
+        for port in binds:
+            if _within(c.t, held.get((addr, port), [])):
                 given[(addr, port)][s.metadata.uid] = f"{s.name} t={c.t:.1f}"
     return [f"{addr}:{port}, held by a foreign process ({_held_by(h, addr, port)}) at "
             f"{', '.join(f't={a:.1f}-{b:.1f}' for a, b in held[(addr, port)])}, was given to {len(shards)} "

@@ -179,6 +179,27 @@ def test_foreign_port_once_counts_shards_given_a_squatted_port():
     assert not inv.foreign_port_once(elsewhere)
 
 
+def test_foreign_port_once_counts_a_shard_when_made_and_only_the_ports_its_engine_binds():
+    """A squatter on port 30001 from t=0: a shard made before it (t=-1) reporting its phases during
+    the squat was not given the port then; the dist-init port of a single-node shard is never
+    bound (soak seed 5150 blamed five such shards); a two-node replica's rank 0 binds it."""
+    squat = [Sample(float(t), (), (("127.0.9.1", 30001, 77),)) for t in range(0, 30, 5)]
+    early = shard("m-a-0", "Pending", port=29999, uid="u0")
+    early.spec.ports.serve = 30001
+    later = [Change(float(t), 10 + t, "shards", "m-a-0", shard("m-a-0", phase, port=29999, uid="u0"))
+             for t, phase in ((2, "Starting"), (4, "Ready"))]
+    for c in later:
+        c.obj.spec.ports.serve = 30001
+    single = changes("shards", shard("m-b-0", "Pending", uid="u1"), shard("m-c-0", "Pending", uid="u2"),
+                     start=20)      # serve 30000, dist-init 30001: not bound with one node
+    h = History(changes=[Change(-1.0, 1, "shards", "m-a-0", early), *later, *single], samples=squat,
+                addresses={"n1": "127.0.9.1"})
+    assert not inv.foreign_port_once(h)
+    for c in single:
+        c.obj.spec.worldSize = 2
+    assert "given to 2 shards: m-b-0 t=0.0, m-c-0 t=1.0" in inv.foreign_port_once(h)[0]
+
+
 def test_foreign_port_once_splits_sightings_by_gaps():
     """An engine's port seen as foreign twice around its end (the sampler's race), at t=1-2 and
     t=20-21, with samples without it between: the shards given it at t=5 and t=10 took a free port
