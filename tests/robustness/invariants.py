@@ -220,7 +220,9 @@ def watches_resume(h: History) -> list[str]:
 
 
 def foreign_port_once(h: History) -> list[str]:
-    """A foreign listener is a run of consecutive samples that see it; a single sighting, or a run
+    """Each run of a foreign listener's sightings (one squatter's life) gave its port to one shard
+    at most (its engine found the port taken, and the agent then lists it in foreignPorts). A
+    foreign listener is a run of consecutive samples that see it; a single sighting, or a run
     split from the next by a sample without it, is an engine's socket seen between its end and the
     sampler's look at the processes (the port free again, then reused by a later engine)."""
     runs: list[tuple[tuple[str, int], float, float]] = []
@@ -236,7 +238,8 @@ def foreign_port_once(h: History) -> list[str]:
     for key, first, last in runs:
         if last > first:
             held[key].append((first, last))
-    given: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)   # uid -> name and when
+    # (address, port, first, last) of one holder's run -> the shards given the port then: uid -> name, when
+    given: dict[tuple[str, int, float, float], dict[str, str]] = defaultdict(dict)
     seen: set[str] = set()
     for c in h.ordered("shards"):
         s = c.obj
@@ -247,16 +250,18 @@ def foreign_port_once(h: History) -> list[str]:
         # the ports its engine binds: the dist-init port only on rank 0 of a multi-node replica
         binds = (s.spec.ports.serve, s.spec.ports.distInit if s.spec.rank == 0 and s.spec.worldSize > 1 else None)
         for port in binds:
-            if _within(c.t, held.get((addr, port), [])):
-                given[(addr, port)][s.metadata.uid] = f"{s.name} t={c.t:.1f}"
-    return [f"{addr}:{port}, held by a foreign process ({_held_by(h, addr, port)}) at "
-            f"{', '.join(f't={a:.1f}-{b:.1f}' for a, b in held[(addr, port)])}, was given to {len(shards)} "
-            f"shards: {', '.join(shards.values())}" for (addr, port), shards in given.items() if len(shards) > 1]
+            for first, last in held.get((addr, port), []):
+                if first <= c.t <= last:
+                    given[(addr, port, first, last)][s.metadata.uid] = f"{s.name} t={c.t:.1f}"
+    return [f"{addr}:{port}, held by a foreign process ({_held_by(h, addr, port, first, last)}) at "
+            f"t={first:.1f}-{last:.1f}, was given to {len(shards)} shards: {', '.join(shards.values())}"
+            for (addr, port, first, last), shards in given.items() if len(shards) > 1]
 
 
-def _held_by(h: History, addr: str, port: int) -> str:
-    inodes = {i for s in h.samples for a, p, i in s.foreign if (a, p) == (addr, port)}
-    seen = sorted({who for s in h.samples for i, who in s.holders if i in inodes})
+def _held_by(h: History, addr: str, port: int, first: float, last: float) -> str:
+    inodes = {i for s in h.samples if first <= s.t <= last for a, p, i in s.foreign if (a, p) == (addr, port)}
+    seen = sorted({who.splitlines()[0] for s in h.samples if first <= s.t <= last
+                   for i, who in s.holders if i in inodes})
     return "; ".join(seen[:3]) or "holder not seen"
 
 

@@ -200,6 +200,20 @@ def test_foreign_port_once_counts_a_shard_when_made_and_only_the_ports_its_engin
     assert "given to 2 shards: m-b-0 t=0.0, m-c-0 t=1.0" in inv.foreign_port_once(h)[0]
 
 
+def test_foreign_port_once_counts_each_squatters_run_apart():
+    """Two squatters on one port in two rounds (t=0-5 and t=20-25), each run giving it to one shard:
+    no violation (soak seed 5150 added them up); two shards within one run: one."""
+    samples = [Sample(float(t), (), (("127.0.9.1", 30000, 77),) if t <= 5 or 20 <= t <= 25 else ())
+               for t in range(30)]
+    apart = [Change(2.0, 1, "shards", "m-a-0", shard("m-a-0", "Pending", uid="u1")),
+             Change(22.0, 2, "shards", "m-b-0", shard("m-b-0", "Pending", uid="u2"))]
+    assert not inv.foreign_port_once(History(changes=apart, samples=samples, addresses={"n1": "127.0.9.1"}))
+    within = [*apart, Change(24.0, 3, "shards", "m-c-0", shard("m-c-0", "Pending", uid="u3"))]
+    assert inv.foreign_port_once(History(changes=within, samples=samples, addresses={"n1": "127.0.9.1"})) == [
+        "127.0.9.1:30000, held by a foreign process (holder not seen) at t=20.0-25.0, was given to 2 shards: "
+        "m-b-0 t=22.0, m-c-0 t=24.0"]
+
+
 def test_foreign_port_once_splits_sightings_by_gaps():
     """An engine's port seen as foreign twice around its end (the sampler's race), at t=1-2 and
     t=20-21, with samples without it between: the shards given it at t=5 and t=10 took a free port
