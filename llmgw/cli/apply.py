@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api import manifests
+from llmgw.api.applied import applied
 from llmgw.api.errors import NotFound
-from llmgw.api.manifests import load_path
+from llmgw.api.manifests import manifest_files
 from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
 from llmgw.cli import errors as ec
@@ -26,21 +28,12 @@ if TYPE_CHECKING:
 
 
 def load_manifests(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
-    """Every object of every file (ManifestError names file, document and field); duplicates refused."""
-    seen: dict[tuple[str, str], Path] = {}
-    objects = []
+    """Every object of every file (ManifestError names file, document and field; duplicates too)."""
     for f in files:
-        loaded = load_path(f, recursive=recursive)
-        if not loaded and Path(f).is_dir():
+        if Path(f).is_dir() and not manifest_files(f, recursive):
             raise usage_error(f"{f}: no .yaml, .yml or .json files"
                               + ("" if recursive else " (use -R for subdirectories)"))
-        for path, obj in loaded:
-            key = (obj.kind_plural, obj.name)
-            if key in seen:
-                raise usage_error(f"{path}: {ref(obj)} is also defined in {seen[key]}")
-            seen[key] = path
-            objects.append(obj)
-    return objects
+    return [obj for _, obj in manifests.load_manifests(files, recursive)]
 
 
 async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
@@ -67,10 +60,7 @@ async def _apply_one(c: Client, obj: AnyObject, dry_run: bool) -> str:
     unchanged = applied_view(live) == applied_view(obj, onto=live) and rv in (None, live.metadata.resourceVersion)
     if dry_run or unchanged:
         return "unchanged" if unchanged else "configured"
-    desired = live.model_copy(deep=True)
-    desired.spec = obj.spec.model_copy(deep=True)
-    desired.metadata.labels = {**live.metadata.labels, **obj.metadata.labels}
-    desired.metadata.annotations = {**live.metadata.annotations, **obj.metadata.annotations}
+    desired = applied(live, obj)
     desired.metadata.resourceVersion = rv
     await c.update(desired)
     return "configured"

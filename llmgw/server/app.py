@@ -28,6 +28,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
+from llmgw.api.applied import applied, unchanged
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
@@ -684,12 +685,8 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
                 return "created", await store.create(fresh)
             except AlreadyExists:
                 continue
-        desired = current.model_copy(deep=True)
-        desired.spec = obj.spec.model_copy(deep=True)
-        desired.metadata.labels = {**current.metadata.labels, **obj.metadata.labels}
-        desired.metadata.annotations = {**current.metadata.annotations, **obj.metadata.annotations}
-        if (desired.spec, desired.metadata.labels, desired.metadata.annotations) == (
-                current.spec, current.metadata.labels, current.metadata.annotations):
+        desired = applied(current, obj)
+        if unchanged(current, desired):
             return "unchanged", current
         try:
             return "configured", await store.update(desired)
