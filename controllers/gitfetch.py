@@ -79,9 +79,11 @@ class GitCache:
         try:
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise GitError(f"git {args[0]} took longer than {self.timeout:g} s") from None
+        finally:
+            if proc.returncode is None:   # timed out, or the sync was cancelled: git goes too
+                proc.kill()
+                await proc.wait()
         if check and proc.returncode != 0:
             lines = err.decode(errors="replace").strip().splitlines()
             raise GitError(f"git {args[0]}: " + (" ".join(lines[-3:]) or f"exit status {proc.returncode}"))

@@ -143,8 +143,8 @@ class GitOpsController(Controller):
                 Backoff(self.settings.gitops_retry_base, self.settings.gitops_retry_max),
                 st.loaded if st else None)
         if src.spec.suspend:
-            await self._patch(src, {"conditions": [_condition("Reconciling", False, "Suspended",
-                                                              "spec.suspend is true: no change is applied")]})
+            await self._patch(src, {"lastHandledReconcileAt": requested, "conditions": [_condition(
+                "Reconciling", False, "Suspended", "spec.suspend is true: no change is applied")]})
             return None
         if now < st.due:       # not due: a Model's change, or this source's own status write
             await self._patch(src, {"conditions": [self._health(src)]})
@@ -157,6 +157,8 @@ class GitOpsController(Controller):
             return Result(requeue_after=float(src.spec.interval_seconds))
         try:
             await self._sync(src, st)
+            if requested is not None:
+                await self._patch(self.ctx.cache.get(GitSource, src.name) or src, {"lastHandledReconcileAt": requested})
         except Retry as err:
             delay = st.backoff.next()
             st.due = self.ctx.clock() + delay

@@ -69,4 +69,5 @@ class GitSourceStatusPatch(TypedDict, total=False):
     lastAppliedRevision: str | None
     lastAttemptedRevision: str | None
     inventory: list[InventoryEntryPatch]
+    lastHandledReconcileAt: str | None
     conditions: list[ConditionPatch]

@@ -623,6 +623,8 @@ class GitSourceStatus(Strict):
     lastAppliedRevision: str | None = None
     lastAttemptedRevision: str | None = None
     inventory: list[InventoryEntry] = Field(default_factory=list)
+    # The llmgw.io/reconcile-requested-at annotation of the last request handled (`llmgw reconcile`).
+    lastHandledReconcileAt: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 
