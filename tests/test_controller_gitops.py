@@ -278,3 +278,19 @@ async def test_depends_on_orders_applies_and_prunes(store, repo, tmp_path):
             except NotFound:
                 gone.append(name)
         assert gone == ["a", "b"]
+
+
+async def test_an_object_applied_by_hand_before_the_source_is_a_conflict_left_as_it_is(store, repo, tmp_path):
+    repo.write("models/a.yaml", model_yaml("a", replicas=2)).write("models/b.yaml", model_yaml("b")).commit()
+    ctl = gitops(tmp_path)
+    async with control_plane(store, extra=(ctl,)) as cp:
+        hand = await store.create(parse_object(yaml_doc(model_yaml("a"))))     # `llmgw apply` by hand, no label
+        await store.create(source("fleet", repo.url))
+        src = await until(lambda: (s := cp.cache.get(GitSource, "fleet"))
+                          and condition_true(s.status.conditions, "Stalled") and s)
+        stalled = get_condition(src.status.conditions, "Stalled")
+        assert stalled is not None and stalled.reason == "OwnershipConflict"
+        assert "model/a (held by no GitSource (applied by hand))" in stalled.message
+        assert (await store.get(Model, "a")).metadata.resourceVersion == hand.metadata.resourceVersion
+        with pytest.raises(NotFound):
+            await store.get(Model, "b")                 # one pass: nothing of the commit is applied

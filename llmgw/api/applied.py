@@ -4,13 +4,35 @@ An apply owns the spec and the labels and annotations the manifest names: the sp
 replaced, those labels and annotations are set, and the ones the manifest does not name
 (added by controllers or agents) are kept. Status is never applied, so a controller's
 fields (a Model's status.desiredReplicas, the autoscaler's count) are never a difference.
+
+An object a GitSource applied (its label llmgw.io/gitsource) belongs to that source's
+repository: an apply of it by hand is refused (OwnedByGitSource), never fought over by the
+source reverting it. A manifest that carries the same label applies as the source would.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from llmgw.api.errors import Conflict
 from llmgw.api.limits import path_text
 from llmgw.api.types import AnyObject, ObjectT
+from llmgw.api.wellknown import GITSOURCE_LABEL
+
+
+class OwnedByGitSource(Conflict):
+    """An apply of an object a GitSource holds, by a manifest that does not carry its label."""
+
+    reason = "OwnedByGitSource"
+
+
+def check_not_owned(live: AnyObject, manifest: AnyObject) -> None:
+    """OwnedByGitSource when `live` carries a GitSource's label that `manifest` does not."""
+    owner = live.metadata.labels.get(GITSOURCE_LABEL)
+    if owner is not None and manifest.metadata.labels.get(GITSOURCE_LABEL) != owner:
+        raise OwnedByGitSource(
+            f"{live.kind.lower()}/{live.name} is applied by GitSource {owner} (label {GITSOURCE_LABEL}={owner}): "
+            f"change it in that source's repository, or `llmgw suspend gitsource {owner}` first; "
+            "an apply by hand would be reverted at the source's next sync")
 
 
 def applied(live: ObjectT, manifest: AnyObject) -> ObjectT:

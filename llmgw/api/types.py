@@ -616,6 +616,9 @@ class InventoryEntry(Strict):
 # sync under way or waiting on a dependency), Stalled (it cannot go on until its commit or the
 # cluster changes: a bad manifest, an object another owner holds).
 GITSOURCE_CONDITIONS = ("Ready", "Reconciling", "Stalled")
+# Ready's reasons while nothing is wrong: no commit applied yet, or its Models not yet Available.
+# Any other reason of a Ready that is False is an error (a fetch, a manifest, a conflict).
+GITSOURCE_WAITING = ("NotApplied", "Progressing")
 
 
 class GitSourceStatus(Strict):

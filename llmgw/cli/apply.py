@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from llmgw.api import manifests
-from llmgw.api.applied import applied
+from llmgw.api.applied import applied, check_not_owned
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import manifest_files
 from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.wellknown import GITSOURCE_LABEL
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
@@ -58,8 +59,11 @@ async def _apply_one(c: Client, obj: AnyObject, dry_run: bool) -> str:
     if live is None:
         return "created" if dry_run else (await c.apply(obj))[0]
     unchanged = applied_view(live) == applied_view(obj, onto=live) and rv in (None, live.metadata.resourceVersion)
-    if dry_run or unchanged:
-        return "unchanged" if unchanged else "configured"
+    if unchanged:
+        return "unchanged"
+    check_not_owned(live, obj)     # the server refuses it too; a dry run says so
+    if dry_run:
+        return "configured"
     desired = applied(live, obj)
     desired.metadata.resourceVersion = rv
     await c.update(desired)
@@ -78,7 +82,8 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
             items, _ = await c.list(KINDS[kind], selector=str(sel))
             for live in sorted(items, key=lambda o: o.name):
                 if ((kind, live.name) in wanted or not sel.matches(live.metadata.labels)
-                        or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None):
+                        or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None
+                        or GITSOURCE_LABEL in live.metadata.labels):    # a GitSource prunes its own
                     continue
                 if not dry_run:
                     await _delete_quietly(c, kind, live.name)
@@ -117,7 +122,8 @@ def _load(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
 @file_options
 @click.option("--prune", is_flag=True,
               help="After applying, delete objects of the applied kinds that match --selector and are "
-                   "not in the manifests (objects owned by another object are never pruned).")
+                   "not in the manifests (objects owned by another object, or applied by a GitSource, are "
+                   "never pruned).")
 @click.option("-l", "--selector", metavar="SELECTOR",
               help="With --prune (and required by it, not blank): which live objects may be pruned.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")

@@ -28,7 +28,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
-from llmgw.api.applied import applied, unchanged
+from llmgw.api.applied import applied, check_not_owned, unchanged
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
@@ -672,7 +672,8 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
 
     Status is never written. Labels and annotations in the manifest are set; others the
     object carries (added by controllers or agents) are kept. An unchanged manifest writes
-    nothing: generation and resourceVersion stay as they are.
+    nothing: generation and resourceVersion stay as they are. A change to an object a
+    GitSource applied is refused (OwnedByGitSource, 409).
     """
     node = node_of(obj)
     for _ in range(attempts):
@@ -688,6 +689,7 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
         desired = applied(current, obj)
         if unchanged(current, desired):
             return "unchanged", current
+        check_not_owned(current, obj)
         try:
             return "configured", await store.update(desired)
         except Conflict:
