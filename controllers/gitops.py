@@ -41,7 +41,7 @@ from typing import Iterable
 from controllers.gitfetch import GitCache, GitError
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import KIND_BY_NAME, AnyObject, Model, condition_true, get_condition
-from llmgw.api.applied import applied, changed_fields, unchanged
+from llmgw.api.applied import applied, applies_nothing, changed_fields
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import ManifestError, load_manifests, manifest_files
 from llmgw.api.patches import ConditionPatch, GitSourceStatusPatch, InventoryEntryPatch
@@ -238,21 +238,22 @@ class GitOpsController(Controller):
         hand_edit = rev == src.status.lastAppliedRevision   # the same commit again: a difference is drift
 
         async def one(obj: AnyObject) -> None:
-            manifest = obj.model_copy(deep=True)
-            manifest.metadata.labels[GITSOURCE_LABEL] = src.name
             live = self.ctx.cache.get(type(obj), obj.name)
             if live is not None and live.metadata.deletionTimestamp is not None:
                 raise Retry("Terminating", f"{_ref(obj.kind, obj.name)} is being deleted; applied once it is gone")
-            if live is not None:
-                desired = applied(live, manifest)
-                if unchanged(live, desired):
-                    return
+            # the common case of a re-sync, checked without a copy: nothing to write
+            if live is not None and live.metadata.labels.get(GITSOURCE_LABEL) == src.name \
+                    and applies_nothing(live, obj):
+                return
+            manifest = obj.model_copy(deep=True)
+            manifest.metadata.labels[GITSOURCE_LABEL] = src.name
             async with limit:
                 if live is None:
                     manifest.status = type(obj).model_fields["status"].get_default(call_default_factory=True)
                     self.ctx.cache.assume(await self.ctx.store.create(manifest))
                     created.append(obj.name)
                     return
+                desired = applied(live, manifest)
                 self.ctx.cache.assume(await self.ctx.store.update(desired))
                 configured.append(obj.name)
                 if hand_edit:

@@ -28,7 +28,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
-from llmgw.api.applied import applied, check_not_owned, unchanged
+from llmgw.api.applied import applied, applies_nothing, check_not_owned
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
@@ -686,10 +686,10 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
                 return "created", await store.create(fresh)
             except AlreadyExists:
                 continue
-        desired = applied(current, obj)
-        if unchanged(current, desired):
+        if applies_nothing(current, obj):
             return "unchanged", current
         check_not_owned(current, obj)
+        desired = applied(current, obj)
         try:
             return "configured", await store.update(desired)
         except Conflict:
