@@ -111,6 +111,15 @@ def ready(cp: Any, name: str) -> GitSource | None:
     return src if src is not None and condition_true(src.status.conditions, "Ready") else None
 
 
+async def stalled(cp: Any, name: str, reason: str) -> tuple[GitSource, str]:
+    """The source once Stalled, and that condition's message, after checking its reason."""
+    src = await until(lambda: (s := cp.cache.get(GitSource, name)) and condition_true(s.status.conditions, "Stalled")
+                      and s, f"{name} Stalled")
+    cond = get_condition(src.status.conditions, "Stalled")
+    assert cond is not None and cond.reason == reason
+    return src, cond.message
+
+
 async def test_a_commit_adds_a_model_that_gets_ready_and_deleting_its_file_prunes_only_what_it_applied(
         store, repo, tmp_path):
     first = repo.write("models/a.yaml", model_yaml("a")).write("models/b.yaml", model_yaml("b")).commit()
@@ -184,11 +193,8 @@ async def test_one_bad_manifest_applies_nothing_and_the_source_names_the_file_an
         await until(lambda: ready(cp, "fleet"))
         bad = (repo.write("models/c.yaml", model_yaml("c"))
                .write("models/sub/d.yaml", model_yaml("d").replace("replicas: 1", "replicas: many")).commit())
-        src = await until(lambda: (s := cp.cache.get(GitSource, "fleet"))
-                          and condition_true(s.status.conditions, "Stalled") and s)
-        stalled = get_condition(src.status.conditions, "Stalled")
-        assert stalled is not None and stalled.reason == "InvalidManifest"
-        assert "models/sub/d.yaml: document 0: spec.replicas" in stalled.message
+        src, message = await stalled(cp, "fleet", "InvalidManifest")
+        assert "models/sub/d.yaml: document 0: spec.replicas" in message
         assert src.status.lastAttemptedRevision == bad and src.status.lastAppliedRevision == good
         assert not condition_true(src.status.conditions, "Ready")
         with pytest.raises(NotFound):
@@ -236,11 +242,8 @@ async def test_two_sources_claiming_one_object_give_a_conflict_and_no_write_loop
         await until(lambda: ready(cp, "first"))
         owned = await store.get(Model, "a")
         await store.create(source("second", repo.url))
-        src = await until(lambda: (s := cp.cache.get(GitSource, "second"))
-                          and condition_true(s.status.conditions, "Stalled") and s)
-        stalled = get_condition(src.status.conditions, "Stalled")
-        assert stalled is not None and stalled.reason == "OwnershipConflict"
-        assert "model/a (held by GitSource first)" in stalled.message
+        _, message = await stalled(cp, "second", "OwnershipConflict")
+        assert "model/a (held by GitSource first)" in message
         writes, fetches = counted(ctl)
         await until(lambda: fetches[0] >= 6, "both sources synced again, more than once")
         assert writes.writes == 0
@@ -286,11 +289,8 @@ async def test_an_object_applied_by_hand_before_the_source_is_a_conflict_left_as
     async with control_plane(store, extra=(ctl,)) as cp:
         hand = await store.create(parse_object(yaml_doc(model_yaml("a"))))     # `llmgw apply` by hand, no label
         await store.create(source("fleet", repo.url))
-        src = await until(lambda: (s := cp.cache.get(GitSource, "fleet"))
-                          and condition_true(s.status.conditions, "Stalled") and s)
-        stalled = get_condition(src.status.conditions, "Stalled")
-        assert stalled is not None and stalled.reason == "OwnershipConflict"
-        assert "model/a (held by no GitSource (applied by hand))" in stalled.message
+        _, message = await stalled(cp, "fleet", "OwnershipConflict")
+        assert "model/a (held by no GitSource (applied by hand))" in message
         assert (await store.get(Model, "a")).metadata.resourceVersion == hand.metadata.resourceVersion
         with pytest.raises(NotFound):
             await store.get(Model, "b")                 # one pass: nothing of the commit is applied

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -21,8 +22,15 @@ from llmgw.cli.errors import EXIT_CODES_HELP, CliError
 if TYPE_CHECKING:
     from llmgw.client import Client
 
+R = TypeVar("R")
+
 _TRIES = 5
 _POLL_SECONDS = 0.5
+
+
+def _gitsource_args(f: Callable[..., R]) -> Callable[..., R]:
+    """`gitsource NAME`, the arguments of every verb here."""
+    return click.argument("kind", metavar="gitsource")(click.argument("name", shell_complete=complete_name)(f))
 
 
 def _kind(word: str) -> None:
@@ -74,8 +82,7 @@ async def _reconcile(conn: Connection, name: str, timeout: float) -> str:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind", metavar="gitsource")
-@click.argument("name", shell_complete=complete_name)
+@_gitsource_args
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait for the controller-manager to sync it.")
 @connection_options
@@ -93,8 +100,7 @@ async def _suspend(conn: Connection, name: str, on: bool) -> str:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind", metavar="gitsource")
-@click.argument("name", shell_complete=complete_name)
+@_gitsource_args
 @connection_options
 def suspend(kind: str, name: str, conn: Connection) -> None:
     """Stop a GitSource's syncs (spec.suspend): nothing is applied, pruned or reverted until it is resumed."""
@@ -103,8 +109,7 @@ def suspend(kind: str, name: str, conn: Connection) -> None:
 
 
 @click.command(epilog=EXIT_CODES_HELP)
-@click.argument("kind", metavar="gitsource")
-@click.argument("name", shell_complete=complete_name)
+@_gitsource_args
 @connection_options
 def resume(kind: str, name: str, conn: Connection) -> None:
     """Restart a suspended GitSource's syncs; it syncs at once."""
