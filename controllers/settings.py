@@ -58,6 +58,16 @@ class ControllerSettings(ManagerSettings):
         description="Seconds between an autoscaled model's looks at its demand when no report wakes it (the "
                     "stabilization windows and the scale-to-zero delay are counted in these looks).")
 
+    # gitops (controllers/gitops.py)
+    git_timeout: float = Field(
+        default=120.0, gt=0, description="Seconds a git command of a GitSource's fetch may run before it is killed.")
+    gitops_retry_base: float = Field(
+        default=1.0, gt=0,
+        description="Seconds before a GitSource whose fetch or apply failed is tried again, doubling with each "
+                    "failure in a row (jittered, llmgw/backoff.py).")
+    gitops_retry_max: float = Field(
+        default=300.0, gt=0, description="Most seconds between a failing GitSource's tries.")
+
     # etcd compaction
     compact_keep: int = Field(
         default=10000, ge=1,

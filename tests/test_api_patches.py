@@ -3,14 +3,16 @@ from llmgw.api import Condition
 from llmgw.api.patches import (
     ConditionPatch,
     DrainStatusPatch,
+    GitSourceStatusPatch,
     ModelStatusPatch,
     NodeStatusPatch,
     ReplicaStatusPatch,
 )
-from llmgw.api.types import DrainStatus, ModelStatus, NodeStatus, ReplicaStatus
+from llmgw.api.types import DrainStatus, GitSourceStatus, ModelStatus, NodeStatus, ReplicaStatus
 
 PATCHES = [(NodeStatusPatch, NodeStatus), (ModelStatusPatch, ModelStatus), (ReplicaStatusPatch, ReplicaStatus),
-           (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus)]
+           (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus),
+           (GitSourceStatusPatch, GitSourceStatus)]
 
 
 def test_a_patch_names_only_fields_of_its_status():

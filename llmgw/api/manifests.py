@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -240,6 +240,26 @@ def load_path(path: str | Path, recursive: bool = False) -> list[tuple[Path, Any
             loaded.extend((f, obj) for obj in load_file(f))
         except ManifestError as err:
             errors.extend(err.errors)
+    if errors:
+        raise ManifestError(errors)
+    return loaded
+
+
+def load_manifests(paths: Iterable[str | Path], recursive: bool = False) -> list[tuple[Path, AnyObject]]:
+    """Every object of every file or directory, as `llmgw apply -f` and a GitSource read them: a bad
+    document anywhere, or one object defined twice, loads nothing (ManifestError names the file,
+    the document and the field)."""
+    loaded = [item for path in paths for item in load_path(path, recursive=recursive)]
+    seen: dict[tuple[str, str], Path] = {}
+    index: dict[Path, int] = {}
+    errors: list[DocumentError] = []
+    for path, obj in loaded:
+        n = index[path] = index.get(path, -1) + 1
+        key = (obj.kind_plural, obj.name)
+        if key in seen:
+            errors.append(DocumentError(str(path), n, [f"<document>: {obj.kind} {obj.name!r} is also defined in "
+                                                       f"{seen[key]}"]))
+        seen.setdefault(key, path)
     if errors:
         raise ManifestError(errors)
     return loaded

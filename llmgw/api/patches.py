@@ -57,3 +57,17 @@ class ReplicaStatusPatch(TypedDict, total=False):
     consecutiveFailures: int
     backoffUntil: str | None
     conditions: list[ConditionPatch]
+
+
+class InventoryEntryPatch(TypedDict):
+    kind: str
+    name: str
+
+
+class GitSourceStatusPatch(TypedDict, total=False):
+    observedGeneration: int
+    lastAppliedRevision: str | None
+    lastAttemptedRevision: str | None
+    inventory: list[InventoryEntryPatch]
+    lastHandledReconcileAt: str | None
+    conditions: list[ConditionPatch]

@@ -1,4 +1,4 @@
-"""The kinds: Node, Model, Replica, Shard, ApiKey (docs/architecture.md, "Objects")."""
+"""The kinds: Node, Model, Replica, Shard, ApiKey, GitSource (docs/architecture.md, "Objects")."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +9,7 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeVar
 from pydantic import AfterValidator, Field, JsonValue, PrivateAttr, model_validator
 
 from llmgw import routing
+from llmgw.api import git
 from llmgw.api.limits import (
     MAX_AUTOSCALE_SECONDS,
     MAX_GPUS_PER_NODE,
@@ -563,10 +564,94 @@ class ApiKey(Object[ApiKeySpec, ApiKeyStatus]):
     status: ApiKeyStatus = Field(default_factory=ApiKeyStatus)
 
 
+# ---------------------------------------------------------------- GitSource
+
+GitRefName = Annotated[str, AfterValidator(git.check_ref_name)]
+
+
+class GitRef(Strict):
+    """Which commit to apply: a branch's head, a tag's, or one commit; exactly one is given."""
+    branch: GitRefName | None = None
+    tag: GitRefName | None = None
+    commit: Annotated[str, AfterValidator(git.check_commit)] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        if sum(v is not None for v in (self.branch, self.tag, self.commit)) != 1:
+            raise ValueError("give exactly one of branch, tag or commit")
+        return self
+
+    def __str__(self) -> str:
+        return (f"branch {self.branch}" if self.branch is not None
+                else f"tag {self.tag}" if self.tag is not None else f"commit {self.commit}")
+
+
+class GitSecretRef(Strict):
+    # A file on the controller-manager's host, never a secret in etcd: an https token (sent as
+    # `Authorization: Bearer`), or an ssh private key.
+    file: Annotated[str, AfterValidator(git.check_absolute_file)]
+
+
+class GitSourceSpec(Strict):
+    url: Annotated[str, AfterValidator(git.check_url)]
+    ref: GitRef
+    path: Annotated[str, AfterValidator(git.check_path)] = ""
+    interval: Annotated[str, AfterValidator(git.check_interval)] = "1m"
+    prune: Bool = True
+    suspend: Bool = False
+    secretRef: GitSecretRef | None = None
+    dependsOn: list[DNSLabel] = Field(default_factory=list, max_length=64)
+
+    @property
+    def interval_seconds(self) -> int:
+        return git.interval_seconds(self.interval)
+
+
+class InventoryEntry(Strict):
+    kind: str
+    name: str
+
+
+# A GitSource's conditions: Ready (applied, and every applied Model Available), Reconciling (a
+# sync under way or waiting on a dependency), Stalled (it cannot go on until its commit or the
+# cluster changes: a bad manifest, an object another owner holds).
+GITSOURCE_CONDITIONS = ("Ready", "Reconciling", "Stalled")
+# Ready's reasons while nothing is wrong: no commit applied yet, or its Models not yet Available.
+# Any other reason of a Ready that is False is an error (a fetch, a manifest, a conflict).
+GITSOURCE_WAITING = ("NotApplied", "Progressing")
+
+
+class GitSourceStatus(Strict):
+    observedGeneration: Int = 0
+    lastAppliedRevision: str | None = None
+    lastAttemptedRevision: str | None = None
+    inventory: list[InventoryEntry] = Field(default_factory=list)
+    # The llmgw.io/reconcile-requested-at annotation of the last request handled (`llmgw reconcile`).
+    lastHandledReconcileAt: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class GitSource(Object[GitSourceSpec, GitSourceStatus]):
+    kind_plural: ClassVar[str] = "gitsources"
+    kind: Literal["GitSource"] = "GitSource"
+    spec: GitSourceSpec
+    status: GitSourceStatus = Field(default_factory=GitSourceStatus)
+
+    @model_validator(mode="after")
+    def _depends_on_others(self) -> "GitSource":
+        seen: set[str] = set()
+        for i, dep in enumerate(self.spec.dependsOn):
+            if dep == self.metadata.name or dep in seen:
+                raise ValueError(f"spec.dependsOn[{i}]: {dep!r} is "
+                                 + ("this GitSource" if dep == self.metadata.name else "named twice"))
+            seen.add(dep)
+        return self
+
+
 # --------------------------------------------------------------- registry
 
 KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard,
-                                     "apikeys": ApiKey}
+                                     "apikeys": ApiKey, "gitsources": GitSource}
 # Node scope is said once, by the kind's class (``scope``); these read it.
 NODE_SCOPED: frozenset[str] = frozenset(plural for plural, cls in KINDS.items() if cls.scope == "Node")
 
@@ -583,6 +668,7 @@ _KIND_ALIASES = {
     "replica": "replicas", "replicas": "replicas", "rep": "replicas",
     "shard": "shards", "shards": "shards", "sh": "shards",
     "apikey": "apikeys", "apikeys": "apikeys", "key": "apikeys",
+    "gitsource": "gitsources", "gitsources": "gitsources", "gs": "gitsources",
 }
 
 
@@ -593,5 +679,5 @@ def resolve_kind(word: str) -> str:
     except KeyError:
         raise ValueError(
             f"unknown kind {word!r}: use one of node/nodes/no, model/models/mo, "
-            "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key"
+            "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key, gitsource/gitsources/gs"
         ) from None

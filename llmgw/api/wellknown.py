@@ -50,3 +50,11 @@ def shard_name(replica: str, rank: int) -> str:
 # Finalizers.
 SHARDS_FINALIZER = "llmgw.io/shards"      # on a Replica: its shards are gone
 PROCESS_FINALIZER = "llmgw.io/process"    # on a Shard: the agent stopped its process
+
+# GitOps (controllers/gitops.py). Label on every object a GitSource applied: the source's name.
+# An object that carries another source's name, or none, is not the source's to write: a conflict.
+GITSOURCE_LABEL = "llmgw.io/gitsource"
+# On a GitSource: set it (to any new value, `llmgw reconcile gitsource` sets the time) to sync now.
+RECONCILE_REQUESTED_AT = "llmgw.io/reconcile-requested-at"
+# On a GitSource with spec.prune: its inventory is pruned before it goes.
+GITSOURCE_PRUNE_FINALIZER = "llmgw.io/gitsource-prune"

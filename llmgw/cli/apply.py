@@ -7,10 +7,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api import manifests
+from llmgw.api.applied import applied, check_not_owned
 from llmgw.api.errors import NotFound
-from llmgw.api.manifests import load_path
+from llmgw.api.manifests import manifest_files
 from llmgw.api.selectors import Selector
 from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.wellknown import GITSOURCE_LABEL
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
@@ -26,21 +29,12 @@ if TYPE_CHECKING:
 
 
 def load_manifests(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
-    """Every object of every file (ManifestError names file, document and field); duplicates refused."""
-    seen: dict[tuple[str, str], Path] = {}
-    objects = []
+    """Every object of every file (ManifestError names file, document and field; duplicates too)."""
     for f in files:
-        loaded = load_path(f, recursive=recursive)
-        if not loaded and Path(f).is_dir():
+        if Path(f).is_dir() and not manifest_files(f, recursive):
             raise usage_error(f"{f}: no .yaml, .yml or .json files"
                               + ("" if recursive else " (use -R for subdirectories)"))
-        for path, obj in loaded:
-            key = (obj.kind_plural, obj.name)
-            if key in seen:
-                raise usage_error(f"{path}: {ref(obj)} is also defined in {seen[key]}")
-            seen[key] = path
-            objects.append(obj)
-    return objects
+    return [obj for _, obj in manifests.load_manifests(files, recursive)]
 
 
 async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
@@ -65,12 +59,12 @@ async def _apply_one(c: Client, obj: AnyObject, dry_run: bool) -> str:
     if live is None:
         return "created" if dry_run else (await c.apply(obj))[0]
     unchanged = applied_view(live) == applied_view(obj, onto=live) and rv in (None, live.metadata.resourceVersion)
-    if dry_run or unchanged:
-        return "unchanged" if unchanged else "configured"
-    desired = live.model_copy(deep=True)
-    desired.spec = obj.spec.model_copy(deep=True)
-    desired.metadata.labels = {**live.metadata.labels, **obj.metadata.labels}
-    desired.metadata.annotations = {**live.metadata.annotations, **obj.metadata.annotations}
+    if unchanged:
+        return "unchanged"
+    check_not_owned(live, obj)     # the server refuses it too; a dry run says so
+    if dry_run:
+        return "configured"
+    desired = applied(live, obj)
     desired.metadata.resourceVersion = rv
     await c.update(desired)
     return "configured"
@@ -88,7 +82,8 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
             items, _ = await c.list(KINDS[kind], selector=str(sel))
             for live in sorted(items, key=lambda o: o.name):
                 if ((kind, live.name) in wanted or not sel.matches(live.metadata.labels)
-                        or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None):
+                        or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None
+                        or GITSOURCE_LABEL in live.metadata.labels):    # a GitSource prunes its own
                     continue
                 if not dry_run:
                     await _delete_quietly(c, kind, live.name)
@@ -127,7 +122,8 @@ def _load(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
 @file_options
 @click.option("--prune", is_flag=True,
               help="After applying, delete objects of the applied kinds that match --selector and are "
-                   "not in the manifests (objects owned by another object are never pruned).")
+                   "not in the manifests (objects owned by another object, or applied by a GitSource, are "
+                   "never pruned).")
 @click.option("-l", "--selector", metavar="SELECTOR",
               help="With --prune (and required by it, not blank): which live objects may be pruned.")
 @click.option("--dry-run", is_flag=True, help="Print what would be created/configured/unchanged/pruned; write nothing.")

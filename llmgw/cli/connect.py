@@ -103,8 +103,9 @@ def explain(err: BaseException) -> CliError | None:
         return CliError(_prefixed("unauthorized", err), ec.FORBIDDEN)
     if isinstance(err, AlreadyExists):
         return CliError(f"already exists: {err}", ec.CONFLICT)
-    if isinstance(err, Conflict) and err.reason == "NameTaken":
-        return CliError(str(err), ec.CONFLICT)  # re-running will not help: another Model holds the name
+    if isinstance(err, Conflict) and err.reason in ("NameTaken", "OwnedByGitSource"):
+        # re-running will not help: another Model holds the name, a GitSource the object
+        return CliError(str(err), ec.CONFLICT)
     if isinstance(err, Conflict):
         return CliError(f"conflict: {err}; re-run the command to work on the current version", ec.CONFLICT)
     if isinstance(err, NotFound):

@@ -1,5 +1,5 @@
-"""`llmgw describe`: one object, the objects a person looks at next, its recent events, and for a
-failed shard (of a replica) the last lines of its engine log."""
+"""`llmgw describe`: one object, the objects a person looks at next, its recent events, for a
+failed shard (of a replica) the last lines of its engine log, and for a GitSource its last error."""
 from __future__ import annotations
 
 import re
@@ -10,7 +10,8 @@ import click
 from llmgw.api.errors import StatusError
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.logs import LogQuery
-from llmgw.api.types import KINDS, AnyObject, Model, Node, Replica, Shard
+from llmgw.api.meta import get_condition
+from llmgw.api.types import GITSOURCE_WAITING, KINDS, AnyObject, GitSource, Model, Node, Replica, Shard
 from llmgw.api.wellknown import shard_name
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run
@@ -53,7 +54,20 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
             lines += await _engine_log(c, Replica, obj.name, rank)
     elif isinstance(obj, Shard) and obj.status.phase == "Failed":
         lines += await _engine_log(c, Shard, obj.name, None)
+    elif isinstance(obj, GitSource):
+        lines.append(f"Last error:   {_last_error(obj)}")
     return lines
+
+
+def _last_error(src: GitSource) -> str:
+    """Why a GitSource cannot apply its commit (Stalled), or why its last try failed (Ready's reason)."""
+    stalled = get_condition(src.status.conditions, "Stalled")
+    if stalled is not None and stalled.status == "True":
+        return f"{stalled.reason}: {stalled.message}"
+    ready = get_condition(src.status.conditions, "Ready")
+    if ready is not None and ready.status == "False" and ready.reason not in GITSOURCE_WAITING:
+        return f"{ready.reason}: {ready.message}"
+    return NONE
 
 
 def _failed_ranks(r: Replica, shards: list[Shard]) -> list[int]:

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "config": "llmgw.cli.config:config",
     "completion": "llmgw.cli.completion:completion",
     "plugin": "llmgw.cli.plugins:plugin",
+    **{verb: f"llmgw.cli.gitsources:{verb}" for verb in ("reconcile", "suspend", "resume")},
 }
 
 

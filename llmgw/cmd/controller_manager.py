@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -12,6 +13,7 @@ from controllers.autoscaler import AutoscalerController
 from controllers.drain import DrainController
 from controllers.fleet import FleetCollector
 from controllers.gc import GarbageCollector
+from controllers.gitops import GitOpsController
 from controllers.model import ModelController
 from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
@@ -28,12 +30,12 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 
-def controllers(settings: ControllerSettings) -> list[Controller]:
+def controllers(settings: ControllerSettings, git_cache: Path | None = None) -> list[Controller]:
     """Every controller the manager runs, in the order it starts them; a new controller is
     registered here (docs/architecture.md, "Adding a controller")."""
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
             NodeLifecycleController(settings), DrainController(settings), GarbageCollector(),
-            AutoscalerController(settings)]
+            AutoscalerController(settings), GitOpsController(settings, git_cache)]
 
 
 @click.command("controller-manager")
@@ -45,14 +47,17 @@ def controllers(settings: ControllerSettings) -> list[Controller]:
 @click.option("--metrics-listen", default="127.0.0.1:9464", show_default=True,
               help="ADDR:PORT for /metrics and /healthz; empty to disable.")
 @settings_options(ControllerSettings)
+@click.option("--git-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory of the GitSources' checkouts, one per source (default: llmgw-git in the "
+                   "temporary directory).")
 @click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
 @click.option("--otel", is_flag=True,
               help="Export a span per reconcile with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
 def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-                       etcd_wait: float, metrics_listen: str, settings: ControllerSettings, identity: str | None,
-                       otel: bool, log_level: str, log_format: str) -> None:
+                       etcd_wait: float, metrics_listen: str, settings: ControllerSettings, git_cache: Path | None,
+                       identity: str | None, otel: bool, log_level: str, log_format: str) -> None:
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
 
     Each setting below comes from its flag if given, else from the --config file, else its default.
@@ -60,7 +65,7 @@ def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, et
     setup_logging(log_level, log_format)
     tracing = _tracing() if otel else None
     try:
-        aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, etcd_wait, metrics_listen, settings, identity,
+        aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, etcd_wait, metrics_listen, settings, git_cache, identity,
                       tracing.get_tracer("llmgw.runtime") if tracing else None))
     finally:
         if tracing is not None:
@@ -80,7 +85,8 @@ def _tracing() -> "TracerProvider":
 
 
 async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, etcd_wait: float, metrics_listen: str,
-                settings: ControllerSettings, identity: str | None, tracer: "Tracer | None") -> None:
+                settings: ControllerSettings, git_cache: Path | None, identity: str | None,
+                tracer: "Tracer | None") -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Compactor, Store, StoreError
@@ -94,7 +100,8 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
         raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
-    manager = Manager(store, controllers(settings), identity=identity, settings=settings, runnables=runnables)
+    manager = Manager(store, controllers(settings, git_cache), identity=identity, settings=settings,
+                      runnables=runnables)
     manager.tracer = tracer
     manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
     for c in manager.controllers:

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.meta import get_condition
-from llmgw.api.types import EVICTING, SCALED, AnyObject, ApiKey, Model, Node, Replica, Shard
+from llmgw.api.types import EVICTING, SCALED, AnyObject, ApiKey, GitSource, Model, Node, Replica, Shard
 from llmgw.printers.table import NONE, human_age
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows
@@ -230,6 +230,27 @@ def apikey_table(keys: Sequence[ApiKey], wide: bool = False, now: datetime | Non
     return headers, rows
 
 
+# ---------------------------------------------------------------- gitsources
+
+def gitsource_table(sources: Sequence[GitSource], wide: bool = False, now: datetime | None = None) -> Table:
+    """URL, ref, the applied commit (short), Ready and its reason (why not, at a glance); -o wide: path,
+    interval and the commit last attempted."""
+    headers = ["NAME", "URL", "REF", "REVISION", "READY", "REASON", "AGE"]
+    if wide:
+        headers[4:4] = ["PATH", "INTERVAL", "ATTEMPTED"]
+    rows: list[list[str]] = []
+    for s in sources:
+        ready = get_condition(s.status.conditions, "Ready")
+        status = "Suspended" if s.spec.suspend else ready.status if ready is not None else "Unknown"
+        row = [s.name, s.spec.url, str(s.spec.ref).replace(" ", ":"), (s.status.lastAppliedRevision or NONE)[:12],
+               status, ready.reason if ready is not None and ready.reason else NONE,
+               human_age(s.metadata.creationTimestamp, now)]
+        if wide:
+            row[4:4] = [s.spec.path or ".", s.spec.interval, (s.status.lastAttemptedRevision or NONE)[:12]]
+        rows.append(row)
+    return headers, rows
+
+
 def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
           replicas: Sequence[Replica] = (), now: datetime | None = None) -> Table:
     """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
@@ -243,5 +264,7 @@ def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
         return shard_table(all_of_kind(Shard, objects), wide, now)
     if kind == "apikeys":
         return apikey_table(all_of_kind(ApiKey, objects), wide, now)
+    if kind == "gitsources":
+        return gitsource_table(all_of_kind(GitSource, objects), wide, now)
     raise ValueError(f"no table for kind {kind!r}")
 

@@ -46,7 +46,11 @@ def describe(obj: AnyObject, events: Sequence[dict[str, Any]] = (), extra: Seque
     lines += _yaml_section("Spec", data["spec"])
     status = data.get("status", {})
     conditions = status.pop("conditions", [])
+    inventory = status.pop("inventory", None)    # a GitSource's: a table, not a YAML list
     lines += _yaml_section("Status", status)
+    if inventory is not None:
+        lines += section(f"Inventory ({len(inventory)})", ["KIND", "NAME"],
+                         [[e["kind"], e["name"]] for e in inventory])
     lines += section("Conditions", ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], [
         [c["type"], c["status"], c.get("reason") or NONE, age_of(c.get("lastTransitionTime"), now),
          c.get("message") or ""] for c in conditions])

@@ -28,6 +28,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
+from llmgw.api.applied import applied, applies_nothing, check_not_owned
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import AlreadyExists, Conflict, Expired, NotFound, StatusError
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
@@ -671,7 +672,8 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
 
     Status is never written. Labels and annotations in the manifest are set; others the
     object carries (added by controllers or agents) are kept. An unchanged manifest writes
-    nothing: generation and resourceVersion stay as they are.
+    nothing: generation and resourceVersion stay as they are. A change to an object a
+    GitSource applied is refused (OwnedByGitSource, 409).
     """
     node = node_of(obj)
     for _ in range(attempts):
@@ -684,13 +686,10 @@ async def apply_object(store: Store, obj: AnyObject, attempts: int = 10) -> tupl
                 return "created", await store.create(fresh)
             except AlreadyExists:
                 continue
-        desired = current.model_copy(deep=True)
-        desired.spec = obj.spec.model_copy(deep=True)
-        desired.metadata.labels = {**current.metadata.labels, **obj.metadata.labels}
-        desired.metadata.annotations = {**current.metadata.annotations, **obj.metadata.annotations}
-        if (desired.spec, desired.metadata.labels, desired.metadata.annotations) == (
-                current.spec, current.metadata.labels, current.metadata.annotations):
+        if applies_nothing(current, obj):
             return "unchanged", current
+        check_not_owned(current, obj)
+        desired = applied(current, obj)
         try:
             return "configured", await store.update(desired)
         except Conflict:

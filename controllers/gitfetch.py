@@ -1,0 +1,111 @@
+"""A GitSource's commit on local disk: fetched and checked out by the git program, one directory per source.
+
+Why the git program and not a library: of the Python libraries (dulwich, GitPython, pygit2),
+GitPython runs the git program anyway and pygit2 needs libgit2 built with the same TLS and
+ssh as the host, while dulwich speaks the protocols itself, synchronously (a thread per
+fetch) and without the host's git configuration. git fetches https, ssh and file:// with the
+host's credential, proxy and ssh settings, shallow, and runs as a child process the event
+loop waits on without blocking (asyncio's subprocesses): no Git protocol of our own, and a
+timeout that kills it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.api.types import GitRef
+
+
+class GitError(Exception):
+    """A fetch that failed: what git said (its last lines), or why it was not run."""
+
+
+@dataclass(frozen=True)
+class Checkout:
+    revision: str    # the commit id
+    root: Path       # its files
+
+
+class GitCache:
+    """`root`/<source name>: a repository each source's commits are fetched into and checked out in."""
+
+    def __init__(self, root: Path, timeout: float) -> None:
+        self.root, self.timeout = root, timeout
+
+    async def fetch(self, name: str, url: str, ref: GitRef, secret_file: str | None) -> Checkout:
+        """The commit `ref` names at `url` now, checked out under root/name."""
+        repo = self.root / name
+        env = _environment(url, secret_file)
+        if not (repo / ".git").is_dir():
+            repo.mkdir(parents=True, exist_ok=True)
+            await self._git(repo, env, "init", "--quiet")
+        if ref.commit is not None:
+            want = ref.commit
+            if not await self._has(repo, env, want):
+                # A server may refuse an unadvertised commit: then all branches and tags are fetched.
+                try:
+                    await self._git(repo, env, "fetch", "--quiet", "--no-tags", "--depth", "1", "--", url, want)
+                except GitError:
+                    await self._git(repo, env, "fetch", "--quiet", "--tags", "--", url,
+                                    "+refs/heads/*:refs/remotes/source/*")
+            if not await self._has(repo, env, want):
+                raise GitError(f"commit {want} is not in {url}")
+        else:
+            refspec = f"refs/heads/{ref.branch}" if ref.branch is not None else f"refs/tags/{ref.tag}"
+            await self._git(repo, env, "fetch", "--quiet", "--no-tags", "--depth", "1", "--force", "--", url, refspec)
+            want = (await self._git(repo, env, "rev-parse", "--verify", "FETCH_HEAD^{commit}")).strip()
+        head = await self._git(repo, env, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+        if head.strip() != want:
+            await self._git(repo, env, "checkout", "--quiet", "--force", "--detach", want)
+            await self._git(repo, env, "clean", "-qffdx")
+        return Checkout(want, repo)
+
+    def forget(self, name: str) -> None:
+        """A source that is gone leaves nothing on disk."""
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    async def _has(self, repo: Path, env: dict[str, str], commit: str) -> bool:
+        out = await self._git(repo, env, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+        return out.strip() == commit
+
+    async def _git(self, repo: Path, env: dict[str, str], *args: str, check: bool = True) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            "git", "-C", str(repo), *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        except TimeoutError:
+            raise GitError(f"git {args[0]} took longer than {self.timeout:g} s") from None
+        finally:
+            if proc.returncode is None:   # timed out, or the sync was cancelled: git goes too
+                proc.kill()
+                await proc.wait()
+        if check and proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise GitError(f"git {args[0]}: " + (" ".join(lines[-3:]) or f"exit status {proc.returncode}"))
+        return out.decode(errors="replace")
+
+
+def _environment(url: str, secret_file: str | None) -> dict[str, str]:
+    """git's environment: never a prompt; the secret file's token or key given by environment (not argv,
+    which every user of the host can read)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_SSH_COMMAND="ssh -o BatchMode=yes")
+    if secret_file is None:
+        return env
+    if url.startswith("ssh://"):
+        if not os.access(secret_file, os.R_OK):
+            raise GitError(f"secretRef.file {secret_file}: cannot be read")
+        env["GIT_SSH_COMMAND"] = f"ssh -o BatchMode=yes -o IdentitiesOnly=yes -i {shlex.quote(secret_file)}"
+    elif url.startswith("https://"):
+        try:
+            token = Path(secret_file).read_text().strip()
+        except OSError as err:
+            raise GitError(f"secretRef.file {secret_file}: {err.strerror or err}") from None
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+                   GIT_CONFIG_VALUE_0=f"Authorization: Bearer {token}")
+    return env
