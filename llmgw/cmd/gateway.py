@@ -191,7 +191,8 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         from llmgw.gateway.demand import DemandPublisher, figures
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
                                     interval=demand.interval, ttl=demand.ttl,
-                                    on_gateways=gw.admission.set_gateways if gw.admission else None)
+                                    on_gateways=gw.admission.set_gateways if gw.admission else None,
+                                    keys=gw.admission.windows().report if gw.admission else None)
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
     stop = asyncio.Event()
