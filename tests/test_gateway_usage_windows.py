@@ -9,7 +9,7 @@ from llmgw.api.secrets import hash_secret
 from llmgw.api.types import ApiKey
 from llmgw.api.usage import UsageReport, total_usage
 from llmgw.gateway.admission import Admission, Ticket
-from llmgw.gateway.usage import MAX_REPORT_BYTES, UsageWindows
+from llmgw.gateway.usage import MAX_REPORT_BYTES, PERIOD, UsageWindows
 
 _HASH = hash_secret("llmgw_k_" + "0" * 48, n=2)
 
@@ -32,12 +32,17 @@ def test_windows_slide_and_totals_stay():
     windows = UsageWindows(admission._usage, admission.last_used, clock)
     k = _key("k")
     assert windows.report() == {}   # no key used: nothing reported
+    clock.now += PERIOD
     for _ in range(3):
         ticket = admission.admit(k, "m", lambda: None)
         assert isinstance(ticket, Ticket)
         ticket.used((10, 2))
         ticket.release()
     first = windows.report()
+    ticket = admission.admit(k, "m", lambda: None)
+    assert windows.report() is first   # made again only PERIOD s later
+    assert isinstance(ticket, Ticket)
+    ticket.release()
     assert first["k"]["models"]["m"] == {
         "total": {"requests": 3, "promptTokens": 30, "completionTokens": 6},
         "lastMinute": {"requests": 3, "promptTokens": 30, "completionTokens": 6},
@@ -46,14 +51,14 @@ def test_windows_slide_and_totals_stay():
     clock.now += 30
     ticket = admission.admit(k, "m", lambda: None)
     assert isinstance(ticket, Ticket)
-    assert windows.report()["k"]["models"]["m"]["lastMinute"] == {"requests": 4, "promptTokens": 30,
+    assert windows.report()["k"]["models"]["m"]["lastMinute"] == {"requests": 5, "promptTokens": 30,
                                                                    "completionTokens": 6}
-    clock.now += 45   # the first three are over a minute old, the fourth is not
+    clock.now += 45   # the first three are over a minute old; the two counted at +30 s are not
     m = windows.report()["k"]["models"]["m"]
-    assert m["lastMinute"] == {"requests": 1} and m["lastHour"]["requests"] == 4 and m["total"]["requests"] == 4
+    assert m["lastMinute"] == {"requests": 2} and m["lastHour"]["requests"] == 5 and m["total"]["requests"] == 5
     clock.now += 3600   # over an hour: only the totals are left
     assert windows.report()["k"]["models"]["m"] == {
-        "total": {"requests": 4, "promptTokens": 30, "completionTokens": 6}}
+        "total": {"requests": 5, "promptTokens": 30, "completionTokens": 6}}
 
 
 def test_refusals_count_as_use_and_are_reported():
