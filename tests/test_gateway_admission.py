@@ -207,6 +207,31 @@ async def test_deleted_key_is_refused_and_its_open_stream_ended(api_server, tmp_
         slow.stop()
 
 
+async def test_an_expiring_keys_open_stream_is_ended_at_its_expiry(api_server, tmp_path):
+    """The expiry's own path (a timer at the gateway, not a watch event): a stream of 100 s of
+    tokens, open when the key expires, is cut then; the key is refused from then on."""
+    slow = Sim.start("llama", extra=["--tokens-per-second", "5"])
+    try:
+        async with api_server.client() as admin:
+            await admin.create(_model("llama"))
+            await _ready(admin, "llama", slow.endpoint)
+            expires = now() + timedelta(seconds=8)
+            secret = await _key(admin, "short-lived", expires=expires)
+        async with _gateways(api_server, tmp_path) as ([url], http):
+            async with http.post(url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"},
+                                 json={"model": "llama", "prompt": "x", "max_tokens": 500, "stream": True}) as r:
+                assert r.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    while await r.content.readline():   # cut at the expiry, long before its 100 s of tokens
+                        pass
+            assert now() >= expires
+            async with aiohttp.ClientSession() as fresh:
+                status, body, _ = await _post(fresh, url, secret)
+                assert status == 401 and body["error"]["message"].startswith("API key short-lived expired at")
+    finally:
+        slow.stop()
+
+
 async def test_two_gateways_share_a_limit(api_server, sims, tmp_path):
     await _setup(api_server, sims)
     async with api_server.client() as admin:
