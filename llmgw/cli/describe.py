@@ -113,5 +113,6 @@ async def _describe(conn: Connection, kind: str, name: str) -> str:
 @click.argument("name", shell_complete=complete_name)
 @connection_options
 def describe(kind: str, name: str, conn: Connection) -> None:
-    """Show one object: metadata, spec, status, conditions, related objects and recent events."""
+    """Show one object: metadata, spec, status, conditions, related objects (an API key's usage over
+    the live gateways) and recent events."""
     click.echo(run(_describe(conn, kind_arg(kind), name)))
