@@ -30,7 +30,7 @@ def test_create_prints_the_secret_once_and_stores_its_hash(config, shared_api_se
     table = llmgw(config, "get", "apikeys")
     assert table.exit_code == 0, table.output
     header, row = table.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "AGE"]
+    assert header.split() == ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "LAST-USE", "AGE"]
     assert row.split()[:5] == ["team-a", "team-a@example.com", "llama,tier=gold",
                                "rpm=600,tpm=20000,concurrency=4", "critical"]
     for view in (table.stdout, llmgw(config, "describe", "apikey", "team-a").stdout,

@@ -1,7 +1,8 @@
 """API keys as objects at real gateways (`llmgw gateway --server --watch-api-keys`), a real server and
 sim engines: scope (404), requests per minute (429 the official openai client understands), tokens
 per minute on streams, a deleted key refused and its open stream ended, two gateways sharing a limit,
-critical keys answered while sheddable ones are shed under overload."""
+critical keys answered while sheddable ones are shed under overload, usage summed over two gateways
+as `llmgw describe apikey` and `get apikeys` show it."""
 from __future__ import annotations
 
 import subprocess
@@ -17,7 +18,7 @@ from llmgw.api.meta import now
 from llmgw.api.secrets import new_secret
 from llmgw.cli.create import build_key
 from llmgw.dev.process import free_port
-from tests.helpers.cluster import api_server, ca_dir  # noqa: F401
+from tests.helpers.cluster import api_server, ca_dir, llmgw, llmgw_ca  # noqa: F401
 from tests.helpers.gateway import CLI, Sim, metric
 from tests.helpers.poll import until
 
@@ -48,10 +49,11 @@ async def _key(admin, name: str, **kw) -> str:
 
 
 @asynccontextmanager
-async def _gateways(api_server, tmp_path, n: int = 1, extra: tuple[str, ...] = ()):
+async def _gateways(api_server, tmp_path, n: int = 1, extra: tuple[str, ...] = (), procs: list | None = None):
+    """`n` gateways (gw-0, gw-1, ...): their URLs and a session; `procs`, if given, gets their processes."""
     cert, key = api_server.issue_component("gateway")
     ports = [free_port() for _ in range(n)]
-    procs = []
+    procs = [] if procs is None else procs
     for i, port in enumerate(ports):
         log = open(tmp_path / f"gateway-{i}.log", "wb")
         procs.append(subprocess.Popen(
@@ -158,6 +160,7 @@ async def test_tpm_limit_trips_on_streamed_tokens(api_server, sims, tmp_path):
     await _setup(api_server, sims)
     async with api_server.client() as admin:
         secret = await _key(admin, "tpm", tpm=60)
+        whole = await _key(admin, "tpm-whole", tpm=12)
     async with _gateways(api_server, tmp_path) as ([url], http):
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=secret, max_retries=0)
         stream = await client.completions.create(model="llama", prompt="count", max_tokens=80, stream=True)
@@ -170,6 +173,9 @@ async def test_tpm_limit_trips_on_streamed_tokens(api_server, sims, tmp_path):
         async with http.get(url + "/metrics") as r:
             text = await r.text()
         assert metric(text, "llmgw_gateway_key_output_tokens_total", key="tpm", model="llama") == 80
+        # Whole (not streamed) answers count too: 8 completion tokens and the prompt's a request.
+        statuses = [(await _post(http, url, whole, max_tokens=8))[0] for _ in range(3)]
+        assert statuses == [200, 200, 429], statuses   # 12, then 3 left, then in debt
 
 
 async def test_deleted_key_is_refused_and_its_open_stream_ended(api_server, tmp_path):
@@ -197,6 +203,31 @@ async def test_deleted_key_is_refused_and_its_open_stream_ended(api_server, tmp_
                     # (a request in flight at the expiry is cut: ServerDisconnected)
                     await until(lambda: _status_is(_post(fresh, url, expiring), 401), "the expired key refused",
                                 retry=(aiohttp.ClientError,))
+    finally:
+        slow.stop()
+
+
+async def test_an_expiring_keys_open_stream_is_ended_at_its_expiry(api_server, tmp_path):
+    """The expiry's own path (a timer at the gateway, not a watch event): a stream of 100 s of
+    tokens, open when the key expires, is cut then; the key is refused from then on."""
+    slow = Sim.start("llama", extra=["--tokens-per-second", "5"])
+    try:
+        async with api_server.client() as admin:
+            await admin.create(_model("llama"))
+            await _ready(admin, "llama", slow.endpoint)
+            expires = now() + timedelta(seconds=8)
+            secret = await _key(admin, "short-lived", expires=expires)
+        async with _gateways(api_server, tmp_path) as ([url], http):
+            async with http.post(url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"},
+                                 json={"model": "llama", "prompt": "x", "max_tokens": 500, "stream": True}) as r:
+                assert r.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    while await r.content.readline():   # cut at the expiry, long before its 100 s of tokens
+                        pass
+            assert now() >= expires
+            async with aiohttp.ClientSession() as fresh:
+                status, body, _ = await _post(fresh, url, secret)
+                assert status == 401 and body["error"]["message"].startswith("API key short-lived expired at")
     finally:
         slow.stop()
 
@@ -252,3 +283,54 @@ async def test_under_overload_critical_keys_keep_succeeding_while_sheddable_ones
     # 429: the model is at its --model-concurrency (docs/gateway.md), with a Retry-After
     assert {code for _, code, _ in refused} <= {"request_shed", "model_queue_full"}, refused
     assert all(status == 429 and after for status, _, after in refused), refused
+
+
+async def test_usage_summed_over_two_gateways_in_describe_and_get(api_server, sims, tmp_path):
+    """Requests of one key through each of two gateways: the server sums the gateways' reports,
+    `describe apikey` shows the sum per window and a last use, `get apikeys` a LAST-USE; a key
+    never used shows "never" and <none>. When one gateway stops, its figures go with its lease."""
+    import asyncio
+
+    await _setup(api_server, sims)
+    async with api_server.client() as admin:
+        secret = await _key(admin, "busy")
+        await _key(admin, "idle")
+    config = tmp_path / "config.yaml"
+    llmgw_ca("issue", "admin", "cli-user", "--dir", str(api_server.pki.dir), "--write-config",
+             "--server", api_server.url, "--config", str(config))
+    procs: list = []
+    async with _gateways(api_server, tmp_path, n=2, procs=procs) as (urls, http):
+        prompt = 0
+        for url, n in zip(urls, (3, 2), strict=True):
+            for _ in range(n):
+                status, body, _ = await _post(http, url, secret)
+                assert status == 200, body
+                prompt += body["usage"]["prompt_tokens"]
+        async with api_server.client() as c:
+            async def summed(requests: int) -> dict | None:
+                got = await c.apikey_usage("busy")
+                llama = got["usage"]["models"].get("llama")
+                return got if llama is not None and llama["total"]["requests"] == requests else None
+            got = await until(lambda: summed(5), "both gateways' usage summed")
+            assert got["gateways"] == 2
+        described = (await asyncio.to_thread(llmgw, config, "describe", "apikey", "busy")).stdout
+        assert "summed over 2 live gateways" in described, described
+        last = next(line for line in described.splitlines() if line.startswith("Last use:"))
+        assert "ago)" in last and "never" not in last, described
+        rows = {tuple(line.split()[:2]): line.split()[2:] for line in described.splitlines()
+                if line.startswith("  llama ")}
+        for window in ("1m", "1h", "total"):   # requests, prompt, completion (2 each), rate-limited
+            assert rows[("llama", window)] == ["5", str(prompt), "10", "0"], described
+        idle = (await asyncio.to_thread(llmgw, config, "describe", "apikey", "idle")).stdout
+        assert "Last use:     never" in idle and "since each started):\n  <none>\n" in idle, idle
+        table = (await asyncio.to_thread(llmgw, config, "get", "apikeys")).stdout.splitlines()
+        header = table[0].split()
+        assert header == ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "LAST-USE", "AGE"]
+        last_use = {row.split()[0]: row.split()[header.index("LAST-USE")] for row in table[1:]}
+        assert last_use["idle"] == "<none>" and last_use["busy"].endswith("s"), table
+        # A gateway gone: its figures expire with its lease (--demand-ttl 3), the other's stay.
+        procs[0].terminate()
+        procs[0].wait(10)
+        async with api_server.client() as c:
+            got = await until(lambda: summed(2), "gw-0's figures gone, gw-1's left")
+            assert got["gateways"] == 1

@@ -70,3 +70,30 @@ def test_scope_by_names_aliases_and_labels():
 
 def test_reset_durations_read_as_openai_writes_them():
     assert [duration(s) for s in (0.02, 1, 6.2, 60, 3723)] == ["20ms", "1s", "7s", "1m0s", "1h2m3s"]
+
+
+def test_refusals_read_as_docs_gateway_md_shows_them():
+    import json
+    admission = Admission(lambda m: {}, lambda n: n)
+    admission.set_gateways(2)
+    k = key("team-a", requestsPerMinute=20, concurrentRequests=4)
+    got = admit_all(admission, k, 3)
+    refused = got[2]   # ceil(4 / 2) = 2 at this gateway
+    assert isinstance(refused, Response) and json.loads(refused.body)["error"] == {
+        "message": "Rate limit reached for API key team-a on concurrent requests: limit 4 (2 at this gateway, "
+                   "one of 2); retry in 1.0 s",
+        "type": "rate_limit_error", "param": None, "code": "concurrency_limit_exceeded"}
+    assert refused.headers.decode().endswith("Retry-After: 1\r\nretry-after-ms: 1000\r\n")
+    for t in got[:2]:
+        assert isinstance(t, Ticket)
+        t.release()
+    for _ in range(12):   # one at a time: the requests bucket (10 here) refuses, not concurrency
+        rpm = admission.admit(k, "m", lambda: None)
+        if isinstance(rpm, Response):
+            break
+        rpm.release()
+    assert isinstance(rpm, Response)
+    error = json.loads(rpm.body)["error"]
+    assert error["message"].startswith("Rate limit reached for API key team-a on requests per minute: limit 20 "
+                                       "(10 at this gateway, one of 2); retry in ")
+    assert (error["type"], error["param"], error["code"]) == ("rate_limit_error", None, "rate_limit_exceeded")

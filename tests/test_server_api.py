@@ -178,6 +178,32 @@ async def test_a_demand_report_is_validated_with_paths_and_kept_under_a_lease(ap
     assert report.gateway == "gw-a" and report.models["m1"].total == 5
 
 
+async def test_keys_usage_is_validated_kept_beside_the_demand_and_summed(api_server, store):
+    from llmgw.api.errors import Invalid, NotFound
+    from llmgw.api.secrets import new_secret
+    from llmgw.cli.create import build_key
+    gw = api_server.issue_component("gateway")
+    used = {"lastUsed": "2026-12-05T10:00:00+00:00", "models": {"m1": {"total": {"requests": 2}}}}
+    async with api_server.client(gw) as c:
+        with pytest.raises(Invalid) as err:
+            await c.report_demand("gw-a", {}, ttl=5, keys={"k": {"models": {"m1": {"total": {"requests": -1}}}}})
+        assert "keys.k.models.m1.total.requests: Input should be greater than or equal to 0" in str(err.value)
+        assert await store.demand.usage() == []   # nothing of a refused report is kept
+        await c.report_demand("gw-a", {}, ttl=5, keys={"k": used})
+        await c.report_demand("gw-b", {}, ttl=5, keys={"k": {**used, "lastUsed": "2026-12-05T11:00:00+00:00"}})
+    async with api_server.client() as admin:
+        with pytest.raises(NotFound):   # no ApiKey k yet: its usage is not answered
+            await admin.apikey_usage("k")
+        await admin.create(build_key("k", new_secret("k"), owner="o", models=(), selector=(), expires=None,
+                                     rpm=None, tpm=None, concurrency=None, priority="standard"))
+        one = await admin.apikey_usage("k")
+        assert one["gateways"] == 2 and one["usage"]["models"]["m1"]["total"]["requests"] == 4
+        assert one["usage"]["lastUsed"].startswith("2026-12-05T11:00:00")
+        assert (await admin.apikey_usage())["keys"]["k"] == one["usage"]
+        with pytest.raises(NotFound, match="usage is kept for apikeys only"):
+            await admin.request("GET", "/apis/llmgw.io/v1/usage/models")
+
+
 NOT_A_LABEL = "is not a DNS-1123 label"
 
 

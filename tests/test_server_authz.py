@@ -158,6 +158,11 @@ CASES = [
     ("n1", lambda c: c.get(ApiKey, "k1"), "apikeys-admin"),
     ("admin", lambda c: c.create(apikey("k-by-admin")), None),
     ("admin", lambda c: c.delete(ApiKey, "k-by-admin"), None),
+    # their usage: read as the keys are
+    ("admin", lambda c: c.apikey_usage("k1"), None),
+    ("gateway", lambda c: c.apikey_usage(), None),
+    ("controller-manager", lambda c: c.apikey_usage(), "apikeys-admin"),
+    ("n1", lambda c: c.apikey_usage("k1"), "apikeys-admin"),
     # demand: reported by gateways only (an admin may too)
     ("gateway", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), None),
     ("n1", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), "gateway-demand"),

@@ -1,5 +1,6 @@
 """`llmgw describe`: one object, the objects a person looks at next, its recent events, for a
-failed shard (of a replica) the last lines of its engine log, and for a GitSource its last error."""
+failed shard (of a replica) the last lines of its engine log, for an API key its recent usage, and for
+a GitSource its last error."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,8 @@ from llmgw.api.errors import StatusError
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.logs import LogQuery
 from llmgw.api.meta import get_condition
-from llmgw.api.types import GITSOURCE_WAITING, KINDS, AnyObject, GitSource, Model, Node, Replica, Shard
+from llmgw.api.types import GITSOURCE_WAITING, KINDS, AnyObject, ApiKey, GitSource, Model, Node, Replica, Shard
+from llmgw.api.usage import KeyUsage
 from llmgw.api.wellknown import shard_name
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run
@@ -20,6 +22,7 @@ from llmgw.cli.get import by_name, kind_arg
 from llmgw.printers.columns import gpus_used
 from llmgw.printers.describe import describe as describe_text
 from llmgw.printers.table import NONE, section
+from llmgw.printers.usage import usage_lines
 
 if TYPE_CHECKING:
     from llmgw.client import Client
@@ -28,7 +31,7 @@ ENGINE_LOG_LINES = 10   # of a failed shard's engine log
 
 
 async def _related(c: Client, obj: AnyObject) -> list[str]:
-    """A node's replicas, a model's replicas, a replica's shards."""
+    """A node's replicas, a model's replicas, a replica's shards, an API key's usage."""
     lines: list[str] = []
     if isinstance(obj, Node):
         replicas = all_of_kind(Replica, (await c.list(Replica))[0])
@@ -52,6 +55,9 @@ async def _related(c: Client, obj: AnyObject) -> list[str]:
                          [[s.name, s.spec.node, str(s.spec.rank), s.status.phase] for s in ranks])
         for rank in _failed_ranks(obj, ranks):
             lines += await _engine_log(c, Replica, obj.name, rank)
+    elif isinstance(obj, ApiKey):
+        got = await c.apikey_usage(obj.name)
+        lines += usage_lines(KeyUsage.model_validate(got["usage"]), got["gateways"])
     elif isinstance(obj, Shard) and obj.status.phase == "Failed":
         lines += await _engine_log(c, Shard, obj.name, None)
     elif isinstance(obj, GitSource):
@@ -107,5 +113,6 @@ async def _describe(conn: Connection, kind: str, name: str) -> str:
 @click.argument("name", shell_complete=complete_name)
 @connection_options
 def describe(kind: str, name: str, conn: Connection) -> None:
-    """Show one object: metadata, spec, status, conditions, related objects and recent events."""
+    """Show one object: metadata, spec, status, conditions, related objects (an API key's usage over
+    the live gateways) and recent events."""
     click.echo(run(_describe(conn, kind_arg(kind), name)))

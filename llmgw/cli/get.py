@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import click
@@ -10,6 +11,7 @@ import click
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.selectors import Selector, parse_selector
 from llmgw.api.types import KINDS, AnyObject, ObjectT, Replica, resolve_kind
+from llmgw.api.usage import KeyUsage
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
@@ -44,19 +46,38 @@ def by_name(objects: Iterable[ObjectT]) -> list[ObjectT]:
     return sorted(objects, key=lambda o: o.name)
 
 
-async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[list[AnyObject], list[Replica]]:
-    """The objects to show and, for nodes, every replica (GPUS and REPLICAS columns)."""
+@dataclass
+class Related:
+    """What a kind's table shows beside its objects: every replica for nodes (GPUS and REPLICAS
+    columns), the keys' usage over the live gateways for apikeys (LAST-USE)."""
+
+    replicas: list[Replica] = field(default_factory=list)
+    usage: dict[str, KeyUsage] = field(default_factory=dict)
+
+
+async def related(c: Client, kind: str) -> Related:
+    if kind == "nodes":
+        return Related(replicas=all_of_kind(Replica, (await c.list(Replica))[0]))
+    if kind == "apikeys":
+        return Related(usage=await key_usage(c))
+    return Related()
+
+
+async def key_usage(c: Client) -> dict[str, KeyUsage]:
+    return {k: KeyUsage.model_validate(u) for k, u in (await c.apikey_usage())["keys"].items()}
+
+
+async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[list[AnyObject], Related]:
+    """The objects to show, and what their table shows beside them."""
     if name:
         objects = [await c.get(KINDS[kind], name)]
     else:
         items, _ = await c.list(KINDS[kind], selector=str(sel) or None)
         objects = by_name(o for o in items if sel.matches(o.metadata.labels))
-    replicas = all_of_kind(Replica, (await c.list(Replica))[0]) if kind == "nodes" else []
-    return objects, replicas
+    return objects, await related(c, kind)
 
 
-def show(kind: str, objects: list[AnyObject], replicas: list[Replica], output: str | None,
-         single: bool) -> None:
+def show(kind: str, objects: list[AnyObject], beside: Related, output: str | None, single: bool) -> None:
     if output in ("yaml", "json", "name"):
         if objects or single:
             click.echo(format_objects(objects, output, single))
@@ -64,14 +85,14 @@ def show(kind: str, objects: list[AnyObject], replicas: list[Replica], output: s
     if not objects:
         click.echo("No resources found.", err=True)
         return
-    headers, rows = table(kind, objects, wide=output == "wide", replicas=replicas)
+    headers, rows = table(kind, objects, wide=output == "wide", replicas=beside.replicas, usage=beside.usage)
     print_table(headers, rows)
 
 
 async def _get(conn: Connection, kind: str, name: str | None, output: str | None, sel: Selector) -> None:
     async with conn.client() as c:
-        objects, replicas = await fetch(c, kind, name, sel)
-    show(kind, objects, replicas, output, single=bool(name))
+        objects, beside = await fetch(c, kind, name, sel)
+    show(kind, objects, beside, output, single=bool(name))
 
 
 async def _watch(conn: Connection, kind: str, name: str | None, output: str | None, sel: Selector) -> None:
@@ -89,7 +110,8 @@ async def _watch(conn: Connection, kind: str, name: str | None, output: str | No
 
         tasks = [asyncio.create_task(follow(k)) for k in kinds]
         try:
-            await _render_loop(queue, kind, kinds, name, output, sel)
+            await _render_loop(queue, kind, kinds, name, output, sel,
+                               (lambda: key_usage(c)) if kind == "apikeys" else None)
         finally:
             for t in tasks:
                 t.cancel()
@@ -101,8 +123,12 @@ def _wanted(obj: AnyObject, name: str | None, sel: Selector) -> bool:
 
 
 async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], name: str | None,
-                       output: str | None, sel: Selector) -> None:
+                       output: str | None, sel: Selector,
+                       read_usage: Callable[[], Awaitable[dict[str, KeyUsage]]] | None = None) -> None:
+    """`read_usage`: the keys' usage (LAST-USE), read again at each change of the keys, not at
+    each redraw (a terminal's once a second), which only moves the ages."""
     cache: dict[str, dict[str, AnyObject]] = {k: {} for k in kinds}
+    usage: dict[str, KeyUsage] = {}
     synced: set[str] = set()
     tabular = output in (None, "wide")
     with WatchTable() as view:
@@ -129,9 +155,11 @@ async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], 
                 continue
             if synced != set(kinds):
                 continue
+            if read_usage is not None and type_ != "TICK":
+                usage = await read_usage()
             objects = by_name(o for o in cache[kind].values() if _wanted(o, name, sel))
             view.show(*table(kind, objects, wide=output == "wide",
-                             replicas=all_of_kind(Replica, cache.get("replicas", {}).values())))
+                             replicas=all_of_kind(Replica, cache.get("replicas", {}).values()), usage=usage))
 
 
 def get_options(f: F) -> F:

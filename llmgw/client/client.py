@@ -280,10 +280,19 @@ class Client:
         return result
 
     async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],
-                            ttl: int | None = None) -> dict[str, Any]:
-        """A gateway's demand, ``{model: {"inFlight": n, "waiting": m}}``, kept for ``ttl`` s unless reported again."""
-        body: dict[str, Any] = {"models": models, **({"ttl": ttl} if ttl else {})}
+                            ttl: int | None = None, keys: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A gateway's demand, ``{model: {"inFlight": n, "waiting": m}}``, kept for ``ttl`` s unless reported
+        again; with ``keys``, its API keys' usage (llmgw/api/usage.py's KeyUsage by key name), kept as long."""
+        body: dict[str, Any] = {"models": models, **({"ttl": ttl} if ttl else {}),
+                                **({"keys": keys} if keys is not None else {})}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/demand/{gateway}", body=body)
+        return result
+
+    async def apikey_usage(self, name: str | None = None) -> dict[str, Any]:
+        """API keys' usage summed over the live gateways: ``{"gateways": n, "keys": {name: usage}}``,
+        or for one key ``{"gateways": n, "name": name, "usage": usage}`` (llmgw/api/usage.py's KeyUsage)."""
+        path = f"{BASE}/usage/apikeys" + (f"/{name}" if name is not None else "")
+        result: dict[str, Any] = await self.request("GET", path)
         return result
 
     async def events(self, kind: Kind, name: str) -> builtins.list[dict[str, Any]]:

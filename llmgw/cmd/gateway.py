@@ -98,7 +98,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "default: the host name and process id.")
 @click.option("--demand-interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Most often, in seconds, this gateway reports its demand (requests in flight per model) "
-              "to the server for the autoscaler; only with --server.")
+              "to the server for the autoscaler, and with --watch-api-keys its keys' usage (for `llmgw "
+              "describe apikey`); only with --server.")
 @click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
               help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
 @click.option("--otel", is_flag=True,
@@ -191,7 +192,8 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         from llmgw.gateway.demand import DemandPublisher, figures
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
                                     interval=demand.interval, ttl=demand.ttl,
-                                    on_gateways=gw.admission.set_gateways if gw.admission else None)
+                                    on_gateways=gw.admission.set_gateways if gw.admission else None,
+                                    keys=gw.admission.windows().report if gw.admission else None)
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
     stop = asyncio.Event()

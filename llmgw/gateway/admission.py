@@ -17,7 +17,8 @@ A request whose key (keyring.py) was verified is admitted here once its model is
   carries the key's priority class to the model's wait queue (request.priority, queue.py), and ends
   the request (its client connection closed) when the key is deleted or expires.
 
-Usage per key (its object name, never its secret) and model is counted as Prometheus series.
+Usage per key (its object name, never its secret) and model is counted as Prometheus series,
+and reported beside the demand report for `llmgw describe apikey` (usage.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from prometheus_client.metrics_core import Metric
 from llmgw.api.types import ApiKey
 from llmgw.gateway.errors import error_response
 from llmgw.gateway.response import Response
+from llmgw.gateway.usage import UsageWindows
 
 SECONDS_PER_MINUTE = 60.0
 
@@ -130,6 +132,7 @@ class Admission:
         self.gateways = 1
         self._states: dict[str, _KeyState] = {}
         self._usage: dict[tuple[str, str], list[int]] = {}   # (key, model) -> [requests, prompt, completion]
+        self.last_used: dict[str, float] = {}   # key -> time.time() of its last request, admitted or refused
 
     # ------------------------------------------------------------ scope
 
@@ -174,6 +177,7 @@ class Admission:
             requests.level -= 1.0
         counts = self.usage(key.name, model)
         counts[0] += 1
+        self.last_used[key.name] = time.time()
         ticket = Ticket(state, counts, end)
         state.tickets.add(ticket)
         return ticket
@@ -231,13 +235,19 @@ class Admission:
     def refused(self, key: str, model: str) -> None:
         """A request of the key was answered 429 by its limits."""
         self.usage(key, model)[3] += 1
+        self.last_used[key] = time.time()
 
     def usage(self, key: str, model: str) -> list[int]:
-        """[requests admitted, prompt tokens, completion tokens, requests refused] of a key and model."""
+        """[requests admitted, prompt tokens, completion tokens, requests refused] of a key and model
+        (usage.py's FIELDS)."""
         u = self._usage.get((key, model))
         if u is None:
             u = self._usage[(key, model)] = [0, 0, 0, 0]
         return u
+
+    def windows(self) -> UsageWindows:
+        """The usage this gateway reports beside its demand (usage.py)."""
+        return UsageWindows(self._usage, self.last_used)
 
     def collector(self) -> "UsageCollector":
         return UsageCollector(self._usage, lambda: self.gateways)

@@ -8,6 +8,10 @@ after its last report. ``poke()`` sends the next report at once: the gateway pok
 first request starts waiting, so a model at zero is scaled up by the first request of a burst,
 not after an interval (and by one report, not one per request).
 
+A gateway with API keys sends their usage in the same report (``keys``, usage.py), which the
+server keeps beside the demand under the same lease; it changes the report as the demand does,
+so it adds no report beyond the same bound.
+
 The server answers a report with the number of live reports, the gateways (this one included):
 ``on_gateways(n)`` hands it on, to share each API key's limits among them (admission.py).
 """
@@ -29,7 +33,8 @@ Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m}
 class DemandSink(Protocol):
     """Where reports go: llmgw.client.Client's report_demand."""
 
-    async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None) -> dict[str, Any]: ...
+    async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None,
+                            keys: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Figures:
@@ -44,8 +49,10 @@ def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Fig
 
 class DemandPublisher:
     def __init__(self, sink: DemandSink, gateway: str, read: Callable[[], Figures], *,
-                 interval: float = 1.0, ttl: int = 15, on_gateways: Callable[[int], None] | None = None) -> None:
-        self.sink, self.gateway, self.read = sink, gateway, read
+                 interval: float = 1.0, ttl: int = 15, on_gateways: Callable[[int], None] | None = None,
+                 keys: Callable[[], dict[str, Any]] | None = None) -> None:
+        """`keys()`: the API keys' usage, sent in the same report (usage.py), by a gateway with keys."""
+        self.sink, self.gateway, self.read, self.keys = sink, gateway, read, keys
         self.on_gateways = on_gateways
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
@@ -67,13 +74,14 @@ class DemandPublisher:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         backoff = Backoff(self.interval, self.ttl / 3)
-        last: Figures | None = None
+        last: tuple[Figures, dict[str, Any] | None] | None = None
         sent_at = 0.0
         while True:
-            now = self.read()
+            now = (self.read(), self.keys() if self.keys is not None else None)
             if now != last or loop.time() - sent_at >= self.ttl / 3:
                 try:
-                    reply = await self.sink.report_demand(self.gateway, now, ttl=self.ttl)
+                    reply = await self.sink.report_demand(self.gateway, now[0], ttl=self.ttl,
+                                                          **({"keys": now[1]} if now[1] is not None else {}))
                 except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
                     delay = backoff.next()
                     log.warning("demand report failed (%s); again in %.1fs", err, delay)

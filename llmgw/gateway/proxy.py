@@ -581,9 +581,9 @@ class _Exchange:
         self.request.on_lost = None
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
-        self.gw.finished(self.request, self.model, resp.status, time.perf_counter() - self.start)
-        if resp.status == 200:
+        if resp.status == 200:   # before finished(), which lets go of the key's ticket
             _used(self.request, self.gw.metrics.usage(self.model, resp.body))
+        self.gw.finished(self.request, self.model, resp.status, time.perf_counter() - self.start)
         self.request.answer(resp)
 
     def _hand_over(self) -> None:

@@ -1,13 +1,15 @@
 """The columns of each kind's table (`llmgw get`, `-o wide`, `llmgw-onboard-node`'s node row)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.meta import get_condition
 from llmgw.api.types import EVICTING, SCALED, AnyObject, ApiKey, GitSource, Model, Node, Replica, Shard
+from llmgw.api.usage import KeyUsage
 from llmgw.printers.table import NONE, human_age
+from llmgw.printers.usage import last_use
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows
 
@@ -218,15 +220,16 @@ def key_limits(k: ApiKey) -> str:
     return _join(parts)
 
 
-def apikey_table(keys: Sequence[ApiKey], wide: bool = False, now: datetime | None = None) -> Table:
+def apikey_table(keys: Sequence[ApiKey], wide: bool = False, now: datetime | None = None,
+                 usage: Mapping[str, KeyUsage] | None = None) -> Table:
     # Never the secret: the object holds only its hash, which is not shown either.
-    headers = ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "AGE"]
+    headers = ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "LAST-USE", "AGE"]
     rows: list[list[str]] = []
     for k in keys:
         expires = k.spec.expires
         rows.append([k.name, k.spec.owner, key_scope(k), key_limits(k), k.spec.priorityClass,
                      expires.isoformat().replace("+00:00", "Z") if expires is not None else NONE,
-                     human_age(k.metadata.creationTimestamp, now)])
+                     last_use((usage or {}).get(k.name), now), human_age(k.metadata.creationTimestamp, now)])
     return headers, rows
 
 
@@ -251,9 +254,10 @@ def gitsource_table(sources: Sequence[GitSource], wide: bool = False, now: datet
     return headers, rows
 
 
-def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
-          replicas: Sequence[Replica] = (), now: datetime | None = None) -> Table:
-    """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS."""
+def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False, replicas: Sequence[Replica] = (),
+          now: datetime | None = None, usage: Mapping[str, KeyUsage] | None = None) -> Table:
+    """(headers, rows) for objects of one plural kind; nodes need every replica for GPUS/REPLICAS,
+    apikeys their usage over the live gateways for LAST-USE."""
     if kind == "nodes":
         return node_table(all_of_kind(Node, objects), replicas, wide, now)
     if kind == "models":
@@ -263,7 +267,7 @@ def table(kind: str, objects: Sequence[AnyObject], *, wide: bool = False,
     if kind == "shards":
         return shard_table(all_of_kind(Shard, objects), wide, now)
     if kind == "apikeys":
-        return apikey_table(all_of_kind(ApiKey, objects), wide, now)
+        return apikey_table(all_of_kind(ApiKey, objects), wide, now, usage)
     if kind == "gitsources":
         return gitsource_table(all_of_kind(GitSource, objects), wide, now)
     raise ValueError(f"no table for kind {kind!r}")

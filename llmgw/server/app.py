@@ -36,7 +36,8 @@ from llmgw.api.logs import LogQuery, parse_rank
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
-from llmgw.api.types import Node, Replica, Shard, node_of
+from llmgw.api.types import ApiKey, Node, Replica, Shard, node_of
+from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
 from llmgw.pki import CAError, Identity, identity_from_der, normalize_serial
 from llmgw.server.authz import Action, Authorizer, Denied, written_fields
@@ -60,7 +61,7 @@ BODY_TYPES = {"PATCH": (JSON, "application/merge-patch+json")}
 EVENT_FIELDS = ("kind", "name", "type", "reason", "message")
 _VERBS = {"list_or_watch": "list", "get": "get", "create": "create", "update": "update", "delete": "delete",
           "update_status": "status", "patch_status": "status", "apply": "apply", "heartbeat": "heartbeat",
-          "report_demand": "demand",
+          "report_demand": "demand", "list_usage": "list", "get_usage": "get",
           "list_events": "events-read", "record_event": "events-write", "revoke": "revoke", "log": "log"}
 
 
@@ -150,6 +151,8 @@ class ApiServer:
         r.add_get(f"{API}/events", self.list_events)
         r.add_post(f"{API}/events", self.record_event)
         r.add_post(f"{API}/revocations", self.revoke)
+        r.add_get(f"{API}/usage/{{kind}}", self.list_usage)   # before {kind}/{name}, which it would match
+        r.add_get(f"{API}/usage/{{kind}}/{{name}}", self.get_usage)
         r.add_get(f"{API}/{{kind}}", self.list_or_watch)
         r.add_post(f"{API}/{{kind}}", self.create)
         r.add_get(f"{API}/{{kind}}/{{name}}", self.get)
@@ -444,13 +447,34 @@ class ApiServer:
         ttl = body.pop("ttl", 15)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise InvalidObject([f"ttl: must be an integer number of seconds in 1..600, got {ttl!r}"])
+        keys = body.pop("keys", None)   # its API keys' usage, kept beside the demand (llmgw/api/usage.py)
         try:
             report = DemandReport.model_validate({"gateway": gateway, **body})
+            usage = UsageReport.model_validate({"gateway": gateway, "keys": keys}) if keys is not None else None
         except ValidationError as err:
             raise InvalidObject(describe_validation_error(err)) from None
-        await self.store.demand.report(report, ttl=ttl)
+        await self.store.demand.report(report, ttl=ttl, usage=usage)
         # The live gateways, this one included: each enforces its share of an API key's limits.
         return _json({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
+
+    async def list_usage(self, request: web.Request) -> web.Response:
+        """Every API key's usage summed over the live gateways' reports (llmgw/api/usage.py)."""
+        return _json(await self._usage(request))
+
+    async def get_usage(self, request: web.Request) -> web.Response:
+        """One API key's usage summed over the live gateways; a key no gateway has seen: none."""
+        name = request.match_info["name"]
+        summed = await self._usage(request)
+        await self.store.get(ApiKey, name)   # NotFound (404) for a key that does not exist
+        return _json({"gateways": summed["gateways"], "name": name,
+                      "usage": summed["keys"].get(name, KeyUsage().model_dump(mode="json"))})
+
+    async def _usage(self, request: web.Request) -> dict[str, Any]:
+        if request.match_info["kind"] != "apikeys":
+            raise Fail(404, "NotFound", f"usage is kept for apikeys only, not {request.match_info['kind']}")
+        reports = await self.store.demand.usage()
+        return {"gateways": len(reports),
+                "keys": {k: u.model_dump(mode="json") for k, u in sorted(total_usage(reports).items())}}
 
     async def log(self, request: web.Request) -> web.StreamResponse:
         """An engine's log, from the agent of the node that runs the shard (llmgw.server.logs):

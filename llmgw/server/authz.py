@@ -4,7 +4,8 @@ Rules, by the certificate's organisation:
   admins           (O=llmgw:admins)      everything, and they alone revoke certificates and manage
                                          API keys (apikeys)
   controller-manager (O=llmgw:components) everything but revoking, engine logs and API keys
-  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys; report its
+  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys (and read
+                                         their usage, GET /usage/apikeys, as admins do); report its
                                          demand (POST /demand/<gateway>), which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node, list the Nodes (the peers holding weights
                                          it pulls); create it with labels and the agent's

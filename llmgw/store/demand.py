@@ -1,8 +1,12 @@
-"""The gateways' demand reports, under /llmgw/demand/<gateway>, each bound to its gateway's lease:
-a gateway that stops reporting has its figures expire with the lease, as a node's heartbeat does."""
+"""The gateways' demand reports, under /llmgw/demand/<gateway>, and their API keys' usage, under
+/llmgw/usage/<gateway>, both bound to the gateway's lease: a gateway that stops reporting has its
+figures expire with the lease, as a node's heartbeat does."""
 from __future__ import annotations
 
+import builtins
+
 from llmgw.api.demand import DemandReport
+from llmgw.api.usage import UsageReport
 from llmgw.store import keys as K
 from llmgw.store.kv import KV
 from llmgw.store.leases import Leases
@@ -18,19 +22,36 @@ class Demand:
     def __init__(self, kv: KV, leases: Leases):
         self._kv, self._leases = kv, leases
         self._lease_ids: dict[str, int] = {}   # gateway -> the lease its report is bound to
+        # (gateway, key) -> (lease, value) last written: a report that changed nothing refreshes the
+        # lease and writes nothing, so usage sent beside the demand adds no write of the demand
+        self._written: dict[tuple[str, str], tuple[int, bytes]] = {}
 
-    async def report(self, report: DemandReport, ttl: int = 15) -> None:
-        """Write the gateway's report, and keep its lease alive (a new one once it expired)."""
+    async def report(self, report: DemandReport, ttl: int = 15, usage: UsageReport | None = None) -> None:
+        """Write the gateway's report (and its keys' usage), and keep its lease alive (a new one
+        once it expired)."""
         gateway = report.gateway
         lease_id = self._lease_ids.get(gateway)
         if lease_id is None or not await self._leases.refresh(lease_id):
             lease_id = self._lease_ids[gateway] = await self._leases.grant(ttl)
-        await self._kv.put(K.demand_key(gateway), report.model_dump_json().encode(), lease=lease_id)
+        await self._put(gateway, K.demand_key(gateway), report.model_dump_json().encode(), lease_id)
+        if usage is not None:
+            await self._put(gateway, K.usage_key(gateway), usage.model_dump_json().encode(), lease_id)
+
+    async def _put(self, gateway: str, key: str, value: bytes, lease_id: int) -> None:
+        if self._written.get((gateway, key)) == (lease_id, value):
+            return
+        await self._kv.put(key, value, lease=lease_id)
+        self._written[(gateway, key)] = (lease_id, value)
 
     async def list(self) -> list[DemandReport]:
         """The live gateways' reports."""
         items, _ = await self._kv.list(K.DEMAND)
         return [_parse(k[len(K.DEMAND):], v) for k, v, _ in items]
+
+    async def usage(self) -> builtins.list[UsageReport]:
+        """The live gateways' reports of their API keys' usage."""
+        items, _ = await self._kv.list(K.USAGE)
+        return [UsageReport.model_validate_json(v) for _, v, _ in items]
 
     def lister_watcher(self) -> KeyValues[DemandReport]:
         """The live reports, as a reflector's lister-watcher: a report written is ADDED, an expired

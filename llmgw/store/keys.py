@@ -8,6 +8,7 @@ SPEC = f"{ROOT}/spec/"
 STATUS = f"{ROOT}/status/"
 HEARTBEAT = f"{ROOT}/heartbeat/"
 DEMAND = f"{ROOT}/demand/"   # a gateway's demand report, bound to its lease
+USAGE = f"{ROOT}/usage/"     # a gateway's API keys' usage, bound to the same lease
 LEADER = f"{ROOT}/leader/"
 REVOKED = f"{ROOT}/revoked/"
 EVENTS = f"{ROOT}/events/"
@@ -58,6 +59,10 @@ def heartbeat_key(node: str) -> str:
 
 def demand_key(gateway: str) -> str:
     return f"{DEMAND}{gateway}"
+
+
+def usage_key(gateway: str) -> str:
+    return f"{USAGE}{gateway}"
 
 
 def leader_key(component: str) -> str:
