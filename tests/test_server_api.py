@@ -214,7 +214,8 @@ NOT_A_LABEL = "is not a DNS-1123 label"
     ("PATCH", "/nodes/..%2Fspec/status", f"name: '../spec' {NOT_A_LABEL}"),
     ("POST", "/heartbeat/Node_1", f"node: 'Node_1' {NOT_A_LABEL}"),
     ("GET", "/events?kind=models&name=../spec", f"name: '../spec' {NOT_A_LABEL}"),
-    ("GET", "/events?kind=pods&name=x", "kind: unknown kind 'pods' (known: nodes, models, replicas, shards, apikeys, gitsources)"),
+    ("GET", "/events?kind=pods&name=x",
+     "kind: unknown kind 'pods' (known: nodes, models, replicas, shards, apikeys, gitsources)"),
 ], ids=["slash", "shard-slash", "upper", "dotdot-status", "heartbeat", "events-name", "events-kind"])
 def test_a_name_in_the_url_that_is_not_a_name_is_a_400(shared_api_server, method, path, problem):
     """Every object's name is a DNS-1123 label; the URL's names are read before anything else
