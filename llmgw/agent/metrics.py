@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 JOINED = ("model", "replica", "node", "rank", "engine")
 SCRAPE_TIMEOUT = 2.0  # seconds an engine has to answer one scrape
 
+FETCH_SOURCES = ("origin", "peer")   # where weights bytes come from (llmgw/weights/puller.py)
+
 
 @dataclass(frozen=True)
 class EngineTarget:
@@ -110,8 +112,8 @@ class _Node:
         yield failures
         fetched = CounterMetricFamily("llmgw_agent_weights_fetched_bytes", "Bytes of weights files fetched "
                                       "and verified, by where from: a peer node or the origin", labels=["source"])
-        for source, n in sorted(f.fetched.items()):
-            fetched.add_metric([source], n)
+        for source in FETCH_SOURCES:     # both, from 0: a rate over a series that appears later misses its start
+            fetched.add_metric([source], f.fetched.get(source, 0))
         yield fetched
 
 
