@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from pydantic import BaseModel, ValidationError
 
 from llmgw.api.client import StatusPatch, WatchEvent
+from llmgw.api.compact import share_fields_set_of, share_fields_sets
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
@@ -50,6 +51,7 @@ def _status_doc(obj: AnyObject) -> bytes:
 def _assemble(spec_kv: KeyValue, status_value: bytes | None, revision: int) -> AnyObject:
     """The object from its spec kv and status document, as of store revision `revision`."""
     obj = parse_stored(spec_kv.value, status_value)
+    share_fields_sets(obj)
     obj.metadata.resourceVersion = spec_kv.mod_revision
     return obj.at_revision(revision)
 
@@ -65,7 +67,8 @@ def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_value: byte
         status = status_cls.model_validate_json(status_value)
     except ValidationError:
         return None
-    return obj.model_copy(update={"status": status}).at_revision(revision)
+    share_fields_sets(status)
+    return share_fields_set_of(obj.model_copy(update={"status": status}), obj).at_revision(revision)
 
 
 def _merge_status(current: dict[str, Any], patch: StatusPatch) -> dict[str, Any]:
