@@ -4,6 +4,7 @@ to another replica, and passive outlier detection leaves the sick replica out fo
 from __future__ import annotations
 
 import asyncio
+from typing import Self
 
 import aiohttp
 import pytest
@@ -14,21 +15,15 @@ from llmgw.gateway.table import RoutingTable
 from tests.helpers.gateway import Sim, metric, model, replica, running_gateway, scrape
 
 
-class Mute:
-    """An engine that accepts connections, reads requests and never answers."""
+class FakeEngine:
+    """An engine on a loopback port whose connections `_serve` handles."""
 
-    def __init__(self) -> None:
-        self.requests = 0
-        self.server: asyncio.base_events.Server | None = None
+    server: asyncio.base_events.Server | None = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                self.requests += data.count(b"POST ")
-        finally:
-            writer.close()
+        raise NotImplementedError
 
-    async def __aenter__(self) -> "Mute":
+    async def __aenter__(self) -> Self:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 
@@ -40,6 +35,21 @@ class Mute:
     def endpoint(self) -> str:
         assert self.server is not None
         return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
+
+
+class Mute(FakeEngine):
+    """An engine that accepts connections, reads requests and never answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                self.requests += data.count(b"POST ")
+        finally:
+            writer.close()
+
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +136,12 @@ async def test_a_request_to_a_model_whose_only_replica_is_mute_ends_at_the_respo
     assert mute.requests == 2     # the try and its retry on a fresh connection
 
 
-class Trickle:
+class Trickle(FakeEngine):
     """An engine that answers a stream with `chunks` events `gap` seconds apart, then, with
     `stall`, sends nothing more and keeps the connection open (a hung engine, a cut link)."""
 
     def __init__(self, chunks: int, gap: float, stall: bool) -> None:
         self.chunks, self.gap, self.stall = chunks, gap, stall
-        self.server: asyncio.base_events.Server | None = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -149,18 +158,6 @@ class Trickle:
         await writer.drain()
         writer.close()
 
-    async def __aenter__(self) -> "Trickle":
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-
-    @property
-    def endpoint(self) -> str:
-        assert self.server is not None
-        return "127.0.0.1:%d" % self.server.sockets[0].getsockname()[1]
 
 
 async def _stream(url: str) -> list[bytes]:
