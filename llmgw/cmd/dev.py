@@ -66,9 +66,8 @@ def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, ti
     plans = default_nodes(node_count)
     cluster = LocalCluster(cluster_dir, plans, gateway_port=gateway_port, engines=engine_paths(engines))
     net = _namespaces(plans, cluster_dir) if netns else None
-    if net is not None:   # the agents (and their engines) run inside; the server listens on the bridge
-        cluster.server_host = net.host
-        cluster.wrap = {f"agent-{p.name}": net.exec_prefix(p.name) for p in plans}
+    if net is not None:
+        cluster.use_network(net)
     stop = _stop_on_signals()
     try:
         with console.status("starting etcd, server, controller-manager, gateway and agents..."):
@@ -105,7 +104,7 @@ def down(directory: str) -> None:
 
 
 def _namespaces(plans: list[NodePlan], cluster_dir: Path) -> Network:
-    """A namespace per node (each plan given its address), written down for `dev down`."""
+    """A namespace per node, written down for `dev down`."""
     try:
         net = Network.create([p.name for p in plans])
     except Unavailable as why:
@@ -113,8 +112,6 @@ def _namespaces(plans: list[NodePlan], cluster_dir: Path) -> Network:
         sys.exit(1)
     cluster_dir.mkdir(parents=True, exist_ok=True)
     net.save(cluster_dir / NETNS_FILE)
-    for p in plans:
-        p.address = net.address(p.name)
     console.print(f"each node in a network namespace of its own: {', '.join(sorted(net.netns.values()))} "
                   f"(bridge {net.bridge}, {net.prefix}.0/24)", highlight=False, soft_wrap=True)
     return net

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from llmgw.dev import prometheus, slots
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
-from llmgw.dev.netns import remove_saved
+from llmgw.dev.netns import Network, remove_saved
 from llmgw.dev.process import free_port, wait_http
 from llmgw.pki.ca import CertificateAuthority
 
@@ -247,6 +247,14 @@ class LocalCluster:
             argv += ["--engine", f"{name}={path}"]
         # engines inherit the agent's environment: NODE_MARKER finds a node's processes
         self._spawn(f"agent-{n.name}", argv, env={NODE_MARKER: n.name})
+
+    def use_network(self, net: Network) -> None:
+        """Each node in its namespace of `net` (its agent, and so its engines, run inside, at the
+        namespace's address); the server listens on the bridge's address, where the nodes reach it."""
+        for p in self.nodes:
+            p.address = net.address(p.name)
+        self.server_host = net.host
+        self.wrap.update({f"agent-{p.name}": net.exec_prefix(p.name) for p in self.nodes})
 
     def address(self, n: NodePlan) -> str:
         """The node's own address, or the one the slot gives its place in the cluster."""

@@ -280,12 +280,10 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
     except Unavailable as why:
         pytest.skip(f"the fault cluster's nodes need network namespaces, which cannot be made here: {why}")
     try:
-        for p in plans:
-            p.address = net.address(p.name)
         c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
                          drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members,
-                         server_host=net.host, net=net, gateway_args=gateway_args or [],
-                         wrap={f"agent-{p.name}": net.exec_prefix(p.name) for p in plans})
+                         net=net, gateway_args=gateway_args or [])
+        c.use_network(net)
         async with _running(c):
             yield c
     finally:
