@@ -111,15 +111,15 @@ def _weights_command() -> click.Command:
     from llmgw.api.types import Model, Node, Shard
     from llmgw.cli.connect import Connection, connection_options, run
     from llmgw.cli.errors import EXIT_CODES_HELP
-    from llmgw.printers.table import print_table
+    from llmgw.printers.table import Row, print_table
     from llmgw.printers.weights import HEADERS, weights_rows
 
-    async def rows(conn: Connection) -> list[list[str]]:
+    async def rows(conn: Connection) -> list[Row]:
         async with conn.client() as c:
             nodes = all_of_kind(Node, (await c.list(Node))[0])
             models = all_of_kind(Model, (await c.list(Model))[0])
             shards = all_of_kind(Shard, (await c.list(Shard))[0])
-        return [list(r) for r in weights_rows(nodes, models, shards)]
+        return weights_rows(nodes, models, shards)
 
     @click.command("weights", epilog=EXIT_CODES_HELP)
     @connection_options
