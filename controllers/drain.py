@@ -86,7 +86,7 @@ class DrainController(Controller):
         if not node.spec.unschedulable:
             cordoned = node.model_copy(deep=True)
             cordoned.spec.unschedulable = True
-            node = await store.update(cordoned)
+            node = await store.update(cordoned, current=node)
             cache.assume(node)
             self.ctx.events.record(node, "Normal", "Cordoned", "no new replicas will be placed here")
 

@@ -242,7 +242,7 @@ class NodeLifecycleController(Controller):
         marked = rep.model_copy(deep=True)
         marked.metadata.annotations[EVICT] = "node-lost"
         try:
-            await self.ctx.store.update(marked)     # Conflict: the key is retried
+            await self.ctx.store.update(marked, current=rep)     # Conflict: the key is retried
             gone = await self.ctx.store.delete(Replica, rep.metadata.name)
         except NotFound:
             self.ctx.cache.assume_deleted(Replica, rep.metadata.name)

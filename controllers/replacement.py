@@ -74,6 +74,6 @@ async def abandon_replacement(ctx: Context, repl: Replica) -> None:
             return
         plain = repl.model_copy(deep=True)
         plain.metadata.annotations.pop(DRAINING_REPLACEMENT_FOR, None)
-        ctx.cache.assume(await ctx.store.update(plain))   # Conflict: the caller's key is retried
+        ctx.cache.assume(await ctx.store.update(plain, current=repl))   # Conflict: the caller's key is retried
     except NotFound:
         ctx.cache.assume_deleted(Replica, repl.metadata.name)

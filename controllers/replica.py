@@ -266,7 +266,7 @@ class ReplicaController(Controller):
             return
         new = r.model_copy(deep=True)
         new.spec.placement = []
-        updated = await self.ctx.store.update(new)
+        updated = await self.ctx.store.update(new, current=r)
         self.ctx.cache.assume(updated)
         await self._patch(updated, {
             "phase": "Pending", "endpoint": None, "message": "waiting to be placed again",
@@ -302,10 +302,10 @@ class ReplicaController(Controller):
                     self.ctx.events.record(r if r is not None else s, "Warning", "ShardAbandoned",
                                            f"node {s.spec.node} was deleted: shard {s.name} released "
                                            "without its agent")
-                s = s.model_copy(deep=True)
-                s.metadata.finalizers = [f for f in s.metadata.finalizers if f != PROCESS_FINALIZER]
+                released = s.model_copy(deep=True)
+                released.metadata.finalizers = [f for f in s.metadata.finalizers if f != PROCESS_FINALIZER]
                 try:
-                    s = await self.ctx.store.update(s)
+                    s = await self.ctx.store.update(released, current=s)
                 except NotFound:
                     self.ctx.cache.assume_deleted(Shard, s.name)
                     continue
@@ -327,7 +327,7 @@ class ReplicaController(Controller):
             new = r.model_copy(deep=True)
             new.metadata.finalizers = [f for f in new.metadata.finalizers if f != SHARDS_FINALIZER]
             try:
-                gone = await self.ctx.store.update(new)
+                gone = await self.ctx.store.update(new, current=r)
             except NotFound:
                 gone = new
                 gone.metadata.finalizers = []

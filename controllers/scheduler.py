@@ -132,7 +132,7 @@ class SchedulerController(Controller):
         new = rep.model_copy(update={"spec": rep.spec.model_copy(update={"placement": [
             Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric) for s in out.slots]})})
         try:
-            written = await self.ctx.store.update(new)
+            written = await self.ctx.store.update(new, current=rep)
         except NotFound:
             led.unassume(key)
             return None

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
+from llmgw.api.types import ModelStatus
 from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store
 from tests.helpers.poll import until
 
@@ -38,11 +39,21 @@ async def test_create_get_and_keys_readable_with_etcdctl(store, etcd):
         await store.create(model("m1"))
     with pytest.raises(NotFound):
         await store.get(Model, "nope")
-    out = subprocess.run(["etcdctl", "--endpoints", etcd.endpoint, "get", "--prefix", "/llmgw/"],
-                         capture_output=True, text=True, env={"ETCDCTL_API": "3"}, check=True).stdout.split("\n")
-    assert "/llmgw/spec/models/m1" in out and "/llmgw/status/models/m1" in out
+
+    def stored() -> list[str]:
+        return subprocess.run(["etcdctl", "--endpoints", etcd.endpoint, "get", "--prefix", "/llmgw/"],
+                              capture_output=True, text=True, env={"ETCDCTL_API": "3"},
+                              check=True).stdout.split("\n")
+
+    out = stored()
+    # created with the default status: no status key until the status is first written
+    assert "/llmgw/spec/models/m1" in out and "/llmgw/status/models/m1" not in out
     spec_doc = json.loads(out[out.index("/llmgw/spec/models/m1") + 1])
     assert spec_doc["spec"]["replicas"] == 1 and "status" not in spec_doc
+    assert got.status == ModelStatus() and got.status.replicas == 0
+    await store.patch_status(Model, "m1", {"replicas": 1})
+    out = stored()
+    assert json.loads(out[out.index("/llmgw/status/models/m1") + 1])["replicas"] == 1
 
 
 async def test_a_create_sent_again_after_it_committed_is_done_not_already_exists(store):
@@ -219,6 +230,38 @@ async def test_every_watched_copy_is_the_object_as_stored_at_its_revision(store)
     assert seen == [(None, 1, 1, 1, events[0].revision), ("a", 3, 2, 1, events[1].revision),
                     ("a", 3, 2, 2, events[2].revision)]
     assert events[2].object == await store.get(Model, "m1")
+
+
+async def test_a_watch_from_any_revision_gives_each_write_once_as_it_was_stored(store):
+    """Objects created with and without a status (a default one is not stored), first status
+    writes, spec changes and deletes: a watch started at any revision yields one event per
+    write after it, each object equal to what that write returned (the revisions of its spec
+    and status keys included), whether the watch saw the object's creation or not."""
+    written = []   # each object as its write returned it
+    n1 = await store.create(Node(metadata=ObjectMeta(name="n1")))                     # no status key
+    written.append(n1)
+    n2 = await store.create(Node(metadata=ObjectMeta(name="n2"), status={"agentVersion": "1"}))  # status too
+    written.append(n2)
+    written.append(n1 := await store.patch_status(Node, "n1", {"agentVersion": "2"}, current=n1))
+    cordoned = n2.model_copy(update={"spec": n2.spec.model_copy(update={"unschedulable": True})})
+    written.append(n2 := await store.update(cordoned, current=n2))
+    written.append(n2 := await store.patch_status(Node, "n2", {"driverVersion": "570"}, current=n2))
+    written.append(n1 := await store.update(n1.model_copy(update={"spec": n1.spec.model_copy(
+        update={"drain": True})}), current=n1))
+    written.append(n1 := await store.patch_status(Node, "n1", {"addresses": ["10.0.0.1"]}, current=n1))
+    written.append(await store.delete(Node, "n2"))
+    revisions = [o.revision for o in written]
+    assert revisions == sorted(set(revisions)), "one revision per write"
+    for i, start in enumerate(revisions):
+        events = await collect(store.watch(Node, from_revision=start), len(written) - i)
+        types = ["ADDED", "ADDED", "MODIFIED", "MODIFIED", "MODIFIED", "MODIFIED", "MODIFIED", "DELETED"]
+        assert [(e.type, e.revision) for e in events] == [(t, o.revision) for t, o in zip(types[i:], written[i:])]
+        for e, o in zip(events, written[i:]):
+            if e.type == "DELETED":
+                assert e.object.name == o.name and e.object.spec == o.spec
+            else:
+                assert e.object == o, (start, e.revision)
+                assert e.object.revision == o.revision and e.object._status_revision == o._status_revision
 
 
 async def test_watch_compacted_start_is_signalled(store):

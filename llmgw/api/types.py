@@ -98,6 +98,10 @@ class Object(Strict, Generic[SpecT, StatusT]):
     # last writes, set by llmgw.store. Not serialised. resourceVersion alone cannot
     # order two copies: a status write leaves it unchanged.
     _revision: int = PrivateAttr(default=0)
+    # The mod revision of the status key this copy's status was read at, set by llmgw.store:
+    # 0 when there is no status key (a default status is not stored), -1 when not known. A
+    # status patch of this copy is one compare-and-swap against it (Objects.patch_status).
+    _status_revision: int = PrivateAttr(default=-1)
 
     @property
     def name(self) -> str:
@@ -108,9 +112,12 @@ class Object(Strict, Generic[SpecT, StatusT]):
         """The store revision this copy reflects (resourceVersion when not known)."""
         return self._revision or self.metadata.resourceVersion or 0
 
-    def at_revision(self, revision: int) -> Self:
-        """Record the store revision this copy reflects; returns self."""
+    def at_revision(self, revision: int, status_revision: int | None = None) -> Self:
+        """Record the store revision this copy reflects (and, when given, its status key's
+        mod revision); returns self."""
         self._revision = revision
+        if status_revision is not None:
+            self._status_revision = status_revision
         return self
 
     def owner_reference(self) -> OwnerReference:

@@ -97,8 +97,10 @@ WatchedKind = type[AnyObject] | str
 
 class ControllerStore(ObjectClient, Protocol):
     """What controllers write through: an ObjectClient (llmgw.store.Store, fenced) whose
-    patch_status may start from the caller's copy of the object (``current``, from the
-    cache): no read first while that copy is the stored one."""
+    update and patch_status may start from the caller's copy of the object (``current``,
+    from the cache, never changed in place): no read first while that copy is the stored one."""
+
+    async def update(self, obj: ObjectT, *, current: ObjectT | None = None) -> ObjectT: ...
 
     async def patch_status(self, kind: type[ObjectT], name: str, patch: StatusPatch,
                            node: str | None = None, *, current: ObjectT | None = None) -> ObjectT: ...

@@ -2,9 +2,15 @@
 
 ``Objects`` implements ``llmgw.api.ObjectClient`` on an ``Etcd``.
 resourceVersion is the spec key's mod_revision; generation moves on spec
-changes only; status writes touch only the status key. On a fenced ``Etcd``
-(``Store.fenced``) every write also requires the leader key, so a deposed
-controller-manager cannot write.
+changes only; status writes touch only the status key, and an object created with
+the default status has no status key until its status is first written. On a
+fenced ``Etcd`` (``Store.fenced``) every write also requires the leader key, so a
+deposed controller-manager cannot write.
+
+Nothing raw is kept beside the decoded objects (issue 34: a controller-manager holds
+every object of a fleet): a decoded object carries the mod revisions of its two keys
+(resourceVersion and its status revision), and a write that starts from the caller's
+copy (``current``) is a compare-and-swap on them with no read first.
 """
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ def _status_class(kind: type[AnyObject]) -> type[BaseModel]:
 
 
 STATUS_CLASSES = {kind: _status_class(cls) for kind, cls in KINDS.items()}
+# The default status of each kind as stored: a create with it writes no status key
+DEFAULT_STATUS_DOCS = {kind: cls().model_dump_json().encode() for kind, cls in STATUS_CLASSES.items()}
 
 
 def _spec_doc(obj: AnyObject) -> bytes:
@@ -48,27 +56,41 @@ def _status_doc(obj: AnyObject) -> bytes:
     return status.model_dump_json().encode()
 
 
-def _assemble(spec_kv: KeyValue, status_value: bytes | None, revision: int) -> AnyObject:
-    """The object from its spec kv and status document, as of store revision `revision`."""
-    obj = parse_stored(spec_kv.value, status_value)
+def _assemble(spec_kv: KeyValue, status_kv: KeyValue | None, revision: int) -> AnyObject:
+    """The object from its spec kv and status kv (None: no status key), as of store revision `revision`."""
+    obj = parse_stored(spec_kv.value, status_kv.value if status_kv is not None else None)
     share_fields_sets(obj)
     obj.metadata.resourceVersion = spec_kv.mod_revision
-    return obj.at_revision(revision)
+    return obj.at_revision(revision, status_kv.mod_revision if status_kv is not None else 0)
 
 
-def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_value: bytes,
-                 revision: int) -> AnyObject | None:
-    """`obj` (shared, not changed) with another status document, as of store revision `revision`.
+def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_kv: KeyValue) -> AnyObject | None:
+    """`obj` (shared, not changed) with another status, written at the status kv's revision.
 
     A third of the cost of decoding the whole object again. None when the status does
     not validate: decoding the whole object (parse_stored) says what is wrong.
     """
     try:
-        status = status_cls.model_validate_json(status_value)
+        status = status_cls.model_validate_json(status_kv.value)
     except ValidationError:
         return None
     share_fields_sets(status)
-    return share_fields_set_of(obj.model_copy(update={"status": status}), obj).at_revision(revision)
+    copy = share_fields_set_of(obj.model_copy(update={"status": status}), obj)
+    return copy.at_revision(status_kv.mod_revision, status_kv.mod_revision)
+
+
+def _with_spec(obj: AnyObject, spec_kv: KeyValue) -> AnyObject:
+    """A new spec document for `obj`, whose status (shared, not changed) stays as it is."""
+    new = parse_stored(spec_kv.value, None)
+    share_fields_sets(new)
+    new.status = obj.status
+    new.metadata.resourceVersion = spec_kv.mod_revision
+    return new.at_revision(spec_kv.mod_revision, obj._status_revision)
+
+
+def _spec_dict(obj: AnyObject) -> dict[str, Any]:
+    """The spec document of `obj` as JSON values."""
+    return obj.model_dump(mode="json", exclude={"status": True, "metadata": {"resourceVersion"}})
 
 
 def _merge_status(current: dict[str, Any], patch: StatusPatch) -> dict[str, Any]:
@@ -92,35 +114,6 @@ def _keys(kind: str, name: str, node: str | None) -> tuple[str, str]:
     return K.object_key(K.SPEC, kind, name, node), K.object_key(K.STATUS, kind, name, node)
 
 
-class Documents:
-    """The latest stored document per key, by the revision it was written at: a write
-    at that revision needs no read first. Bounded; never goes back to an older one."""
-
-    def __init__(self, limit: int = 100_000):
-        self._docs: dict[str, tuple[int, bytes]] = {}
-        self._limit = limit
-
-    def get(self, key: str) -> tuple[int, bytes] | None:
-        return self._docs.get(key)
-
-    def put(self, key: str, revision: int, doc: bytes) -> None:
-        docs = self._docs
-        old = docs.get(key)
-        if old is not None and old[0] > revision:
-            return  # never replace a newer document with an older one
-        docs[key] = (revision, doc)
-        if len(docs) > self._limit:
-            docs.pop(next(iter(docs)))
-
-
-class Memory:
-    """What a Store and its fenced views remember of the documents they saw."""
-
-    def __init__(self) -> None:
-        self.specs = Documents()
-        self.statuses = Documents()
-
-
 class WriteHook(Protocol):
     """What a kind's writes keep in step with them, in their own transaction: the served
     names of Models (llmgw.store.names) are the one today."""
@@ -135,9 +128,8 @@ class WriteHook(Protocol):
 class Objects:
     """The ObjectClient on etcd. Kinds are classes (or, for callers holding only the name, plural names)."""
 
-    def __init__(self, etcd: Etcd, memory: Memory):
+    def __init__(self, etcd: Etcd):
         self.etcd = etcd
-        self._memory = memory
         self.hooks: dict[type[AnyObject], WriteHook] = {}   # by kind; set by the Store
 
     async def revision(self, since: int | None = None) -> int:
@@ -158,8 +150,8 @@ class Objects:
                 return parsed[2]
         raise NotFound(f"{kind}/{name} not found")
 
-    async def _read(self, kind: str, name: str, node: str | None) -> tuple[AnyObject, int, int]:
-        """(object, spec mod_revision, status mod_revision or 0), read atomically."""
+    async def _read(self, kind: str, name: str, node: str | None) -> AnyObject:
+        """The object, its spec and status read atomically."""
         node = await self._find_node(kind, name, node)
         spec_key, status_key = _keys(kind, name, node)
         resp = await self.etcd.txn([], [get_op(spec_key), get_op(status_key)], writes=False)
@@ -169,17 +161,12 @@ class Objects:
         spec: KeyValue = spec_kvs[0]
         status_kvs = resp.responses[1].response_range.kvs
         status: KeyValue | None = status_kvs[0] if status_kvs else None
-        status_rev = status.mod_revision if status is not None else 0
-        obj = _assemble(spec, status.value if status is not None else None, max(spec.mod_revision, status_rev))
-        self._memory.specs.put(spec_key, spec.mod_revision, spec.value)
-        if status is not None:
-            self._memory.statuses.put(status_key, status.mod_revision, status.value)
-        return obj, spec.mod_revision, status_rev
+        return _assemble(spec, status, max(spec.mod_revision, status.mod_revision if status is not None else 0))
 
 
     async def get(self, kind: type[ObjectT], name: str, node: str | None = None) -> ObjectT:
         # (cast: the key's prefix is the kind's; _assemble parsed the stored kind)
-        return cast(ObjectT, (await self._read(kind.kind_plural, name, node))[0])
+        return cast(ObjectT, await self._read(kind.kind_plural, name, node))
 
 
     async def list(self, kind: type[ObjectT], selector: str | dict[str, str] | None = None,
@@ -194,8 +181,7 @@ class Objects:
         items = []
         for kv in resp.responses[0].response_range.kvs:
             status = statuses.get(kv.key[len(spec_prefix):])
-            obj = _assemble(kv, status.value if status else None,
-                            max(kv.mod_revision, status.mod_revision if status else 0))
+            obj = _assemble(kv, status, max(kv.mod_revision, status.mod_revision if status else 0))
             if sel.matches(obj.metadata.labels):
                 items.append(obj)
         revision: int = resp.header.revision
@@ -224,19 +210,19 @@ class Objects:
             "resourceVersion": None, "deletionTimestamp": None})
         obj = obj.model_copy(update={"metadata": meta})
         spec_key, status_key = _keys(obj.kind_plural, meta.name, node_of(obj))
-        spec_doc = _spec_doc(obj)
-        # status first: a watcher sees the status put, then the spec put that completes the object
-        resp = await self._write(
-            obj, [compare(as_bytes(spec_key), VERSION, version=0)],
-            [put_op(status_key, _status_doc(obj)), put_op(spec_key, spec_doc)], None, obj,
-        )
+        status_doc = _status_doc(obj)
+        # A default status is not stored (one write less per object; reads and watches
+        # give the default). Any other goes first: a watcher sees the status put, then
+        # the spec put that completes the object.
+        with_status = status_doc != DEFAULT_STATUS_DOCS[obj.kind_plural]
+        puts = [put_op(status_key, status_doc)] if with_status else []
+        resp = await self._write(obj, [compare(as_bytes(spec_key), VERSION, version=0)],
+                                 [*puts, put_op(spec_key, _spec_doc(obj))], None, obj)
         if not resp.succeeded:
             return await self._own_create(obj)
         revision: int = resp.header.revision
         meta.resourceVersion = revision
-        self._memory.specs.put(spec_key, revision, spec_doc)
-        self._memory.statuses.put(status_key, revision, _status_doc(obj))
-        return obj.at_revision(revision)
+        return obj.at_revision(revision, revision if with_status else 0)
 
     async def _own_create(self, obj: ObjectT) -> ObjectT:
         """The stored object when it is `obj` itself (the same uid), else AlreadyExists.
@@ -254,37 +240,41 @@ class Objects:
         return stored
 
     async def _current_doc(self, kind: str, name: str, node: str | None,
-                           revision: int) -> tuple[dict[str, Any], int]:
-        spec_key = K.object_key(K.SPEC, kind, name, node)
-        cached = self._memory.specs.get(spec_key)
-        if cached and cached[0] == revision:
-            return json.loads(cached[1]), revision
-        resp = await self.etcd.range(spec_key)
+                           revision: int, current: AnyObject | None) -> tuple[dict[str, Any], int]:
+        """The stored spec document and its revision: `current`'s when it is the object at
+        `revision` (the caller's unchanged copy), else read."""
+        if current is not None and current.metadata.resourceVersion == revision:
+            return _spec_dict(current), revision
+        resp = await self.etcd.range(K.object_key(K.SPEC, kind, name, node))
         if not resp.kvs:
             raise NotFound(f"{kind}/{name} not found")
         kv: KeyValue = resp.kvs[0]
-        self._memory.specs.put(spec_key, kv.mod_revision, kv.value)
         return json.loads(kv.value), kv.mod_revision
 
-    async def update(self, obj: ObjectT) -> ObjectT:
-        """Write spec and metadata, if obj's resourceVersion is still current (else Conflict)."""
+    async def update(self, obj: ObjectT, *, current: ObjectT | None = None) -> ObjectT:
+        """Write spec and metadata, if obj's resourceVersion is still current (else Conflict).
+
+        `current` is the caller's copy of the object as stored at that resourceVersion (from
+        a cache; `obj` is a changed copy of it, `current` itself never changed in place): the
+        write is then one compare-and-swap with no read first.
+        """
         kind, name, node = obj.kind_plural, obj.metadata.name, node_of(obj)
         rv = obj.metadata.resourceVersion
         if rv is None:
             raise Conflict(f"{kind}/{name}: update needs metadata.resourceVersion")
-        current, spec_rev = await self._current_doc(kind, name, node, rv)
+        stored, spec_rev = await self._current_doc(kind, name, node, rv, current)
         if spec_rev != rv:
             raise Conflict(f"{kind}/{name} changed since it was read (resourceVersion "
                            f"{rv}, now {spec_rev}): re-read and retry")
-        cur_md = current["metadata"]
-        new_doc = json.loads(_spec_doc(obj))
+        cur_md = stored["metadata"]
+        new_doc = _spec_dict(obj)
         md = new_doc["metadata"]
         # fields only the store sets
         for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
             md[field] = cur_md.get(field)
-        if new_doc["spec"] != current["spec"]:
+        if new_doc["spec"] != stored["spec"]:
             md["generation"] = (cur_md.get("generation") or 0) + 1
-        if new_doc == current:
+        if new_doc == stored:
             return obj  # nothing changed: no write, no new revision
         meta = obj.metadata.model_validate({**md, "resourceVersion": None})
         new = obj.model_copy(update={"metadata": meta})
@@ -292,18 +282,17 @@ class Objects:
         compares = [compare(as_bytes(spec_key), MOD, mod_revision=spec_rev)]
         if meta.deletionTimestamp is not None and not meta.finalizers:
             # the last finalizer went: the real delete
-            resp = await self._write(new, compares, [delete_op(status_key), delete_op(spec_key)], current, None)
+            resp = await self._write(new, compares, [delete_op(status_key), delete_op(spec_key)], stored, None)
             if not resp.succeeded:
                 raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
             meta.resourceVersion = resp.header.revision
             return new.at_revision(resp.header.revision)
         spec_doc = json.dumps(new_doc, separators=(",", ":")).encode()
-        resp = await self._write(new, compares, [put_op(spec_key, spec_doc)], current, new)
+        resp = await self._write(new, compares, [put_op(spec_key, spec_doc)], stored, new)
         if not resp.succeeded:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
         revision: int = resp.header.revision
         meta.resourceVersion = revision
-        self._memory.specs.put(spec_key, revision, spec_doc)
         return new.at_revision(revision)
 
     async def update_status(self, obj: ObjectT) -> ObjectT:
@@ -314,10 +303,12 @@ class Objects:
                                    [put_op(status_key, _status_doc(obj)), get_op(spec_key)])
         if not resp.succeeded:
             raise NotFound(f"{kind}/{name} not found")
-        doc = _status_doc(obj)
         revision: int = resp.header.revision
-        self._memory.statuses.put(status_key, revision, doc)
-        stored = _assemble(resp.responses[1].response_range.kvs[0], doc, revision)
+        spec = resp.responses[1].response_range.kvs[0]
+        stored = parse_stored(spec.value, _status_doc(obj))
+        share_fields_sets(stored)
+        stored.metadata.resourceVersion = spec.mod_revision
+        stored.at_revision(revision, revision)
         if not isinstance(stored, type(obj)):
             raise TypeError(f"{spec_key} holds a {stored.kind}, not a {obj.kind}")
         return stored
@@ -331,10 +322,10 @@ class Objects:
                             current: AnyObject | None) -> AnyObject:
         """Atomically merge `patch` into the status: fields replaced, conditions merged by type.
 
-        `current` is the caller's copy of the object (from a cache, say). While its spec
-        is still the stored one and this Store has seen the stored status (its own
-        writes, reads and watches remember it), the patch is one compare-and-swap with
-        no read first, and the result is `current` with the new status. Otherwise, or
+        `current` is the caller's copy of the object (from a cache, say, never changed in
+        place). While it is the stored object (the mod revisions of its spec and status
+        keys, which it carries, are still the keys'), the patch is one compare-and-swap
+        with no read first, and the result is `current` with the new status. Otherwise, or
         when the compare fails, the object is read and the patch tried again.
         """
         if current is not None:
@@ -342,32 +333,24 @@ class Objects:
         node = await self._find_node(kind, name, node)
         spec_key, status_key = _keys(kind, name, node)
         status_cls = STATUS_CLASSES[kind]
-        spec_rev = current.metadata.resourceVersion if current is not None else None
-        known = self._memory.statuses.get(status_key) if spec_rev else None
+        read = current is None or current.metadata.resourceVersion is None or current._status_revision < 0
         for _ in range(20):
-            if known is None or current is None or spec_rev is None:
-                current, spec_rev, status_rev = await self._read(kind, name, node)
-                new_status = status_cls.model_validate(
-                    _merge_status(current.status.model_dump(mode="json"), patch))
-                if new_status == current.status:
+            if read or current is None:
+                current = await self._read(kind, name, node)
+            new_status = status_cls.model_validate(_merge_status(current.status.model_dump(mode="json"), patch))
+            if new_status == current.status:
+                if read:
                     return current
-                doc = new_status.model_dump_json().encode()
-            else:
-                status_rev, raw = known
-                new_status = status_cls.model_validate(_merge_status(json.loads(raw), patch))
-                doc = new_status.model_dump_json().encode()
-                if doc == raw:
-                    known = None  # nothing to write as far as this Store knows: read to be sure
-                    continue
+                read = True  # nothing to write as far as the caller's copy says: read to be sure
+                continue
             resp = await self.etcd.txn(
-                [compare(as_bytes(spec_key), MOD, mod_revision=spec_rev),
-                 compare(as_bytes(status_key), MOD, mod_revision=status_rev)],
-                [put_op(status_key, doc)])
+                [compare(as_bytes(spec_key), MOD, mod_revision=current.metadata.resourceVersion or 0),
+                 compare(as_bytes(status_key), MOD, mod_revision=current._status_revision)],
+                [put_op(status_key, new_status.model_dump_json().encode())])
             if resp.succeeded:
                 revision: int = resp.header.revision
-                self._memory.statuses.put(status_key, revision, doc)
-                return current.model_copy(update={"status": new_status}).at_revision(revision)
-            known = None  # spec or status moved on, or the object is gone: read and retry
+                return current.model_copy(update={"status": new_status}).at_revision(revision, revision)
+            read = True  # spec or status moved on, or the object is gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
 
@@ -378,9 +361,9 @@ class Objects:
     async def _delete(self, kind: str, name: str, node: str | None) -> AnyObject:
         node = await self._find_node(kind, name, node)
         for _ in range(20):
-            obj, spec_rev, _ = await self._read(kind, name, node)
+            obj = await self._read(kind, name, node)
             spec_key, status_key = _keys(kind, name, node)
-            compares = [compare(as_bytes(spec_key), MOD, mod_revision=spec_rev)]
+            compares = [compare(as_bytes(spec_key), MOD, mod_revision=obj.metadata.resourceVersion or 0)]
             if obj.metadata.finalizers:
                 if obj.metadata.deletionTimestamp is not None:
                     return obj
@@ -412,11 +395,12 @@ class Objects:
         # One stream covering both prefixes keeps spec and status events in revision order.
         start, end = as_bytes(spec_prefix), K.prefix_end(status_prefix)
         Rel = tuple[str | None, str]     # (node, name)
-        specs: dict[Rel, KeyValue] = {}            # the latest spec kv
-        statuses: dict[Rel, bytes | None] = {}     # the latest status value
-        latest: dict[Rel, AnyObject] = {}          # the object last yielded
+        # The object last yielded per key (the one the caller's cache holds too: no raw
+        # documents are kept beside it), and a status created together with its spec until
+        # that spec's event, which follows it in the same transaction.
+        latest: dict[Rel, AnyObject] = {}
+        born: dict[Rel, KeyValue] = {}
         status_cls = STATUS_CLASSES[kind]
-        remember_spec, remember_status = self._memory.specs.put, self._memory.statuses.put
         async for ev in self.etcd.events(start, end, from_revision, prev_kv=True):
             parsed = K.parse_object_key(ev.kv.key.decode())
             if parsed is None or parsed[1] != kind or (node is not None and parsed[2] != node):
@@ -424,48 +408,57 @@ class Objects:
             section, _, obj_node, name = parsed
             rel = (obj_node, name)
             spec_key, status_key = _keys(kind, name, obj_node)
+            revision = ev.kv.mod_revision
+            obj: AnyObject | None
             if section == K.SPEC:
                 if ev.kind == "DELETE":
-                    last = specs.pop(rel, None) or ev.prev_kv
-                    status = statuses.pop(rel, None)
-                    latest.pop(rel, None)
-                    if last is None or not last.value:
+                    last = latest.pop(rel, None)
+                    if last is not None:
+                        meta = last.metadata.model_copy(update={"resourceVersion": revision})
+                        obj = last.model_copy(update={"metadata": meta}).at_revision(revision)
+                    elif ev.prev_kv is not None and ev.prev_kv.value:
+                        obj = _assemble(ev.prev_kv, None, revision)
+                        obj.metadata.resourceVersion = revision
+                    else:
                         continue
-                    obj = _assemble(last, status, ev.kv.mod_revision)
-                    obj.metadata.resourceVersion = ev.kv.mod_revision
-                    yield WatchEvent("DELETED", obj, ev.kv.mod_revision)
+                    yield WatchEvent("DELETED", obj, revision)
                     continue
-                specs[rel] = ev.kv
-                remember_spec(spec_key, ev.kv.mod_revision, ev.kv.value)
-                if rel not in statuses and ev.kv.version > 1:
-                    statuses[rel] = await self._value_at(as_bytes(status_key), ev.kv.mod_revision)
-                obj = latest[rel] = _assemble(ev.kv, statuses.get(rel), ev.kv.mod_revision)
-                yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED", obj, ev.kv.mod_revision)
+                prev = latest.get(rel)
+                if ev.kv.version == 1:   # created: with the status put just before it, if any
+                    status = born.pop(rel, None)
+                    obj = _assemble(ev.kv, status if status is not None and status.mod_revision == revision else None,
+                                    revision)
+                elif prev is not None:
+                    obj = _with_spec(prev, ev.kv)
+                else:
+                    obj = _assemble(ev.kv, await self._kv_at(as_bytes(status_key), revision), revision)
+                latest[rel] = obj
+                yield WatchEvent("ADDED" if ev.kv.version == 1 else "MODIFIED", obj, revision)
             else:
                 if ev.kind == "DELETE":
                     continue  # deleted together with its spec; the spec event reports it
-                statuses[rel] = ev.kv.value
-                remember_status(status_key, ev.kv.mod_revision, ev.kv.value)
-                if ev.kv.version == 1:
-                    continue  # created with its spec, which follows in the same transaction
                 prev = latest.get(rel)
-                # the spec is the one prev was built from: only the new status needs decoding
-                changed = _with_status(prev, status_cls, ev.kv.value, ev.kv.mod_revision) if prev else None
-                if changed is None:
-                    spec = specs.get(rel)
+                if prev is None and ev.kv.version == 1:
+                    # a create that stores a status, whose spec event follows, or the first
+                    # status write of an object this watch has not seen yet: its spec says
+                    spec = await self._kv_at(as_bytes(spec_key), revision)
                     if spec is None:
-                        spec = await self._kv_at(as_bytes(spec_key), ev.kv.mod_revision)
+                        continue
+                    if spec.mod_revision == revision and spec.version == 1:
+                        born[rel] = ev.kv
+                        continue
+                    obj = _assemble(spec, ev.kv, revision)
+                else:
+                    # the spec is the one prev was built from: only the new status needs decoding
+                    obj = _with_status(prev, status_cls, ev.kv) if prev is not None else None
+                    if obj is None:
+                        spec = await self._kv_at(as_bytes(spec_key), revision)
                         if spec is None:
                             continue
-                        specs[rel] = spec
-                    changed = _assemble(spec, ev.kv.value, ev.kv.mod_revision)
-                latest[rel] = changed
-                yield WatchEvent("MODIFIED", changed, ev.kv.mod_revision)
+                        obj = _assemble(spec, ev.kv, revision)
+                latest[rel] = obj
+                yield WatchEvent("MODIFIED", obj, revision)
 
     async def _kv_at(self, key: bytes, revision: int) -> KeyValue | None:
         resp = await self.etcd.range(key, revision=revision)
         return resp.kvs[0] if resp.kvs else None
-
-    async def _value_at(self, key: bytes, revision: int) -> bytes | None:
-        kv = await self._kv_at(key, revision)
-        return kv.value if kv else None

@@ -18,8 +18,8 @@
 Every concern is built on ``store.etcd`` (llmgw.store.etcd), the one
 connection with its write batcher. ``fenced()`` is a view on the same
 connection whose writes (objects, raw keys, events, revocations) require a
-leader key; what the concerns remember (documents seen, heartbeat and event
-leases) is shared with it.
+leader key; what the concerns remember (heartbeat and event leases) is shared
+with it.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from llmgw.store.kv import KV
 from llmgw.store.leases import Heartbeats, Leases
 from llmgw.store.listwatch import AfterErrorPolicy, StoreObjects, after_store_error
 from llmgw.store.names import Names
-from llmgw.store.objects import Memory, Objects
+from llmgw.store.objects import Objects
 from llmgw.store.revocations import Revocations
 
 log = logging.getLogger("llmgw.store")
@@ -62,7 +62,7 @@ class Store(Objects):
                  key: str | None = None, timeout: float = 5.0, batch_writes: bool = True):
         """batch_writes: concurrent writing transactions go to etcd together (llmgw.store.batcher)."""
         conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
-        super().__init__(Etcd.open(conn, batch_writes=batch_writes), Memory())
+        super().__init__(Etcd.open(conn, batch_writes=batch_writes))
         self._heartbeat_leases: dict[str, int] = {}
         self._event_stamps = Stamps()
         self._build()
