@@ -50,7 +50,8 @@ class InformerStore(Protocol):
     """What informers read: lister-watchers of a kind's objects, of the heartbeats and of the
     gateways' demand (llmgw.store.Store)."""
 
-    def lister_watcher(self, kind: type[ObjectT]) -> ListerWatcher[ObjectT]: ...
+    def lister_watcher(self, kind: type[ObjectT], *,
+                       held: Callable[[str], AnyObject | None] | None = None) -> ListerWatcher[ObjectT]: ...
 
     @property
     def heartbeats(self) -> HeartbeatSource: ...
@@ -119,7 +120,8 @@ class Informer(_Informer[AnyObject]):
     def __init__(self, store: InformerStore, kind: str, cache: Cache, handler: Handler | None = None, *,
                  idle_timeout: float = IDLE_TIMEOUT, backoff_base: float = 0.1, backoff_max: float = 10.0) -> None:
         cls = KINDS[kind]
-        lw: ListerWatcher[AnyObject] = store.lister_watcher(cls)
+        # the cache's copy stands for a change it already holds (an assumed write of this process)
+        lw: ListerWatcher[AnyObject] = store.lister_watcher(cls, held=lambda name: cache.get(cls, name))
         super().__init__(kind, cache, handler, lw, object_name, lambda: cache.list(cls),
                          idle_timeout=idle_timeout, backoff_base=backoff_base, backoff_max=backoff_max)
 

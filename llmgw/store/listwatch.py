@@ -11,7 +11,7 @@ from llmgw.api.types import ObjectT
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
 from llmgw.store.kv import KV
-from llmgw.store.objects import Objects
+from llmgw.store.objects import Held, Objects
 
 AfterErrorPolicy = Callable[[Exception], AfterError]
 ValueT = TypeVar("ValueT")
@@ -34,14 +34,14 @@ class StoreObjects(Generic[ObjectT]):
     """The store's objects of one kind."""
 
     def __init__(self, objects: Objects, kind: type[ObjectT],
-                 after_error: AfterErrorPolicy = after_store_error) -> None:
-        self.objects, self.kind, self._after_error = objects, kind, after_error
+                 after_error: AfterErrorPolicy = after_store_error, held: Held | None = None) -> None:
+        self.objects, self.kind, self._after_error, self._held = objects, kind, after_error, held
 
     async def list(self) -> tuple[Sequence[ObjectT], int]:
         return await self.objects.list(self.kind)
 
     def watch(self, from_revision: int) -> AsyncIterator[Event[ObjectT]]:
-        return self.objects.watch(self.kind, from_revision)
+        return self.objects.watch(self.kind, from_revision, held=self._held)
 
     def after_error(self, err: Exception) -> AfterError:
         return self._after_error(err)

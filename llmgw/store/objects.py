@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
@@ -33,6 +33,7 @@ from llmgw.store.errors import AlreadyExists, Conflict, NotFound
 from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op
 
 Ops = builtins.list[Any]   # rpc.Compare or rpc.RequestOp messages of one transaction
+Held = Callable[[str], AnyObject | None]   # a watcher's own copy of an object, by name (Objects.watch)
 
 
 def _status_class(kind: type[AnyObject]) -> type[BaseModel]:
@@ -380,12 +381,17 @@ class Objects:
     # ------------------------------------------------------------ watch
 
 
-    def watch(self, kind: type[ObjectT], from_revision: int,
-              node: str | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
-        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node))
+    def watch(self, kind: type[ObjectT], from_revision: int, node: str | None = None, *,
+              held: Held | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
+        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node, held))
 
-    async def _watch(self, kind: str, from_revision: int, node: str | None) -> AsyncIterator[WatchEvent[AnyObject]]:
+    async def _watch(self, kind: str, from_revision: int, node: str | None,
+                     held: Held | None) -> AsyncIterator[WatchEvent[AnyObject]]:
         """Changes to objects of `kind` at or after from_revision, as whole objects.
+
+        `held` gives the watcher's own copy of an object by name (its cache): when that copy
+        is what a change wrote (the watcher's own update or status patch, returned to it and
+        assumed), the event carries it instead of decoding the same object again.
 
         Raises Compacted when from_revision is no longer available (relist), and
         StoreUnavailable when the stream drops (re-watch from the last revision + 1).
@@ -429,7 +435,13 @@ class Objects:
                     obj = _assemble(ev.kv, status if status is not None and status.mod_revision == revision else None,
                                     revision)
                 elif prev is not None:
-                    obj = _with_spec(prev, ev.kv)
+                    mine = held(name) if held is not None else None
+                    if mine is not None and mine._revision == revision and mine.metadata.resourceVersion == revision:
+                        # an update's result: its spec and metadata as written, prev's status as stored
+                        obj = mine if mine._status_revision == prev._status_revision else \
+                            mine.model_copy(update={"status": prev.status}).at_revision(revision, prev._status_revision)
+                    else:
+                        obj = _with_spec(prev, ev.kv)
                 else:
                     obj = _assemble(ev.kv, await self._kv_at(as_bytes(status_key), revision), revision)
                 latest[rel] = obj
@@ -449,8 +461,13 @@ class Objects:
                         continue
                     obj = _assemble(spec, ev.kv, revision)
                 else:
-                    # the spec is the one prev was built from: only the new status needs decoding
-                    obj = _with_status(prev, status_cls, ev.kv) if prev is not None else None
+                    mine = held(name) if held is not None and prev is not None else None
+                    if mine is not None and prev is not None and mine._status_revision == revision \
+                            and mine.metadata.resourceVersion == prev.metadata.resourceVersion:
+                        obj = mine   # a status patch's result: prev's spec, the status as written
+                    else:
+                        # the spec is the one prev was built from: only the new status needs decoding
+                        obj = _with_status(prev, status_cls, ev.kv) if prev is not None else None
                     if obj is None:
                         spec = await self._kv_at(as_bytes(spec_key), revision)
                         if spec is None:

@@ -42,7 +42,7 @@ from llmgw.store.kv import KV
 from llmgw.store.leases import Heartbeats, Leases
 from llmgw.store.listwatch import AfterErrorPolicy, StoreObjects, after_store_error
 from llmgw.store.names import Names
-from llmgw.store.objects import Objects
+from llmgw.store.objects import Held, Objects
 from llmgw.store.revocations import Revocations
 
 log = logging.getLogger("llmgw.store")
@@ -80,10 +80,11 @@ class Store(Objects):
         self.names = Names(etcd)
         self.hooks = {Model: self.names}   # a Model's write reserves and releases its served names
 
-    def lister_watcher(self, kind: type[ObjectT],
-                       after_error: AfterErrorPolicy = after_store_error) -> StoreObjects[ObjectT]:
-        """The objects of ``kind`` as a reflector's lister-watcher (llmgw.store.listwatch)."""
-        return StoreObjects(self, kind, after_error)
+    def lister_watcher(self, kind: type[ObjectT], after_error: AfterErrorPolicy = after_store_error,
+                       held: Held | None = None) -> StoreObjects[ObjectT]:
+        """The objects of ``kind`` as a reflector's lister-watcher (llmgw.store.listwatch); `held`:
+        as for ``watch``."""
+        return StoreObjects(self, kind, after_error, held)
 
     # ------------------------------------------------------------ lifecycle
 
