@@ -294,6 +294,7 @@ class Objects:
             raise Conflict(f"{kind}/{name} changed while being updated: re-read and retry")
         revision: int = resp.header.revision
         meta.resourceVersion = revision
+        share_fields_sets(new)   # the result may stay in the caller's cache (and a watch's)
         return new.at_revision(revision)
 
     async def update_status(self, obj: ObjectT) -> ObjectT:
@@ -350,7 +351,9 @@ class Objects:
                 [put_op(status_key, new_status.model_dump_json().encode())])
             if resp.succeeded:
                 revision: int = resp.header.revision
-                return current.model_copy(update={"status": new_status}).at_revision(revision, revision)
+                share_fields_sets(new_status)   # the result may stay in the caller's cache (and a watch's)
+                written = share_fields_set_of(current.model_copy(update={"status": new_status}), current)
+                return written.at_revision(revision, revision)
             read = True  # spec or status moved on, or the object is gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
@@ -438,8 +441,9 @@ class Objects:
                     mine = held(name) if held is not None else None
                     if mine is not None and mine._revision == revision and mine.metadata.resourceVersion == revision:
                         # an update's result: its spec and metadata as written, prev's status as stored
-                        obj = mine if mine._status_revision == prev._status_revision else \
-                            mine.model_copy(update={"status": prev.status}).at_revision(revision, prev._status_revision)
+                        obj = mine if mine._status_revision == prev._status_revision else share_fields_set_of(
+                            mine.model_copy(update={"status": prev.status}), mine
+                        ).at_revision(revision, prev._status_revision)
                     else:
                         obj = _with_spec(prev, ev.kv)
                 else:
