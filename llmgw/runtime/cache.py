@@ -9,7 +9,7 @@ class, as in ``llmgw.api.ObjectClient`` (its plural name, "replicas", is taken t
         replicas filed under value by the index "node" of replicas: indexes are
         registered by whoever builds the cache (``Cache(indexes=...)``; the
         manager registers those its controllers declare in ``Controller.indexes``)
-    cache.heartbeats() -> set[str]       nodes with a live /llmgw/heartbeat/<node> key
+    cache.heartbeats() -> Set[str]       nodes with a live /llmgw/heartbeat/<node> key (read-only)
     cache.demand() -> list[DemandReport] the live gateways' demand reports (/llmgw/demand/<gateway>)
     cache.assume(obj)                    write-through after our own write
     cache.assume_deleted(kind, name)     after our own delete that removed the object
@@ -38,6 +38,7 @@ level-based, so hearing twice costs a look, never a wrong step.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, cast
 
@@ -120,8 +121,9 @@ class Cache:
         """How many objects `index` holds under `value` (what len(index(...)) says, without the list)."""
         return len(self._index[(_PLURAL.get(kind, ""), index)].get(value, ()))
 
-    def heartbeats(self) -> set[str]:
-        return set(self._heartbeats)
+    def heartbeats(self) -> AbstractSet[str]:
+        """The live set itself, not a copy (a fleet has thousands: a reconcile asks about one)."""
+        return self._heartbeats
 
     def demand(self) -> builtins.list[DemandReport]:
         return builtins.list(self._demand.values())
