@@ -48,7 +48,9 @@ class EventRecorder:
         self.store = store
         self.recent: deque[Event] = deque(maxlen=maxlen)
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=queue_limit)
-        self._last: dict[tuple[str, str, str, str, str], float] = {}
+        # When each event was last recorded, by its hash (the events themselves are not
+        # kept: a fleet's burst is tens of thousands of distinct messages), oldest first
+        self._last: dict[int, float] = {}
         self._dedup = dedup_seconds
         self._clock = clock
         self.dropped = 0              # events dropped since this recorder started
@@ -57,13 +59,17 @@ class EventRecorder:
 
     def record(self, obj: AnyObject, type: str, reason: str, message: str) -> None:
         ev = Event(obj.kind_plural, obj.metadata.name, type, reason, message)
-        key = (ev.kind, ev.name, ev.type, ev.reason, ev.message)
+        key = hash((ev.kind, ev.name, ev.type, ev.reason, ev.message))
         t = self._clock()
-        if t - self._last.get(key, -1e18) < self._dedup:
+        last = self._last
+        if t - last.get(key, -1e18) < self._dedup:
             return
-        if len(self._last) > 50000:
-            self._last.clear()
-        self._last[key] = t
+        last.pop(key, None)
+        last[key] = t
+        while (oldest := next(iter(last.items()))) and t - oldest[1] >= self._dedup:
+            del last[oldest[0]]   # past the window: forgotten, oldest first
+        if len(last) > 50000:
+            last.pop(next(iter(last)))
         (log.warning if type == "Warning" else log.info)("%s/%s %s: %s", ev.kind, ev.name, reason, message)
         self.recent.append(ev)
         try:

@@ -94,19 +94,24 @@ def _spec_dict(obj: AnyObject) -> dict[str, Any]:
     return obj.model_dump(mode="json", exclude={"status": True, "metadata": {"resourceVersion"}})
 
 
-def _merge_status(current: dict[str, Any], patch: StatusPatch) -> dict[str, Any]:
-    """Top-level fields replaced; conditions merged by type."""
-    merged = dict(current)
-    for field, value in patch.items():
-        if field == "conditions":
-            conds = [Condition.model_validate(c) for c in current.get("conditions", [])]
-            for c in value:
-                c = Condition.model_validate(c)
-                set_condition(conds, c.type, c.status, c.reason, c.message, c.observedGeneration)
-            merged["conditions"] = [c.model_dump(mode="json") for c in conds]
-        else:
-            merged[field] = value
-    return merged
+def _patched(status: BaseModel, patch: StatusPatch) -> BaseModel:
+    """`status` (not changed) with `patch` applied: top-level fields replaced, conditions merged by type.
+
+    Only the patch is validated (every status field has a default and no status has a
+    validator across its fields, so the patch alone says whether its values are well typed),
+    not the whole status again; a field the status does not have is a ValidationError.
+    """
+    cls = type(status)
+    merge = "conditions" in patch and "conditions" in cls.model_fields
+    given = {k: v for k, v in patch.items() if not (merge and k == "conditions")}
+    update = {k: getattr(cls.model_validate(given), k) for k in given} if given else {}
+    if merge:
+        conds: list[Condition] = list(getattr(status, "conditions"))  # noqa: B009 - mypy sees a BaseModel
+        for c in patch["conditions"]:
+            c = Condition.model_validate(c)
+            set_condition(conds, c.type, c.status, c.reason, c.message, c.observedGeneration)
+        update["conditions"] = conds
+    return status.model_copy(update=update)
 
 
 
@@ -334,12 +339,11 @@ class Objects:
             node = node_of(current)
         node = await self._find_node(kind, name, node)
         spec_key, status_key = _keys(kind, name, node)
-        status_cls = STATUS_CLASSES[kind]
         read = current is None or current.metadata.resourceVersion is None or current._status_revision < 0
         for _ in range(20):
             if read or current is None:
                 current = await self._read(kind, name, node)
-            new_status = status_cls.model_validate(_merge_status(current.status.model_dump(mode="json"), patch))
+            new_status = _patched(current.status, patch)
             if new_status == current.status:
                 if read:
                     return current
