@@ -58,3 +58,20 @@ def test_a_fleet_of_nodes_takes_less_than_half_the_memory() -> None:
             tracemalloc.stop()
 
     assert held(True) < 0.6 * held(False)
+
+
+def test_nodes_share_the_engines_adapters_and_port_range_they_list_alike() -> None:
+    a, b = _decoded(1), _decoded(2)
+    other = make_node("node-3", 3, gpus=8, fabric="fab-a", engines=("sim",))
+    other.status.engines[0].version = "2.0"
+    c = parse_stored(other.model_dump_json(exclude={"status"}).encode(), other.status.model_dump_json().encode())
+    assert isinstance(c, Node)
+    before = [n.model_dump_json() for n in (a, b, c)]
+    for n in (a, b, c):
+        share_fields_sets(n)
+    assert all(x is y for x, y in zip(a.status.engines, b.status.engines, strict=True))
+    assert a.status.fabrics[0].adapters[0] is b.status.fabrics[0].adapters[0]
+    assert a.status.portRange is b.status.portRange
+    assert c.status.engines[0] is not a.status.engines[0] and c.status.engines[0].version == "2.0"
+    assert a.status.gpus[0] is not b.status.gpus[0]     # a GPU has its own uuid: not shared
+    assert [n.model_dump_json() for n in (a, b, c)] == before and a == _decoded(1)

@@ -73,7 +73,7 @@ class FakeAgents:
         self.hold_replicas: set[str] = set()        # shards stay Starting
         self.hold = lambda shard: shard.spec.replica in self.hold_replicas   # replaceable predicate
         self.fail_replicas: set[str] = set()        # shards go Failed instead of Ready
-        self.shards: dict[str, object] = {}         # latest seen Shard by name
+        self.shards: dict[str, Shard] = {}          # latest seen Shard by name
         self.transitions: list[tuple[str, str]] = []  # (shard, phase) written, in order
         self._queue = WorkQueue()
         self._workers = workers
@@ -165,7 +165,8 @@ class FakeAgents:
                     for s in items:
                         self._seen(s)
                     self.synced.set()
-                async for ev in self.store.watch(Shard, from_revision=rev + 1):
+                # held: the echo of a status this process wrote is its copy, not decoded again
+                async for ev in self.store.watch(Shard, from_revision=rev + 1, held=self.shards.get):
                     rev = ev.revision
                     if ev.type == "DELETED":
                         self.shards.pop(ev.object.metadata.name, None)
