@@ -77,11 +77,13 @@ class SchedulerController(Controller):
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         led = self._ledger()
         if type(obj) is Node:
+            # Waiting replicas are woken only by a change placement sees: a fleet's nodes
+            # write their status all the time, and each wake retries every waiting replica.
             node = self.ctx.cache.get(Node, obj.name)
             if node is None:
                 led.forget_node(obj.name)
-            else:
-                led.observe_node(node)
+            elif not led.observe_node(node):
+                return []
             return list(self.unschedulable)
         if type(obj) is Shard:
             shard = self.ctx.cache.get(Shard, obj.name)

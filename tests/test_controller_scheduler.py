@@ -64,6 +64,28 @@ async def test_binds_explains_and_binds_when_room_appears(store):
         assert metric(text, "llmgw_scheduler_unschedulable_replicas") == 0
 
 
+async def test_only_a_node_change_placement_sees_wakes_the_waiting_replicas(store):
+    """A fleet's nodes write their status all the time; each wake retries every waiting
+    replica, so a status change that placement does not see (the agent's version here)
+    wakes none of them, and one it sees (room on a node) does (issue 34)."""
+    await store.create(node("small", gpus=2))
+    async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=3600))]) as m:
+        await store.create(replica("big", "m", gpus=4))
+        await until(lambda: _cond(store, "big", "Scheduled", "False"))
+
+        def reconciles() -> float:
+            text = generate_latest(m.metrics.registry).decode()
+            return metric(text, "llmgw_controller_reconcile_duration_seconds_count", controller="scheduler")
+
+        before = reconciles()
+        for i in range(10):
+            await store.patch_status(Node, "small", {"agentVersion": f"v{i}"})
+            await asyncio.sleep(0.05)      # each on its own (not merged by the work queue)
+        await store.create(node("large", gpus=4))     # room: the one wake
+        assert {p.node for p in (await until(lambda: placed(store, "big"))).spec.placement} == {"large"}
+        assert reconciles() - before <= 2
+
+
 async def test_deleted_replica_frees_gpus_for_a_waiting_one(store):
     await store.create(node("n1", gpus=4))
     async with running(store, [SchedulerController(ControllerSettings(scheduler_retry=60))]):

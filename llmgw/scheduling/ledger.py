@@ -104,17 +104,19 @@ class Ledger:
         return 0 if info is None else info.ports - PORTS_PER_RANK * self.ranks.get(node, 0)
 
     # -------------------------------------------------------------- nodes
-    def observe_node(self, node: Node | NodeInfo) -> None:
+    def observe_node(self, node: Node | NodeInfo) -> bool:
+        """Account a node as it is now; whether its scheduling facts changed."""
         info = node if isinstance(node, NodeInfo) else NodeInfo.from_node(node)
         old = self.nodes.get(info.name)
         if old == info:
-            return
+            return False
         self._unbucket(info.name)
         self._unhold(old)
         self.nodes[info.name] = info
         self._rebucket(info.name)
         for digest in info.weights:
             self.holders.setdefault(digest, set()).add(info.name)
+        return True
 
     def forget_node(self, name: str) -> None:
         self._unbucket(name)
