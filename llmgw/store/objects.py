@@ -57,12 +57,27 @@ def _status_doc(obj: AnyObject) -> bytes:
     return status.model_dump_json().encode()
 
 
-def _assemble(spec_kv: KeyValue, status_kv: KeyValue | None, revision: int) -> AnyObject:
-    """The object from its spec kv and status kv (None: no status key), as of store revision `revision`."""
-    obj = parse_stored(spec_kv.value, status_kv.value if status_kv is not None else None)
+def _decode(spec_kv: KeyValue, status_doc: bytes | None, status_revision: int, revision: int) -> AnyObject:
+    """The object from its spec kv and status document (None: not stored), as of store revision
+    `revision`, its status written at `status_revision` (0: no status key)."""
+    obj = parse_stored(spec_kv.value, status_doc)
     share_fields_sets(obj)
     obj.metadata.resourceVersion = spec_kv.mod_revision
-    return obj.at_revision(revision, status_kv.mod_revision if status_kv is not None else 0)
+    return obj.at_revision(revision, status_revision)
+
+
+def _assemble(spec_kv: KeyValue, status_kv: KeyValue | None, revision: int) -> AnyObject:
+    """The object from its spec kv and status kv (None: no status key), as of store revision `revision`."""
+    if status_kv is None:
+        return _decode(spec_kv, None, 0, revision)
+    return _decode(spec_kv, status_kv.value, status_kv.mod_revision, revision)
+
+
+def _restatused(obj: AnyObject, status: BaseModel, revision: int, status_revision: int) -> AnyObject:
+    """`obj` (shared, not changed) with `status`, written at `status_revision`, as of `revision`;
+    the copy and the status share their fields sets (it may stay in a cache, and a watch's)."""
+    share_fields_sets(status)
+    return share_fields_set_of(obj.model_copy(update={"status": status}), obj).at_revision(revision, status_revision)
 
 
 def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_kv: KeyValue) -> AnyObject | None:
@@ -75,18 +90,14 @@ def _with_status(obj: AnyObject, status_cls: type[BaseModel], status_kv: KeyValu
         status = status_cls.model_validate_json(status_kv.value)
     except ValidationError:
         return None
-    share_fields_sets(status)
-    copy = share_fields_set_of(obj.model_copy(update={"status": status}), obj)
-    return copy.at_revision(status_kv.mod_revision, status_kv.mod_revision)
+    return _restatused(obj, status, status_kv.mod_revision, status_kv.mod_revision)
 
 
 def _with_spec(obj: AnyObject, spec_kv: KeyValue) -> AnyObject:
     """A new spec document for `obj`, whose status (shared, not changed) stays as it is."""
-    new = parse_stored(spec_kv.value, None)
-    share_fields_sets(new)
+    new = _decode(spec_kv, None, obj._status_revision, spec_kv.mod_revision)
     new.status = obj.status
-    new.metadata.resourceVersion = spec_kv.mod_revision
-    return new.at_revision(spec_kv.mod_revision, obj._status_revision)
+    return new
 
 
 def _spec_dict(obj: AnyObject) -> dict[str, Any]:
@@ -104,7 +115,8 @@ def _patched(status: BaseModel, patch: StatusPatch) -> BaseModel:
     cls = type(status)
     merge = "conditions" in patch and "conditions" in cls.model_fields
     given = {k: v for k, v in patch.items() if not (merge and k == "conditions")}
-    update = {k: getattr(cls.model_validate(given), k) for k in given} if given else {}
+    valid = cls.model_validate(given) if given else None
+    update = {k: getattr(valid, k) for k in given}
     if merge:
         conds: list[Condition] = list(getattr(status, "conditions"))  # noqa: B009 - mypy sees a BaseModel
         for c in patch["conditions"]:
@@ -306,16 +318,13 @@ class Objects:
         """Replace the status; spec, generation and resourceVersion stay as they are."""
         kind, name = obj.kind_plural, obj.metadata.name
         spec_key, status_key = _keys(kind, name, node_of(obj))
+        doc = _status_doc(obj)
         resp = await self.etcd.txn([compare(as_bytes(spec_key), VERSION, GREATER, version=0)],
-                                   [put_op(status_key, _status_doc(obj)), get_op(spec_key)])
+                                   [put_op(status_key, doc), get_op(spec_key)])
         if not resp.succeeded:
             raise NotFound(f"{kind}/{name} not found")
         revision: int = resp.header.revision
-        spec = resp.responses[1].response_range.kvs[0]
-        stored = parse_stored(spec.value, _status_doc(obj))
-        share_fields_sets(stored)
-        stored.metadata.resourceVersion = spec.mod_revision
-        stored.at_revision(revision, revision)
+        stored = _decode(resp.responses[1].response_range.kvs[0], doc, revision, revision)
         if not isinstance(stored, type(obj)):
             raise TypeError(f"{spec_key} holds a {stored.kind}, not a {obj.kind}")
         return stored
@@ -355,9 +364,7 @@ class Objects:
                 [put_op(status_key, new_status.model_dump_json().encode())])
             if resp.succeeded:
                 revision: int = resp.header.revision
-                share_fields_sets(new_status)   # the result may stay in the caller's cache (and a watch's)
-                written = share_fields_set_of(current.model_copy(update={"status": new_status}), current)
-                return written.at_revision(revision, revision)
+                return _restatused(current, new_status, revision, revision)
             read = True  # spec or status moved on, or the object is gone: read and retry
         raise Conflict(f"{kind}/{name}: status kept changing; patch not applied")
 
@@ -445,9 +452,8 @@ class Objects:
                     mine = held(name) if held is not None else None
                     if mine is not None and mine._revision == revision and mine.metadata.resourceVersion == revision:
                         # an update's result: its spec and metadata as written, prev's status as stored
-                        obj = mine if mine._status_revision == prev._status_revision else share_fields_set_of(
-                            mine.model_copy(update={"status": prev.status}), mine
-                        ).at_revision(revision, prev._status_revision)
+                        obj = mine if mine._status_revision == prev._status_revision else \
+                            _restatused(mine, prev.status, revision, prev._status_revision)
                     else:
                         obj = _with_spec(prev, ev.kv)
                 else:
@@ -458,29 +464,22 @@ class Objects:
                 if ev.kind == "DELETE":
                     continue  # deleted together with its spec; the spec event reports it
                 prev = latest.get(rel)
-                if prev is None and ev.kv.version == 1:
-                    # a create that stores a status, whose spec event follows, or the first
-                    # status write of an object this watch has not seen yet: its spec says
+                if prev is None:
+                    obj = None
+                elif held is not None and (mine := held(name)) is not None and mine._status_revision == revision \
+                        and mine.metadata.resourceVersion == prev.metadata.resourceVersion:
+                    obj = mine   # a status patch's result: prev's spec, the status as written
+                else:
+                    # the spec is the one prev was built from: only the new status needs decoding
+                    obj = _with_status(prev, status_cls, ev.kv)
+                if obj is None:   # not seen by this watch, or a status that does not validate: its spec says
                     spec = await self._kv_at(as_bytes(spec_key), revision)
                     if spec is None:
                         continue
-                    if spec.mod_revision == revision and spec.version == 1:
-                        born[rel] = ev.kv
+                    if prev is None and ev.kv.version == 1 and spec.mod_revision == revision and spec.version == 1:
+                        born[rel] = ev.kv   # a create that stores a status: its spec event follows
                         continue
                     obj = _assemble(spec, ev.kv, revision)
-                else:
-                    mine = held(name) if held is not None and prev is not None else None
-                    if mine is not None and prev is not None and mine._status_revision == revision \
-                            and mine.metadata.resourceVersion == prev.metadata.resourceVersion:
-                        obj = mine   # a status patch's result: prev's spec, the status as written
-                    else:
-                        # the spec is the one prev was built from: only the new status needs decoding
-                        obj = _with_status(prev, status_cls, ev.kv) if prev is not None else None
-                    if obj is None:
-                        spec = await self._kv_at(as_bytes(spec_key), revision)
-                        if spec is None:
-                            continue
-                        obj = _assemble(spec, ev.kv, revision)
                 latest[rel] = obj
                 yield WatchEvent("MODIFIED", obj, revision)
 
