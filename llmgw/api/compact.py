@@ -59,15 +59,20 @@ def share_fields_sets(model: BaseModel) -> None:
     attrs = model.__dict__
     for name, value in attrs.items():
         if isinstance(value, BaseModel):
-            if type(value) in INTERNED:
-                attrs[name] = value = _interned(value)
-            share_fields_sets(value)
+            attrs[name] = _compacted(value)
         elif type(value) is list:
             for i, item in enumerate(value):
                 if isinstance(item, BaseModel):
-                    if type(item) in INTERNED:
-                        value[i] = item = _interned(item)
-                    share_fields_sets(item)
+                    value[i] = _compacted(item)
+
+
+def _compacted(model: BaseModel) -> BaseModel:
+    """A model inside another: the shared instance of its value when its class is ``INTERNED``,
+    with the shared fields sets."""
+    if type(model) in INTERNED:
+        model = _interned(model)
+    share_fields_sets(model)
+    return model
 
 
 def share_fields_set_of(copy: ModelT, original: BaseModel) -> ModelT:

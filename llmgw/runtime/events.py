@@ -64,12 +64,10 @@ class EventRecorder:
         last = self._last
         if t - last.get(key, -1e18) < self._dedup:
             return
+        while last and (len(last) >= 50000 or t - next(iter(last.values())) >= self._dedup):
+            del last[next(iter(last))]   # past the window (or over the bound): forgotten, oldest first
         last.pop(key, None)
         last[key] = t
-        while (oldest := next(iter(last.items()))) and t - oldest[1] >= self._dedup:
-            del last[oldest[0]]   # past the window: forgotten, oldest first
-        if len(last) > 50000:
-            last.pop(next(iter(last)))
         (log.warning if type == "Warning" else log.info)("%s/%s %s: %s", ev.kind, ev.name, reason, message)
         self.recent.append(ev)
         try:
