@@ -9,13 +9,13 @@ from llmgw.api.types import Node
 from tests.helpers.fake_agents import make_node
 
 
-def _docs(i: int) -> tuple[bytes, bytes]:
-    node = make_node(f"node-{i}", i, gpus=8, fabric="fab-a")
+def _docs(i: int, node: Node | None = None) -> tuple[bytes, bytes]:
+    node = node or make_node(f"node-{i}", i, gpus=8, fabric="fab-a")
     return node.model_dump_json(exclude={"status"}).encode(), node.status.model_dump_json().encode()
 
 
-def _decoded(i: int) -> Node:
-    obj = parse_stored(*_docs(i))
+def _decoded(i: int, node: Node | None = None) -> Node:
+    obj = parse_stored(*_docs(i, node))
     assert isinstance(obj, Node)
     return obj
 
@@ -64,8 +64,7 @@ def test_nodes_share_the_engines_adapters_and_port_range_they_list_alike() -> No
     a, b = _decoded(1), _decoded(2)
     other = make_node("node-3", 3, gpus=8, fabric="fab-a", engines=("sim",))
     other.status.engines[0].version = "2.0"
-    c = parse_stored(other.model_dump_json(exclude={"status"}).encode(), other.status.model_dump_json().encode())
-    assert isinstance(c, Node)
+    c = _decoded(3, other)
     before = [n.model_dump_json() for n in (a, b, c)]
     for n in (a, b, c):
         share_fields_sets(n)
