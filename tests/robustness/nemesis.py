@@ -6,7 +6,8 @@
     kill_leader                               SIGKILL the controller-manager holding the leader key;
                                               a fresh one is started so two stay in the race
     kill_server                               SIGKILL the API server and start it on the same port
-    kill_etcd_member                          SIGKILL one etcd member and start it again on its data
+    kill_etcd_member                          SIGKILL one etcd member; start it again on its data
+                                              after it has been down a while
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
                                               each an interval after the last is Ready again
     lose_quorum                               SIGSTOP a majority of etcd's members for a while
@@ -113,11 +114,14 @@ async def kill_server(c) -> None:
     _fault(c, "start-server", "server")
 
 
-async def kill_etcd_member(c, index: int) -> None:
+async def kill_etcd_member(c, index: int, down: float = 1.0) -> None:
+    """The member stays dead for `down` seconds: a restart alone takes about 0.1 s, a window in
+    which the load may finish no request (and a member back that fast tests little)."""
     m = c.etcd.members[index]
     m.proc.kill()
     await asyncio.to_thread(m.proc.wait)
     _fault(c, "kill-etcd", m.name)
+    await asyncio.sleep(down)       # the outage itself
     await c.restart_etcd_member(m)
     _fault(c, "start-etcd", m.name)
 
