@@ -15,13 +15,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.agent.listener import serve, server_context
+from llmgw.agent.listener import serve
 from llmgw.agent.peers import CacheServer
 from llmgw.api.sources import parse_source
 from llmgw.api.types import Node, NodeStatus
+from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.digest import FileEntry
-from llmgw.weights.peers import Peers, client_context
+from llmgw.weights.peers import Peers
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
 from tests.helpers.cluster import shared_api_server  # noqa: F401
@@ -118,9 +119,9 @@ class Fleet:
                 agentEndpoint=self.endpoints[n], weights=p.status()).model_dump(mode="json")})
                 for n, p in self.pullers.items()]
         puller = Puller(cache, HubConfig(endpoint=self.origin.url),
-                        peers=Peers(name, nodes, client_context(cert, key, self.server.ca)))
+                        peers=Peers(name, nodes, peer_client_context(cert, key, self.server.ca)))
         runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
-                                   server_context(cert, key, self.server.ca))
+                                   mtls_server_context(cert, key, self.server.ca))
         self.runners.append(runner)
         self.pullers[name] = puller
         self.endpoints[name] = f"https://127.0.0.1:{port}"

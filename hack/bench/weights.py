@@ -53,12 +53,13 @@ from aiohttp import web
 
 from llmgw import aio
 from llmgw.agent.config import parse_size
-from llmgw.agent.listener import serve, server_context
+from llmgw.agent.listener import serve
 from llmgw.agent.peers import CacheServer
 from llmgw.api.sources import HttpSource
 from llmgw.api.types import Node, NodeStatus
+from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
-from llmgw.weights.peers import Peers, client_context
+from llmgw.weights.peers import Peers
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
 
@@ -157,8 +158,10 @@ async def node(name: str, work: Path, url: str) -> None:
 
     cache = Cache(work / "caches" / name)
     cache.open()
-    puller = Puller(cache, HubConfig(), on_change=publish, peers=Peers(name, listed, client_context(cert, key, ca)))
-    runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0, server_context(cert, key, ca))
+    peers = Peers(name, listed, peer_client_context(cert, key, ca))
+    puller = Puller(cache, HubConfig(), on_change=publish, peers=peers)
+    runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
+                               mtls_server_context(cert, key, ca))
     endpoint = f"https://127.0.0.1:{port}"
     await publish()
     while not (work / "go").exists():

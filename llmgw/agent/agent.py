@@ -20,7 +20,6 @@ from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
 from llmgw.agent.listener import serve as listen
-from llmgw.agent.listener import server_context
 from llmgw.agent.logs import LogServer
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
 from llmgw.agent.metrics import serve as serve_metrics
@@ -33,8 +32,9 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.api import Node, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.client import Client
+from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
-from llmgw.weights.peers import Peers, client_context
+from llmgw.weights.peers import Peers
 from llmgw.weights.puller import Puller
 from llmgw.weights.resolve import HubConfig
 
@@ -72,7 +72,7 @@ class Agent:
         peers = None
         if cfg.logs_listen and cfg.weights_peers:
             assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
-            peers = Peers(self.node, lambda: self._nodes(client), client_context(cfg.cert, cfg.key, cfg.ca))
+            peers = Peers(self.node, lambda: self._nodes(client), peer_client_context(cfg.cert, cfg.key, cfg.ca))
         self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed,
                              peers=peers)
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
@@ -122,7 +122,7 @@ class Agent:
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
         host, _, port = where.rpartition(":")
         runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port),
-                                     server_context(cfg.cert, cfg.key, cfg.ca))
+                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca))
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner

@@ -19,16 +19,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
-    """The listener's TLS: the node's certificate; clients must present one of the CA."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    ctx.load_verify_locations(cafile=ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
 def subject(request: web.Request) -> dict[str, str]:
     """The verified client certificate's subject attributes (organizationName, commonName)."""
     ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None

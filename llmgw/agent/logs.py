@@ -25,10 +25,11 @@ from llmgw.agent.listener import only
 from llmgw.agent.state import StateDir
 from llmgw.api.logs import MAX_LOG_BYTES, LogQuery
 from llmgw.api.meta import check_dns1123_label
+from llmgw.pki.ca import ORG
 
 log = logging.getLogger(__name__)
 
-SERVER_ORG = "llmgw:servers"   # the API server's organisation (llmgw.pki.ca.ORG["server"])
+SERVER_ORG = ORG["server"]
 CHUNK = 64 * 1024
 FOLLOW_POLL = 0.2              # how often a followed log is read for what was appended
 

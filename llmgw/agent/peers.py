@@ -22,12 +22,13 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.agent.listener import only
+from llmgw.pki.ca import ORG
 from llmgw.weights.digest import check_path
 from llmgw.weights.puller import WAIT, Puller
 
 log = logging.getLogger(__name__)
 
-NODE_ORG = "llmgw:nodes"       # the nodes' organisation (llmgw.pki.ca.ORG["node"])
+NODE_ORG = ORG["node"]
 CHUNK = 1 << 20
 POLL = 0.02                    # seconds between looks at a file still being written
 STALL = 20.0                   # seconds a file of a pull in flight may not grow before the answer ends short

@@ -27,9 +27,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "") -> None:
     from aiohttp import web
 
+    from llmgw.pki.tls import mtls_server_context, peer_client_context
     from llmgw.server.app import ApiServer
-    from llmgw.server.logs import agent_client_context
-    from llmgw.server.tls import TLSSite, server_context
+    from llmgw.server.tls import TLSSite
     from llmgw.store import Store, StoreError
 
     log = logging.getLogger("llmgw.server")
@@ -38,8 +38,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         if not os.path.exists(path):  # noqa: ASYNC240 once, before serving
             raise click.ClickException(f"{what} {path}: no such file")
     try:
-        ctx = server_context(cert, key, client_ca)
-        agent_tls = agent_client_context(cert, key, client_ca)
+        ctx = mtls_server_context(cert, key, client_ca, check_time=False)
+        agent_tls = peer_client_context(cert, key, client_ca)
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}") from None

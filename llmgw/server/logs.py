@@ -27,18 +27,6 @@ from llmgw.pki import identity_from_der
 CONNECT_TIMEOUT = 5.0
 
 
-def agent_client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
-    """How the server dials agents: its own certificate, and the CA their certificates come from.
-    The host name is not checked: the certificate's CN is, against the node (AgentLogs.open)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cafile=ca)
-    ctx.load_cert_chain(cert, key)
-    return ctx
-
-
 # What an agent's refusal means to the caller: its words, under the API's error contract.
 _AGENT_ERRORS: dict[int, type[StatusError]] = {400: BadRequest, 404: NotFound}
 

@@ -5,7 +5,7 @@ verify callback, and asyncio drops handshake errors silently. So the listener ru
 the handshake itself (asyncio's SSLProtocol, wired by hand) and logs why one failed:
 unknown CA, no certificate, or the client distrusting us.
 
-Validity dates are *not* checked in the handshake (X509_V_FLAG_NO_CHECK_TIME): the
+Validity dates are *not* checked in the handshake (llmgw.pki.tls, check_time=False): the
 server checks them per request instead, so an expired certificate is refused with a
 log line naming its CN and serial, and the client gets a JSON answer saying so.
 """
@@ -22,20 +22,8 @@ from aiohttp import web
 
 log = logging.getLogger("llmgw.server")
 
-X509_V_FLAG_NO_CHECK_TIME = 0x200000
-
 # OpenSSL verify codes that mean "not signed by a CA this server trusts".
 _UNKNOWN_CA = {2, 18, 19, 20, 21, 30}
-
-
-def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    ctx.load_verify_locations(cafile=client_ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.verify_flags |= X509_V_FLAG_NO_CHECK_TIME
-    return ctx
 
 
 def describe_handshake_error(err: BaseException) -> str:

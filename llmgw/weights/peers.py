@@ -98,13 +98,3 @@ class Peers:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
-
-
-def client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
-    """How a node dials its peers: its certificate, and the CA theirs come from. The host name is
-    not checked (a peer is dialled at its advertised address, which its certificate may not
-    name): any node of the cluster may serve, since every byte is verified by its sha256."""
-    ctx = ssl.create_default_context(cafile=ca)     # TLS 1.2 at least, the peer's certificate verified
-    ctx.check_hostname = False
-    ctx.load_cert_chain(cert, key)
-    return ctx
