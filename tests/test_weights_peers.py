@@ -114,12 +114,13 @@ class Fleet:
         cache = Cache(self.root / name)
         cache.open()
 
-        async def nodes() -> list[Node]:
+        async def nodes(source: str, digest: str | None) -> list[Node]:
+            # every Node (the server's index would give those naming source or digest; choose filters)
             return [Node.model_validate({"metadata": {"name": n}, "status": NodeStatus(
                 agentEndpoint=self.endpoints[n], weights=p.status()).model_dump(mode="json")})
                 for n, p in self.pullers.items()]
         puller = Puller(cache, HubConfig(endpoint=self.origin.url),
-                        peers=Peers(name, nodes, peer_client_context(cert, key, self.server.ca)))
+                        peers=Peers(name, set, nodes, peer_client_context(cert, key, self.server.ca)))
         runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
                                    mtls_server_context(cert, key, self.server.ca))
         self.runners.append(runner)
@@ -209,12 +210,12 @@ def test_peers_are_holders_on_this_nodes_fabric_first_then_earlier_pullers_lates
     # A hub source (its digest not known yet): the holders that resolved it to their content, the
     # one on this node's fabric first; then the nodes that began pulling it before this one, latest
     # first (a chain); never this node, a later puller, or other content.
-    peers = choose(nodes, "me", source, None, t0 + timedelta(seconds=5))
+    peers = choose(nodes, "me", {"ib-a"}, source, None, t0 + timedelta(seconds=5))
     assert [p.node for p in peers] == ["near", "far", "second", "first"]
     assert peers[0].url(FileEntry("w/a b.bin", 1, "")) == f"https://near:1/weights/models/{'ab' * 32}/w/a%20b.bin"
     assert peers[-1].digest is None
     wanted = FileEntry("x", 7, "", sha256="ef" * 32)
     assert peers[-1].url(wanted) == f"https://first:1/weights/files/sha256-{'ef' * 32}?size=7"
     # A manifest's source is its digest: a node holding that digest serves whatever source it came from.
-    peers = choose(nodes, "me", digest, digest, t0)
+    peers = choose(nodes, "me", {"ib-a"}, digest, digest, t0)
     assert peers[0].node == "near" and {p.node for p in peers[1:]} == {"far", "by-digest"}

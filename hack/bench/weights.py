@@ -140,7 +140,7 @@ async def node(name: str, work: Path, url: str) -> None:
     ca = str(pki / "ca.crt")
     endpoint = ""
 
-    async def listed() -> list[Node]:
+    async def listed(source: str, digest: str | None) -> list[Node]:
         out = []
         for f in nodes_dir.glob("*.json"):
             try:
@@ -158,7 +158,7 @@ async def node(name: str, work: Path, url: str) -> None:
 
     cache = Cache(work / "caches" / name)
     cache.open()
-    peers = Peers(name, listed, peer_client_context(cert, key, ca))
+    peers = Peers(name, set, listed, peer_client_context(cert, key, ca))
     puller = Puller(cache, HubConfig(), on_change=publish, peers=peers)
     runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
                                mtls_server_context(cert, key, ca))

@@ -29,7 +29,7 @@ from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import Node, NodeStatus, Shard, ShardStatus
+from llmgw.api import NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.client import Client
 from llmgw.pki.tls import mtls_server_context, peer_client_context
@@ -72,7 +72,8 @@ class Agent:
         peers = None
         if cfg.logs_listen and cfg.weights_peers:
             assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
-            peers = Peers(self.node, lambda: self._nodes(client), peer_client_context(cfg.cert, cfg.key, cfg.ca))
+            peers = Peers(self.node, self._fabrics, client.nodes_with_weights,
+                          peer_client_context(cfg.cert, cfg.key, cfg.ca))
         self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed,
                              peers=peers)
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
@@ -127,10 +128,9 @@ class Agent:
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner
 
-    @staticmethod
-    async def _nodes(client: Client) -> list[Node]:
-        nodes, _ = await client.list(Node)
-        return nodes
+    def _fabrics(self) -> set[str]:
+        assert self.facts is not None  # discovered by run
+        return {f.name for f in self.facts.fabrics.fabrics}
 
     def _phases(self) -> list[str]:
         sup = self.supervisor

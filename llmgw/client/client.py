@@ -13,7 +13,7 @@ from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.events import event_key
 from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
-from llmgw.api.types import AnyObject, ObjectT
+from llmgw.api.types import AnyObject, Node, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
@@ -235,6 +235,12 @@ class Client:
                    node: str | None = None) -> tuple[builtins.list[ObjectT], int]:
         data = await self.request("GET", self._path(kind), params={"labelSelector": selector, "node": node})
         return [self._of(kind, i) for i in data["items"]], int(data["metadata"]["resourceVersion"])
+
+    async def nodes_with_weights(self, source: str, digest: str | None = None) -> builtins.list[Node]:
+        """The Nodes that hold or pull `source`, or hold the content `digest`: the server answers
+        from its index (llmgw/server/weightsindex.py), not from a list of the fleet."""
+        data = await self.request("GET", self._path(Node), params={"weights": source, "digest": digest})
+        return [self._of(Node, i) for i in data["items"]]
 
     async def create(self, obj: ObjectT) -> ObjectT:
         return self._same(obj, await self.request("POST", self._path(type(obj)), body=self._dump(obj)))

@@ -20,7 +20,7 @@ import json
 import logging
 import ssl
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,6 +36,7 @@ from llmgw.api.logs import LogQuery, parse_rank
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
+from llmgw.api.sources import DIGEST_RE
 from llmgw.api.types import ApiKey, Node, Replica, Shard, node_of
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
@@ -47,6 +48,7 @@ from llmgw.server.metrics import ServerMetrics
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache, check_revision, error_line, event_line
+from llmgw.server.weightsindex import WeightsIndex
 from llmgw.store import Store
 
 log = logging.getLogger("llmgw.server")
@@ -104,6 +106,19 @@ def _url_name(field: str, value: str) -> str:
     return value
 
 
+def _weights_refs(kind: str, request: web.Request) -> list[str]:
+    """`?weights=SOURCE[&digest=sha256:...]` (llmgw/server/weightsindex.py): what it asks for, or 400."""
+    q = request.query
+    if kind != "nodes" or _watching(request) or {"labelSelector", "node"} & q.keys():
+        raise Fail(400, "BadRequest", "weights: lists Nodes only, without watch, labelSelector or node")
+    source, digest = q["weights"], q.get("digest")
+    if not source:
+        raise Fail(400, "BadRequest", "weights: a model's source, not empty")
+    if digest is not None and not DIGEST_RE.fullmatch(digest):
+        raise Fail(400, "BadRequest", f"digest: must be sha256: and 64 lower-case hex digits, got {digest[:80]!r}")
+    return [source] if digest is None else [source, digest]
+
+
 def _resource_version(query: Mapping[str, str]) -> int:
     """A watch's ?resourceVersion=: the revision it resumes after (0: none, list first)."""
     asked = query.get("resourceVersion", "")
@@ -133,6 +148,7 @@ class ApiServer:
         self.store = store
         self.bookmark_interval = bookmark_interval
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
+        self.weights_index = WeightsIndex(store)
         self.revocations = Revocations(store)
         self.authz = Authorizer(self._referenced)
         self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
@@ -172,6 +188,7 @@ class ApiServer:
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
+        await self.weights_index.stop()
         await self.agent_logs.close()
         for t in self._tasks:
             t.cancel()
@@ -357,9 +374,13 @@ class ApiServer:
         node, selector = q.get("node") or None, q.get("labelSelector") or None
         if selector:
             Selector.parse(selector)  # 400 on a bad selector before anything else
-        if _watching(request):
+        items: Sequence[AnyObject]
+        if "weights" in q:
+            items, rev = await self.weights_index.nodes(_weights_refs(kind, request))
+        elif _watching(request):
             return await self._watch(request, kind, node, selector, _resource_version(q))
-        items, rev = await self.store.list(KINDS[kind], selector=selector, node=node)
+        else:
+            items, rev = await self.store.list(KINDS[kind], selector=selector, node=node)
         return _json({"apiVersion": "llmgw.io/v1", "kind": f"{KINDS[kind].model_fields['kind'].default}List",
                       "metadata": {"resourceVersion": rev}, "items": [_dump(o) for o in items]})
 

@@ -1,8 +1,10 @@
 """Peers before the origin: the other nodes a pull may fetch a file from, best first.
 
 Every agent serves its cache read-only to the other nodes over mutual TLS with its node
-certificate (llmgw/agent/peers.py, at its Node's status.agentEndpoint). A pulling agent reads the
-Nodes (their status.weights) before each file and tries, in order:
+certificate (llmgw/agent/peers.py, at its Node's status.agentEndpoint). Before each file a pulling
+agent asks the server which Nodes hold or pull what it pulls (`nodes?weights=SOURCE&digest=D`,
+answered from the server's index, llmgw/server/weightsindex.py, not from a list of the fleet), and
+tries, in order:
 
 1. nodes that hold the whole content (its digest, or a source resolved to it), those that share
    a fabric with this node first; each group rotated by this node's name, so a fleet spreads its
@@ -22,6 +24,7 @@ import logging
 import ssl
 import zlib
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import quote
@@ -46,11 +49,10 @@ class Peer:
         return f"{self.endpoint}/weights/files/{entry.key}?size={entry.size}"
 
 
-def choose(nodes: list[Node], me: str, source: str, digest: str | None, started: datetime) -> list[Peer]:
-    """The peers to try for a pull of `source` (its content `digest` when known) that this node
-    began at `started`, best first."""
-    mine = next((n for n in nodes if n.name == me), None)
-    fabrics = {f.name for f in mine.status.fabrics} if mine is not None else set()
+def choose(nodes: list[Node], me: str, fabrics: AbstractSet[str], source: str, digest: str | None,
+           started: datetime) -> list[Peer]:
+    """The peers to try for a pull of `source` (its content `digest` when known) that this node,
+    `me` on `fabrics`, began at `started`, best first."""
     holders: list[tuple[bool, int, str, Peer]] = []
     pulling: list[tuple[datetime, str, Peer]] = []
     for n in nodes:
@@ -70,22 +72,26 @@ def choose(nodes: list[Node], me: str, source: str, digest: str | None, started:
 
 
 class Peers:
-    """The other nodes, as a pull sees them: `nodes()` lists the cluster's Nodes (the agent's
-    client), `tls` is the node's own certificate and the cluster's CA."""
+    """The other nodes, as a pull sees them: `nodes(source, digest)` gives the Nodes that hold or
+    pull `source`, or hold the content `digest` (the agent's client asks the server); `fabrics()`
+    this node's fabrics (its own Node may not be among those Nodes yet); `tls` is the node's own
+    certificate and the cluster's CA."""
 
-    def __init__(self, me: str, nodes: Callable[[], Awaitable[list[Node]]], tls: ssl.SSLContext) -> None:
+    def __init__(self, me: str, fabrics: Callable[[], AbstractSet[str]],
+                 nodes: Callable[[str, str | None], Awaitable[list[Node]]], tls: ssl.SSLContext) -> None:
         self.me = me
+        self._fabrics = fabrics
         self._nodes = nodes
         self._tls = tls
         self._session: aiohttp.ClientSession | None = None
 
     async def find(self, source: str, digest: str | None, started: datetime) -> list[Peer]:
         try:
-            nodes = await self._nodes()
+            nodes = await self._nodes(source, digest)
         except Exception as err:  # noqa: BLE001 whatever keeps the Nodes from us, the origin still serves
-            log.warning("cannot list the nodes to find peers holding %s, fetching from the origin: %s", source, err)
+            log.warning("cannot ask for the nodes to find peers holding %s, fetching from the origin: %s", source, err)
             return []
-        return choose(nodes, self.me, source, digest, started)
+        return choose(nodes, self.me, self._fabrics(), source, digest, started)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
