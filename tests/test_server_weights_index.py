@@ -2,12 +2,17 @@
 the server's index of the nodes' weights (llmgw/server/weightsindex.py), kept current by a watch."""
 from __future__ import annotations
 
+import os
+import signal
 import urllib.parse
 
 import pytest
 
 from llmgw.api.types import Node
-from tests.helpers.cluster import shared_api_server  # noqa: F401
+from llmgw.client import Unavailable
+from llmgw.dev.etcd import etcd_cluster
+from llmgw.server.weightsindex import SYNC_TIMEOUT
+from tests.helpers.cluster import make_pki, shared_api_server, start_api_server  # noqa: F401
 from tests.helpers.poll import until
 
 SOURCE = "hf://org/m@" + "c" * 40
@@ -69,3 +74,28 @@ def test_a_bad_weights_query_is_a_400_naming_its_field(shared_api_server, path, 
     code, body = shared_api_server.send(shared_api_server.admin, "GET", "/" + path)
     assert code == 400, body
     assert body["reason"] == "BadRequest" and body["message"].startswith(field), body
+
+
+async def test_a_question_the_index_cannot_list_for_is_a_503_and_it_answers_once_etcd_is_back(tmp_path):
+    etcd = etcd_cluster(tmp_path / "etcd", size=1).start()
+    server = start_api_server(make_pki(tmp_path / "ca"), etcd.endpoint, tmp_path)
+    pid = etcd.members[0].proc.pid
+    try:
+        async with server.client() as admin:
+            await admin.create(Node.model_validate({"metadata": {"name": "holder"}}))
+            await admin.patch_status(Node, "holder", weights(models=[{"digest": DIGEST, "sources": [SOURCE]}]))
+            os.kill(pid, signal.SIGSTOP)        # etcd silent before the index's first list
+            try:
+                with pytest.raises(Unavailable) as err:
+                    await admin.nodes_with_weights(SOURCE)
+                assert "index of the nodes' weights" in str(err.value)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+            async def answered():
+                return await names(admin, SOURCE) == ["holder"]
+            await until(answered, "the index listed once etcd is back", timeout=3 * SYNC_TIMEOUT,
+                        retry=(Unavailable,))
+    finally:
+        server.stop()
+        etcd.stop()
