@@ -2,7 +2,7 @@
 
 A pulling agent asks before each file which nodes it may read it from (llmgw/weights/peers.py).
 Answered from a list of every Node, that question cost the server a decode and an encode of the
-whole fleet each time (at 10,000 nodes about 2 s of CPU and 19 MB, per file of every pull) and
+whole fleet each time (at 10,000 nodes about 2 s of CPU and 23 MB, per file of every pull) and
 the agent the same decode. So the server keeps an index instead, fed by one reflector over the
 store's Nodes, started by the first such request: each Node whose status.weights names anything
 (a content digest or a source it holds, a source it is pulling), under each of those refs. A
