@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 
 import pytest
 
 from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
 from llmgw.api.types import ModelStatus
-from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store
+from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store, StoreUnavailable
 from tests.helpers.poll import until
 
 
@@ -353,6 +355,28 @@ async def test_three_members_survive_one_stopping(etcd3):
         items, _ = await s.list(Model)
         assert sorted(m.name for m in items) == ["m1", "m2"]
     finally:
+        await s.close()
+
+
+async def test_without_a_quorum_every_read_fails_as_store_unavailable(etcd3):
+    """A member without a quorum lets a request's deadline end inside etcd, which answers gRPC
+    UNKNOWN "context deadline exceeded" (about a third of the reads at these short deadlines, the
+    rest end at the client as DEADLINE_EXCEEDED). Both must be StoreUnavailable: the error a
+    caller retries, and the one `connect(wait=)` waits through (a controller-manager started
+    just as a quorum came back exited on the raw gRPC error in the soak)."""
+    alive = etcd3.members[2]
+    s = Store(alive.endpoint, timeout=0.3)
+    await s.connect()
+    stopped = etcd3.members[:2]
+    for m in stopped:
+        os.kill(m.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(20):
+            with pytest.raises(StoreUnavailable):
+                await s.revision()
+    finally:
+        for m in stopped:
+            os.kill(m.proc.pid, signal.SIGCONT)
         await s.close()
 
 

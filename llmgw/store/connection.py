@@ -136,7 +136,7 @@ class Connection:
             except grpc.aio.AioRpcError as err:
                 if is_nospace(err):
                     raise StoreFull(NOSPACE_MESSAGE) from None
-                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if not _transient(err):
                     raise
                 last = err
                 await self._rotate(c)
@@ -164,6 +164,15 @@ NOSPACE_MESSAGE = ("etcd's space quota is exhausted (its NOSPACE alarm is raised
 def is_nospace(err: grpc.aio.AioRpcError) -> bool:
     """etcd's answer to a write while its NOSPACE alarm is raised."""
     return err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in (err.details() or "")
+
+
+def _transient(err: grpc.aio.AioRpcError) -> bool:
+    """etcd did not answer in time or at all: another endpoint, or a later try, may. A deadline
+    that ends inside etcd (a member without a quorum) comes back as UNKNOWN with Go's
+    "context deadline exceeded", not as DEADLINE_EXCEEDED."""
+    code = err.code()
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
+        code == grpc.StatusCode.UNKNOWN and "context deadline exceeded" in (err.details() or ""))
 
 
 def _details(err: BaseException | None) -> str:
