@@ -36,7 +36,7 @@ from llmgw.api.logs import LogQuery, parse_rank
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.selectors import Selector
-from llmgw.api.sources import DIGEST_RE
+from llmgw.api.sources import check_digest
 from llmgw.api.types import ApiKey, Node, Replica, Shard, node_of
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
@@ -114,8 +114,11 @@ def _weights_refs(kind: str, request: web.Request) -> list[str]:
     source, digest = q["weights"], q.get("digest")
     if not source:
         raise Fail(400, "BadRequest", "weights: a model's source, not empty")
-    if digest is not None and not DIGEST_RE.fullmatch(digest):
-        raise Fail(400, "BadRequest", f"digest: must be sha256: and 64 lower-case hex digits, got {digest[:80]!r}")
+    if digest is not None:
+        try:
+            check_digest(digest[:80])
+        except ValueError as err:
+            raise Fail(400, "BadRequest", f"digest: {err}") from None
     return [source] if digest is None else [source, digest]
 
 

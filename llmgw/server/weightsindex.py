@@ -53,10 +53,12 @@ class WeightsIndex:
         """The Nodes that name any of `refs`, by name, and the revision the index is at."""
         if self._task is None:
             self._task = asyncio.create_task(self._reflector.run())
-        try:
-            await asyncio.wait_for(self._synced.wait(), SYNC_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise errors.Unavailable("the index of the nodes' weights is not listed yet (is etcd reachable?)") from None
+        if not self._synced.is_set():   # the first questions wait for the first list; later ones do not
+            try:
+                await asyncio.wait_for(self._synced.wait(), SYNC_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise errors.Unavailable("the index of the nodes' weights is not listed yet "
+                                         "(is etcd reachable?)") from None
         names: set[str] = set().union(*(self._by_ref.get(r, ()) for r in refs))
         return [self._nodes[n][0] for n in sorted(names)], self._reflector.revision
 
