@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from controlplane import cpu_seconds  # the script beside this one (hack/bench/)
+
 from llmgw.api.types import Node
 from llmgw.client import Client
 from llmgw.dev.etcd import etcd_cluster
@@ -45,11 +47,6 @@ from tests.helpers.fake_agents import FakeAgents
 
 SOURCE = "hf://org/model@" + "c" * 40
 DIGEST = "sha256:" + "ab" * 32
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100      # utime + stime, in clock ticks of 1/100 s
 
 
 async def fleet(store: Store, nodes: int, holders: int) -> None:
