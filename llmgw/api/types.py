@@ -1,4 +1,5 @@
-"""The kinds: Node, Model, Replica, Shard, ApiKey, GitSource (docs/architecture.md, "Objects")."""
+"""The kinds: Node, Model, Replica, Shard, ApiKey, GitSource, Role, RoleBinding (docs/architecture.md,
+"Objects")."""
 from __future__ import annotations
 
 import hashlib
@@ -34,6 +35,7 @@ from llmgw.api.meta import (
     Strict,
 )
 from llmgw.api.secrets import check_secret_hash
+from llmgw.api.selectors import Selector
 from llmgw.api.sources import check_digest, parse_source
 from llmgw.engines import engine as engines
 
@@ -655,10 +657,96 @@ class GitSource(Object[GitSourceSpec, GitSourceStatus]):
         return self
 
 
+# ------------------------------------------------------- Role, RoleBinding
+
+# What a Role's rule may grant (docs/contracts.md, "Roles"): the object verbs, and the subresources
+# and changes a person makes by name: a Model's or a GitSource's `status`, the engine `logs`, a
+# Node's `cordon` (spec.unschedulable) and `drain` (spec.drain), a Model's `scale` (spec.replicas,
+# spec.autoscaling), a GitSource's `reconcile` (its reconcile request, spec.suspend).
+RULE_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "status", "logs", "cordon", "drain",
+              "scale", "reconcile")
+# A rule's kinds: the kinds (plural), and the events; "*" in verbs or kinds is every one.
+EVENTS = "events"
+ANY = "*"
+
+
+def _check_rule_verb(value: str) -> str:
+    if value != ANY and value not in RULE_VERBS:
+        raise ValueError(f"unknown verb {value!r}: use {ANY} or one of {', '.join(RULE_VERBS)}")
+    return value
+
+
+def _check_rule_kind(value: str) -> str:
+    if value != ANY and value != EVENTS and value not in KINDS:
+        raise ValueError(f"unknown kind {value!r}: use {ANY} or one of {', '.join([*KINDS, EVENTS])} (plural)")
+    return value
+
+
+def _check_rule_selector(value: str) -> str:
+    if not Selector.parse(value):
+        raise ValueError("an empty label selector selects everything: leave labelSelector out instead")
+    return value
+
+
+class PolicyRule(Strict):
+    """Verbs on kinds, of every object or only those `names` names and `labelSelector` selects
+    (both: an object must be named and selected)."""
+    verbs: list[Annotated[str, AfterValidator(_check_rule_verb)]] = Field(min_length=1, max_length=32)
+    kinds: list[Annotated[str, AfterValidator(_check_rule_kind)]] = Field(min_length=1, max_length=32)
+    names: list[DNSLabel] = Field(default_factory=list, max_length=256)
+    labelSelector: Annotated[str, AfterValidator(_check_rule_selector)] | None = Field(
+        default=None, description="team=search: only the objects whose labels match (`llmgw get -l`'s form)")
+
+    def __str__(self) -> str:
+        what = ",".join(self.kinds) + (f" named {','.join(self.names)}" if self.names else "")
+        return f"{','.join(self.verbs)} {what}" + (f" labelled {self.labelSelector}" if self.labelSelector else "")
+
+
+class RoleSpec(Strict):
+    rules: list[PolicyRule] = Field(min_length=1, max_length=256)   # a Role that grants nothing is a mistake
+
+
+class RoleStatus(Strict):
+    observedGeneration: Int = 0
+
+
+class Role(Object[RoleSpec, RoleStatus]):
+    kind_plural: ClassVar[str] = "roles"
+    kind: Literal["Role"] = "Role"
+    spec: RoleSpec
+    status: RoleStatus = Field(default_factory=RoleStatus)
+
+
+class Subject(Strict):
+    """Who a binding grants its role to: a user (a certificate's CN) or a group (one of its O values)."""
+    kind: Literal["User", "Group"]
+    name: str = Field(min_length=1, max_length=253)
+
+    def __str__(self) -> str:
+        return f"{self.kind.lower()} {self.name}"
+
+
+class RoleRef(Strict):
+    name: DNSLabel = Field(description="a Role, or a built-in role: view, operate, edit, admin")
+
+
+class RoleBindingSpec(Strict):
+    roleRef: RoleRef
+    subjects: list[Subject] = Field(min_length=1, max_length=1024)
+
+
+class RoleBinding(Object[RoleBindingSpec, RoleStatus]):   # a Role's status: an observedGeneration alone
+    kind_plural: ClassVar[str] = "rolebindings"
+    kind: Literal["RoleBinding"] = "RoleBinding"
+    spec: RoleBindingSpec
+    status: RoleStatus = Field(default_factory=RoleStatus)
+
+
 # --------------------------------------------------------------- registry
 
 KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard,
-                                     "apikeys": ApiKey, "gitsources": GitSource}
+                                     "apikeys": ApiKey, "gitsources": GitSource, "roles": Role,
+                                     "rolebindings": RoleBinding}
 # Node scope is said once, by the kind's class (``scope``); these read it.
 NODE_SCOPED: frozenset[str] = frozenset(plural for plural, cls in KINDS.items() if cls.scope == "Node")
 
@@ -676,6 +764,8 @@ _KIND_ALIASES = {
     "shard": "shards", "shards": "shards", "sh": "shards",
     "apikey": "apikeys", "apikeys": "apikeys", "key": "apikeys",
     "gitsource": "gitsources", "gitsources": "gitsources", "gs": "gitsources",
+    "role": "roles", "roles": "roles",
+    "rolebinding": "rolebindings", "rolebindings": "rolebindings", "rb": "rolebindings",
 }
 
 
@@ -686,5 +776,6 @@ def resolve_kind(word: str) -> str:
     except KeyError:
         raise ValueError(
             f"unknown kind {word!r}: use one of node/nodes/no, model/models/mo, "
-            "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key, gitsource/gitsources/gs"
+            "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key, gitsource/gitsources/gs, role/roles, "
+            "rolebinding/rolebindings/rb"
         ) from None

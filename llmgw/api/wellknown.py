@@ -58,3 +58,6 @@ GITSOURCE_LABEL = "llmgw.io/gitsource"
 RECONCILE_REQUESTED_AT = "llmgw.io/reconcile-requested-at"
 # On a GitSource with spec.prune: its inventory is pruned before it goes.
 GITSOURCE_PRUNE_FINALIZER = "llmgw.io/gitsource-prune"
+
+# The label of the server's built-in roles (view, operate, edit, admin: llmgw/server/rbac.py).
+BUILTIN_ROLE_LABEL = "llmgw.io/builtin"
