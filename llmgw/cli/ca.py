@@ -9,7 +9,7 @@ import click
 
 from llmgw.cli.connect import Connection, checked, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
-from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, CAError, CertificateAuthority, Issued, normalize_serial
+from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, USER_DAYS, CAError, CertificateAuthority, Issued, normalize_serial
 from llmgw.printers.table import print_table
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
@@ -29,11 +29,11 @@ def _fail(err: Exception) -> NoReturn:
 
 
 def _issue(directory: str, role: str, name: str, sans: Sequence[str] = (), days: int = DEFAULT_DAYS,
-           not_before: datetime | None = None) -> Issued:
+           not_before: datetime | None = None, groups: Sequence[str] = ()) -> Issued:
     start = not_before.replace(tzinfo=timezone.utc) if not_before else None
     try:
         authority = _ca(directory).etcd() if role in ETCD_ROLES else _ca(directory)
-        entry = authority.issue(role, name, list(sans), days=days, not_before=start)
+        entry = authority.issue(role, name, list(sans), days=days, not_before=start, groups=groups)
     except CAError as err:
         _fail(err)
     click.echo(f"issued {role} {name}: serial {entry.serial}, valid until {entry.not_after}")
@@ -100,6 +100,18 @@ def issue_admin(name: str, directory: str, days: int, not_before: datetime | Non
         cfg = ClientConfig(server=server, ca=str(_ca(directory).cert_path), cert=entry.cert, key=entry.key)
         written = checked(lambda: cfg.save_context(context, config)) if context else cfg.save(config)
         click.echo(f"config written: {written}" + (f" (context {context!r})" if context else ""))
+
+
+@issue.command("user")
+@click.argument("name")
+@click.option("--group", "groups", multiple=True, metavar="G", help="A group the user is in (its O); repeat it.")
+@dir_option
+@click.option("--days", type=int, default=USER_DAYS, show_default=True, help="Validity in days (short-lived).")
+@not_before_option
+def issue_user(name: str, groups: tuple[str, ...], directory: str, days: int, not_before: datetime | None) -> None:
+    """A person's certificate: CN=NAME, an O per --group, OU=llmgw:users; it may do what the
+    RoleBindings naming the user or its groups grant (README, "Giving people access")."""
+    _issue(directory, "user", name, days=days, not_before=not_before, groups=groups)
 
 
 @issue.command("component")

@@ -9,6 +9,8 @@ from llmgw.pki.ca import (
     DEFAULT_DAYS,
     ETCD_ROLES,
     ORG,
+    USER_DAYS,
+    USERS_OU,
     CAError,
     CertificateAuthority,
     Issued,
@@ -17,6 +19,7 @@ from llmgw.pki.ca import (
 )
 from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file
 
-__all__ = ["COMPONENTS", "DEFAULT_DAYS", "ETCD_ROLES", "ORG", "CAError", "CertificateAuthority", "Issued",
+__all__ = ["COMPONENTS", "DEFAULT_DAYS", "USER_DAYS", "USERS_OU", "ETCD_ROLES", "ORG", "CAError",
+           "CertificateAuthority", "Issued",
            "normalize_serial", "serial_hex", "Identity", "identity_from_cert", "identity_from_der",
            "identity_from_pem_file"]

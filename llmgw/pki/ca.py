@@ -12,7 +12,8 @@ Layout of a CA directory (mode 0700; every private key 0600):
 Roles map to the subject's organisation, which is what the server authorizes:
 node -> O=llmgw:nodes (CN = node id), admin -> O=llmgw:admins,
 component -> O=llmgw:components (CN controller-manager or gateway),
-server -> O=llmgw:servers (with DNS/IP subject alternative names).
+server -> O=llmgw:servers (with DNS/IP subject alternative names), user -> OU=llmgw:users and an O
+per group (CN = the user; what it may do, the Roles bound to it say: llmgw/server/rbac.py).
 
 etcd trusts only the etcd CA, which signs nothing but etcd's certificates: etcd-member ->
 O=llmgw:etcd (a member: serves clients and peers, with subject alternative names),
@@ -36,11 +37,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.api import check_dns1123_label
 
+USERS_OU = "llmgw:users"
 ORG = {"node": "llmgw:nodes", "admin": "llmgw:admins", "component": "llmgw:components", "server": "llmgw:servers",
-       "etcd-member": "llmgw:etcd", "etcd-client": "llmgw:etcd-clients"}
+       "etcd-member": "llmgw:etcd", "etcd-client": "llmgw:etcd-clients", "user": USERS_OU}
 ETCD_ROLES = ("etcd-member", "etcd-client")
 COMPONENTS = ("controller-manager", "gateway")
 DEFAULT_DAYS = 365
+USER_DAYS = 7    # a person's certificate is short-lived by default
 # A certificate is valid from this long before its issue: a machine whose clock is behind the
 # issuer's by up to this much accepts it at once.
 SKEW_ALLOWED = timedelta(hours=1)
@@ -183,15 +186,21 @@ class CertificateAuthority:
 
     # ------------------------------------------------------------ issue
     def issue(self, role: str, name: str, sans: Sequence[str] = (), days: int = DEFAULT_DAYS,
-              not_before: datetime | None = None) -> Issued:
-        """Issue a certificate for `role` (node, admin, component, server; etcd-member and
-        etcd-client from the etcd CA) named `name`."""
+              not_before: datetime | None = None, groups: Sequence[str] = ()) -> Issued:
+        """Issue a certificate for `role` (node, admin, component, server, user; etcd-member and
+        etcd-client from the etcd CA) named `name`; a user's `groups` are its O values."""
         if role not in ORG:
             raise CAError(f"unknown role {role!r}: use one of {', '.join(ORG)}")
         if (role in ETCD_ROLES) != self.for_etcd:
             which = "the etcd CA (CertificateAuthority.etcd())" if role in ETCD_ROLES else "the main CA"
             raise CAError(f"a {role} certificate comes from {which}, not {self.dir}")
-        if role in ("node", "etcd-client"):
+        if groups and role != "user":
+            raise CAError("only a user certificate has groups")
+        bad = [g for g in groups if not g or g.startswith("llmgw:")]
+        if bad:
+            raise CAError(f"group {bad[0]!r}: a group is a non-empty name not starting with llmgw: (those are "
+                          "the organisations of admins, nodes and components)")
+        if role in ("node", "etcd-client", "user"):
             try:
                 check_dns1123_label(name)
             except ValueError as err:
@@ -207,8 +216,10 @@ class CertificateAuthority:
         start = not_before or (datetime.now(timezone.utc) - SKEW_ALLOWED)
         if start.tzinfo is None:
             start = start.replace(tzinfo=timezone.utc)
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
-                             x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])])
+        orgs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups] if role == "user" else [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])]
+        unit = [x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, USERS_OU)] if role == "user" else []
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name), *orgs, *unit])
         both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
         # A member serves clients and peers, and dials its peers; the API server serves and dials
         # the agents (their engines' logs); an agent dials the server and serves those logs.
