@@ -12,6 +12,7 @@ from click.shell_completion import CompletionItem
 # import the agent, the server or the gateway.
 COMMANDS: dict[str, str] = {
     "ca": "llmgw.cli.ca:ca",
+    "auth": "llmgw.cli.auth:auth",
     "server": "llmgw.cmd.server:server",
     "controller-manager": "llmgw.cmd.controller_manager:controller_manager",
     "agent": "llmgw.cmd.agent:agent",

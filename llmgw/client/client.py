@@ -334,6 +334,19 @@ class Client:
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
         return result
 
+    async def whoami(self) -> dict[str, Any]:
+        """Who this client's certificate is, as the server sees it: name, role, groups, its bindings."""
+        result: dict[str, Any] = await self.request("GET", f"{BASE}/whoami")
+        return result
+
+    async def can_i(self, verb: str, kind: str, name: str | None = None, user: str | None = None,
+                    groups: builtins.list[str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Whether the server would let this certificate (or, for an admin, `user` in `groups`) do
+        `verb` on `kind` (its object `name`, or one with `labels`): {allowed, reason}."""
+        body = {"verb": verb, "kind": kind, "name": name, "user": user, "groups": groups or [], "labels": labels}
+        result: dict[str, Any] = await self.request("POST", f"{BASE}/accessreviews", body=body)
+        return result
+
     async def log(self, kind: Kind, name: str, query: LogQuery, *, rank: int | None = None,
                   node: str | None = None) -> AsyncIterator[bytes]:
         """An engine's log as the server relays it from the node's agent (``llmgw logs``): a shard's,

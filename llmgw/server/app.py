@@ -40,6 +40,7 @@ from llmgw.api.selectors import Selector
 from llmgw.api.types import Shard
 from llmgw.pki import Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied
+from llmgw.server.handlers.access import Access
 from llmgw.server.handlers.demand import Demand
 from llmgw.server.handlers.events import Events
 from llmgw.server.handlers.heartbeat import Heartbeats
@@ -51,6 +52,7 @@ from llmgw.server.handlers.watch import Watches
 from llmgw.server.handlers.weights import WeightsQuery
 from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
+from llmgw.server.rbac import Bindings
 from llmgw.server.request import json_response, kind_of, unknown_kind, url_name, watching
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
@@ -74,7 +76,8 @@ class ApiServer:
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
         self.revocations = Revocations(store)
-        self.authz = Authorizer(self._referenced)
+        self.bindings = Bindings(store)
+        self.authz = Authorizer(self._referenced, self.bindings)
         self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
         self.metrics = ServerMetrics()
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
@@ -89,6 +92,7 @@ class ApiServer:
         self.heartbeats = Heartbeats(store)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
+        self.access = Access(store, self.authz)
         self._verbs: dict[object, str] = {}   # by handler
 
     # ------------------------------------------------------------ app
@@ -102,6 +106,8 @@ class ApiServer:
             ("GET", "/events", self.list_events, "events-read"),
             ("POST", "/events", self.events.record, "events-write"),
             ("POST", "/revocations", self.revoke.revoke, "revoke"),
+            ("GET", "/whoami", self.access.whoami, "whoami"),
+            ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/usage/{kind}", self.demand.list_usage, "list"),   # before {kind}/{name}, which it would match
             ("GET", "/usage/{kind}/{name}", self.demand.get_usage, "get"),
             ("GET", "/{kind}", self.list_or_watch, "list"),   # "watch" with ?watch=1
@@ -127,11 +133,13 @@ class ApiServer:
     async def _start(self, app: web.Application) -> None:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
+        await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
         await self.weights_index.stop()
         await self.agent_logs.close()
+        await self.bindings.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -165,7 +173,8 @@ class ApiServer:
         kind = request.match_info.get("kind", "")
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
-                    "revoke": "revocations", "demand": "demand"}.get(verb, "-")
+                    "revoke": "revocations", "demand": "demand", "whoami": "whoami",
+                    "review": "accessreviews"}.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -230,8 +239,8 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb is None:
-            return None   # /healthz, or no route: 404/405 for every identity alike
+        if verb in (None, "whoami", "review"):
+            return None   # /healthz, who am I, may I; or no route: 404/405 for every identity alike
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)

@@ -16,8 +16,12 @@ Rules, by the certificate's organisation:
                                          events about N and its shards, and get the Models
                                          and Replicas its shards reference; read the
                                          engine logs of its own shards (never another node's)
-Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', and each node's own.
-Anything else is Forbidden, with the rule's name in the message.
+  user             (OU=llmgw:users)      what the Roles bound to its CN or its groups grant
+                                         (llmgw/server/rbac.py), never more: a Role or a RoleBinding it
+                                         writes grants no rule it does not hold (rule "escalation")
+Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', each node's own, and
+those of a user granted `logs`. The built-in roles (view, operate, edit, admin) are written by no
+one (rule "builtin-role"). Anything else is Forbidden, with the rule's name in the message.
 
 A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
 its body is read (``Action.final`` false: what the URL does not say, the body's name, the
@@ -27,12 +31,14 @@ that may not use a URL is refused before anything it sent is parsed, as Kubernet
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
 from llmgw.api.errors import Forbidden
+from llmgw.api.types import PolicyRule, Role, RoleBinding
 from llmgw.pki import Identity
+from llmgw.server.rbac import BUILTIN_ROLES, Bindings, Target, allows, narrowed, rule_verbs, uncovered
 
 READ = {"get", "list", "watch"}
 
@@ -65,6 +71,17 @@ def written_fields(new: AnyObject, old: AnyObject | None = None) -> frozenset[st
     return frozenset(out)
 
 
+def changed_fields(new: AnyObject, old: AnyObject) -> frozenset[str]:
+    """written_fields of a change, each annotation it sets or removes by its key
+    (`metadata.annotations.llmgw.io/reconcile-requested-at`): a user's narrower verbs read them."""
+    fields = written_fields(new, old)
+    if "metadata.annotations" not in fields:
+        return fields
+    after, before = new.metadata.annotations, old.metadata.annotations
+    keys = {k for k in after.keys() | before.keys() if after.get(k) != before.get(k)}
+    return (fields - {"metadata.annotations"}) | {f"metadata.annotations.{k}" for k in keys}
+
+
 @dataclass
 class Action:
     verb: str                 # get list watch create update status delete apply heartbeat demand events-read
@@ -77,6 +94,10 @@ class Action:
     fields: frozenset[str] | None = None
     # False: authorized by the URL, before the body is read; name, obj_node and fields may be unknown
     final: bool = True
+    # for a user's rules: the stored object's labels, and those a write gives it (None: no such object)
+    labels: Mapping[str, str] | None = None
+    new_labels: Mapping[str, str] | None = None
+    obj: AnyObject | None = None   # the object written (a Role or a RoleBinding: what it grants)
 
     def unknown(self, value: object) -> bool:
         """`value` (one of this action's attributes) is not known yet: the request is judged by its URL."""
@@ -85,6 +106,20 @@ class Action:
     def __str__(self) -> str:
         what = f"{self.kind}/{self.name}" if self.name else self.kind
         return f"{self.verb} {what}" + (f" (node={self.node})" if self.node else "")
+
+
+def review_action(verb: str, kind: str, name: str | None, labels: Mapping[str, str] | None) -> Action:
+    """The request a rule verb on `kind` (`llmgw auth can-i`) is, as the server authorizes it: a
+    `cordon` a Node update that sets spec.unschedulable, a `patch` an apply, `logs` a log read."""
+    fields = narrowed(kind, verb)
+    if fields is not None:
+        return Action("update", kind, name, fields=fields, labels=labels, new_labels=labels)
+    if verb == "update":   # any field: no narrower verb stands in for it
+        return Action(verb, kind, name, fields=frozenset({"*"}), labels=labels, new_labels=labels)
+    if kind == "events":
+        return Action("events-write" if verb == "create" else "events-read", kind, name)
+    server_verb = {"patch": "apply", "logs": "log"}.get(verb, verb)
+    return Action(server_verb, kind, name, labels=labels, new_labels=labels if server_verb != "get" else None)
 
 
 class Denied(Forbidden):
@@ -102,9 +137,10 @@ class Denied(Forbidden):
 
 
 class Authorizer:
-    def __init__(self, referenced: Callable[[str], Awaitable[tuple[set[str], set[str]]]]) -> None:
+    def __init__(self, referenced: Callable[[str], Awaitable[tuple[set[str], set[str]]]], bindings: Bindings) -> None:
         # referenced(node) -> awaitable (models, replicas): names the node's shards reference
         self._referenced = referenced
+        self.bindings = bindings
 
     async def check(self, who: Identity, act: Action) -> None:
         try:
@@ -114,12 +150,17 @@ class Authorizer:
             raise
 
     async def _check(self, who: Identity, act: Action) -> None:
+        if act.kind == "roles" and act.name in BUILTIN_ROLES and act.verb not in READ:
+            raise Denied("builtin-role", f"role {act.name} is built in: no one may {act.verb} it (bind it, "
+                         "or write a Role of another name)")
         if who.role == "admin":
             return
         if act.kind == "revocations":
             what = f"serial {act.name}" if act.name else "a certificate"
             raise Denied("revoke-admin", f"only an admin (O=llmgw:admins) may revoke a certificate; {who} "
                          "may not", log_line=f"refused: certificate {who} tried to revoke {what}")
+        if who.role == "user":
+            return self._user(who, act)
         if act.verb == "log" and who.role != "node":
             raise Denied("logs", f"only admins read engine logs (and a node those of its own shards); {who} may not")
         if act.kind == "demand" and not (who.role == "component" and who.name == "gateway"):
@@ -134,6 +175,33 @@ class Authorizer:
             return await self._node(who, act)
         raise Denied("identity", f"certificate {who.name!r} has organisation {who.org!r}, which llmgw grants "
                      "nothing (expected llmgw:admins, llmgw:components or llmgw:nodes)")
+
+    def granting(self, user: str, groups: Iterable[str], act: Action) -> PolicyRule | None:
+        """The first rule bound to `user` or its `groups` that allows `act`; None: no binding grants it.
+        `llmgw auth can-i` is answered by this too."""
+        verbs = rule_verbs(act.verb, act.kind, act.fields)
+        target = Target(act.name, act.labels, act.new_labels)
+        # a list or a watch is known by its URL alone: every object, which no rule with names or a
+        # selector grants
+        final = act.final or act.verb in ("list", "watch", "events-read")
+        return next((r for r in self.bindings.rules(user, groups) if allows(r, verbs, act.kind, target, final)), None)
+
+    def _user(self, who: Identity, act: Action) -> None:
+        subject = f"user {who.name}" + (f" (groups {', '.join(who.groups)})" if who.groups else "")
+        if self.granting(who.name, who.groups, act) is None:
+            raise Denied("rbac", f"{subject} may not {act}: no binding grants it")
+        if not act.final or act.obj is None:
+            return
+        if isinstance(act.obj, Role):
+            wanted = act.obj.spec.rules
+        elif isinstance(act.obj, RoleBinding):
+            wanted = self.bindings.rules_of_role(act.obj.spec.roleRef.name)
+        else:
+            return
+        missing = uncovered(self.bindings.rules(who.name, who.groups), wanted)
+        if missing is not None:
+            raise Denied("escalation", f"{subject} may not {act}: it would grant {missing}, which no binding "
+                         f"grants {who.name}")
 
     @staticmethod
     def _component(who: Identity, act: Action) -> None:

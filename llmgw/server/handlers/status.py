@@ -25,7 +25,7 @@ class StatusWrites:
         hint = request.query.get("node") or None
         current = await self.store.get(KINDS[kind], name, node=hint)
         await self.authorize(request, Action("status", kind, name, node=hint, obj_node=node_of(current),
-                                             fields=fields(current)))
+                                             fields=fields(current), labels=current.metadata.labels))
         return current
 
     async def update(self, request: web.Request) -> web.Response:
