@@ -8,11 +8,13 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import KINDS, parse_object
+from llmgw.api import KINDS, InvalidObject, parse_object
 from llmgw.api.secrets import hash_secret
 from llmgw.api.types import Model, Node
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
+from llmgw.cli.describe import describe
+from llmgw.cli.get import get
 from llmgw.client import Forbidden, Unauthorized
 from llmgw.pki import identity_from_pem_file
 from tests.helpers.cluster import llmgw_ca, shared_api_server  # noqa: F401
@@ -230,3 +232,31 @@ def test_can_i_exit_status_and_as(cluster):
     assert can_i(cluster.admin, "scale", "models/m-search", "--as", "x", "--as-group", "search").exit_code == 0
     assert can_i(cluster.admin, "scale", "models/m-other", "--as", "x", "--as-group", "search").exit_code == 1
     assert can_i(cluster.ids["vic"], "get", "models", "--as", "olga").exit_code == 4    # --as is the admins'
+
+
+@pytest.mark.parametrize("doc_, problem", [
+    ({"kind": "Role", "spec": {"rules": [{"verbs": ["get", "fly"], "kinds": ["models"]}]}},
+     "spec.rules[0].verbs[1]: unknown verb 'fly'"),
+    ({"kind": "Role", "spec": {"rules": [{"verbs": ["get"], "kinds": ["pods"]}]}},
+     "spec.rules[0].kinds[0]: unknown kind 'pods'"),
+    ({"kind": "Role", "spec": {"rules": [{"verbs": ["get"], "kinds": ["models"], "labelSelector": "a in (b)"}]}},
+     "spec.rules[0].labelSelector: selector 'a in (b)': set-based requirements"),
+    ({"kind": "Role", "spec": {"rules": []}}, "spec.rules: List should have at least 1 item"),
+    ({"kind": "RoleBinding", "spec": {"roleRef": {"name": "view"}, "subjects": [{"kind": "Robot", "name": "r"}]}},
+     "spec.subjects[0].kind: Input should be 'User' or 'Group'"),
+])
+def test_roles_are_validated_with_field_paths(doc_, problem):
+    with pytest.raises(InvalidObject) as err:
+        parse_object({"apiVersion": V1, "metadata": {"name": "x"}, **doc_})
+    assert any(p.startswith(problem) for p in err.value.problems), err.value.problems
+
+
+def test_get_roles_and_rolebindings(cluster):
+    flags = ["--server", cluster.url, "--ca", cluster.ca, "--cert", cluster.admin[0], "--key", cluster.admin[1]]
+    out = CliRunner().invoke(get, ["roles,rolebindings", *flags])
+    assert out.exit_code == 0, out.output
+    roles, bindings = out.output.split("\n\n")
+    assert roles.split()[:4] == ["NAME", "BUILTIN", "RULES", "AGE"] and "team-models" in roles
+    assert "view" in roles.split() and "b-operate" in bindings and "oncall" in bindings
+    described = CliRunner().invoke(describe, ["role", "team-models", *flags])
+    assert "rule: get,create,update,delete,scale models labelled team=search" in described.output

@@ -175,5 +175,12 @@ def run_get(conn: Connection, kind: Kind, name: str | None, output: str | None, 
 @connection_options
 def get(kind: str, name: str | None, output: str | None, selector: str | None, watch: bool,
         conn: Connection) -> None:
-    """Show objects of KIND (node, model, replica, shard; singular, plural or short) as a table."""
-    run_get(conn, kind_arg(kind), name, output, selector, watch)
+    """Show objects of KIND (node, model, replica, shard; singular, plural or short) as a table;
+    KIND,KIND,... lists each kind, a table after another."""
+    kinds = [kind_arg(word) for word in kind.split(",")]
+    if len(kinds) > 1 and (name or watch):
+        raise usage_error("several kinds (KIND,KIND) are listed once: without NAME or -w")
+    for i, k in enumerate(kinds):
+        if i:
+            click.echo()
+        run_get(conn, k, name, output, selector, watch)
