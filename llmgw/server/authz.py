@@ -31,7 +31,7 @@ that may not use a URL is refused before anything it sent is parsed, as Kubernet
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
@@ -176,7 +176,7 @@ class Authorizer:
         raise Denied("identity", f"certificate {who.name!r} has organisation {who.org!r}, which llmgw grants "
                      "nothing (expected llmgw:admins, llmgw:components or llmgw:nodes)")
 
-    def granting(self, user: str, groups: Iterable[str], act: Action) -> PolicyRule | None:
+    def granting(self, user: str, groups: tuple[str, ...], act: Action) -> PolicyRule | None:
         """The first rule bound to `user` or its `groups` that allows `act`; None: no binding grants it.
         `llmgw auth can-i` is answered by this too."""
         verbs = rule_verbs(act.verb, act.kind, act.fields)
@@ -184,7 +184,8 @@ class Authorizer:
         # a list or a watch is known by its URL alone: every object, which no rule with names or a
         # selector grants
         final = act.final or act.verb in ("list", "watch", "events-read")
-        return next((r for r in self.bindings.rules(user, groups) if allows(r, verbs, act.kind, target, final)), None)
+        return next((r.rule for r in self.bindings.rules_of_kind(user, groups, act.kind)
+                     if allows(r, verbs, target, final)), None)
 
     def _user(self, who: Identity, act: Action) -> None:
         subject = f"user {who.name}" + (f" (groups {', '.join(who.groups)})" if who.groups else "")

@@ -16,7 +16,8 @@ authorized; it may trail a write to a Role or a RoleBinding by the watch's delay
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic
 
@@ -31,6 +32,7 @@ from llmgw.store import Store
 from llmgw.store.listwatch import after_store_error_never_raise
 
 READ_VERBS = ["get", "list", "watch"]
+ASKED_LIMIT = 65536   # subjects' rules by kind kept between changes
 
 
 def _rule(verbs: list[str], kinds: list[str]) -> PolicyRule:
@@ -92,29 +94,42 @@ class Target:
     new_labels: Mapping[str, str] | None = None
 
 
-def _selects(rule: PolicyRule, target: Target, final: bool) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _selector(text: str) -> Selector:
+    return Selector.parse(text)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A rule as a decision reads it: sets, and its selector parsed once."""
+    rule: PolicyRule
+    verbs: frozenset[str]       # empty: every verb
+    names: frozenset[str]       # empty: every name
+    selector: Selector | None
+
+    @classmethod
+    def of(cls, rule: PolicyRule) -> "Compiled":
+        return cls(rule, frozenset() if ANY in rule.verbs else frozenset(rule.verbs), frozenset(rule.names),
+                   _selector(rule.labelSelector) if rule.labelSelector else None)
+
+
+def allows(rule: Compiled, verbs: frozenset[str], target: Target, final: bool = True) -> bool:
+    """Whether `rule` (one of the request's kind) grants one of `verbs` on the object `target`
+    (`final` false: what is not known yet is taken as it may turn out)."""
+    if rule.verbs and rule.verbs.isdisjoint(verbs):
+        return False
     if rule.names and not (target.name in rule.names or (not final and target.name is None)):
         return False
-    if rule.labelSelector is None:
+    if rule.selector is None:
         return True
     if target.labels is None and target.new_labels is None:
         return not final   # the object's labels are known once it is read
-    selector = Selector.parse(rule.labelSelector)
-    return all(selector.matches(dict(labels)) for labels in (target.labels, target.new_labels) if labels is not None)
-
-
-def allows(rule: PolicyRule, verbs: Iterable[str], kind: str, target: Target, final: bool = True) -> bool:
-    """Whether `rule` grants one of `verbs` on `kind`'s object `target` (`final` false: what is not
-    known yet is taken as it may turn out)."""
-    if ANY not in rule.kinds and kind not in rule.kinds:
-        return False
-    if ANY not in rule.verbs and not any(v in rule.verbs for v in verbs):
-        return False
-    return _selects(rule, target, final)
+    return all(rule.selector.matches(dict(labels)) for labels in (target.labels, target.new_labels)
+               if labels is not None)
 
 
 def _requirements(selector: str | None) -> frozenset[str]:
-    return frozenset(str(r) for r in Selector.parse(selector).requirements) if selector else frozenset()
+    return frozenset(str(r) for r in _selector(selector).requirements) if selector else frozenset()
 
 
 def covers(held: PolicyRule, wanted: PolicyRule) -> bool:
@@ -136,73 +151,119 @@ def uncovered(held: list[PolicyRule], wanted: Iterable[PolicyRule]) -> PolicyRul
 
 
 class _Follow(Generic[ObjectT]):
-    """Every stored object of one kind, by name, kept current by a reflector."""
+    """Every stored object of one kind, by name, kept current by a reflector; `on_change(old, new)`
+    after each change (None: there was none, it is gone)."""
 
-    def __init__(self, store: Store, kind: type[ObjectT], on_change: "Bindings") -> None:
+    def __init__(self, store: Store, kind: type[ObjectT],
+                 on_change: Callable[[ObjectT | None, ObjectT | None], None]) -> None:
         self.items: dict[str, ObjectT] = {}
         self.synced = asyncio.Event()
         self._on_change = on_change
-        self.reflector = Reflector(store.lister_watcher(kind, after_store_error_never_raise), self._change,
+        self.reflector = Reflector(store.lister_watcher(kind, after_store_error_never_raise), self.change,
                                    key=lambda o: o.name, known=lambda: self.items.values(),
                                    on_synced=self.synced.set, backoff=Backoff(0.1, 5.0),
                                    name=f"{kind.kind_plural} index")
 
-    def _change(self, type_: EventType, obj: ObjectT, revision: int) -> None:
-        if type_ == "DELETED":
-            self.items.pop(obj.name, None)
-        else:
+    def change(self, type_: EventType, obj: ObjectT, revision: int = 0) -> None:
+        """One event of the kind (the reflector's, or a benchmark's)."""
+        old = self.items.pop(obj.name, None)
+        if type_ != "DELETED":
             self.items[obj.name] = obj
-        self._on_change.changed()
+        self._on_change(old, None if type_ == "DELETED" else obj)
+
+
+Subject = tuple[str, str]   # ("User" | "Group", name)
+
+
+def _subjects(b: RoleBinding | None) -> set[Subject]:
+    return {(s.kind, s.name) for s in b.spec.subjects} if b is not None else set()
 
 
 class Bindings:
-    """The stored Roles and RoleBindings, and each subject's rules, answered from memory."""
+    """The stored Roles and RoleBindings, and each subject's bindings, answered from memory: a
+    decision reads the bindings of the user and of each of its groups, not every binding."""
 
     def __init__(self, store: Store) -> None:
-        self._roles = _Follow(store, Role, self)
-        self._bindings = _Follow(store, RoleBinding, self)
-        self._rules: dict[tuple[str, str], list[PolicyRule]] = {}   # by (User|Group, name), built on demand
+        self.roles = _Follow(store, Role, self._role_changed)
+        self.bindings = _Follow(store, RoleBinding, self._rebind)
+        self._by_subject: dict[Subject, set[str]] = {}   # binding names
+        self._by_kind: dict[str, dict[str, list[Compiled]]] = {}   # by role: its rules by kind ("*" too)
+        # a subject's rules of a kind, as the last decisions asked; emptied by any change
+        self._asked: dict[tuple[str, tuple[str, ...], str], list[Compiled]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
         """Follow both kinds; returns once both are listed (they go on being followed)."""
-        self._tasks = [asyncio.create_task(f.reflector.run()) for f in (self._roles, self._bindings)]
-        await asyncio.gather(self._roles.synced.wait(), self._bindings.synced.wait())
+        self._tasks = [asyncio.create_task(f.reflector.run()) for f in (self.roles, self.bindings)]
+        await asyncio.gather(self.roles.synced.wait(), self.bindings.synced.wait())
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def changed(self) -> None:
-        self._rules.clear()
+    def _rebind(self, old: RoleBinding | None, new: RoleBinding | None) -> None:
+        self._asked.clear()
+        if old is not None:
+            for subject in _subjects(old) - _subjects(new):
+                names = self._by_subject[subject]
+                names.discard(old.name)
+                if not names:
+                    del self._by_subject[subject]
+        if new is not None:
+            for subject in _subjects(new):
+                self._by_subject.setdefault(subject, set()).add(new.name)
+
+    def _role_changed(self, old: Role | None, new: Role | None) -> None:
+        self._asked.clear()
+        for role in (old, new):
+            if role is not None:
+                self._by_kind.pop(role.name, None)
+
+    def _rules_by_kind(self, role: str) -> dict[str, list[Compiled]]:
+        by_kind = self._by_kind.get(role)
+        if by_kind is None:
+            by_kind = {}
+            for rule in self.rules_of_role(role):
+                compiled = Compiled.of(rule)
+                for kind in rule.kinds:
+                    by_kind.setdefault(kind, []).append(compiled)
+            self._by_kind[role] = by_kind
+        return by_kind
 
     def role(self, name: str) -> Role | None:
         """A built-in role, or a stored one."""
-        return BUILTIN_ROLES.get(name) or self._roles.items.get(name)
-
-    def _subject_rules(self, kind: str, name: str) -> list[PolicyRule]:
-        rules = self._rules.get((kind, name))
-        if rules is None:
-            rules = [rule for b in self._bindings.items.values()
-                     if any(s.kind == kind and s.name == name for s in b.spec.subjects)
-                     for rule in self.rules_of_role(b.spec.roleRef.name)]
-            self._rules[(kind, name)] = rules
-        return rules
+        return BUILTIN_ROLES.get(name) or self.roles.items.get(name)
 
     def rules_of_role(self, name: str) -> list[PolicyRule]:
         role = self.role(name)
         return role.spec.rules if role is not None else []
 
-    def rules(self, user: str, groups: Iterable[str]) -> list[PolicyRule]:
-        """Every rule bound to the user or one of its groups."""
-        out = list(self._subject_rules("User", user))
+    def _bound(self, user: str, groups: Iterable[str]) -> set[str]:
+        names = set(self._by_subject.get(("User", user), ()))
         for g in groups:
-            out.extend(self._subject_rules("Group", g))
-        return out
+            names.update(self._by_subject.get(("Group", g), ()))
+        return names
 
     def bound(self, user: str, groups: Iterable[str]) -> list[str]:
         """The names of the bindings naming the user or one of its groups (`auth whoami`)."""
-        wanted = {("User", user), *(("Group", g) for g in groups)}
-        return sorted(b.name for b in self._bindings.items.values()
-                      if any((s.kind, s.name) in wanted for s in b.spec.subjects))
+        return sorted(self._bound(user, groups))
+
+    def _roles_of(self, user: str, groups: Iterable[str]) -> set[str]:
+        return {self.bindings.items[name].spec.roleRef.name for name in self._bound(user, groups)}
+
+    def rules(self, user: str, groups: Iterable[str]) -> list[PolicyRule]:
+        """Every rule bound to the user or one of its groups (what it holds, for the escalation check)."""
+        return [rule for role in self._roles_of(user, groups) for rule in self.rules_of_role(role)]
+
+    def rules_of_kind(self, user: str, groups: tuple[str, ...], kind: str) -> list[Compiled]:
+        """The rules bound to the user or one of its groups that name `kind` or "*"."""
+        asked = self._asked.get((user, groups, kind))
+        if asked is not None:
+            return asked
+        rules = [rule for role in self._roles_of(user, groups) for k in (kind, ANY)
+                 for rule in self._rules_by_kind(role).get(k, ())]
+        if len(self._asked) >= ASKED_LIMIT:
+            self._asked.clear()
+        self._asked[(user, groups, kind)] = rules
+        return rules
