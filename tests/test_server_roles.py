@@ -260,3 +260,21 @@ def test_get_roles_and_rolebindings(cluster):
     assert "view" in roles.split() and "b-operate" in bindings and "oncall" in bindings
     described = CliRunner().invoke(describe, ["role", "team-models", *flags])
     assert "rule: get,create,update,delete,scale models labelled team=search" in described.output
+
+
+async def test_a_team_cannot_label_another_model_into_its_scope(cluster):
+    async with cluster.client() as admin, cluster.client(cluster.ids["sam"]) as c:
+        with pytest.raises(Forbidden):
+            await _update(admin, c, "models", "m-other", lambda m: m.metadata.labels.update(TEAM))
+        with pytest.raises(Forbidden):   # nor its own out of it
+            await _update(admin, c, "models", "m-search", lambda m: m.metadata.labels.update(team="ads"))
+        assert (await admin.get(Model, "m-search")).metadata.labels["team"] == "search"
+
+
+def test_whoami(cluster):
+    out = CliRunner().invoke(auth, ["whoami", "--server", cluster.url, "--ca", cluster.ca,
+                                    "--cert", cluster.ids["sam"][0], "--key", cluster.ids["sam"][1]])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[:3] == ["name: sam", "role: user", "groups: search"]
+    assert lines[3].startswith("bindings: b-team, b-team-view")   # (and sam-view, when made above)
