@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from llmgw.api import KINDS, InvalidObject, parse_object
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import Model, Node
+from llmgw.api.types import GitSecretRef, Model, Node
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
 from llmgw.cli.describe import describe
@@ -73,6 +73,10 @@ def cluster(shared_api_server):
             for name, role, subjects in BINDINGS:
                 await c.create(parse_object({"apiVersion": V1, "kind": "RoleBinding", "metadata": {"name": name},
                                              "spec": {"roleRef": {"name": role}, "subjects": subjects}}))
+
+            async def indexed():   # the last binding made has reached the server's index, so all have
+                return (await c.can_i("delete", "nodes", user="rita"))["allowed"]
+            await until(indexed, "the bindings to reach the server's index")
     asyncio.run(setup())
     srv.ids = {"vic": srv.issue("user", "vic"), "olga": srv.issue("user", "olga", "--group", "oncall"),
                "sam": srv.issue("user", "sam", "--group", "search"), "rita": srv.issue("user", "rita")}
@@ -278,3 +282,39 @@ def test_whoami(cluster):
     lines = out.output.splitlines()
     assert lines[:3] == ["name: sam", "role: user", "groups: search"]
     assert lines[3].startswith("bindings: b-team, b-team-view")   # (and sam-view, when made above)
+
+
+def gitsource(name, url="https://git.example/repo.git", secret=None):
+    spec = {"url": url, "ref": {"branch": "main"}, **({"secretRef": {"file": secret}} if secret else {})}
+    return parse_object({"apiVersion": V1, "kind": "GitSource", "metadata": {"name": name}, "spec": spec})
+
+
+async def test_an_editor_points_no_gitsource_at_credentials(cluster):
+    """`edit` writes GitSources; until their credentials are confined to a directory, a user sets
+    no secretRef, no file:// url, and no url of a source that reads a secretRef (its token would go
+    to that host): the controller-manager's etcd key is one file away."""
+    async with cluster.client() as admin:
+        await admin.create(parse_object({"apiVersion": V1, "kind": "RoleBinding", "metadata": {"name": "b-edit"},
+                                         "spec": {"roleRef": {"name": "edit"},
+                                                  "subjects": [{"kind": "User", "name": "eddie"}]}}))
+        await admin.create(gitsource("g-private", secret="/etc/llmgw/git-token"))
+    eddie = cluster.issue("user", "eddie")
+    refused = [lambda c: c.create(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
+               lambda c: c.create(gitsource("g-local", url="file:///srv/repos/infra")),
+               lambda c: c.apply(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
+               lambda c: _update(admin, c, "gitsources", "g-private",
+                                 lambda g: setattr(g.spec, "url", "https://evil.example/r.git")),
+               lambda c: _update(admin, c, "gitsources", "g1",
+                                 lambda g: setattr(g.spec, "secretRef", GitSecretRef(file="/etc/passwd")))]
+    async with cluster.client() as admin, cluster.client(eddie) as c:
+        async def bound():
+            return (await c.can_i("create", "gitsources"))["allowed"]
+        await until(bound, "eddie's binding to reach the server's index")
+        for i, write in enumerate(refused):
+            with pytest.raises(Forbidden) as err:
+                await write(c)
+            assert "rule gitsource-credentials:" in str(err.value), i
+        await c.create(gitsource("g-public"))
+        await _update(admin, c, "gitsources", "g-private",
+                      lambda g: g.metadata.annotations.update({RECONCILE_REQUESTED_AT: "now"}))
+        await _update(admin, c, "gitsources", "g-private", lambda g: setattr(g.spec, "suspend", True))

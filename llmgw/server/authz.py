@@ -21,7 +21,9 @@ Rules, by the certificate's organisation:
                                          writes grants no rule it does not hold (rule "escalation")
 Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', each node's own, and
 those of a user granted `logs`. The built-in roles (view, operate, edit, admin) are written by no
-one (rule "builtin-role"). Anything else is Forbidden, with the rule's name in the message.
+one (rule "builtin-role"); a user sets no GitSource's secretRef, nor the url of one that has a
+secretRef or a file:// url (rule "gitsource-credentials"). Anything else is Forbidden, with the
+rule's name in the message.
 
 A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
 its body is read (``Action.final`` false: what the URL does not say, the body's name, the
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
 from llmgw.api.errors import Forbidden
-from llmgw.api.types import PolicyRule, Role, RoleBinding
+from llmgw.api.types import GitSource, PolicyRule, Role, RoleBinding
 from llmgw.pki import Identity
 from llmgw.server.rbac import BUILTIN_ROLES, Bindings, Target, allows, narrowed, rule_verbs, uncovered
 
@@ -193,6 +195,8 @@ class Authorizer:
             raise Denied("rbac", f"{subject} may not {act}: no binding grants it")
         if not act.final or act.obj is None:
             return
+        if isinstance(act.obj, GitSource):
+            return self._gitsource_reach(subject, act, act.obj)
         if isinstance(act.obj, Role):
             wanted = act.obj.spec.rules
         elif isinstance(act.obj, RoleBinding):
@@ -203,6 +207,17 @@ class Authorizer:
         if missing is not None:
             raise Denied("escalation", f"{subject} may not {act}: it would grant {missing}, which no binding "
                          f"grants {who.name}")
+
+    @staticmethod
+    def _gitsource_reach(subject: str, act: Action, src: GitSource) -> None:
+        """Until a GitSource's credentials are confined to a directory the controller-manager is
+        told (issue 51), a user may not point one that reads a credentials file or a local path
+        (secretRef, file://) anywhere: its token would go to the URL's host, a file:// URL reads
+        any repository of the controller-manager's host. Admins may."""
+        reach = src.spec.secretRef is not None or src.spec.url.startswith("file://")
+        if reach and (act.fields is None or act.fields & {"spec.url", "spec.secretRef"}):
+            raise Denied("gitsource-credentials", f"{subject} may not {act}: only an admin sets the url of a "
+                         "GitSource with spec.secretRef or a file:// url, or its secretRef")
 
     @staticmethod
     def _component(who: Identity, act: Action) -> None:

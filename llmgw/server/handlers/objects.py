@@ -77,14 +77,15 @@ class Objects:
     async def apply(self, request: web.Request) -> web.Response:
         kind = kind_of(request)
         obj = await read_object(request, kind)
-        labels = None
-        if by_rules(request):
+        labels, fields = None, None
+        if by_rules(request):   # what the apply would change, of the stored object if there is one
             try:
-                labels = (await self.store.get(KINDS[kind], obj.name, node=node_of(obj))).metadata.labels
+                current = await self.store.get(KINDS[kind], obj.name, node=node_of(obj))
+                labels, fields = current.metadata.labels, changed_fields(applied(current, obj), current)
             except NotFound:
-                pass
-        await self.authorize(request, Action("apply", kind, obj.name, obj_node=node_of(obj), labels=labels,
-                                             new_labels=obj.metadata.labels, obj=obj))
+                fields = written_fields(obj)
+        await self.authorize(request, Action("apply", kind, obj.name, obj_node=node_of(obj), fields=fields,
+                                             labels=labels, new_labels=obj.metadata.labels, obj=obj))
         result, out = await apply_object(self.store, obj)
         return json_response({"result": result, "object": dump(out)}, 201 if result == "created" else 200)
 
