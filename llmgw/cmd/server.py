@@ -24,7 +24,8 @@ def _listen(text: str) -> tuple[str, int]:
 async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None = None,
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
-                watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "") -> None:
+                watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
+                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5) -> None:
     from aiohttp import web
 
     from llmgw.pki.tls import mtls_server_context, peer_client_context
@@ -56,8 +57,14 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         raise click.ClickException(f"cannot reserve the stored Models' served names in etcd at {etcd}: {err}") from None
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
+    from llmgw.server.audit import AuditLog
+    try:
+        audit = AuditLog(audit_log, audit_log_max_size << 20, audit_log_max_backups) if audit_log else None
+    except OSError as err:
+        await store.close()
+        raise click.ClickException(f"--audit-log {audit_log}: {err.strerror or err}") from None
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
-                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls)
+                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls, audit=audit)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -84,6 +91,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await metrics_site.cleanup()
     await runner.cleanup()
     await store.close()
+    if audit is not None:
+        audit.close()
 
 
 @click.command()
@@ -105,12 +114,20 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
+@click.option("--audit-log", default="", metavar="PATH",
+              help="Write a JSON line per request that changes state and per refusal here; empty: off.")
+@click.option("--audit-log-max-size", type=click.IntRange(min=1), default=100, show_default=True,
+              help="MB an audit log file grows to before it rotates.")
+@click.option("--audit-log-max-backups", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Rotated audit log files kept (PATH.1 the newest).")
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
-           watch_queue_limit: int, metrics_listen: str, log_level: str, log_format: str) -> None:
+           watch_queue_limit: int, metrics_listen: str, audit_log: str, audit_log_max_size: int,
+           audit_log_max_backups: int, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
-                  watch_cache_size, watch_queue_limit, metrics_listen))
+                  watch_cache_size, watch_queue_limit, metrics_listen, audit_log, audit_log_max_size,
+                  audit_log_max_backups))

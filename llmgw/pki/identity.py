@@ -29,6 +29,11 @@ class Identity:
     def __str__(self) -> str:
         return f"CN={self.name} O={self.org} serial={self.serial}"
 
+    @property
+    def all_groups(self) -> tuple[str, ...]:
+        """Its groups: a user's O values, or the one organisation of an admin, a node, a component."""
+        return self.groups or ((self.org,) if self.org else ())
+
     def expired(self, at: datetime | None = None) -> bool:
         at = at or datetime.now(timezone.utc)
         return at > self.not_after

@@ -14,15 +14,20 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
    body says (the name created, the fields written, the stored shard's node), then calls the store.
 
 Both authorizations are one step, ``ApiServer.authorize``: the rules of llmgw/server/authz.py
-against the request's identity, every refusal logged.
+against the request's identity, every refusal logged. With an audit log (llmgw/server/audit.py),
+every request that changes state and every refusal is a line of it, written after its answer.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
 
 from aiohttp import web
 
@@ -39,6 +44,7 @@ from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.api.types import Shard
 from llmgw.pki import Identity, identity_from_der
+from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.access import Access
 from llmgw.server.handlers.demand import Demand
@@ -65,14 +71,29 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
 
 
+def _written(resp: web.StreamResponse) -> dict[str, Any]:
+    """The object a write answered with (an apply's is under "object"), or {}."""
+    body = resp.body if isinstance(resp, web.Response) else None
+    if not isinstance(body, bytes):
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    obj = doc.get("object", doc) if isinstance(doc, dict) else None
+    return obj if isinstance(obj, dict) else {}
+
+
 def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Response:
     return json_response(status_body(err.code, err.reason, str(err), **err.details), err.code, headers)
 
 
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
-                 watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None):
+                 watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
+                 audit: AuditLog | None = None):
         self.store = store
+        self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
         self.revocations = Revocations(store)
@@ -97,7 +118,8 @@ class ApiServer:
 
     # ------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._count, self._errors, self._authenticate, self._authorize],
+        app = web.Application(middlewares=[self._count, self._audit, self._errors, self._authenticate,
+                                           self._authorize],
                               client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/healthz", self.healthz)
         routes: list[tuple[str, str, Handler, str]] = [
@@ -176,6 +198,31 @@ class ApiServer:
                     "revoke": "revocations", "demand": "demand", "whoami": "whoami",
                     "review": "accessreviews"}.get(verb, "-")
         return verb, kind
+
+    @web.middleware
+    async def _audit(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A request that changes state (but a node's heartbeat, a gateway's demand report) and every
+        refusal, as one audit line once it is answered (every refusal is an answer: `_errors`)."""
+        resp = await handler(request)
+        if self.audit is None:
+            return resp
+        verb, kind = self._what(request)
+        if resp.status in (401, 403) or (request.method not in ("GET", "HEAD")
+                                         and verb not in ("heartbeat", "demand", "review", "-")):
+            self.audit.record(self._audit_line(request, resp, verb, kind))
+        return resp
+
+    def _audit_line(self, request: web.Request, resp: web.StreamResponse, verb: str, kind: str) -> dict[str, object]:
+        who: Identity | None = request.get("identity")
+        written = _written(resp) if resp.status < 300 else {}
+        meta = written.get("metadata") or {}
+        request_id = uuid.uuid4().hex
+        if not resp.prepared:
+            resp.headers["X-Request-Id"] = request_id
+        return {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "requestId": request_id,
+                "user": who.name if who else None, "groups": list(who.all_groups) if who else [],
+                "verb": verb, "kind": kind, "name": request.match_info.get("name") or meta.get("name"),
+                "code": resp.status, "revision": meta.get("resourceVersion")}
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -18,7 +18,7 @@ from llmgw.store import Store
 
 
 def whoami_body(who: Identity, bindings: Bindings) -> dict[str, object]:
-    return {"name": who.name, "role": who.role, "groups": list(who.groups) or ([who.org] if who.org else []),
+    return {"name": who.name, "role": who.role, "groups": list(who.all_groups),
             "serial": who.serial, "notAfter": who.not_after.isoformat(),
             "bindings": bindings.bound(who.name, who.groups) if who.role == "user" else []}
 
