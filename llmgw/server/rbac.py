@@ -172,10 +172,10 @@ class _Follow(Generic[ObjectT]):
         self._on_change(old, None if type_ == "DELETED" else obj)
 
 
-Subject = tuple[str, str]   # ("User" | "Group", name)
+SubjectKey = tuple[str, str]   # ("User" | "Group", name)
 
 
-def _subjects(b: RoleBinding | None) -> set[Subject]:
+def _subjects(b: RoleBinding | None) -> set[SubjectKey]:
     return {(s.kind, s.name) for s in b.spec.subjects} if b is not None else set()
 
 
@@ -186,7 +186,7 @@ class Bindings:
     def __init__(self, store: Store) -> None:
         self.roles = _Follow(store, Role, self._role_changed)
         self.bindings = _Follow(store, RoleBinding, self._rebind)
-        self._by_subject: dict[Subject, set[str]] = {}   # binding names
+        self._by_subject: dict[SubjectKey, set[str]] = {}   # binding names
         self._by_kind: dict[str, dict[str, list[Compiled]]] = {}   # by role: its rules by kind ("*" too)
         # a subject's rules of a kind, as the last decisions asked; emptied by any change
         self._asked: dict[tuple[str, tuple[str, ...], str], list[Compiled]] = {}
