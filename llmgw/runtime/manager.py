@@ -187,14 +187,14 @@ class Manager:
         finally:
             for q in self.queues.values():
                 q.shutdown()
-            for c in self.controllers:
-                await c.stop()
             for t in (*tasks, hold):
                 t.cancel()
             # bounded: a task stuck in a store call that ignores cancellation must not wedge us
             _, stuck = await asyncio.wait([*tasks, hold], timeout=STOP_TIMEOUT)
             for t in stuck:
                 log.error("task %s did not stop within %.0fs; abandoning it", t.get_name(), STOP_TIMEOUT)
+            for c in self.controllers:   # once no worker can start more: what each runs beside them
+                await c.stop()
 
     @staticmethod
     async def _run(runnable: Runnable) -> None:
