@@ -1,11 +1,9 @@
 """`llmgw gateway`: the OpenAI-compatible gateway."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
-import signal
 import socket
 from dataclasses import dataclass
 
@@ -196,12 +194,8 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
                                     keys=gw.admission.windows().report if gw.admission else None)
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await aio.until_signal()
     finally:
         if publisher is not None:
             await publisher.stop()
