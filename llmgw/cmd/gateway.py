@@ -130,13 +130,14 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     table = RoutingTable()
     authenticator: Authenticator | None = None
     admission: Admission | None = None
+    ring: KeyRing | None = None   # the watched keys, which the source feeds
     if api_keys:
         authenticator = file_keys = ApiKeys(api_keys)
         if not len(file_keys):
             log.warning("%s holds no key: every request will be refused with 401", api_keys)
-    elif watch_api_keys:   # authenticated by ApiKey objects (the ring the source feeds), admitted by their limits
+    elif watch_api_keys:   # authenticated by ApiKey objects, admitted by their limits
         admission = Admission(table.labels, table.resolve)
-        authenticator = KeyRing(admission.revoke)
+        authenticator = ring = KeyRing(admission.revoke)
     spans = None
     if otel:
         try:
@@ -155,7 +156,6 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--gateway-id") from None
     demand = _DemandSettings(gateway_id, demand_interval, demand_ttl)
-    ring = authenticator if isinstance(authenticator, KeyRing) else None
     aio.run(_serve(gw, spans, ring, admission, host, port, server, ca, cert, key, static, demand))
 
 
