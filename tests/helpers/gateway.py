@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from llmgw.api import Model, Replica
 from llmgw.dev.process import free_port
-from llmgw.gateway.proxy import Gateway
+from llmgw.gateway.gateway import Gateway
 from llmgw.gateway.table import RoutingTable
 from tests.helpers.poll import until_sync
 
