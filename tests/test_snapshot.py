@@ -1,0 +1,162 @@
+"""`llmgw ctl snapshot save/inspect/restore` against real etcd over TLS: what is saved is what a
+restored member (one, or a new cluster of three) serves; bad files are refused in one line and
+nothing is written."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from llmgw.api.types import Model
+from llmgw.cli.main import cli
+from llmgw.dev.etcd import EtcdCluster, etcd_cluster
+from llmgw.pki import CertificateAuthority
+from llmgw.store import Store
+from llmgw.store.snapshot import MAGIC
+from tests.helpers.cluster import make_pki
+from tests.helpers.ctrlkit import model
+
+
+def llmgw(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["ctl", "snapshot", *args])
+
+
+async def allmgw(*args: str) -> Result:
+    """llmgw(...) from a test's event loop: the command runs its own."""
+    return await asyncio.to_thread(llmgw, *args)
+
+
+@pytest.fixture
+def secured(tmp_path):
+    """A one-member etcd requiring a client certificate from the etcd CA, and that certificate's flags."""
+    pki = make_pki(tmp_path / "ca")
+    etcd = etcd_cluster(tmp_path / "etcd", 1, ca=CertificateAuthority(pki.dir)).start()
+    issued = CertificateAuthority(pki.dir).etcd().issue("etcd-client", "backup")
+    flags = ["--etcd", etcd.endpoint, "--etcd-ca", str(pki.dir / "etcd" / "ca.crt"),
+             "--etcd-cert", issued.cert, "--etcd-key", issued.key]
+    yield etcd, flags
+    etcd.stop()
+
+
+async def _models(endpoints: list[str]) -> list[str]:
+    async with Store(endpoints) as store:
+        return sorted(m.metadata.name for m in (await store.list(Model))[0])
+
+
+@pytest.fixture
+async def saved(secured, tmp_path):
+    """A snapshot of two Models and a revocation; a third Model created after it."""
+    etcd, flags = secured
+    async with Store(etcd.endpoint, ca=flags[3], cert=flags[5], key=flags[7]) as store:
+        for name in ("a", "b"):
+            await store.create(model(name))
+        await store.revocations.add("0a1b", {"name": "stolen"})
+        file = tmp_path / "backup" / "fleet.snap"
+        file.parent.mkdir()
+        result = await allmgw("save", str(file), *flags)
+        assert result.exit_code == 0, result.output
+        await store.create(model("after"))
+    return file, result.output
+
+
+def _header(file: Path) -> dict[str, object]:
+    with file.open("rb") as f:
+        assert f.readline() == MAGIC
+        header: dict[str, object] = json.loads(f.readline())
+        payload = f.read()
+    assert header["size"] == len(payload)
+    assert header["sha256"] == hashlib.sha256(payload).hexdigest()
+    return header
+
+
+async def test_save_writes_the_header_and_inspect_counts_what_it_holds(saved):
+    file, output = saved
+    header = _header(file)
+    assert output == f"saved {file}: revision {header['revision']}, {header['size']} bytes, sha256 {header['sha256']}\n"
+    assert [p.name for p in file.parent.iterdir()] == ["fleet.snap"]          # no temporary file left
+    result = await allmgw("inspect", str(file))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"{file}: revision {header['revision']}, {header['size']} bytes, sha256 ")
+    assert [line.split() for line in lines[1:]] == [["models", "2"], ["revocations", "1"]]
+
+
+async def _restored(cluster: EtcdCluster, file: Path) -> list[str]:
+    """Restore file into each member's data directory as the README's runbook says; start the cluster."""
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster.members)
+    for m in cluster.members:
+        result = llmgw("restore", str(file), "--data-dir", str(m.data_dir), "--name", m.name,
+                       "--initial-cluster", initial, "--initial-advertise-peer-urls", m.peer_url,
+                       "--initial-cluster-token", "restored")
+        assert result.exit_code == 0, result.output
+    cluster.start(tries=1)
+    try:
+        return await _models(cluster.endpoints)
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("members", [1, 3])
+async def test_a_restored_cluster_holds_what_the_snapshot_held(saved, tmp_path, members):
+    file, _ = saved
+    assert await _restored(etcd_cluster(tmp_path / "restored", members), file) == ["a", "b"]
+
+
+def test_save_without_the_etcd_client_certificate_is_refused_and_writes_nothing(secured, tmp_path):
+    etcd, flags = secured
+    result = llmgw("save", str(tmp_path / "fleet.snap"), *flags[:4])       # the CA, no client certificate
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: snapshot of etcd at {etcd.endpoint} not saved: ")
+    assert "etcd refused this client's TLS certificate" in result.output
+    assert result.output.count("\n") == 1
+    assert not (tmp_path / "fleet.snap").exists() and not list(tmp_path.glob(".fleet.snap.*"))
+
+
+def _bad_files(good: bytes, directory: Path) -> dict[str, tuple[Path, str]]:
+    """Broken copies of a good snapshot, and what refusing each must say."""
+    header_end = good.index(b"\n", len(MAGIC)) + 1
+    header = json.loads(good[len(MAGIC):header_end])
+    wrong = json.dumps({**header, "sha256": "0" * 64}, sort_keys=True).encode()
+    cases = {
+        "truncated": (good[:-100], f"truncated: its header records {header['size']} bytes of etcd snapshot, "
+                                   f"the file holds {header['size'] - 100}"),
+        "too-long": (good + b"x", "too long"),
+        "foreign": (b"SQLite format 3\0" + bytes(5000), "not an llmgw snapshot (it does not begin with "
+                                                        "'llmgw-snapshot 1')"),
+        "raw-etcd": (good[header_end:], "not an llmgw snapshot"),
+        "cut-header": (good[:len(MAGIC) + 20], "truncated or broken header"),
+        "broken-header": (MAGIC + b"{not json\n" + good[header_end:], "broken header: "),
+        "wrong-checksum": (MAGIC + wrong + b"\n" + good[header_end:],
+                           f"corrupt: the etcd snapshot's sha256 is {header['sha256']}, its header records "
+                           + "0" * 64),
+    }
+    out = {}
+    for name, (content, message) in cases.items():
+        path = directory / name
+        path.write_bytes(content)
+        out[name] = (path, message)
+    return out
+
+
+async def test_bad_files_are_refused_in_one_line_and_nothing_is_written(saved, tmp_path):
+    file, _ = saved
+    for name, (path, message) in _bad_files(file.read_bytes(), tmp_path).items():
+        data_dir = tmp_path / f"{name}.etcd"
+        for args in (("inspect", str(path)), ("restore", str(path), "--data-dir", str(data_dir))):
+            result = await allmgw(*args)
+            assert result.exit_code == 1, (name, args[0], result.output)
+            assert result.output == f"Error: {path}: {result.output.split(': ', 2)[2]}", (name, args[0])
+            assert message in result.output and result.output.count("\n") == 1, (name, args[0], result.output)
+        assert not data_dir.exists()
+
+
+def test_restore_refuses_an_existing_data_dir(saved, tmp_path):
+    file, _ = saved
+    (tmp_path / "data").mkdir()
+    result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "data"))
+    assert result.exit_code == 1
+    assert result.output == f"Error: --data-dir {tmp_path / 'data'} exists: etcd restores into a new directory only\n"
