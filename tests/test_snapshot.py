@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
-from llmgw.api.types import Model
+from llmgw.api.types import Model, Node
 from llmgw.cli.main import cli
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.pki import CertificateAuthority
 from llmgw.store import Store
 from llmgw.store.snapshot import MAGIC
-from tests.helpers.cluster import make_pki
+from tests.helpers.cluster import api_server, ca_dir, llmgw_ca, make_pki, until_revoked  # noqa: F401
 from tests.helpers.ctrlkit import model
 
 
@@ -85,8 +86,8 @@ async def test_save_writes_the_header_and_inspect_counts_what_it_holds(saved):
     assert [line.split() for line in lines[1:]] == [["models", "2"], ["revocations", "1"]]
 
 
-async def _restored(cluster: EtcdCluster, file: Path) -> list[str]:
-    """Restore file into each member's data directory as the README's runbook says; start the cluster."""
+def _restore(cluster: EtcdCluster, file: Path) -> None:
+    """Restore file into each member's (new) data directory as the README's runbook says; start the cluster."""
     initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster.members)
     for m in cluster.members:
         result = llmgw("restore", str(file), "--data-dir", str(m.data_dir), "--name", m.name,
@@ -94,16 +95,17 @@ async def _restored(cluster: EtcdCluster, file: Path) -> list[str]:
                        "--initial-cluster-token", "restored")
         assert result.exit_code == 0, result.output
     cluster.start(tries=1)
-    try:
-        return await _models(cluster.endpoints)
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.parametrize("members", [1, 3])
 async def test_a_restored_cluster_holds_what_the_snapshot_held(saved, tmp_path, members):
     file, _ = saved
-    assert await _restored(etcd_cluster(tmp_path / "restored", members), file) == ["a", "b"]
+    cluster = etcd_cluster(tmp_path / "restored", members)
+    _restore(cluster, file)
+    try:
+        assert await _models(cluster.endpoints) == ["a", "b"]
+    finally:
+        cluster.stop()
 
 
 def test_save_without_the_etcd_client_certificate_is_refused_and_writes_nothing(secured, tmp_path):
@@ -160,3 +162,36 @@ def test_restore_refuses_an_existing_data_dir(saved, tmp_path):
     result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "data"))
     assert result.exit_code == 1
     assert result.output == f"Error: --data-dir {tmp_path / 'data'} exists: etcd restores into a new directory only\n"
+
+
+async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed(etcd, api_server, tmp_path):
+    srv = api_server
+    admin = ["--server", srv.url, "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1]]
+    ident = srv.issue_node("stolen")
+    async with srv.client(ident) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "stolen"}}))
+    file = tmp_path / "before.snap"
+    assert (await allmgw("save", str(file), "--etcd", etcd.endpoint)).exit_code == 0
+    out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "stolen", "--dir", str(srv.pki.dir), *admin)
+    serial = out.split()[-1]
+    async with srv.client(ident) as c:
+        await until_revoked(c, "stolen")
+    journal = CertificateAuthority(srv.pki.dir)
+    assert [(e.serial, e.role, e.name) for e in journal.journaled()] == [(serial, "node", "stolen")]
+
+    srv.stop()                                  # etcd lost: restored from the snapshot before the revocation
+    etcd.stop()
+    shutil.rmtree(etcd.members[0].data_dir)
+    _restore(etcd, file)
+    srv.restart()
+    warning = srv.wait_for_log("etcd's revocation list is older than the CA's journal")
+    assert f"lacks 1 revocation(s), the newest made {journal.journaled()[0].revokedAt}" in warning
+    assert warning.endswith(f"`llmgw ca revoke --replay --dir {journal.dir}`: {serial}")
+    async with srv.client(ident) as c:
+        await c.heartbeat("stolen")             # the restore lost the revocation: accepted again
+        out = await asyncio.to_thread(llmgw_ca, "revoke", "--replay", "--dir", str(srv.pki.dir), *admin)
+        assert out == f"replayed {serial}\n1 revocation(s) of {journal.journal_path} replayed\n"
+        await until_revoked(c, "stolen")
+    assert len(journal.journaled()) == 1        # a replay is not a new revocation
+    srv.restart()
+    assert sum("older than the CA's journal" in line for line in srv.log_lines()) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+from pathlib import Path
 
 import click
 
@@ -25,6 +26,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "") -> None:
     from aiohttp import web
 
+    from llmgw.pki import CertificateAuthority
     from llmgw.pki.tls import mtls_server_context, peer_client_context
     from llmgw.server.app import ApiServer
     from llmgw.server.tls import TLSSite
@@ -55,7 +57,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
-                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls)
+                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent))
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -87,7 +90,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                    "below in production (README, \"Production security\").")
 @click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
 @click.option("--key", required=True, help="Server private key.")
-@click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
+@click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt; the revocation "
+                                                "journal beside it, where there is one, is checked at start).")
 @etcd_tls
 @etcd_wait
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,

@@ -12,11 +12,12 @@ from llmgw.pki.ca import (
     CAError,
     CertificateAuthority,
     Issued,
+    Revoked,
     normalize_serial,
     serial_hex,
 )
 from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file
 
-__all__ = ["COMPONENTS", "DEFAULT_DAYS", "ETCD_ROLES", "ORG", "CAError", "CertificateAuthority", "Issued",
+__all__ = ["COMPONENTS", "DEFAULT_DAYS", "ETCD_ROLES", "ORG", "CAError", "CertificateAuthority", "Issued", "Revoked",
            "normalize_serial", "serial_hex", "Identity", "identity_from_cert", "identity_from_der",
            "identity_from_pem_file"]

@@ -38,7 +38,7 @@ from llmgw.api.errors import (
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.api.types import Shard
-from llmgw.pki import Identity, identity_from_der
+from llmgw.pki import CertificateAuthority, Identity, identity_from_der
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.demand import Demand
 from llmgw.server.handlers.events import Events
@@ -69,8 +69,10 @@ def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Resp
 
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
-                 watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None):
+                 watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
+                 revocation_journal: CertificateAuthority | None = None):
         self.store = store
+        self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
         self.revocations = Revocations(store)
@@ -127,6 +129,8 @@ class ApiServer:
     async def _start(self, app: web.Application) -> None:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
+        if self.revocation_journal is not None:
+            self.revocations.check_journal(self.revocation_journal)
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
