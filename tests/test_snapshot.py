@@ -6,20 +6,26 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
+import aiohttp
 import pytest
 from click.testing import CliRunner, Result
 
-from llmgw.api.types import Model, Node
+from llmgw.api.types import Model, Node, Shard
 from llmgw.cli.main import cli
+from llmgw.client import Client, ClientConfig
+from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
+from llmgw.dev.process import free_port
 from llmgw.pki import CertificateAuthority
 from llmgw.store import Store
 from llmgw.store.snapshot import MAGIC
 from tests.helpers.cluster import api_server, ca_dir, llmgw_ca, make_pki, until_revoked  # noqa: F401
 from tests.helpers.ctrlkit import model
+from tests.helpers.poll import until
 
 
 def llmgw(*args: str) -> Result:
@@ -195,3 +201,110 @@ async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed
     assert len(journal.journaled()) == 1        # a replay is not a new revocation
     srv.restart()
     assert sum("older than the CA's journal" in line for line in srv.log_lines()) == 1
+
+
+def _model(name: str) -> Model:
+    return Model.model_validate({"metadata": {"name": name}, "spec": {
+        "replicas": 1, "profiles": [{"engine": "sim", "gpusPerNode": 8}]}})   # a whole node
+
+
+async def _engines(c: Client) -> dict[str, int | None]:
+    """Every Shard's engine pid, by Shard name."""
+    return {s.metadata.name: s.status.pid for s in (await c.list(Shard))[0]}
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _load(url: str, model: str, outcomes: list[str], stop: asyncio.Event) -> None:
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        while not stop.is_set():
+            try:
+                async with http.post(url + "/v1/completions", json=body) as r:
+                    outcomes.append("ok" if r.status == 200 else f"{r.status}: {(await r.text())[:200]}")
+            except aiohttp.ClientError as err:
+                outcomes.append(repr(err))
+            await asyncio.sleep(0.05)
+
+
+def _bookings(shards: list[Shard]) -> list[tuple[str, str, int]]:
+    """(node, "gpu" or "port", number) of each Shard's GPUs and ports."""
+    return [(s.spec.node, what, n) for s in shards
+            for what, numbers in (("gpu", s.spec.gpus), ("port", [s.spec.ports.serve, s.spec.ports.distInit]))
+            for n in numbers]
+
+
+@pytest.mark.timeout(300)
+async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
+    """A real local cluster (a Model a node): a snapshot, then one Model deleted and one created on the
+    node it freed, then etcd's data lost and restored from the snapshot, the server and the
+    controller-manager restarted on it (the README's runbook), requests to a Model of the snapshot
+    going on through the gateway all along. The engine that ran at the snapshot keeps its pid, the
+    one created after it is stopped, the deleted one started again, no GPU or port booked twice."""
+    cluster = LocalCluster(tmp_path / "cluster", [NodePlan("node01", "ib-a"), NodePlan("node02", "ib-a")],
+                           gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0)
+    outcomes: list[str] = []
+    stop = asyncio.Event()
+    load: asyncio.Task[None] | None = None
+    try:
+        await asyncio.to_thread(cluster.start)
+        async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
+            async def ready(name: str) -> bool:
+                return (await c.get(Model, name)).status.readyReplicas == 1
+            for name in ("kept", "deleted"):
+                await c.create(_model(name))
+                await until(lambda name=name: ready(name), f"Model {name} Ready", timeout=120)
+            at_snapshot = await _engines(c)
+            load = asyncio.create_task(_load(cluster.gateway_url, "kept", outcomes, stop))
+            file = tmp_path / "fleet.snap"
+            result = await allmgw("save", str(file), *cluster.etcd_flags("dev-admin"))
+            assert result.exit_code == 0, result.output
+            await c.delete(Model, "deleted")
+            deleted = {k: v for k, v in at_snapshot.items() if k.startswith("deleted-")}
+            await until(lambda: not any(_alive(pid) for pid in deleted.values()), "the deleted Model's engine gone")
+            await c.create(_model("created"))       # booked where the deleted one was, where that is free
+            await until(lambda: ready("created"), "Model created Ready", timeout=120)
+            created = {k: v for k, v in (await _engines(c)).items() if k not in at_snapshot}
+
+        etcd = cluster.etcd
+        assert etcd is not None
+        etcd.stop()                                         # every member's data lost
+        for m in etcd.members:
+            shutil.rmtree(m.data_dir)
+        await asyncio.to_thread(_restore, etcd, file)
+        for name in ("server", "controller-manager"):      # the runbook: restarted on the restored etcd
+            cluster.stop_process(name)
+            cluster.procs.pop(name)
+        cluster.start_server()
+        await asyncio.to_thread(cluster.wait_server)
+        cluster.start_controller_manager()
+
+        async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
+            async def rebuilt() -> bool:    # (its status in the snapshot says Ready, with the old pid)
+                pids = [pid for name, pid in (await _engines(c)).items() if name.startswith("deleted-")]
+                return bool(pids) and all(_alive(pid) and pid not in deleted.values() for pid in pids)
+            await until(rebuilt, "the deleted Model's engine started again", timeout=120)
+            await until(lambda: ready("deleted"), "the deleted Model Ready", timeout=60)
+            await until(lambda: not any(_alive(pid) for pid in created.values()),
+                        "the engine of the Model created after the snapshot stopped")
+            assert sorted(m.metadata.name for m in (await c.list(Model))[0]) == ["deleted", "kept"]
+            engines = await _engines(c)
+            bookings = _bookings((await c.list(Shard))[0])
+        assert len(bookings) == len(set(bookings)), bookings    # no GPU or port booked twice
+        kept = {k: v for k, v in at_snapshot.items() if k.startswith("kept-")}
+        assert {k: engines[k] for k in kept} == kept and all(_alive(pid) for pid in kept.values())
+        await asyncio.sleep(3)
+    finally:
+        stop.set()
+        if load is not None:
+            await load
+        await asyncio.to_thread(cluster.stop)
+    assert outcomes and set(outcomes) == {"ok"}, [o for o in outcomes if o != "ok"][:5]
