@@ -274,15 +274,15 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
             await until(lambda: ready("created"), "Model created Ready", timeout=120)
             created = {k: v for k, v in (await _engines(c)).items() if k not in at_snapshot}
 
+        for name in ("server", "controller-manager"):      # the README's runbook, step by step
+            cluster.stop_process(name)
+            cluster.procs.pop(name)
         etcd = cluster.etcd
         assert etcd is not None
         etcd.stop()                                         # every member's data lost
         for m in etcd.members:
             shutil.rmtree(m.data_dir)
         await asyncio.to_thread(_restore, etcd, file)
-        for name in ("server", "controller-manager"):      # the runbook: restarted on the restored etcd
-            cluster.stop_process(name)
-            cluster.procs.pop(name)
         cluster.start_server()
         await asyncio.to_thread(cluster.wait_server)
         cluster.start_controller_manager()
