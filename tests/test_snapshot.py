@@ -14,7 +14,9 @@ import aiohttp
 import pytest
 from click.testing import CliRunner, Result
 
-from llmgw.api.types import Model, Node, Shard
+from llmgw.api.secrets import new_secret
+from llmgw.api.types import ApiKey, Model, Node, Shard
+from llmgw.cli.create import build_key
 from llmgw.cli.main import cli
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
@@ -223,15 +225,32 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-async def _load(url: str, model: str, outcomes: list[str], stop: asyncio.Event) -> None:
+async def _key(c: Client, name: str) -> str:
+    """A new ApiKey for every model; its secret."""
+    secret = new_secret(name)
+    await c.create(build_key(name, secret, owner="drill", models=(), selector=(), expires=None, rpm=None, tpm=None,
+                             concurrency=None, priority="standard"))
+    return secret
+
+
+async def _complete(http: aiohttp.ClientSession, url: str, secret: str, model: str) -> str:
+    """"ok", or what answered instead."""
     body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    try:
+        async with http.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {secret}"}) as r:
+            return "ok" if r.status == 200 else f"{r.status}: {(await r.text())[:200]}"
+    except aiohttp.ClientError as err:
+        return repr(err)
+
+
+async def _ok(http: aiohttp.ClientSession, url: str, secret: str) -> bool:
+    return await _complete(http, url, secret, "kept") == "ok"
+
+
+async def _load(url: str, secret: str, model: str, outcomes: list[str], stop: asyncio.Event) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         while not stop.is_set():
-            try:
-                async with http.post(url + "/v1/completions", json=body) as r:
-                    outcomes.append("ok" if r.status == 200 else f"{r.status}: {(await r.text())[:200]}")
-            except aiohttp.ClientError as err:
-                outcomes.append(repr(err))
+            outcomes.append(await _complete(http, url, secret, model))
             await asyncio.sleep(0.05)
 
 
@@ -247,10 +266,12 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
     """A real local cluster (a Model a node): a snapshot, then one Model deleted and one created on the
     node it freed, then etcd's data lost and restored from the snapshot, the server and the
     controller-manager restarted on it (the README's runbook), requests to a Model of the snapshot
-    going on through the gateway all along. The engine that ran at the snapshot keeps its pid, the
-    one created after it is stopped, the deleted one started again, no GPU or port booked twice."""
+    going on through the gateway all along with an API key of the snapshot. The engine that ran at the
+    snapshot keeps its pid, the one created after it is stopped, the deleted one started again, no GPU
+    or port booked twice; a key made after the snapshot is refused again."""
     cluster = LocalCluster(tmp_path / "cluster", [NodePlan("node01", "ib-a"), NodePlan("node02", "ib-a")],
-                           gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0)
+                           gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0,
+                           gateway_args=["--watch-api-keys"])
     outcomes: list[str] = []
     stop = asyncio.Event()
     load: asyncio.Task[None] | None = None
@@ -263,7 +284,10 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
                 await c.create(_model(name))
                 await until(lambda name=name: ready(name), f"Model {name} Ready", timeout=120)
             at_snapshot = await _engines(c)
-            load = asyncio.create_task(_load(cluster.gateway_url, "kept", outcomes, stop))
+            secret = await _key(c, "at-snapshot")
+            async with aiohttp.ClientSession() as http:
+                await until(lambda: _ok(http, cluster.gateway_url, secret), "the key known to the gateway")
+                load = asyncio.create_task(_load(cluster.gateway_url, secret, "kept", outcomes, stop))
             file = tmp_path / "fleet.snap"
             result = await allmgw("save", str(file), *cluster.etcd_flags("dev-admin"))
             assert result.exit_code == 0, result.output
@@ -273,6 +297,9 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
             await c.create(_model("created"))       # booked where the deleted one was, where that is free
             await until(lambda: ready("created"), "Model created Ready", timeout=120)
             created = {k: v for k, v in (await _engines(c)).items() if k not in at_snapshot}
+            later = await _key(c, "after-snapshot")
+            async with aiohttp.ClientSession() as http:
+                await until(lambda: _ok(http, cluster.gateway_url, later), "the later key known to the gateway")
 
         for name in ("server", "controller-manager"):      # the README's runbook, step by step
             cluster.stop_process(name)
@@ -298,6 +325,11 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
             assert sorted(m.metadata.name for m in (await c.list(Model))[0]) == ["deleted", "kept"]
             engines = await _engines(c)
             bookings = _bookings((await c.list(Shard))[0])
+            assert [k.metadata.name for k in (await c.list(ApiKey))[0]] == ["at-snapshot"]
+        async with aiohttp.ClientSession() as http:
+            async def refused() -> bool:
+                return (await _complete(http, cluster.gateway_url, later, "kept")).startswith("401: ")
+            await until(refused, "the key made after the snapshot refused by the gateway")
         assert len(bookings) == len(set(bookings)), bookings    # no GPU or port booked twice
         kept = {k: v for k, v in at_snapshot.items() if k.startswith("kept-")}
         assert {k: engines[k] for k in kept} == kept and all(_alive(pid) for pid in kept.values())
