@@ -164,12 +164,16 @@ async def test_bad_files_are_refused_in_one_line_and_nothing_is_written(saved, t
         assert not data_dir.exists()
 
 
-def test_restore_refuses_an_existing_data_dir(saved, tmp_path):
+def test_restore_refuses_an_existing_data_dir_and_a_failed_one_leaves_none(saved, tmp_path):
     file, _ = saved
     (tmp_path / "data").mkdir()
     result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "data"))
     assert result.exit_code == 1
     assert result.output == f"Error: --data-dir {tmp_path / 'data'} exists: etcd restores into a new directory only\n"
+    result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "new"), "--initial-cluster", "nonsense")
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: etcdctl snapshot restore: ") and result.output.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "ca", "data", "etcd"]
 
 
 async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed(etcd, api_server, tmp_path):

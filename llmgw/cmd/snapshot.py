@@ -76,7 +76,7 @@ def inspect_command(file: Path) -> None:
             cluster.start(tries=1)   # a retry would start it on a new, empty data directory
             conn = Connection(member.endpoint)
             revision, counts = asyncio.run(_closing(conn, census(conn)))
-        except (SnapshotError, StoreError, RuntimeError, TimeoutError) as err:
+        except (SnapshotError, StoreError, RuntimeError, OSError) as err:   # (TimeoutError is an OSError)
             raise click.ClickException(f"{file}: cannot read it: {err}") from None
         finally:
             cluster.stop()
@@ -103,7 +103,7 @@ def restore_command(file: Path, data_dir: Path, name: str | None, initial_cluste
     flags = {"name": name, "initial-cluster": initial_cluster,
              "initial-advertise-peer-urls": initial_advertise_peer_urls, "initial-cluster-token": initial_cluster_token}
     try:
-        restore(snap, data_dir, {flag: value for flag, value in flags.items() if value is not None})
-    except SnapshotError as err:
+        restore(snap, data_dir.absolute(), {flag: value for flag, value in flags.items() if value is not None})
+    except (SnapshotError, OSError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"restored {file} (revision {snap.header.revision}) into {data_dir}")

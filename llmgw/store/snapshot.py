@@ -190,12 +190,16 @@ def restore(snapshot: Snapshot, data_dir: Path, member: dict[str, str]) -> None:
     flags by name (name, initial-cluster, initial-advertise-peer-urls, initial-cluster-token)."""
     if data_dir.exists():
         raise SnapshotError(f"--data-dir {data_dir} exists: etcd restores into a new directory only")
+    if not data_dir.parent.is_dir():
+        raise SnapshotError(f"--data-dir {data_dir}: {data_dir.parent} is not a directory")
     flags = [f"--{flag}={value}" for flag, value in member.items()]
-    with tempfile.TemporaryDirectory(prefix="llmgw-restore-") as tmp:
-        payload = Path(tmp) / "etcd.snapshot"
+    # beside data_dir, renamed into place once whole: a failed restore leaves no data directory
+    with tempfile.TemporaryDirectory(prefix=f".{data_dir.name}.", dir=data_dir.parent) as tmp:
+        payload, restored = Path(tmp) / "etcd.snapshot", Path(tmp) / "data"
         with payload.open("wb") as out:
             snapshot.copy_payload(out)
-        _etcdctl("snapshot", "restore", str(payload), f"--data-dir={data_dir}", *flags)
+        _etcdctl("snapshot", "restore", str(payload), f"--data-dir={restored}", *flags)
+        os.replace(restored, data_dir)
 
 
 async def census(conn: Connection) -> tuple[int, dict[str, int]]:
