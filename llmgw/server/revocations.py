@@ -60,22 +60,21 @@ class Revocations:
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
 
-    def check_journal(self, ca: CertificateAuthority) -> list[str]:
-        """The serials of the CA's revocation journal that etcd's list lacks (etcd restored from a
-        snapshot older than them), with a warning naming them. Read where the server can read the
-        journal: beside its --client-ca, when that is the CA directory's ca.crt."""
+    def check_journal(self, ca: CertificateAuthority) -> None:
+        """A warning naming the serials of the CA's revocation journal that etcd's list lacks (etcd
+        restored from a snapshot older than them). Where the server can read the journal: beside
+        its --client-ca, when that is the CA directory's ca.crt."""
         try:
             journaled = ca.journaled()
         except (CAError, OSError) as err:
             log.warning("cannot read the revocation journal: %s", err)
-            return []
+            return
         missing = {e.serial: e.revokedAt for e in journaled if e.serial not in self.serials}
         if missing:
             log.warning("etcd's revocation list is older than the CA's journal %s: it lacks %d revocation(s), "
                         "the newest made %s (etcd restored from an older snapshot?); their certificates are "
                         "accepted until an admin runs `llmgw ca revoke --replay --dir %s`: %s", ca.journal_path,
                         len(missing), max(missing.values()), ca.dir, ", ".join(missing))
-        return list(missing)
 
     def _change(self, type_: EventType, serial: str, revision: int) -> None:
         if type_ == "DELETED":
