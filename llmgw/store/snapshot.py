@@ -91,18 +91,18 @@ def _etcdctl(*args: str) -> str:
 
 async def stream(conn: Connection, out: IO[bytes]) -> tuple[int, str]:
     """etcd's maintenance snapshot into out: its size and sha256."""
-    digest, size = hashlib.sha256(), 0
-
-    async def pull(client: Any) -> None:
-        nonlocal size
+    async def pull(client: Any) -> tuple[int, str]:
+        out.seek(0)            # from the start again where a dropped stream is tried on another endpoint
+        out.truncate()
+        digest, size = hashlib.sha256(), 0
         async for msg in client.maintenancestub.Snapshot(rpc.SnapshotRequest(), timeout=SNAPSHOT_TIMEOUT,
                                                          metadata=client.metadata):
             out.write(msg.blob)
             digest.update(msg.blob)
             size += len(msg.blob)
+        return size, digest.hexdigest()
 
-    await conn.call(pull)
-    return size, digest.hexdigest()
+    return await conn.call(pull)
 
 
 def payload_revision(payload: Path) -> int:
