@@ -10,7 +10,7 @@ ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/
   ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime \
   nftables:/usr/sbin/nft
 ensure_venv "[test]"
-# A real llama-server for tests/test_real_llamacpp.py, built once per version and
+# A real llama-server for tests/engines/test_real_llamacpp.py, built once per version and
 # cached outside the checkout; without a compiler that test says so and is skipped.
 if [[ -z ${LLMGW_LLAMA_SERVER:-} ]] && command -v cmake >/dev/null && command -v c++ >/dev/null; then
   LLMGW_LLAMA_SERVER=$(PYTHON="$VENV/bin/python" "$ROOT/hack/llama-server.sh")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llmgw.api import parse_object
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
+from tests.fixtures.cluster import make_pki, start_api_server
 
 
 def model(name: str, replicas: int = 1):

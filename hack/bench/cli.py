@@ -3,7 +3,7 @@
 
     .venv/bin/python hack/bench/cli.py [--runs 10]
 
-Starts a real etcd, a CA and `llmgw server` on loopback (tests/helpers/cluster.py's, as the
+Starts a real etcd, a CA and `llmgw server` on loopback (tests/fixtures/cluster.py's, as the
 other benches do), writes an admin client config with `llmgw ca issue admin --write-config`,
 then runs each command --runs times as a fresh process (the `llmgw` script next to this
 Python), one after another, after one run not counted (it writes the bytecode that an installed
@@ -50,8 +50,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.dev.etcd import etcd_cluster
-from tests.helpers.cluster import llmgw_ca, make_pki, start_api_server
-from tests.helpers.fake_agents import make_node
+from tests.fixtures.cluster import llmgw_ca, make_pki, start_api_server
+from tests.fixtures.fake_agents import make_node
 
 MODEL = """\
 apiVersion: llmgw.io/v1

@@ -59,7 +59,7 @@ from llmgw.client import Client
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import free_port, terminate
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
+from tests.fixtures.cluster import make_pki, start_api_server
 
 INTERVAL = "1s"
 

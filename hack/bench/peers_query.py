@@ -42,8 +42,8 @@ from llmgw.api.types import Node
 from llmgw.client import Client
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
-from tests.helpers.fake_agents import FakeAgents
+from tests.fixtures.cluster import make_pki, start_api_server
+from tests.fixtures.fake_agents import FakeAgents
 
 SOURCE = "hf://org/model@" + "c" * 40
 DIGEST = "sha256:" + "ab" * 32

@@ -41,7 +41,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.netns import Network, Unavailable
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
-from tests.helpers.poll import until
+from tests.fixtures.poll import until
 from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
