@@ -6,7 +6,7 @@ import tracemalloc
 from llmgw.api.compact import share_fields_set_of, share_fields_sets
 from llmgw.api.manifests import parse_stored
 from llmgw.api.types import Node
-from tests.fixtures.fake_agents import make_node
+from llmgw.hollow import make_node
 
 
 def _docs(i: int, node: Node | None = None) -> tuple[bytes, bytes]:

@@ -26,7 +26,7 @@ from llmgw.api import parse_object
 from llmgw.api.types import Node
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
-from llmgw.dev.process import free_port
+from llmgw.dev.process import LLMGW, free_port
 from llmgw.store import Store, StoreUnavailable
 from tests.fixtures.poll import until, until_sync
 
@@ -40,7 +40,7 @@ class DevUp:
         self.lines: list[str] = []
         self.port = port
         self.proc = subprocess.Popen(
-            [*LocalCluster.llmgw, "dev", "up", "--dir", str(directory),
+            [*LLMGW, "dev", "up", "--dir", str(directory),
              "--gateway-port", str(port), "--timeout", "150", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -94,7 +94,7 @@ def test_the_first_commands_virtualenv_has_what_dev_ups_examples_need():
 
 
 def dev_down(directory) -> str:
-    out = subprocess.run([*LocalCluster.llmgw, "dev", "down", "--dir", str(directory)],
+    out = subprocess.run([*LLMGW, "dev", "down", "--dir", str(directory)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -159,7 +159,7 @@ def test_a_taken_gateway_port_is_one_line_naming_the_flag(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([*LocalCluster.llmgw, "dev", "up", "--dir", str(tmp_path / "dev"), "--gateway-port",
+        out = subprocess.run([*LLMGW, "dev", "up", "--dir", str(tmp_path / "dev"), "--gateway-port",
                               str(port)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     text = (out.stdout + out.stderr).strip()

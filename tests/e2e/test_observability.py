@@ -27,7 +27,7 @@ from llmgw.cli.metricsview import MODEL_HEADERS, NODE_HEADERS, REPLICA_HEADERS
 from llmgw.client import Client, ClientConfig
 from llmgw.dev import prometheus
 from llmgw.dev.cluster import LocalCluster, NodePlan
-from llmgw.dev.process import free_port
+from llmgw.dev.process import LLMGW, free_port
 from tests.fixtures.poll import until
 from tests.fixtures.promql import grouping, selectors
 
@@ -213,7 +213,7 @@ def test_the_clusters_prometheus_yml_scrapes_every_component(cluster):
 def test_llmgw_top_shows_each_models_rate_and_each_nodes_gpus(cluster, exported):
     async def under_load() -> str:
         top = await asyncio.create_subprocess_exec(
-            *LocalCluster.llmgw, "top", "--once", "--dir", str(cluster.dir), "--interval", "3",
+            *LLMGW, "top", "--once", "--dir", str(cluster.dir), "--interval", "3",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         body = {"model": "obs-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "stream": True, "stream_options": {"include_usage": True}}

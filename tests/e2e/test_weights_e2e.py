@@ -12,8 +12,8 @@ import pytest
 from llmgw.api import parse_object
 from llmgw.api.types import Model, Node, Replica, Shard
 from llmgw.client import Client, ClientConfig, NotFound
-from llmgw.dev.cluster import LocalCluster, NodePlan
-from llmgw.dev.process import free_port
+from llmgw.dev.cluster import NodePlan
+from llmgw.dev.process import LLMGW, free_port
 from llmgw.printers.weights import short
 from tests.fixtures.poll import until
 from tests.fixtures.weights_origin import WeightsOrigin, cluster_with_hub, content_digest, generated
@@ -59,7 +59,7 @@ async def test_hf_model_becomes_ready_on_a_node_that_had_nothing(cluster):
                 return n.status.weights is not None and [m.digest for m in n.status.weights.models] == [digest]
             await until(cached, "wnode1 lists the digest", timeout=30, interval=0.3)
             shown = await asyncio.to_thread(
-                subprocess.run, [*LocalCluster.llmgw, "ctl", "weights"], capture_output=True, text=True,
+                subprocess.run, [*LLMGW, "ctl", "weights"], capture_output=True, text=True,
                 env={**os.environ, "LLMGW_CONFIG": str(cluster.admin_config)})
             assert shown.returncode == 0, shown.stderr
             header, row = shown.stdout.splitlines()

@@ -22,7 +22,7 @@ from llmgw.api import Model, get_condition
 from llmgw.api.types import Replica, Shard
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
-from llmgw.dev.process import free_port
+from llmgw.dev.process import LLMGW, free_port
 from tests.fixtures.poll import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def serves(cluster, name: str) -> bool:
 
 
 def test_0_engine_check_finds_every_flag_in_the_real_help(binary):
-    done = subprocess.run([*LocalCluster.llmgw, "ctl", "engine-check", "llamacpp", "--executable", str(binary)],
+    done = subprocess.run([*LLMGW, "ctl", "engine-check", "llamacpp", "--executable", str(binary)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 missing, 0 skipped" in done.stdout and "--kv-unified" in done.stdout

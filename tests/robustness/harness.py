@@ -90,9 +90,7 @@ class FaultCluster(LocalCluster):
         super().stop()
 
     async def restart_etcd_member(self, m) -> None:
-        peers = ",".join(f"{x.name}={x.peer_url}" for x in self.etcd.members)
-        self.etcd._spawn(m, peers)          # its data dir is kept: it rejoins as itself
-        await asyncio.to_thread(self.etcd._wait_ready, m, WAIT)   # off the loop: the load goes on
+        await asyncio.to_thread(self.etcd.restart, m, WAIT)   # off the loop: the load goes on
 
     # ------------------------------------------------------------ reading
     async def replicas(self, model: str) -> list:

@@ -239,8 +239,7 @@ async def test_the_cache_starts_over_when_its_history_was_compacted(srv):
 def restart_etcd(cluster) -> None:
     m = cluster.members[0]
     cluster.stop_member(m)
-    cluster._spawn(m, f"{m.name}={m.peer_url}")  # same data dir and ports
-    cluster._wait_ready(m, 60)
+    cluster.restart(m, 60)  # same data dir and ports
 
 
 async def test_open_watches_survive_an_etcd_restart(etcd, ca_dir, tmp_path):
