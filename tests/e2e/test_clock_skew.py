@@ -23,7 +23,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from tests.fixtures.poll import until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]   # leases and graces timed across skewed clocks: alone
 SKEW = "10m"     # within the hour a fresh certificate allows
 
 

@@ -22,7 +22,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from tests.fixtures.poll import until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]   # a 30 s outage under load, timed: alone
 OUTAGE = 30.0
 
 

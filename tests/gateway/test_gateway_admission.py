@@ -178,6 +178,7 @@ async def test_tpm_limit_trips_on_streamed_tokens(api_server, sims, tmp_path):
         assert statuses == [200, 200, 429], statuses   # 12, then 3 left, then in debt
 
 
+@pytest.mark.serial   # its second key expires 3 s after it is made, and must work once the gateway is up: alone
 async def test_deleted_key_is_refused_and_its_open_stream_ended(api_server, tmp_path):
     slow = Sim.start("llama", extra=["--tokens-per-second", "5"])
     try:

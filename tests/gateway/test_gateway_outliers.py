@@ -180,6 +180,7 @@ async def test_a_stream_that_stops_mid_way_ends_at_the_idle_timeout_with_an_erro
                   model="llama", replica="llama-0", reason="midstream") == 1
 
 
+@pytest.mark.serial   # 0.4 s of slack between its events and the idle timeout: alone
 async def test_a_slow_steady_stream_is_not_cut_by_the_idle_timeout():
     """Events 0.6 s apart for 3 s under a 1 s idle timeout: each one restarts the clock."""
     async with Trickle(5, 0.6, stall=False) as engine, \

@@ -94,6 +94,7 @@ async def test_a_write_reaches_the_other_controllers_before_its_watch_event(stor
         task.cancel()
 
 
+@pytest.mark.serial   # it times the failover: alone
 async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
     stores = [await Store(etcd.endpoint).connect() for _ in range(2)]
     managers = [Manager(s, [Labeler(f"m{i}")], identity=f"m{i}", settings=ManagerSettings(lease_seconds=2))
