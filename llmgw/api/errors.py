@@ -15,6 +15,11 @@ class StatusError(Exception):
     code: int = 500
     reason: str = "InternalError"
 
+    @property
+    def details(self) -> dict[str, str]:
+        """What the answer's Status carries beside its message (a 403's rule); nothing by default."""
+        return {}
+
 
 class BadRequest(StatusError):
     """The request itself is malformed (a query parameter, a body that is not JSON)."""
@@ -35,6 +40,18 @@ class Unauthorized(StatusError):
 
     code = 401
     reason = "Unauthorized"
+
+
+class CertificateExpired(Unauthorized):
+    reason = "CertificateExpired"
+
+
+class CertificateNotYetValid(Unauthorized):
+    reason = "CertificateNotYetValid"
+
+
+class CertificateRevoked(Unauthorized):
+    reason = "CertificateRevoked"
 
 
 class Forbidden(StatusError):
@@ -66,6 +83,20 @@ class Expired(StatusError):
 
     code = 410
     reason = "Expired"
+
+
+class RequestEntityTooLarge(StatusError):
+    """The request's body is larger than the server reads (llmgw.api.limits.MAX_BODY_BYTES)."""
+
+    code = 413
+    reason = "RequestEntityTooLarge"
+
+
+class UnsupportedMediaType(StatusError):
+    """The request's body has a content-type its method does not take."""
+
+    code = 415
+    reason = "UnsupportedMediaType"
 
 
 class Unavailable(StatusError):

@@ -12,14 +12,14 @@ from llmgw.api.applied import applied, check_not_owned
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import manifest_files
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import AnyObject
 from llmgw.api.wellknown import GITSOURCE_LABEL
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.diff import applied_view, unified_diff
 from llmgw.cli.errors import EXIT_CODES_HELP, CliError
-from llmgw.cli.get import kind_arg, selector_arg
+from llmgw.cli.get import Kind, kind_arg, selector_arg
 from llmgw.printers.objects import ref
 
 R = TypeVar("R")
@@ -37,9 +37,9 @@ def load_manifests(files: tuple[str, ...], recursive: bool) -> list[AnyObject]:
     return [obj for _, obj in manifests.load_manifests(files, recursive)]
 
 
-async def _get_or_none(c: Client, kind: str, name: str) -> AnyObject | None:
+async def _get_or_none(c: Client, kind: Kind, name: str) -> AnyObject | None:
     try:
-        return await c.get(KINDS[kind], name)
+        return await c.get(kind, name)
     except NotFound:
         return None
 
@@ -55,7 +55,7 @@ async def _apply_one(c: Client, obj: AnyObject, dry_run: bool) -> str:
     if not dry_run and rv is None:
         result, _ = await c.apply(obj)
         return result
-    live = await _get_or_none(c, obj.kind_plural, obj.name)
+    live = await _get_or_none(c, type(obj), obj.name)
     if live is None:
         return "created" if dry_run else (await c.apply(obj))[0]
     unchanged = applied_view(live) == applied_view(obj, onto=live) and rv in (None, live.metadata.resourceVersion)
@@ -77,9 +77,9 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
             click.echo(f"{ref(obj)} {await _apply_one(c, obj, dry_run)}{suffix}")
         if not prune:
             return
-        wanted = {(o.kind_plural, o.name) for o in objects}
-        for kind in dict.fromkeys(o.kind_plural for o in objects):
-            items, _ = await c.list(KINDS[kind], selector=str(sel))
+        wanted = {(type(o), o.name) for o in objects}
+        for kind in dict.fromkeys(type(o) for o in objects):
+            items, _ = await c.list(kind, selector=str(sel))
             for live in sorted(items, key=lambda o: o.name):
                 if ((kind, live.name) in wanted or not sel.matches(live.metadata.labels)
                         or live.metadata.ownerReferences or live.metadata.deletionTimestamp is not None
@@ -90,9 +90,9 @@ async def _apply(conn: Connection, objects: list[AnyObject], prune: bool, sel: S
                 click.echo(f"{ref(live)} pruned{suffix}")
 
 
-async def _delete_quietly(c: Client, kind: str, name: str) -> None:
+async def _delete_quietly(c: Client, kind: Kind, name: str) -> None:
     try:
-        await c.delete(KINDS[kind], name)
+        await c.delete(kind, name)
     except NotFound:  # someone else was faster: the result is the same
         pass
 
@@ -147,7 +147,7 @@ async def _diff(conn: Connection, objects: list[AnyObject]) -> bool:
     found = False
     async with conn.client() as c:
         for obj in objects:
-            text = unified_diff(await _get_or_none(c, obj.kind_plural, obj.name), obj)
+            text = unified_diff(await _get_or_none(c, type(obj), obj.name), obj)
             if text:
                 found = True
                 click.echo(text, nl=False)
@@ -164,11 +164,11 @@ def diff(files: tuple[str, ...], recursive: bool, conn: Connection) -> None:
         raise click.exceptions.Exit(ec.ERROR)
 
 
-async def _delete(conn: Connection, targets: list[tuple[str, str]], ignore_not_found: bool) -> None:
+async def _delete(conn: Connection, targets: list[tuple[Kind, str]], ignore_not_found: bool) -> None:
     async with conn.client() as c:
         for kind, name in targets:
             try:
-                obj = await c.delete(KINDS[kind], name)
+                obj = await c.delete(kind, name)
             except NotFound:
                 if ignore_not_found:
                     continue
@@ -190,10 +190,10 @@ def delete(kind: str | None, names: tuple[str, ...], files: tuple[str, ...], rec
     if files and kind:
         raise usage_error("give either KIND NAME... or -f FILE, not both")
     if files:
-        targets = [(o.kind_plural, o.name) for o in reversed(_load(files, recursive))]
+        targets = [(type(o), o.name) for o in reversed(_load(files, recursive))]
     elif kind and names:
-        plural = kind_arg(kind)
-        targets = [(plural, n) for n in names]
+        cls = kind_arg(kind)
+        targets = [(cls, n) for n in names]
     else:
         raise usage_error("give KIND NAME... or -f FILE")
     run(_delete(conn, targets, ignore_not_found))

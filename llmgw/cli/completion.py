@@ -1,5 +1,6 @@
 """Shell completion: `llmgw completion bash|zsh|fish` prints the script, and the callbacks that
-complete kinds, object names (listed through the client) and context names.
+complete kinds and object names (listed through the client, connected as the command line's
+--config/--context say: llmgw/cli/connect.py, which completes the context names itself).
 
 click does the protocol: the script calls `llmgw` with _LLMGW_COMPLETE=bash_complete (or
 zsh_complete, fish_complete) and the words so far (COMP_WORDS, COMP_CWORD), and click asks the
@@ -51,17 +52,6 @@ def complete_node(ctx: click.Context, param: click.Parameter, incomplete: str) -
     return _names(ctx, "nodes", incomplete)
 
 
-def complete_context(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    """The contexts of the config file the command line names (or the default one)."""
-    from llmgw.client.config import list_contexts
-
-    try:
-        contexts = list_contexts(ctx.params.get("config"))
-    except Exception:  # noqa: BLE001 - no config or a bad one: nothing to offer
-        return []
-    return [CompletionItem(c.name, help=c.server) for c in contexts if c.name.startswith(incomplete)]
-
-
 def _names(ctx: click.Context, kind: Any, incomplete: str) -> list[CompletionItem]:
     if not isinstance(kind, str):
         return []
@@ -73,13 +63,13 @@ def _names(ctx: click.Context, kind: Any, incomplete: str) -> list[CompletionIte
 
 
 async def _list_names(params: dict[str, Any], kind: str) -> list[str]:
-    from llmgw.api.types import KINDS, resolve_kind
+    from llmgw.api.kinds import kind_named
     from llmgw.cli.connect import Connection
     from llmgw.client import Client
 
     conn = Connection(**{k: params.get(k) for k in ("config", "server", "ca", "cert", "key", "context")})
     async with Client.from_config(conn.client_config(), timeout=LIST_TIMEOUT, oneshot=True) as c:
-        items, _ = await c.list(KINDS[resolve_kind(kind)])
+        items, _ = await c.list(kind_named(kind))
     return [o.name for o in items]
 
 

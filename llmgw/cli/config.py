@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from llmgw.cli.completion import complete_context
-from llmgw.cli.connect import checked, config_option
+from llmgw.cli.connect import checked, complete_context, config_option
 from llmgw.cli.errors import EXIT_CODES_HELP
 from llmgw.printers.table import print_table
 

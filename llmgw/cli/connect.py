@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.shell_completion import CompletionItem
 
 from llmgw.cli import errors as ec
-from llmgw.cli.completion import complete_context
 from llmgw.cli.errors import CliError
 
 if TYPE_CHECKING:
@@ -51,6 +51,17 @@ class Connection:
         from llmgw.client import Client
 
         return Client.from_config(self.client_config(), oneshot=True)
+
+
+def complete_context(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The contexts of the config file the command line names (or the default one)."""
+    from llmgw.client.config import list_contexts
+
+    try:
+        contexts = list_contexts(ctx.params.get("config"))
+    except Exception:  # noqa: BLE001 - no config or a bad one: nothing to offer
+        return []
+    return [CompletionItem(c.name, help=c.server) for c in contexts if c.name.startswith(incomplete)]
 
 
 config_option = click.option(

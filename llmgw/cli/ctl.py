@@ -86,6 +86,7 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
 # The same code as `llmgw get nodes` and `llmgw drain` (llmgw/cli/get.py, nodes.py).
 
 def _nodes_command() -> click.Command:
+    from llmgw.api.types import Node
     from llmgw.cli.connect import Connection, connection_options
     from llmgw.cli.errors import EXIT_CODES_HELP
     from llmgw.cli.get import get_options, run_get
@@ -95,7 +96,7 @@ def _nodes_command() -> click.Command:
     @connection_options
     def nodes(output: str | None, selector: str | None, watch: bool, conn: Connection) -> None:
         """The node table of `llmgw get nodes`: status, GPUs used/total, fabrics, engines, replicas."""
-        run_get(conn, "nodes", None, output, selector, watch)
+        run_get(conn, Node, None, output, selector, watch)
 
     return nodes
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from llmgw.api.events import EVENT_TYPES
-from llmgw.api.types import KINDS, AnyObject
+from llmgw.api.types import AnyObject
 from llmgw.cli.completion import complete_kind_slash_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
@@ -26,7 +26,7 @@ def _for(text: str | None) -> tuple[type[AnyObject] | None, str | None]:
     word, sep, name = text.partition("/")
     if sep and not name:
         raise usage_error(f"--for {text!r}: give KIND or KIND/NAME (replica/llama-x, node/gpu-1, models)")
-    return KINDS[kind_arg(word)], name or None
+    return kind_arg(word), name or None
 
 
 def _rows(events: Sequence[Event], wide: bool) -> list[list[str]]:

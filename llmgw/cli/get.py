@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from llmgw.api.kinds import all_of_kind
+from llmgw.api.kinds import kind_named
 from llmgw.api.selectors import Selector, parse_selector
-from llmgw.api.types import KINDS, AnyObject, ObjectT, Replica, resolve_kind
+from llmgw.api.types import AnyObject
 from llmgw.api.usage import KeyUsage
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
-from llmgw.printers.columns import table
+from llmgw.printers.kinds import Beside, KindPrinter, by_name, printer_of
 from llmgw.printers.objects import format_event, format_objects
 from llmgw.printers.table import WatchTable, print_table
 
@@ -23,14 +22,16 @@ if TYPE_CHECKING:
     from llmgw.client import Client
 
 F = TypeVar("F", bound=Callable[..., object])
+Kind = type[AnyObject]
 # What the watch's producers hand the printing loop: (kind, event type, object), with
 # "SYNCED" (object None) after each list, "TICK" to redraw, "ERROR" carrying the exception.
-Item = tuple[str, str, "AnyObject | BaseException | None"]
+Item = tuple[Kind, str, "AnyObject | BaseException | None"]
 
 
-def kind_arg(word: str) -> str:
+def kind_arg(word: str) -> Kind:
+    """The kind a person typed, as its class: the CLI's edge, past which no kind is a word."""
     try:
-        return resolve_kind(word)
+        return kind_named(word)
     except ValueError as err:
         raise usage_error(str(err)) from None
 
@@ -42,42 +43,27 @@ def selector_arg(text: str | None) -> Selector:
         raise usage_error(str(err)) from None
 
 
-def by_name(objects: Iterable[ObjectT]) -> list[ObjectT]:
-    return sorted(objects, key=lambda o: o.name)
-
-
-@dataclass
-class Related:
-    """What a kind's table shows beside its objects: every replica for nodes (GPUS and REPLICAS
-    columns), the keys' usage over the live gateways for apikeys (LAST-USE)."""
-
-    replicas: list[Replica] = field(default_factory=list)
-    usage: dict[str, KeyUsage] = field(default_factory=dict)
-
-
-async def related(c: Client, kind: str) -> Related:
-    if kind == "nodes":
-        return Related(replicas=all_of_kind(Replica, (await c.list(Replica))[0]))
-    if kind == "apikeys":
-        return Related(usage=await key_usage(c))
-    return Related()
-
-
 async def key_usage(c: Client) -> dict[str, KeyUsage]:
     return {k: KeyUsage.model_validate(u) for k, u in (await c.apikey_usage())["keys"].items()}
 
 
-async def fetch(c: Client, kind: str, name: str | None, sel: Selector) -> tuple[list[AnyObject], Related]:
+async def read_beside(c: Client, printer: KindPrinter[AnyObject]) -> Beside:
+    """What the kind's table reads beside its objects: every object of the kinds it follows, the keys' usage."""
+    followed = {k: (await c.list(k))[0] for k in printer.follows}
+    return Beside(followed, await key_usage(c) if printer.reads_usage else {})
+
+
+async def fetch(c: Client, kind: Kind, name: str | None, sel: Selector) -> tuple[list[AnyObject], Beside]:
     """The objects to show, and what their table shows beside them."""
     if name:
-        objects = [await c.get(KINDS[kind], name)]
+        objects = [await c.get(kind, name)]
     else:
-        items, _ = await c.list(KINDS[kind], selector=str(sel) or None)
+        items, _ = await c.list(kind, selector=str(sel) or None)
         objects = by_name(o for o in items if sel.matches(o.metadata.labels))
-    return objects, await related(c, kind)
+    return objects, await read_beside(c, printer_of(kind))
 
 
-def show(kind: str, objects: list[AnyObject], beside: Related, output: str | None, single: bool) -> None:
+def show(kind: Kind, objects: list[AnyObject], beside: Beside, output: str | None, single: bool) -> None:
     if output in ("yaml", "json", "name"):
         if objects or single:
             click.echo(format_objects(objects, output, single))
@@ -85,24 +71,24 @@ def show(kind: str, objects: list[AnyObject], beside: Related, output: str | Non
     if not objects:
         click.echo("No resources found.", err=True)
         return
-    headers, rows = table(kind, objects, wide=output == "wide", replicas=beside.replicas, usage=beside.usage)
-    print_table(headers, rows)
+    print_table(*printer_of(kind).table(objects, beside, wide=output == "wide"))
 
 
-async def _get(conn: Connection, kind: str, name: str | None, output: str | None, sel: Selector) -> None:
+async def _get(conn: Connection, kind: Kind, name: str | None, output: str | None, sel: Selector) -> None:
     async with conn.client() as c:
         objects, beside = await fetch(c, kind, name, sel)
     show(kind, objects, beside, output, single=bool(name))
 
 
-async def _watch(conn: Connection, kind: str, name: str | None, output: str | None, sel: Selector) -> None:
+async def _watch(conn: Connection, kind: Kind, name: str | None, output: str | None, sel: Selector) -> None:
     """List, then follow changes: the table redrawn on a terminal, changed rows or objects into a pipe."""
-    kinds = [kind] + (["replicas"] if kind == "nodes" and output in (None, "wide") else [])
+    printer = printer_of(kind)
+    kinds = [kind, *(printer.follows if output in (None, "wide") else ())]
     queue: asyncio.Queue[Item] = asyncio.Queue()
     async with conn.client() as c:
-        async def follow(k: str) -> None:
+        async def follow(k: Kind) -> None:
             try:
-                async for type_, obj in c.list_and_watch(KINDS[k], selector=(str(sel) or None) if k == kind else None,
+                async for type_, obj in c.list_and_watch(k, selector=(str(sel) or None) if k is kind else None,
                                                          synced=True):
                     await queue.put((k, type_, obj))
             except Exception as err:  # noqa: BLE001 - surfaced by the main loop
@@ -110,8 +96,8 @@ async def _watch(conn: Connection, kind: str, name: str | None, output: str | No
 
         tasks = [asyncio.create_task(follow(k)) for k in kinds]
         try:
-            await _render_loop(queue, kind, kinds, name, output, sel,
-                               (lambda: key_usage(c)) if kind == "apikeys" else None)
+            await _render_loop(queue, printer, kinds, name, output, sel,
+                               (lambda: key_usage(c)) if printer.reads_usage else None)
         finally:
             for t in tasks:
                 t.cancel()
@@ -122,14 +108,16 @@ def _wanted(obj: AnyObject, name: str | None, sel: Selector) -> bool:
     return (name is None or obj.name == name) and sel.matches(obj.metadata.labels)
 
 
-async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], name: str | None,
-                       output: str | None, sel: Selector,
+async def _render_loop(queue: asyncio.Queue[Item], printer: KindPrinter[AnyObject], kinds: list[Kind],
+                       name: str | None, output: str | None, sel: Selector,
                        read_usage: Callable[[], Awaitable[dict[str, KeyUsage]]] | None = None) -> None:
-    """`read_usage`: the keys' usage (LAST-USE), read again at each change of the keys, not at
-    each redraw (a terminal's once a second), which only moves the ages."""
-    cache: dict[str, dict[str, AnyObject]] = {k: {} for k in kinds}
+    """`kinds`: the kind shown, then those its table follows. `read_usage`: the keys' usage
+    (LAST-USE), read again at each change of the keys, not at each redraw (a terminal's once a
+    second), which only moves the ages."""
+    kind, followed = kinds[0], kinds[1:]
+    cache: dict[Kind, dict[str, AnyObject]] = {k: {} for k in kinds}
     usage: dict[str, KeyUsage] = {}
-    synced: set[str] = set()
+    synced: set[Kind] = set()
     tabular = output in (None, "wide")
     with WatchTable() as view:
         while True:
@@ -150,7 +138,7 @@ async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], 
             elif type_ == "SYNCED":
                 synced.add(k)
             if not tabular:
-                if k == kind and obj is not None and _wanted(obj, name, sel):
+                if k is kind and obj is not None and _wanted(obj, name, sel):
                     click.echo(format_event(obj, output or "yaml"))
                 continue
             if synced != set(kinds):
@@ -158,8 +146,8 @@ async def _render_loop(queue: asyncio.Queue[Item], kind: str, kinds: list[str], 
             if read_usage is not None and type_ != "TICK":
                 usage = await read_usage()
             objects = by_name(o for o in cache[kind].values() if _wanted(o, name, sel))
-            view.show(*table(kind, objects, wide=output == "wide",
-                             replicas=all_of_kind(Replica, cache.get("replicas", {}).values()), usage=usage))
+            view.show(*printer.table(objects, Beside({k: cache[k].values() for k in followed}, usage),
+                                     wide=output == "wide"))
 
 
 def get_options(f: F) -> F:
@@ -171,9 +159,8 @@ def get_options(f: F) -> F:
     return f
 
 
-def run_get(conn: Connection, kind: str, name: str | None, output: str | None, selector: str | None,
+def run_get(conn: Connection, kind: Kind, name: str | None, output: str | None, selector: str | None,
             watch: bool) -> None:
-    kind = kind_arg(kind)
     sel = selector_arg(selector)
     if watch:
         run(_watch(conn, kind, name, output, sel))
@@ -189,4 +176,4 @@ def run_get(conn: Connection, kind: str, name: str | None, output: str | None, s
 def get(kind: str, name: str | None, output: str | None, selector: str | None, watch: bool,
         conn: Connection) -> None:
     """Show objects of KIND (node, model, replica, shard; singular, plural or short) as a table."""
-    run_get(conn, kind, name, output, selector, watch)
+    run_get(conn, kind_arg(kind), name, output, selector, watch)

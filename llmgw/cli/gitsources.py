@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from llmgw.api.errors import AlreadyExists, Conflict
-from llmgw.api.kinds import of_kind
+from llmgw.api.kinds import kind_named, of_kind
 from llmgw.api.meta import get_condition
 from llmgw.api.types import GitSource
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
@@ -34,7 +34,12 @@ def _gitsource_args(f: Callable[..., R]) -> Callable[..., R]:
 
 
 def _kind(word: str) -> None:
-    if word.lower() not in ("gitsource", "gitsources", "gs"):
+    """The KIND argument: a GitSource's, spelled as any verb spells it (gitsource, gitsources, gs)."""
+    try:
+        named = kind_named(word)
+    except ValueError:   # no kind at all: refused as another kind is
+        named = None
+    if named is not GitSource:
         raise usage_error(f"{word!r}: only a gitsource can be asked for this (llmgw {{reconcile|suspend|resume}} "
                           "gitsource NAME)")
 

@@ -1,10 +1,8 @@
 """`llmgw server`: the mutual-TLS REST API over etcd."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
 import ssl
 
 import click
@@ -74,11 +72,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         m_host, m_port = _listen(metrics_listen)
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await aio.until_signal()
     log.info("shutting down")
     if metrics_site is not None:
         await metrics_site.cleanup()

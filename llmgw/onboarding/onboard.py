@@ -141,6 +141,6 @@ def wait_for_node(opts: dict[str, Any], sm: ServiceManager, echo: Echo = click.e
             "    the server's log says why, naming which certificate CN claimed which node",
             *(["last lines of the agent's log:", *("    " + line for line in tail.splitlines())] if tail else []),
         ])) from None
-    from llmgw.printers.columns import node_table
+    from llmgw.printers.kinds import table
     from llmgw.printers.table import format_table
-    echo(format_table(*node_table([node], [], wide=True)))
+    echo(format_table(*table(Node, [node], wide=True)))

@@ -6,7 +6,7 @@ names the row (a watch prints a row again when it changed).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -61,6 +61,25 @@ def age_of(ts: object, now: datetime) -> str:
             ts = ts.replace(tzinfo=timezone.utc)
         return human_age(ts, now)
     return NONE
+
+
+def join(items: Iterable[str]) -> str:
+    """Cells' values comma-joined, the empty ones left out; <none> when none is left."""
+    items = [i for i in items if i]
+    return ",".join(items) if items else NONE
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    """The non-empty values, each once, in their first order."""
+    return list(dict.fromkeys(i for i in items if i))
+
+
+def binary_size(n: int) -> str:
+    """Bytes as kubectl shows quantities: the largest of Ki, Mi, Gi, Ti that keeps a whole number."""
+    for unit, shift in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 def _line(row: Row, widths: Sequence[int]) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
+from llmgw.api.errors import Forbidden
 from llmgw.pki import Identity
 
 READ = {"get", "list", "watch"}
@@ -86,13 +87,18 @@ class Action:
         return f"{self.verb} {what}" + (f" (node={self.node})" if self.node else "")
 
 
-class Denied(Exception):
-    """403: `rule` names the rule that refused; `log_line`, when set, goes to the server log."""
+class Denied(Forbidden):
+    """403: `rule` names the rule that refused (the answer's details); `log_line`, when set, goes to
+    the server log."""
 
     def __init__(self, rule: str, message: str, log_line: str | None = None):
         self.rule, self.log_line = rule, log_line
         self.action: Action | None = None  # set by Authorizer.check, for the log
         super().__init__(f"forbidden by rule {rule}: {message}")
+
+    @property
+    def details(self) -> dict[str, str]:
+        return {"rule": self.rule}
 
 
 class Authorizer:

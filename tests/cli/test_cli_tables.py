@@ -7,8 +7,9 @@ import pytest
 
 from llmgw.api import parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
-from llmgw.api.types import CachedWeights, Shard, WeightsCache
-from llmgw.printers.columns import node_status, table
+from llmgw.api.types import KINDS, CachedWeights, Model, Node, Replica, Shard, WeightsCache
+from llmgw.printers.kinds import PRINTERS, Beside, table
+from llmgw.printers.kinds.node import node_status
 from llmgw.printers.table import format_table, human_age
 from llmgw.printers.weights import weights_rows
 
@@ -81,20 +82,20 @@ def test_node_table_counts_gpus_and_replicas_from_placements():
         replica("r2", [("n1", [2]), ("n2", [0, 1, 2, 3])]),   # spans two nodes
         replica("r3", []),                                     # unplaced: holds nothing
     ]
-    headers, rows = table("nodes", nodes, replicas=replicas, now=NOW)
+    headers, rows = table(Node, nodes, Beside({Replica: replicas}), now=NOW)
     assert headers == ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
     assert rows == [
         ["n1", "Ready", "3/4", "ib-a", "vllm,sim", "2", "120m"],
         ["n2", "Ready", "4/8", "ib-a", "vllm,sim", "1", "120m"],
         ["n3", "Ready", "0/0", "ib-a", "vllm,sim", "0", "120m"],
     ]
-    headers, rows = table("nodes", nodes[:1], replicas=replicas, wide=True, now=NOW)
+    headers, rows = table(Node, nodes[:1], Beside({Replica: replicas}), wide=True, now=NOW)
     assert headers[-4:] == ["WEIGHTS", "ADDRESS", "GPU-MODEL", "AGENT"]
     assert rows[0][-4:] == ["<none>", "10.0.0.7", "NVIDIA H100", "0.1.0"]
     cached = node("n4")
     cached.status.weights = WeightsCache(capacityBytes=500 << 30, freeBytes=(120 << 30) + 5, models=[
         CachedWeights(digest="sha256:" + "a" * 64, bytes=1 << 30), CachedWeights(digest="sha256:" + "b" * 64, bytes=1)])
-    assert table("nodes", [cached], replicas=[], wide=True, now=NOW)[1][0][-4] == "2 models, 120Gi free"
+    assert table(Node, [cached], wide=True, now=NOW)[1][0][-4] == "2 models, 120Gi free"
 
 
 def test_model_replica_shard_tables():
@@ -105,21 +106,21 @@ def test_model_replica_shard_tables():
                  "profiles": [{"engine": "vllm"}, {"engine": "sim"}, {"engine": "vllm", "nodes": 2}]},
         "status": {"readyReplicas": 2, "updatedReplicas": 1},
     })
-    assert table("models", [model], now=NOW)[1] == [["llama", "2/3", "1", "<none>", "vllm,sim", "l3,llama-big",
+    assert table(Model, [model], now=NOW)[1] == [["llama", "2/3", "1", "<none>", "vllm,sim", "l3,llama-big",
                                                       "3d4h"]]
     scaled = parse_object({**model.model_dump(mode="json"),
                            "spec": {**model.spec.model_dump(mode="json"), "autoscaling": {"maxReplicas": 4}},
                            "status": {"readyReplicas": 2, "updatedReplicas": 2, "desiredReplicas": 4, "conditions": [
                                {"type": "Scaled", "status": "True", "reason": "ScaledUp"}]}})
-    assert table("models", [scaled], now=NOW)[1][0][:4] == ["llama", "2/4", "2", "1-4 ScaledUp"]
+    assert table(Model, [scaled], now=NOW)[1][0][:4] == ["llama", "2/4", "2", "1-4 ScaledUp"]
 
-    headers, rows = table("replicas", [replica("r2", [("n1", [2]), ("n2", [0, 1])])], now=NOW)
+    headers, rows = table(Replica, [replica("r2", [("n1", [2]), ("n2", [0, 1])])], now=NOW)
     assert headers == ["NAME", "MODEL", "PHASE", "NODES", "ENDPOINT", "RESTARTS", "AGE"]
     assert rows == [["r2", "llama", "Ready", "n1,n2", "10.0.0.7:30000", "2", "75s"]]
     pending = replica("r4", [], phase="Pending")
     pending.status.endpoint = None
     pending.status.conditions = []
-    assert table("replicas", [pending], now=NOW)[1][0][2:5] == ["Pending", "<none>", "<none>"]
+    assert table(Replica, [pending], now=NOW)[1][0][2:5] == ["Pending", "<none>", "<none>"]
 
     shard = parse_object({
         "apiVersion": "llmgw.io/v1", "kind": "Shard",
@@ -129,8 +130,8 @@ def test_model_replica_shard_tables():
                  "servedModelNames": ["llama"]},
         "status": {"phase": "Running", "pid": 4242},
     })
-    assert table("shards", [shard], now=NOW)[1] == [["r2-1", "n2", "1/2", "Running", "0,1", "30001", "4m5s"]]
-    assert table("shards", [shard], wide=True, now=NOW)[1][0][-4:] == ["r2", "vllm", "4242", "<none>"]
+    assert table(Shard, [shard], now=NOW)[1] == [["r2-1", "n2", "1/2", "Running", "0,1", "30001", "4m5s"]]
+    assert table(Shard, [shard], wide=True, now=NOW)[1][0][-4:] == ["r2", "vllm", "4242", "<none>"]
 
 
 @pytest.mark.parametrize("delta, expected", [
@@ -173,9 +174,13 @@ def test_selector_round_trips_and_refuses_bad_parts():
     assert parse_selector("app=").matches({"app": ""})   # empty value is a valid label value
 
 
+def test_every_kind_has_a_printer():
+    assert set(PRINTERS) == set(KINDS.values())
+
+
 def test_a_table_refuses_objects_of_another_kind():
     with pytest.raises(TypeError, match="expected a Node, got a Replica"):
-        table("nodes", [replica("r1", [])], now=NOW)
+        table(Node, [replica("r1", [])], now=NOW)
 
 
 WATCH_ON_A_TERMINAL = """

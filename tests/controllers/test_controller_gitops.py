@@ -3,6 +3,7 @@ controller-manager (the model and replica controllers, fake agents) and a real e
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -294,3 +295,21 @@ async def test_an_object_applied_by_hand_before_the_source_is_a_conflict_left_as
         assert (await store.get(Model, "a")).metadata.resourceVersion == hand.metadata.resourceVersion
         with pytest.raises(NotFound):
             await store.get(Model, "b")                 # one pass: nothing of the commit is applied
+
+
+async def test_fetches_that_hang_hold_no_worker_and_other_sources_sync_meanwhile(store, repo, tmp_path):
+    """As many fetches as the controller has workers hang on a remote that never answers (it
+    listens, and says nothing: git waits for up to git_timeout, two minutes); a third source syncs."""
+    repo.write("models/a.yaml", model_yaml("a")).commit()
+    ctl = gitops(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}/fleet.git"
+        async with control_plane(store, extra=(ctl,)) as cp:
+            _, fetches = counted(ctl)
+            stuck = [f"stuck-{n}" for n in range(ctl.workers)]
+            for name in stuck:
+                await store.create(source(name, url))
+            await until(lambda: fetches[0] >= len(stuck), "the fetches that hang started")
+            await store.create(source("fleet", repo.url))
+            await until(lambda: ready(cp, "fleet"), "the third source Ready while the others' fetches hang")
+            assert not any(ready(cp, name) for name in stuck)

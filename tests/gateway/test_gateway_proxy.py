@@ -231,7 +231,7 @@ async def test_request_errors_in_openai_format():
 async def test_api_keys_are_required_and_reread_when_the_file_changes(sims, tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("# team a\nkey-one\n\n")
-    async with running_gateway(llama_table(sims[0].endpoint), api_keys=ApiKeys(str(keys))) as gw, \
+    async with running_gateway(llama_table(sims[0].endpoint), authenticator=ApiKeys(str(keys))) as gw, \
             aiohttp.ClientSession() as s:
         url = gw.url + "/v1/completions"
         body = {"model": "llama", "prompt": "x", "max_tokens": 1}

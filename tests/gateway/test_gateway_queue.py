@@ -13,7 +13,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from llmgw.gateway.proxy import QueueSettings
+from llmgw.gateway.gateway import QueueSettings
 from llmgw.gateway.queue import UNLIMITED, Refusal, WaitQueues, Why
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import Sim, model, replica, running_gateway

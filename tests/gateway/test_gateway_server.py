@@ -1,4 +1,4 @@
-"""The gateway's own HTTP/1.1 server (llmgw/gateway/server.py), spoken to over raw sockets."""
+"""The gateway's own HTTP/1.1 server (llmgw/gateway/http1.py), spoken to over raw sockets."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from llmgw.dev.process import free_port
-from llmgw.gateway.server import Limits
+from llmgw.gateway.http1 import Limits
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import CLI, Sim, model, replica, running_gateway
 from tests.fixtures.poll import until

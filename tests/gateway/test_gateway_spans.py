@@ -32,8 +32,7 @@ async def ask(url: str, model: str = "llama", headers: dict[str, str] | None = N
 
 async def test_a_request_is_a_span_of_the_clients_trace_with_genai_attributes(sim):
     exporter = InMemorySpanExporter()
-    async with running_gateway(table_for(sim.endpoint)) as gw:
-        gw.gateway.spans = Spans(SimpleSpanProcessor(exporter))
+    async with running_gateway(table_for(sim.endpoint), spans=Spans(SimpleSpanProcessor(exporter))) as gw:
         assert await ask(gw.url, headers={"traceparent": CLIENT}) == 200
         assert await ask(gw.url) == 200                    # a trace of its own
         assert await ask(gw.url, model="gpt-9") == 404     # never routed: no span
@@ -65,8 +64,8 @@ async def test_spans_go_over_otlp_http_where_the_standard_variables_say(sim, mon
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "gw-under-test")
     try:
-        async with running_gateway(table_for(sim.endpoint)) as gw:
-            gw.gateway.spans = spans = Spans.otlp()
+        spans = Spans.otlp()
+        async with running_gateway(table_for(sim.endpoint), spans=spans) as gw:
             assert await ask(gw.url, headers={"traceparent": CLIENT}) == 200
             await asyncio.to_thread(spans.shutdown)   # the batch is exported; the receiver runs on this loop
     finally:

@@ -166,6 +166,47 @@ async def test_failed_reconcile_retries_and_metrics_show_it(store):
         await runner.cleanup()
 
 
+class Reporter(Controller):
+    """Reports its first `fail` failures itself (as the gitops controller does in a status): each
+    retried after the key's backoff, which keeps growing; a success forgets it."""
+
+    name = "reporter"
+    watches = ("models",)
+    retry_base, retry_max = 0.05, 1.0
+
+    def __init__(self, fail: int):
+        self.fail = fail
+        self.delays: list[float] = []
+        self.succeeded = self.stopped = False
+
+    async def reconcile(self, key):
+        if len(self.delays) < self.fail:
+            self.delays.append(self.ctx.queue.add_rate_limited(key))
+            return Result(keep_backoff=True)
+        self.succeeded = True
+        return None
+
+    async def stop(self):
+        self.stopped = True
+
+
+async def test_a_failure_the_controller_reports_retries_after_its_growing_backoff(store):
+    ctrl = Reporter(fail=3)
+    mgr = Manager(store, [ctrl], identity="solo", settings=ManagerSettings(lease_seconds=2))
+    task = asyncio.create_task(mgr.run())
+    try:
+        await store.create(model("b"))
+        await until(lambda: ctrl.succeeded, "b reconciled after three reported failures")
+        # the third wait of 0.05 s doubling, less up to half: forgotten between tries, it would be the first's
+        assert len(ctrl.delays) == 3 and ctrl.delays[0] <= 0.05 and ctrl.delays[2] >= 0.1
+        assert mgr.queues["reporter"].num_requeues("b") == 0
+        assert not ctrl.stopped
+    finally:
+        await mgr.stop()
+        task.cancel()
+    assert ctrl.stopped      # the term's end stops what a controller runs beside its workers
+
+
 async def test_each_reconcile_is_a_span_with_what_it_raised(store):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

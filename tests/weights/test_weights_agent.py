@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.api import get_condition
-from llmgw.api.types import Node, PullStatus, ShardStatus
-from llmgw.printers.columns import shard_table
+from llmgw.api.types import Node, PullStatus, Shard, ShardStatus
+from llmgw.printers.kinds import table
 from tests.agent.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
 from tests.fixtures.cluster import shared_api_server  # noqa: F401
 from tests.fixtures.weights_origin import WeightsOrigin, content_digest, generated, origin  # noqa: F401
@@ -89,7 +89,7 @@ async def test_sim_refuses_to_start_on_a_missing_path(shared_api_server, agents,
 def test_get_shards_shows_a_pulls_share():
     shard = sim_shard("s", "n", source="hf://org/m")
     shard.status = ShardStatus(phase="Pulling", pull=PullStatus(bytesDone=3, bytesTotal=4))
-    _, rows = shard_table([shard])
+    _, rows = table(Shard, [shard])
     assert rows[0][3] == "Pulling 75%"
 
 

@@ -1,0 +1,1 @@
+"""The API server's handlers, a module by resource; llmgw/server/app.py routes to them."""

@@ -1,0 +1,58 @@
+"""The gateways' reports: their demand (`POST /demand/<gateway>`, docs/contracts.md, "Autoscaling")
+with their API keys' usage, kept under a lease; and that usage summed (`GET /usage/apikeys[/<name>]`,
+llmgw/api/usage.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from llmgw.api.demand import DemandReport
+from llmgw.api.errors import Invalid, NotFound
+from llmgw.api.manifests import describe_validation_error
+from llmgw.api.types import ApiKey
+from llmgw.api.usage import KeyUsage, UsageReport, total_usage
+from llmgw.server.request import json_response, read_body
+from llmgw.store import Store
+
+
+class Demand:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def report(self, request: web.Request) -> web.Response:
+        """A gateway's demand report: kept under its lease."""
+        gateway = request.match_info["gateway"]
+        body = await read_body(request)
+        ttl = body.pop("ttl", 15)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
+            raise Invalid(f"ttl: must be an integer number of seconds in 1..600, got {ttl!r}")
+        keys = body.pop("keys", None)   # its API keys' usage, kept beside the demand (llmgw/api/usage.py)
+        try:
+            report = DemandReport.model_validate({"gateway": gateway, **body})
+            usage = UsageReport.model_validate({"gateway": gateway, "keys": keys}) if keys is not None else None
+        except ValidationError as err:
+            raise Invalid("; ".join(describe_validation_error(err))) from None
+        await self.store.demand.report(report, ttl=ttl, usage=usage)
+        # The live gateways, this one included: each enforces its share of an API key's limits.
+        return json_response({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
+
+    async def list_usage(self, request: web.Request) -> web.Response:
+        """Every API key's usage summed over the live gateways' reports."""
+        return json_response(await self._usage(request))
+
+    async def get_usage(self, request: web.Request) -> web.Response:
+        """One API key's usage summed over the live gateways; a key no gateway has seen: none."""
+        name = request.match_info["name"]
+        summed = await self._usage(request)
+        await self.store.get(ApiKey, name)   # NotFound (404) for a key that does not exist
+        return json_response({"gateways": summed["gateways"], "name": name,
+                              "usage": summed["keys"].get(name, KeyUsage().model_dump(mode="json"))})
+
+    async def _usage(self, request: web.Request) -> dict[str, Any]:
+        if request.match_info["kind"] != "apikeys":
+            raise NotFound(f"usage is kept for apikeys only, not {request.match_info['kind']}")
+        reports = await self.store.demand.usage()
+        return {"gateways": len(reports),
+                "keys": {k: u.model_dump(mode="json") for k, u in sorted(total_usage(reports).items())}}
