@@ -1,4 +1,4 @@
-"""A gateway step added by writing one module (tests/toy_gateway_step.py) and one line in the chain:
+"""A gateway step added by writing one module (tests/fixtures/toy_gateway_step.py) and one line in the chain:
 in a real gateway's chain, before sim engines, it answers and stops the chain, enriches a request
 that goes on, waits in a task, and lets the rest go by."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from llmgw.gateway.chain import Wiring, standard
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.step import Step
-from tests.helpers.gateway import Sim, metric, running_gateway, scrape
-from tests.test_gateway_server import table_for
-from tests.toy_gateway_step import TeaTime
+from tests.fixtures.gateway import Sim, metric, running_gateway, scrape
+from tests.fixtures.toy_gateway_step import TeaTime
+from tests.gateway.test_gateway_server import table_for
 
 
 @pytest.fixture(scope="module")
