@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE, SHARDS_BY_NODE
-from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
+from controllers.replacement import abandon_replacement, delete_replica, ensure_replacement, find_replacement
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import AnyObject, DrainStatus, Model, Node, Replica, Shard, get_condition
 from llmgw.api.errors import NotFound
@@ -155,14 +155,8 @@ class DrainController(Controller):
                                        f"stopping {orig.metadata.name}")
 
     async def _delete(self, node: Node, orig: Replica, message: str) -> None:
-        try:
-            gone = await self.ctx.store.delete(Replica, orig.metadata.name)
-        except NotFound:
-            self.ctx.cache.assume_deleted(Replica, orig.metadata.name)
-            return
-        self.ctx.cache.assume_deletion(gone)
-        self.ctx.events.record(node, "Normal", "DrainStep", message)
-        self.ctx.events.record(orig, "Normal", "Evicted", f"node {node.metadata.name} is draining: {message}")
+        await delete_replica(self.ctx, orig, (node, "Normal", "DrainStep", message),
+                             (orig, "Normal", "Evicted", f"node {node.metadata.name} is draining: {message}"))
 
     async def _progress(self, node: Node, status: DrainStatus) -> None:
         if node.status.drain == status:

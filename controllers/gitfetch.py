@@ -11,9 +11,11 @@ timeout that kills it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +83,10 @@ class GitCache:
         except TimeoutError:
             raise GitError(f"git {args[0]} took longer than {self.timeout:g} s") from None
         finally:
-            if proc.returncode is None:   # timed out, or the sync was cancelled: git goes too
-                proc.kill()
+            if proc.returncode is None:   # timed out, or the sync was cancelled: git goes too, and its
+                # helpers (git-remote-https holds git's pipes, and the wait ends once they close)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)   # its own group: start_new_session
                 await proc.wait()
         if check and proc.returncode != 0:
             lines = err.decode(errors="replace").strip().splitlines()

@@ -4,7 +4,10 @@ Key: the GitSource's name. At each interval (and at once on a spec change, a
 `llmgw reconcile gitsource`, or a dependency becoming Ready) a sync:
 
 1. waits until every source of spec.dependsOn is Ready;
-2. fetches the ref with git (controllers/gitfetch.py, a directory per source);
+2. fetches the ref with git (controllers/gitfetch.py, a directory per source) in a task
+   of its own, off the workers: a fetch may take up to git_timeout (two minutes), and
+   other sources sync meanwhile; the fetch's end queues the source again, and the
+   steps below run in that reconcile;
 3. reads spec.path as `llmgw apply -R` reads a directory (llmgw.api.manifests: the same
    limits and validation). One bad document, or an object defined twice, and nothing is
    applied: Stalled names the file, the document and the field;
@@ -25,7 +28,8 @@ Key: the GitSource's name. At each interval (and at once on a spec change, a
 
 Ready is True when the last commit was applied and every Model of it is Available; a
 Model's change re-reads that without a fetch. A fetch or write that fails is retried
-after llmgw.backoff's jittered wait (gitops_retry_base doubling to gitops_retry_max).
+after the work queue's backoff for the source (llmgw.runtime.workqueue: its rate-limited
+requeue, gitops_retry_base doubling to gitops_retry_max).
 A deleted source with spec.prune prunes its inventory first (a finalizer), after the
 sources that depend on it are gone: dependants are pruned before what they depend on.
 """
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from controllers.gitfetch import GitCache, GitError
+from controllers.gitfetch import Checkout, GitCache, GitError
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import KIND_BY_NAME, AnyObject, Model, condition_true, get_condition
 from llmgw.api.applied import applied, applies_nothing, changed_fields
@@ -47,7 +51,6 @@ from llmgw.api.manifests import ManifestError, load_manifests, manifest_files
 from llmgw.api.patches import ConditionPatch, GitSourceStatusPatch, InventoryEntryPatch
 from llmgw.api.types import GitSource
 from llmgw.api.wellknown import GITSOURCE_LABEL, GITSOURCE_PRUNE_FINALIZER, RECONCILE_REQUESTED_AT
-from llmgw.backoff import Backoff
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 
 log = logging.getLogger("llmgw.controllers.gitops")
@@ -68,7 +71,7 @@ class Stalled(Exception):
 
 
 class Retry(Exception):
-    """A failure that may pass (a fetch, a write): tried again after the backoff."""
+    """A failure that may pass (a fetch, a write): tried again after the work queue's backoff."""
 
     def __init__(self, reason: str, message: str) -> None:
         self.reason, self.message = reason, message
@@ -81,8 +84,10 @@ class _Source:
     generation: int
     requested: str | None
     due: float
-    backoff: Backoff
     loaded: tuple[str, list[AnyObject]] | None = None   # a revision and its objects, parsed once
+    # The fetch in flight, or ended and not yet applied, and the (generation, request) it is for.
+    fetch: asyncio.Task[Checkout] | None = None
+    fetched_for: tuple[int, str | None] | None = None
 
 
 def _ref(kind: str, name: str) -> str:
@@ -105,6 +110,7 @@ class GitOpsController(Controller):
 
     def __init__(self, settings: ControllerSettings = DEFAULTS, cache_dir: Path | None = None) -> None:
         self.settings = settings
+        self.retry_base, self.retry_max = settings.gitops_retry_base, settings.gitops_retry_max
         root = cache_dir or Path(tempfile.gettempdir()) / "llmgw-git"
         self.git = GitCache(root, settings.git_timeout)
         self._sources: dict[str, _Source] = {}
@@ -113,6 +119,13 @@ class GitOpsController(Controller):
         """Every source syncs at the start of a term: its cache, and the last term's writes, are new."""
         super().start(ctx)
         self._sources = {}
+
+    async def stop(self) -> None:
+        """The fetches in flight end with the term (git is killed: gitfetch.py)."""
+        fetches = [st.fetch for st in self._sources.values() if st.fetch is not None]
+        for fetch in fetches:
+            fetch.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         if type(obj) is GitSource:
@@ -127,8 +140,12 @@ class GitOpsController(Controller):
     async def reconcile(self, key: str) -> Result | None:
         src = self.ctx.cache.get(GitSource, key)
         if src is None:
-            self._sources.pop(key, None)
-            self.git.forget(key)
+            gone = self._sources.pop(key, None)
+            if gone is not None and gone.fetch is not None and not gone.fetch.done():
+                gone.fetch.cancel()    # its end (git killed) forgets the directory, unless the name is back
+                gone.fetch.add_done_callback(lambda _: None if key in self._sources else self.git.forget(key))
+            else:
+                self.git.forget(key)
             return None
         if src.metadata.deletionTimestamp is not None:
             return await self._finalize(src)
@@ -136,48 +153,64 @@ class GitOpsController(Controller):
             src = await self._add_finalizer(src)
         now = self.ctx.clock()
         requested = src.metadata.annotations.get(RECONCILE_REQUESTED_AT)
+        wanted = (src.metadata.generation, requested)
         st = self._sources.get(key)
-        if st is None or (st.generation, st.requested) != (src.metadata.generation, requested):
-            st = self._sources[key] = _Source(
-                src.metadata.generation, requested, now,
-                Backoff(self.settings.gitops_retry_base, self.settings.gitops_retry_max),
-                st.loaded if st else None)
+        if st is None or (st.generation, st.requested) != wanted:
+            st = self._sources[key] = _Source(*wanted, now, st.loaded if st else None,
+                                              st.fetch if st else None, st.fetched_for if st else None)
+        if st.fetch is not None:
+            if not st.fetch.done():
+                return Result(keep_backoff=True)    # its end queues the source again
+            if st.fetched_for != wanted or src.spec.suspend:
+                if not st.fetch.cancelled():
+                    st.fetch.exception()   # retrieved: what failed for a spec changed since is not logged
+                st.fetch = None            # of a spec changed since: fetched again below
         if src.spec.suspend:
             await self._patch(src, {"lastHandledReconcileAt": requested, "conditions": [_condition(
                 "Reconciling", False, "Suspended", "spec.suspend is true: no change is applied")]})
             return None
+        if st.fetch is None:
+            return await self._start_fetch(src, st, now)
+        fetch, st.fetch = st.fetch, None
+        try:
+            await self._sync(src, st, fetch)
+            if requested is not None:
+                await self._patch(self.ctx.cache.get(GitSource, src.name) or src, {"lastHandledReconcileAt": requested})
+        except Retry as err:
+            delay = self.ctx.queue.add_rate_limited(key)
+            st.due = self.ctx.clock() + delay
+            log.warning("gitsource %s: %s; next try in %.1f s", key, err.message, delay)
+            await self._patch(src, {"conditions": [
+                _condition("Ready", False, err.reason, err.message),
+                _condition("Reconciling", True, err.reason, f"{err.message}; next try in {delay:.0f} s")]})
+            return Result(keep_backoff=True)
+        st.due = self.ctx.clock() + src.spec.interval_seconds
+        return Result(requeue_after=float(src.spec.interval_seconds))
+
+    async def _start_fetch(self, src: GitSource, st: _Source, now: float) -> Result:
+        """A fetch off the workers, if the source is due and what it depends on is Ready."""
         if now < st.due:       # not due: a Model's change, or this source's own status write
             await self._patch(src, {"conditions": [self._health(src)]})
-            return Result(requeue_after=st.due - now)
+            return Result(requeue_after=st.due - now, keep_backoff=True)
         waiting = self._dependencies_not_ready(src)
         if waiting:
             await self._patch(src, {"conditions": [
                 _condition("Reconciling", True, "DependencyNotReady", f"waiting for {_names(waiting)} to be Ready")]})
             # a dependency's own change wakes this one (keys_for); the interval is a safety net
             return Result(requeue_after=float(src.spec.interval_seconds))
-        try:
-            await self._sync(src, st)
-            if requested is not None:
-                await self._patch(self.ctx.cache.get(GitSource, src.name) or src, {"lastHandledReconcileAt": requested})
-        except Retry as err:
-            delay = st.backoff.next()
-            st.due = self.ctx.clock() + delay
-            log.warning("gitsource %s: %s; next try in %.1f s", key, err.message, delay)
-            await self._patch(src, {"conditions": [
-                _condition("Ready", False, err.reason, err.message),
-                _condition("Reconciling", True, err.reason, f"{err.message}; next try in {delay:.0f} s")]})
-            return Result(requeue_after=delay)
-        st.backoff.reset()
-        st.due = self.ctx.clock() + src.spec.interval_seconds
-        return Result(requeue_after=float(src.spec.interval_seconds))
+        spec, queue = src.spec, self.ctx.queue
+        st.fetched_for = (st.generation, st.requested)
+        st.fetch = asyncio.create_task(self.git.fetch(src.name, spec.url, spec.ref,
+                                                      spec.secretRef.file if spec.secretRef else None))
+        st.fetch.add_done_callback(lambda _: queue.add(src.name))
+        return Result(keep_backoff=True)   # a retry's fetch: no success yet
 
     # ------------------------------------------------------------------ sync
 
-    async def _sync(self, src: GitSource, st: _Source) -> None:
+    async def _sync(self, src: GitSource, st: _Source, fetch: asyncio.Task[Checkout]) -> None:
         spec = src.spec
         try:
-            checkout = await self.git.fetch(src.name, spec.url, spec.ref,
-                                            spec.secretRef.file if spec.secretRef else None)
+            checkout = fetch.result()
         except GitError as err:
             raise Retry("FetchFailed", f"{spec.url} {spec.ref}: {err}") from None
         rev = checkout.revision

@@ -53,7 +53,7 @@ from typing import Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from controllers.nodes import node_lost
-from controllers.replacement import abandon_replacement, ensure_replacement, find_replacement
+from controllers.replacement import abandon_replacement, delete_replica, ensure_replacement, find_replacement
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import EVICTING, AnyObject, Model, Node, Replica, get_condition
 from llmgw.api.errors import NotFound
@@ -241,15 +241,8 @@ class NodeLifecycleController(Controller):
     async def _delete(self, node: Node, rep: Replica, why: str) -> None:
         marked = rep.model_copy(deep=True)
         marked.metadata.annotations[EVICT] = "node-lost"
-        try:
-            await self.ctx.store.update(marked, current=rep)     # Conflict: the key is retried
-            gone = await self.ctx.store.delete(Replica, rep.metadata.name)
-        except NotFound:
-            self.ctx.cache.assume_deleted(Replica, rep.metadata.name)
-            return
-        self.ctx.cache.assume_deletion(gone)
-        self.ctx.events.record(rep, "Warning", "Evicted", why)
-        self.ctx.events.record(node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}")
+        await delete_replica(self.ctx, rep, (rep, "Warning", "Evicted", why),
+                             (node, "Warning", "EvictedReplica", f"{rep.metadata.name}: {why}"), marked=marked)
 
     async def _patch(self, node: Node, conds: list[ConditionPatch]) -> Node:
         if not conds:

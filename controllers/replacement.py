@@ -8,17 +8,36 @@ describes how the model controller treats it). Its name derives from the
 original's uid, so a controller that restarts, or works from a stale cache,
 finds or re-creates the same one instead of making a second. A move called
 off (drain withdrawn, lost node back) deletes a replacement that never served;
-a Ready one drops the annotation and becomes an ordinary replica.
+a Ready one drops the annotation and becomes an ordinary replica. The original,
+once moved, goes by `delete_replica`, as drain and node loss delete a replica.
 """
 from __future__ import annotations
 
 import hashlib
 
-from llmgw.api import ObjectMeta, Replica
+from llmgw.api import AnyObject, ObjectMeta, Replica
 from llmgw.api.errors import AlreadyExists, NotFound
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import Context
+
+# An event to record: its object, type, reason and message.
+Record = tuple[AnyObject, str, str, str]
+
+
+async def delete_replica(ctx: Context, rep: Replica, *events: Record, marked: Replica | None = None) -> None:
+    """Delete `rep` (after writing `marked`, its copy that says why, where given), assume it deleted in
+    the cache, and record `events`; one already gone is assumed deleted, with no event."""
+    try:
+        if marked is not None:
+            await ctx.store.update(marked, current=rep)     # Conflict: the caller's key is retried
+        gone = await ctx.store.delete(Replica, rep.metadata.name)
+    except NotFound:
+        ctx.cache.assume_deleted(Replica, rep.metadata.name)
+        return
+    ctx.cache.assume_deletion(gone)
+    for event in events:
+        ctx.events.record(*event)
 
 
 def replacement_name(orig: Replica) -> str:

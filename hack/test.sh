@@ -4,13 +4,16 @@
 # faketime (clock skew), nftables (the robustness suite's network faults) and a
 # virtualenv with llmgw and its test dependencies when missing, then runs the
 # checks (ruff; lint-imports, the import contracts in pyproject.toml; mypy,
-# strict on the whole tree) and pytest. Extra arguments go to pytest (e.g. -k store).
+# strict on the whole tree) and pytest: the tests not marked serial in parallel (pytest-xdist,
+# LLMGW_TEST_WORKERS processes, 4 by default: they mostly wait on processes and sockets, and a
+# file's tests stay together and in order on one), then the serial ones alone (the robustness
+# scenarios, the timing-sensitive tests). Extra arguments go to both runs (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime \
   nftables:/usr/sbin/nft
 ensure_venv "[test]"
-# A real llama-server for tests/test_real_llamacpp.py, built once per version and
+# A real llama-server for tests/engines/test_real_llamacpp.py, built once per version and
 # cached outside the checkout; without a compiler that test says so and is skipped.
 if [[ -z ${LLMGW_LLAMA_SERVER:-} ]] && command -v cmake >/dev/null && command -v c++ >/dev/null; then
   LLMGW_LLAMA_SERVER=$(PYTHON="$VENV/bin/python" "$ROOT/hack/llama-server.sh")
@@ -20,4 +23,13 @@ cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports" --no-logo --no-cache
 "$VENV/bin/mypy"
-exec "$VENV/bin/python" -m pytest -q "$@"
+# pytest's status 5 is "no test selected": of one kind, when the arguments pick a few tests.
+pytest() {
+  local status=0
+  "$VENV/bin/python" -m pytest -q "$@" || status=$?
+  return $((status == 5 ? 0 : status))
+}
+status=0
+pytest -n "${LLMGW_TEST_WORKERS:-4}" --dist loadfile -m "not serial" "$@" || status=$?
+pytest -m serial "$@" || status=$?
+exit "$status"

@@ -1,9 +1,10 @@
-"""How the long-running services run: the event loop, and the garbage collector."""
+"""How the long-running services run: the event loop, their stop on a signal, and the garbage collector."""
 from __future__ import annotations
 
 import asyncio
 import gc
-from typing import Any, Coroutine
+import signal
+from typing import Any, Awaitable, Callable, Coroutine
 
 
 def run(main: Coroutine[Any, Any, Any]) -> Any:
@@ -20,6 +21,37 @@ def run(main: Coroutine[Any, Any, Any]) -> Any:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+async def until_signal(work: Coroutine[Any, Any, None] | None = None,
+                       stop: Callable[[], Awaitable[None]] | None = None) -> bool:
+    """Run `work` (none: only wait) until it ends or SIGTERM or SIGINT arrives; True when a signal ended it.
+
+    A signal starts `stop()` where given (a graceful stop that makes `work`
+    end), else cancels `work`; either way `work`'s end is awaited. The handlers
+    stay installed through the caller's clean-up that follows: a second signal
+    repeats the first's stop instead of killing the process halfway through.
+    """
+    loop = asyncio.get_running_loop()
+    task: asyncio.Future[None] = asyncio.ensure_future(work) if work is not None else loop.create_future()
+    stopping: list[asyncio.Future[None]] = []   # held: the loop keeps only weak references to tasks
+    signalled = False
+
+    def on_signal() -> None:
+        nonlocal signalled
+        signalled = True
+        if stop is None:
+            task.cancel()
+        else:
+            stopping.append(asyncio.ensure_future(stop()))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+    return signalled
 
 
 def keep_heap_out_of_gc(young_threshold: int = 10_000) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests.helpers` importable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tests.fixtures` importable
 
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.store import Store

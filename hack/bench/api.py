@@ -36,9 +36,10 @@ from llmgw.api.types import Model
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.api import parse_object
+from llmgw.client import Client
+from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
 
 
 def model(name: str, replicas: int = 1):
@@ -68,7 +69,8 @@ async def run_ops(n: int, concurrency: int, create, get, update, prefix: str) ->
 
 async def fanout(server, watchers: int, writes: int) -> list[float]:
     """Per write: seconds from the create until the last of `watchers` open watches has seen it."""
-    async with server.client(connections=watchers + 10) as c:
+    async with Client(server.url, ca=server.ca, cert=server.admin[0], key=server.admin[1],
+                      connections=watchers + 10) as c:
         _, rv = await c.list(Model)
         ready = asyncio.Semaphore(0)
         seen = [0] * writes           # watchers that have seen write k
@@ -109,12 +111,13 @@ async def fanout(server, watchers: int, writes: int) -> list[float]:
 async def main(args) -> None:
     base = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     etcd = etcd_cluster(base / "etcd", size=1).start()
-    server = start_api_server(make_pki(base / "ca"), etcd.endpoint, base)
+    server = start_api_server(base / "ca", etcd.endpoint, base)
     try:
         async with Store(etcd.endpoint) as store:
             d_create, d_update = await run_ops(args.ops, args.concurrency, store.create, store.get, store.update,
                                                "direct")
-        async with server.client(connections=args.concurrency) as c:
+        async with Client(server.url, ca=server.ca, cert=server.admin[0], key=server.admin[1],
+                          connections=args.concurrency) as c:
             s_create, s_update = await run_ops(args.ops, args.concurrency, c.create, c.get, c.update, "server")
         print(f"direct:  creates {d_create:.0f}/s  updates {d_update:.0f}/s")
         print(f"server:  creates {s_create:.0f}/s  updates {s_update:.0f}/s")

@@ -3,7 +3,7 @@
 
     .venv/bin/python hack/bench/cli.py [--runs 10]
 
-Starts a real etcd, a CA and `llmgw server` on loopback (tests/helpers/cluster.py's, as the
+Starts a real etcd, a CA and `llmgw server` on loopback (llmgw/dev/apiserver.py's, as the
 other benches do), writes an admin client config with `llmgw ca issue admin --write-config`,
 then runs each command --runs times as a fresh process (the `llmgw` script next to this
 Python), one after another, after one run not counted (it writes the bytecode that an installed
@@ -49,9 +49,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from llmgw.client import Client
+from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster
-from tests.helpers.cluster import llmgw_ca, make_pki, start_api_server
-from tests.helpers.fake_agents import make_node
+from llmgw.hollow import make_node
 
 MODEL = """\
 apiVersion: llmgw.io/v1
@@ -78,7 +79,7 @@ def timed(argv: list[str], env: dict[str, str], runs: int) -> float:
 
 
 async def register_node(server, name: str) -> None:
-    async with server.client() as c:
+    async with Client(server.url, ca=server.ca, cert=server.admin[0], key=server.admin[1]) as c:
         created = await c.create(make_node(name, 1))
         await c.update_status(created.model_copy(update={"status": make_node(name, 1).status}))
 
@@ -91,11 +92,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-cli-") as tmp:
         base = Path(tmp)
         etcd = etcd_cluster(base / "etcd", size=1).start()
-        server = start_api_server(make_pki(base / "ca"), etcd.endpoint, base)
+        server = start_api_server(base / "ca", etcd.endpoint, base)
         try:
             config = base / "config.yaml"
-            llmgw_ca("issue", "admin", "bench", "--dir", str(server.pki.dir), "--write-config",
-                     "--server", server.url, "--config", str(config))
+            subprocess.run([llmgw, "ca", "issue", "admin", "bench", "--dir", str(server.ca_dir), "--write-config",
+                            "--server", server.url, "--config", str(config)], check=True, stdout=subprocess.DEVNULL)
             asyncio.run(register_node(server, "bench-node"))
             manifest = base / "model.yaml"
             manifest.write_text(MODEL)

@@ -4,7 +4,7 @@
     .venv/bin/python hack/bench/controlplane.py --nodes 1000 --replicas 2200
 
 Starts its own etcd, measures etcd's raw put rate (concurrent store.kv.put of
-small values), registers --nodes hollow nodes (tests/helpers/fake_agents.py,
+small values), registers --nodes hollow nodes (llmgw/hollow.py,
 in-process: 8 GPUs each, spread over 4 fabrics; they move shards
 Pending -> Starting -> Ready), starts a controller manager with every
 controller of llmgw.cmd.controller_manager.controllers(), then applies models at once: single-node
@@ -312,9 +312,9 @@ from llmgw.api import Model, Replica, Shard
 from llmgw.cmd.controller_manager import controllers
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import terminate
+from llmgw.hollow import FakeAgents
 from llmgw.runtime.manager import Manager
 from llmgw.store import Store, keys
-from tests.helpers.fake_agents import FakeAgents
 
 FABRICS = ("fab-a", "fab-b", "fab-c", "fab-d")
 

@@ -56,10 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from llmgw import aio
 from llmgw.api.types import GitSource
 from llmgw.client import Client
+from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import free_port, terminate
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
 
 INTERVAL = "1s"
 
@@ -130,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-gitops-") as tmp:
         base = Path(tmp)
         etcd = etcd_cluster(base / "etcd", size=1).start()
-        server = start_api_server(make_pki(base / "ca"), etcd.endpoint, base)
+        server = start_api_server(base / "ca", etcd.endpoint, base)
         port = free_port()
         cm = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", etcd.endpoint,
                                "--metrics-listen", f"127.0.0.1:{port}", "--git-cache", str(base / "cache"),
@@ -148,7 +148,8 @@ async def bench(args: argparse.Namespace, base: Path, endpoint: str, server, met
     git(base, "init", "--quiet", "--bare", "--initial-branch=main", str(bare))
     git(base, "clone", "--quiet", str(bare), str(work))
     git(work, "checkout", "--quiet", "-b", "main")
-    async with Store(endpoint) as store, server.client() as c:
+    admin = Client(server.url, ca=server.ca, cert=server.admin[0], key=server.admin[1])
+    async with Store(endpoint) as store, admin as c:
         while await store.election.leader("controller-manager") is None:
             await asyncio.sleep(0.1)
         write_models(work, 1, 0)             # the source starts from a commit of one Model

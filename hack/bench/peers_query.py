@@ -40,10 +40,10 @@ from controlplane import cpu_seconds  # the script beside this one (hack/bench/)
 
 from llmgw.api.types import Node
 from llmgw.client import Client
+from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster
+from llmgw.hollow import FakeAgents
 from llmgw.store import Store
-from tests.helpers.cluster import make_pki, start_api_server
-from tests.helpers.fake_agents import FakeAgents
 
 SOURCE = "hf://org/model@" + "c" * 40
 DIGEST = "sha256:" + "ab" * 32
@@ -78,7 +78,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         etcd = etcd_cluster(work / "etcd", size=1).start()
-        server = start_api_server(make_pki(work / "ca"), etcd.endpoint, work)
+        server = start_api_server(work / "ca", etcd.endpoint, work)
         try:
             store = await Store(etcd.endpoint).connect()
             await fleet(store, args.nodes, args.holders)

@@ -8,7 +8,7 @@ a patch goes over the REST API as it is. These are TypedDicts: mypy checks the
 field names and their types, and at run time a patch is a plain dict, built
 without a model or a validation (the store validates the merged status once).
 
-Each mirrors its status model in llmgw.api.types (tests/test_api_patches.py
+Each mirrors its status model in llmgw.api.types (tests/api/test_api_patches.py
 holds them to it); a field a controller does not patch may be left out. (No
 ``from __future__ import annotations`` here: TypedDict reads NotRequired only
 from evaluated annotations.)

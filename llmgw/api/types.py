@@ -37,16 +37,16 @@ from llmgw.api.meta import (
 from llmgw.api.secrets import check_secret_hash
 from llmgw.api.selectors import Selector
 from llmgw.api.sources import check_digest, parse_source
-from llmgw.engines import engine as engines
+from llmgw.engines import rules
 
 
-# A name in llmgw.engines' registry (each engine's module declares what llmgw knows of it).
+# A name in the engines' registry (llmgw/engines/rules.py: each engine's module registers itself).
 def _engine_schema(schema: dict[str, JsonValue]) -> None:
-    names: list[JsonValue] = [*sorted(engines.ENGINES)]
+    names: list[JsonValue] = [*sorted(rules.RULES)]
     schema["enum"] = names
 
 
-EngineName = Annotated[str, AfterValidator(engines.check_name), Field(json_schema_extra=_engine_schema)]
+EngineName = Annotated[str, AfterValidator(rules.check_name), Field(json_schema_extra=_engine_schema)]
 Port = Annotated[int, Field(strict=True, ge=1, le=MAX_PORT)]
 Replicas = Annotated[int, Field(strict=True, ge=0, le=MAX_REPLICAS)]
 NodeCount = Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)]
@@ -68,12 +68,12 @@ Source = Annotated[str, AfterValidator(_check_source)]
 # The content digest of a pulled source (llmgw/weights/digest.py), pinned by a Model.
 Digest = Annotated[str, AfterValidator(check_digest)]
 def _launch_mode_schema(schema: dict[str, JsonValue]) -> None:
-    modes: list[JsonValue] = [*sorted({m for e in engines.ENGINES.values() for m in e.launch_modes})]
+    modes: list[JsonValue] = [*sorted({m for e in rules.RULES.values() for m in e.launch_modes})]
     schema["enum"] = modes
 
 
 # One of an engine's launch modes (vLLM: mp, ray); which engine's, the Profile checks.
-LaunchMode = Annotated[str, AfterValidator(engines.check_launch_mode), Field(json_schema_extra=_launch_mode_schema)]
+LaunchMode = Annotated[str, AfterValidator(rules.check_launch_mode), Field(json_schema_extra=_launch_mode_schema)]
 
 
 SpecT = TypeVar("SpecT", bound=Strict)
@@ -257,9 +257,9 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> "Profile":
-        engine = engines.lookup(self.engine)
+        engine = rules.lookup(self.engine)
         if self.launchMode is not None and not engine.launch_modes:
-            having = ", ".join(sorted(e.name for e in engines.ENGINES.values() if e.launch_modes))
+            having = ", ".join(sorted(e.name for e in rules.RULES.values() if e.launch_modes))
             raise ValueError(f"launchMode is only for engine {having}, not {self.engine}")
         if self.launchMode is not None and self.launchMode not in engine.launch_modes:
             raise ValueError(f"launchMode {self.launchMode} is not one of engine {self.engine}'s: "
@@ -276,7 +276,7 @@ class Profile(Strict):
     @property
     def launch_mode(self) -> str | None:
         """The effective launch mode: the engine's first when none is given (vLLM: mp)."""
-        modes = engines.lookup(self.engine).launch_modes
+        modes = rules.lookup(self.engine).launch_modes
         return self.launchMode or (modes[0] if modes else None)
 
 

@@ -163,33 +163,41 @@ def issue_etcd_client(name: str, directory: str, days: int, not_before: datetime
 @ca.command(epilog=EXIT_CODES_HELP)
 @click.argument("serial", required=False)
 @click.option("--node", default=None, help="Revoke every certificate issued to this node.")
+@click.option("--replay", is_flag=True,
+              help="Send every revocation of the CA's journal again (after etcd was restored from a snapshot).")
 @dir_option
 @connection_options
-def revoke(serial: str | None, node: str | None, directory: str, conn: Connection) -> None:
+def revoke(serial: str | None, node: str | None, replay: bool, directory: str, conn: Connection) -> None:
     """Revoke SERIAL (or every certificate of --node) through the server, as an admin.
 
     The server records it under /llmgw/revoked/ and refuses the certificate from then on;
-    nothing in the API takes a revocation back.
+    nothing in the API takes a revocation back. Each revocation is first appended to the
+    journal beside the CA (revocations.jsonl in --dir), which --replay sends again: etcd
+    restored from a snapshot lacks the revocations made after it.
     """
-    if bool(serial) == bool(node):
-        raise click.UsageError("give either SERIAL or --node NAME")
+    if [bool(serial), bool(node), replay].count(True) != 1:
+        raise click.UsageError("give SERIAL, --node NAME or --replay")
     authority = _ca(directory)
     try:
-        serials = authority.serials_of_node(node) if node else [normalize_serial(serial or "")]
+        if replay:
+            entries = authority.journaled()
+        else:
+            entries = authority.journal(authority.serials_of_node(node) if node else [normalize_serial(serial or "")])
     except CAError as err:
         _fail(err)
 
     async def record() -> None:
         async with conn.client() as c:
-            for s in serials:
-                entry = authority.find(s)
-                await c.revoke(s, role=entry.role if entry else None, name=entry.name if entry else None)
+            for e in entries:
+                await c.revoke(e.serial, role=e.role, name=e.name)
 
     run(record())
     if authority.index_path.exists():
-        authority.mark_revoked(serials)
-    for s in serials:
-        click.echo(f"revoked {s}")
+        authority.mark_revoked([e.serial for e in entries])
+    for e in entries:
+        click.echo(f"{'replayed' if replay else 'revoked'} {e.serial}")
+    if replay:
+        click.echo(f"{len(entries)} revocation(s) of {authority.journal_path} replayed")
 
 
 @ca.command("list")

@@ -1,4 +1,5 @@
-"""`llmgw ctl`: operator tools. `engine-check` checks llmgw's engine command lines against the engines' help."""
+"""`llmgw ctl`: operator tools. `engine-check` checks llmgw's engine command lines against the engines' help;
+`snapshot` saves, inspects and restores etcd's snapshots (llmgw/cmd/snapshot.py)."""
 from __future__ import annotations
 
 import sys
@@ -28,7 +29,22 @@ class EngineName(click.ParamType[str]):
         return "{" + "|".join(sorted(ENGINES)) + "}"
 
 
-@click.group("ctl")
+class CtlGroup(click.Group):
+    """ctl's commands, and those of the composition roots (llmgw/cmd/) it names, imported on use as
+    `llmgw`'s are (llmgw.cli.main.COMMANDS): `snapshot` talks to etcd, which the CLI may not."""
+
+    ROOTS = {"snapshot": "llmgw.cmd.snapshot:snapshot"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.ROOTS))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        from llmgw.cli.main import load
+
+        return load(self.ROOTS[name]) if name in self.ROOTS else super().get_command(ctx, name)
+
+
+@click.group("ctl", cls=CtlGroup)
 def ctl() -> None:
     """Operator tools."""
 

@@ -41,6 +41,13 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def load(spec: str) -> click.Command:
+    """The command a "module:attribute" of COMMANDS names, imported now."""
+    module, attr = spec.split(":")
+    command: click.Command = getattr(importlib.import_module(module), attr)
+    return command
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | {n for n in COMMANDS if self._available(n)})
@@ -59,9 +66,7 @@ class LazyGroup(click.Group):
             return cmd
         if name not in COMMANDS or not self._available(name):
             return self._plugin(name)
-        module, attr = COMMANDS[name].split(":")
-        command: click.Command = getattr(importlib.import_module(module), attr)
-        return command
+        return load(COMMANDS[name])
 
     @staticmethod
     def _plugin(name: str) -> click.Command | None:

@@ -4,7 +4,7 @@ the gateway, the controllers) took `llmgw --help` ~0.6 s.
 
 The summary is click's own (the first sentence of the docstring, cut to fit the width); a
 command whose docstring is not there to read (made by a factory, or given help=) is None, and
-its caller imports it instead. tests/test_cli_startup.py holds every summary to click's.
+its caller imports it instead. tests/cli/test_cli_startup.py holds every summary to click's.
 """
 from __future__ import annotations
 

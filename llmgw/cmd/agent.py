@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
+from llmgw import aio
 from llmgw.agent.config import ConfigError, load_config
 from llmgw.api.fabrics import FabricError
 from llmgw.cmd.logs import log_options, setup_logging
@@ -102,19 +102,13 @@ def agent(config_path: str | None, discover_only: bool, log_level: str, log_form
 
 
 def _run(runner: "Agent") -> int:
-    async def main() -> None:
-        task = asyncio.current_task()
-        assert task is not None  # main runs in asyncio.run's task
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        await runner.run()
     try:
-        asyncio.run(main())
+        stopped = asyncio.run(aio.until_signal(runner.run()))
     except (asyncio.CancelledError, KeyboardInterrupt):
-        logging.getLogger("llmgw.agent").info("agent stopped; engines keep running")
-        return 0
+        stopped = True
     except OSError as err:
         click.echo(f"Error: {err}", err=True)
         return 1
+    if stopped:
+        logging.getLogger("llmgw.agent").info("agent stopped; engines keep running")
     return 0

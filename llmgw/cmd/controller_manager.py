@@ -1,9 +1,7 @@
 """`llmgw controller-manager`: run the controllers and the compactor with leader election, given their settings."""
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,12 +109,8 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
     if metrics_listen:
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
-    loop = asyncio.get_running_loop()
-    task = asyncio.create_task(manager.run())
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(manager.stop(resign=True)))
     try:
-        await task
+        await aio.until_signal(manager.run(), stop=lambda: manager.stop(resign=True))
     finally:
         if runner is not None:
             await runner.cleanup()

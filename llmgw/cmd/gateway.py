@@ -1,11 +1,9 @@
 """`llmgw gateway`: the OpenAI-compatible gateway."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
-import signal
 import socket
 from dataclasses import dataclass
 
@@ -15,8 +13,14 @@ from llmgw import aio
 from llmgw.api.meta import check_dns1123_label
 from llmgw.api.types import AnyObject
 from llmgw.cmd.logs import log_options, setup_logging
-from llmgw.gateway.proxy import DEFAULT_MAX_BODY, Gateway, QueueSettings
-from llmgw.gateway.server import Limits
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.apikeys import ApiKeys
+from llmgw.gateway.auth import Authenticator
+from llmgw.gateway.gateway import DEFAULT_MAX_BODY, Gateway, QueueSettings
+from llmgw.gateway.http1 import Limits
+from llmgw.gateway.keyring import KeyRing
+from llmgw.gateway.spans import Spans
+from llmgw.gateway.table import RoutingTable
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -121,32 +125,36 @@ def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, k
         raise click.UsageError("--watch-api-keys reads the ApiKeys of --server; it takes neither --static nor "
                                "--api-keys")
     host, port = _host_port(listen)
-    keys = None
+    table = RoutingTable()
+    authenticator: Authenticator | None = None
+    admission: Admission | None = None
+    ring: KeyRing | None = None   # the watched keys, which the source feeds
     if api_keys:
-        from llmgw.gateway.apikeys import ApiKeys
-        keys = ApiKeys(api_keys)
-        if not len(keys):
+        authenticator = file_keys = ApiKeys(api_keys)
+        if not len(file_keys):
             log.warning("%s holds no key: every request will be refused with 401", api_keys)
-    limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
-                    body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
-    gw = Gateway(api_keys=keys, max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
-                 limits=limits, connect_timeout=connect_timeout, response_timeout=response_timeout,
-                 idle_timeout=stream_idle_timeout, queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
-    if watch_api_keys:
-        gw.watch_keys()
+    elif watch_api_keys:   # authenticated by ApiKey objects, admitted by their limits
+        admission = Admission(table.labels, table.resolve)
+        authenticator = ring = KeyRing(admission.revoke)
+    spans = None
     if otel:
-        from llmgw.gateway.spans import Spans
         try:
-            gw.spans = Spans.otlp()
+            spans = Spans.otlp()
         except ImportError as err:
             raise click.UsageError(str(err)) from None
+    limits = Limits(header_timeout=header_timeout, keepalive=keepalive_timeout, body_timeout=body_timeout,
+                    body_min_rate=body_min_rate, max_conns_per_addr=max_conns_per_addr)
+    gw = Gateway(table, authenticator=authenticator, admission=admission, spans=spans,
+                 max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
+                 limits=limits, connect_timeout=connect_timeout, response_timeout=response_timeout,
+                 idle_timeout=stream_idle_timeout, queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
     gateway_id = gateway_id or _default_id()
     try:
         check_dns1123_label(gateway_id)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--gateway-id") from None
     demand = _DemandSettings(gateway_id, demand_interval, demand_ttl)
-    aio.run(_serve(gw, host, port, server, ca, cert, key, static, demand))
+    aio.run(_serve(gw, spans, ring, admission, host, port, server, ca, cert, key, static, demand))
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,8 @@ def _default_id() -> str:
     return f"{host}-{os.getpid()}"
 
 
-async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str | None, cert: str | None,
+async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admission: Admission | None, host: str,
+                 port: int, server: str | None, ca: str | None, cert: str | None,
                  key: str | None, static: str | None, demand: _DemandSettings) -> None:
     source = None
     client = None
@@ -187,28 +196,24 @@ async def _serve(gw: Gateway, host: str, port: int, server: str | None, ca: str 
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
-                              keys=gw.keys)
+                              keys=ring)
         source.start()
         from llmgw.gateway.demand import DemandPublisher, figures
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
                                     interval=demand.interval, ttl=demand.ttl,
-                                    on_gateways=gw.admission.set_gateways if gw.admission else None,
-                                    keys=gw.admission.windows().report if gw.admission else None)
+                                    on_gateways=admission.set_gateways if admission else None,
+                                    keys=admission.windows().report if admission else None)
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await aio.until_signal()
     finally:
         if publisher is not None:
             await publisher.stop()
         if source is not None:
             await source.stop()
         await gw.stop()
-        if gw.spans is not None:
-            gw.spans.shutdown()   # what is batched is exported before the process ends
+        if spans is not None:
+            spans.shutdown()   # what is batched is exported before the process ends
         if client is not None:
             await client.close()

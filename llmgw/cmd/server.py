@@ -1,11 +1,10 @@
 """`llmgw server`: the mutual-TLS REST API over etcd."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import signal
 import ssl
+from pathlib import Path
 
 import click
 
@@ -28,6 +27,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5) -> None:
     from aiohttp import web
 
+    from llmgw.pki import CertificateAuthority
     from llmgw.pki.tls import mtls_server_context, peer_client_context
     from llmgw.server.app import ApiServer
     from llmgw.server.tls import TLSSite
@@ -64,7 +64,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await store.close()
         raise click.ClickException(f"--audit-log {audit_log}: {err.strerror or err}") from None
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
-                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls, audit=audit)
+                    watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -81,11 +82,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         m_host, m_port = _listen(metrics_listen)
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await aio.until_signal()
     log.info("shutting down")
     if metrics_site is not None:
         await metrics_site.cleanup()
@@ -102,7 +99,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                    "below in production (README, \"Production security\").")
 @click.option("--cert", required=True, help="Server certificate (`llmgw ca issue server --san ...`).")
 @click.option("--key", required=True, help="Server private key.")
-@click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt).")
+@click.option("--client-ca", required=True, help="CA that signs client certificates (the CA's ca.crt; the revocation "
+                                                "journal beside it, where there is one, is checked at start).")
 @etcd_tls
 @etcd_wait
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,

@@ -35,7 +35,7 @@ from pathlib import Path
 from llmgw.dev import prometheus, slots
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.netns import Network, remove_saved
-from llmgw.dev.process import free_port, wait_http
+from llmgw.dev.process import LLMGW, free_port, spawn, wait_http
 from llmgw.pki.ca import CertificateAuthority
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,11 +175,8 @@ class LocalCluster:
         return smi, sysfs
 
     def _spawn(self, component: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.log(component), "ab")
-        argv = [*self.wrap.get(component, []), *argv]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**self.env(), **(env or {})},
-                                start_new_session=True, cwd=self.dir)
-        log.close()
+        proc = spawn([*self.wrap.get(component, []), *argv], self.log(component), {**self.env(), **(env or {})},
+                     cwd=self.dir)
         self.procs[component] = proc
         self._save()
         return proc
@@ -199,8 +196,6 @@ class LocalCluster:
 
     # --------------------------------------------------------------- components
 
-    llmgw = [sys.executable, "-m", "llmgw.cli.main"]
-
     def etcd_flags(self, name: str) -> list[str]:
         """--etcd and its TLS flags, with the etcd client certificate issued to `name`."""
         cert, key = self.etcd_certs[name]
@@ -210,7 +205,7 @@ class LocalCluster:
 
     def start_server(self) -> None:
         cert, key = self.certs["llmgw-server"]
-        self._spawn("server", [*self.llmgw, "server", "--listen", f"{self.server_host}:{self.server_port}",
+        self._spawn("server", [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_port}",
                                *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                                "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen("server")])
 
@@ -218,13 +213,13 @@ class LocalCluster:
         self.start_controller_manager()
 
     def start_controller_manager(self, name: str = "controller-manager") -> None:
-        self._spawn(name, [*self.llmgw, "controller-manager", *self.etcd_flags("controller-manager"),
+        self._spawn(name, [*LLMGW, "controller-manager", *self.etcd_flags("controller-manager"),
                            "--metrics-listen", self.metrics_listen(name),
                            "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
 
     def start_gateway(self) -> None:
         cert, key = self.certs["gateway"]
-        self._spawn("gateway", [*self.llmgw, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
+        self._spawn("gateway", [*LLMGW, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
                                 "--server", self.server_url, "--ca", self.ca_cert, "--cert", cert, "--key", key,
                                 *self.gateway_args])
 
@@ -232,7 +227,7 @@ class LocalCluster:
         smi, sysfs = self._fake_hardware(n)
         cert, key = self.certs[n.name]
         assert self.slot is not None  # start took it
-        argv = [*self.llmgw, "agent", "--node", n.name, "--server", self.server_url,
+        argv = [*LLMGW, "agent", "--node", n.name, "--server", self.server_url,
                 "--ca", self.ca_cert, "--cert", cert, "--key", key,
                 "--nvidia-smi", str(smi), "--ib-root", str(sysfs),
                 "--state-dir", str(self.dir / "nodes" / n.name / "state"),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.dev.process import free_port, terminate, wait_http
+from llmgw.dev.process import free_port, spawn, terminate, wait_http
 from llmgw.pki import CertificateAuthority
 
 
@@ -82,9 +82,8 @@ class EtcdCluster:
         it: then the members start again, new and on other ports."""
         attempt = 1
         while True:
-            cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
             for m in self.members:
-                self._spawn(m, cluster)
+                self._spawn(m)
             try:
                 for m in self.members:
                     self._wait_ready(m, timeout)
@@ -111,7 +110,13 @@ class EtcdCluster:
                 "--peer-cert-file", cert, "--peer-key-file", key, "--peer-client-cert-auth",
                 "--peer-trusted-ca-file", self.tls.ca]
 
-    def _spawn(self, m: Member, cluster: str) -> None:
+    def restart(self, m: Member, timeout: float = 30.0) -> None:
+        """Start a member that was stopped again, on its ports and data dir: it rejoins as itself."""
+        self._spawn(m)
+        self._wait_ready(m, timeout)
+
+    def _spawn(self, m: Member) -> None:
+        cluster = ",".join(f"{x.name}={x.peer_url}" for x in self.members)
         m.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
             etcd_binary(), "--name", m.name, "--data-dir", str(m.data_dir),
@@ -125,9 +130,7 @@ class EtcdCluster:
             "--listen-metrics-urls", f"http://{m.metrics_address}",
             *self._tls_flags(m), *self.extra_args,
         ]
-        log = open(m.log_path, "ab")
-        m.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        m.proc = spawn(argv, m.log_path)
 
     def _wait_ready(self, m: Member, timeout: float) -> None:
         proc = m.proc

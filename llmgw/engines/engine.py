@@ -10,15 +10,17 @@ engine-check asks each of its programs for its --help. ``register`` makes it
 known; every other package reads the registry (docs/architecture.md, "Adding an
 engine").
 
-This module and the engines' modules import the API's types for annotations
-only: the API validates a Profile against the registry, so importing them must
-not import the API.
+The API validates a Profile against the engines' rules through rules.py, which
+reads this registry and imports nothing of llmgw: the API imports that, not this
+module, and the engines import the API's types one way.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from llmgw.engines import rules
 
 if TYPE_CHECKING:
     from llmgw.api import Shard
@@ -116,10 +118,11 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {}
+rules.RULES = ENGINES   # what the API validates a Profile against
 
 
 def register(engine: Engine) -> Engine:
-    """Make an engine known by its name."""
+    """Make an engine known by its name (to the API's validation too: rules.py)."""
     if engine.name in ENGINES and ENGINES[engine.name] != engine:
         raise ValueError(f"engine {engine.name!r} is registered twice")
     ENGINES[engine.name] = engine
@@ -128,23 +131,8 @@ def register(engine: Engine) -> Engine:
 
 def lookup(name: str) -> Engine:
     """The registered engine of that name; ValueError naming the known ones."""
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}: one of {', '.join(sorted(ENGINES))}") from None
-
-
-def check_name(name: str) -> str:
-    """`name` if an engine of that name is registered (a Profile's validator)."""
-    return lookup(name).name
-
-
-def check_launch_mode(mode: str) -> str:
-    """`mode` if some registered engine has that launch mode (a Profile then checks it is its engine's)."""
-    known = sorted({m for e in ENGINES.values() for m in e.launch_modes})
-    if mode not in known:
-        raise ValueError(f"unknown launch mode {mode!r}: one of {', '.join(known)}")
-    return mode
+    rules.lookup(name)
+    return ENGINES[name]
 
 
 def builtin() -> list[Engine]:

@@ -2,13 +2,17 @@
 
 Blank lines and lines starting with '#' are ignored. The file is stat'ed on
 each check (a cheap syscall) and re-read when its mtime, size or inode moves;
-if it disappears or cannot be read, the keys last loaded stay in force.
+if it disappears or cannot be read, the keys last loaded stay in force. One of the two
+`Authenticator`s (auth.py): a valid key has no ApiKey object, hence no scope or limits.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+from typing import Literal
+
+from llmgw.gateway.auth import INCORRECT, MALFORMED, MISSING, bearer_token
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +55,17 @@ class ApiKeys:
         log.info("loaded %d api keys from %s", len(self._keys), self.path)
         return True
 
-    def check(self, authorization: str | None) -> str | None:
-        """None when the header carries a valid key, else why not (for the 401)."""
+    def check_now(self, authorization: bytes | None) -> Literal[True] | str:
+        """True when the header carries a valid key, else why not (for the 401)."""
         self.reload_if_changed()
         if not authorization:
-            return "Missing API key: send it as 'Authorization: Bearer <key>'"
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return "Malformed Authorization header: expected 'Bearer <key>'"
-        if _digest(token.strip()) not in self._keys:
-            return "Incorrect API key provided"
-        return None
+            return MISSING
+        token = bearer_token(authorization)
+        if token is None:
+            return MALFORMED
+        if _digest(token) not in self._keys:
+            return INCORRECT
+        return True
+
+    async def check(self, authorization: bytes | None) -> Literal[True] | str:
+        return self.check_now(authorization)

@@ -3,8 +3,7 @@ given the requests in flight at this gateway, which the balancer counts."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable
 
 from llmgw.api import RoutingSpec
 from llmgw.gateway.table import Backend
@@ -25,10 +24,6 @@ class Balancer:
         if held is None or held[0] is not routing:
             held = self._policies[model] = (routing, POLICIES[routing.policy](routing))
         return held[1]
-
-    def pick(self, policy: RoutingPolicy, backends: list[Backend], key: Any,
-             exclude: Collection[str] = ()) -> Backend | None:
-        return policy.pick(backends, self.inflight, key, exclude)
 
     def acquire(self, b: Backend) -> None:
         self.inflight[b.replica] += 1

@@ -7,7 +7,8 @@ its salted scrypt hash checked, in a worker thread (the KDF takes tens of millis
 header that carried it (a lookup by digest: its timing tells nothing of how much of a guess was
 right), until the key's hash changes or the key goes, so a request pays a hash and a dict lookup,
 not a KDF. A key deleted, or past its `expires`, is refused from then on, and `on_revoked(name)`
-is called so its requests in flight are ended (admission.py).
+is called so its requests in flight are ended (admission.py). One of the two `Authenticator`s
+(auth.py).
 """
 from __future__ import annotations
 
@@ -19,16 +20,13 @@ from collections.abc import Callable
 
 from llmgw.api.secrets import key_name, verify_secret
 from llmgw.api.types import ApiKey
+from llmgw.gateway.auth import INCORRECT, MALFORMED, MISSING, bearer_token
 
 log = logging.getLogger(__name__)
 
 # A timer further out than this is re-armed when it fires: call_at far in the future is fine,
 # but a clock that jumps should not leave a key alive long past its expiry.
 _MAX_TIMER = 3600.0
-
-MISSING = "Missing API key: send it as 'Authorization: Bearer <key>'"
-MALFORMED = "Malformed Authorization header: expected 'Bearer <key>'"
-INCORRECT = "Incorrect API key provided"
 
 
 class KeyRing:
@@ -122,7 +120,7 @@ class KeyRing:
                     expires = self._expires.get(seen[0])
                     if expires is None or time.time() < expires:
                         return key
-        token = _token(authorization)
+        token = bearer_token(authorization)
         if token is None:
             return MISSING if authorization is None else MALFORMED
         name = key_name(token)
@@ -139,7 +137,7 @@ class KeyRing:
         known = self.check_now(authorization)
         if known is not None:
             return known
-        token = _token(authorization)
+        token = bearer_token(authorization)
         assert token is not None   # check_now said it names a key
         name = key_name(token)
         assert name is not None
@@ -155,12 +153,4 @@ class KeyRing:
         self._verified[digest] = (name, key.spec.secretHash)
         self._headers.setdefault(name, set()).add(digest)
         return key
-
-
-def _token(authorization: bytes | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.decode("latin-1").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
 

@@ -1,4 +1,4 @@
-"""A whole HTTP response, serialised in one piece by the server (server.py), and how a message goes out.
+"""A whole HTTP response, serialised in one piece by the server (http1.py), and how a message goes out.
 
 Header lines are kept as ready-to-send bytes: the proxied hot path copies the
 engine's header lines through, and decoding them to str only to encode them

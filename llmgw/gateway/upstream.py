@@ -392,3 +392,15 @@ class Pool:
                 del self._idle[key]
         if self._idle and not self._closed:
             self._sweeper = asyncio.get_running_loop().call_later(self.keepalive / 2, self._sweep)
+
+
+async def accepts(endpoint: str, timeout: float) -> bool:
+    """Whether the engine at `endpoint` accepts a connection within `timeout` (an ejected
+    replica's way back: outlier.py)."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except (OSError, ValueError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True

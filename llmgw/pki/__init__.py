@@ -14,12 +14,13 @@ from llmgw.pki.ca import (
     CAError,
     CertificateAuthority,
     Issued,
+    Revoked,
     normalize_serial,
     serial_hex,
 )
 from llmgw.pki.identity import Identity, identity_from_cert, identity_from_der, identity_from_pem_file
 
 __all__ = ["COMPONENTS", "DEFAULT_DAYS", "USER_DAYS", "USERS_OU", "ETCD_ROLES", "ORG", "CAError",
-           "CertificateAuthority", "Issued",
+           "CertificateAuthority", "Issued", "Revoked",
            "normalize_serial", "serial_hex", "Identity", "identity_from_cert", "identity_from_der",
            "identity_from_pem_file"]

@@ -7,6 +7,10 @@ Layout of a CA directory (mode 0700; every private key 0600):
     index.json                      every certificate ever issued: serial, role,
                                     name, validity, revoked (a re-issue keeps the
                                     old entry, so `revoke --node` finds them all)
+    revocations.jsonl               the revocation journal: a line per revocation sent,
+                                    appended (and fsync'd) before it is sent, so that
+                                    etcd restored from an older snapshot gets them again
+                                    (`llmgw ca revoke --replay`)
     etcd/                           the etcd CA: a second root, same layout
 
 Roles map to the subject's organisation, which is what the server authorizes:
@@ -64,6 +68,15 @@ class Issued:
     cert: str
     key: str
     revoked: bool = False
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """A line of the revocation journal."""
+    serial: str
+    role: str | None
+    name: str | None
+    revokedAt: str  # as the server records it
 
 
 def serial_hex(serial: int) -> str:
@@ -270,6 +283,37 @@ class CertificateAuthority:
 
     def find(self, serial: str) -> Issued | None:
         return next((e for e in self.index() if e.serial == serial), None)
+
+    # ------------------------------------------------ revocation journal
+    @property
+    def journal_path(self) -> Path:
+        return self.dir / "revocations.jsonl"
+
+    def journal(self, serials: Sequence[str]) -> list[Revoked]:
+        """Append the revocations of serials to the journal, on disk (fsync'd) before they are sent."""
+        now = datetime.now(timezone.utc).isoformat()
+        entries = []
+        for serial in serials:
+            issued = self.find(serial)
+            entries.append(Revoked(serial, issued.role if issued else None, issued.name if issued else None, now))
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self.journal_path.open("a") as f:
+            f.writelines(json.dumps(asdict(e)) + "\n" for e in entries)
+            f.flush()
+            os.fsync(f.fileno())
+        return entries
+
+    def journaled(self) -> list[Revoked]:
+        """Every revocation in the journal, oldest first (none without a journal)."""
+        if not self.journal_path.exists():
+            return []
+        entries = []
+        for number, line in enumerate(self.journal_path.read_text().splitlines(), 1):
+            try:
+                entries.append(Revoked(**json.loads(line)))
+            except (ValueError, TypeError) as err:
+                raise CAError(f"{self.journal_path}, line {number}: not a revocation: {err}") from None
+        return entries
 
 
 def _san(text: str) -> x509.GeneralName:

@@ -39,8 +39,17 @@ step and returns:
 
 * ``None`` or ``Result()``: done; the key's backoff is forgotten.
 * ``Result(requeue_after=s)``: done for now, reconcile again in ``s`` seconds.
-* raises: the key is retried with per-key exponential backoff (5 ms doubling
-  to 5 min).  ``FencedOut`` / ``Conflict`` are ordinary errors here.
+* raises: the key is retried with per-key exponential backoff (``retry_base``
+  doubling to ``retry_max``: 5 ms to 5 min unless the controller says otherwise).
+  ``FencedOut`` / ``Conflict`` are ordinary errors here.
+
+A failure the controller reports itself (in a status) is retried after the same
+backoff: ``ctx.queue.add_rate_limited(key)`` requeues the key and returns the delay,
+and ``Result(keep_backoff=True)`` keeps the backoff growing for the next failure (a
+reconcile that returns without it, or ``None``, forgets it, as a success does).
+Work that must not hold a worker (a git fetch of up to minutes) runs in a task of
+its own whose end calls ``ctx.queue.add(key)``; ``stop()`` ends such tasks when the
+term does.
 
 ``indexes`` names the cache indexes a controller reads (``cache.index(Replica,
 "node", name)`` reads an ``Index(Replica, "node", ...)``, llmgw/runtime/cache.py):
@@ -67,6 +76,7 @@ the reason beside it (the replica controller's ports that failed with PortInUse)
   is written with ``patch_status(kind, name, patch, current=obj)``, the patch
   typed per kind (``llmgw.api.patches``).
 * ``ctx.cache``: the shared Cache (get/list/index/heartbeats/assume).
+* ``ctx.queue``: the controller's work queue (add, add_after, add_rate_limited).
 * ``ctx.events``: EventRecorder; ``ctx.events.record(obj, "Normal"|"Warning",
   reason, message)`` is synchronous and never raises (written in background).
 * ``ctx.clock``: ``time.monotonic``-like callable (seconds).
@@ -78,12 +88,13 @@ object it reads in its constructor (controllers/settings.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from llmgw.api import AnyObject, ObjectClient, ObjectT, StatusPatch
 from llmgw.runtime.cache import Cache, Index
 from llmgw.runtime.events import EventRecorder
+from llmgw.runtime.workqueue import WorkQueue
 
 # The pseudo-kind of node heartbeats: its objects are node names.
 HEARTBEATS = "heartbeats"
@@ -111,6 +122,9 @@ class Result:
     """What a reconcile returns: done (``Result()``) or look again later."""
 
     requeue_after: float | None = None
+    # The key's backoff is kept for its next failure (a reported failure, or a look that was no
+    # success yet); by default a reconcile that did not raise forgets it.
+    keep_backoff: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,7 @@ class Context:
     events: EventRecorder
     clock: Callable[[], float] = time.monotonic
     term: int = 1                   # which of this manager's terms (1, 2, ...)
+    queue: WorkQueue = field(default_factory=WorkQueue)   # the controller's, this term
 
 
 class Controller:
@@ -132,6 +147,9 @@ class Controller:
     # The cache indexes reconcile and keys_for read (cache.index); the manager registers them.
     indexes: tuple[Index[Any], ...] = ()
     workers: int = 2
+    # The per-key backoff of a failed reconcile (raised or reported), doubling from base to max.
+    retry_base: float = 0.005
+    retry_max: float = 300.0
     # Seconds to gather events of a secondary kind before reconciling their key:
     # a model with a hundred replicas then reconciles once per burst of replica
     # changes, not once per change. Events of the primary kind are never delayed.
@@ -147,6 +165,9 @@ class Controller:
         """A leadership term starts (see the module's docstring): keep its context. Override
         to build per-term state fresh, calling ``super().start(ctx)``."""
         self.ctx = ctx
+
+    async def stop(self) -> None:
+        """The term ends (its workers are cancelled): end what the controller runs beside them."""
 
     @property
     def primary_kind(self) -> WatchedKind:

@@ -128,7 +128,8 @@ class Manager:
 
     # ---------------------------------------------------------------- a term
     def _new_queues(self) -> dict[str, WorkQueue]:
-        return {c.name: WorkQueue(stats=self.metrics.queue_stats(c.name)) for c in self.controllers}
+        return {c.name: WorkQueue(base_delay=c.retry_base, max_delay=c.retry_max,
+                                  stats=self.metrics.queue_stats(c.name)) for c in self.controllers}
 
     async def _lead(self, leadership: Leadership) -> None:
         self.terms += 1
@@ -156,7 +157,8 @@ class Manager:
         events = EventRecorder(fenced)
         self.cache, self.events = cache, events
         for c in self.controllers:   # before the informers run: the term's first event finds it started
-            c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms))
+            c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms,
+                            queue=self.queues[c.name]))
         idle = self.settings.informer_idle_timeout
         informers = [
             HeartbeatInformer(self.store, cache, handler, idle_timeout=idle) if kind == HEARTBEATS else
@@ -191,6 +193,8 @@ class Manager:
             _, stuck = await asyncio.wait([*tasks, hold], timeout=STOP_TIMEOUT)
             for t in stuck:
                 log.error("task %s did not stop within %.0fs; abandoning it", t.get_name(), STOP_TIMEOUT)
+            for c in self.controllers:   # once no worker can start more: what each runs beside them
+                await c.stop()
 
     @staticmethod
     async def _run(runnable: Runnable) -> None:
@@ -225,7 +229,8 @@ class Manager:
                     log.warning("%s %s: reconcile failed: %s: %s; retry in %.3fs", c.name, key,
                                 type(err).__name__, err, delay, exc_info=log.isEnabledFor(logging.DEBUG))
             else:
-                queue.forget(key)
+                if result is None or not result.keep_backoff:
+                    queue.forget(key)
                 if result is not None and result.requeue_after is not None:
                     queue.add_after(key, result.requeue_after)
             finally:

@@ -43,7 +43,7 @@ from llmgw.api.errors import (
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.api.types import Shard
-from llmgw.pki import Identity, identity_from_der
+from llmgw.pki import CertificateAuthority, Identity, identity_from_der
 from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.access import Access
@@ -91,8 +91,9 @@ def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Resp
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
-                 audit: AuditLog | None = None):
+                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None):
         self.store = store
+        self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
@@ -156,6 +157,8 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
         await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
+        if self.revocation_journal is not None:
+            self.revocations.check_journal(self.revocation_journal)
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()

@@ -11,6 +11,7 @@ from typing import Callable
 
 from llmgw.api.client import EventType
 from llmgw.backoff import Backoff
+from llmgw.pki import CAError, CertificateAuthority
 from llmgw.reflector import Reflector
 from llmgw.store import Store
 from llmgw.store.listwatch import after_store_error_never_raise
@@ -58,6 +59,22 @@ class Revocations:
                               known=lambda: self.serials, on_synced=self.ready.set,
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
+
+    def check_journal(self, ca: CertificateAuthority) -> None:
+        """A warning naming the serials of the CA's revocation journal that etcd's list lacks (etcd
+        restored from a snapshot older than them). Where the server can read the journal: beside
+        its --client-ca, when that is the CA directory's ca.crt."""
+        try:
+            journaled = ca.journaled()
+        except (CAError, OSError) as err:
+            log.warning("cannot read the revocation journal: %s", err)
+            return
+        missing = {e.serial: e.revokedAt for e in journaled if e.serial not in self.serials}
+        if missing:
+            log.warning("etcd's revocation list is older than the CA's journal %s: it lacks %d revocation(s), "
+                        "the newest made %s (etcd restored from an older snapshot?); their certificates are "
+                        "accepted until an admin runs `llmgw ca revoke --replay --dir %s`: %s", ca.journal_path,
+                        len(missing), max(missing.values()), ca.dir, ", ".join(missing))
 
     def _change(self, type_: EventType, serial: str, revision: int) -> None:
         if type_ == "DELETED":

@@ -71,13 +71,19 @@ async def check_revision(store: Store, after: int) -> int:
     """etcd's current revision, once it is known that etcd still has every change after `after`.
 
     Raises Expired when `after` + 1 was compacted: a watch from `after` must relist, even if
-    the ring still holds those events (the contract: 410 when R was compacted).
+    the ring still holds those events (the contract: 410 when R was compacted). And when `after`
+    is newer than etcd's revision: etcd was restored from a snapshot, and a watch from there would
+    skip every change up to it; the client relists what the restored etcd holds.
     """
     try:
-        return await store.revision(since=after)
+        current = await store.revision(since=after)
     except Compacted:
         raise errors.Expired(f"resourceVersion {after} was compacted; relist and watch from the list's "
                       "resourceVersion") from None
+    if after > current:
+        raise errors.Expired(f"resourceVersion {after} is newer than etcd's revision {current} (etcd restored "
+                             "from a snapshot); relist and watch from the list's resourceVersion")
+    return current
 
 
 class CachedEvent:

@@ -41,7 +41,7 @@ from llmgw.dev.cluster import LocalCluster, NodePlan, marked_pids
 from llmgw.dev.netns import Network, Unavailable
 from llmgw.dev.process import free_port
 from llmgw.store import Compacted, Store, StoreUnavailable
-from tests.helpers.poll import until
+from tests.fixtures.poll import until
 from tests.robustness import invariants
 from tests.robustness.history import History, WatchResume
 from tests.robustness.load import Load
@@ -90,9 +90,7 @@ class FaultCluster(LocalCluster):
         super().stop()
 
     async def restart_etcd_member(self, m) -> None:
-        peers = ",".join(f"{x.name}={x.peer_url}" for x in self.etcd.members)
-        self.etcd._spawn(m, peers)          # its data dir is kept: it rejoins as itself
-        await asyncio.to_thread(self.etcd._wait_ready, m, WAIT)   # off the loop: the load goes on
+        await asyncio.to_thread(self.etcd.restart, m, WAIT)   # off the loop: the load goes on
 
     # ------------------------------------------------------------ reading
     async def replicas(self, model: str) -> list:

@@ -14,7 +14,7 @@ from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.test_robustness_scenarios import by_load, common, with_model
 
-pytestmark = [pytest.mark.timeout(600),
+pytestmark = [pytest.mark.timeout(600), pytest.mark.serial,   # faults and their timing: alone
               pytest.mark.skipif(shutil.which("nft") is None,
                                  reason="needs nft (Debian's nftables; hack/test.sh installs it)")]
 

@@ -57,7 +57,7 @@ from tests.robustness.harness import fault_cluster
 
 pytestmark = [pytest.mark.skipif(os.environ.get("LLMGW_ROBUSTNESS") != "long",
                                  reason="the long profile: set LLMGW_ROBUSTNESS=long"),
-              pytest.mark.timeout(0)]
+              pytest.mark.timeout(0), pytest.mark.serial]
 
 MODELS = {"m": 2, "s": 1}
 TIMEOUT = 8.0   # s: the gateway's response and stream idle timeouts (a loaded 2-core machine)

@@ -1,0 +1,237 @@
+"""The gateway's HTTP app: OpenAI-compatible routes, each proxied request run through the chain
+of steps (chain.py) and then forwarded to a Ready replica (proxy.py).
+
+The chain runs first without a task, from the server's protocol callbacks (`Gateway.begin`):
+the common request (its key known, its body at hand, its model with room) passes every step
+and is forwarded at once. A step that must wait, and anything after it, goes on in a task
+(`_proxy`), from that very step: both run the same steps in the same order.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from llmgw.gateway import errors
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.auth import Authenticator
+from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.chain import Chain, Wiring, standard
+from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
+from llmgw.gateway.metrics import Metrics
+from llmgw.gateway.outlier import Outliers
+from llmgw.gateway.proxy import Exchange, Proxy
+from llmgw.gateway.queue import UNLIMITED, WaitQueues
+from llmgw.gateway.response import Response, json_response
+from llmgw.gateway.scope import Scope
+from llmgw.gateway.spans import Spans
+from llmgw.gateway.step import LATER, Call
+from llmgw.gateway.steps.authenticate import Authenticate
+from llmgw.gateway.table import RoutingTable
+from llmgw.gateway.upstream import Pool, accepts
+
+PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+_MODELS = b"/v1/models"
+_MODEL_PREFIX = b"/v1/models/"
+_GET_ROUTES = frozenset((_MODELS, b"/healthz", b"/metrics"))
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Each model's wait queue (queue.py): how many requests, how long, and the concurrency limit
+    per model at this gateway past which requests wait (0: none)."""
+
+    size: int = 1000
+    timeout: float = 60.0
+    model_concurrency: int = 0
+
+
+class Gateway:
+    """`authenticator`: who may call (the key file, or the watched ApiKeys; None: anyone);
+    `admission`: the watched keys' scope and limits; `spans`: a span per request exported
+    (--otel); `steps`: the chain, `standard` unless a test puts a step in it."""
+
+    def __init__(
+        self,
+        table: RoutingTable | None = None,
+        authenticator: Authenticator | None = None,
+        admission: Admission | None = None,
+        spans: Spans | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        retry_after: int = 2,
+        connect_timeout: float = 5.0,
+        response_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        synced: bool = True,
+        limits: Limits = Limits(),
+        queue: QueueSettings | None = None,
+        steps: Chain = standard,
+    ):
+        self.table = table if table is not None else RoutingTable()
+        self.balancer = Balancer()
+        self.metrics = Metrics(self._inflight_samples)
+        if admission is not None:
+            self.metrics.registry.register(admission.collector())
+        q = queue or QueueSettings()
+        self.model_concurrency = q.model_concurrency
+        self.queue = WaitQueues(self._room, size=q.size, timeout=q.timeout)
+        self.table.on_change = self.queue.wake_all
+        if q.model_concurrency:
+            self.balancer.on_release = self.queue.wake
+        self.synced = synced  # False until the source has given a first full view
+        self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout,
+                         idle_timeout=idle_timeout)
+        self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout))
+        self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
+                           self._go_on)
+        self.scope = Scope(self.table, admission)
+        self.steps = tuple(steps(Wiring(self.table, self.queue, self.scope, authenticator, admission,
+                                        lambda: self.synced, max_body_bytes, retry_after)))
+        # the GET routes' own check of the caller (the chain is the proxied routes')
+        self.authenticate = Authenticate(authenticator) if authenticator is not None else None
+        self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
+
+    async def start(self, host: str, port: int, backlog: int = 1024) -> int:
+        """Serve on host:port (0: any free port); the port."""
+        await self.server.start(host, port, backlog)
+        return self.server.port
+
+    async def stop(self, grace: float = 60.0) -> None:
+        """Stop accepting; requests in flight get `grace` seconds to finish."""
+        await self.server.close(grace)
+        self.pool.close()
+        self.outliers.close()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        self._synced = value
+        if value:
+            self.queue.set_synced()  # requests held since a restart find their models now
+
+    def _room(self, model: str) -> int | None:
+        """How many more of the model's requests may go now; None: it has no Ready replica."""
+        if not self.table.backends_for(model):
+            return None
+        if not self.model_concurrency:
+            return UNLIMITED
+        return self.model_concurrency - self.balancer.per_model.get(model, 0)
+
+    def _inflight_samples(self) -> Iterator[tuple[str, str, int, bool]]:
+        """(model, replica, n, routable) for every routable replica and any still busy after leaving."""
+        inflight = self.balancer.inflight
+        for b in self.table.backends.values():
+            yield b.model, b.replica, inflight.get(b.replica, 0), True
+        for replica, n in list(inflight.items()):
+            if replica not in self.table.backends:
+                yield self.balancer.model_of.get(replica, "-"), replica, n, False
+
+    # ------------------------------------------------------------ the chain
+
+    def begin(self, request: Request) -> bool:
+        """The server's offer of a complete request: a proxied one is taken (True) and run
+        through the chain here; from a step that must wait it goes on in a task. Anything else
+        (False) the handler answers."""
+        if request.path not in PROXIED or request.method != b"POST":
+            return False
+        call = Call(request)
+        steps = self.steps
+        for i in range(len(steps)):
+            answer = steps[i].now(call)
+            if answer is None:
+                continue
+            if answer is LATER:
+                request.resume(self._proxy(call, i))
+            else:
+                self.proxy.finished(call, answer.status)
+                request.answer(answer)
+            return True
+        if not self.proxy.begin(call):   # no replica picked now: the forwarding, in a task
+            request.resume(self._proxy(call, len(steps)))
+        return True
+
+    async def _proxy(self, call: Call, at: int = 0, begun: Exchange | None = None) -> Response | Stream:
+        """In a task: the chain from step `at`, then the forwarding; or the rest of the exchange
+        `begun` without a task."""
+        code = 499  # unless an answer is made: the caller went away
+        try:
+            resp = await (self._run(call, at) if begun is None else self.proxy.go_on(begun))
+            code = resp.status
+            return resp
+        except Exception:
+            code = 500  # the server logs it and answers 500 (http1.py)
+            raise
+        finally:
+            self.proxy.finished(call, code)
+
+    async def _run(self, call: Call, at: int) -> Response | Stream:
+        steps = self.steps
+        for i in range(at, len(steps)):
+            answer = await steps[i].run(call)
+            if answer is not None:
+                return answer
+        return await self.proxy.forward(call)
+
+    def _go_on(self, ex: Exchange) -> None:
+        ex.call.request.resume(self._proxy(ex.call, begun=ex))
+
+    # ------------------------------------------------------------ routes
+
+    async def handle(self, request: Request) -> Response | Stream:
+        path, method = request.path, request.method
+        if path in PROXIED:
+            if method == b"POST":
+                return await self._proxy(Call(request))
+            return errors.method_not_allowed(method.decode(), "POST")
+        if path in _GET_ROUTES or path.startswith(_MODEL_PREFIX):
+            if method != b"GET" and method != b"HEAD":
+                return errors.method_not_allowed(method.decode(), "GET")
+            if path == b"/healthz":
+                return self._healthz()
+            if path == b"/metrics":
+                return Response(200, b"Content-Type: %s\r\n" % self.metrics.content_type.encode(),
+                                self.metrics.render())
+            call = Call(request)
+            if self.authenticate is not None:
+                denied = await self.authenticate.run(call)
+                if denied is not None:
+                    return denied
+            if path == _MODELS:
+                return self._models(call)
+            return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")), call)
+        return errors.not_found(path.decode("latin-1"))
+
+    def _models(self, call: Call) -> Response:
+        data = []
+        for model, aliases, created in self.table.routable_models():
+            if not self.scope.allows(call.key, model):
+                continue
+            data.append(_model_card(model, model, created, aliases))
+            data.extend(_model_card(a, model, created, ()) for a in aliases)
+        return json_response({"object": "list", "data": data})
+
+    def _model(self, name: str, call: Call) -> Response:
+        for model, aliases, created in self.table.routable_models():
+            if (name == model or name in aliases) and self.scope.allows(call.key, model):
+                return json_response(_model_card(name, model, created, aliases if name == model else ()))
+        return errors.model_not_found(name, self.scope.known(call.key))
+
+    def _healthz(self) -> Response:
+        body = {
+            "status": "ok" if self.synced else "syncing",
+            "models": len(self.table.models),
+            "routableReplicas": len(self.table.backends),
+        }
+        return json_response(body, status=200 if self.synced else 503)
+
+
+def _model_card(id_: str, root: str, created: int, aliases: Sequence[str]) -> dict[str, Any]:
+    card = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
+    if aliases:
+        card["aliases"] = list(aliases)
+    return card

@@ -1,0 +1,107 @@
+"""The routing table and the balancer: pure structures, fed (type, obj) events."""
+from __future__ import annotations
+
+from llmgw.api import RoutingSpec
+from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.table import RoutingTable
+from tests.fixtures.gateway import model, replica
+
+
+def table_with(*events) -> RoutingTable:
+    t = RoutingTable()
+    for kind, type_, obj in events:
+        t.apply(kind, type_, obj)
+    return t
+
+
+def names(backends) -> list[str]:
+    return [b.replica for b in backends]
+
+
+def test_only_ready_replicas_with_an_endpoint_and_no_deletion_are_routable():
+    t = table_with(
+        ("models", "ADDED", model("llama", aliases=("small",))),
+        ("replicas", "ADDED", replica("r-ready", "llama", "10.0.0.1:30000")),
+        ("replicas", "ADDED", replica("r-starting", "llama", "10.0.0.2:30000", phase="Starting")),
+        ("replicas", "ADDED", replica("r-noaddr", "llama", None)),
+        ("replicas", "ADDED", replica("r-deleting", "llama", "10.0.0.3:30000", deleting=True)),
+    )
+    assert names(t.backends_for("llama")) == ["r-ready"]
+    assert t.resolve("llama") == t.resolve("small") == "llama"
+    assert t.resolve("other") is None
+
+
+def test_deletion_timestamp_removes_a_replica_at_once_and_ready_brings_it_back():
+    t = table_with(("models", "ADDED", model("llama")),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")),
+                   ("replicas", "ADDED", replica("b", "llama", "h:2")))
+    assert t.apply("replicas", "MODIFIED", replica("a", "llama", "h:1", phase="Ready", deleting=True))
+    assert names(t.backends_for("llama")) == ["b"]
+    assert t.apply("replicas", "MODIFIED", replica("b", "llama", "h:2", phase="Failed"))
+    assert t.backends_for("llama") == []
+    assert t.resolve("llama") == "llama"  # still known: a 503, not a 404
+    t.apply("replicas", "MODIFIED", replica("b", "llama", "h:9"))
+    assert [b.endpoint for b in t.backends_for("llama")] == ["h:9"]
+    assert not t.apply("replicas", "MODIFIED", replica("b", "llama", "h:9")), "no change, no bump"
+
+
+def test_replace_drops_what_a_relist_no_longer_has():
+    t = table_with(("models", "ADDED", model("llama")),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")),
+                   ("replicas", "ADDED", replica("b", "llama", "h:2")))
+    t.replace("replicas", [replica("b", "llama", "h:2").model_dump(mode="json")])  # dicts are accepted too
+    assert names(t.backends_for("llama")) == ["b"]
+    t.replace("models", [])
+    assert t.models == {}
+    # A replica whose Model is gone still answers to its own names while it lives.
+    assert t.resolve("llama") == "llama"
+
+
+def test_aliases_follow_model_changes_and_a_model_name_beats_another_alias():
+    t = table_with(("models", "ADDED", model("llama", aliases=("chat",))),
+                   ("models", "ADDED", model("chat")),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")))
+    assert t.resolve("chat") == "chat"
+    t.apply("models", "MODIFIED", model("llama", aliases=("fast",)))
+    assert t.resolve("fast") == "llama"
+    assert t.known_names() == ["chat", "fast", "llama"]
+    assert [m for m, _, _ in t.routable_models()] == ["llama"]
+    t.apply("models", "DELETED", model("chat"))
+    assert t.resolve("chat") is None
+
+
+def test_backend_rewrites_the_model_only_for_an_engine_that_does_not_serve_the_name():
+    t = table_with(("models", "ADDED", model("llama", aliases=("fast",))),
+                   ("replicas", "ADDED", replica("old", "llama", "h:1", served=("llama",))),
+                   ("replicas", "ADDED", replica("new", "llama", "h:2", served=("llama", "fast"))))
+    new, old = t.backends_for("llama")  # sorted by replica name
+    assert old.upstream_name("fast") == "llama"
+    assert new.upstream_name("fast") is None
+    assert old.upstream_name("llama") is None
+
+
+def least(bal: Balancer, backends, exclude=()):
+    """least-outstanding's choice, as the gateway owning `bal` makes it for model m."""
+    return bal.policy("m", DEFAULT).pick(backends, bal.inflight, None, exclude)
+
+
+DEFAULT = RoutingSpec()
+
+
+def test_least_outstanding_wins_and_ties_go_round_robin():
+    t = table_with(("models", "ADDED", model("m")),
+                   *[("replicas", "ADDED", replica(n, "m", f"h:{i}")) for i, n in enumerate("abc")])
+    bal = Balancer()
+    backends = t.backends_for("m")
+    picks = [least(bal, backends).replica for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+    a, b, c = backends
+    bal.acquire(a), bal.acquire(b), bal.acquire(b)
+    assert [least(bal, backends).replica for _ in range(3)] == ["c"] * 3
+    bal.acquire(c)
+    assert least(bal, backends).replica == "a"  # a=1 b=2 c=1: a or c, round robin
+    assert least(bal, backends, ["a", "c"]).replica == "b"
+    assert least(bal, backends, ["a", "b", "c"]) is None
+    for x in (a, b, b, c):
+        bal.release(x)
+    assert bal.inflight == {} and bal.model_of == {}
