@@ -32,7 +32,9 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="Agent configuration file (see examples/agent.yaml); flags override it.")
 @click.option("--node", help="This node's name (default: the host name).")
-@click.option("--server", help="llmgw server URL, e.g. https://control:7443.")
+@click.option("--server", "server", multiple=True,
+              help="llmgw server URL, e.g. https://control:7443; repeatable or comma-separated: every API "
+                   "server, the agent moves to the next when one goes away.")
 @click.option("--ca", help="CA certificate that signed the server's certificate.")
 @click.option("--cert", help="This node's certificate (O=llmgw:nodes, CN=<node>).")
 @click.option("--key", help="This node's private key.")
