@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
 from llmgw.agent.config import load_config
 from llmgw.api import parse_object
 from llmgw.api.types import Model
-from llmgw.client import Client, ClientConfig, ConfigError, Unreachable
+from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -104,6 +105,28 @@ async def test_watch_resumes_on_the_next_server_when_one_dies(servers):
 async def test_silent_watch_moves_to_the_next_server(servers):
     # SIGSTOP: the connection stays open and nothing arrives, as from a host that vanished
     await _watch_moves_on(servers, lambda s: os.kill(s.proc.pid, signal.SIGSTOP), watch_idle_timeout=3.0)
+
+
+async def test_sigterm_ends_watches_at_once(servers):
+    """A server that is stopped tells its watches to go elsewhere (a 503 ERROR line) as soon as it
+    stops accepting, not when its shutdown timeout (2 s) cuts them; the next watch goes to the next
+    server. Its object and event watches both."""
+    async with client_of(servers) as c:
+        _, rv = await c.list(Model)
+        objects = c.watch(Model, resource_version=rv)
+        events = c.watch_events(rv + 1)
+        first = asyncio.ensure_future(anext(objects))
+        second = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.5)   # both streams open
+        began = time.monotonic()
+        servers[0].proc.terminate()
+        for pending in (first, second):
+            with pytest.raises(Unavailable) as err:
+                await pending
+            assert err.value.reason == "ShuttingDown"
+        assert time.monotonic() - began < 2.0
+        assert c.server == servers[1].url
+        servers[0].proc.wait(10)
 
 
 def test_config_server_list(tmp_path, ca_dir):
