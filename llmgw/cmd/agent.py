@@ -80,7 +80,7 @@ def agent(config_path: str | None, discover_only: bool, log_level: str, log_form
     """Run the node agent: register this node, heartbeat, run and supervise its shards' engines.
 
     Engines run in their own sessions and outlive the agent; a restarted agent
-    adopts them (see hack/systemd/llmgw-agent.service, KillMode=process).
+    adopts them (see deploy/systemd/llmgw-agent.service, KillMode=process).
     """
     setup_logging(log_level, log_format)
     overrides = dict(flags)
