@@ -116,10 +116,10 @@ async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiErr
 
 
 async def _oneshot_request(oneshot: OneShot, url: str, method: str, path: str, params: dict[str, str],
-                           body: Any) -> Any:
+                           body: Any, timeout: float | None) -> Any:
     """Client.request through http.client: the same answers and errors."""
     try:
-        answer = await oneshot.request(method, path, params, body)
+        answer = await oneshot.request(method, path, params, body, timeout)
     except (OSError, asyncio.TimeoutError) as err:
         raise _translate(err, url) from None
     if answer.status >= 400:
@@ -223,14 +223,15 @@ class Client:
 
     # ---------------------------------------------------------- plumbing
     async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                      body: Any = None) -> Any:
-        """One request, tried on each server in turn while they fail (see the module's docstring)."""
+                      body: Any = None, timeout: float | None = None) -> Any:
+        """One request, tried on each server in turn while they fail (see the module's docstring);
+        ``timeout``: how long each server may take, instead of the client's."""
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         tries = len(self.servers)
         while True:
             server = self.server
             try:
-                return await self._request(server, method, path, query, body)
+                return await self._request(server, method, path, query, body, timeout)
             except ApiError as err:
                 tries -= 1
                 if not _moves_on(err):
@@ -239,14 +240,16 @@ class Client:
                 if not tries:
                     raise
 
-    async def _request(self, server: str, method: str, path: str, params: dict[str, str], body: Any) -> Any:
+    async def _request(self, server: str, method: str, path: str, params: dict[str, str], body: Any,
+                       timeout: float | None) -> Any:
         url = server + path
         if self._oneshots is not None:
-            return await _oneshot_request(self._oneshots[server], url, method, path, params, body)
+            return await _oneshot_request(self._oneshots[server], url, method, path, params, body, timeout)
         import aiohttp
 
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else None
         try:
-            async with self._open().request(method, url, params=params, json=body) as resp:
+            async with self._open().request(method, url, params=params, json=body, timeout=limit) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 return await resp.json()
@@ -324,9 +327,11 @@ class Client:
             raise ApiError(0, "BadResponse", f"the server answered about a {kind.__name__} with a {answer.kind}")
         return answer
 
-    async def heartbeat(self, node: str, ttl: int | None = None) -> dict[str, Any]:
+    async def heartbeat(self, node: str, ttl: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Keep the node's heartbeat key alive; ``timeout``: how long each server may take (the
+        agent's heartbeat interval: a frozen server must not hold a beat past the key's life)."""
         result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}",
-                                                    body={"ttl": ttl} if ttl else {})
+                                                    body={"ttl": ttl} if ttl else {}, timeout=timeout)
         return result
 
     async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],

@@ -11,7 +11,7 @@ import pytest
 
 from llmgw.agent.config import load_config
 from llmgw.api import parse_object
-from llmgw.api.types import Model
+from llmgw.api.types import Model, Node
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
@@ -71,6 +71,20 @@ async def test_oneshot_requests_move_on_too(servers):
     async with client_of(servers, oneshot=True) as c:
         kill(servers[0])
         assert (await c.create(model("oneshot"))).name == "oneshot"
+        assert c.server == servers[1].url
+
+
+@pytest.mark.parametrize("oneshot", [False, True])
+async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(servers, oneshot):
+    """A frozen server (SIGSTOP: it accepts connections and answers nothing) holds a heartbeat for
+    the beat's timeout (the agent's interval), not the client's 30 s; the next server answers it."""
+    async with client_of(servers, oneshot=oneshot) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-frozen"}}))
+        await c.heartbeat("hb-frozen", timeout=1.0)
+        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        await c.heartbeat("hb-frozen", timeout=1.0)
+        assert time.monotonic() - began < 5.0
         assert c.server == servers[1].url
 
 
