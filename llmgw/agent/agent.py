@@ -65,7 +65,7 @@ class Agent:
         facts = self.facts if self.facts is not None else self.discover()
         state = StateDir(cfg.state_dir)
         state.prepare()
-        client = Client(cfg.server_url, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
+        client = Client(cfg.server_urls, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
         reporter = StatusReporter(self._shard_writer(client), self.node)
         cache = Cache(cfg.weights_path, cfg.weights_cache_size)
         cache.open()

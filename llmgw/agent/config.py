@@ -17,6 +17,7 @@ from llmgw.api import PortRange, check_dns1123_label
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.limits import InputError, check_document
 from llmgw.api.manifests import read_yaml
+from llmgw.client.config import server_urls
 from llmgw.engines.engine import executable_name
 from llmgw.weights.resolve import default_hub
 
@@ -85,7 +86,7 @@ class AgentConfig(BaseModel):
                               arbitrary_types_allowed=True)
 
     node: str | None = None
-    server: str | None = None
+    server: str | list[str] | None = None   # a URL, comma-separated URLs, or a list: every API server
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
@@ -190,12 +191,21 @@ class AgentConfig(BaseModel):
 
     @property
     def server_url(self) -> str:
-        url = self.server or ""
-        if "://" not in url:
-            url = "https://" + url
-        if not re.search(r":\d+$", url.split("://", 1)[1].split("/")[0]):
-            url = url.rstrip("/") + f":{DEFAULT_SERVER_PORT}"
-        return url
+        """The first server's URL."""
+        return self.server_urls[0]
+
+    @property
+    def server_urls(self) -> list[str]:
+        """Every server's URL, in order, each with a scheme and a port (https, 7443 unless given)."""
+        return [_full_url(url) for url in server_urls(self.server or "")] or [_full_url("")]
+
+
+def _full_url(url: str) -> str:
+    if "://" not in url:
+        url = "https://" + url
+    if not re.search(r":\d+$", url.split("://", 1)[1].split("/")[0]):
+        url = url.rstrip("/") + f":{DEFAULT_SERVER_PORT}"
+    return url
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> AgentConfig:

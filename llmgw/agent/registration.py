@@ -108,7 +108,7 @@ class Registration:
         backoff = Backoff(0.2, self.interval)
         while True:
             try:
-                await self.client.heartbeat(self.node)
+                await self.client.heartbeat(self.node, timeout=self.interval)   # a frozen server: the next
                 if not self.connected.is_set():
                     await self._send(force=True)
                     log.info("node %s: reconnected to the server after %d failed heartbeats", self.node,

@@ -1,4 +1,13 @@
-"""The async REST client of `llmgw server` (see docs/contracts.md, "REST")."""
+"""The async REST client of `llmgw server` (see docs/contracts.md, "REST").
+
+It takes every API server's URL and uses one at a time, the first at the start. It moves to
+the next when the one it uses does not answer (a connect error, a dropped connection, a
+timeout, a watch silent for ``watch_idle_timeout``) or answers 5xx (going away, or its etcd is
+unreachable): a request is tried on each server once, in turn, before its error is raised;
+a watch raises, and its reflector watches again, after its jittered backoff, on the next
+server from the last revision it saw (any server replays it from etcd: no relist). One URL in
+front of every server (DNS, a load balancer) is a list of one (docs/contracts.md, "Failover").
+"""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +16,7 @@ import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.events import event_key
@@ -15,7 +24,7 @@ from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
 from llmgw.api.types import AnyObject, Node, ObjectT
 from llmgw.backoff import Backoff
-from llmgw.client.config import ClientConfig
+from llmgw.client.config import ClientConfig, server_urls
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
 from llmgw.client.oneshot import OneShot
 from llmgw.reflector import AfterError, ListerWatcher, Reflector, object_name
@@ -107,10 +116,10 @@ async def _error_from_response(resp: aiohttp.ClientResponse, url: str) -> ApiErr
 
 
 async def _oneshot_request(oneshot: OneShot, url: str, method: str, path: str, params: dict[str, str],
-                           body: Any) -> Any:
+                           body: Any, timeout: float | None) -> Any:
     """Client.request through http.client: the same answers and errors."""
     try:
-        answer = await oneshot.request(method, path, params, body)
+        answer = await oneshot.request(method, path, params, body, timeout)
     except (OSError, asyncio.TimeoutError) as err:
         raise _translate(err, url) from None
     if answer.status >= 400:
@@ -131,23 +140,43 @@ def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
 
 
 
+def _moves_on(err: ApiError) -> bool:
+    """Whether another server may answer where this one failed: it gave no answer, or a 5xx."""
+    return isinstance(err, Unreachable) or err.code >= 500
+
+
 class Client:
     """`async with Client(url, ca=, cert=, key=) as c:`; see llmgw.client for the methods.
+    ``url``: a server's URL, or several (a sequence, or comma-separated), every one of the cluster.
 
     An ``llmgw.api.ObjectClient``: kinds by class (``await c.get(Replica, "r1")`` is a
     Replica) or by name (``"replicas"``, ``"rep"``)."""
 
-    def __init__(self, server: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
-                 *, timeout: float = 30.0, watch_idle_timeout: float = 90.0, connections: int = 100,
-                 oneshot: bool = False):
+    def __init__(self, server: str | Sequence[str], ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, *, timeout: float = 30.0, watch_idle_timeout: float = 90.0,
+                 connections: int = 100, oneshot: bool = False):
         """oneshot: requests (not watches, not logs) through http.client (llmgw.client.oneshot), for
         a short-lived command that may be done before aiohttp would have been imported."""
-        self.server = server.rstrip("/")
-        self._ssl = _ssl_context(ca, cert, key) if self.server.startswith("https://") else None
+        self.servers = server_urls(server)
+        if not self.servers:
+            raise ValueError("a client needs a server's URL")
+        self._at = 0   # the server in use: self.servers[self._at]
+        https = any(url.startswith("https://") for url in self.servers)
+        self._ssl = _ssl_context(ca, cert, key) if https else None
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
-        self._oneshot = OneShot(self.server, self._ssl, timeout) if oneshot else None
+        self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
+
+    @property
+    def server(self) -> str:
+        """The URL of the server in use."""
+        return self.servers[self._at]
+
+    def _away_from(self, server: str) -> None:
+        """Use the next server, unless another request already moved on from ``server``."""
+        if self.server == server:
+            self._at = (self._at + 1) % len(self.servers)
 
     @property
     def _watch_timeout(self) -> aiohttp.ClientTimeout:
@@ -169,7 +198,7 @@ class Client:
         return cls(cfg.server, ca=cfg.ca, cert=cfg.cert, key=cfg.key, **kw)
 
     async def __aenter__(self) -> "Client":
-        if self._oneshot is None:
+        if self._oneshots is None:
             self._open()
         return self
 
@@ -186,23 +215,41 @@ class Client:
         return self._session
 
     async def close(self) -> None:
-        if self._oneshot is not None:
-            self._oneshot.close()
+        for oneshot in (self._oneshots or {}).values():
+            oneshot.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     # ---------------------------------------------------------- plumbing
     async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                      body: Any = None) -> Any:
-        url = self.server + path
-        params = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        if self._oneshot is not None:
-            return await _oneshot_request(self._oneshot, url, method, path, params, body)
+                      body: Any = None, timeout: float | None = None) -> Any:
+        """One request, tried on each server in turn while they fail (see the module's docstring);
+        ``timeout``: how long each server may take, instead of the client's."""
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        tries = len(self.servers)
+        while True:
+            server = self.server
+            try:
+                return await self._request(server, method, path, query, body, timeout)
+            except ApiError as err:
+                tries -= 1
+                if not _moves_on(err):
+                    raise
+                self._away_from(server)
+                if not tries:
+                    raise
+
+    async def _request(self, server: str, method: str, path: str, params: dict[str, str], body: Any,
+                       timeout: float | None) -> Any:
+        url = server + path
+        if self._oneshots is not None:
+            return await _oneshot_request(self._oneshots[server], url, method, path, params, body, timeout)
         import aiohttp
 
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else None
         try:
-            async with self._open().request(method, url, params=params, json=body) as resp:
+            async with self._open().request(method, url, params=params, json=body, timeout=limit) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 return await resp.json()
@@ -280,9 +327,11 @@ class Client:
             raise ApiError(0, "BadResponse", f"the server answered about a {kind.__name__} with a {answer.kind}")
         return answer
 
-    async def heartbeat(self, node: str, ttl: int | None = None) -> dict[str, Any]:
+    async def heartbeat(self, node: str, ttl: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Keep the node's heartbeat key alive; ``timeout``: how long each server may take (the
+        agent's heartbeat interval: a frozen server must not hold a beat past the key's life)."""
         result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}",
-                                                    body={"ttl": ttl} if ttl else {})
+                                                    body={"ttl": ttl} if ttl else {}, timeout=timeout)
         return result
 
     async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],
@@ -316,7 +365,7 @@ class Client:
                            name: str | None = None) -> AsyncIterator[EventChange]:
         """Events recorded (ADDED) and expired (DELETED) at ``from_revision`` and after; errors as ``watch``'s."""
         params = {"watch": "1", "resourceVersion": str(from_revision - 1), **_about(kind, name)}
-        async for type_, doc, revision in self._watch_lines(self.server + f"{BASE}/events", params):
+        async for type_, doc, revision in self._watch_lines(f"{BASE}/events", params):
             yield EventChange(type_, doc, revision)
 
     def events_lister_watcher(self, kind: Kind | None = None, name: str | None = None) -> "ServerEvents":
@@ -354,7 +403,8 @@ class Client:
         log lasts as long as the engine runs, so no overall timeout applies."""
         import aiohttp
 
-        url = self.server + self._path(kind, name, "log")
+        server = self.server
+        url = server + self._path(kind, name, "log")
         extra = {"rank": rank, "node": node}
         params = {**query.params(), **{k: str(v) for k, v in extra.items() if v is not None}}
         try:
@@ -363,10 +413,10 @@ class Client:
                     raise await _error_from_response(resp, url)
                 async for chunk in resp.content.iter_any():
                     yield chunk
-        except ApiError:
-            raise
+        except ApiError as err:
+            self._failed(server, err)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            raise _translate(err, url) from None
+            self._failed(server, _translate(err, url))
 
     # --------------------------------------------------------------- watch
 
@@ -386,13 +436,15 @@ class Client:
             resource_version = from_revision - 1
         params = {"watch": "1", "resourceVersion": resource_version, "node": node, "labelSelector": selector}
         query = {k: str(v) for k, v in params.items() if v is not None}
-        async for type_, doc, revision in self._watch_lines(self.server + self._path(kind), query):
+        async for type_, doc, revision in self._watch_lines(self._path(kind), query):
             yield WatchEvent(type_, self._of(kind, doc), revision)
 
-    async def _watch_lines(self, url: str, query: dict[str, str]) -> AsyncIterator[tuple[EventType, Any, int]]:
+    async def _watch_lines(self, path: str, query: dict[str, str]) -> AsyncIterator[tuple[EventType, Any, int]]:
         """A watch stream's (type, object, revision), BOOKMARKs skipped; an ERROR line raised."""
         import aiohttp
 
+        server = self.server
+        url = server + path
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
@@ -407,10 +459,16 @@ class Client:
                         o = ev.get("object", {})
                         raise error_for(int(o.get("code", 500)), o.get("reason", ""), o.get("message", ""), url)
                     yield ev["type"], ev["object"], int(ev.get("revision", 0))
-        except ApiError:
-            raise
+        except ApiError as err:
+            self._failed(server, err)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            raise _translate(err, url) from None
+            self._failed(server, _translate(err, url))
+
+    def _failed(self, server: str, err: ApiError) -> NoReturn:
+        """A stream from ``server`` failed with ``err``: the next one goes elsewhere if another may answer."""
+        if _moves_on(err):
+            self._away_from(server)
+        raise err from None
 
     def lister_watcher(self, kind: Kind, node: str | None = None,
                        selector: str | None = None) -> "ServerObjects":

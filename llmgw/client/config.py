@@ -7,7 +7,12 @@
     cert: /home/me/.config/llmgw/admin.crt  # this client's certificate
     key: /home/me/.config/llmgw/admin.key
 
-or several, each a context (as kubectl's kubeconfig), one of them current:
+`server:` may be a list of URLs, every API server of the cluster (a client moves to the next one
+when the one it uses goes away; llmgw.client.client says when):
+
+    server: [https://10.0.0.1:7443, https://10.0.0.2:7443, https://10.0.0.3:7443]
+
+or several clusters, each a context (as kubectl's kubeconfig), one of them current:
 
     current-context: prod
     contexts:
@@ -25,6 +30,7 @@ or several, each a context (as kubectl's kubeconfig), one of them current:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,13 +50,20 @@ class ConfigError(Exception):
     """The client configuration is missing or unusable; the message says which file and field."""
 
 
+def server_urls(servers: str | Sequence[str]) -> list[str]:
+    """The servers' URLs, in order, from one URL, a comma-separated list, or a sequence of either
+    (the repeatable --server flags): blanks dropped, trailing slashes too."""
+    parts = [servers] if isinstance(servers, str) else list(servers)
+    return [u.strip().rstrip("/") for part in parts for u in part.split(",") if u.strip()]
+
+
 def config_path(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(path or os.environ.get("LLMGW_CONFIG") or DEFAULT_PATH).expanduser()
 
 
 @dataclass
 class ClientConfig:
-    server: str = DEFAULT_SERVER
+    server: str | list[str] = DEFAULT_SERVER   # a URL, or every server's (the file's list as it is)
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
@@ -113,7 +126,8 @@ def list_contexts(path: str | os.PathLike[str] | None = None) -> list[Context]:
     data = _read(p, missing_ok=False)
     if "contexts" not in data:
         return []
-    return [Context(str(e["name"]), str(e.get("server") or DEFAULT_SERVER), e["name"] == data.get(CURRENT))
+    return [Context(str(e["name"]), ",".join(server_urls(e.get("server") or DEFAULT_SERVER)),
+                    e["name"] == data.get(CURRENT))
             for e in _contexts(p, data)]
 
 
@@ -179,7 +193,7 @@ def _contexts(p: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _cluster(p: Path, data: dict[str, Any], where: str, context: str | None) -> ClientConfig:
     """A ClientConfig from one cluster's fields, its files relative to the config file's folder."""
-    cfg = ClientConfig(server=str(data.get("server") or DEFAULT_SERVER), path=str(p), context=context)
+    cfg = ClientConfig(server=_server(p, data.get("server"), where), path=str(p), context=context)
     for field in ("ca", "cert", "key"):
         value = data.get(field)
         if not value:
@@ -189,6 +203,17 @@ def _cluster(p: Path, data: dict[str, Any], where: str, context: str | None) -> 
             raise ConfigError(f"{p}: {where}{field}: {full} does not exist")
         setattr(cfg, field, str(full))
     return cfg
+
+
+def _server(p: Path, value: Any, where: str) -> str | list[str]:
+    """A cluster's `server:`: a URL, or a list of them (every server of the cluster)."""
+    if not value:
+        return DEFAULT_SERVER
+    if isinstance(value, list):
+        if not all(isinstance(u, str) and u.strip() for u in value):
+            raise ConfigError(f"{p}: {where}server: expected a URL or a list of URLs")
+        return [str(u) for u in value]
+    return str(value)
 
 
 def _names(entries: list[dict[str, Any]]) -> str:

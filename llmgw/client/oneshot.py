@@ -32,10 +32,12 @@ class OneShot:
         self._context, self._timeout = context, timeout
         self._idle: list[http.client.HTTPConnection] = []
 
-    async def request(self, method: str, path: str, params: dict[str, str], body: Any) -> Answer:
+    async def request(self, method: str, path: str, params: dict[str, str], body: Any,
+                      timeout: float | None = None) -> Answer:
+        """``timeout``: this request's, instead of the client's."""
         target = f"{path}?{urlencode(params)}" if params else path
         data = None if body is None else json.dumps(body).encode()
-        return await asyncio.to_thread(self._request, method, target, data)
+        return await asyncio.to_thread(self._request, method, target, data, timeout or self._timeout)
 
     def close(self) -> None:
         while self._idle:
@@ -46,12 +48,15 @@ class OneShot:
             return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._context)
         return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
 
-    def _request(self, method: str, target: str, data: bytes | None) -> Answer:
+    def _request(self, method: str, target: str, data: bytes | None, timeout: float) -> Answer:
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
             conn, reused = self._idle.pop(), True   # requests on other threads may take them too
         except IndexError:
             conn, reused = self._connection(), False
+        conn.timeout = timeout   # a new connection's connect, and (below) a kept one's socket
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
         try:
             conn.request(method, target, body=data, headers=headers)
             resp = conn.getresponse()
@@ -61,7 +66,7 @@ class OneShot:
             conn.close()
             if not reused:
                 raise   # a new connection: the error says why (a TLS refusal, say)
-            return self._request(method, target, data)   # closed while idle: once more, on a new one
+            return self._request(method, target, data, timeout)   # closed while idle: once more, on a new one
         except http.client.HTTPException as err:
             conn.close()
             raise ConnectionError(f"not an HTTP answer: {err!r}") from None

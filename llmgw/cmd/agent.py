@@ -32,7 +32,9 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="Agent configuration file (see examples/agent.yaml); flags override it.")
 @click.option("--node", help="This node's name (default: the host name).")
-@click.option("--server", help="llmgw server URL, e.g. https://control:7443.")
+@click.option("--server", "server", multiple=True,
+              help="llmgw server URL, e.g. https://control:7443; repeatable or comma-separated: every API "
+                   "server, the agent moves to the next when one goes away.")
 @click.option("--ca", help="CA certificate that signed the server's certificate.")
 @click.option("--cert", help="This node's certificate (O=llmgw:nodes, CN=<node>).")
 @click.option("--key", help="This node's private key.")
@@ -78,7 +80,7 @@ def agent(config_path: str | None, discover_only: bool, log_level: str, log_form
     """Run the node agent: register this node, heartbeat, run and supervise its shards' engines.
 
     Engines run in their own sessions and outlive the agent; a restarted agent
-    adopts them (see hack/systemd/llmgw-agent.service, KillMode=process).
+    adopts them (see deploy/systemd/llmgw-agent.service, KillMode=process).
     """
     setup_logging(log_level, log_format)
     overrides = dict(flags)

@@ -41,6 +41,9 @@ def dev() -> None:
               help="Where all state goes (CA, etcd data, logs, agents' state).")
 @click.option("--gateway-port", type=click.IntRange(1, 65535), default=8000, show_default=True,
               help="Port of the gateway on 127.0.0.1 (another cluster on this machine needs another).")
+@click.option("--servers", "server_count", type=click.IntRange(1, 9), default=1, show_default=True,
+              help="API servers over the one etcd; every agent, the gateway and the admin's config are given "
+                   "them all, and move to the next when one goes away.")
 @click.option("--no-examples", is_flag=True, help="Do not apply the sim examples.")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds to wait for the examples to become Ready before giving up on showing progress.")
@@ -51,7 +54,7 @@ def dev() -> None:
               help="Run each node (its agent and engines) in a network namespace of its own, reached over a "
                    "veth pair from a bridge with a private /24 (root, iproute2); a partition is then one "
                    "nftables rule on the node's eth0 (`ip netns exec NS nft ...`). Removed when the cluster stops.")
-def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, timeout: float,
+def up(node_count: int, directory: str, gateway_port: int, server_count: int, no_examples: bool, timeout: float,
        engines: tuple[str, ...], netns: bool) -> None:
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
@@ -64,7 +67,8 @@ def up(node_count: int, directory: str, gateway_port: int, no_examples: bool, ti
         console.print(f"reusing the state an earlier run left in {cluster_dir}: replicas whose engines stopped "
                       f"with it are rebuilt first (for a fresh start, remove the directory)")
     plans = default_nodes(node_count)
-    cluster = LocalCluster(cluster_dir, plans, gateway_port=gateway_port, engines=engine_paths(engines))
+    cluster = LocalCluster(cluster_dir, plans, gateway_port=gateway_port, servers=server_count,
+                           engines=engine_paths(engines))
     net = _namespaces(plans, cluster_dir) if netns else None
     if net is not None:
         cluster.use_network(net)
@@ -247,7 +251,7 @@ def _print_howto(c: LocalCluster) -> None:
     click.echo(f"""
 Your cluster (state in {c.dir}, logs in {c.dir / 'logs'}):
 
-  export LLMGW_CONFIG={c.admin_config}
+  export LLMGW_CONFIG={c.admin_config}   # the API servers: {', '.join(c.server_urls)}
   {llmgw} get nodes
   {llmgw} get models -o wide
 

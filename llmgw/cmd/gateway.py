@@ -45,7 +45,9 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 
 @click.command()
 @click.option("--listen", default="0.0.0.0:8000", show_default=True, help="HOST:PORT to serve on.")
-@click.option("--server", help="URL of llmgw server, e.g. https://10.0.0.1:7443 (Models and Replicas are watched).")
+@click.option("--server", "server", multiple=True,
+              help="URL of llmgw server, e.g. https://10.0.0.1:7443 (Models and Replicas are watched); repeatable "
+                   "or comma-separated: every API server, the gateway moves to the next when one goes away.")
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="CA certificate of the server.")
 @click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="This gateway's component certificate.")
 @click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Its private key.")
@@ -110,7 +112,7 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               help="Export a span per request with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
 @log_options
-def gateway(listen: str, server: str | None, ca: str | None, cert: str | None, key: str | None, static: str | None,
+def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
             connect_timeout: float, response_timeout: float, stream_idle_timeout: float, queue_size: int,
@@ -170,7 +172,7 @@ def _default_id() -> str:
 
 
 async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admission: Admission | None, host: str,
-                 port: int, server: str | None, ca: str | None, cert: str | None,
+                 port: int, server: tuple[str, ...], ca: str | None, cert: str | None,
                  key: str | None, static: str | None, demand: _DemandSettings) -> None:
     source = None
     client = None
@@ -192,7 +194,6 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
     if not static:
         from llmgw.client import Client
         from llmgw.gateway.source import ServerSource
-        assert server is not None  # --server or --static, checked by the command
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),

@@ -41,7 +41,9 @@ throwaway one); the trust store update then works on that directory's copy.
 @click.command("llmgw-onboard-node", help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--node", required=True, help="Node id: the Node's name and the certificate's CN (a DNS label).")
 @click.option("--addr", required=True, help="Address (or host name) ssh reaches the host at.")
-@click.option("--server", required=True, help="llmgw server URL as the node reaches it, e.g. https://10.0.0.1:7443.")
+@click.option("--server", required=True, multiple=True,
+              help="llmgw server URL as the node reaches it, e.g. https://10.0.0.1:7443; repeatable or "
+                   "comma-separated: every API server (the agent moves to the next when one goes away).")
 @click.option("--fabric", "fabrics", multiple=True, metavar="NAME[:ADAPTER,...]",
               help="Fabric the node is cabled to (the agent's --fabric); repeatable.")
 @click.option("--nvidia-smi", help="nvidia-smi path on the node (default: the agent's).")
@@ -72,6 +74,7 @@ throwaway one); the trust store update then works on that directory's copy.
               help="Seconds to wait for the Node to register; 0: do not wait.")
 def main(**opts: Any) -> None:
     from llmgw.client import ClientConfig, ConfigError
+    opts["server"] = ",".join(opts["server"])   # the agent's config takes them comma-separated
     try:
         if opts["wait"] > 0:
             ClientConfig.load(opts["config"])     # before any change: waiting needs admin credentials

@@ -6,9 +6,10 @@ directory:
     ca/                       the certificate authority (ca.crt, issued/...; etcd/: the etcd CA)
     admin/config.yaml         client configuration for `llmgw` (LLMGW_CONFIG)
     etcd/                     etcd's data, log, `endpoint` and `etcdctl.env`
-    logs/<component>.log      server, controller-manager, gateway, agent-<node>
+    logs/<component>.log      server (server-2, ... with several), controller-manager, gateway, agent-<node>
     nodes/<node>/             fake nvidia-smi, fake sysfs, the agent's state dir
-    cluster.json              addresses (metrics: each component's /metrics) and pids, read by `llmgw dev down`
+    cluster.json              addresses (servers: every API server's URL; metrics: each component's /metrics)
+                              and pids, read by `llmgw dev down`
     prometheus.yml            a scrape config for every component (llmgw.dev.prometheus)
     netns.json                `dev up --netns`: the nodes' namespaces and bridge (llmgw.dev.netns)
 
@@ -73,7 +74,8 @@ class LocalCluster:
     dir: Path
     nodes: list[NodePlan]
     gateway_port: int = 8000
-    server_port: int = 0
+    server_port: int = 0             # the first server's; the others' are free ports (server_ports)
+    servers: int = 1                 # how many API servers, over the one etcd; every client is given them all
     server_host: str = "127.0.0.1"   # where the server listens (a test's nodes in network namespaces reach a bridge's)
     node_grace: float = 30.0
     drain_delay: float = 2.0
@@ -93,12 +95,23 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
         self.server_port = self.server_port or free_port()
+        self.server_ports = [self.server_port, *(free_port() for _ in range(self.servers - 1))]
 
     # --------------------------------------------------------------- paths
 
     @property
     def server_url(self) -> str:
-        return f"https://{self.server_host}:{self.server_port}"
+        """The first server's URL."""
+        return self.server_urls[0]
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [f"https://{self.server_host}:{port}" for port in self.server_ports]
+
+    @staticmethod
+    def server_name(index: int) -> str:
+        """The component name of the server at `index`: server, server-2, server-3, ..."""
+        return "server" if index == 0 else f"server-{index + 1}"
 
     @property
     def gateway_url(self) -> str:
@@ -157,8 +170,8 @@ class LocalCluster:
             self.etcd_certs[name] = (issued.cert, issued.key)
         self.admin_config.parent.mkdir(parents=True, exist_ok=True)
         cert, key = self.certs["dev-admin"]
-        self.admin_config.write_text(
-            f"server: {self.server_url}\nca: {self.ca_cert}\ncert: {cert}\nkey: {key}\n")
+        servers = self.server_url if self.servers == 1 else f"[{', '.join(self.server_urls)}]"
+        self.admin_config.write_text(f"server: {servers}\nca: {self.ca_cert}\ncert: {cert}\nkey: {key}\n")
 
     def _fake_hardware(self, n: NodePlan) -> tuple[Path, Path]:
         ndir = self.dir / "nodes" / n.name
@@ -184,7 +197,7 @@ class LocalCluster:
     def _save(self) -> None:
         state = {
             "owner_pid": os.getpid(),   # `llmgw dev up` (or a test): `down` asks it to stop first
-            "server": self.server_url, "gateway": self.gateway_url,
+            "server": self.server_url, "servers": self.server_urls, "gateway": self.gateway_url,
             "etcd": self.etcd.endpoints if self.etcd else [],
             "pids": {name: p.pid for name, p in self.procs.items()},
             "etcd_pids": [m.proc.pid for m in self.etcd.members if m.proc] if self.etcd else [],
@@ -203,11 +216,12 @@ class LocalCluster:
         return ["--etcd", ",".join(self.etcd.endpoints), "--etcd-ca", self.etcd_ca, "--etcd-cert", cert,
                 "--etcd-key", key]
 
-    def start_server(self) -> None:
+    def start_server(self, index: int = 0) -> None:
         cert, key = self.certs["llmgw-server"]
-        self._spawn("server", [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_port}",
-                               *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
-                               "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen("server")])
+        name = self.server_name(index)
+        self._spawn(name, [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_ports[index]}",
+                           *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
+                           "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name)])
 
     def start_controller_managers(self) -> None:
         self.start_controller_manager()
@@ -220,14 +234,14 @@ class LocalCluster:
     def start_gateway(self) -> None:
         cert, key = self.certs["gateway"]
         self._spawn("gateway", [*LLMGW, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
-                                "--server", self.server_url, "--ca", self.ca_cert, "--cert", cert, "--key", key,
-                                *self.gateway_args])
+                                "--server", ",".join(self.server_urls), "--ca", self.ca_cert, "--cert", cert,
+                                "--key", key, *self.gateway_args])
 
     def start_agent(self, n: NodePlan) -> None:
         smi, sysfs = self._fake_hardware(n)
         cert, key = self.certs[n.name]
         assert self.slot is not None  # start took it
-        argv = [*LLMGW, "agent", "--node", n.name, "--server", self.server_url,
+        argv = [*LLMGW, "agent", "--node", n.name, "--server", ",".join(self.server_urls),
                 "--ca", self.ca_cert, "--cert", cert, "--key", key,
                 "--nvidia-smi", str(smi), "--ib-root", str(sysfs),
                 "--state-dir", str(self.dir / "nodes" / n.name / "state"),
@@ -268,8 +282,10 @@ class LocalCluster:
         self._pki()
         self.etcd = etcd_cluster(self.dir / "etcd", self.etcd_members, ca=CertificateAuthority(self.dir / "ca")).start()
         self._write_etcd_access()
-        self.start_server()
-        self.wait_server()
+        for i in range(self.servers):
+            self.start_server(i)
+        for i in range(self.servers):
+            self.wait_server(index=i)
         self.start_controller_managers()
         self.start_gateway()
         for n in self.nodes:
@@ -298,17 +314,18 @@ class LocalCluster:
     def wait_http(self, url: str, component: str, timeout: float = 60.0) -> None:
         wait_http(url, self.check_alive, f"{component} (log: {self.log(component)})", timeout)
 
-    def wait_server(self, timeout: float = 60.0) -> None:
+    def wait_server(self, timeout: float = 60.0, index: int = 0) -> None:
+        port = self.server_ports[index]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                socket.create_connection((self.server_host, self.server_port), timeout=1).close()
+                socket.create_connection((self.server_host, port), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.1)
-        raise TimeoutError(f"server did not listen on {self.server_port} within {timeout:.0f}s; "
-                           f"see {self.log('server')}")
+        raise TimeoutError(f"{self.server_name(index)} did not listen on {port} within {timeout:.0f}s; "
+                           f"see {self.log(self.server_name(index))}")
 
     # --------------------------------------------------------------- stopping
 

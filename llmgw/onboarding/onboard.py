@@ -35,13 +35,15 @@ class OnboardError(Exception):
 
 
 def _check_inputs(node: str, server: str, fabrics: tuple[str, ...]) -> None:
+    from llmgw.client.config import server_urls
     try:
         check_dns1123_label(node)
     except ValueError as err:
         raise OnboardError(f"--node: {err}") from None
-    url = urlsplit(server)
-    if url.scheme != "https" or not url.hostname:
-        raise OnboardError(f"--server {server!r}: give the server's URL, e.g. https://10.0.0.1:7443")
+    for each in server_urls(server) or [server]:
+        url = urlsplit(each)
+        if url.scheme != "https" or not url.hostname:
+            raise OnboardError(f"--server {each!r}: give the server's URL, e.g. https://10.0.0.1:7443")
     for spec in fabrics:
         try:
             FabricSpec.parse(spec)

@@ -24,6 +24,7 @@ import posixpath
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,6 +32,7 @@ import yaml
 from llmgw.onboarding.ssh import Ssh, SshError
 
 UNIT_NAME = "llmgw-agent.service"
+UNITS = Path(__file__).parent / "units"   # deploy/systemd/: every component's unit
 TRUST_ANCHOR = {"debian": "usr/local/share/ca-certificates/llmgw-ca.crt",
                 "rhel": "etc/pki/ca-trust/source/anchors/llmgw-ca.crt"}
 
@@ -98,31 +100,15 @@ def render_config(layout: Layout, node: str, server: str, fabrics: list[str], nv
 
 
 def render_unit(layout: Layout) -> bytes:
-    """The agent's systemd unit (hack/systemd/llmgw-agent.service with this layout's paths)."""
-    return f"""# Written by llmgw-onboard-node.
-[Unit]
-Description=llmgw node agent (runs and supervises LLM inference engines)
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-Environment=PEX_ROOT={layout.pex_root}
-ExecStart={layout.binary} agent --config {layout.config}
-# Engines run in their own sessions and must outlive an agent restart or upgrade:
-# stop only the agent's own process; the restarted agent adopts the running engines.
-KillMode=process
-KillSignal=SIGTERM
-TimeoutStopSec=15
-Restart=always
-RestartSec=2
-{"StateDirectory=llmgw/agent" if layout.root == "/" else "# StateDirectory: under --root, made by onboarding"}
-LimitNOFILE=1048576
-LimitMEMLOCK=infinity
-
-[Install]
-WantedBy=multi-user.target
-""".encode()
+    """The agent's systemd unit: deploy/systemd/llmgw-agent.service (shipped as this package's
+    units/, a link to it), its paths this layout's."""
+    text = (UNITS / UNIT_NAME).read_text()
+    reference = Layout("/")
+    for field_ in ("binary", "config", "pex_root"):
+        text = text.replace(getattr(reference, field_), getattr(layout, field_))
+    if layout.root != "/":
+        text = text.replace("StateDirectory=llmgw/agent", "# StateDirectory: under --root, made by onboarding")
+    return f"# Written by llmgw-onboard-node from deploy/systemd/{UNIT_NAME}.\n{text}".encode()
 
 
 def sha256(data: bytes) -> str:

@@ -150,6 +150,7 @@ class ApiServer:
                 app.router.add_route(method, API + path, handler)
             self._verbs[handler] = verb
         app.on_startup.append(self._start)
+        app.on_shutdown.append(self._drain)
         app.on_cleanup.append(self._stop)
         return app
 
@@ -159,6 +160,11 @@ class ApiServer:
         await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
         if self.revocation_journal is not None:
             self.revocations.check_journal(self.revocation_journal)
+
+    async def _drain(self, app: web.Application) -> None:
+        """Once the server stops accepting (the runner's cleanup), before it waits for the requests
+        in flight: its watches end at once (Watches.drain), so they are not what it waits for."""
+        self.watches.drain()
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()

@@ -220,13 +220,13 @@ def test_timeout_says_why_and_where_to_look(onboarding, api_server):
 # ------------------------------------------------------------ without sshd
 
 def test_rendered_unit_keeps_the_reference_units_service_settings():
-    """The unit onboarding writes matches hack/systemd/llmgw-agent.service (paths aside)."""
+    """The unit onboarding writes matches deploy/systemd/llmgw-agent.service (paths aside)."""
     from llmgw.onboarding.remote_install import Layout, render_unit
 
     def directives(text: str) -> dict[str, str]:
         return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
 
-    reference = directives((ROOT / "hack" / "systemd" / "llmgw-agent.service").read_text())
+    reference = directives((ROOT / "deploy" / "systemd" / "llmgw-agent.service").read_text())
     rendered = directives(render_unit(Layout("/")).decode())
     for key in ("KillMode", "ExecStart", "Restart", "StateDirectory", "LimitNOFILE", "LimitMEMLOCK", "WantedBy"):
         assert rendered[key] == reference[key], key

@@ -31,6 +31,7 @@ from llmgw.store import Store
 log = logging.getLogger("llmgw.server")
 # what a watch streams: its chunks, and how to end it with an ERROR (code, reason, message)
 Stream = tuple[AsyncIterator[bytes], Callable[[int, str, str], None]]
+GOING_AWAY = "the server is shutting down; watch again on another server from the last resourceVersion"
 
 
 class Watches:
@@ -38,6 +39,15 @@ class Watches:
                  bookmark_interval: float) -> None:
         self.store, self.cache, self.revocations, self.metrics = store, cache, revocations, metrics
         self.bookmark_interval = bookmark_interval
+        self._open: set[Callable[[int, str, str], None]] = set()   # each open watch's fail
+        self.draining = False
+
+    def drain(self) -> None:
+        """The server stops: every open watch, and any opened from now on, ends with a 503 ERROR,
+        so that its client watches again on another server at once, not when the stream is cut."""
+        self.draining = True
+        for fail in list(self._open):
+            fail(503, "ShuttingDown", GOING_AWAY)
 
     async def objects(self, request: web.Request, kind: str) -> web.StreamResponse:
         """The objects of `kind` (?node='s, ?labelSelector='s), from the watch cache."""
@@ -92,6 +102,10 @@ class Watches:
         the client's certificate is revoked or expires. Counted among the open watches of `what`."""
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"})
         unbind = self._end_with_identity(then[1], request["identity"], what, request.remote) if then else None
+        if then is not None:
+            self._open.add(then[1])
+            if self.draining:
+                then[1](503, "ShuttingDown", GOING_AWAY)
         open_watches = self.metrics.watches.labels(what)
         open_watches.inc()
         try:
@@ -105,6 +119,8 @@ class Watches:
             pass  # the client went away
         finally:
             open_watches.dec()
+            if then is not None:
+                self._open.discard(then[1])
             if unbind is not None:
                 unbind()
         return resp

@@ -1,0 +1,165 @@
+"""Clients that fail over: three real `llmgw server`s over one real etcd, one killed (or frozen);
+the client's requests and watches go on on the others, a watch from its last revision (no relist)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from llmgw.agent.config import load_config
+from llmgw.api import parse_object
+from llmgw.api.types import Model, Node
+from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
+from llmgw.reflector import Reflector, object_name
+from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
+from tests.fixtures.poll import until
+
+V1 = "llmgw.io/v1"
+
+
+def model(name: str) -> Model:
+    obj = parse_object({"apiVersion": V1, "kind": "Model", "metadata": {"name": name},
+                        "spec": {"replicas": 1, "profiles": [{"engine": "sim"}]}})
+    assert isinstance(obj, Model)
+    return obj
+
+
+@pytest.fixture
+def servers(etcd, tmp_path):
+    """Three servers over the one etcd, each its own process and port."""
+    pki = make_pki(tmp_path / "ca")
+    started: list[ApiServer] = []
+    for i in range(3):
+        (tmp_path / f"s{i}").mkdir()
+        started.append(start_api_server(pki, etcd.endpoint, tmp_path / f"s{i}"))
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        s.stop()
+
+
+def client_of(servers: list[ApiServer], **kw) -> Client:
+    first = servers[0]
+    return Client([s.url for s in servers], ca=first.ca, cert=first.admin[0], key=first.admin[1], **kw)
+
+
+def kill(server: ApiServer) -> None:
+    server.proc.kill()
+    server.proc.wait()
+
+
+async def test_requests_move_to_the_next_server_when_one_dies(servers):
+    async with client_of(servers) as c:
+        await c.create(model("before"))
+        assert c.server == servers[0].url
+        kill(servers[0])
+        assert (await c.get(Model, "before")).name == "before"   # answered by the next server
+        assert c.server == servers[1].url
+        await c.create(model("after"))                            # and it stays there
+        assert c.server == servers[1].url
+        kill(servers[1])
+        kill(servers[2])
+        with pytest.raises(Unreachable):                          # none left: the last one's error
+            await c.get(Model, "after")
+
+
+async def test_oneshot_requests_move_on_too(servers):
+    async with client_of(servers, oneshot=True) as c:
+        kill(servers[0])
+        assert (await c.create(model("oneshot"))).name == "oneshot"
+        assert c.server == servers[1].url
+
+
+@pytest.mark.parametrize("oneshot", [False, True])
+async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(servers, oneshot):
+    """A frozen server (SIGSTOP: it accepts connections and answers nothing) holds a heartbeat for
+    the beat's timeout (the agent's interval), not the client's 30 s; the next server answers it."""
+    async with client_of(servers, oneshot=oneshot) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-frozen"}}))
+        await c.heartbeat("hb-frozen", timeout=1.0)
+        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        await c.heartbeat("hb-frozen", timeout=1.0)
+        assert time.monotonic() - began < 5.0
+        assert c.server == servers[1].url
+
+
+async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
+    """A reflector's watch through a client of every server; `stop(server)` ends the first one's
+    service; a change made meanwhile reaches the reflector from the next server, without a relist."""
+    seen: list[tuple[str, str, int]] = []
+    async with client_of(servers, **kw) as c, client_of(servers[1:]) as writer:
+        await writer.create(model("w0"))
+        reflector = Reflector(c.lister_watcher(Model), lambda t, o, r: seen.append((t, o.name, r)),
+                              key=object_name)
+        task = asyncio.create_task(reflector.run())
+        try:
+            await until(lambda: ("ADDED", "w0") in [(t, n) for t, n, _ in seen], "the list's Model")
+            await writer.create(model("w1"))
+            await until(lambda: ("ADDED", "w1") in [(t, n) for t, n, _ in seen], "w1 through the first server")
+            stop(servers[0])
+            await writer.create(model("w2"))
+            await until(lambda: ("ADDED", "w2") in [(t, n) for t, n, _ in seen], "w2 through the next server")
+            assert c.server == servers[1].url
+            assert reflector.lists == 1                     # resumed from its revision: no relist
+            assert [n for _, n, _ in seen] == ["w0", "w1", "w2"]   # nothing twice, nothing missed
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_watch_resumes_on_the_next_server_when_one_dies(servers):
+    await _watch_moves_on(servers, kill)
+
+
+async def test_silent_watch_moves_to_the_next_server(servers):
+    # SIGSTOP: the connection stays open and nothing arrives, as from a host that vanished
+    await _watch_moves_on(servers, lambda s: os.kill(s.proc.pid, signal.SIGSTOP), watch_idle_timeout=3.0)
+
+
+async def test_sigterm_ends_watches_at_once(servers):
+    """A server that is stopped tells its watches to go elsewhere (a 503 ERROR line) as soon as it
+    stops accepting, not when its shutdown timeout (2 s) cuts them; the next watch goes to the next
+    server. Its object and event watches both."""
+    async with client_of(servers) as c:
+        _, rv = await c.list(Model)
+        objects = c.watch(Model, resource_version=rv)
+        events = c.watch_events(rv + 1)
+        first = asyncio.ensure_future(anext(objects))
+        second = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.5)   # both streams open
+        began = time.monotonic()
+        servers[0].proc.terminate()
+        for pending in (first, second):
+            with pytest.raises(Unavailable) as err:
+                await pending
+            assert err.value.reason == "ShuttingDown"
+        assert time.monotonic() - began < 2.0
+        assert c.server == servers[1].url
+        servers[0].proc.wait(10)
+
+
+def test_config_server_list(tmp_path, ca_dir):
+    cert, key = ca_dir.issue("admin", "me")
+    path = tmp_path / "config.yaml"
+    path.write_text(f"server: [https://a:7443, https://b:7443]\nca: {ca_dir.ca}\ncert: {cert}\nkey: {key}\n")
+    cfg = ClientConfig.load(path)
+    assert Client.from_config(cfg).servers == ["https://a:7443", "https://b:7443"]
+    cfg.save(path)
+    assert ClientConfig.load(path).server == ["https://a:7443", "https://b:7443"]   # written back as a list
+    path.write_text(f"server: [https://a:7443, 3]\nca: {ca_dir.ca}\ncert: {cert}\nkey: {key}\n")
+    with pytest.raises(ConfigError, match="server: expected a URL or a list of URLs"):
+        ClientConfig.load(path)
+
+
+def test_agent_takes_several_servers(tmp_path):
+    flags = load_config(None, {"server": ("a:7443,https://b", "c")})
+    assert flags.server_urls == ["https://a:7443", "https://b:7443", "https://c:7443"]
+    path = tmp_path / "agent.yaml"
+    path.write_text("server: [https://a:1, b]\n")
+    assert load_config(str(path)).server_urls == ["https://a:1", "https://b:7443"]
+    assert load_config(str(path)).server_url == "https://a:1"
