@@ -262,7 +262,10 @@ async def test_under_overload_critical_keys_keep_succeeding_while_sheddable_ones
     429 and Retry-After in OpenAI's shape, never a critical one (issue 31)."""
     import asyncio
 
-    slow = Sim.start("slow", extra=["--tokens-per-second", "100"])     # 20 tokens: 0.2 s a request
+    # 20 tokens: 0.8 s a request, so that the twenty overflow the queue even when a loaded machine
+    # (the suite's other workers) spreads their arrival over a few seconds; at 0.2 s a request the
+    # first ones were done before the last came, and nothing was shed
+    slow = Sim.start("slow", extra=["--tokens-per-second", "25"])
     try:
         async with api_server.client() as admin:
             await admin.create(_model("slow"))
