@@ -10,6 +10,7 @@ import pytest
 
 from llmgw.dev.process import free_port
 from llmgw.gateway.apikeys import ApiKeys
+from llmgw.gateway.gateway import QueueSettings
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import Sim, metric, model, replica, running_gateway, scrape
@@ -171,7 +172,10 @@ async def test_no_live_engine_is_a_502_and_no_ready_replica_a_503():
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     t = llama_table(dead)
     t.apply("models", "ADDED", model("idle"))
-    async with running_gateway(t, retry_after=7) as gw, aiohttp.ClientSession() as s:
+    # idle's request waits for a replica (scale from zero) for the queue's timeout, then is the 503:
+    # 1 s here rather than the default 60
+    async with running_gateway(t, retry_after=7, queue=QueueSettings(timeout=1.0)) as gw, \
+            aiohttp.ClientSession() as s:
         status, _, body = await post(s, gw.url + "/v1/completions", {"model": "small", "prompt": "x"})
         assert status == 502
         err = openai_error(body)
