@@ -105,8 +105,8 @@ class Onboarding:
 
 
 @pytest.fixture
-def onboarding(sshd, api_server, tmp_path):
-    pex, _python = release_artifact()
+def onboarding(sshd, api_server, tmp_path, tmp_path_factory):
+    pex, _python = release_artifact(tmp_path_factory)
     ob = Onboarding(tmp_path, sshd, api_server, pex)
     yield ob
     ob.stop_agent()

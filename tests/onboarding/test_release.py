@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def artifact() -> tuple[Path, str]:
-    return release_artifact()
+def artifact(tmp_path_factory) -> tuple[Path, str]:
+    return release_artifact(tmp_path_factory)
 
 
 def run_artifact(pex: Path, py: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
