@@ -17,7 +17,7 @@ import pytest
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from llmgw.gateway.upstream import Keepalive
-from tests.helpers.gateway import Sim, model, replica, running_gateway
+from tests.fixtures.gateway import Sim, model, replica, running_gateway
 
 BODY = {"model": "llama", "prompt": "hi", "max_tokens": 2}
 
