@@ -41,24 +41,31 @@ def only(sim: Sim) -> RoutingTable:
     return t
 
 
-async def _held(url: str, sim: Sim, body: dict[str, object]) -> tuple[asyncio.Task[tuple[int, str, str]], float]:
-    """A request sent to `sim`, stopped: its task (status, replica, text) once it is in flight."""
-    sim.proc.send_signal(signal.SIGSTOP)
+async def _post(url: str, body: dict[str, object]) -> tuple[int, str, str]:
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=body) as r:
+        return r.status, r.headers.get(REPLICA_HEADER, ""), await r.text()
 
-    async def post() -> tuple[int, str, str]:
-        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=body) as r:
-            return r.status, r.headers.get(REPLICA_HEADER, ""), await r.text()
-    task = asyncio.create_task(post())
+
+async def _held(url: str, sim: Sim, body: dict[str, object],
+                warm: bool = False) -> tuple[asyncio.Task[tuple[int, str, str]], float]:
+    """A request sent to `sim`, stopped: its task (status, replica, text) once it is in flight;
+    `warm`: on a kept-alive connection (sent from the protocol callbacks, without a task),
+    else on a new one (in a task)."""
+    if warm:
+        assert (await _post(url, body))[0] == 200
+    sim.proc.send_signal(signal.SIGSTOP)
+    task = asyncio.create_task(_post(url, body))
     await asyncio.sleep(0.5)
     assert not task.done()
     return task, time.monotonic()
 
 
-@pytest.mark.parametrize("leaves", ["not ready", "deleted", "ejected"])
-async def test_a_try_without_headers_goes_to_another_replica_once_its_replica_leaves(sims, leaves):
+@pytest.mark.parametrize("leaves,warm", [("not ready", False), ("not ready", True), ("deleted", False),
+                                         ("ejected", False)])
+async def test_a_try_without_headers_goes_to_another_replica_once_its_replica_leaves(sims, leaves, warm):
     a, b = sims
     async with running_gateway(only(a), response_timeout=600.0, idle_timeout=300.0) as gw:
-        task, t0 = await _held(gw.url, a, BODY)
+        task, t0 = await _held(gw.url, a, BODY, warm)
         gw.table.apply("replicas", "ADDED", replica("llama-b", "llama", b.endpoint, served=("llama",)))
         if leaves == "not ready":
             gw.table.apply("replicas", "MODIFIED", replica("llama-a", "llama", a.endpoint, phase="Starting",
