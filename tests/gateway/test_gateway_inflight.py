@@ -117,7 +117,7 @@ async def _stream_then(url: str, after_first: asyncio.Event) -> list[bytes]:
         return lines
 
 
-@pytest.mark.parametrize("dead", ["failed", "deleted"])
+@pytest.mark.parametrize("dead", ["failed", "deleted", "not ready, then failed"])
 async def test_a_stream_whose_engine_is_known_dead_ends_at_once_with_an_error_event(sims, dead):
     a, _ = sims
     async with running_gateway(only(a), response_timeout=600.0, idle_timeout=300.0) as gw:
@@ -127,7 +127,13 @@ async def test_a_stream_whose_engine_is_known_dead_ends_at_once_with_an_error_ev
         a.proc.send_signal(signal.SIGSTOP)   # the engine hangs: no more tokens, the connection open
         await asyncio.sleep(0.3)
         t0 = time.monotonic()
-        if dead == "failed":
+        if dead == "not ready, then failed":   # out of the table already: its streams went on
+            gw.table.apply("replicas", "MODIFIED", replica("llama-a", "llama", a.endpoint, phase="Starting",
+                                                           served=("llama",)))
+            await asyncio.sleep(0.5)
+            assert not task.done()
+            t0 = time.monotonic()
+        if dead != "deleted":
             gw.table.apply("replicas", "MODIFIED", replica("llama-a", "llama", None, phase="Failed",
                                                            served=("llama",)))
         else:
