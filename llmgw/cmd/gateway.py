@@ -21,6 +21,7 @@ from llmgw.gateway.http1 import Limits
 from llmgw.gateway.keyring import KeyRing
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.table import RoutingTable
+from llmgw.gateway.upstream import Keepalive
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -83,12 +84,25 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               show_default=True, help="Seconds from sending a request to an engine until its response "
               "headers; then the try fails and, if nothing was sent to the client, goes to another replica. "
               "A streamed response's headers come after the prompt's prefill, a whole response's after the "
-              "last token: keep it above your longest non-streamed generation.")
+              "last token: keep it above your longest non-streamed generation. A try whose replica leaves "
+              "routing (not Ready, Failed, deleted, ejected) before its headers goes elsewhere at once.")
 @click.option("--stream-idle-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds a response from an engine may bring no byte once it has "
               "started (between two tokens of a stream); then it ends: a stream with an error event, "
               "other bodies cut off. Time spent waiting for a slow client does not count. Keep it above "
-              "your longest prefill when a stream's headers come before it.")
+              "your longest prefill when a stream's headers come before it. A response whose replica Failed "
+              "or was deleted ends at once.")
+@click.option("--upstream-keepalive-idle", type=click.IntRange(min=0), default=Keepalive.idle, show_default=True,
+              help="Seconds without a packet on a connection to an engine before TCP keepalive probes it "
+              "(0: no keepalive). With the interval and the probes, a peer silent at the TCP level (a "
+              "partition between this gateway and the engine alone) is known dead in idle + interval x "
+              "probes seconds, 11 by default, and unacknowledged data is given up on as soon "
+              "(TCP_USER_TIMEOUT): a try without headers then goes to another replica, a stream ends with "
+              "an error event.")
+@click.option("--upstream-keepalive-interval", type=click.IntRange(min=1), default=Keepalive.interval,
+              show_default=True, help="Seconds between two TCP keepalive probes of a connection to an engine.")
+@click.option("--upstream-keepalive-probes", type=click.IntRange(min=1), default=Keepalive.probes,
+              show_default=True, help="TCP keepalive probes unanswered before a connection to an engine is dead.")
 @click.option("--queue-size", type=click.IntRange(min=0), default=QueueSettings.size, show_default=True,
               help="Requests that may wait per model for a Ready replica (scale from zero) or under "
               "--model-concurrency; one more is refused with 503 (429 at the concurrency limit) and Retry-After, "
@@ -115,7 +129,9 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | None, key: str | None, static: str | None,
             api_keys: str | None, watch_api_keys: bool, max_body_bytes: int, retry_after: int, header_timeout: float,
             keepalive_timeout: float, body_timeout: float, body_min_rate: int, max_conns_per_addr: int,
-            connect_timeout: float, response_timeout: float, stream_idle_timeout: float, queue_size: int,
+            connect_timeout: float, response_timeout: float, stream_idle_timeout: float,
+            upstream_keepalive_idle: int, upstream_keepalive_interval: int, upstream_keepalive_probes: int,
+            queue_size: int,
             queue_timeout: float, model_concurrency: int,
             gateway_id: str | None, demand_interval: float, demand_ttl: int,
             otel: bool, log_level: str, log_format: str) -> None:
@@ -149,7 +165,9 @@ def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | No
     gw = Gateway(table, authenticator=authenticator, admission=admission, spans=spans,
                  max_body_bytes=max_body_bytes, retry_after=retry_after, synced=False,
                  limits=limits, connect_timeout=connect_timeout, response_timeout=response_timeout,
-                 idle_timeout=stream_idle_timeout, queue=QueueSettings(queue_size, queue_timeout, model_concurrency))
+                 idle_timeout=stream_idle_timeout, queue=QueueSettings(queue_size, queue_timeout, model_concurrency),
+                 keepalive=Keepalive(upstream_keepalive_idle, upstream_keepalive_interval, upstream_keepalive_probes)
+                 if upstream_keepalive_idle else None)
     gateway_id = gateway_id or _default_id()
     try:
         check_dns1123_label(gateway_id)

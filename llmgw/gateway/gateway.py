@@ -5,6 +5,11 @@ The chain runs first without a task, from the server's protocol callbacks (`Gate
 the common request (its key known, its body at hand, its model with room) passes every step
 and is forwarded at once. A step that must wait, and anything after it, goes on in a task
 (`_proxy`), from that very step: both run the same steps in the same order.
+
+No request waits on a path that is gone: when a replica leaves routing (the table's `on_leave`)
+or is ejected (outlier.py), the tries in flight there that have no response headers yet fail at
+once and go to another replica (proxy.py); when its engine is known dead (Failed, deleted),
+its responses under way end too (a stream with an error event).
 """
 from __future__ import annotations
 
@@ -21,15 +26,15 @@ from llmgw.gateway.chain import Chain, Wiring, standard
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
-from llmgw.gateway.proxy import Exchange, Proxy
+from llmgw.gateway.proxy import GONE, Exchange, Proxy
 from llmgw.gateway.queue import UNLIMITED, WaitQueues
 from llmgw.gateway.response import Response, json_response
 from llmgw.gateway.scope import Scope
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import LATER, Call
 from llmgw.gateway.steps.authenticate import Authenticate
-from llmgw.gateway.table import RoutingTable
-from llmgw.gateway.upstream import Pool, accepts
+from llmgw.gateway.table import Backend, RoutingTable
+from llmgw.gateway.upstream import Keepalive, Pool, accepts
 
 PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _MODELS = b"/v1/models"
@@ -64,6 +69,7 @@ class Gateway:
         connect_timeout: float = 5.0,
         response_timeout: float | None = None,
         idle_timeout: float | None = None,
+        keepalive: Keepalive | None = Keepalive(),
         synced: bool = True,
         limits: Limits = Limits(),
         queue: QueueSettings | None = None,
@@ -82,8 +88,11 @@ class Gateway:
             self.balancer.on_release = self.queue.wake
         self.synced = synced  # False until the source has given a first full view
         self.pool = Pool(connect_timeout=connect_timeout, response_timeout=response_timeout,
-                         idle_timeout=idle_timeout)
-        self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout))
+                         idle_timeout=idle_timeout, tcp_keepalive=keepalive)
+        self.table.on_leave = self._left
+        self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout),
+                                 on_eject=lambda endpoint: self._abandon(
+                                     endpoint, "its replica was ejected by outlier detection", False))
         self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
                            self._go_on)
         self.scope = Scope(self.table, admission)
@@ -121,6 +130,17 @@ class Gateway:
         if not self.model_concurrency:
             return UNLIMITED
         return self.model_concurrency - self.balancer.per_model.get(model, 0)
+
+    def _left(self, b: Backend, dead: bool) -> None:
+        if any(o.endpoint == b.endpoint for o in self.table.backends.values()):
+            return   # its endpoint is another routable replica's now
+        self._abandon(b.endpoint, f"replica {b.replica} left routing: "
+                      + ("its engine failed or was deleted" if dead else "not Ready"), dead)
+
+    def _abandon(self, endpoint: str, why: str, started: bool) -> None:
+        """Fail the tries in flight to `endpoint` without headers, and with `started` the
+        responses under way too."""
+        self.pool.abandon(endpoint, GONE + why, started)
 
     def _inflight_samples(self) -> Iterator[tuple[str, str, int, bool]]:
         """(model, replica, n, routable) for every routable replica and any still busy after leaving."""

@@ -14,7 +14,8 @@ not handed requests to find out: a probe connects to its engine first, and only 
 that succeeds returns it to routing; a probe that fails ejects it again for twice as long, up
 to `most` (passive detection, active recovery). Ejections never leave a model without a
 replica: when every candidate is ejected, all are candidates (Envoy's panic threshold at its
-simplest).
+simplest). `on_eject(endpoint)` is told of each ejection (the gateway sends the tries still
+waiting there for their headers elsewhere, as Envoy resets an ejected host's requests).
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ class _Ejection:
 
 class Outliers:
     def __init__(self, probe: Callable[[str], Awaitable[bool]], threshold: int = 3, base: float = 5.0,
-                 most: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 most: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 on_eject: Callable[[str], None] | None = None) -> None:
         self.probe = probe    # whether a connection to the endpoint opens
+        self.on_eject = on_eject
         self.threshold, self.base, self.most = threshold, base, most
         self._clock = clock
         self.failures: dict[str, int] = {}   # replica -> failures in a row (only while > 0)
@@ -63,6 +66,8 @@ class Outliers:
         self.ejections[replica] = _Ejection(self._clock() + seconds, times, endpoint)
         log.warning("replica %s (%s) ejected from routing for %gs: %s (ejection %d in a row)", replica, endpoint,
                     seconds, why, times)
+        if self.on_eject is not None:
+            self.on_eject(endpoint)
 
     def succeeded(self, replica: str) -> None:
         """A response started: the replica's streaks end."""

@@ -5,8 +5,11 @@ the replica its model's policy picks (the fewest outstanding requests, or cache-
 the policies in llmgw/routing/). A connection failure before the engine's first byte (refused,
 reset, disconnected before the headers, no headers within the response timeout) or a 503 from
 the engine is retried once on another replica; a replica that keeps failing so is left out of
-routing for a while (outlier.py). Server-sent events are relayed chunk by chunk as they arrive,
-never buffered.
+routing for a while (outlier.py). A try still waiting for its headers on a replica that leaves
+routing (not Ready, Failed, deleted, ejected) is failed at once (`abandon`, reason "gone") and
+retried the same way, never on that replica again; a response under way on a replica whose
+engine is known dead (Failed, deleted) ends as one cut off does. Server-sent events are relayed
+chunk by chunk as they arrive, never buffered.
 
 The common case (an idle connection to the replica picked, a small response with a length) is
 answered from protocol callbacks, without a task or a coroutine (`Proxy.begin`, `Exchange`);
@@ -47,6 +50,7 @@ _DROP_REQ = _HOP | {b"authorization", b"expect", trace.HEADER}
 _DROP_RESP = _HOP | {b"server", b"date"}
 
 _ENGINE_503 = "unavailable: the engine answered 503 (loading or draining)"
+GONE = "gone: "   # the reason's start for a try failed because its replica left routing
 
 
 class _Retry(Exception):
@@ -109,15 +113,17 @@ class Proxy:
         fields = _fields(request)
         tried: list[str] = []
         last = "no replica"
+        gone = False   # the failed try's replica left routing: never tried again
         b: Backend | None
         if failed is not None:
             b, reason = failed
             last = self._failed(request, model, b, reason, retrying=True)
             tried.append(b.replica)
+            gone = reason.startswith(GONE)
         for attempt in (1,) if failed is not None else (0, 1):
             b = self._pick(call, self.table.backends_for(model) if attempt else backends, tried)
             fresh = False
-            if b is None and attempt:
+            if b is None and attempt and not gone:
                 # No other replica: one more try on the same one, on a fresh connection.
                 b = self._pick(call, self.table.backends_for(model))
                 fresh = True
@@ -130,6 +136,7 @@ class Proxy:
             except _Retry as r:
                 last = self._failed(request, model, b, r.reason, retrying=attempt == 0)
                 tried.append(b.replica)
+                gone = r.reason.startswith(GONE)
         if not self.table.backends_for(model) or last.endswith(_ENGINE_503):
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
@@ -147,7 +154,7 @@ class Proxy:
     def _failed(self, request: Request, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
         last = f"{b.replica} ({b.endpoint}): {reason}"
-        if reason != _ENGINE_503:   # a loading or draining engine says so; not an outlier
+        if reason != _ENGINE_503 and not reason.startswith(GONE):   # not the engine's failure: no outlier
             self.outliers.failed(b.replica, b.endpoint, at_once=reason.startswith(CONNECT_TIMED_OUT))
         self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
         tid = _trace_id(request)

@@ -7,6 +7,12 @@ It does no I/O, so the server's watch, a static file or a test can feed it.
 A replica is routable iff its phase is Ready, its endpoint is set and it has
 no deletionTimestamp: a replica marked for termination leaves the table on
 that event, before its engine is stopped (make-before-break).
+
+`on_leave(backend, dead)` is told when a replica leaves routing for a cause its
+requests in flight should hear of: not Ready (dead False), or Failed or deleted
+(dead True: its engine is known dead, stopped or being rebuilt; also for a
+replica that had left as not Ready or draining before). A replica marked for
+deletion (draining) is not told of as it leaves: its engine finishes what it has.
 """
 from __future__ import annotations
 
@@ -52,9 +58,11 @@ class RoutingTable:
     backends: dict[str, Backend] = field(default_factory=dict)  # replica name -> Backend
     version: int = 0  # bumped on every change that affects routing
     on_change: Callable[[], None] | None = None  # after every such change (the gateway wakes its queues)
+    on_leave: Callable[[Backend, bool], None] | None = None  # a replica left routing; True: known dead
     _by_model: dict[str, list[Backend]] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # name or alias -> model
     _replica_names: set[str] = field(default_factory=set)  # every replica seen, routable or not
+    _left: dict[str, Backend] = field(default_factory=dict)  # left routing, not yet known dead
 
     # ------------------------------------------------------------ updates
 
@@ -94,11 +102,13 @@ class RoutingTable:
         name = r.metadata.name
         if type_ == "DELETED":
             self._replica_names.discard(name)
-            return self._drop_backend(name)
+            return self._drop_backend(name, dead=True)
         self._replica_names.add(name)
         if not routable(r):
-            return self._drop_backend(name)
+            return self._drop_backend(name, dead=r.status.phase == "Failed",
+                                      draining=r.metadata.deletionTimestamp is not None)
         assert r.status.endpoint  # routable: it has one
+        self._left.pop(name, None)
         b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames))
         if self.backends.get(name) == b:
             return False
@@ -113,13 +123,20 @@ class RoutingTable:
             self._reindex()
             return True
         self._replica_names.discard(name)
-        return self._drop_backend(name)
+        return self._drop_backend(name, dead=True)
 
-    def _drop_backend(self, name: str) -> bool:
-        if self.backends.pop(name, None) is None:
-            return False
-        self._reindex()
-        return True
+    def _drop_backend(self, name: str, dead: bool, draining: bool = False) -> bool:
+        b = self.backends.pop(name, None)
+        if b is not None:
+            self._reindex()
+        left = b is not None
+        if dead:
+            b = b or self._left.pop(name, None)
+        elif b is not None:
+            self._left[name] = b
+        if b is not None and self.on_leave is not None and (dead or not draining):
+            self.on_leave(b, dead)
+        return left
 
     def _reindex(self) -> None:
         by_model: dict[str, list[Backend]] = {}

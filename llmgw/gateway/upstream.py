@@ -31,13 +31,26 @@ mid-way (a hung engine, a partition) ends instead of waiting for the link to
 heal; time the gateway spends waiting on a slow client does not count. One
 watchdog per pool looks at the connections in flight once a second, so the
 hot path pays for a timestamp, a counter and a set, not a timer per request.
+
+The pool knows its connections in flight (a set: an add and a discard per
+request), so that `abandon(endpoint, ...)` can fail those to an engine that
+left routing: a try still waiting for its headers goes elsewhere, and, when the
+engine is known dead, a response under way ends (gateway.py decides which).
+
+`tcp_keepalive`: TCP keepalive on every connection to an engine (set once, when
+it opens), and TCP_USER_TIMEOUT to match, so that a peer silent at the TCP level
+(a partition between the gateway and the engine alone, which the control plane
+does not see) is known dead in idle + interval x probes seconds, whether the
+connection waits for a response or has a request unacknowledged.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import httptools
@@ -49,6 +62,30 @@ LOW_WATER = 64 * 1024
 
 
 CONNECT_TIMED_OUT = "timeout: connecting took too long"
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """TCP keepalive on the connections to the engines: the first probe after `idle` seconds
+    without a packet, then one every `interval` seconds; `probes` unanswered: the peer is dead."""
+
+    idle: int = 5
+    interval: int = 2
+    probes: int = 3
+
+    @property
+    def bound(self) -> int:
+        """Seconds after which a silent peer is known dead."""
+        return self.idle + self.interval * self.probes
+
+    def apply(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, self.idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, self.interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, self.probes)
+        # data sent and never acknowledged (a request written into a cut link) is not probed
+        # by keepalive: without this, retransmissions would go on for about 15 minutes
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.bound * 1000)
 
 
 class UpstreamError(Exception):
@@ -169,9 +206,11 @@ class Conn(asyncio.Protocol):
             raise UpstreamError("disconnected: the engine closed the connection")
         self._busy = True
         write_message(self.transport, head, body)
-        if self.pool.watched:
+        pool = self.pool
+        pool.inflight.add(self)
+        if pool.watched:
             self.sent_at = time.monotonic()
-            self.pool.awaiting(self)
+            pool.watch()
 
     async def headers_done(self) -> None:
         while not self._got_headers:
@@ -227,9 +266,15 @@ class Conn(asyncio.Protocol):
         self.pool.answered(self)
         self.transport.close()
 
-    def time_out(self, why: str) -> None:
-        """No response headers in time, or a body that stopped: fail with `why` and close."""
-        self._fail(UpstreamError(f"timeout: {why}"))
+    @property
+    def started(self) -> bool:
+        """Whether the response's headers have come."""
+        return self._got_headers
+
+    def end(self, err: UpstreamError) -> None:
+        """Fail the request in flight with `err` and close: no response headers in time, a body
+        that stopped, an engine that left routing."""
+        self._fail(err)
         self.close()
         if self.listener is not None:
             self.listener()
@@ -273,48 +318,58 @@ class Pool:
     """Idle keep-alive connections per endpoint ("host:port"); no limit on their number."""
 
     def __init__(self, connect_timeout: float = 5.0, keepalive: float = 30.0,
-                 response_timeout: float | None = None, idle_timeout: float | None = None):
+                 response_timeout: float | None = None, idle_timeout: float | None = None,
+                 tcp_keepalive: Keepalive | None = None):
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.response_timeout = response_timeout
         self.idle_timeout = idle_timeout
+        self.tcp_keepalive = tcp_keepalive
         self.watched = response_timeout is not None or idle_timeout is not None
         self._idle: dict[str, list[Conn]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
-        self._waiting: set[Conn] = set()     # sent, response not yet whole (with either timeout)
+        self.inflight: set[Conn] = set()     # sent, response not yet whole
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
 
-    def awaiting(self, conn: Conn) -> None:
-        self._waiting.add(conn)
+    def watch(self) -> None:
+        """The watchdog looks at the connections in flight within a second."""
         if self._watchdog is None and not self._closed:
             self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
     def headers_came(self, conn: Conn) -> None:
         """The response started: from now on only the idle timeout watches it."""
-        if self.idle_timeout is None:
-            self._waiting.discard(conn)
-        else:
+        if self.idle_timeout is not None:
             conn.sent_at, conn.pieces_seen = time.monotonic(), conn.pieces
 
     def answered(self, conn: Conn) -> None:
-        self._waiting.discard(conn)
+        self.inflight.discard(conn)
+
+    def abandon(self, endpoint: str, reason: str, started: bool) -> int:
+        """Fail (UpstreamError(reason)) the requests in flight to `endpoint` still waiting for
+        their response headers, and with `started` those whose response is under way too; how many."""
+        gone = [c for c in self.inflight if c.key == endpoint and (started or not c.started)]
+        for conn in gone:
+            conn.end(UpstreamError(reason))
+        return len(gone)
 
     def _watch(self) -> None:
         self._watchdog = None
         now = time.monotonic()
         late: list[tuple[Conn, str]] = []
-        for conn in self._waiting:
+        for conn in self.inflight:
             if not conn._got_headers:
                 if self.response_timeout is not None and now - conn.sent_at > self.response_timeout:
                     late.append((conn, f"no response within {self.response_timeout:g}s"))
+            elif self.idle_timeout is None:
+                continue
             elif conn.pieces != conn.pieces_seen or conn._paused:  # progress, or waiting on the client
                 conn.pieces_seen, conn.sent_at = conn.pieces, now
-            elif self.idle_timeout is not None and now - conn.sent_at > self.idle_timeout:
+            elif now - conn.sent_at > self.idle_timeout:
                 late.append((conn, f"the response stopped for {self.idle_timeout:g}s mid-way"))
         for conn, why in late:
-            conn.time_out(why)
-        if self._waiting and not self._closed:
+            conn.end(UpstreamError(f"timeout: {why}"))
+        if self.inflight and not self._closed:
             self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
     async def acquire(self, endpoint: str, fresh: bool = False) -> Conn:
@@ -371,6 +426,10 @@ class Pool:
         except (OSError, ValueError) as err:
             why = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise UpstreamError(f"connect: {why}") from None
+        if self.tcp_keepalive is not None:
+            sock = conn.transport.get_extra_info("socket")
+            if sock is not None:
+                self.tcp_keepalive.apply(sock)
         return conn
 
     def _sweep(self) -> None:

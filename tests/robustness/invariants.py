@@ -183,6 +183,25 @@ def ended_by(h: History, at: float, by: float) -> list[str]:
             f"({'stream' if r.streamed else 'whole'}, {r.replica or r.detail[:60]})" for r in late]
 
 
+def in_flight_bounded(h: History, at: float, bound: float) -> list[str]:
+    """Requests in flight at a fault at `at` (issue 45): none waited more than `bound` after it for
+    its response to start, nor, a stream started before it, for its end (its tokens, or an error
+    event); whole responses all succeeded (retried elsewhere); a stream that failed ended with an
+    error event."""
+    out = []
+    for r in h.requests:
+        if not r.start < at < r.end:
+            continue
+        started = 0 < r.first <= at
+        waited = (r.end if started else (r.first or r.end)) - at
+        what = f"t={r.start:.1f} ({'stream' if r.streamed else 'whole'}, {r.replica or r.detail[:60]})"
+        if waited > bound:
+            out.append(f"{what}: in flight at the fault (t={at:.1f}), waited {waited:.1f}s (bound {bound:g}s)")
+        if not r.ok and (not r.streamed or not r.detail.startswith("error event")):
+            out.append(f"{what}: in flight at the fault, failed: {r.detail[:100]}")
+    return out
+
+
 def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:
     out, said = [], set()
     for c in h.ordered("replicas"):

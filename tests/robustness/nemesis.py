@@ -20,6 +20,8 @@ At the network level (nftables rules on the node's eth0, in its namespace: llmgw
     cut_gateway                               a node from the gateway (its engines' ports); the
                                               control plane still reaches it
     cut_engine                                the gateway from one engine's serve port
+    isolate_engine                            one engine's serve port from everything, its agent's
+                                              probes over the namespace's loopback too
     lossy_link                                drop a share of a node's packets, both ways
     heal                                      one node's rules gone, or every node's
 A cut drops (never rejects): a peer sees silence, as behind a failed switch.
@@ -197,6 +199,13 @@ def cut_engine(c, node: str, port: int) -> None:
     it (over the namespace's loopback)."""
     c.net.rules(node, [f'iifname "eth0" tcp dport {port} drop'], [f'oifname "eth0" tcp sport {port} drop'])
     _fault(c, "cut-engine", f"{node}:{port}")
+
+
+def isolate_engine(c, node: str, port: int) -> None:
+    """One engine from everything: its serve port on every interface of the node's namespace,
+    so its agent's probes (over the loopback) fail as the gateway's connections do."""
+    c.net.rules(node, [f"tcp dport {port} drop"], [f"tcp sport {port} drop"])
+    _fault(c, "isolate-engine", f"{node}:{port}")
 
 
 def lossy_link(c, node: str, percent: int) -> None:

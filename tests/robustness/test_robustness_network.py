@@ -5,6 +5,7 @@ network fails between components").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 
@@ -23,6 +24,18 @@ STARTED_AFTER = 3.0  # s after a cut from which no request may fail
 STOPS_WITHIN = 5.0   # s after a cut from which the gateway no longer picks the replica
 TIMEOUT = 5.0       # s: the gateway's response and stream idle timeouts in the cut-engine scenario
 PROMPT = 3.0         # s a request may take: above the gateway's 2 s connect timeout, the cost of a wrong pick
+
+
+@contextlib.asynccontextmanager
+async def _streaming_on_one(c):
+    """m under load (two clients of whole responses, two of streams) until the block ends; yields
+    (replica, shard) of one of its Ready replicas once a stream is open on it."""
+    target = (await c.ready("m"))[0]
+    shard = next(s for s in await c.shards() if s.spec.replica == target.name)
+    async with c.load(["m"], concurrency=2, streams=2) as load:
+        await c.wait("a stream open on the replica about to be cut", lambda: load.streaming[target.name] > 0,
+                     interval=0.05)
+        yield target, shard
 
 
 async def test_node_cut_from_control_plane_keeps_serving(tmp_path):
@@ -53,12 +66,8 @@ async def test_gateway_cut_from_one_engine_stops_choosing_it(tmp_path):
     heal (no idle timeout)."""
     timeouts = ["--response-timeout", str(TIMEOUT), "--stream-idle-timeout", str(TIMEOUT)]
     async with with_model(tmp_path, 2, args=["--tokens-per-second", "100"], gateway_args=timeouts) as c:
-        target = (await c.ready("m"))[0]
-        shard = next(s for s in await c.shards() if s.spec.replica == target.name)
         h = c.history
-        async with c.load(["m"], concurrency=2, streams=2) as load:
-            await c.wait("a stream open on the replica about to be cut", lambda: load.streaming[target.name] > 0,
-                         interval=0.05)
+        async with _streaming_on_one(c) as (target, shard):
             nemesis.cut_engine(c, shard.spec.node, shard.spec.ports.serve)
             cut = time.monotonic()
             await asyncio.sleep(CUT)     # the fault's length, not a synchronisation
@@ -71,3 +80,32 @@ async def test_gateway_cut_from_one_engine_stops_choosing_it(tmp_path):
                 no_failed_requests=inv.no_failed_requests(h, [(cut + STARTED_AFTER, time.monotonic())]),
                 prompt_requests=inv.prompt_requests(h, [(cut + STOPS_WITHIN, healed)], PROMPT),
                 in_flight_ended=inv.ended_by(h, cut, healed))
+
+
+IN_FLIGHT = 15.0    # s: the most a request in flight at a cut waits for its first byte or its stream's end
+LONG_CUT = 40.0     # s a cut lasts in the in-flight scenarios: well past IN_FLIGHT, so no heal ends a wait
+
+
+@pytest.mark.parametrize("cut", ["from the gateway alone", "from everything"])
+async def test_requests_in_flight_on_a_cut_engine_end_within_bounds_at_default_timeouts(tmp_path, cut):
+    """Issue 45: one of m's two engines cut (from the gateway alone: the control plane sees nothing;
+    or from everything, its agent's probes too) for 40 s, with the gateway's default timeouts
+    (600 s for a response, 300 s between chunks) under load with streams. No request in flight at
+    the cut waits more than 15 s for its first byte, or a started stream for its end; whole ones
+    all succeed (retried elsewhere: the replica left the table, was ejected, or TCP keepalive
+    found the connection dead in 11 s); every stream on the cut engine ends with an error event;
+    no request started 3 s after the cut fails. First seen failing: in flight waited for the heal."""
+    async with with_model(tmp_path, 2, args=["--tokens-per-second", "100"]) as c:
+        h = c.history
+        async with _streaming_on_one(c) as (_, shard):
+            if cut == "from everything":
+                nemesis.isolate_engine(c, shard.spec.node, shard.spec.ports.serve)
+            else:
+                nemesis.cut_engine(c, shard.spec.node, shard.spec.ports.serve)
+            at = time.monotonic()
+            await asyncio.sleep(LONG_CUT)     # the fault's length, not a synchronisation
+            nemesis.heal(c, shard.spec.node)
+            await c.settle({"m": 2})
+        c.holds(**common(c, "m", 2),
+                no_failed_requests=inv.no_failed_requests(h, [(at + STARTED_AFTER, time.monotonic())]),
+                in_flight_bounded=inv.in_flight_bounded(h, at, IN_FLIGHT))

@@ -14,14 +14,16 @@ agent SIGSTOP shorter than its heartbeat's lease, and the nemeses of issue 21's 
 agent silent past the node grace, half the nodes silent and healed one by one, the crash of a
 single replica's engine, a watch resumed through a restarted server, foreign listeners during a
 rollout), a hung engine (SIGSTOP, SIGCONT), the network's faults (nftables in the nodes'
-namespaces: a node cut from the control plane, a node or one engine cut from the gateway,
-packet loss on two links healed link by link), etcd's quorum lost for 10 or 20 s, and the
-gateway killed and started again. A round whose nemesis promises it (all but the engine crash,
-the hung engine and the cut from the gateway; the gateway's restart from when it listens) is a
-window in which no request may fail (a request that overlaps a round without that promise is
+namespaces: a node cut from the control plane, a node or one engine cut from the gateway, one
+of m's engines cut from everything for 20 s, packet loss on two links healed link by link),
+etcd's quorum lost for 10 or 20 s, and the gateway killed and started again. A round whose
+nemesis promises it (all but the engine crash, the hung engine and the cut from the gateway;
+the gateway's restart from when it listens; an engine cut from everything from 3 s after the
+cut) is a window in which no request may fail (a request that overlaps a round without that promise is
 excused: a stream begun before an engine's crash); a partition's, a lossy link's or a lost
 quorum's round, one in which its nodes lose no replica; a hang or a cut of 20 s, one in which
-every request in flight at its start ends within two timeouts (its try and its retry).
+every request in flight at its start ends within two timeouts (its try and its retry); an engine
+cut from everything, one in which every request in flight at the cut ends within 15 s.
 
 Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
 rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
@@ -228,6 +230,20 @@ async def _cut_gateway(c, rng) -> Round:
     return Round(what, lossless=False, bounded=bounded)
 
 
+async def _isolate_engine(c, rng) -> Round:
+    """One of m's engines cut from everything (the gateway and its agent's probes) for 20 s, then
+    healed (issue 45): m's other replica serves, so no request to m started 3 s after the cut
+    fails, and every request in flight at the cut ends within 15 s of it (its replica leaves the
+    table, or TCP keepalive finds its connection dead in 11 s), long before the heal."""
+    shard = rng.choice([s for s in await c.shards() if s.spec.model == "m"])
+    nemesis.isolate_engine(c, shard.spec.node, shard.spec.ports.serve)
+    cut = time.monotonic()
+    await asyncio.sleep(20.0)     # the cut itself
+    nemesis.heal(c, shard.spec.node)
+    return Round(f"engine {shard.spec.node}:{shard.spec.ports.serve} of m cut from everything",
+                 since=cut + 3.0, bounded=[(cut, cut + 15.0)])
+
+
 async def _lossy_links(c, rng) -> Round:
     """Two nodes' links drop 5 or 10 % of their packets each way for a few seconds, healed link by
     link: TCP retransmits, so no request fails and nothing is judged lost."""
@@ -260,7 +276,7 @@ async def _restart_gateway(c, rng) -> Round:
 
 NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_etcd, _kill_agent, _pause_agent,
            _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port, _hang_engine,
-           _cut_control_plane, _cut_gateway, _lossy_links, _lose_quorum, _restart_gateway]
+           _cut_control_plane, _cut_gateway, _isolate_engine, _lossy_links, _lose_quorum, _restart_gateway]
 
 
 async def test_soak(tmp_path):
