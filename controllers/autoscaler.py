@@ -33,10 +33,9 @@ from typing import Literal
 
 from controllers.indexes import REPLICAS_BY_MODEL
 from controllers.settings import DEFAULTS, ControllerSettings
-from llmgw.api import AnyObject, Model, Replica, get_condition
+from llmgw.api import SCALED, AnyObject, AutoscalingSpec, Model, Replica, get_condition
 from llmgw.api.demand import ModelDemand, total_demand
 from llmgw.api.patches import ModelStatusPatch
-from llmgw.api.types import SCALED, AutoscalingSpec
 from llmgw.runtime.controller import DEMAND, Context, Controller, Result, WatchedKind
 
 

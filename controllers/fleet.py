@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llmgw.api.types import Node, Replica, Shard
+from llmgw.api import Node, Replica, Shard
 from llmgw.runtime.cache import Cache
 
 # Shard phases whose GPUs are held (booked by the scheduler, or an engine still on them).

@@ -19,7 +19,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.api.types import GitRef
+from llmgw.api import GitRef
 
 
 class GitError(Exception):

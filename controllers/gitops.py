@@ -44,12 +44,11 @@ from typing import Iterable
 
 from controllers.gitfetch import Checkout, GitCache, GitError
 from controllers.settings import DEFAULTS, ControllerSettings
-from llmgw.api import KIND_BY_NAME, AnyObject, Model, condition_true, get_condition
+from llmgw.api import KIND_BY_NAME, AnyObject, GitSource, Model, condition_true, get_condition
 from llmgw.api.applied import applied, applies_nothing, changed_fields
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import ManifestError, load_manifests, manifest_files
 from llmgw.api.patches import ConditionPatch, GitSourceStatusPatch, InventoryEntryPatch
-from llmgw.api.types import GitSource
 from llmgw.api.wellknown import GITSOURCE_LABEL, GITSOURCE_PRUNE_FINALIZER, RECONCILE_REQUESTED_AT
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 

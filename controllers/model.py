@@ -45,10 +45,9 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
-from llmgw.api import AnyObject, Model, ObjectMeta, Replica, get_condition, template_hash
+from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, template_hash
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
-from llmgw.api.types import ReplicaSpec
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 

@@ -14,10 +14,9 @@ stopped them (phase Stopped) or the Node object is deleted (``node_deleted``).
 """
 from __future__ import annotations
 
-from llmgw.api import ObjectClient
+from llmgw.api import EVICTING, Node, ObjectClient
 from llmgw.api.errors import NotFound
 from llmgw.api.meta import condition_true
-from llmgw.api.types import EVICTING, Node
 from llmgw.runtime.cache import Cache
 
 

@@ -53,10 +53,9 @@ from typing import Iterable
 from controllers.indexes import REPLICAS_BY_NODE, SHARDS_BY_NODE, SHARDS_BY_REPLICA
 from controllers.nodes import node_deleted
 from controllers.settings import DEFAULTS, ControllerSettings
-from llmgw.api import AnyObject, Node, ObjectMeta, Replica, Shard, get_condition
+from llmgw.api import AnyObject, Node, ObjectMeta, Replica, ReplicaPhase, Shard, ShardPorts, ShardSpec, get_condition
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
-from llmgw.api.types import ReplicaPhase, ShardPorts, ShardSpec
 from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER, shard_name
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import describe

@@ -36,8 +36,8 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from typing import Generic, Literal, Protocol, TypeVar
 
+from llmgw.api import AnyObject
 from llmgw.api.client import EventType
-from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
 
 log = logging.getLogger("llmgw.reflector")

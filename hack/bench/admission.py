@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from llmgw.api import ApiKey
 from llmgw.api.secrets import hash_secret, new_secret
-from llmgw.api.types import ApiKey
 from llmgw.gateway.admission import Admission, Ticket
 from llmgw.gateway.keyring import KeyRing
 

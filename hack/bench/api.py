@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmgw.api.types import Model
+from llmgw.api import Model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

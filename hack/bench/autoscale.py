@@ -46,7 +46,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llmgw.api.types import Model, Replica  # noqa: E402
+from llmgw.api import Model, Replica  # noqa: E402
 from llmgw.client import Client, ClientConfig  # noqa: E402
 from llmgw.dev.cluster import LocalCluster, NodePlan  # noqa: E402
 from llmgw.dev.process import free_port  # noqa: E402

@@ -392,8 +392,7 @@ class Observer:
 
 async def write_backlog(store: Store, todo: list[Model]) -> None:
     from controllers.model import replica_name
-    from llmgw.api import ObjectMeta, OwnerReference, template_hash
-    from llmgw.api.types import ReplicaSpec
+    from llmgw.api import ObjectMeta, OwnerReference, ReplicaSpec, template_hash
     from llmgw.api.wellknown import MODEL_LABEL, SHARDS_FINALIZER
 
     sem = asyncio.Semaphore(64)

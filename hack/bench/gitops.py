@@ -54,7 +54,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw import aio
-from llmgw.api.types import GitSource
+from llmgw.api import GitSource
 from llmgw.client import Client
 from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster

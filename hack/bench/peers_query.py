@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from controlplane import cpu_seconds  # the script beside this one (hack/bench/)
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from llmgw.client import Client
 from llmgw.dev.apiserver import start_api_server
 from llmgw.dev.etcd import etcd_cluster

@@ -55,8 +55,8 @@ from llmgw import aio
 from llmgw.agent.config import parse_size
 from llmgw.agent.listener import serve
 from llmgw.agent.peers import CacheServer
+from llmgw.api import Node, NodeStatus
 from llmgw.api.sources import HttpSource
-from llmgw.api.types import Node, NodeStatus
 from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.peers import Peers

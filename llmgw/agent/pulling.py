@@ -12,9 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.api import Shard, ShardStatus, set_condition
+from llmgw.api import PullStatus, Shard, ShardStatus, set_condition
 from llmgw.api.sources import parse_source
-from llmgw.api.types import PullStatus
 from llmgw.weights.errors import PullError
 from llmgw.weights.puller import Puller
 

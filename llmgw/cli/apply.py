@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from llmgw.api import manifests
+from llmgw.api import AnyObject, manifests
 from llmgw.api.applied import applied, check_not_owned
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import manifest_files
 from llmgw.api.selectors import Selector
-from llmgw.api.types import AnyObject
 from llmgw.api.wellknown import GITSOURCE_LABEL
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_kind, complete_name

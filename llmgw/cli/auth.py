@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llmgw.api.types import EVENTS, RULE_VERBS, resolve_kind
+from llmgw.api import EVENTS, RULE_VERBS, resolve_kind
 from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
 

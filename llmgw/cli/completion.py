@@ -21,7 +21,7 @@ LIST_TIMEOUT = 3.0  # seconds for the server to answer a completion's list: a Ta
 
 
 def complete_kind(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from llmgw.api.types import KINDS
+    from llmgw.api import KINDS
 
     return [CompletionItem(k) for k in KINDS if k.startswith(incomplete.lower())]
 

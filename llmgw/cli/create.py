@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 import click
 from pydantic import ValidationError
 
+from llmgw.api import ApiKey
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.meta import now
 from llmgw.api.secrets import hash_secret, new_secret
-from llmgw.api.types import ApiKey
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
 

@@ -102,7 +102,7 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
 # The same code as `llmgw get nodes` and `llmgw drain` (llmgw/cli/get.py, nodes.py).
 
 def _nodes_command() -> click.Command:
-    from llmgw.api.types import Node
+    from llmgw.api import Node
     from llmgw.cli.connect import Connection, connection_options
     from llmgw.cli.errors import EXIT_CODES_HELP
     from llmgw.cli.get import get_options, run_get
@@ -124,8 +124,8 @@ def _drain_command() -> click.Command:
 
 
 def _weights_command() -> click.Command:
+    from llmgw.api import Model, Node, Shard
     from llmgw.api.kinds import all_of_kind
-    from llmgw.api.types import Model, Node, Shard
     from llmgw.cli.connect import Connection, connection_options, run
     from llmgw.cli.errors import EXIT_CODES_HELP
     from llmgw.printers.table import Row, print_table

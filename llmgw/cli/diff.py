@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from llmgw.api.types import AnyObject
+from llmgw.api import AnyObject
 from llmgw.printers.objects import dump_yaml, ref, to_dict
 
 

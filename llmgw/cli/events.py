@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
+from llmgw.api import AnyObject
 from llmgw.api.events import EVENT_TYPES
-from llmgw.api.types import AnyObject
 from llmgw.cli.completion import complete_kind_slash_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP

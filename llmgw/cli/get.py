@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api import AnyObject
 from llmgw.api.kinds import kind_named
 from llmgw.api.selectors import Selector, parse_selector
-from llmgw.api.types import AnyObject
 from llmgw.api.usage import KeyUsage
 from llmgw.cli.completion import complete_kind, complete_name
 from llmgw.cli.connect import Connection, connection_options, run, usage_error

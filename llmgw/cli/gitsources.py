@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from llmgw.api import GitSource
 from llmgw.api.errors import AlreadyExists, Conflict
 from llmgw.api.kinds import kind_named, of_kind
 from llmgw.api.meta import get_condition
-from llmgw.api.types import GitSource
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_name

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmgw.api import Replica, Shard
 from llmgw.api.logs import MAX_LOG_TAIL, MAX_RANK, LogQuery
-from llmgw.api.types import Replica, Shard
 from llmgw.cli.completion import complete_log_target
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP

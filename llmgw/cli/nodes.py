@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llmgw.api import Node
 from llmgw.api.errors import AlreadyExists, Conflict, Expired
 from llmgw.api.kinds import all_of_kind, of_kind
-from llmgw.api.types import Node
 from llmgw.cli import errors as ec
 from llmgw.cli.completion import complete_node
 from llmgw.cli.connect import Connection, connection_options, run

@@ -18,11 +18,11 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
+from llmgw.api import AnyObject, Node, ObjectT
 from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.events import event_key
 from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
-from llmgw.api.types import AnyObject, Node, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig, server_urls
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for

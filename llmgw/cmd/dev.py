@@ -16,8 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from llmgw.api import condition_true, load_path
-from llmgw.api.types import Model, Node, Replica
+from llmgw.api import Model, Node, Replica, condition_true, load_path
 from llmgw.client import ApiError, Client, ClientConfig
 from llmgw.dev.cluster import NETNS_FILE, REPO, LocalCluster, NodePlan, PortTaken, default_nodes
 from llmgw.dev.cluster import down as cluster_down

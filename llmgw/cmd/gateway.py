@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import click
 
 from llmgw import aio
+from llmgw.api import AnyObject
 from llmgw.api.meta import check_dns1123_label
-from llmgw.api.types import AnyObject
 from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.apikeys import ApiKeys

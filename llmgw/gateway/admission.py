@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 from llmgw.gateway.errors import error_response
 from llmgw.gateway.response import Response
 from llmgw.gateway.usage import UsageWindows

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 
 MISSING = "Missing API key: send it as 'Authorization: Bearer <key>'"
 MALFORMED = "Malformed Authorization header: expected 'Bearer <key>'"

@@ -18,8 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from llmgw.api import ApiKey
 from llmgw.api.secrets import key_name, verify_secret
-from llmgw.api.types import ApiKey
 from llmgw.gateway.auth import INCORRECT, MALFORMED, MISSING, bearer_token
 
 log = logging.getLogger(__name__)

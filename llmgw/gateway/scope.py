@@ -2,7 +2,7 @@
 ApiKey's scope allows (admission.py). A caller learns of no other model, in a 404 or a list."""
 from __future__ import annotations
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.table import RoutingTable
 

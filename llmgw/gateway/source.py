@@ -6,10 +6,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.api import ApiKey, Model, Replica
+from llmgw.api import AnyObject, ApiKey, Model, Replica
 from llmgw.api.client import EventType
 from llmgw.api.manifests import load_path
-from llmgw.api.types import AnyObject
 from llmgw.backoff import Backoff
 from llmgw.client import Client
 from llmgw.gateway.keyring import KeyRing

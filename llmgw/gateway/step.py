@@ -14,7 +14,7 @@ import enum
 import time
 from typing import Final
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 from llmgw.gateway.body import Body
 from llmgw.gateway.http1 import Request
 from llmgw.gateway.response import Response

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.api import Model, Replica, RoutingSpec
-from llmgw.api.types import ObjectT
+from llmgw.api import Model, ObjectT, Replica, RoutingSpec
 
 
 @dataclass(frozen=True)

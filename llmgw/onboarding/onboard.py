@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
+from llmgw.api import Node
 from llmgw.api.errors import NotFound
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.meta import check_dns1123_label
-from llmgw.api.types import Node
 from llmgw.onboarding.artifact import inspect
 from llmgw.onboarding.identity import node_identity
 from llmgw.onboarding.remote_install import (

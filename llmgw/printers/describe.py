@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from llmgw.api.types import AnyObject
+from llmgw.api import AnyObject
 from llmgw.printers.objects import dump_yaml, to_dict
 from llmgw.printers.table import NONE, age_of, human_age, section
 

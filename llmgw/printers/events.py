@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from llmgw.api.types import KINDS
+from llmgw.api import KINDS
 from llmgw.printers.objects import dump_yaml
 from llmgw.printers.table import age_of
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from llmgw.api import AnyObject
 from llmgw.api.meta import API_VERSION
-from llmgw.api.types import AnyObject
 
 OUTPUTS = ("yaml", "json", "name")   # besides the tables (default and "wide")
 

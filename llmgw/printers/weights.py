@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmgw.api.types import Model, Node, Shard
+from llmgw.api import Model, Node, Shard
 from llmgw.printers.table import NONE, Row, binary_size
 
 HEADERS = ["NODE", "DIGEST", "SIZE", "MODELS", "SHARDS", "FREE", "CAPACITY"]

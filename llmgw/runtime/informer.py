@@ -17,9 +17,9 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from llmgw.api import KINDS, AnyObject, ObjectT
 from llmgw.api.client import EventType
 from llmgw.api.demand import DemandReport
-from llmgw.api.types import KINDS, AnyObject, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.reflector import ListerWatcher, Reflector, object_name
 from llmgw.runtime.cache import Cache

@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.api import KINDS
+from llmgw.api import KINDS, Shard
 from llmgw.api.errors import (
     BadRequest,
     CertificateExpired,
@@ -42,7 +42,6 @@ from llmgw.api.errors import (
 )
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
-from llmgw.api.types import Shard
 from llmgw.pki import CertificateAuthority, Identity, identity_from_der
 from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied

@@ -36,9 +36,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject
+from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject, GitSource, PolicyRule, Role, RoleBinding
 from llmgw.api.errors import Forbidden
-from llmgw.api.types import GitSource, PolicyRule, Role, RoleBinding
 from llmgw.pki import Identity
 from llmgw.server.rbac import BUILTIN_ROLES, Bindings, Target, allows, narrowed, rule_verbs, uncovered
 

@@ -19,9 +19,9 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.tracing import Trace
 
+from llmgw.api import Node
 from llmgw.api.errors import BadRequest, NotFound, StatusError, Unavailable
 from llmgw.api.logs import LogQuery
-from llmgw.api.types import Node
 from llmgw.pki import identity_from_der
 
 CONNECT_TIMEOUT = 5.0

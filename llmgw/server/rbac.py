@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic
 
+from llmgw.api import ANY, EVENTS, KINDS, RULE_VERBS, ObjectT, PolicyRule, Role, RoleBinding, RoleSpec
 from llmgw.api.client import EventType
 from llmgw.api.meta import ObjectMeta
 from llmgw.api.selectors import Selector
-from llmgw.api.types import ANY, EVENTS, KINDS, RULE_VERBS, ObjectT, PolicyRule, Role, RoleBinding, RoleSpec
 from llmgw.api.wellknown import BUILTIN_ROLE_LABEL, RECONCILE_REQUESTED_AT
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector

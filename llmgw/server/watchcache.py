@@ -36,10 +36,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from llmgw.api import errors
+from llmgw.api import KINDS, AnyObject, errors, node_of
 from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject, node_of
 from llmgw.backoff import Backoff
 from llmgw.reflector import Event, Reflector, object_name
 from llmgw.server.status import status_body

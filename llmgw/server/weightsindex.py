@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from llmgw.api import errors
+from llmgw.api import Node, errors
 from llmgw.api.client import EventType
-from llmgw.api.types import Node
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Store

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
+from llmgw.api import ObjectT
 from llmgw.api.client import EventType
-from llmgw.api.types import ObjectT
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
 from llmgw.store.kv import KV

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.api.types import AnyObject, Model
+from llmgw.api import AnyObject, Model
 from llmgw.store import keys as K
 from llmgw.store.errors import Conflict, NameTaken
 from llmgw.store.etcd import MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op

@@ -22,12 +22,12 @@ from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
+from llmgw.api import KINDS, AnyObject, ObjectT, node_of
 from llmgw.api.client import StatusPatch, WatchEvent
 from llmgw.api.compact import share_fields_set_of, share_fields_sets
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
-from llmgw.api.types import KINDS, AnyObject, ObjectT, node_of
 from llmgw.store import keys as K
 from llmgw.store.errors import AlreadyExists, Conflict, NotFound
 from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op

@@ -29,8 +29,8 @@ import logging
 import time
 from types import TracebackType
 
+from llmgw.api import Model, ObjectT
 from llmgw.api.client import ObjectClient
-from llmgw.api.types import Model, ObjectT
 from llmgw.backoff import Backoff
 from llmgw.store.connection import Connection
 from llmgw.store.demand import Demand

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.api.types import CachedWeights, WeightsCache
+from llmgw.api import CachedWeights, WeightsCache
 from llmgw.weights.errors import PullError
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from llmgw.weights.digest import FileEntry
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from typing import Literal
 
 import aiohttp
 
+from llmgw.api import WeightsCache, WeightsPull
 from llmgw.api.sources import PulledSource
-from llmgw.api.types import WeightsCache, WeightsPull
 from llmgw.weights.cache import Cache, Reservation
 from llmgw.weights.digest import FileEntry, content_digest
 from llmgw.weights.errors import PullError

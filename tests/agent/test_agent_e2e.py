@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.process import is_alive, start_time
-from llmgw.api import ObjectMeta, Shard, condition_true, get_condition
-from llmgw.api.types import Node, ShardPorts, ShardSpec
+from llmgw.api import Node, ObjectMeta, Shard, ShardPorts, ShardSpec, condition_true, get_condition
 from llmgw.client import NotFound
 from llmgw.dev.process import free_port
 from llmgw.store import Store

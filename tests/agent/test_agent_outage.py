@@ -6,7 +6,7 @@ import os
 import signal
 
 from llmgw.agent.process import is_alive, start_time
-from llmgw.api.types import Shard
+from llmgw.api import Shard
 from llmgw.store import keys
 from tests.agent.test_agent_e2e import AgentProcess, kill_recorded_engines, shard_in, sim_shard, wait_for
 from tests.fixtures.cluster import api_server, ca_dir  # noqa: F401

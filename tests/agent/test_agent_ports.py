@@ -15,8 +15,7 @@ from aiohttp import web
 
 from llmgw.agent import ports
 from llmgw.agent.process import is_alive, start_time
-from llmgw.api import get_condition
-from llmgw.api.types import Node, Shard
+from llmgw.api import Node, Shard, get_condition
 from llmgw.dev.process import free_port
 from tests.agent.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
 from tests.fixtures.cluster import shared_api_server  # noqa: F401

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import tracemalloc
 
+from llmgw.api import Node
 from llmgw.api.compact import share_fields_set_of, share_fields_sets
 from llmgw.api.manifests import parse_stored
-from llmgw.api.types import Node
 from llmgw.hollow import make_node
 
 

@@ -1,5 +1,5 @@
 """The typed status patches (llmgw.api.patches) stay in step with the status models they patch."""
-from llmgw.api import Condition
+from llmgw.api import Condition, DrainStatus, GitSourceStatus, ModelStatus, NodeStatus, ReplicaStatus
 from llmgw.api.patches import (
     ConditionPatch,
     DrainStatusPatch,
@@ -8,7 +8,6 @@ from llmgw.api.patches import (
     NodeStatusPatch,
     ReplicaStatusPatch,
 )
-from llmgw.api.types import DrainStatus, GitSourceStatus, ModelStatus, NodeStatus, ReplicaStatus
 
 PATCHES = [(NodeStatusPatch, NodeStatus), (ModelStatusPatch, ModelStatus), (ReplicaStatusPatch, ReplicaStatus),
            (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus),

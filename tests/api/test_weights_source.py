@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.api import InvalidObject, parse_object
+from llmgw.api import InvalidObject, parse_object, template_hash
 from llmgw.api.sources import HttpSource, HubSource, parse_source
-from llmgw.api.types import template_hash
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import yaml
 
-from llmgw.api import parse_object
-from llmgw.api.types import GitSource, Model
+from llmgw.api import GitSource, Model, parse_object
 from llmgw.api.wellknown import GITSOURCE_LABEL, RECONCILE_REQUESTED_AT
 from llmgw.cli import errors as ec
 from tests.fixtures.cluster import admin_cli_config, llmgw, shared_api_server  # noqa: F401

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node
+from llmgw.api import Model, Node, parse_object
 from llmgw.client import ClientConfig
 from llmgw.dev.process import free_port
 from tests.fixtures.cluster import admin_cli_config, llmgw, make_pki, shared_api_server  # noqa: F401

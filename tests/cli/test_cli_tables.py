@@ -5,9 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from llmgw.api import parse_object
+from llmgw.api import KINDS, CachedWeights, Model, Node, Replica, Shard, WeightsCache, parse_object
 from llmgw.api.selectors import SelectorError, parse_selector
-from llmgw.api.types import KINDS, CachedWeights, Model, Node, Replica, Shard, WeightsCache
 from llmgw.printers.kinds import PRINTERS, Beside, table
 from llmgw.printers.kinds.node import node_status
 from llmgw.printers.table import format_table, human_age

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from llmgw.agent.config import load_config
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node
+from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node
+from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, Forbidden, NotFound, TLSError, Unreachable
 from llmgw.dev.process import free_port
 from tests.fixtures.cluster import api_server, ca_dir, make_pki, shared_api_server  # noqa: F401

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model
+from llmgw.api import Model, parse_object
 from llmgw.backoff import Backoff
 from llmgw.reflector import Reflector
 from llmgw.store import Compactor, Store

@@ -9,9 +9,8 @@ import pytest
 from controllers.autoscaler import AutoscalerController, _History, decide, recommend
 from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
-from llmgw.api import Model, get_condition
+from llmgw.api import SCALED, AutoscalingSpec, Model, get_condition
 from llmgw.api.demand import DemandReport, ModelDemand
-from llmgw.api.types import SCALED, AutoscalingSpec
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until
 

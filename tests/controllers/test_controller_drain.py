@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from controllers.drain import DrainController
 from controllers.scheduler import SchedulerController
-from llmgw.api.types import Node, Replica
+from llmgw.api import Node, Replica
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.fixtures.ctrlkit import ReadyPlayer, ReplicaWatch, get_or_none, model, node, replica, running
 from tests.fixtures.poll import until

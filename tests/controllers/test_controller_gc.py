@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controllers.gc import GarbageCollector
-from llmgw.api.types import Model, Replica, Shard
+from llmgw.api import Model, Replica, Shard
 from tests.fixtures.ctrlkit import get_or_none, model, replica, running, shard
 from tests.fixtures.poll import until
 

@@ -12,10 +12,9 @@ import pytest
 
 from controllers.gitops import GitOpsController
 from controllers.settings import ControllerSettings
-from llmgw.api import Model, condition_true, get_condition
+from llmgw.api import GitSource, Model, condition_true, get_condition
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import parse_object
-from llmgw.api.types import GitSource
 from llmgw.api.wellknown import GITSOURCE_LABEL, RECONCILE_REQUESTED_AT
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until

@@ -10,8 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from controllers.settings import ControllerSettings
-from llmgw.api import get_condition
-from llmgw.api.types import EVICTING, Node
+from llmgw.api import EVICTING, Node, get_condition
 from llmgw.cmd import controller_manager as cli
 from tests.fixtures.ctrlkit import node
 from tests.fixtures.poll import until

@@ -6,8 +6,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from controllers.model import plan, replica_name
-from llmgw.api import Model, Replica, template_hash
-from llmgw.api.types import Shard
+from llmgw.api import Model, Replica, Shard, template_hash
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import Informer

@@ -8,8 +8,7 @@ from controllers.nodelifecycle import NodeLifecycleController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
 from controllers.settings import ControllerSettings
-from llmgw.api import get_condition
-from llmgw.api.types import Node, Replica, Shard
+from llmgw.api import Node, Replica, Shard, get_condition
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.fixtures.controlplane import FAST, control_plane
 from tests.fixtures.ctrlkit import (

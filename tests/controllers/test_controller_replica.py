@@ -5,8 +5,7 @@ import asyncio
 from datetime import datetime, timezone
 
 from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
-from llmgw.api import Model, get_condition
-from llmgw.api.types import Node, Replica, Shard
+from llmgw.api import Model, Node, Replica, Shard, get_condition
 from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until

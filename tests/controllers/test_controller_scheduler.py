@@ -7,8 +7,7 @@ from prometheus_client import generate_latest
 
 from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
-from llmgw.api import get_condition
-from llmgw.api.types import Node, Replica
+from llmgw.api import Node, Replica, get_condition
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from tests.fixtures.ctrlkit import node, replica, running

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Node
+from llmgw.api import Node, parse_object
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import LLMGW, free_port

@@ -17,7 +17,7 @@ import shutil
 import aiohttp
 import pytest
 
-from llmgw.api.types import Model, Node, Replica
+from llmgw.api import Model, Node, Replica
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port

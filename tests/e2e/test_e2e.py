@@ -19,8 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.api import load_path
-from llmgw.api.types import Model, Node, Replica
+from llmgw.api import Model, Node, Replica, load_path
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig, NotFound
 from llmgw.dev.cluster import LocalCluster, NodePlan

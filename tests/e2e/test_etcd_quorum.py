@@ -16,7 +16,7 @@ import signal
 import aiohttp
 import pytest
 
-from llmgw.api.types import Model, Node
+from llmgw.api import Model, Node
 from llmgw.client import Client, ClientConfig, Unavailable
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port

@@ -21,8 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.api import Model
-from llmgw.api.types import Replica
+from llmgw.api import Model, Replica
 from llmgw.cli.metricsview import MODEL_HEADERS, NODE_HEADERS, REPLICA_HEADERS
 from llmgw.client import Client, ClientConfig
 from llmgw.dev import prometheus

@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from llmgw.api.types import Model, Replica
+from llmgw.api import Model, Replica
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port

@@ -9,8 +9,7 @@ import subprocess
 import aiohttp
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node, Replica, Shard
+from llmgw.api import Model, Node, Replica, Shard, parse_object
 from llmgw.client import Client, ClientConfig, NotFound
 from llmgw.dev.cluster import NodePlan
 from llmgw.dev.process import LLMGW, free_port

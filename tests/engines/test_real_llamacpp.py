@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.api import Model, get_condition
-from llmgw.api.types import Replica, Shard
+from llmgw.api import Model, Replica, Shard, get_condition
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import LLMGW, free_port

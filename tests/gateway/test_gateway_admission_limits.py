@@ -2,8 +2,8 @@
 rounded up, buckets resized when the gateways change, a revoked key's requests ended, reset times."""
 from __future__ import annotations
 
+from llmgw.api import ApiKey
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import ApiKey
 from llmgw.gateway.admission import Admission, Ticket, duration
 from llmgw.gateway.response import Response
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from llmgw.api import ApiKey
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import ApiKey
 from llmgw.api.usage import UsageReport, total_usage
 from llmgw.gateway.admission import Admission, Ticket
 from llmgw.gateway.usage import MAX_REPORT_BYTES, PERIOD, UsageWindows

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from llmgw.pki import identity_from_pem_file
 from tests.fixtures.cluster import api_server, ca_dir  # noqa: F401
 from tests.fixtures.poll import until_sync

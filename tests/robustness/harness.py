@@ -32,8 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.api import Model
-from llmgw.api.types import KINDS, Node, Replica, Shard
+from llmgw.api import KINDS, Model, Node, Replica, Shard
 from llmgw.cli.nodes import set_node_spec
 from llmgw.client import Client, ClientConfig
 from llmgw.client.errors import ApiError, Expired, Unreachable

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from llmgw.api.types import KINDS as API_KINDS
+from llmgw.api import KINDS as API_KINDS
 from llmgw.dev.cluster import MARKER, NODE_MARKER
 from llmgw.store import Compacted, StoreUnavailable
 from tests.robustness.history import Change, Engine, History, Sample

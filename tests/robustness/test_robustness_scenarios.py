@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.harness import fault_cluster

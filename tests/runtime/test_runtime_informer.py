@@ -1,8 +1,7 @@
 """Informers against a real etcd: list+watch into the cache, relist after compaction."""
 import asyncio
 
-from llmgw.api import Model, ObjectMeta
-from llmgw.api.types import ModelSpec, Profile
+from llmgw.api import Model, ModelSpec, ObjectMeta, Profile
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.informer import HeartbeatInformer, Informer
 from llmgw.store import Compactor

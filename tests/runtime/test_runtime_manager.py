@@ -8,8 +8,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from llmgw.api import Model, ObjectMeta
-from llmgw.api.types import ModelSpec, Profile
+from llmgw.api import Model, ModelSpec, ObjectMeta, Profile
 from llmgw.dev.process import free_port
 from llmgw.runtime.controller import Controller, Result
 from llmgw.runtime.manager import Manager

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node
+from llmgw.api import Model, Node, parse_object
 from llmgw.client import AlreadyExists, BadRequest, Conflict, Expired, NotFound
 from llmgw.store import Compactor, Store
 from tests.fixtures.cluster import api_server, ca_dir, shared_api_server  # noqa: F401

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from llmgw.api import parse_object
+from llmgw.api import Model, parse_object
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import Model
 from llmgw.client import Forbidden
 from llmgw.pki import identity_from_pem_file
 from llmgw.server.audit import AuditLog

@@ -5,9 +5,8 @@ import asyncio
 
 import pytest
 
-from llmgw.api import parse_object
+from llmgw.api import ApiKey, Model, Node, Replica, Shard, parse_object
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import ApiKey, Model, Node, Replica, Shard
 from llmgw.client import Forbidden
 from tests.fixtures.cluster import shared_api_server  # noqa: F401
 

@@ -8,9 +8,8 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import KINDS, InvalidObject, parse_object
+from llmgw.api import KINDS, GitSecretRef, InvalidObject, Model, Node, parse_object
 from llmgw.api.secrets import hash_secret
-from llmgw.api.types import GitSecretRef, Model, Node
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
 from llmgw.cli.describe import describe

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node, Shard
+from llmgw.api import Model, Node, Shard, parse_object
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
 from tests.fixtures.cluster import ca_dir, llmgw_ca, make_pki, shared_api_server, until_revoked  # noqa: F401

@@ -11,8 +11,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Shard
+from llmgw.api import Model, Shard, parse_object
 from llmgw.client import BadRequest, Expired, Unavailable
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.server.watchcache import KindCache

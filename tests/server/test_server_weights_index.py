@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 
-from llmgw.api.types import Node
+from llmgw.api import Node
 from llmgw.client import Unavailable
 from llmgw.dev.etcd import etcd_cluster
 from llmgw.server.weightsindex import SYNC_TIMEOUT

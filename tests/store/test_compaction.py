@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from llmgw.api.types import Model
+from llmgw.api import Model
 from llmgw.runtime.manager import Manager
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.store import Compacted, Compactor, Store

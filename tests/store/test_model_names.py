@@ -6,9 +6,8 @@ import asyncio
 
 import pytest
 
-from llmgw.api import parse_object
+from llmgw.api import Model, parse_object
 from llmgw.api.errors import Conflict
-from llmgw.api.types import Model
 from llmgw.store import NameTaken, NotFound
 from tests.fixtures.cluster import api_server, ca_dir  # noqa: F401
 

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from click.testing import CliRunner, Result
 
+from llmgw.api import ApiKey, Model, Node, Shard
 from llmgw.api.secrets import new_secret
-from llmgw.api.types import ApiKey, Model, Node, Shard
 from llmgw.cli.create import build_key
 from llmgw.cli.main import cli
 from llmgw.client import Client, ClientConfig

@@ -9,8 +9,7 @@ import subprocess
 
 import pytest
 
-from llmgw.api import Model, Node, ObjectMeta, Shard, parse_object
-from llmgw.api.types import ModelStatus
+from llmgw.api import Model, ModelStatus, Node, ObjectMeta, Shard, parse_object
 from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store, StoreUnavailable
 from tests.fixtures.poll import until
 

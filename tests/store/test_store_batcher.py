@@ -6,7 +6,7 @@ import asyncio
 import aetcd.exceptions
 import pytest
 
-from llmgw.api.types import Model
+from llmgw.api import Model
 from llmgw.dev.process import free_port
 from llmgw.store import AlreadyExists, Conflict, FencedOut, Store, StoreUnavailable
 from llmgw.store.connection import Connection

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw.api import get_condition
-from llmgw.api.types import Node, PullStatus, Shard, ShardStatus
+from llmgw.api import Node, PullStatus, Shard, ShardStatus, get_condition
 from llmgw.printers.kinds import table
 from tests.agent.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
 from tests.fixtures.cluster import shared_api_server  # noqa: F401

@@ -8,8 +8,7 @@ import asyncio
 
 import pytest
 
-from llmgw.api import parse_object
-from llmgw.api.types import Model, Node, Replica, Shard
+from llmgw.api import Model, Node, Replica, Shard, parse_object
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.client import Client, ClientConfig, NotFound
 from llmgw.dev.cluster import NodePlan

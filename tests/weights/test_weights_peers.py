@@ -17,8 +17,8 @@ import pytest
 
 from llmgw.agent.listener import serve
 from llmgw.agent.peers import CacheServer
+from llmgw.api import Node, NodeStatus
 from llmgw.api.sources import parse_source
-from llmgw.api.types import Node, NodeStatus
 from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.digest import FileEntry

@@ -1,7 +1,7 @@
 """Who calls: the Authorization header, checked by the gateway's Authenticator (auth.py); a 401 if refused."""
 from __future__ import annotations
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 from llmgw.gateway import errors
 from llmgw.gateway.auth import Authenticator, Caller
 from llmgw.gateway.response import Response

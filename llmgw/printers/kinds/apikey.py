@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from llmgw.api.types import ApiKey
+from llmgw.api import ApiKey
 from llmgw.api.usage import KeyUsage
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, register
 from llmgw.printers.table import NONE, human_age, join

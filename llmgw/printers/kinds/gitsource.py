@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from llmgw.api import GITSOURCE_WAITING, GitSource
 from llmgw.api.meta import get_condition
-from llmgw.api.types import GITSOURCE_WAITING, GitSource
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, register
 from llmgw.printers.table import NONE, human_age
 

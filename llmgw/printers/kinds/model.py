@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from llmgw.api import SCALED, Model, Replica
 from llmgw.api.meta import get_condition
-from llmgw.api.types import SCALED, Model, Replica
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, by_name, register
 from llmgw.printers.table import NONE, human_age, join, section, unique
 

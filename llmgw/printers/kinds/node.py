@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from llmgw.api import EVICTING, Node, Replica
 from llmgw.api.meta import get_condition
-from llmgw.api.types import EVICTING, Node, Replica
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, by_name, register
 from llmgw.printers.table import NONE, binary_size, human_age, join, section, unique
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Protocol, cast
 
+from llmgw.api import AnyObject, ObjectT
 from llmgw.api.kinds import all_of_kind
 from llmgw.api.logs import LogQuery
-from llmgw.api.types import AnyObject, ObjectT
 from llmgw.api.usage import KeyUsage
 
 Table = tuple[list[str], list[list[str]]]   # headers, rows

@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
+from llmgw.api import Replica, Shard
 from llmgw.api.meta import get_condition
-from llmgw.api.types import Replica, Shard
 from llmgw.api.wellknown import shard_name
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, register
 from llmgw.printers.kinds.shard import engine_log

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from llmgw.api.types import Role
+from llmgw.api import Role
 from llmgw.api.wellknown import BUILTIN_ROLE_LABEL
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, register
 from llmgw.printers.table import human_age

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from llmgw.api import Replica, Shard
 from llmgw.api.errors import StatusError
 from llmgw.api.logs import LogQuery
-from llmgw.api.types import Replica, Shard
 from llmgw.api.wellknown import shard_name
 from llmgw.printers.kinds.printer import Beside, KindPrinter, Reader, register
 from llmgw.printers.table import NONE, human_age, join

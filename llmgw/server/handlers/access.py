@@ -7,9 +7,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from llmgw.api import KINDS
+from llmgw.api import ANY, EVENTS, KINDS, RULE_VERBS
 from llmgw.api.errors import BadRequest, NotFound
-from llmgw.api.types import ANY, EVENTS, RULE_VERBS
 from llmgw.pki import Identity
 from llmgw.server.authz import Authorizer, Denied, review_action
 from llmgw.server.rbac import Bindings

@@ -8,10 +8,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from llmgw.api import ApiKey
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import Invalid, NotFound
 from llmgw.api.manifests import describe_validation_error
-from llmgw.api.types import ApiKey
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.server.request import json_response, read_body
 from llmgw.store import Store

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.api import KINDS
+from llmgw.api import KINDS, node_of
 from llmgw.api.errors import BadRequest, Invalid
-from llmgw.api.types import node_of
 from llmgw.server.authz import Action
 from llmgw.server.request import Authorize, json_response, not_a_name, read_body, unknown_kind
 from llmgw.store import Store

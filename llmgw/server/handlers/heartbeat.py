@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from llmgw.api import Node
 from llmgw.api.errors import BadRequest
-from llmgw.api.types import Node
 from llmgw.server.request import json_response, read_body
 from llmgw.store import Store
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
+from llmgw.api import Node, Replica, Shard
 from llmgw.api.errors import BadRequest, NotFound
 from llmgw.api.logs import LogQuery, parse_rank
-from llmgw.api.types import Node, Replica, Shard
 from llmgw.api.wellknown import REPLICA_LABEL, shard_name
 from llmgw.server.authz import Action
 from llmgw.server.logs import AgentLogs

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.api import KINDS, AnyObject
+from llmgw.api import KINDS, AnyObject, node_of
 from llmgw.api.applied import applied, applies_nothing, check_not_owned
 from llmgw.api.errors import AlreadyExists, BadRequest, Conflict, NotFound
 from llmgw.api.selectors import Selector
-from llmgw.api.types import node_of
 from llmgw.server.authz import Action, changed_fields, written_fields
 from llmgw.server.rbac import BUILTIN_ROLES
 from llmgw.server.request import Authorize, dump, json_response, kind_of, object_list, read_object

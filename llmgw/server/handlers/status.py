@@ -6,10 +6,9 @@ from collections.abc import Callable
 from aiohttp import web
 from pydantic import ValidationError
 
-from llmgw.api import KINDS, AnyObject
+from llmgw.api import KINDS, AnyObject, node_of
 from llmgw.api.errors import Invalid
 from llmgw.api.manifests import describe_validation_error
-from llmgw.api.types import node_of
 from llmgw.server.authz import Action, written_fields
 from llmgw.server.request import Authorize, dump, json_response, kind_of, read_body, read_object
 from llmgw.store import Store
