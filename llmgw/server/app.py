@@ -58,7 +58,7 @@ from llmgw.server.handlers.weights import WeightsQuery
 from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.rbac import Bindings
-from llmgw.server.request import json_response, kind_of, unknown_kind, url_name, watching
+from llmgw.server.request import HIDE_KEY_HASHES, json_response, kind_of, unknown_kind, url_name, watching
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
@@ -288,6 +288,7 @@ class ApiServer:
         act = self._url_action(request)
         if act is not None:
             await self.authorize(request, act)
+            request[HIDE_KEY_HASHES] = act.kind == "apikeys" and self.authz.hides_key_hashes(request["identity"])
         return await handler(request)
 
     def _url_action(self, request: web.Request) -> Action | None:

@@ -188,6 +188,13 @@ class Authorizer:
         return next((r.rule for r in self.bindings.rules_of_kind(user, groups, act.kind)
                      if allows(r, verbs, target, final)), None)
 
+    def hides_key_hashes(self, who: Identity) -> bool:
+        """Whether `who` reads ApiKeys with their spec.secretHash redacted: a user whose bindings do not
+        let it update every ApiKey (the built-in view, operate and edit roles); an admin and the
+        gateway read them whole."""
+        return who.role == "user" and self.granting(
+            who.name, who.groups, Action("update", "apikeys", fields=frozenset({"spec.secretHash"}))) is None
+
     def _user(self, who: Identity, act: Action) -> None:
         subject = f"user {who.name}" + (f" (groups {', '.join(who.groups)})" if who.groups else "")
         if self.granting(who.name, who.groups, act) is None:

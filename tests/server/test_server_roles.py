@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import KINDS, GitSecretRef, InvalidObject, Model, Node, parse_object
-from llmgw.api.secrets import hash_secret
+from llmgw.api import KINDS, ApiKey, GitSecretRef, InvalidObject, Model, Node, parse_object
+from llmgw.api.secrets import REDACTED, hash_secret, verify_secret
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
 from llmgw.cli.describe import describe
@@ -157,7 +157,7 @@ WRITES = {"create", "update", "delete", "cordon", "drain", "scale", "reconcile"}
 
 
 def expected(who: str, verb: str, kind: str, name: str) -> bool:
-    reads = verb in ("get", "list", "watch") and kind != "apikeys"
+    reads = verb in ("get", "list", "watch")
     if who == "vic":        # view
         return reads
     if who == "olga":       # operate
@@ -185,6 +185,31 @@ async def test_every_kind_and_verb(cluster, who):
             assert review["allowed"] == allowed, (verb, kind, name, review)
     wrong = {cell: got for cell, got in answers.items() if got != expected(who, *cell)}
     assert not wrong
+
+
+async def test_view_reads_api_keys_without_their_hashes(cluster):
+    """`view` reads ApiKeys with spec.secretHash redacted, in a get, a list and a watch (its first
+    items and a change streamed after); an admin, a certificate's or a user bound to `admin`, reads it."""
+    async with cluster.client() as admin, cluster.client(cluster.ids["vic"]) as vic, \
+            cluster.client(cluster.ids["rita"]) as rita:
+        _, rev = await vic.list(ApiKey)
+        watch = vic.watch(ApiKey, from_revision=rev + 1)
+        first = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)   # the watch is open before the change
+        key = await admin.get(ApiKey, "k1")
+        key.metadata.labels["seen"] = "yes"
+        await admin.update(key)
+        changed = await asyncio.wait_for(first, 10)
+        await watch.aclose()
+        read = [await vic.get(ApiKey, "k1"), next(k for k in (await vic.list(ApiKey))[0] if k.name == "k1"),
+                (await _watch_one(vic, ApiKey)).object, changed.object]
+        assert changed.type == "MODIFIED" and changed.object.metadata.labels["seen"] == "yes"
+        assert [k.spec.secretHash for k in read] == [REDACTED] * 4
+        assert [k.spec.owner for k in read] == ["team-a"] * 4
+        assert not verify_secret("llmgw_k_" + "0" * 48, REDACTED)   # a redacted hash matches no secret
+        assert (await admin.get(ApiKey, "k1")).spec.secretHash == _HASH
+        assert (await rita.get(ApiKey, "k1")).spec.secretHash == _HASH
+        assert (await _watch_one(rita, ApiKey)).object.spec.secretHash == _HASH
 
 
 async def test_no_one_binds_themselves_to_more(cluster):

@@ -10,6 +10,7 @@ kind, whatever the number of HTTP watches; while etcd is unreachable, the stream
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
@@ -19,11 +20,12 @@ from aiohttp import web
 
 from llmgw.api import KINDS, AnyObject
 from llmgw.api.errors import BadRequest, Expired
+from llmgw.api.secrets import REDACTED
 from llmgw.api.selectors import Selector
 from llmgw.pki import Identity
 from llmgw.server.events import EventWatch
 from llmgw.server.metrics import ServerMetrics
-from llmgw.server.request import dump, resource_version
+from llmgw.server.request import HIDE_KEY_HASHES, dump, resource_version, shown
 from llmgw.server.revocations import Revocations
 from llmgw.server.watchcache import WatchCache, check_revision, error_line, event_line
 from llmgw.store import Store
@@ -73,9 +75,12 @@ class Watches:
             return await self._serve(request, kind, error_line(410, "Expired", expired), None)
         # no await since the revision check or the list: nothing can slip in between
         watcher = cache.subscribe(rv, node=node, selector=sel, who=f"{request['identity']} ({request.remote})")
+        stream = watcher.stream(self.bookmark_interval)
         try:
-            return await self._serve(request, kind, b"".join(event_line("ADDED", dump(o), rv) for o in initial),
-                                     (watcher.stream(self.bookmark_interval), watcher.fail))
+            return await self._serve(request, kind,
+                                     b"".join(event_line("ADDED", dump(shown(request, o)), rv) for o in initial),
+                                     (_hashes_redacted(stream) if request.get(HIDE_KEY_HASHES) else stream,
+                                      watcher.fail))
         finally:
             watcher.close()
 
@@ -144,3 +149,18 @@ class Watches:
             timer.cancel()
             unsubscribe()
         return undo
+
+
+async def _hashes_redacted(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The watch cache's event lines (shared by every watch of the kind) with each ApiKey's
+    spec.secretHash REDACTED, for a reader who may not see them (request.py's HIDE_KEY_HASHES)."""
+    async for chunk in chunks:
+        lines = []
+        for line in chunk.splitlines(keepends=True):
+            event = json.loads(line)
+            spec = event.get("object", {}).get("spec")
+            if isinstance(spec, dict) and "secretHash" in spec:
+                spec["secretHash"] = REDACTED
+                line = (json.dumps(event) + "\n").encode()
+            lines.append(line)
+        yield b"".join(lines)
