@@ -53,7 +53,7 @@ def test_bad_flags_are_one_line_errors(config):
 
 def test_create_and_get_warn_when_no_gateway_enforces_keys(config):
     """No gateway runs with --watch-api-keys here: one line on stderr says so (with one that does:
-    tests/dev/test_dev_keys.py); the secret alone is on stdout."""
+    tests/dev/test_dev_up.py); the secret alone is on stdout."""
     out = llmgw(config, "create", "apikey", "unenforced", "--owner", "x")
     assert out.exit_code == 0, out.output
     warning = "warning: no live gateway enforces API keys (none runs with --watch-api-keys)"
