@@ -21,9 +21,11 @@ Rules, by the certificate's organisation:
                                          writes grants no rule it does not hold (rule "escalation")
 Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', each node's own, and
 those of a user granted `logs`. The built-in roles (view, operate, edit, admin) are written by no
-one (rule "builtin-role"); a user sets no GitSource's secretRef, nor the url of one that has a
-secretRef or a file:// url (rule "gitsource-credentials"). Anything else is Forbidden, with the
-rule's name in the message.
+one (rule "builtin-role"); a user sets no GitSource's url to a file:// URL, nor the url of one
+that has one (rule "gitsource-file-url": it reads the controller-manager's host); a secretRef is
+a file name in the controller-manager's credentials directory, checked by the API and the
+controller (controllers/gitfetch.py), so any writer of GitSources may name one. Anything else is
+Forbidden, with the rule's name in the message.
 
 A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
 its body is read (``Action.final`` false: what the URL does not say, the body's name, the
@@ -209,14 +211,12 @@ class Authorizer:
 
     @staticmethod
     def _gitsource_reach(subject: str, act: Action, src: GitSource) -> None:
-        """Until a GitSource's credentials are confined to a directory the controller-manager is
-        told (issue 51), a user may not point one that reads a credentials file or a local path
-        (secretRef, file://) anywhere: its token would go to the URL's host, a file:// URL reads
-        any repository of the controller-manager's host. Admins may."""
-        reach = src.spec.secretRef is not None or src.spec.url.startswith("file://")
-        if reach and (act.fields is None or act.fields & {"spec.url", "spec.secretRef"}):
-            raise Denied("gitsource-credentials", f"{subject} may not {act}: only an admin sets the url of a "
-                         "GitSource with spec.secretRef or a file:// url, or its secretRef")
+        """A file:// URL reads a repository of the controller-manager's host (under its
+        --git-file-root): a user neither sets one nor changes the url of a source that has one.
+        Admins may. (A secretRef names a file of the credentials directory only: llmgw/api/git.py.)"""
+        if src.spec.url.startswith("file://") and (act.fields is None or "spec.url" in act.fields):
+            raise Denied("gitsource-file-url", f"{subject} may not {act}: spec.url: only an admin sets a "
+                         "file:// url, or the url of a GitSource that has one")
 
     @staticmethod
     def _component(who: Identity, act: Action) -> None:
