@@ -314,7 +314,7 @@ class ApiServer:
         kind = kind_of(request)
         node = url_name("node", q["node"]) if q.get("node") else None
         name = url_name("name", info["name"]) if "name" in info else None
-        return Action(verb, kind, name, node=node, final=False)
+        return Action(verb, kind, name, node=node, final=False, weights=verb == "list" and "weights" in q)
 
     async def authorize(self, request: web.Request, act: Action) -> None:
         """The one authorization step, by the URL (step 3) and by the object (step 4): the rules

@@ -7,8 +7,10 @@ Rules, by the certificate's organisation:
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys (and read
                                          their usage, GET /usage/apikeys, as admins do); report its
                                          demand (POST /demand/<gateway>), which no one else but an admin may
-  node N           (O=llmgw:nodes, CN=N) get its own Node, list the Nodes (the peers holding weights
-                                         it pulls); create it with labels and the agent's
+  node N           (O=llmgw:nodes, CN=N) get its own Node, ask the weights index for the Nodes
+                                         holding what it pulls (GET nodes?weights=, its peers),
+                                         never list the fleet (rule "node-list"); create it with
+                                         labels and the agent's
                                          status fields only; write the agent's status fields of
                                          it (never its spec, labels, annotations or finalizers);
                                          heartbeat as N, get/list/watch Shards bound to N
@@ -101,6 +103,7 @@ class Action:
     labels: Mapping[str, str] | None = None
     new_labels: Mapping[str, str] | None = None
     obj: AnyObject | None = None   # the object written (a Role or a RoleBinding: what it grants)
+    weights: bool = False          # a list of Nodes asking the weights index (?weights=), not the fleet
 
     def unknown(self, value: object) -> bool:
         """`value` (one of this action's attributes) is not known yet: the request is judged by its URL."""
@@ -247,10 +250,13 @@ class Authorizer:
                                   f"on node {act.obj_node}")
         if act.kind == "nodes":
             if act.verb == "list":
-                return      # the other nodes' status: which hold or pull the weights it pulls (peers)
+                if act.weights:
+                    return  # the Nodes that hold or pull the weights it pulls (its peers), from the index
+                raise Denied("node-list", f"node {me} may not list the fleet's Nodes; it asks the weights index "
+                             "for the peers of a pull (GET nodes?weights=SOURCE)")
             if act.verb not in ("get", "create", "update", "status", "apply"):
-                raise Denied("node-self", f"node {me} may only list the Nodes, and get, register and write "
-                             f"the status of its own Node; it asked to {act}")
+                raise Denied("node-self", f"node {me} may only ask the weights index for Nodes, and get, register "
+                             f"and write the status of its own Node; it asked to {act}")
             if act.name != me and not act.unknown(act.name):
                 raise claims(act.name, "node-self", "read and write a Node")
             return self._own_node(me, act)
