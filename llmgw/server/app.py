@@ -128,6 +128,7 @@ class ApiServer:
             ("GET", "/events", self.list_events, "events-read"),
             ("POST", "/events", self.events.record, "events-write"),
             ("POST", "/revocations", self.revoke.revoke, "revoke"),
+            ("GET", "/revocations", self.list_revocations, "revocations-read"),
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/usage/{kind}", self.demand.list_usage, "list"),   # before {kind}/{name}, which it would match
@@ -203,7 +204,7 @@ class ApiServer:
         kind = request.match_info.get("kind", "")
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
-                    "revoke": "revocations", "demand": "demand", "whoami": "whoami",
+                    "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
                     "review": "accessreviews"}.get(verb, "-")
         return verb, kind
 
@@ -295,8 +296,8 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review"):
-            return None   # /healthz, who am I, may I; or no route: 404/405 for every identity alike
+        if verb in (None, "whoami", "review", "revocations-read"):
+            return None   # /healthz, who am I, may I, the revocation list; or no route: 404/405 for all alike
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)
@@ -315,7 +316,7 @@ class ApiServer:
         kind = kind_of(request)
         node = url_name("node", q["node"]) if q.get("node") else None
         name = url_name("name", info["name"]) if "name" in info else None
-        return Action(verb, kind, name, node=node, final=False)
+        return Action(verb, kind, name, node=node, final=False, weights=verb == "list" and "weights" in q)
 
     async def authorize(self, request: web.Request, act: Action) -> None:
         """The one authorization step, by the URL (step 3) and by the object (step 4): the rules
@@ -349,6 +350,12 @@ class ApiServer:
         if watching(request):
             return await self.watches.objects(request, kind)
         return await self.objects.list(request, kind)
+
+    async def list_revocations(self, request: web.Request) -> web.StreamResponse:
+        """GET /revocations: the revoked serials, or with ?watch=1 their stream."""
+        if watching(request):
+            return await self.watches.revoked(request)
+        return await self.revoke.list(request)
 
     async def list_events(self, request: web.Request) -> web.StreamResponse:
         """GET /events: their list, or with ?watch=1 their stream."""

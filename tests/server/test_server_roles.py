@@ -8,13 +8,13 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import KINDS, ApiKey, GitSecretRef, InvalidObject, Model, Node, parse_object
+from llmgw.api import KINDS, ApiKey, GitSecretRef, GitSource, InvalidObject, Model, Node, parse_object
 from llmgw.api.secrets import REDACTED, hash_secret, verify_secret
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
 from llmgw.cli.describe import describe
 from llmgw.cli.get import get
-from llmgw.client import Forbidden, Unauthorized
+from llmgw.client import Forbidden, Invalid, Unauthorized
 from llmgw.pki import identity_from_pem_file
 from tests.fixtures.cluster import llmgw_ca, shared_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -313,32 +313,44 @@ def gitsource(name, url="https://git.example/repo.git", secret=None):
     return parse_object({"apiVersion": V1, "kind": "GitSource", "metadata": {"name": name}, "spec": spec})
 
 
-async def test_an_editor_points_no_gitsource_at_credentials(cluster):
-    """`edit` writes GitSources; until their credentials are confined to a directory, a user sets
-    no secretRef, no file:// url, and no url of a source that reads a secretRef (its token would go
-    to that host): the controller-manager's etcd key is one file away."""
+async def test_an_editor_names_only_credentials_files_and_no_local_repository(cluster):
+    """`edit` writes GitSources: a secretRef is a file name in the controller-manager's credentials
+    directory (a path is 422 at spec.secretRef.file, nothing stored), and a file:// url, which reads
+    the controller-manager's host, is an admin's (403 at spec.url, rule gitsource-file-url)."""
     async with cluster.client() as admin:
         await admin.create(parse_object({"apiVersion": V1, "kind": "RoleBinding", "metadata": {"name": "b-edit"},
                                          "spec": {"roleRef": {"name": "edit"},
                                                   "subjects": [{"kind": "User", "name": "eddie"}]}}))
-        await admin.create(gitsource("g-private", secret="/etc/llmgw/git-token"))
+        await admin.create(gitsource("g-private", secret="fleet.token"))
+        await admin.create(gitsource("g-local-admin", url="file:///srv/repos/infra"))
     eddie = cluster.issue("user", "eddie")
-    refused = [lambda c: c.create(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
-               lambda c: c.create(gitsource("g-local", url="file:///srv/repos/infra")),
-               lambda c: c.apply(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
-               lambda c: _update(admin, c, "gitsources", "g-private",
-                                 lambda g: setattr(g.spec, "url", "https://evil.example/r.git")),
-               lambda c: _update(admin, c, "gitsources", "g1",
-                                 lambda g: setattr(g.spec, "secretRef", GitSecretRef(file="/etc/passwd")))]
+    paths = ["/etc/llmgw/etcd/controller-manager.key", "../etcd/controller-manager.key", "sub/token", ".."]
     async with cluster.client() as admin, cluster.client(eddie) as c:
         async def bound():
             return (await c.can_i("create", "gitsources"))["allowed"]
         await until(bound, "eddie's binding to reach the server's index")
+        for path in paths:
+            body = gitsource("g-key").model_dump(mode="json")
+            body["spec"]["secretRef"] = {"file": path}
+            with pytest.raises(Invalid) as err:
+                await c.request("POST", "/apis/llmgw.io/v1/gitsources", body=body)
+            assert "spec.secretRef.file: " in str(err.value) and "without a path" in str(err.value), path
+        refused = [lambda c: c.create(gitsource("g-local", url="file:///srv/repos/infra")),
+                   lambda c: c.apply(gitsource("g-local", url="file:///srv/repos/infra")),
+                   lambda c: _update(admin, c, "gitsources", "g-private",
+                                     lambda g: setattr(g.spec, "url", "file:///srv/repos/infra")),
+                   lambda c: _update(admin, c, "gitsources", "g-local-admin",
+                                     lambda g: setattr(g.spec, "url", "file:///etc"))]
         for i, write in enumerate(refused):
             with pytest.raises(Forbidden) as err:
                 await write(c)
-            assert "rule gitsource-credentials:" in str(err.value), i
-        await c.create(gitsource("g-public"))
+            assert "rule gitsource-file-url:" in str(err.value) and "spec.url" in str(err.value), i
+        assert not {g.name for g in (await admin.list(GitSource))[0]} & {"g-key", "g-local"}   # nothing stored
+        await c.create(gitsource("g-public", secret="fleet.token"))
         await _update(admin, c, "gitsources", "g-private",
+                      lambda g: setattr(g.spec, "url", "https://other.example/r.git"))
+        await _update(admin, c, "gitsources", "g-private",
+                      lambda g: setattr(g.spec, "secretRef", GitSecretRef(file="other.token")))
+        await _update(admin, c, "gitsources", "g-local-admin",
                       lambda g: g.metadata.annotations.update({RECONCILE_REQUESTED_AT: "now"}))
-        await _update(admin, c, "gitsources", "g-private", lambda g: setattr(g.spec, "suspend", True))
+        await _update(admin, c, "gitsources", "g-local-admin", lambda g: setattr(g.spec, "suspend", True))

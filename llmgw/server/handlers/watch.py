@@ -1,7 +1,8 @@
-"""Watches: `GET /{kind}?watch=1` and `GET /events?watch=1`, streams of JSON lines: events after
-?resourceVersion= (none: every current item as ADDED first), BOOKMARKs while idle, and one ERROR
-before the end (410 Expired: relist; 503 when the server stops: re-watch from the last revision;
-401 when the client's certificate is revoked or expires while the watch is open).
+"""Watches: `GET /{kind}?watch=1`, `GET /events?watch=1` and `GET /revocations?watch=1`, streams of
+JSON lines: events after ?resourceVersion= (none: every current item as ADDED first), BOOKMARKs
+while idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops: re-watch
+from the last revision; 401 when the client's certificate is revoked or expires while the watch is
+open).
 
 Objects are served by the shared watch cache (llmgw/server/watchcache.py): one store watch per
 kind, whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
@@ -14,7 +15,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -88,17 +89,30 @@ class Watches:
         """Events as an object watch streams objects (every object's, ?kind='s, or ?kind=&name='s)."""
         # ?kind= and ?name= were checked with the URL (app.py's url_action)
         kind, name = request.query.get("kind") or None, request.query.get("name") or None
+        return await self._own_watch(request, "events", kind, name)
+
+    async def revoked(self, request: web.Request) -> web.StreamResponse:
+        """The revoked serials ({"serial": ...}) as events are watched."""
+        return await self._own_watch(request, "revocations", None, None)
+
+    async def _own_watch(self, request: web.Request, what: Literal["events", "revocations"], kind: str | None,
+                         name: str | None) -> web.StreamResponse:
+        """A watch with a store watch of its own (llmgw/server/events.py): without ?resourceVersion=,
+        every current item ADDED first; then each change."""
         rv = resource_version(request.query)
         initial: list[dict[str, Any]] = []
         if rv:
             try:
                 await check_revision(self.store, rv)
             except Expired as err:   # relist
-                return await self._serve(request, "events", error_line(410, "Expired", str(err)), None)
-        else:
+                return await self._serve(request, what, error_line(410, "Expired", str(err)), None)
+        elif what == "events":
             initial, rv = await self.store.events.list_all(kind, name)
-        watch = EventWatch(self.store, rv, kind, name, limit=self.cache.queue_limit)
-        return await self._serve(request, "events", b"".join(event_line("ADDED", e, rv) for e in initial),
+        else:
+            serials, rv = await self.store.revocations.lister_watcher().list()
+            initial = [{"serial": s} for s in serials]
+        watch = EventWatch(self.store, rv, kind, name, limit=self.cache.queue_limit, what=what)
+        return await self._serve(request, what, b"".join(event_line("ADDED", e, rv) for e in initial),
                                  (watch.stream(self.bookmark_interval), watch.fail))
 
     async def _serve(self, request: web.Request, what: str, first: bytes, then: Stream | None) -> web.StreamResponse:
