@@ -194,7 +194,12 @@ class Manager:
             for t in stuck:
                 log.error("task %s did not stop within %.0fs; abandoning it", t.get_name(), STOP_TIMEOUT)
             for c in self.controllers:   # once no worker can start more: what each runs beside them
-                await c.stop()
+                # bounded as the tasks are: a controller's stop that hangs must not wedge the manager
+                try:
+                    await asyncio.wait_for(c.stop(), STOP_TIMEOUT)
+                except TimeoutError:
+                    log.error("controller %s did not stop within %.0fs; abandoning what it runs", c.name,
+                              STOP_TIMEOUT)
 
     @staticmethod
     async def _run(runnable: Runnable) -> None:
