@@ -1,21 +1,12 @@
 """`llmgw version`: this client's version, read from the installed package's metadata."""
 from __future__ import annotations
 
-from importlib import metadata
-
 import click
 
-
-def client_version() -> str:
-    try:
-        return metadata.version("llmgw")
-    except metadata.PackageNotFoundError:
-        import llmgw
-
-        return getattr(llmgw, "__version__", "unknown")
+from llmgw.version import version as llmgw_version
 
 
 @click.command()
 def version() -> None:
     """Print the version of this llmgw client."""
-    click.echo(f"llmgw {client_version()}")
+    click.echo(f"llmgw {llmgw_version()}")
