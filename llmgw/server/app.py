@@ -5,7 +5,10 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
 1. errors: whatever a later step raises becomes one JSON Status answer, here and nowhere else
    (`_errors`): the contract's errors (llmgw.api.errors) with their code, reason and details, and
    a path or a method the API does not have too (404, 405);
-2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked);
+2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked),
+   then an agent's, a gateway's or a controller-manager's version against the version skew
+   policy (llmgw/version.py: 403 VersionSkew naming both versions, when its X-Llmgw-Version is
+   outside it; a client that sends none, as 0.1.0 did not, is taken as it is);
 3. authorize by the URL: the verb (the route and method), the kind (404 when unknown) and the
    names the URL holds (the path's, ``?node=``, the events' ``?kind=&name=``), which must be
    names (400: none reaches a store key or a log line as it came), before the body is read (403);
@@ -39,6 +42,7 @@ from llmgw.api.errors import (
     CertificateRevoked,
     StatusError,
     Unauthorized,
+    VersionSkew,
 )
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
@@ -64,6 +68,7 @@ from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
 from llmgw.server.weightsindex import WeightsIndex
 from llmgw.store import Store
+from llmgw.version import HEADER, OLDER, refusal, version
 
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -280,6 +285,13 @@ class ApiServer:
             log.warning("refused: certificate %s from %s is revoked", who, peer)
             raise CertificateRevoked(f"client certificate {who} is revoked; ask an admin for a new one")
         request["identity"] = who
+        component = "agent" if who.role == "node" else who.name if who.role == "component" else None
+        theirs = request.headers.get(HEADER)
+        if component in OLDER and theirs is not None:
+            why = refusal(component, theirs, version())
+            if why is not None:
+                log.warning("refused: %s from %s: %s", who, peer, why)
+                raise VersionSkew(why)
         return await handler(request)
 
     @web.middleware
