@@ -1,12 +1,23 @@
-"""`llmgw version`: this client's version, read from the installed package's metadata."""
+"""`llmgw version`: this client's version, read from the installed package's metadata; with
+--cluster, each server's of the context too (the agents' are `llmgw get nodes`' VERSION)."""
 from __future__ import annotations
 
 import click
 
+from llmgw.cli.connect import Connection, connection_options, run
 from llmgw.version import version as llmgw_version
 
 
 @click.command()
-def version() -> None:
-    """Print the version of this llmgw client."""
+@click.option("--cluster", is_flag=True, help="Also ask each server of the context for its version.")
+@connection_options
+def version(conn: Connection, cluster: bool) -> None:
+    """Print the version of this llmgw client (and, with --cluster, of each server)."""
     click.echo(f"llmgw {llmgw_version()}")
+    if cluster:
+        async def ask() -> dict[str, str]:
+            async with conn.client() as c:
+                return await c.server_versions()
+
+        for url, theirs in run(ask()).items():
+            click.echo(f"server {url}: {theirs}")

@@ -390,6 +390,17 @@ class Client:
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
         return result
 
+    async def server_versions(self) -> dict[str, str]:
+        """Each of this client's servers' llmgw version (its /healthz answer), by URL; for one that
+        does not answer, why (the error's line)."""
+        versions = {}
+        for server in self.servers:
+            try:
+                versions[server] = str((await self._request(server, "GET", "/healthz", {}, None, None))["version"])
+            except ApiError as err:
+                versions[server] = f"unknown: {err}"
+        return versions
+
     async def whoami(self) -> dict[str, Any]:
         """Who this client's certificate is, as the server sees it: name, role, groups, its bindings."""
         result: dict[str, Any] = await self.request("GET", f"{BASE}/whoami")

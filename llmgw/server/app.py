@@ -347,7 +347,7 @@ class ApiServer:
 
     # ------------------------------------------------------------ routes answered by more than one handler
     async def healthz(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "identity": str(request["identity"])})
+        return json_response({"status": "ok", "identity": str(request["identity"]), "version": version()})
 
     async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
         """GET /{kind}: the Nodes that hold some weights (?weights=), a watch (?watch=1), or a list."""

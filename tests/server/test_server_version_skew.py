@@ -10,7 +10,7 @@ from llmgw.agent.registration import Registration
 from llmgw.api import Node, NodeStatus, parse_object
 from llmgw.client import VersionSkew
 from llmgw.version import release, version
-from tests.fixtures.cluster import shared_api_server  # noqa: F401
+from tests.fixtures.cluster import admin_cli_config, llmgw, shared_api_server  # noqa: F401
 
 SERVERS = version()
 MAJOR, MINOR = release(SERVERS) or (0, 0)
@@ -63,3 +63,9 @@ def test_a_user_is_not_held_to_the_policy(srv):
         async with srv.client(version=NEWER) as c:
             return await c.get(Node, "skew-n1")
     assert asyncio.run(main()).name == "skew-n1"
+
+
+def test_llmgw_version_cluster_shows_each_servers_version(srv, config):
+    out = llmgw(config, "version", "--cluster")
+    assert out.exit_code == 0, out.output
+    assert out.output == f"llmgw {SERVERS}\nserver {srv.url}: {SERVERS}\n"
