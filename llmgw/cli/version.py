@@ -1,6 +1,9 @@
 """`llmgw version`: this client's version, read from the installed package's metadata; with
---cluster, each server's of the context too (the agents' are `llmgw get nodes`' VERSION)."""
+--cluster, each server's of the context too, and each live gateway's (the agents' are `llmgw get
+nodes`' VERSION)."""
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
@@ -15,9 +18,12 @@ def version(conn: Connection, cluster: bool) -> None:
     """Print the version of this llmgw client (and, with --cluster, of each server)."""
     click.echo(f"llmgw {llmgw_version()}")
     if cluster:
-        async def ask() -> dict[str, str]:
+        async def ask() -> tuple[dict[str, str], dict[str, Any]]:
             async with conn.client() as c:
-                return await c.server_versions()
+                return await c.server_versions(), await c.cluster_versions()
 
-        for url, theirs in run(ask()).items():
+        servers, others = run(ask())
+        for url, theirs in servers.items():
             click.echo(f"server {url}: {theirs}")
+        for name, theirs in others["gateways"].items():
+            click.echo(f"gateway {name}: {theirs or 'unknown (it sends no version)'}")

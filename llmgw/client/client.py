@@ -401,6 +401,12 @@ class Client:
                 versions[server] = f"unknown: {err}"
         return versions
 
+    async def cluster_versions(self) -> dict[str, Any]:
+        """The server's llmgw version and each live gateway's: ``{"server": v, "gateways": {name: v}}``
+        (a gateway's None: it sent none)."""
+        result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
+        return result
+
     async def whoami(self) -> dict[str, Any]:
         """Who this client's certificate is, as the server sees it: name, role, groups, its bindings."""
         result: dict[str, Any] = await self.request("GET", f"{BASE}/whoami")

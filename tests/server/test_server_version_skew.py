@@ -65,7 +65,14 @@ def test_a_user_is_not_held_to_the_policy(srv):
     assert asyncio.run(main()).name == "skew-n1"
 
 
-def test_llmgw_version_cluster_shows_each_servers_version(srv, config):
+def test_llmgw_version_cluster_shows_each_servers_and_gateways_version(srv, config):
+    async def report(name, claimed):
+        async with srv.client(srv.issue_component("gateway"), version=claimed) as c:
+            await c.report_demand(name, {}, ttl=60)
+    older = f"{MAJOR}.{max(MINOR - 1, 0)}.3"
+    asyncio.run(report("skew-gw-b", SERVERS))
+    asyncio.run(report("skew-gw-a", older))
     out = llmgw(config, "version", "--cluster")
     assert out.exit_code == 0, out.output
-    assert out.output == f"llmgw {SERVERS}\nserver {srv.url}: {SERVERS}\n"
+    assert out.output == (f"llmgw {SERVERS}\nserver {srv.url}: {SERVERS}\n"
+                          f"gateway skew-gw-a: {older}\ngateway skew-gw-b: {SERVERS}\n")
