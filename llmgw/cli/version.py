@@ -1,6 +1,6 @@
 """`llmgw version`: this client's version, read from the installed package's metadata; with
---cluster, each server's of the context too, and each live gateway's (the agents' are `llmgw get
-nodes`' VERSION)."""
+--cluster, each server's of the context too, each live gateway's and the leading controller-manager's
+(the agents' are `llmgw get nodes`' VERSION)."""
 from __future__ import annotations
 
 from typing import Any
@@ -27,3 +27,5 @@ def version(conn: Connection, cluster: bool) -> None:
             click.echo(f"server {url}: {theirs}")
         for name, theirs in others["gateways"].items():
             click.echo(f"gateway {name}: {theirs or 'unknown (it sends no version)'}")
+        if manager := others["controllerManager"]:
+            click.echo(f"controller-manager {manager['holder']}: {manager['version'] or 'unknown (it wrote none)'}")

@@ -402,8 +402,9 @@ class Client:
         return versions
 
     async def cluster_versions(self) -> dict[str, Any]:
-        """The server's llmgw version and each live gateway's: ``{"server": v, "gateways": {name: v}}``
-        (a gateway's None: it sent none)."""
+        """The server's llmgw version, each live gateway's and the leading controller-manager's:
+        ``{"server": v, "gateways": {name: v}, "controllerManager": {"holder": id, "version": v} | None}``
+        (a version None: that component sent none)."""
         result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
         return result
 

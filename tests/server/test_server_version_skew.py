@@ -9,6 +9,7 @@ import pytest
 from llmgw.agent.registration import Registration
 from llmgw.api import Node, NodeStatus, parse_object
 from llmgw.client import VersionSkew
+from llmgw.store import Store
 from llmgw.version import release, version
 from tests.fixtures.cluster import admin_cli_config, llmgw, shared_api_server  # noqa: F401
 
@@ -70,9 +71,15 @@ def test_llmgw_version_cluster_shows_each_servers_and_gateways_version(srv, conf
         async with srv.client(srv.issue_component("gateway"), version=claimed) as c:
             await c.report_demand(name, {}, ttl=60)
     older = f"{MAJOR}.{max(MINOR - 1, 0)}.3"
+    async def lead():
+        async with Store(srv.etcd) as store:
+            return await store.election.campaign("controller-manager", "skew-cm", ttl=60)
     asyncio.run(report("skew-gw-b", SERVERS))
     asyncio.run(report("skew-gw-a", older))
     out = llmgw(config, "version", "--cluster")
     assert out.exit_code == 0, out.output
     assert out.output == (f"llmgw {SERVERS}\nserver {srv.url}: {SERVERS}\n"
                           f"gateway skew-gw-a: {older}\ngateway skew-gw-b: {SERVERS}\n")
+    assert asyncio.run(lead()) is not None   # the controller-manager leading: its version under its leader key
+    out = llmgw(config, "version", "--cluster")
+    assert out.output.endswith(f"gateway skew-gw-b: {SERVERS}\ncontroller-manager skew-cm: {SERVERS}\n")

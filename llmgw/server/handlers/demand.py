@@ -1,6 +1,7 @@
 """The gateways' reports: their demand (`POST /demand/<gateway>`, docs/contracts.md, "Autoscaling")
 with their API keys' usage and their version, kept under a lease; that usage summed (`GET
-/usage/apikeys[/<name>]`, llmgw/api/usage.py); and their versions (`GET /versions`)."""
+/usage/apikeys[/<name>]`, llmgw/api/usage.py); and their versions, with the leading
+controller-manager's (`GET /versions`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -40,9 +41,13 @@ class Demand:
         return json_response({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
 
     async def versions(self, request: web.Request) -> web.Response:
-        """`GET /versions`: this server's llmgw version and each live gateway's, from its report."""
+        """`GET /versions`: this server's llmgw version, each live gateway's (from its report) and the
+        leading controller-manager's (from its leader key)."""
         gateways = {r.gateway: r.version for r in await self.store.demand.list()}
-        return json_response({"server": version(), "gateways": dict(sorted(gateways.items()))})
+        leader = await self.store.election.leader("controller-manager")
+        manager = {"holder": leader["holder"], "version": leader.get("version")} if leader else None
+        return json_response({"server": version(), "gateways": dict(sorted(gateways.items())),
+                              "controllerManager": manager})
 
     async def list_usage(self, request: web.Request) -> web.Response:
         """Every API key's usage summed over the live gateways' reports."""
