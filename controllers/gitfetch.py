@@ -18,6 +18,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from llmgw.api import GitRef
 
@@ -33,15 +34,23 @@ class Checkout:
 
 
 class GitCache:
-    """`root`/<source name>: a repository each source's commits are fetched into and checked out in."""
+    """`root`/<source name>: a repository each source's commits are fetched into and checked out in.
 
-    def __init__(self, root: Path, timeout: float) -> None:
+    A source reaches no further than the controller-manager was told: its secretRef.file is a file
+    of `credentials` (a link out of it is refused), and a file:// URL a repository under `file_root`
+    (None: no file:// URL). Both are checked before anything is read or git runs."""
+
+    def __init__(self, root: Path, timeout: float, credentials: Path, file_root: Path | None) -> None:
         self.root, self.timeout = root, timeout
+        self.credentials, self.file_root = credentials, file_root
 
     async def fetch(self, name: str, url: str, ref: GitRef, secret_file: str | None) -> Checkout:
         """The commit `ref` names at `url` now, checked out under root/name."""
         repo = self.root / name
-        env = _environment(url, secret_file)
+        url = self._confined_url(url)
+        secret = None if secret_file is None else str(
+            _inside(self.credentials / secret_file, self.credentials, f"secretRef.file {secret_file}"))
+        env = _environment(url, secret)
         if not (repo / ".git").is_dir():
             repo.mkdir(parents=True, exist_ok=True)
             await self._git(repo, env, "init", "--quiet")
@@ -65,6 +74,17 @@ class GitCache:
             await self._git(repo, env, "checkout", "--quiet", "--force", "--detach", want)
             await self._git(repo, env, "clean", "-qffdx")
         return Checkout(want, repo)
+
+    def _confined_url(self, url: str) -> str:
+        """A file:// URL as the path it names, its links resolved, if that is under file_root."""
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            return url
+        if self.file_root is None:
+            raise GitError(f"{url}: file:// URLs are refused (the controller-manager has no --git-file-root)")
+        if parts.netloc not in ("", "localhost"):
+            raise GitError(f"{url}: a file:// URL names no host")
+        return f"file://{_inside(Path(unquote(parts.path)), self.file_root, url)}"
 
     def forget(self, name: str) -> None:
         """A source that is gone leaves nothing on disk."""
@@ -92,6 +112,14 @@ class GitCache:
             lines = err.decode(errors="replace").strip().splitlines()
             raise GitError(f"git {args[0]}: " + (" ".join(lines[-3:]) or f"exit status {proc.returncode}"))
         return out.decode(errors="replace")
+
+
+def _inside(path: Path, top: Path, what: str) -> Path:
+    """`path` with its links resolved, if that is inside `top` (its links resolved too); GitError if not."""
+    real = path.resolve()
+    if not real.is_relative_to(top.resolve()):
+        raise GitError(f"{what}: outside {top}, where the controller-manager confines it")
+    return real
 
 
 def _environment(url: str, secret_file: str | None) -> dict[str, str]:

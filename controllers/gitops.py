@@ -111,7 +111,8 @@ class GitOpsController(Controller):
         self.settings = settings
         self.retry_base, self.retry_max = settings.gitops_retry_base, settings.gitops_retry_max
         root = cache_dir or Path(tempfile.gettempdir()) / "llmgw-git"
-        self.git = GitCache(root, settings.git_timeout)
+        self.git = GitCache(root, settings.git_timeout, Path(settings.git_credentials_dir),
+                            Path(settings.git_file_root) if settings.git_file_root else None)
         self._sources: dict[str, _Source] = {}
 
     def start(self, ctx: Context) -> None:

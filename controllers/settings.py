@@ -61,6 +61,13 @@ class ControllerSettings(ManagerSettings):
     # gitops (controllers/gitops.py)
     git_timeout: float = Field(
         default=120.0, gt=0, description="Seconds a git command of a GitSource's fetch may run before it is killed.")
+    git_credentials_dir: str = Field(
+        default="/etc/llmgw/git",
+        description="Directory of the GitSources' credentials: a secretRef.file is a file name in it, and a "
+                    "link out of it is refused.")
+    git_file_root: str = Field(
+        default="",
+        description="Directory a GitSource's file:// URL must be inside; empty: file:// URLs are refused.")
     gitops_retry_base: float = Field(
         default=1.0, gt=0,
         description="Seconds before a GitSource whose fetch or apply failed is tried again, doubling with each "

@@ -134,6 +134,7 @@ async def main(args: argparse.Namespace) -> None:
         port = free_port()
         cm = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", etcd.endpoint,
                                "--metrics-listen", f"127.0.0.1:{port}", "--git-cache", str(base / "cache"),
+                               "--git-file-root", str(base),
                                "--log-level", "warning"])
         try:
             await bench(args, base, etcd.endpoint, server, f"http://127.0.0.1:{port}/metrics")

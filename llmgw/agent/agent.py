@@ -50,6 +50,7 @@ class Agent:
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
+        self.revoked: set[str] = set()           # the server's revoked serials, refused by its listener
         self.puller: Puller | None = None
 
     def discover(self) -> Facts:
@@ -96,7 +97,8 @@ class Agent:
             if cfg.metrics_listen:
                 metrics_site = await self._serve_metrics(cfg.metrics_listen)
             tasks = [asyncio.ensure_future(c) for c in (
-                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover())]
+                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover(),
+                *([self._watch_revocations(client)] if logs_site is not None else []))]
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
@@ -108,6 +110,13 @@ class Agent:
             await sup.close()
             await self.puller.close()
             await client.close()
+
+    async def _watch_revocations(self, client: Client) -> None:
+        """The server's revoked serials, for the listener: a revoked certificate is refused there
+        within a watch's delay of its revocation (docs/contracts.md, "The agent's listener")."""
+        async for type_, serial in client.list_and_watch_revocations():
+            if serial is not None:
+                (self.revoked.discard if type_ == "DELETED" else self.revoked.add)(serial)
 
     async def _serve_metrics(self, listen: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
@@ -123,7 +132,7 @@ class Agent:
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
         host, _, port = where.rpartition(":")
         runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port),
-                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca))
+                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca), self.revoked.__contains__)
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner

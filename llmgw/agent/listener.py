@@ -3,7 +3,8 @@ prefixes, each with its own rule of who may ask. /shards/ serves the engine logs
 alone (logs.py); /weights/ serves the weights cache to the other nodes (peers.py).
 
 Mutual TLS with the node's own certificate: a client must present a certificate of the cluster's
-CA, and each app's middleware (`only`) lets one organisation in.
+CA, not revoked (the server's list, which the agent watches: `revoked`), and each app's middleware
+(`only`) lets one organisation in.
 """
 from __future__ import annotations
 
@@ -14,16 +15,36 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.pki import normalize_serial
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def subject(request: web.Request) -> dict[str, str]:
-    """The verified client certificate's subject attributes (organizationName, commonName)."""
+def _certificate(request: web.Request) -> dict[str, Any]:
     ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
     cert: Any = ssl_obj.getpeercert() if ssl_obj is not None else None
-    return {k: v for rdn in (cert or {}).get("subject", ()) for k, v in rdn}
+    return cert or {}
+
+
+def subject(request: web.Request) -> dict[str, str]:
+    """The verified client certificate's subject attributes (organizationName, commonName)."""
+    return {k: v for rdn in _certificate(request).get("subject", ()) for k, v in rdn}
+
+
+def refuse_revoked(revoked: Callable[[str], bool]) -> Any:
+    """A middleware answering 401 to a client certificate whose serial `revoked` says is revoked."""
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        serial = normalize_serial(_certificate(request).get("serialNumber", "0"))
+        if revoked(serial):
+            who = subject(request)
+            log.warning("refused: %s from CN=%s O=%s serial=%s (%s): the certificate is revoked", request.path,
+                        who.get("commonName", ""), who.get("organizationName", ""), serial, request.remote)
+            raise web.HTTPUnauthorized(text=f"client certificate serial={serial} is revoked")
+        return await handler(request)
+    return check
 
 
 def only(org: str, what: str, refusal: Callable[[str, str], str]) -> Any:
@@ -41,11 +62,11 @@ def only(org: str, what: str, refusal: Callable[[str, str], str]) -> Any:
     return check
 
 
-async def serve(apps: dict[str, web.Application], host: str, port: int,
-                tls: ssl.SSLContext) -> tuple[web.AppRunner, int]:
-    """Listen with `apps` under their prefixes; the runner (to clean up) and the port bound
-    (port 0: any free one)."""
-    root = web.Application()
+async def serve(apps: dict[str, web.Application], host: str, port: int, tls: ssl.SSLContext,
+                revoked: Callable[[str], bool]) -> tuple[web.AppRunner, int]:
+    """Listen with `apps` under their prefixes, refusing the certificates `revoked` names (every
+    app's requests); the runner (to clean up) and the port bound (port 0: any free one)."""
+    root = web.Application(middlewares=[refuse_revoked(revoked)])
     for prefix, app in apps.items():
         root.add_subapp(prefix, app)
     runner = web.AppRunner(root, access_log=None, handle_signals=False)

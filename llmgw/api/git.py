@@ -72,7 +72,10 @@ def check_interval(value: str) -> str:
     return value
 
 
-def check_absolute_file(value: str) -> str:
-    if not value.startswith("/") or "\0" in value:
-        raise ValueError(f"{value!r}: an absolute path of a file on the controller-manager's host")
+def check_file_name(value: str) -> str:
+    """A plain file name: the controller-manager reads it inside its credentials directory
+    (--git-credentials-dir), never a path, so a GitSource's writer names no other file of its host."""
+    if value in ("", ".", "..") or "/" in value or "\\" in value or "\0" in value or value.startswith("-"):
+        raise ValueError(f"{value!r}: a file name in the controller-manager's credentials directory "
+                         "(--git-credentials-dir), without a path")
     return value

@@ -4,6 +4,8 @@ A secret reads ``llmgw_<key name>_<48 hex digits>``: the name lets a gateway fin
 to check it against (a salted hash cannot be looked up), the 192 random bits are the secret. Only
 ``scrypt$<n>$<r>$<p>$<salt>$<hash>`` (base64, standard library's hashlib.scrypt) is stored, in the
 ApiKey's spec.secretHash: the secret is printed once, by `llmgw create apikey`, and never kept.
+A reader who may not write ApiKeys (the built-in view role) gets ``REDACTED`` in its place from the
+server; no secret matches it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ _RANDOM_BYTES = 24
 # key and gateway process (it caches what it verified), a guesser on every try.
 _N, _R, _P = 1 << 14, 8, 1
 _MAXMEM = 64 << 20
+REDACTED = "redacted"   # the secretHash the server shows a reader who may not write ApiKeys
 
 
 def new_secret(name: str) -> str:
@@ -42,14 +45,18 @@ def hash_secret(secret: str, *, n: int = _N, r: int = _R, p: int = _P) -> str:
 
 def verify_secret(secret: str, stored: str) -> bool:
     """Whether `secret` is the one `stored` (a hash_secret) was made of; a constant-time compare."""
+    if stored == REDACTED:
+        return False
     n, r, p, salt, digest = _parse(stored)
     got = hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=len(digest))
     return hmac.compare_digest(got, digest)
 
 
 def check_secret_hash(value: str) -> str:
-    """A field validator: `value` is shaped as hash_secret makes them."""
-    _parse(value)
+    """A field validator: `value` is shaped as hash_secret makes them, or is REDACTED (as read by a
+    user who may not write ApiKeys)."""
+    if value != REDACTED:
+        _parse(value)
     return value
 
 

@@ -596,9 +596,9 @@ class GitRef(Strict):
 
 
 class GitSecretRef(Strict):
-    # A file on the controller-manager's host, never a secret in etcd: an https token (sent as
-    # `Authorization: Bearer`), or an ssh private key.
-    file: Annotated[str, AfterValidator(git.check_absolute_file)]
+    # A file in the controller-manager's credentials directory (--git-credentials-dir), never a
+    # secret in etcd: an https token (sent as `Authorization: Bearer`), or an ssh private key.
+    file: Annotated[str, AfterValidator(git.check_file_name)]
 
 
 class GitSourceSpec(Strict):

@@ -5,7 +5,10 @@ Each gateway with ``--watch-api-keys`` sends its keys' usage with its demand rep
 ``/llmgw/usage/<gateway>``, bound to the same lease as the demand report, so a gateway that
 dies takes its figures with it. ``GET /usage/apikeys`` answers the sum over the live
 gateways (``total_usage``): what ``llmgw describe apikey`` and ``llmgw get apikeys`` show.
-Keys are named by their object name; no report holds a secret.
+Keys are named by their object name; no report holds a secret. A gateway with
+``--watch-api-keys`` sends ``keys`` in every report, an empty one too, and no other gateway sends it:
+so the reports kept are those of the live gateways that enforce the ApiKeys, and ``gateways`` in
+``GET /usage/apikeys`` counts them (``llmgw create apikey`` and ``get apikeys`` warn when it is 0).
 """
 from __future__ import annotations
 

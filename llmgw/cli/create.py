@@ -13,6 +13,7 @@ from llmgw.api.meta import now
 from llmgw.api.secrets import hash_secret, new_secret
 from llmgw.cli.connect import Connection, connection_options, run, usage_error
 from llmgw.cli.errors import EXIT_CODES_HELP
+from llmgw.cli.get import warn_unless_keys_enforced
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -88,7 +89,8 @@ def apikey(name: str, owner: str, models: tuple[str, ...], selector: tuple[str, 
     async def go() -> None:
         async with conn.client() as c:
             await c.create(key)
+            click.echo(f"apikey/{name} created; its secret (shown only now):", err=True)
+            await warn_unless_keys_enforced(c)
 
     run(go())
-    click.echo(f"apikey/{name} created; its secret (shown only now):", err=True)
     click.echo(secret)

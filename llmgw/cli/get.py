@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from llmgw.api import AnyObject
+from llmgw.api import AnyObject, ApiKey
 from llmgw.api.kinds import kind_named
 from llmgw.api.selectors import Selector, parse_selector
 from llmgw.api.usage import KeyUsage
@@ -47,6 +47,14 @@ async def key_usage(c: Client) -> dict[str, KeyUsage]:
     return {k: KeyUsage.model_validate(u) for k, u in (await c.apikey_usage())["keys"].items()}
 
 
+async def warn_unless_keys_enforced(c: Client) -> None:
+    """One line on stderr when no live gateway enforces the ApiKeys: only a gateway run with
+    --watch-api-keys reports their usage (llmgw/api/usage.py), and the server counts those reports."""
+    if not (await c.apikey_usage())["gateways"]:
+        click.echo("warning: no live gateway enforces API keys (none runs with --watch-api-keys): requests pass "
+                   "without a key and beyond its limits", err=True)
+
+
 async def read_beside(c: Client, printer: KindPrinter[AnyObject]) -> Beside:
     """What the kind's table reads beside its objects: every object of the kinds it follows, the keys' usage."""
     followed = {k: (await c.list(k))[0] for k in printer.follows}
@@ -77,6 +85,8 @@ def show(kind: Kind, objects: list[AnyObject], beside: Beside, output: str | Non
 async def _get(conn: Connection, kind: Kind, name: str | None, output: str | None, sel: Selector) -> None:
     async with conn.client() as c:
         objects, beside = await fetch(c, kind, name, sel)
+        if kind is ApiKey:
+            await warn_unless_keys_enforced(c)
     show(kind, objects, beside, output, single=bool(name))
 
 
@@ -86,6 +96,8 @@ async def _watch(conn: Connection, kind: Kind, name: str | None, output: str | N
     kinds = [kind, *(printer.follows if output in (None, "wide") else ())]
     queue: asyncio.Queue[Item] = asyncio.Queue()
     async with conn.client() as c:
+        if kind is ApiKey:
+            await warn_unless_keys_enforced(c)
         async def follow(k: Kind) -> None:
             try:
                 async for type_, obj in c.list_and_watch(k, selector=(str(sel) or None) if k is kind else None,

@@ -408,6 +408,12 @@ class Client:
         result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
         return result
 
+    async def list_and_watch_revocations(self, retry_max: float = 5.0) -> AsyncIterator[tuple[str, str | None]]:
+        """``list_and_watch`` of the revoked serials (lower case): ADDED when revoked (any certificate
+        may read them, as a CA's revocation list: the agents' listeners refuse what the server does)."""
+        async for type_, doc in _reflect(ServerRevocations(self), _serial, False, retry_max, "watch of revocations"):
+            yield type_, None if doc is None else _serial(doc)
+
     async def whoami(self) -> dict[str, Any]:
         """Who this client's certificate is, as the server sees it: name, role, groups, its bindings."""
         result: dict[str, Any] = await self.request("GET", f"{BASE}/whoami")
@@ -526,7 +532,8 @@ class Client:
 
 
 class EventChange(NamedTuple):
-    """A change to the events a watch of them follows: one recorded (ADDED) or expired (DELETED)."""
+    """A change to the events a watch of them follows: one recorded (ADDED) or expired (DELETED);
+    or to the revoked serials ({"serial": ...}, ADDED when revoked)."""
 
     type: EventType
     object: dict[str, Any]
@@ -549,6 +556,10 @@ async def _reflect(lw: ListerWatcher[T], key: Callable[[T], str], synced: bool, 
         task.result()   # raises what ended it
     finally:
         task.cancel()
+
+
+def _serial(doc: dict[str, Any]) -> str:
+    return str(doc["serial"])
 
 
 def _about(kind: Kind | None, name: str | None) -> dict[str, str]:
@@ -575,6 +586,24 @@ class ServerEvents:
 
     def watch(self, from_revision: int) -> AsyncIterator[EventChange]:
         return self.client.watch_events(from_revision, self.kind, self.name)
+
+    after_error = staticmethod(_after_watch_error)
+
+
+class ServerRevocations:
+    """The revoked serials on the server, as a reflector's lister-watcher (llmgw.reflector)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def list(self) -> tuple[Sequence[dict[str, Any]], int]:
+        data = await self.client.request("GET", f"{BASE}/revocations")
+        return data["items"], int(data["metadata"]["resourceVersion"])
+
+    async def watch(self, from_revision: int) -> AsyncIterator[EventChange]:
+        params = {"watch": "1", "resourceVersion": str(from_revision - 1)}
+        async for type_, doc, revision in self.client._watch_lines(f"{BASE}/revocations", params):
+            yield EventChange(type_, doc, revision)
 
     after_error = staticmethod(_after_watch_error)
 

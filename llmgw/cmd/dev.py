@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from llmgw.api import Model, Node, Replica, condition_true, load_path
+from llmgw.api import ApiKey, ApiKeySpec, Model, Node, ObjectMeta, Replica, condition_true, load_path
+from llmgw.api.secrets import hash_secret, new_secret
 from llmgw.client import ApiError, Client, ClientConfig
 from llmgw.dev.cluster import NETNS_FILE, REPO, LocalCluster, NodePlan, PortTaken, default_nodes
 from llmgw.dev.cluster import down as cluster_down
@@ -24,6 +25,7 @@ from llmgw.dev.netns import Network, Unavailable, remove_saved
 from llmgw.engines.engine import executable_name, executables
 
 DEFAULT_DIR = ".llmgw-dev"
+FIRST_KEY = "dev"   # the ApiKey `dev up --api-keys` makes (every model, no limits); a new secret each run
 SIM_EXAMPLES = sorted((REPO / "examples" / "models").glob("sim-*.yaml"))
 console = Console(stderr=True)
 
@@ -53,8 +55,11 @@ def dev() -> None:
               help="Run each node (its agent and engines) in a network namespace of its own, reached over a "
                    "veth pair from a bridge with a private /24 (root, iproute2); a partition is then one "
                    "nftables rule on the node's eth0 (`ip netns exec NS nft ...`). Removed when the cluster stops.")
+@click.option("--api-keys", is_flag=True,
+              help=f"Run the gateway with --watch-api-keys: a request needs an API key (`llmgw create apikey`); "
+                   f"a first one, {FIRST_KEY!r} (every model, no limits), is made and printed.")
 def up(node_count: int, directory: str, gateway_port: int, server_count: int, no_examples: bool, timeout: float,
-       engines: tuple[str, ...], netns: bool) -> None:
+       engines: tuple[str, ...], netns: bool, api_keys: bool) -> None:
     """Start etcd, the server, the controller-manager, the gateway and N agents; Ctrl-C stops them.
 
     Exit codes: 0 after a clean Ctrl-C or `llmgw dev down`; 1 when a component failed.
@@ -67,7 +72,7 @@ def up(node_count: int, directory: str, gateway_port: int, server_count: int, no
                       f"with it are rebuilt first (for a fresh start, remove the directory)")
     plans = default_nodes(node_count)
     cluster = LocalCluster(cluster_dir, plans, gateway_port=gateway_port, servers=server_count,
-                           engines=engine_paths(engines))
+                           engines=engine_paths(engines), gateway_args=["--watch-api-keys"] if api_keys else [])
     net = _namespaces(plans, cluster_dir) if netns else None
     if net is not None:
         cluster.use_network(net)
@@ -76,10 +81,11 @@ def up(node_count: int, directory: str, gateway_port: int, server_count: int, no
         with console.status("starting etcd, server, controller-manager, gateway and agents..."):
             cluster.start()
         console.print(f"[green]cluster up[/] in {cluster_dir} ({node_count} nodes)")
+        secret = asyncio.run(_first_key(cluster)) if api_keys else None
         if not no_examples:
-            asyncio.run(_apply_and_watch(cluster, timeout, stop))
+            asyncio.run(_apply_and_watch(cluster, timeout, stop, secret))
         if not stop.is_set():
-            _print_howto(cluster)
+            _print_howto(cluster, secret)
         while not stop.is_set():
             cluster.check_alive()
             time.sleep(0.5)
@@ -154,7 +160,17 @@ def _stop_on_signals() -> threading.Event:
     return flag
 
 
-async def _apply_and_watch(cluster: LocalCluster, timeout: float, stop: threading.Event) -> None:
+async def _first_key(cluster: LocalCluster) -> str:
+    """The first ApiKey's secret: the key made, or on a directory an earlier run left, given a new secret."""
+    secret = new_secret(FIRST_KEY)
+    key = ApiKey(metadata=ObjectMeta(name=FIRST_KEY),
+                 spec=ApiKeySpec(owner="dev-admin", secretHash=hash_secret(secret)))
+    async with Client.from_config(ClientConfig.load(cluster.admin_config)) as client:
+        await client.apply(key)
+    return secret
+
+
+async def _apply_and_watch(cluster: LocalCluster, timeout: float, stop: threading.Event, secret: str | None) -> None:
     async with Client.from_config(ClientConfig.load(cluster.admin_config)) as client:
         # Apply once every agent has registered, so the first placements see all nodes.
         deadline = time.monotonic() + timeout
@@ -184,7 +200,7 @@ async def _apply_and_watch(cluster: LocalCluster, timeout: float, stop: threadin
                     # Status alone can be stale: on a directory an earlier run left, replicas still say
                     # Ready while their engines are gone. Done means what the user does next works.
                     if ready:
-                        ready = await _gateway_answers(http, cluster.gateway_url, names, table)
+                        ready = await _gateway_answers(http, cluster.gateway_url, names, table, secret)
                     live.update(table)
                     if ready:
                         break
@@ -228,12 +244,15 @@ async def _progress(client: Client, names: list[str]) -> tuple[Table, bool]:
     return table, all_ready
 
 
-async def _gateway_answers(http: aiohttp.ClientSession, gateway: str, names: list[str], table: Table) -> bool:
-    """One short completion per model through the gateway; a failure is added to the progress table."""
+async def _gateway_answers(http: aiohttp.ClientSession, gateway: str, names: list[str], table: Table,
+                           secret: str | None) -> bool:
+    """One short completion per model through the gateway (with the first key, `secret`, where keys
+    are enforced); a failure is added to the progress table."""
+    headers = {"authorization": f"Bearer {secret}"} if secret else {}
     for name in names:
         body = {"model": name, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
         try:
-            async with http.post(f"{gateway}/v1/chat/completions", json=body) as resp:
+            async with http.post(f"{gateway}/v1/chat/completions", json=body, headers=headers) as resp:
                 if resp.status == 200:
                     continue
                 why = f"{resp.status} {(await resp.text())[:120]}"
@@ -244,9 +263,17 @@ async def _gateway_answers(http: aiohttp.ClientSession, gateway: str, names: lis
     return True
 
 
-def _print_howto(c: LocalCluster) -> None:
+def _print_howto(c: LocalCluster, secret: str | None) -> None:
     venv_bin = Path(sys.executable).parent
     llmgw = venv_bin / "llmgw"
+    auth = f" -H 'authorization: Bearer {secret}'" if secret else ""
+    api_key = secret or "none"
+    keys = "" if secret is None else f"""
+The gateway enforces API keys: a request without one is refused 401. This one is the key
+{FIRST_KEY!r} (every model, no limits); a key of one model and 3 requests a minute:
+
+  {llmgw} create apikey team-a --owner team-a@example.com --model small --rpm 3
+"""
     click.echo(f"""
 Your cluster (state in {c.dir}, logs in {c.dir / 'logs'}):
 
@@ -256,13 +283,13 @@ Your cluster (state in {c.dir}, logs in {c.dir / 'logs'}):
 
 Send a request through the gateway ({c.gateway_url}):
 
-  curl -s {c.gateway_url}/v1/chat/completions -H 'content-type: application/json' \\
+  curl -s {c.gateway_url}/v1/chat/completions -H 'content-type: application/json'{auth} \\
     -d '{{"model": "small", "messages": [{{"role": "user", "content": "hello"}}]}}'
 
-  {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="none"); \\
+  {venv_bin / 'python'} -c 'import openai; c = openai.OpenAI(base_url="{c.gateway_url}/v1", api_key="{api_key}"); \\
 print(c.chat.completions.create(model="large",
       messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
-
+{keys}
 Watch status in etcd (TLS; the admin's etcd client certificate):
 
   . {c.dir / 'etcd' / 'etcdctl.env'}; etcdctl watch --prefix /llmgw/status/

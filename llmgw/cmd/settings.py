@@ -46,9 +46,11 @@ def _option(name: str, field: FieldInfo, schema: dict[str, Any]) -> Callable[[Ca
             bounds[arg] = schema[key]
             bounds[f"{arg}_open"] = open_
     if field.annotation is float:
-        type_: click.FloatRange | click.IntRange = click.FloatRange(**bounds)
+        type_: click.FloatRange | click.IntRange | click.types.StringParamType = click.FloatRange(**bounds)
     elif field.annotation is int:
         type_ = click.IntRange(**bounds)
+    elif field.annotation is str:
+        type_ = click.STRING
     else:
         raise TypeError(f"setting {name}: no command-line flag for a {field.annotation}")
     return click.option(_flag(name), name, type=type_, metavar=type_.name.split()[0].upper(),

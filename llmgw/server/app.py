@@ -62,7 +62,7 @@ from llmgw.server.handlers.weights import WeightsQuery
 from llmgw.server.logs import AgentLogs
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.rbac import Bindings
-from llmgw.server.request import json_response, kind_of, unknown_kind, url_name, watching
+from llmgw.server.request import HIDE_KEY_HASHES, json_response, kind_of, unknown_kind, url_name, watching
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
@@ -133,6 +133,7 @@ class ApiServer:
             ("GET", "/events", self.list_events, "events-read"),
             ("POST", "/events", self.events.record, "events-write"),
             ("POST", "/revocations", self.revoke.revoke, "revoke"),
+            ("GET", "/revocations", self.list_revocations, "revocations-read"),
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
@@ -209,7 +210,7 @@ class ApiServer:
         kind = request.match_info.get("kind", "")
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
-                    "revoke": "revocations", "demand": "demand", "whoami": "whoami",
+                    "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
                     "review": "accessreviews", "versions": "versions"}.get(verb, "-")
         return verb, kind
 
@@ -301,14 +302,15 @@ class ApiServer:
         act = self._url_action(request)
         if act is not None:
             await self.authorize(request, act)
+            request[HIDE_KEY_HASHES] = act.kind == "apikeys" and self.authz.hides_key_hashes(request["identity"])
         return await handler(request)
 
     def _url_action(self, request: web.Request) -> Action | None:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "versions"):
-            return None   # /healthz, who am I, may I, versions; or no route: 404/405 for every identity alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions"):
+            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)
@@ -327,7 +329,7 @@ class ApiServer:
         kind = kind_of(request)
         node = url_name("node", q["node"]) if q.get("node") else None
         name = url_name("name", info["name"]) if "name" in info else None
-        return Action(verb, kind, name, node=node, final=False)
+        return Action(verb, kind, name, node=node, final=False, weights=verb == "list" and "weights" in q)
 
     async def authorize(self, request: web.Request, act: Action) -> None:
         """The one authorization step, by the URL (step 3) and by the object (step 4): the rules
@@ -361,6 +363,12 @@ class ApiServer:
         if watching(request):
             return await self.watches.objects(request, kind)
         return await self.objects.list(request, kind)
+
+    async def list_revocations(self, request: web.Request) -> web.StreamResponse:
+        """GET /revocations: the revoked serials, or with ?watch=1 their stream."""
+        if watching(request):
+            return await self.watches.revoked(request)
+        return await self.revoke.list(request)
 
     async def list_events(self, request: web.Request) -> web.StreamResponse:
         """GET /events: their list, or with ?watch=1 their stream."""

@@ -7,8 +7,10 @@ Rules, by the certificate's organisation:
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys (and read
                                          their usage, GET /usage/apikeys, as admins do); report its
                                          demand (POST /demand/<gateway>), which no one else but an admin may
-  node N           (O=llmgw:nodes, CN=N) get its own Node, list the Nodes (the peers holding weights
-                                         it pulls); create it with labels and the agent's
+  node N           (O=llmgw:nodes, CN=N) get its own Node, ask the weights index for the Nodes
+                                         holding what it pulls (GET nodes?weights=, its peers),
+                                         never list the fleet (rule "node-list"); create it with
+                                         labels and the agent's
                                          status fields only; write the agent's status fields of
                                          it (never its spec, labels, annotations or finalizers);
                                          heartbeat as N, get/list/watch Shards bound to N
@@ -21,9 +23,11 @@ Rules, by the certificate's organisation:
                                          writes grants no rule it does not hold (rule "escalation")
 Engine logs (GET shards/<name>/log, replicas/<name>/log) are the admins', each node's own, and
 those of a user granted `logs`. The built-in roles (view, operate, edit, admin) are written by no
-one (rule "builtin-role"); a user sets no GitSource's secretRef, nor the url of one that has a
-secretRef or a file:// url (rule "gitsource-credentials"). Anything else is Forbidden, with the
-rule's name in the message.
+one (rule "builtin-role"); a user sets no GitSource's url to a file:// URL, nor the url of one
+that has one (rule "gitsource-file-url": it reads the controller-manager's host); a secretRef is
+a file name in the controller-manager's credentials directory, checked by the API and the
+controller (controllers/gitfetch.py), so any writer of GitSources may name one. Anything else is
+Forbidden, with the rule's name in the message.
 
 A request is authorized twice (docs/contracts.md, "REST"): first by its URL alone, before
 its body is read (``Action.final`` false: what the URL does not say, the body's name, the
@@ -99,6 +103,7 @@ class Action:
     labels: Mapping[str, str] | None = None
     new_labels: Mapping[str, str] | None = None
     obj: AnyObject | None = None   # the object written (a Role or a RoleBinding: what it grants)
+    weights: bool = False          # a list of Nodes asking the weights index (?weights=), not the fleet
 
     def unknown(self, value: object) -> bool:
         """`value` (one of this action's attributes) is not known yet: the request is judged by its URL."""
@@ -188,6 +193,13 @@ class Authorizer:
         return next((r.rule for r in self.bindings.rules_of_kind(user, groups, act.kind)
                      if allows(r, verbs, target, final)), None)
 
+    def hides_key_hashes(self, who: Identity) -> bool:
+        """Whether `who` reads ApiKeys with their spec.secretHash redacted: a user whose bindings do not
+        let it update every ApiKey (the built-in view, operate and edit roles); an admin and the
+        gateway read them whole."""
+        return who.role == "user" and self.granting(
+            who.name, who.groups, Action("update", "apikeys", fields=frozenset({"spec.secretHash"}))) is None
+
     def _user(self, who: Identity, act: Action) -> None:
         subject = f"user {who.name}" + (f" (groups {', '.join(who.groups)})" if who.groups else "")
         if self.granting(who.name, who.groups, act) is None:
@@ -209,14 +221,12 @@ class Authorizer:
 
     @staticmethod
     def _gitsource_reach(subject: str, act: Action, src: GitSource) -> None:
-        """Until a GitSource's credentials are confined to a directory the controller-manager is
-        told (issue 51), a user may not point one that reads a credentials file or a local path
-        (secretRef, file://) anywhere: its token would go to the URL's host, a file:// URL reads
-        any repository of the controller-manager's host. Admins may."""
-        reach = src.spec.secretRef is not None or src.spec.url.startswith("file://")
-        if reach and (act.fields is None or act.fields & {"spec.url", "spec.secretRef"}):
-            raise Denied("gitsource-credentials", f"{subject} may not {act}: only an admin sets the url of a "
-                         "GitSource with spec.secretRef or a file:// url, or its secretRef")
+        """A file:// URL reads a repository of the controller-manager's host (under its
+        --git-file-root): a user neither sets one nor changes the url of a source that has one.
+        Admins may. (A secretRef names a file of the credentials directory only: llmgw/api/git.py.)"""
+        if src.spec.url.startswith("file://") and (act.fields is None or "spec.url" in act.fields):
+            raise Denied("gitsource-file-url", f"{subject} may not {act}: spec.url: only an admin sets a "
+                         "file:// url, or the url of a GitSource that has one")
 
     @staticmethod
     def _component(who: Identity, act: Action) -> None:
@@ -247,10 +257,13 @@ class Authorizer:
                                   f"on node {act.obj_node}")
         if act.kind == "nodes":
             if act.verb == "list":
-                return      # the other nodes' status: which hold or pull the weights it pulls (peers)
+                if act.weights:
+                    return  # the Nodes that hold or pull the weights it pulls (its peers), from the index
+                raise Denied("node-list", f"node {me} may not list the fleet's Nodes; it asks the weights index "
+                             "for the peers of a pull (GET nodes?weights=SOURCE)")
             if act.verb not in ("get", "create", "update", "status", "apply"):
-                raise Denied("node-self", f"node {me} may only list the Nodes, and get, register and write "
-                             f"the status of its own Node; it asked to {act}")
+                raise Denied("node-self", f"node {me} may only ask the weights index for Nodes, and get, register "
+                             f"and write the status of its own Node; it asked to {act}")
             if act.name != me and not act.unknown(act.name):
                 raise claims(act.name, "node-self", "read and write a Node")
             return self._own_node(me, act)

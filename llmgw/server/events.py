@@ -1,5 +1,6 @@
 """A watch of events (`GET /events?watch=1`, `llmgw events -w`): the lines an object watch has,
-about the events recorded under /llmgw/events/ (every object's, a kind's or one object's).
+about the events recorded under /llmgw/events/ (every object's, a kind's or one object's); and,
+the same way, of the revoked serials (`GET /revocations?watch=1`, the agents' listeners).
 
 An event is ADDED when recorded and DELETED when it expires (an hour on); each line carries its
 revision, BOOKMARKs come while idle and one ERROR ends the stream (410 Expired when the revision
@@ -13,12 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from llmgw.api.client import EventType
 from llmgw.api.events import event_key
 from llmgw.backoff import Backoff
-from llmgw.reflector import AfterError, Reflector
+from llmgw.reflector import AfterError, ListerWatcher, Reflector
 from llmgw.server.watchcache import bookmark_line, error_line, event_line
 from llmgw.store import Store
 from llmgw.store.errors import Compacted
@@ -32,23 +33,26 @@ def _after_error(err: Exception) -> AfterError:
 class EventWatch:
     """One HTTP watch of the events after revision `after` (which etcd still has)."""
 
-    def __init__(self, store: Store, after: int, kind: str | None, name: str | None, limit: int = 1000):
-        self.limit = limit
+    def __init__(self, store: Store, after: int, kind: str | None, name: str | None, limit: int = 1000,
+                 what: Literal["events", "revocations"] = "events"):
+        self.limit, self.what = limit, what
         self._pending: deque[bytes] = deque()
         self._error: bytes | None = None
         self._wake = asyncio.Event()
-        self._reflector = Reflector(store.events.lister_watcher(kind, name, _after_error), self._offer,
-                                    key=event_key, start_revision=after, backoff=Backoff(0.1, 5.0),
-                                    name=f"watch of events after {after}")
+        lw: ListerWatcher[Any] = (store.events.lister_watcher(kind, name, _after_error) if what == "events"
+                                  else store.revocations.lister_watcher(_after_error))
+        self._reflector = Reflector(lw, self._offer, key=event_key if what == "events" else str,
+                                    start_revision=after, backoff=Backoff(0.1, 5.0),
+                                    name=f"watch of {what} after {after}")
 
-    def _offer(self, type_: EventType, event: dict[str, Any], revision: int) -> None:
+    def _offer(self, type_: EventType, event: Any, revision: int) -> None:
         if self._error is not None:
             return
         if len(self._pending) >= self.limit:
-            self.fail(410, "Expired", f"this watch fell more than {self.limit} events behind and was closed; "
+            self.fail(410, "Expired", f"this watch fell more than {self.limit} {self.what} behind and was closed; "
                       "relist and watch from the list's resourceVersion")
             return
-        self._pending.append(event_line(type_, event, revision))
+        self._pending.append(event_line(type_, event if self.what == "events" else {"serial": event}, revision))
         self._wake.set()
 
     def fail(self, code: int, reason: str, message: str) -> None:

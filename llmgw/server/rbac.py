@@ -43,10 +43,10 @@ def _builtin(name: str, rules: list[PolicyRule]) -> Role:
     return Role(metadata=ObjectMeta(name=name, labels={BUILTIN_ROLE_LABEL: "true"}), spec=RoleSpec(rules=rules))
 
 
-# view: read everything but the API keys; operate: view, and cordon, drain, scale, the engine logs,
-# a GitSource's reconcile (and suspend, resume); edit: operate, and write Models and GitSources;
-# admin: everything.
-_VIEW = [_rule(READ_VERBS, [k for k in KINDS if k != "apikeys"] + [EVENTS])]
+# view: read everything, an ApiKey's secret hash redacted (llmgw/server/authz.py's hides_key_hashes);
+# operate: view, and cordon, drain, scale, the engine logs, a GitSource's reconcile (and suspend,
+# resume); edit: operate, and write Models and GitSources; admin: everything.
+_VIEW = [_rule(READ_VERBS, [*KINDS, EVENTS])]
 _OPERATE = [*_VIEW, _rule(["cordon", "drain"], ["nodes"]), _rule(["scale"], ["models"]),
             _rule(["logs"], ["shards", "replicas"]), _rule(["reconcile"], ["gitsources"])]
 _EDIT = [*_OPERATE, _rule(["create", "update", "patch", "delete"], ["models", "gitsources"])]

@@ -14,10 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.api import KINDS, AnyObject, InvalidObject, parse_object
+from llmgw.api import KINDS, AnyObject, ApiKey, InvalidObject, parse_object
 from llmgw.api.errors import BadRequest, Invalid, NotFound, RequestEntityTooLarge, UnsupportedMediaType
 from llmgw.api.limits import INT64, MAX_BODY_BYTES, InputError, parse_json, too_large
 from llmgw.api.meta import check_dns1123_label
+from llmgw.api.secrets import REDACTED
 from llmgw.server.authz import Action
 
 # The content-types a body may have: an object is JSON; a status PATCH is a JSON merge patch
@@ -27,6 +28,9 @@ BODY_TYPES = {"PATCH": (JSON, "application/merge-patch+json")}
 
 # The authorization step (ApiServer.authorize): raises Forbidden, or lets the request on.
 Authorize = Callable[[web.Request, Action], Awaitable[None]]
+# Set by the URL's authorization (ApiServer._authorize): the request reads ApiKeys with their secret
+# hashes redacted (llmgw/server/authz.py's hides_key_hashes).
+HIDE_KEY_HASHES = "hide_key_hashes"
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -36,6 +40,13 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 def dump(obj: AnyObject) -> dict[str, Any]:
     dumped: dict[str, Any] = obj.model_dump(mode="json")
     return dumped
+
+
+def shown(request: web.Request, obj: AnyObject) -> AnyObject:
+    """`obj` as the request's identity reads it: an ApiKey's spec.secretHash REDACTED where HIDE_KEY_HASHES."""
+    if request.get(HIDE_KEY_HASHES) and isinstance(obj, ApiKey):
+        return obj.model_copy(update={"spec": obj.spec.model_copy(update={"secretHash": REDACTED})})
+    return obj
 
 
 def object_list(kind: str, items: Sequence[AnyObject], revision: int) -> web.Response:

@@ -49,3 +49,17 @@ def test_bad_flags_are_one_line_errors(config):
     assert out.exit_code != 0 and "LABEL=VALUE" in out.output
     out = llmgw(config, "create", "apikey", "Not_A_Name", "--owner", "x")
     assert out.exit_code != 0 and "metadata.name" in out.output and "Traceback" not in out.output
+
+
+def test_create_and_get_warn_when_no_gateway_enforces_keys(config):
+    """No gateway runs with --watch-api-keys here: one line on stderr says so (with one that does:
+    tests/dev/test_dev_up.py); the secret alone is on stdout."""
+    out = llmgw(config, "create", "apikey", "unenforced", "--owner", "x")
+    assert out.exit_code == 0, out.output
+    warning = "warning: no live gateway enforces API keys (none runs with --watch-api-keys)"
+    assert [line for line in out.stderr.splitlines() if "warning" in line] == [out.stderr.splitlines()[-1]]
+    assert out.stderr.splitlines()[-1].startswith(warning) and out.stdout.strip().startswith("llmgw_unenforced_")
+    for args in (["get", "apikeys"], ["get", "apikey", "unenforced", "-o", "yaml"]):
+        got = llmgw(config, *args)
+        assert got.exit_code == 0 and got.stderr.startswith(warning) and len(got.stderr.splitlines()) == 1, got.output
+

@@ -3,6 +3,7 @@ controller-manager (the model and replica controllers, fake agents) and a real e
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -87,8 +88,10 @@ def repo(tmp_path: Path) -> Repo:
     return Repo(tmp_path)
 
 
-def gitops(tmp_path: Path) -> GitOpsController:
-    return GitOpsController(ControllerSettings(gitops_retry_base=0.2, gitops_retry_max=1.0),
+def gitops(tmp_path: Path, **settings: Any) -> GitOpsController:
+    """The controller, its file:// URLs confined to tmp_path (where `repo` is) unless `settings` say otherwise."""
+    return GitOpsController(ControllerSettings(**{"gitops_retry_base": 0.2, "gitops_retry_max": 1.0,
+                                                  "git_file_root": str(tmp_path), **settings}),
                             cache_dir=tmp_path / "cache")
 
 
@@ -312,3 +315,32 @@ async def test_fetches_that_hang_hold_no_worker_and_other_sources_sync_meanwhile
             await store.create(source("fleet", repo.url))
             await until(lambda: ready(cp, "fleet"), "the third source Ready while the others' fetches hang")
             assert not any(ready(cp, name) for name in stuck)
+
+
+async def test_a_source_reads_no_credentials_file_and_no_repository_beyond_where_the_manager_was_told(
+        store, repo, tmp_path):
+    """secretRef.file is read in --git-credentials-dir only, and a file:// URL under --git-file-root
+    only, links resolved: a link out of either is refused before anything is read (the link's
+    target is a FIFO no one writes, so reading it would hang) and before git runs (no checkout)."""
+    repo.write("models/a.yaml", model_yaml("a")).commit()
+    creds, root = tmp_path / "creds", tmp_path / "repos"
+    creds.mkdir()
+    root.mkdir()
+    os.mkfifo(tmp_path / "etcd.key")
+    (creds / "fleet.token").symlink_to(tmp_path / "etcd.key")
+    (root / "fleet.git").symlink_to(repo.bare)
+    ctl = gitops(tmp_path, git_credentials_dir=str(creds), git_file_root=str(root))
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}/fleet.git"
+        async with control_plane(store, extra=(ctl,)) as cp:
+            await store.create(source("token", url, secretRef={"file": "fleet.token"}))
+            await store.create(source("outside", repo.url))
+            await store.create(source("linked", f"file://{root}/fleet.git"))
+            for name, what in (("token", "secretRef.file fleet.token"), ("outside", repo.url),
+                               ("linked", f"file://{root}/fleet.git")):
+                cond = await until(lambda n=name: (s := cp.cache.get(GitSource, n)) and (c := get_condition(
+                    s.status.conditions, "Ready")) and c.reason == "FetchFailed" and c, f"{name} refused")
+                assert cond.status == "False", name
+                assert f"{what}: outside " in cond.message and "where the controller-manager confines it" \
+                    in cond.message, cond.message
+                assert not (tmp_path / "cache" / name).exists(), name   # git never ran for it

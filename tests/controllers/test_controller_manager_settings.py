@@ -57,7 +57,8 @@ def test_no_flags_give_the_defaults(start):
 @pytest.mark.parametrize("name", list(ControllerSettings.model_fields))
 def test_every_setting_has_a_flag(start, name):
     default = getattr(ControllerSettings(), name)
-    value = default * 3 if isinstance(default, int) else (0.25 if name == "max_silent_fraction" else default + 2.5)
+    value = (f"/srv/{name}" if isinstance(default, str) else default * 3 if isinstance(default, int)
+             else 0.25 if name == "max_silent_fraction" else default + 2.5)
     got = start(FLAGS[name], str(value))
     assert getattr(got, name) == value
     assert got == ControllerSettings(**{name: value})        # and nothing else moved
@@ -116,7 +117,8 @@ def test_help_shows_each_setting_with_its_description_and_default():
     lines = out.output.splitlines()
     for name, field in ControllerSettings.model_fields.items():
         (line,) = [ln for ln in lines if ln.strip().startswith(FLAGS[name] + " ")]
-        assert field.description in line and f"[default: {field.default};" in line, line
+        shown = f"[default: {field.default}" + (";" if field.annotation is not str else "")   # a number's range
+        assert field.description in line and shown in line, line
     assert "--config FILE" in out.output
 
 

@@ -59,10 +59,11 @@ class DevUp:
         until_sync(printed, f"{text!r} from dev up", timeout=timeout, interval=0.2,
                    detail=lambda: "\n".join(self.lines[-30:]))
 
-    def complete(self, model: str) -> tuple[int, str]:
+    def complete(self, model: str, key: str | None = None) -> tuple[int, str]:
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", body,
-                                     {"content-type": "application/json"})
+                                     {"content-type": "application/json",
+                                      **({"authorization": f"Bearer {key}"} if key else {})})
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 return resp.status, resp.read().decode()
@@ -122,6 +123,45 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
         assert code == 0, "\n".join(up.lines[-30:])
         assert "stopped; nothing left running" in up.lines[-1]
         assert not any("error" in line for line in up.lines), up.lines[-30:]
+
+
+def test_dev_up_with_api_keys_refuses_requests_as_the_keys_say(tmp_path):
+    """`dev up --api-keys`: what it prints works as printed (the first key's curl and openai examples,
+    the `create apikey` of a 3-rpm key, which does not warn: the gateway enforces keys); a request
+    without a key is 401, the 3-rpm key of `small` asking for `large` 404, its fourth request in a
+    minute 429."""
+    up = DevUp(tmp_path / "dev", free_port(), "--api-keys")
+    try:
+        up.wait_for("Ctrl-C here")
+        assert any("answering through the gateway" in line for line in up.lines), up.lines[-30:]
+        first = next(i for i, line in enumerate(up.lines) if line.strip().startswith("curl -s "))
+        curl = "\n".join(up.lines[first:first + 2])
+        assert "Bearer llmgw_dev_" in curl, curl
+        export = next(line for line in up.lines if line.strip().startswith("export LLMGW_CONFIG="))
+        create = next(line for line in up.lines if "create apikey team-a" in line)
+        answers = []
+        for command in (curl, printed_openai_example(up.lines)):
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
+            answers.append(done.stdout)
+        assert json.loads(answers[0])["choices"][0]["message"]["content"]
+        assert up.complete("small")[0] == 401
+
+        made = subprocess.run(["bash", "-c", f"{export}\n{create}"], capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0 and "warning" not in made.stderr, made.stderr
+        key = made.stdout.strip()
+        listed = subprocess.run(["bash", "-c", f"{export}\n{create.split(' create ')[0]} get apikeys"],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and "team-a" in listed.stdout and "warning" not in listed.stderr, listed
+
+        def seen(model):   # the gateway knows the new key once it stops answering 401 for it
+            status = up.complete(model, key)[0]
+            return status if status != 401 else None
+        assert until_sync(lambda: seen("large"), "the gateway to know the key", timeout=30) == 404
+        assert [up.complete("small", key)[0] for _ in range(4)] == [200, 200, 200, 429]
+    finally:
+        code = up.stop()
+    assert code == 0, "\n".join(up.lines[-30:])
 
 
 def _netns_of(pid: int) -> str:

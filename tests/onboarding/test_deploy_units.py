@@ -37,3 +37,12 @@ def test_unit_passes_systemd_analyze_verify(name, tmp_path):
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert str(unit) not in done.stderr and name not in done.stderr, done.stderr   # no warning about it
+
+
+def test_the_gateway_unit_enforces_api_keys_unless_told_otherwise():
+    """--watch-api-keys by default; LLMGW_GATEWAY_KEYS= in gateway.env (which overrides the unit's
+    Environment=) removes it: `$VAR` unbraced is split on whitespace, so empty is no argument."""
+    text = (DEPLOY / "llmgw-gateway.service").read_text()
+    assert "\nEnvironment=LLMGW_GATEWAY_KEYS=--watch-api-keys\n" in text
+    exec_start = text.split("\nExecStart=", 1)[1].split("\nKillSignal=", 1)[0]
+    assert exec_start.split()[-1] == "$LLMGW_GATEWAY_KEYS"

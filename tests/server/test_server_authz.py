@@ -106,7 +106,8 @@ CASES = [
     ("n1", lambda c: c.create(node("n1", {"unschedulable": True})), "node-registration"),
     ("n1", lambda c: c.create(node("n1", finalizers=["x.io/keep"])), "node-registration"),
     ("n1", lambda c: c.create(node("n1", annotations={"a": "b"})), "node-registration"),
-    ("n1", lambda c: c.list(Node), None),                   # the peers holding weights it pulls
+    ("n1", lambda c: c.list(Node), "node-list"),            # the fleet's addresses and GPUs: not a node's
+    ("n1", lambda c: c.nodes_with_weights("hf://org/m"), None),   # the peers holding weights it pulls
     ("n1", lambda c: _first_event(c, Node), "node-self"),
     ("n1", lambda c: c.delete(Node, "n1"), "node-self"),
     ("n1", lambda c: c.heartbeat("n2"), "node-heartbeat"),

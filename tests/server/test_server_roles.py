@@ -8,13 +8,13 @@ import asyncio
 import pytest
 from click.testing import CliRunner
 
-from llmgw.api import KINDS, GitSecretRef, InvalidObject, Model, Node, parse_object
-from llmgw.api.secrets import hash_secret
+from llmgw.api import KINDS, ApiKey, GitSecretRef, GitSource, InvalidObject, Model, Node, parse_object
+from llmgw.api.secrets import REDACTED, hash_secret, verify_secret
 from llmgw.api.wellknown import RECONCILE_REQUESTED_AT
 from llmgw.cli.auth import auth
 from llmgw.cli.describe import describe
 from llmgw.cli.get import get
-from llmgw.client import Forbidden, Unauthorized
+from llmgw.client import Forbidden, Invalid, Unauthorized
 from llmgw.pki import identity_from_pem_file
 from tests.fixtures.cluster import llmgw_ca, shared_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -157,7 +157,7 @@ WRITES = {"create", "update", "delete", "cordon", "drain", "scale", "reconcile"}
 
 
 def expected(who: str, verb: str, kind: str, name: str) -> bool:
-    reads = verb in ("get", "list", "watch") and kind != "apikeys"
+    reads = verb in ("get", "list", "watch")
     if who == "vic":        # view
         return reads
     if who == "olga":       # operate
@@ -185,6 +185,31 @@ async def test_every_kind_and_verb(cluster, who):
             assert review["allowed"] == allowed, (verb, kind, name, review)
     wrong = {cell: got for cell, got in answers.items() if got != expected(who, *cell)}
     assert not wrong
+
+
+async def test_view_reads_api_keys_without_their_hashes(cluster):
+    """`view` reads ApiKeys with spec.secretHash redacted, in a get, a list and a watch (its first
+    items and a change streamed after); an admin, a certificate's or a user bound to `admin`, reads it."""
+    async with cluster.client() as admin, cluster.client(cluster.ids["vic"]) as vic, \
+            cluster.client(cluster.ids["rita"]) as rita:
+        _, rev = await vic.list(ApiKey)
+        watch = vic.watch(ApiKey, from_revision=rev + 1)
+        first = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)   # the watch is open before the change
+        key = await admin.get(ApiKey, "k1")
+        key.metadata.labels["seen"] = "yes"
+        await admin.update(key)
+        changed = await asyncio.wait_for(first, 10)
+        await watch.aclose()
+        read = [await vic.get(ApiKey, "k1"), next(k for k in (await vic.list(ApiKey))[0] if k.name == "k1"),
+                (await _watch_one(vic, ApiKey)).object, changed.object]
+        assert changed.type == "MODIFIED" and changed.object.metadata.labels["seen"] == "yes"
+        assert [k.spec.secretHash for k in read] == [REDACTED] * 4
+        assert [k.spec.owner for k in read] == ["team-a"] * 4
+        assert not verify_secret("llmgw_k_" + "0" * 48, REDACTED)   # a redacted hash matches no secret
+        assert (await admin.get(ApiKey, "k1")).spec.secretHash == _HASH
+        assert (await rita.get(ApiKey, "k1")).spec.secretHash == _HASH
+        assert (await _watch_one(rita, ApiKey)).object.spec.secretHash == _HASH
 
 
 async def test_no_one_binds_themselves_to_more(cluster):
@@ -288,32 +313,44 @@ def gitsource(name, url="https://git.example/repo.git", secret=None):
     return parse_object({"apiVersion": V1, "kind": "GitSource", "metadata": {"name": name}, "spec": spec})
 
 
-async def test_an_editor_points_no_gitsource_at_credentials(cluster):
-    """`edit` writes GitSources; until their credentials are confined to a directory, a user sets
-    no secretRef, no file:// url, and no url of a source that reads a secretRef (its token would go
-    to that host): the controller-manager's etcd key is one file away."""
+async def test_an_editor_names_only_credentials_files_and_no_local_repository(cluster):
+    """`edit` writes GitSources: a secretRef is a file name in the controller-manager's credentials
+    directory (a path is 422 at spec.secretRef.file, nothing stored), and a file:// url, which reads
+    the controller-manager's host, is an admin's (403 at spec.url, rule gitsource-file-url)."""
     async with cluster.client() as admin:
         await admin.create(parse_object({"apiVersion": V1, "kind": "RoleBinding", "metadata": {"name": "b-edit"},
                                          "spec": {"roleRef": {"name": "edit"},
                                                   "subjects": [{"kind": "User", "name": "eddie"}]}}))
-        await admin.create(gitsource("g-private", secret="/etc/llmgw/git-token"))
+        await admin.create(gitsource("g-private", secret="fleet.token"))
+        await admin.create(gitsource("g-local-admin", url="file:///srv/repos/infra"))
     eddie = cluster.issue("user", "eddie")
-    refused = [lambda c: c.create(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
-               lambda c: c.create(gitsource("g-local", url="file:///srv/repos/infra")),
-               lambda c: c.apply(gitsource("g-key", secret="/etc/llmgw/etcd/controller-manager.key")),
-               lambda c: _update(admin, c, "gitsources", "g-private",
-                                 lambda g: setattr(g.spec, "url", "https://evil.example/r.git")),
-               lambda c: _update(admin, c, "gitsources", "g1",
-                                 lambda g: setattr(g.spec, "secretRef", GitSecretRef(file="/etc/passwd")))]
+    paths = ["/etc/llmgw/etcd/controller-manager.key", "../etcd/controller-manager.key", "sub/token", ".."]
     async with cluster.client() as admin, cluster.client(eddie) as c:
         async def bound():
             return (await c.can_i("create", "gitsources"))["allowed"]
         await until(bound, "eddie's binding to reach the server's index")
+        for path in paths:
+            body = gitsource("g-key").model_dump(mode="json")
+            body["spec"]["secretRef"] = {"file": path}
+            with pytest.raises(Invalid) as err:
+                await c.request("POST", "/apis/llmgw.io/v1/gitsources", body=body)
+            assert "spec.secretRef.file: " in str(err.value) and "without a path" in str(err.value), path
+        refused = [lambda c: c.create(gitsource("g-local", url="file:///srv/repos/infra")),
+                   lambda c: c.apply(gitsource("g-local", url="file:///srv/repos/infra")),
+                   lambda c: _update(admin, c, "gitsources", "g-private",
+                                     lambda g: setattr(g.spec, "url", "file:///srv/repos/infra")),
+                   lambda c: _update(admin, c, "gitsources", "g-local-admin",
+                                     lambda g: setattr(g.spec, "url", "file:///etc"))]
         for i, write in enumerate(refused):
             with pytest.raises(Forbidden) as err:
                 await write(c)
-            assert "rule gitsource-credentials:" in str(err.value), i
-        await c.create(gitsource("g-public"))
+            assert "rule gitsource-file-url:" in str(err.value) and "spec.url" in str(err.value), i
+        assert not {g.name for g in (await admin.list(GitSource))[0]} & {"g-key", "g-local"}   # nothing stored
+        await c.create(gitsource("g-public", secret="fleet.token"))
         await _update(admin, c, "gitsources", "g-private",
+                      lambda g: setattr(g.spec, "url", "https://other.example/r.git"))
+        await _update(admin, c, "gitsources", "g-private",
+                      lambda g: setattr(g.spec, "secretRef", GitSecretRef(file="other.token")))
+        await _update(admin, c, "gitsources", "g-local-admin",
                       lambda g: g.metadata.annotations.update({RECONCILE_REQUESTED_AT: "now"}))
-        await _update(admin, c, "gitsources", "g-private", lambda g: setattr(g.spec, "suspend", True))
+        await _update(admin, c, "gitsources", "g-local-admin", lambda g: setattr(g.spec, "suspend", True))

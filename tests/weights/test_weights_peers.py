@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
+import time
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +20,7 @@ from llmgw.agent.listener import serve
 from llmgw.agent.peers import CacheServer
 from llmgw.api import Node, NodeStatus
 from llmgw.api.sources import parse_source
+from llmgw.pki import identity_from_pem_file
 from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.digest import FileEntry
@@ -97,6 +99,32 @@ async def test_three_nodes_fetch_each_byte_from_the_origin_about_once(shared_api
         assert sorted(p.name for p in cached.parent.iterdir()) == sorted(files)
 
 
+async def test_a_node_certificate_revoked_is_refused_by_the_peers_within_seconds(shared_api_server, agents):
+    """An agent's listener watches the server's revocation list: a node certificate revoked while
+    it reads a peer's cache is refused there (401) within 5 s, and another node's still is not."""
+    agent = agents("revoke-peer", "--logs-listen", "127.0.0.1:0")
+    async with shared_api_server.client() as c:
+        async def serving():
+            return (await c.get(Node, "revoke-peer")).status.agentEndpoint
+        endpoint = await wait_for("revoke-peer registered with its listener", serving, agent)
+        url = f"{endpoint}/weights/models/{'0' * 64}/config.json"
+        revoked_cert = shared_api_server.issue_node("revoke-puller")
+        other = peer_context(shared_api_server, shared_api_server.issue_node("revoke-other"))
+        puller = peer_context(shared_api_server, revoked_cert)
+        async with aiohttp.ClientSession() as http:
+            async def status(ctx):
+                async with http.get(url, ssl=ctx) as r:
+                    return r.status
+            assert await status(puller) == 404       # a node's read: not in this cache
+            await c.revoke(identity_from_pem_file(revoked_cert[0]).serial)
+            revoked_at = time.monotonic()
+            while await status(puller) != 401:
+                assert time.monotonic() - revoked_at < 5, "the peer still serves a revoked certificate"
+                await asyncio.sleep(0.05)
+            assert await status(other) == 404
+    assert "the certificate is revoked" in agent.log.read_text()
+
+
 # ----------------------------------------------------- pullers in this process, over real mTLS
 
 class Fleet:
@@ -122,7 +150,7 @@ class Fleet:
         puller = Puller(cache, HubConfig(endpoint=self.origin.url),
                         peers=Peers(name, set, nodes, peer_client_context(cert, key, self.server.ca)))
         runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
-                                   mtls_server_context(cert, key, self.server.ca))
+                                   mtls_server_context(cert, key, self.server.ca), frozenset().__contains__)
         self.runners.append(runner)
         self.pullers[name] = puller
         self.endpoints[name] = f"https://127.0.0.1:{port}"

@@ -9,7 +9,7 @@ from llmgw.api.errors import AlreadyExists, BadRequest, Conflict, NotFound
 from llmgw.api.selectors import Selector
 from llmgw.server.authz import Action, changed_fields, written_fields
 from llmgw.server.rbac import BUILTIN_ROLES
-from llmgw.server.request import Authorize, dump, json_response, kind_of, object_list, read_object
+from llmgw.server.request import Authorize, dump, json_response, kind_of, object_list, read_object, shown
 from llmgw.store import Store
 
 
@@ -29,7 +29,7 @@ class Objects:
         if kind == "roles":   # the built-in roles are answered beside the stored ones
             items = [*(r for r in BUILTIN_ROLES.values() if Selector.parse(selector).matches(r.metadata.labels)),
                      *items]
-        return object_list(kind, items, rev)
+        return object_list(kind, [shown(request, o) for o in items], rev)
 
     async def get(self, request: web.Request) -> web.Response:
         kind, name = kind_of(request), request.match_info["name"]
@@ -40,7 +40,7 @@ class Objects:
             obj = await self.store.get(KINDS[kind], name, node=hint)
             await self.authorize(request, Action("get", kind, name, node=hint, obj_node=node_of(obj),
                                                  labels=obj.metadata.labels))
-            return json_response(dump(obj))
+            return json_response(dump(shown(request, obj)))
         return json_response(dump(await self.store.get(KINDS[kind], name)))
 
     async def create(self, request: web.Request) -> web.Response:

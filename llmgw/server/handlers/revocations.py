@@ -1,5 +1,7 @@
 """`POST /revocations`: add a certificate's serial to the revoked ones (admins only); nothing in the
-API takes one off the list (llmgw/server/revocations.py keeps the set the server checks)."""
+API takes one off the list (llmgw/server/revocations.py keeps the set the server checks).
+`GET /revocations` lists them (any certificate may, as anyone may read a CA's revocation list;
+?watch=1: handlers/watch.py), so the agents' listeners refuse what the server refuses."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +21,11 @@ log = logging.getLogger("llmgw.server")
 class Revoke:
     def __init__(self, store: Store, authorize: Authorize) -> None:
         self.store, self.authorize = store, authorize
+
+    async def list(self, request: web.Request) -> web.Response:
+        serials, rev = await self.store.revocations.lister_watcher().list()
+        return json_response({"kind": "RevocationList", "metadata": {"resourceVersion": rev},
+                              "items": [{"serial": s} for s in serials]})
 
     async def revoke(self, request: web.Request) -> web.Response:
         body = await read_body(request)

@@ -1,7 +1,8 @@
-"""Watches: `GET /{kind}?watch=1` and `GET /events?watch=1`, streams of JSON lines: events after
-?resourceVersion= (none: every current item as ADDED first), BOOKMARKs while idle, and one ERROR
-before the end (410 Expired: relist; 503 when the server stops: re-watch from the last revision;
-401 when the client's certificate is revoked or expires while the watch is open).
+"""Watches: `GET /{kind}?watch=1`, `GET /events?watch=1` and `GET /revocations?watch=1`, streams of
+JSON lines: events after ?resourceVersion= (none: every current item as ADDED first), BOOKMARKs
+while idle, and one ERROR before the end (410 Expired: relist; 503 when the server stops: re-watch
+from the last revision; 401 when the client's certificate is revoked or expires while the watch is
+open).
 
 Objects are served by the shared watch cache (llmgw/server/watchcache.py): one store watch per
 kind, whatever the number of HTTP watches; while etcd is unreachable, the stream stays open
@@ -10,20 +11,22 @@ kind, whatever the number of HTTP watches; while etcd is unreachable, the stream
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
 from llmgw.api import KINDS, AnyObject
 from llmgw.api.errors import BadRequest, Expired
+from llmgw.api.secrets import REDACTED
 from llmgw.api.selectors import Selector
 from llmgw.pki import Identity
 from llmgw.server.events import EventWatch
 from llmgw.server.metrics import ServerMetrics
-from llmgw.server.request import dump, resource_version
+from llmgw.server.request import HIDE_KEY_HASHES, dump, resource_version, shown
 from llmgw.server.revocations import Revocations
 from llmgw.server.watchcache import WatchCache, check_revision, error_line, event_line
 from llmgw.store import Store
@@ -73,9 +76,12 @@ class Watches:
             return await self._serve(request, kind, error_line(410, "Expired", expired), None)
         # no await since the revision check or the list: nothing can slip in between
         watcher = cache.subscribe(rv, node=node, selector=sel, who=f"{request['identity']} ({request.remote})")
+        stream = watcher.stream(self.bookmark_interval)
         try:
-            return await self._serve(request, kind, b"".join(event_line("ADDED", dump(o), rv) for o in initial),
-                                     (watcher.stream(self.bookmark_interval), watcher.fail))
+            return await self._serve(request, kind,
+                                     b"".join(event_line("ADDED", dump(shown(request, o)), rv) for o in initial),
+                                     (_hashes_redacted(stream) if request.get(HIDE_KEY_HASHES) else stream,
+                                      watcher.fail))
         finally:
             watcher.close()
 
@@ -83,17 +89,30 @@ class Watches:
         """Events as an object watch streams objects (every object's, ?kind='s, or ?kind=&name='s)."""
         # ?kind= and ?name= were checked with the URL (app.py's url_action)
         kind, name = request.query.get("kind") or None, request.query.get("name") or None
+        return await self._own_watch(request, "events", kind, name)
+
+    async def revoked(self, request: web.Request) -> web.StreamResponse:
+        """The revoked serials ({"serial": ...}) as events are watched."""
+        return await self._own_watch(request, "revocations", None, None)
+
+    async def _own_watch(self, request: web.Request, what: Literal["events", "revocations"], kind: str | None,
+                         name: str | None) -> web.StreamResponse:
+        """A watch with a store watch of its own (llmgw/server/events.py): without ?resourceVersion=,
+        every current item ADDED first; then each change."""
         rv = resource_version(request.query)
         initial: list[dict[str, Any]] = []
         if rv:
             try:
                 await check_revision(self.store, rv)
             except Expired as err:   # relist
-                return await self._serve(request, "events", error_line(410, "Expired", str(err)), None)
-        else:
+                return await self._serve(request, what, error_line(410, "Expired", str(err)), None)
+        elif what == "events":
             initial, rv = await self.store.events.list_all(kind, name)
-        watch = EventWatch(self.store, rv, kind, name, limit=self.cache.queue_limit)
-        return await self._serve(request, "events", b"".join(event_line("ADDED", e, rv) for e in initial),
+        else:
+            serials, rv = await self.store.revocations.lister_watcher().list()
+            initial = [{"serial": s} for s in serials]
+        watch = EventWatch(self.store, rv, kind, name, limit=self.cache.queue_limit, what=what)
+        return await self._serve(request, what, b"".join(event_line("ADDED", e, rv) for e in initial),
                                  (watch.stream(self.bookmark_interval), watch.fail))
 
     async def _serve(self, request: web.Request, what: str, first: bytes, then: Stream | None) -> web.StreamResponse:
@@ -144,3 +163,18 @@ class Watches:
             timer.cancel()
             unsubscribe()
         return undo
+
+
+async def _hashes_redacted(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The watch cache's event lines (shared by every watch of the kind) with each ApiKey's
+    spec.secretHash REDACTED, for a reader who may not see them (request.py's HIDE_KEY_HASHES)."""
+    async for chunk in chunks:
+        lines = []
+        for line in chunk.splitlines(keepends=True):
+            event = json.loads(line)
+            spec = event.get("object", {}).get("spec")
+            if isinstance(spec, dict) and "secretHash" in spec:
+                spec["secretHash"] = REDACTED
+                line = (json.dumps(event) + "\n").encode()
+            lines.append(line)
+        yield b"".join(lines)
