@@ -3,7 +3,7 @@
 # architecture. Each one holds llmgw and every dependency as platform wheels
 # for CPython 3.11 and later, so a node needs nothing but a python3 (3.11+):
 #
-#   scp dist/llmgw-0.1.0-linux-amd64.pex node:/usr/local/bin/llmgw
+#   scp dist/llmgw-0.2.0-linux-amd64.pex node:/usr/local/bin/llmgw
 #   ssh node llmgw agent --config /etc/llmgw/agent.yaml
 #
 # Usage: hack/release.sh [-o OUTDIR] [-a amd64|arm64]... [-p 3.11|3.12|...]...

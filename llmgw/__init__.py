@@ -1,2 +1,1 @@
-"""llmgw: run LLM inference engines across a fleet of GPU machines."""
-__version__ = "0.1.0"
+"""llmgw: run LLM inference engines across a fleet of GPU machines (its version: llmgw.version)."""

@@ -16,9 +16,9 @@ from llmgw.agent.discovery.gpu import GPUReport, discover_gpus
 from llmgw.agent.discovery.infiniband import IBDiscoveryError, Port, discover_ports
 from llmgw.agent.fabrics import Assignment, assign_fabrics
 from llmgw.agent.inventory import Inventory, take_inventory
-from llmgw.agent.version import agent_version
 from llmgw.api import Condition, NodeStatus, set_condition
 from llmgw.api.fabrics import FabricError
+from llmgw.version import version
 
 
 @dataclass
@@ -93,5 +93,5 @@ def node_status(facts: Facts, config: AgentConfig,
         engines=inv.engines,
         portRange=config.port_range,
         conditions=conds,
-        agentVersion=agent_version(),
+        agentVersion=version(),
     )

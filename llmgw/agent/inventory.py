@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmgw.agent.version import agent_version
 from llmgw.api import EngineInfo
 from llmgw.engines.engine import Executable, builtin
 from llmgw.engines.engine import executables as programs
+from llmgw.version import version
 
 
 @dataclass
@@ -75,7 +75,7 @@ def take_inventory(executables: dict[str, str]) -> Inventory:
             continue
         program = programs()[name]
         inv.engines.append(EngineInfo(name=program.reports, path=path, version=_version(program, path)))
-    inv.engines += [EngineInfo(name=e.name, path=llmgw_executable(), version=agent_version()) for e in builtin()]
+    inv.engines += [EngineInfo(name=e.name, path=llmgw_executable(), version=version()) for e in builtin()]
     return inv
 
 

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, retry_if_not_exception_type
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
-from llmgw.api.errors import AlreadyExists, NotFound
+from llmgw.api.errors import AlreadyExists, NotFound, VersionSkew
 from llmgw.backoff import Backoff, ExponentialJitter
 from llmgw.client import Client
 
@@ -39,10 +39,11 @@ def _log_retry(what: str) -> Callable[[RetryCallState], None]:
 
 
 async def retry_forever(what: str, fn: Callable[[], Awaitable[T]], max_wait: float = 10.0) -> T:
-    """Await fn() until it succeeds, with jittered exponential backoff between tries."""
+    """Await fn() until it succeeds, with jittered exponential backoff between tries; but a
+    VersionSkew, which no retry cures (this agent's version is outside the server's policy), is raised."""
     async for attempt in AsyncRetrying(
         wait=ExponentialJitter(0.2, max_wait),
-        retry=retry_if_exception_type(Exception),
+        retry=retry_if_exception_type(Exception) & retry_if_not_exception_type(VersionSkew),
         before_sleep=_log_retry(what),
         reraise=True,
     ):

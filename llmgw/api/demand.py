@@ -31,6 +31,7 @@ class DemandReport(Strict):
 
     gateway: DNSLabel
     models: dict[DNSLabel, ModelDemand] = Field(default_factory=dict, max_length=MAX_MODELS_PER_REPORT)
+    version: str | None = None   # the gateway's llmgw version: its X-Llmgw-Version, set by the server
 
 
 def total_demand(reports: list[DemandReport] | tuple[DemandReport, ...], model: str) -> ModelDemand:

@@ -61,6 +61,13 @@ class Forbidden(StatusError):
     reason = "Forbidden"
 
 
+class VersionSkew(Forbidden):
+    """The client's version (its X-Llmgw-Version) is outside the version skew policy; the message
+    names both versions (llmgw/version.py)."""
+
+    reason = "VersionSkew"
+
+
 class NotFound(StatusError):
     code = 404
     reason = "NotFound"

@@ -28,7 +28,8 @@
 
 Errors (each str() is one actionable line):
     ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400 (Invalid 422),
-        Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule), NotFound 404,
+        Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule; VersionSkew: outside
+        the version skew policy, naming both versions), NotFound 404,
         Conflict 409 (AlreadyExists is a Conflict), Expired 410, Unavailable 503
     Unreachable(url, why)                     code 0: no HTTP answer (refused, DNS, timeout)
     TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
@@ -49,8 +50,9 @@ from llmgw.client.errors import (
     Unauthorized,
     Unavailable,
     Unreachable,
+    VersionSkew,
 )
 
 __all__ = ["Client", "ServerObjects", "ClientConfig", "ConfigError", "config_path", "AlreadyExists", "ApiError",
            "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "Unauthorized",
-           "Unavailable", "Unreachable"]
+           "Unavailable", "Unreachable", "VersionSkew"]

@@ -28,6 +28,8 @@ from llmgw.client.config import ClientConfig, server_urls
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
 from llmgw.client.oneshot import OneShot
 from llmgw.reflector import AfterError, ListerWatcher, Reflector, object_name
+from llmgw.version import HEADER
+from llmgw.version import version as llmgw_version
 
 # aiohttp is imported where it is used: a client made with oneshot=True (the CLI's verbs) may
 # never need it (llmgw.client.oneshot says why that matters).
@@ -154,9 +156,12 @@ class Client:
 
     def __init__(self, server: str | Sequence[str], ca: str | None = None, cert: str | None = None,
                  key: str | None = None, *, timeout: float = 30.0, watch_idle_timeout: float = 90.0,
-                 connections: int = 100, oneshot: bool = False):
+                 connections: int = 100, oneshot: bool = False, version: str | None = None):
         """oneshot: requests (not watches, not logs) through http.client (llmgw.client.oneshot), for
-        a short-lived command that may be done before aiohttp would have been imported."""
+        a short-lived command that may be done before aiohttp would have been imported.
+        version: the llmgw version this client reports in its X-Llmgw-Version header (default: the
+        installed llmgw's), which the server holds an agent's, a gateway's or a controller-manager's
+        to the version skew policy by (llmgw/version.py); a oneshot client, a user's, sends none."""
         self.servers = server_urls(server)
         if not self.servers:
             raise ValueError("a client needs a server's URL")
@@ -165,6 +170,7 @@ class Client:
         self._ssl = _ssl_context(ca, cert, key) if https else None
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
+        self._version = version
         self._session: aiohttp.ClientSession | None = None
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
@@ -211,7 +217,8 @@ class Client:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl else False, limit=self._connections)
             self._session = aiohttp.ClientSession(connector=connector,
-                                                  timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+                                                  timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                                                  headers={HEADER: self._version or llmgw_version()})
         return self._session
 
     async def close(self) -> None:
@@ -381,6 +388,24 @@ class Client:
         """Revoke a certificate by its serial (admins only); `role` and `name` are recorded beside it."""
         body = {"serial": serial, **({"role": role} if role else {}), **({"name": name} if name else {})}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
+        return result
+
+    async def server_versions(self) -> dict[str, str]:
+        """Each of this client's servers' llmgw version (its /healthz answer), by URL; for one that
+        does not answer, why (the error's line)."""
+        versions = {}
+        for server in self.servers:
+            try:
+                versions[server] = str((await self._request(server, "GET", "/healthz", {}, None, None))["version"])
+            except ApiError as err:
+                versions[server] = f"unknown: {err}"
+        return versions
+
+    async def cluster_versions(self) -> dict[str, Any]:
+        """The server's llmgw version, each live gateway's and the leading controller-manager's:
+        ``{"server": v, "gateways": {name: v}, "controllerManager": {"holder": id, "version": v} | None}``
+        (a version None: that component sent none)."""
+        result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
         return result
 
     async def list_and_watch_revocations(self, retry_max: float = 5.0) -> AsyncIterator[tuple[str, str | None]]:

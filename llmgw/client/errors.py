@@ -36,6 +36,10 @@ class Forbidden(ApiError, api.Forbidden):           # 403: the message names the
     pass
 
 
+class VersionSkew(Forbidden, api.VersionSkew):     # 403 VersionSkew: outside the version skew policy
+    pass
+
+
 class NotFound(ApiError, api.NotFound):             # 404
     pass
 
@@ -76,8 +80,9 @@ class TLSError(ApiError):
 
 _BY_CODE = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
             410: Expired, 422: Invalid, 503: Unavailable}
+_BY_REASON = {(409, "AlreadyExists"): AlreadyExists, (403, "VersionSkew"): VersionSkew}
 
 
 def error_for(code: int, reason: str, message: str, url: str) -> ApiError:
-    cls = AlreadyExists if (code == 409 and reason == "AlreadyExists") else _BY_CODE.get(code, ApiError)
+    cls = _BY_REASON.get((code, reason)) or _BY_CODE.get(code, ApiError)
     return cls(code, reason, message, url)

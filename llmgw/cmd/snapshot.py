@@ -14,11 +14,11 @@ from typing import TypeVar
 
 import click
 
-from llmgw import __version__
 from llmgw.cmd.etcdflags import etcd_tls
 from llmgw.store import StoreError
 from llmgw.store.connection import Connection
 from llmgw.store.snapshot import Snapshot, SnapshotError, census, open_snapshot, restore, save, stream
+from llmgw.version import version
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ def save_command(file: Path, etcd: str, etcd_ca: str | None, etcd_cert: str | No
     recording its revision, size, sha256 and llmgw's version."""
     conn = Connection(etcd, etcd_ca, etcd_cert, etcd_key)
     try:
-        header = save(file, __version__, lambda out: asyncio.run(_closing(conn, stream(conn, out))))
+        header = save(file, version(), lambda out: asyncio.run(_closing(conn, stream(conn, out))))
     except (StoreError, SnapshotError, OSError) as err:
         raise click.ClickException(f"snapshot of etcd at {etcd} not saved: {err}") from None
     click.echo(f"saved {file}: revision {header.revision}, {header.size} bytes, sha256 {header.sha256}")

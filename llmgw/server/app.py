@@ -5,7 +5,10 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
 1. errors: whatever a later step raises becomes one JSON Status answer, here and nowhere else
    (`_errors`): the contract's errors (llmgw.api.errors) with their code, reason and details, and
    a path or a method the API does not have too (404, 405);
-2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked);
+2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked),
+   then an agent's, a gateway's or a controller-manager's version against the version skew
+   policy (llmgw/version.py: 403 VersionSkew naming both versions, when its X-Llmgw-Version is
+   outside it; a client that sends none, as 0.1.0 did not, is taken as it is);
 3. authorize by the URL: the verb (the route and method), the kind (404 when unknown) and the
    names the URL holds (the path's, ``?node=``, the events' ``?kind=&name=``), which must be
    names (400: none reaches a store key or a log line as it came), before the body is read (403);
@@ -39,6 +42,7 @@ from llmgw.api.errors import (
     CertificateRevoked,
     StatusError,
     Unauthorized,
+    VersionSkew,
 )
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
@@ -64,6 +68,7 @@ from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
 from llmgw.server.weightsindex import WeightsIndex
 from llmgw.store import Store
+from llmgw.version import HEADER, OLDER, refusal, version
 
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -131,6 +136,7 @@ class ApiServer:
             ("GET", "/revocations", self.list_revocations, "revocations-read"),
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
+            ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
             ("GET", "/usage/{kind}", self.demand.list_usage, "list"),   # before {kind}/{name}, which it would match
             ("GET", "/usage/{kind}/{name}", self.demand.get_usage, "get"),
             ("GET", "/{kind}", self.list_or_watch, "list"),   # "watch" with ?watch=1
@@ -205,7 +211,7 @@ class ApiServer:
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
                     "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
-                    "review": "accessreviews"}.get(verb, "-")
+                    "review": "accessreviews", "versions": "versions"}.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -281,6 +287,13 @@ class ApiServer:
             log.warning("refused: certificate %s from %s is revoked", who, peer)
             raise CertificateRevoked(f"client certificate {who} is revoked; ask an admin for a new one")
         request["identity"] = who
+        component = "agent" if who.role == "node" else who.name if who.role == "component" else None
+        theirs = request.headers.get(HEADER)
+        if component in OLDER and theirs is not None:
+            why = refusal(component, theirs, version())
+            if why is not None:
+                log.warning("refused: %s from %s: %s", who, peer, why)
+                raise VersionSkew(why)
         return await handler(request)
 
     @web.middleware
@@ -296,8 +309,8 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read"):
-            return None   # /healthz, who am I, may I, the revocation list; or no route: 404/405 for all alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions"):
+            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)
@@ -337,7 +350,7 @@ class ApiServer:
 
     # ------------------------------------------------------------ routes answered by more than one handler
     async def healthz(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "identity": str(request["identity"])})
+        return json_response({"status": "ok", "identity": str(request["identity"]), "version": version()})
 
     async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
         """GET /{kind}: the Nodes that hold some weights (?weights=), a watch (?watch=1), or a list."""

@@ -8,6 +8,7 @@ from llmgw.store import keys as K
 from llmgw.store.etcd import CREATE, Etcd, as_bytes, compare, put_op, txn_request
 from llmgw.store.kv import KV
 from llmgw.store.leases import Leases
+from llmgw.version import version
 
 
 class Leadership:
@@ -38,13 +39,14 @@ class Election:
         lease_id = await self._leases.grant(ttl)
         resp = await self._etcd.send_txn(txn_request(
             [compare(as_bytes(key), CREATE, create_revision=0)],
-            [put_op(key, json.dumps({"holder": identity}).encode(), lease_id)]))
+            [put_op(key, json.dumps({"holder": identity, "version": version()}).encode(), lease_id)]))
         if not resp.succeeded:
             await self._leases.revoke(lease_id)
             return None
         return Leadership(self._leases, key, lease_id, resp.header.revision, ttl)
 
     async def leader(self, component: str) -> dict[str, Any] | None:
-        """What the holder of the component's leader key wrote ({"holder": identity}), or None."""
+        """What the holder of the component's leader key wrote ({"holder": identity, "version": its
+        llmgw version}, the version absent from a 0.1.0 holder), or None."""
         got = await self._kv.get(K.leader_key(component))
         return json.loads(got[0]) if got else None

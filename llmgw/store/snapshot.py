@@ -4,7 +4,7 @@ A file is two lines of header, then etcd's own snapshot bytes (the payload, what
 ``etcdctl snapshot save`` writes: bbolt's database with etcd's sha256 at its end)::
 
     llmgw-snapshot 1
-    {"created": "...", "llmgw": "0.1.0", "revision": 42, "sha256": "...", "size": 20512}
+    {"created": "...", "llmgw": "0.2.0", "revision": 42, "sha256": "...", "size": 20512}
     <size bytes of etcd's snapshot>
 
 The header is checked before anything reads the payload (``open_snapshot``): a file

@@ -1,6 +1,7 @@
 """The gateways' reports: their demand (`POST /demand/<gateway>`, docs/contracts.md, "Autoscaling")
-with their API keys' usage, kept under a lease; and that usage summed (`GET /usage/apikeys[/<name>]`,
-llmgw/api/usage.py)."""
+with their API keys' usage and their version, kept under a lease; that usage summed (`GET
+/usage/apikeys[/<name>]`, llmgw/api/usage.py); and their versions, with the leading
+controller-manager's (`GET /versions`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,6 +16,7 @@ from llmgw.api.manifests import describe_validation_error
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.server.request import json_response, read_body
 from llmgw.store import Store
+from llmgw.version import HEADER, version
 
 
 class Demand:
@@ -30,13 +32,22 @@ class Demand:
             raise Invalid(f"ttl: must be an integer number of seconds in 1..600, got {ttl!r}")
         keys = body.pop("keys", None)   # its API keys' usage, kept beside the demand (llmgw/api/usage.py)
         try:
-            report = DemandReport.model_validate({"gateway": gateway, **body})
+            report = DemandReport.model_validate({"gateway": gateway, **body, "version": request.headers.get(HEADER)})
             usage = UsageReport.model_validate({"gateway": gateway, "keys": keys}) if keys is not None else None
         except ValidationError as err:
             raise Invalid("; ".join(describe_validation_error(err))) from None
         await self.store.demand.report(report, ttl=ttl, usage=usage)
         # The live gateways, this one included: each enforces its share of an API key's limits.
         return json_response({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
+
+    async def versions(self, request: web.Request) -> web.Response:
+        """`GET /versions`: this server's llmgw version, each live gateway's (from its report) and the
+        leading controller-manager's (from its leader key)."""
+        gateways = {r.gateway: r.version for r in await self.store.demand.list()}
+        leader = await self.store.election.leader("controller-manager")
+        manager = {"holder": leader["holder"], "version": leader.get("version")} if leader else None
+        return json_response({"server": version(), "gateways": dict(sorted(gateways.items())),
+                              "controllerManager": manager})
 
     async def list_usage(self, request: web.Request) -> web.Response:
         """Every API key's usage summed over the live gateways' reports."""
