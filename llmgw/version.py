@@ -8,7 +8,7 @@ versions. A release is a (major, minor) line: patch releases of one line always 
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, lru_cache
 from importlib import metadata
 
 HEADER = "X-Llmgw-Version"
@@ -34,6 +34,7 @@ def release(v: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+@lru_cache(maxsize=256)   # asked on every request of a component (heartbeats), of a few versions
 def refusal(component: str, theirs: str, servers: str) -> str | None:
     """Why a ``component`` (a key of OLDER) of version ``theirs`` may not run with servers of
     version ``servers``; None when it may. A version that is no release's is refused too."""
