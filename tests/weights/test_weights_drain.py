@@ -61,6 +61,11 @@ async def test_a_drain_pulls_onto_the_replacements_node_while_the_original_serve
                         and s.status.phase == "Ready"]
             [first] = await until(lambda: ready_on("dnode1"), "the model Ready on dnode1", timeout=120, interval=0.3)
             assert origin.bytes_sent == sum(map(len, files.values()))
+
+            async def replica_ready():   # its shard's Ready reaches the Replica a moment later
+                return (await c.get(Replica, first.spec.replica)).status.phase == "Ready"
+            # the drain starts from a serving replica: what the replay below holds it to
+            await until(replica_ready, "the original replica Ready", timeout=60, interval=0.3)
             watches = [asyncio.ensure_future(record(c, k, changes)) for k in (Replica, Shard)]
             try:
                 dnode2 = await c.get(Node, "dnode2")
