@@ -20,6 +20,10 @@ if [[ -z ${LLMGW_LLAMA_SERVER:-} ]] && command -v cmake >/dev/null && command -v
   export LLMGW_LLAMA_SERVER
 fi
 cd "$ROOT"
+# Where the environment sets PYTHONDONTWRITEBYTECODE (this machine's does), every pytest process
+# rewrote every test module's asserts again at collection (about 6 s of CPU each: 4 workers and the
+# serial run) and every process the tests start compiled llmgw again. __pycache__ is git-ignored.
+unset PYTHONDONTWRITEBYTECODE
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports" --no-logo --no-cache
 "$VENV/bin/mypy"
