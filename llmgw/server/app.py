@@ -8,7 +8,7 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
 2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked),
    then an agent's, a gateway's or a controller-manager's version against the version skew
    policy (llmgw/version.py: 403 VersionSkew naming both versions, when its X-Llmgw-Version is
-   outside it; a client that sends none, as 0.1.0 did not, is taken as it is);
+   outside it; one that sends none is taken for 0.1.0, the last release that sent none: HEADERLESS);
 3. authorize by the URL: the verb (the route and method), the kind (404 when unknown) and the
    names the URL holds (the path's, ``?node=``, the events' ``?kind=&name=``), which must be
    names (400: none reaches a store key or a log line as it came), before the body is read (403);
@@ -68,7 +68,7 @@ from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
 from llmgw.server.weightsindex import WeightsIndex
 from llmgw.store import Store
-from llmgw.version import HEADER, OLDER, refusal, version
+from llmgw.version import HEADER, HEADERLESS, OLDER, refusal, version
 
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -288,9 +288,8 @@ class ApiServer:
             raise CertificateRevoked(f"client certificate {who} is revoked; ask an admin for a new one")
         request["identity"] = who
         component = "agent" if who.role == "node" else who.name if who.role == "component" else None
-        theirs = request.headers.get(HEADER)
-        if component in OLDER and theirs is not None:
-            why = refusal(component, theirs, version())
+        if component in OLDER:
+            why = refusal(component, request.headers.get(HEADER, HEADERLESS), version())
             if why is not None:
                 log.warning("refused: %s from %s: %s", who, peer, why)
                 raise VersionSkew(why)
