@@ -4,19 +4,14 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from llmgw import aio
+from llmgw.cmd.auditflags import AuditFlags, audit_options
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
-from llmgw.cmd.settings import SettingsError, read_file
-
-if TYPE_CHECKING:
-    from llmgw.server.audit import AuditLog
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -30,8 +25,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
-                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5,
-                audit_webhook: str = "", audit_policy: str = "") -> None:
+                audit: AuditFlags | None = None) -> None:
     from aiohttp import web
 
     from llmgw.pki import CertificateAuthority
@@ -65,13 +59,13 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
     try:
-        audit = _audit(audit_log, audit_log_max_size, audit_log_max_backups, audit_webhook, audit_policy)
+        audit_log = audit.open() if audit is not None else None
     except click.ClickException:
         await store.close()
         raise
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
-                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit)
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -94,35 +88,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await metrics_site.cleanup()
     await runner.cleanup()
     await store.close()
-    if audit is not None:
-        audit.close()
-
-
-def _audit(path: str, max_size: int, backups: int, webhook: str, policy_file: str) -> AuditLog | None:
-    """The audit log the flags ask for (None: no backend)."""
-    from llmgw.server.app import AUDIT_KINDS, VERBS
-    from llmgw.server.audit import AUDIT_BUFFER, AuditLog, FileBackend, PolicyError, WebhookBackend, parse_policy
-
-    try:
-        policy = parse_policy(read_file(policy_file, "a mapping with rules: [...]"), policy_file, VERBS,
-                              AUDIT_KINDS) if policy_file else None
-    except (PolicyError, SettingsError) as err:
-        raise click.ClickException(f"--audit-policy {err}") from None
-    if not (path or webhook):
-        if policy is not None:
-            raise click.ClickException("--audit-policy: no --audit-log or --audit-webhook to write to")
-        return None
-    if webhook and urllib.parse.urlsplit(webhook).scheme not in ("http", "https"):
-        raise click.ClickException(f"--audit-webhook {webhook}: expected an http:// or https:// URL")
-    backends: list[FileBackend | WebhookBackend] = []
-    if path:
-        try:
-            backends.append(FileBackend(path, max_size << 20, backups, AUDIT_BUFFER))
-        except OSError as err:
-            raise click.ClickException(f"--audit-log {path}: {err.strerror or err}") from None
-    if webhook:
-        backends.append(WebhookBackend(webhook, AUDIT_BUFFER))
-    return AuditLog(backends, policy)
+    if audit_log is not None:
+        audit_log.close()
 
 
 @click.command()
@@ -145,24 +112,13 @@ def _audit(path: str, max_size: int, backups: int, webhook: str, policy_file: st
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
-@click.option("--audit-log", default="", metavar="PATH",
-              help="Write a JSON line per request that changes state and per refusal here; empty: off.")
-@click.option("--audit-log-max-size", type=click.IntRange(min=1), default=100, show_default=True,
-              help="MB an audit log file grows to before it rotates.")
-@click.option("--audit-log-max-backups", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Rotated audit log files kept (PATH.1 the newest).")
-@click.option("--audit-webhook", default="", metavar="URL",
-              help="Also POST the audit lines here, in batches (newline-delimited JSON); empty: off.")
-@click.option("--audit-policy", default="", metavar="FILE",
-              help="YAML rules picking the audit lines written (docs/contracts.md, \"Audit\"); empty: every line.")
+@audit_options
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
-           watch_queue_limit: int, metrics_listen: str, audit_log: str, audit_log_max_size: int,
-           audit_log_max_backups: int, audit_webhook: str, audit_policy: str, log_level: str, log_format: str) -> None:
+           watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
-                  watch_cache_size, watch_queue_limit, metrics_listen, audit_log, audit_log_max_size,
-                  audit_log_max_backups, audit_webhook, audit_policy))
+                  watch_cache_size, watch_queue_limit, metrics_listen, audit))

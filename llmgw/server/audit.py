@@ -193,6 +193,12 @@ class AuditLog:
         """Whether the policy writes a line of this request."""
         return self.policy is None or self.policy.logs(user, groups, verb, kind)
 
+    def offer(self, line: dict[str, Any]) -> None:
+        """Record `line` if the policy keeps its user, groups, verb and kind (a line built before
+        the policy is asked: the controller-manager's)."""
+        if self.logs(line["user"], line["groups"], line["verb"], line["kind"]):
+            self.record(line)
+
     def record(self, line: dict[str, Any]) -> None:
         """Queue a line to every backend; never waits (a full buffer drops it, counted and logged)."""
         text = json.dumps(line, separators=(",", ":"))

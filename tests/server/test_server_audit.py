@@ -15,7 +15,7 @@ from llmgw.api import Model, parse_object
 from llmgw.api.secrets import hash_secret
 from llmgw.backoff import Backoff
 from llmgw.client import Forbidden
-from llmgw.cmd.server import _audit
+from llmgw.cmd.auditflags import AuditFlags
 from llmgw.pki import identity_from_pem_file
 from llmgw.server.audit import AUDIT_BUFFER, AuditLog, FileBackend, WebhookBackend
 from llmgw.server.metrics import ServerMetrics
@@ -119,7 +119,7 @@ def test_a_bad_policy_is_one_line_naming_the_file(tmp_path, text, error):
     policy = tmp_path / "policy.yaml"
     policy.write_text(text)
     with pytest.raises(click.ClickException) as err:
-        _audit(str(tmp_path / "audit.log"), 1, 1, "", str(policy))
+        AuditFlags(str(tmp_path / "audit.log"), policy=str(policy)).open()
     assert err.value.message.startswith(f"--audit-policy {policy}: {error}")
     assert "\n" not in err.value.message and not (tmp_path / "audit.log").exists()
 
