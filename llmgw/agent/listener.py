@@ -34,6 +34,10 @@ def subject(request: web.Request) -> dict[str, str]:
     return {k: v for rdn in _certificate(request).get("subject", ()) for k, v in rdn}
 
 
+# the request's: whether its certificate is still not revoked, asked by a long answer
+STILL_TRUSTED: web.RequestKey[Callable[[], bool]] = web.RequestKey("still_trusted")
+
+
 @dataclass
 class Revoked:
     """The server's revoked serials, as the agent's watch keeps them, and why the server refuses
@@ -51,6 +55,9 @@ def refuse_revoked(revoked: Revoked) -> Any:
             raise web.HTTPServiceUnavailable(text=f"this node's agent cannot tell a revoked certificate: the server "
                                                   f"refuses its watch of revocations ({revoked.refused})")
         serial = normalize_serial(_certificate(request).get("serialNumber", "0"))
+        # asked again by an answer that streams for long (a file of a pull in flight): it is cut
+        # once the certificate is revoked, or the list can no longer be known
+        request[STILL_TRUSTED] = lambda: serial not in revoked.serials and revoked.refused is None
         if serial in revoked.serials:
             who = subject(request)
             log.warning("refused: %s from CN=%s O=%s serial=%s (%s): the certificate is revoked", request.path,

@@ -130,6 +130,38 @@ async def test_a_node_certificate_revoked_is_refused_by_the_peers_within_seconds
     assert "the certificate is revoked" in agent.log.read_text()
 
 
+def partial_bytes(agent) -> int:
+    """What the agent's pulls in flight have written so far."""
+    partial = agent.state_dir / "weights" / "partial"
+    return sum(p.stat().st_size for p in partial.iterdir()) if partial.is_dir() else 0
+
+
+async def test_a_node_revoked_while_it_pulls_from_a_peer_is_cut_off_by_that_peer_within_seconds(
+        shared_api_server, agents, origin):
+    """A real pull in progress: `pull-b` streams a file from `pull-a`, which is itself pulling it
+    from a slow origin (the chain of a fleet pulling at once). `pull-b`'s certificate is revoked:
+    `pull-a` ends that stream short within 5 s (not only the next request), and says why."""
+    files = generated(51, {"config.json": 500, "model-00001.safetensors": 4_000_000})
+    origin.add_repo("org/cut", files)
+    origin.rate = 1e6          # the large file takes 4 s from the origin
+    a = agents("pull-a", "--hub-endpoint", origin.url, "--logs-listen", "127.0.0.1:0")
+    b = agents("pull-b", "--hub-endpoint", origin.url, "--logs-listen", "127.0.0.1:0")
+    async with shared_api_server.client() as c:
+        for agent in (a, b):
+            await listening(agent, c)
+        await c.create(sim_shard("cut-a", "pull-a", source="hf://org/cut"))
+        await wait_for("pull-a to start its pull", lambda: partial_bytes(a) > 0, a)
+        await c.create(sim_shard("cut-b", "pull-b", source="hf://org/cut"))   # started after: it reads pull-a
+        await wait_for("pull-b to stream from pull-a", lambda: partial_bytes(b) > 1000, b)
+        large = [x for x in origin.log if x.method == "GET" and x.path.endswith("model-00001.safetensors")]
+        assert len(large) == 1, large      # pull-a's read alone: pull-b's bytes are pull-a's stream
+        await c.revoke(identity_from_pem_file(b.argv[b.argv.index("--cert") + 1]).serial)
+        revoked_at = time.monotonic()
+        while "its certificate is revoked" not in a.log.read_text():
+            assert time.monotonic() - revoked_at < 5, "the peer still streams to a revoked certificate"
+            await asyncio.sleep(0.05)
+
+
 async def test_a_listener_whose_server_refuses_its_revocation_watch_fails_closed(shared_api_server, agents):
     """The server ends and then refuses the revocation watch of an agent whose own certificate is
     revoked: that agent can no longer tell a revoked certificate, so its listener answers every
