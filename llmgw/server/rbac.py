@@ -82,7 +82,7 @@ def rule_verbs(verb: str, kind: str, fields: frozenset[str] | None = None) -> fr
         return frozenset({"list", "watch"})
     if verb == "events-write":
         return frozenset({"create"})
-    return frozenset({verb}) if verb in RULE_VERBS else frozenset()
+    return frozenset({verb}) if verb in RULE_VERBS else frozenset({ANY})   # one no rule names: "*" alone
 
 
 class Target(NamedTuple):
@@ -178,8 +178,9 @@ class _Follow(Generic[ObjectT]):
 
 
 SubjectKey = tuple[str, str]   # ("User" | "Group", name)
-Grants = dict[tuple[str, str], list[Compiled]]   # by kind and verb: the rules that grant it ("*" spelled out)
-_ALL_KINDS = (*KINDS, EVENTS)
+# by kind (or "*") and verb: the rules that grant it; a rule of every verb is under each and "*"
+Grants = dict[tuple[str, str], list[Compiled]]
+_EVERY_VERB = (*RULE_VERBS, ANY)
 
 
 def _subjects(b: RoleBinding | None) -> set[SubjectKey]:
@@ -244,8 +245,8 @@ class Bindings:
         for role in {self.bindings.items[name].spec.roleRef.name for name in self._by_subject.get(subject, ())}:
             for rule in self.rules_of_role(role):
                 compiled = Compiled.of(rule)
-                for kind in _ALL_KINDS if ANY in rule.kinds else rule.kinds:
-                    for verb in RULE_VERBS if ANY in rule.verbs else rule.verbs:
+                for kind in rule.kinds:
+                    for verb in _EVERY_VERB if ANY in rule.verbs else rule.verbs:
                         grants.setdefault((kind, verb), []).append(compiled)
         if grants:
             self._grants[subject] = grants
@@ -283,7 +284,8 @@ class Bindings:
             grants = self._grants.get(subject)
             if grants is not None:
                 for verb in verbs:
-                    for rule in grants.get((kind, verb), ()):
-                        if admits(rule, target, final):
-                            return rule.rule
+                    for key in ((kind, verb), (ANY, verb)):
+                        for rule in grants.get(key, ()):
+                            if admits(rule, target, final):
+                                return rule.rule
         return None
