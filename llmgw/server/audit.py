@@ -13,8 +13,10 @@ drop and every 1,000th after are logged. The file (`--audit-log`) rotates by siz
 and flushed to the operating system as soon as its writer takes it from the buffer. The webhook
 (`--audit-webhook URL`) is sent what is buffered, up to BATCH lines a POST (newline-delimited
 JSON); a POST that fails is tried again (TRIES in all), then its lines are dropped, counted
-(`failed`) and logged. A crash of the server loses at most the lines still in the buffers, and
-the webhook's batch in flight; a crash of the machine also what the OS had not yet written.
+(`failed`) and logged. At a stop the webhook has CLOSE_WAIT seconds for what is buffered, each
+batch tried once; what is left is logged as lost. A crash of the server loses at most the lines
+still in the buffers, and the webhook's batch in flight; a crash of the machine also what the OS
+had not yet written.
 
 The policy (`--audit-policy FILE`, AuditPolicy) picks which lines are written: its first rule
 that matches a line's user, groups, verb and kind gives its level, None (no line) or Metadata
@@ -45,6 +47,7 @@ AUDIT_BUFFER = 10000     # lines each backend buffers
 BATCH = 400              # lines a webhook POST carries at most
 TRIES = 3                # a webhook POST's, before its lines are dropped
 WEBHOOK_TIMEOUT = 10.0   # seconds a webhook POST may take
+CLOSE_WAIT = 15.0        # seconds a stopping server gives the webhook what is buffered
 
 
 class PolicyError(ValueError):
@@ -157,15 +160,18 @@ class FileBackend(_Backend):
 class WebhookBackend(_Backend):
     name = "webhook"
 
-    def __init__(self, url: str, buffer: int, retry: Backoff | None = None) -> None:
+    def __init__(self, url: str, buffer: int, retry: Backoff | None = None, close_wait: float = CLOSE_WAIT) -> None:
         self.url = url
         self.failed = 0   # lines whose POST failed TRIES times
         self._retry = retry or Backoff(0.5, 5.0)
+        self._close_wait = close_wait
+        self._tries = TRIES
         super().__init__(buffer, batch=BATCH)
 
     def _send(self, lines: list[str]) -> None:
         body = ("\n".join(lines) + "\n").encode()
-        for attempt in range(1, TRIES + 1):
+        tries = self._tries
+        for attempt in range(1, tries + 1):
             req = urllib.request.Request(self.url, data=body, method="POST",
                                          headers={"Content-Type": "application/x-ndjson"})
             try:
@@ -174,12 +180,26 @@ class WebhookBackend(_Backend):
                 self._retry.reset()
                 return
             except OSError as err:   # urllib's URLError and HTTPError are OSErrors
-                if attempt == TRIES:
+                if attempt == tries:
                     self.failed += len(lines)
                     log.warning("audit webhook %s: %d line(s) dropped after %d tries: %s (%d so far)", self.url,
-                                len(lines), TRIES, err, self.failed)
+                                len(lines), tries, err, self.failed)
                     return
                 time.sleep(self._retry.next())
+
+    def close(self) -> None:
+        """Send what is buffered, each batch tried once, for `close_wait` seconds at most (a dead
+        webhook does not hold the server's stop); what is left is logged as lost."""
+        self._tries = 1
+        deadline = time.monotonic() + self._close_wait
+        try:
+            self._lines.put(None, timeout=self._close_wait)
+        except queue.Full:
+            pass
+        self._writer.join(max(0.0, deadline - time.monotonic()))
+        if self._writer.is_alive():
+            log.warning("audit webhook %s: stopped with %d line(s) not sent (it did not answer within %.0f s)",
+                        self.url, self._lines.qsize(), self._close_wait)
 
 
 class AuditLog:

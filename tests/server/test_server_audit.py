@@ -108,6 +108,16 @@ def test_a_refusing_webhook_drops_the_batch_counted(receiver):
     assert webhook.failed == 1 and webhook.dropped == 0 and receiver.batches == []
 
 
+def test_a_dead_webhook_does_not_hold_the_stop(receiver, caplog):
+    receiver.hold.clear()                 # it never answers (until the test ends)
+    audit = AuditLog([WebhookBackend(receiver.url, buffer=5, close_wait=0.3)])
+    for i in range(4):
+        audit.record({"n": i})
+    assert receiver.arrived.wait(10)
+    audit.close()                         # returns: the webhook is given close_wait, not forever
+    assert "not sent (it did not answer within" in caplog.text
+
+
 @pytest.mark.parametrize("text, error", [
     ("rules:\n- level: Everything\n", "rules[0].level: Input should be 'None' or 'Metadata'"),
     ("rules:\n- level: None\n  kinds: [modles]\n", "rules[0].kinds[0]: unknown kind 'modles'"),
