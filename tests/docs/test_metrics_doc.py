@@ -17,6 +17,7 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.server.audit import AuditLog, WebhookBackend
 from llmgw.server.metrics import ServerMetrics
 from tests.fixtures.ctrlkit import node, replica, shard
 
@@ -73,6 +74,7 @@ def test_the_servers_series_are_documented():
     m = ServerMetrics()
     m.observe("get", "models", 200)
     m.watches.labels("models").inc()
+    m.audit(AuditLog([WebhookBackend("http://127.0.0.1:9/", buffer=1)]))   # never sent a line
     assert exported(generate_latest(m.registry)) == documented("API server")
 
 
