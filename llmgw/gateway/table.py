@@ -31,6 +31,8 @@ class Backend:
     model: str
     endpoint: str  # "host:port" of rank 0
     served: tuple[str, ...] = ()  # names the engine answers to; () = unknown
+    kv_events: str | None = None  # its engine's KV event publisher (tcp://host:port), if any
+    kv_replay: str | None = None  # and its replay endpoint
 
     def upstream_name(self, requested: str) -> str | None:
         """The model name to send this engine, or None to keep the body as it is."""
@@ -108,7 +110,8 @@ class RoutingTable:
                                       draining=r.metadata.deletionTimestamp is not None)
         assert r.status.endpoint  # routable: it has one
         self._left.pop(name, None)
-        b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames))
+        b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames),
+                    r.status.kvEvents, r.status.kvReplay)
         if self.backends.get(name) == b:
             return False
         self.backends[name] = b

@@ -1,0 +1,110 @@
+"""vLLM's prefix-cache block keys, computed outside the engine (docs/contracts.md, "KV events").
+
+vLLM names a cached block by a chain of hashes: block i's hash is
+``sha256_cbor((parent, tuple(block_i_token_ids), extra_keys))`` where parent is
+block i-1's hash (32 bytes) and, for block 0, NONE_HASH = ``sha256_cbor(seed)``;
+``sha256_cbor`` is SHA-256 of the canonical CBOR encoding (a tuple is a CBOR array,
+None is null). The seed is the engine's PYTHONHASHSEED, which the renderers set to
+HASH_SEED when events are on (vLLM otherwise picks a default that differs across
+versions, or a random one); extra_keys is None without a LoRA adapter, multimodal
+input or cache salt. Only whole blocks are hashed. KV events carry each hash as an
+integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default,
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+
+Without a tokenizer, a token is a word of the prompt, as the sim reads one
+(llmgw sim): its id is the word's CRC-32 cut to 31 bits; a prompt given as token
+ids keeps them.
+"""
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cbor2
+
+HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
+HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
+_LOW64 = (1 << 64) - 1
+
+Token = str | int  # a word of a prompt, or a token id it was given
+
+
+def sha256_cbor(value: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+def external(digest: bytes) -> int:
+    """A block hash as KV events carry it."""
+    return int.from_bytes(digest, "big") & _LOW64
+
+
+def chain(root: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
+          ) -> list[bytes]:
+    """The hashes of the whole blocks of `token_ids`, chained from `root` (NONE_HASH)."""
+    out = []
+    parent = root
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = sha256_cbor((parent, tuple(token_ids[start:start + block_size]), extra))
+        out.append(parent)
+    return out
+
+
+class BlockHasher:
+    """One engine's block keys: its block size and seed."""
+
+    def __init__(self, block_size: int, seed: str = HASH_SEED):
+        self.block_size = block_size
+        self.root = sha256_cbor(seed)
+
+    def keys(self, token_ids: Sequence[int]) -> list[int]:
+        """The event keys (external hashes) of the prompt's whole blocks."""
+        return [external(h) for h in chain(self.root, token_ids, self.block_size)]
+
+    def agrees(self, token_ids: Sequence[int], keys: Sequence[int]) -> bool:
+        """Whether a chain the engine stored from its root has the keys this hasher computes."""
+        return self.keys(token_ids) == list(keys)
+
+
+# ---------------------------------------------------------------- tokens without a tokenizer
+
+def text_tokens(value: Any) -> list[Token]:
+    """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
+    string without any is one empty token), the items of a token-id list, those of each prompt
+    of a list of prompts one after the other. The same prompt always gives the same tokens."""
+    if isinstance(value, str):
+        words: list[Token] = [*value.split()]
+        return words or [""]
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return value
+        return [t for v in value for t in text_tokens(v)]
+    return []
+
+
+def message_tokens(messages: list[Any]) -> list[Token]:
+    """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
+    out: list[Token] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = [part.get("text", "") for part in content if isinstance(part, dict)]
+        if content:
+            out += text_tokens(content)
+    return out or [""]
+
+
+def token_ids(tokens: Sequence[Token]) -> list[int]:
+    """Token ids of words (a word's CRC-32, 31 bits) and of ids (themselves)."""
+    return [t if isinstance(t, int) else zlib.crc32(t.encode("utf-8", "replace")) & 0x7FFFFFFF for t in tokens]
+
+
+def request_token_ids(doc: Mapping[str, Any]) -> list[int]:
+    """A request body's prompt token ids, as the sim reads them."""
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        return token_ids(message_tokens(messages))
+    return token_ids(text_tokens(doc.get("prompt", "")))
