@@ -17,6 +17,7 @@ ids keeps them.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ import cbor2
 
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
+BLOCKS_MEMO = 32768  # blocks whose hashes are remembered (about 8 MB): a few long prompts' worth
 _LOW64 = (1 << 64) - 1
 
 Token = str | int  # a word of a prompt, or a token id it was given
@@ -40,13 +42,19 @@ def external(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & _LOW64
 
 
+@functools.lru_cache(maxsize=BLOCKS_MEMO)
+def _block(parent: bytes, tokens: tuple[int, ...], extra: tuple[Any, ...] | None) -> bytes:
+    return sha256_cbor((parent, tokens, extra))
+
+
 def chain(root: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
           ) -> list[bytes]:
-    """The hashes of the whole blocks of `token_ids`, chained from `root` (NONE_HASH)."""
+    """The hashes of the whole blocks of `token_ids`, chained from `root` (NONE_HASH). Recent blocks
+    are remembered: prompts repeat their long prefixes (system prompts, a conversation's history)."""
     out = []
     parent = root
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = sha256_cbor((parent, tuple(token_ids[start:start + block_size]), extra))
+        parent = _block(parent, tuple(token_ids[start:start + block_size]), extra)
         out.append(parent)
     return out
 

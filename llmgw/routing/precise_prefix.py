@@ -5,7 +5,9 @@ engines' own events (llmgw.kvevents). A request's key is its prompt's token ids
 (as the sim tokenizes: llmgw.routing.kvblocks) hashed into the engines' block
 keys; among the replicas within the load bound, the highest (share of the
 request's blocks the replica holds as a leading run) - (load / bound), as
-prefix-score scores its guess. Until the index knows the model's blocks (no
+prefix-score scores its guess; where no replica holds even its first block, as
+prefix-score (which keeps a prefix where it sent it before, rather than wherever
+load is least). Until the index knows the model's blocks (no
 event yet, no replica publishing, or keys refused as mismatched), it is
 prefix-score, whose index it keeps up to date either way.
 """
@@ -44,8 +46,10 @@ class PrecisePrefix:
         candidates = [b for b in replicas if b.replica not in exclude]
         if not candidates:
             return None
-        best = self.fallback.choose(candidates, inflight, kv.matches(keys, [b.replica for b in candidates]),
-                                    len(keys))
+        matched = kv.matches(keys, [b.replica for b in candidates])
+        if not any(matched.values()):  # cached nowhere: where prefix-score sent it before, if anywhere
+            return self.fallback.pick(candidates, inflight, approx)
+        best = self.fallback.choose(candidates, inflight, matched, len(keys))
         if best is not None:
             self.fallback.index.record(approx, best.replica)
         return best
