@@ -59,6 +59,8 @@ class KVIndexes:
     def _apply(self, model: str, replica: str, events: list[Event]) -> None:
         kv = self.index(model)
         kv.apply(replica, events)
+        if kv.refused is None and kv.unmatched is None:
+            self._refusals.discard(model)  # an index started afresh (kvindex.KVIndex.drop)
         if model in self._refusals:
             return
         if kv.refused is not None:

@@ -90,13 +90,17 @@ class KVIndex:
                 self.drop(replica)
 
     def drop(self, replica: str) -> None:
-        """Forget what `replica` holds: it restarted, cleared its cache, lost events or left."""
+        """Forget what `replica` holds: it restarted, cleared its cache, lost events or left. Once no
+        replica holds anything, the block size and a refusal are forgotten too: the next engines (a
+        rollout that fixed their seed) are checked afresh."""
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
                 where.discard(replica)
                 if not where:
                     del self._where[key]
+        if not self._held:
+            self.hasher, self.refused = None, None
 
     def _check(self, replica: str, e: KVEvent) -> None:
         if self.refused is not None:

@@ -284,6 +284,10 @@ def test_keys_that_cannot_match_are_refused_loudly():
                                       tuple(tokens), BLOCK)])
     assert other_seed.refused is not None and "PYTHONHASHSEED=0" in other_seed.refused
     assert not other_seed.usable
+    other_seed.apply("r", [wire.Event("AllBlocksCleared")])  # the engines replaced (or cleared): checked afresh
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(tokens)), None, tuple(tokens),
+                                      BLOCK)])
+    assert other_seed.refused is None and other_seed.usable
 
     sizes = KVIndex()
     sizes.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
