@@ -110,7 +110,7 @@ class Gateway:
         """Serve on host:port (0: any free port); the port."""
         await self.server.start(host, port, backlog)
         self._following = True
-        self.kv.sync(self.table.backends.values())
+        self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
         return self.server.port
 
     async def stop(self, grace: float = 60.0) -> None:
@@ -123,7 +123,7 @@ class Gateway:
     def _table_changed(self) -> None:
         self.queue.wake_all()
         if self._following:
-            self.kv.sync(self.table.backends.values())
+            self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
 
     @property
     def synced(self) -> bool:

@@ -11,15 +11,18 @@ are dropped. precise-prefix reads its model's index (llmgw.routing.precise_prefi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from tokenizers import Tokenizer
 
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
+from llmgw.routing.kvblocks import load_tokenizer
 from llmgw.routing.kvindex import KVIndex
 
 log = logging.getLogger("llmgw.gateway")
@@ -31,6 +34,7 @@ class KVIndexes:
     def __init__(self) -> None:
         self.indexes: dict[str, KVIndex] = {}  # model -> its index
         self._subs: dict[str, tuple[Backend, Subscription]] = {}  # replica -> (as followed, its subscription)
+        self._tokenizers: dict[str | None, Tokenizer | None] = {}  # by the Models' sources
         self._refusals: set[str] = set()  # models whose refusal (or keys that never match) was logged
 
     def index(self, model: str) -> KVIndex:
@@ -39,8 +43,13 @@ class KVIndexes:
             kv = self.indexes[model] = KVIndex()
         return kv
 
-    def sync(self, backends: Iterable[Backend]) -> None:
-        """Follow exactly the replicas of `backends` that publish events (in the running loop)."""
+    def sync(self, backends: Iterable[Backend], sources: Mapping[str, str | None] | None = None) -> None:
+        """Follow exactly the replicas of `backends` that publish events (in the running loop); each
+        model of `sources` (name -> its spec.source) tokenizes with the tokenizer.json found there."""
+        for model, source in (sources or {}).items():
+            if source not in self._tokenizers:
+                self._tokenizers[source] = self._load(model, source)
+            self.index(model).tokenizer = self._tokenizers[source]
         want = {b.replica: b for b in backends if b.kv_events}
         for name, (b, sub) in list(self._subs.items()):
             if want.get(name) != b:
@@ -55,6 +64,15 @@ class KVIndexes:
                                    partial(self._apply, b.model), kv.drop)
                 sub.start()
                 self._subs[name] = (b, sub)
+
+    @staticmethod
+    def _load(model: str, source: str | None) -> Tokenizer | None:
+        """The tokenizer of a Model whose source is a directory on this machine, if it has one."""
+        try:
+            return load_tokenizer(source) if source and os.path.isdir(source) else None
+        except ValueError as e:
+            log.warning("model %s: %s: words are tokens", model, e)
+            return None
 
     def _apply(self, model: str, replica: str, events: list[Event]) -> None:
         kv = self.index(model)

@@ -51,6 +51,7 @@ class _ModelEntry:
     created: int = 0
     routing: RoutingSpec = field(default_factory=lambda: DEFAULT_ROUTING)
     labels: dict[str, str] = field(default_factory=dict)   # an ApiKey's modelSelector reads them
+    source: str | None = None  # the Model's spec.source: precise-prefix reads a tokenizer.json there
 
 
 @dataclass
@@ -92,7 +93,7 @@ class RoutingTable:
         if type_ == "DELETED":
             return self._forget("models", name)
         created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
-        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing, m.metadata.labels)
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing, m.metadata.labels, m.spec.source)
         if self.models.get(name) == entry:
             return False
         self.models[name] = entry

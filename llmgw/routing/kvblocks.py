@@ -11,9 +11,12 @@ input or cache salt. Only whole blocks are hashed. KV events carry each hash as 
 integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default,
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
 
-Without a tokenizer, a token is a word of the prompt, as the sim reads one
-(llmgw sim): its id is the word's CRC-32 cut to 31 bits; a prompt given as token
-ids keeps them.
+Where the model has a tokenizer.json (the Hugging Face layout, read with
+`tokenizers`), a prompt's token ids are its texts' encodings one after the other
+(a completion's prompt, or each chat message's text content in order: no chat
+template is applied). Without one, a token is a word of the prompt, as the sim
+reads one (llmgw sim): its id is the word's CRC-32 cut to 31 bits. A prompt
+given as token ids keeps them.
 """
 from __future__ import annotations
 
@@ -21,9 +24,11 @@ import functools
 import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import cbor2
+import tokenizers
 
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
@@ -110,9 +115,37 @@ def token_ids(tokens: Sequence[Token]) -> list[int]:
     return [t if isinstance(t, int) else zlib.crc32(t.encode("utf-8", "replace")) & 0x7FFFFFFF for t in tokens]
 
 
-def request_token_ids(doc: Mapping[str, Any]) -> list[int]:
-    """A request body's prompt token ids, as the sim reads them."""
+def load_tokenizer(directory: str | None) -> tokenizers.Tokenizer | None:
+    """The model's tokenizer, where `directory` (its weights) has a tokenizer.json; ValueError when that
+    is not a tokenizer."""
+    path = Path(directory, "tokenizer.json") if directory else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises Exception itself
+        raise ValueError(f"{path} is not a tokenizer: {e}") from e
+
+
+def _texts(value: Any) -> list[str]:
+    """The texts of a prompt or of a message's content (a string, a list of them or of text parts)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v.get("text") if isinstance(v, dict) else v)]
+    return []
+
+
+def request_token_ids(doc: Mapping[str, Any], tokenizer: tokenizers.Tokenizer | None = None) -> list[int]:
+    """A request body's prompt token ids, as the sim reads them (with the model's tokenizer, if any)."""
     messages = doc.get("messages")
-    if isinstance(messages, list):
-        return token_ids(message_tokens(messages))
-    return token_ids(text_tokens(doc.get("prompt", "")))
+    prompt = doc.get("prompt", "")
+    if tokenizer is None:
+        return token_ids(message_tokens(messages) if isinstance(messages, list) else text_tokens(prompt))
+    if not isinstance(messages, list) and isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) for t in prompt):
+        return prompt
+    texts = [t for m in messages if isinstance(m, dict) for t in _texts(m.get("content"))] \
+        if isinstance(messages, list) else _texts(prompt)
+    ids = [i for e in tokenizer.encode_batch(texts) for i in e.ids]
+    return ids or [0]  # as a prompt without words is one token

@@ -19,10 +19,12 @@ NEVER_MATCHED lookups found none while the index held blocks.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher
+from tokenizers import Tokenizer
+
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
 
 _NONE: frozenset[str] = frozenset()
 NEVER_MATCHED = 200  # lookups that matched nothing (the index holding blocks) before `unmatched` says so
@@ -47,6 +49,7 @@ class KVIndex:
     def __init__(self, seed: str = HASH_SEED):
         self.seed = seed
         self.hasher: BlockHasher | None = None  # once the engines' block size is known
+        self.tokenizer: Tokenizer | None = None  # the model's, where the gateway has its tokenizer.json
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
         self.lookups = 0  # matches() calls with blocks to look up
@@ -63,6 +66,9 @@ class KVIndex:
 
     def blocks_of(self, replica: str) -> int:
         return len(self._held.get(replica, ()))
+
+    def token_ids(self, doc: Mapping[str, Any]) -> list[int]:
+        return request_token_ids(doc, self.tokenizer)
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         return self.hasher.keys(token_ids) if self.hasher is not None else []

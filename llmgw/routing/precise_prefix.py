@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llmgw.routing.kvblocks import request_token_ids
 from llmgw.routing.kvindex import KVIndex
 from llmgw.routing.policy import R, RoutingParams, register
 from llmgw.routing.prefix_score import PrefixScore
@@ -34,7 +33,7 @@ class PrecisePrefix:
 
     def key(self, doc: Mapping[str, Any], session: bytes | None) -> tuple[list[int], list[int]]:
         kv = self.kv
-        keys = kv.keys(request_token_ids(doc)) if kv is not None and kv.usable else []
+        keys = kv.keys(kv.token_ids(doc)) if kv is not None and kv.usable else []
         return keys, self.fallback.key(doc, session)
 
     def pick(self, replicas: Sequence[R], inflight: Mapping[str, int], key: Any,

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.kvevents.publisher import Publisher
-from llmgw.routing.kvblocks import message_tokens, text_tokens
+from llmgw.routing.kvblocks import Token, load_tokenizer, message_tokens, request_token_ids, text_tokens
 from llmgw.sim import tokens
 from llmgw.sim.config import SimConfig
 from llmgw.sim.kvcache import PrefixCache
@@ -66,6 +66,7 @@ class SimApi:
         self.crash = crash
         self.names = set(cfg.served_model_names)
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
+        self.tokenizer = load_tokenizer(cfg.model_path)  # the model's tokenizer.json, else words are tokens
         self.publisher = Publisher(cfg.kv_events) if cfg.kv_events.enabled else None
         self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens,
                                  self.publisher.publish if self.publisher is not None else None)
@@ -231,7 +232,7 @@ class SimApi:
                 if not isinstance(messages, list) or not messages:
                     raise _BadRequest(error(400, "messages must be a non-empty list", "BadRequestError"))
                 n = self._max_tokens(body, "max_completion_tokens", "max_tokens")
-                prompt = message_tokens(messages)
+                prompt: list[Token] = message_tokens(messages)
             else:
                 if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
                     raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
@@ -239,6 +240,8 @@ class SimApi:
                 prompt = text_tokens(body["prompt"])
         except _BadRequest as bad:
             return bad.response
+        if self.tokenizer is not None:
+            prompt = [*request_token_ids(body, self.tokenizer)]
         self._admit()
         seq = Seq(prompt, n)
         if self.scheduler is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from llmgw.kvevents.publisher import KVEventsConfig, parse_config
+from llmgw.routing.kvblocks import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="model names the API answers to; the first is the model's name")
     p.add_argument("--model", metavar="PATH",
                    help="the model's weights on this node (a directory or a file); the sim reads none, "
-                        "but refuses to start where the path is missing, as an engine would")
+                        "but refuses to start where the path is missing, as an engine would; a "
+                        "tokenizer.json in the directory tokenizes prompts (else a word is a token)")
     p.add_argument("--rank", type=_nonnegative(int), default=0, help="this process's rank (default: 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks (default: 1)")
     p.add_argument("--dist-init-addr", metavar="HEAD:PORT",
@@ -137,6 +139,10 @@ def parse(argv: list[str]) -> SimConfig:
                 "the step model (--prefill-ms-per-token, --decode-ms-per-token)")
     if a.model is not None and not os.path.exists(a.model):
         p.error(f"--model {a.model}: no such file or directory: the weights are not on this node")
+    try:
+        load_tokenizer(a.model)
+    except ValueError as e:
+        p.error(f"--model: {e}")
     kv_events = KVEventsConfig()
     if a.kv_events_config is not None:
         try:

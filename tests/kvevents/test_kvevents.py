@@ -21,6 +21,7 @@ import aiohttp
 import msgpack
 import msgspec
 import pytest
+import tokenizers
 import zmq
 import zmq.asyncio
 
@@ -313,6 +314,35 @@ async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
             await until(refused, "the index to refuse the sim's keys")
             assert 'llmgw_gateway_kv_index_refused{model="m"} 1.0' in await scrape(session, gw)
             await _complete(session, gw.url, "still routed")  # as prefix-score
+    finally:
+        sim.stop()
+
+
+async def test_a_models_tokenizer_json_tokenizes_in_the_sim_and_the_gateway_alike(tmp_path):
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("alpha beta gamma delta epsilon zeta eta theta".split())}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    sim, events, replay = _sim("--model", str(tmp_path))
+    table = RoutingTable()
+    table.apply("models", "ADDED", Model.model_validate({
+        "metadata": {"name": "m"},
+        "spec": {"source": str(tmp_path), "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", sim.endpoint, kv_events=events, kv_replay=replay))
+    prompt = "alpha beta gamma delta epsilon zeta eta theta"
+    try:
+        async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
+            kv = gw.gateway.kv.index("m")
+            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != token_ids(prompt.split())
+            doc = await _complete(session, f"http://{sim.endpoint}", prompt)
+            assert doc["usage"]["prompt_tokens"] == 8
+            others = iter(f"{w} {v} alpha beta" for w in vocab for v in vocab)
+
+            async def held() -> bool:  # a batch sent before the subscription joined comes with the next
+                await _complete(session, f"http://{sim.endpoint}", next(others))
+                return kv.matches(kv.keys(kv.token_ids({"prompt": prompt})), ["a"]) == {"a": 2}
+            await until(held, "the sim's blocks of the prompt, keyed as the gateway keys them")
+            assert kv.verified > 0 and kv.refused is None
     finally:
         sim.stop()
 
