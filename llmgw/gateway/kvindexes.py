@@ -14,16 +14,19 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
-from tokenizers import Tokenizer
 
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
 from llmgw.routing.kvblocks import load_tokenizer
 from llmgw.routing.kvindex import KVIndex
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger("llmgw.gateway")
 

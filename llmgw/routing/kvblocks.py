@@ -25,10 +25,12 @@ import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
-import tokenizers
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
@@ -115,12 +117,13 @@ def token_ids(tokens: Sequence[Token]) -> list[int]:
     return [t if isinstance(t, int) else zlib.crc32(t.encode("utf-8", "replace")) & 0x7FFFFFFF for t in tokens]
 
 
-def load_tokenizer(directory: str | None) -> tokenizers.Tokenizer | None:
+def load_tokenizer(directory: str | None) -> Tokenizer | None:
     """The model's tokenizer, where `directory` (its weights) has a tokenizer.json; ValueError when that
     is not a tokenizer."""
     path = Path(directory, "tokenizer.json") if directory else None
     if path is None or not path.is_file():
         return None
+    import tokenizers  # only where a model has one: every llmgw command imports this module (the api's)
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises Exception itself
@@ -136,7 +139,7 @@ def _texts(value: Any) -> list[str]:
     return []
 
 
-def request_token_ids(doc: Mapping[str, Any], tokenizer: tokenizers.Tokenizer | None = None) -> list[int]:
+def request_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> list[int]:
     """A request body's prompt token ids, as the sim reads them (with the model's tokenizer, if any)."""
     messages = doc.get("messages")
     prompt = doc.get("prompt", "")

@@ -20,11 +20,12 @@ NEVER_MATCHED lookups found none while the index held blocks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
-
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 _NONE: frozenset[str] = frozenset()
 NEVER_MATCHED = 200  # lookups that matched nothing (the index holding blocks) before `unmatched` says so
