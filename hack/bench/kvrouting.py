@@ -22,8 +22,8 @@ that holds them, p50 and p99. LAST:
 hit_rate_precise=<> hit_rate_prefix=<> route_ms_p50=<> route_ms_p99=<>`.
 Targets (issue 46): ratio >= 3, agreement >= 0.95, route_ms p50 <= 1 and p99 <= 3 at 8k tokens.
 
-`route_ms` times prompts whose blocks were hashed before (kvblocks remembers recent
-blocks, as a repeated long context's are): tokenizing and the lookup dominate.
+`route_ms` times prompts seen before (kvblocks remembers the word ids of recent texts
+and the hashes of recent blocks, as a repeated long context's are).
 
 Measured 2026-12-06 on the 2-core development machine shared with six other
 helpers' builds and tests (load average 4.5 in the first run, 13.6 in the
@@ -36,11 +36,13 @@ at that load, the hit rates and agreement are not:
 The first run, before a prompt cached nowhere went where prefix-score would send it
 (it went to the least loaded, spreading a tenant's context): hit 0.45 (prefix-score)
 against 0.50, TTFT p90 ratio 0.69, agreement 0.86, route_ms p50 7.50, p99 26.87.
-The targets are not met: on this workload the two policies cache about as well (a
-tenant's context is evicted everywhere as often as the guess is wrong), 13% of the
+Since the word ids of recent texts are remembered too, the route line alone (route_ms(),
+load average 10-12): route_ms_p50=0.67 route_ms_p99=2.88; an 8k-word prompt seen for the
+first time costs 8 ms p50 (a CRC-32 per word and a sha256 of CBOR per block, in Python).
+The other targets are not met: on this workload the two policies cache about as well (a
+tenant's context is evicted everywhere as often as the guess is wrong), and 13% of the
 predictions miss by more than a block (the engine admits the request after its queue,
-when other requests have stored or evicted since it was sent), and routing an 8k-token
-prompt costs milliseconds in Python (a word's CRC-32 and a memo lookup per block).
+when other requests have stored or evicted since it was sent).
 """
 from __future__ import annotations
 

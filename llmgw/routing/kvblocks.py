@@ -35,10 +35,8 @@ if TYPE_CHECKING:
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
 BLOCKS_MEMO = 32768  # blocks whose hashes are remembered (about 8 MB): a few long prompts' worth
+TEXTS_MEMO = 1024  # texts whose word ids are remembered
 _LOW64 = (1 << 64) - 1
-
-Token = str | int  # a word of a prompt, or a token id it was given
-
 
 def sha256_cbor(value: Any) -> bytes:
     return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
@@ -84,23 +82,32 @@ class BlockHasher:
 
 # ---------------------------------------------------------------- tokens without a tokenizer
 
-def text_tokens(value: Any) -> list[Token]:
-    """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
-    string without any is one empty token), the items of a token-id list, those of each prompt
-    of a list of prompts one after the other. The same prompt always gives the same tokens."""
+def word_id(word: str) -> int:
+    """A word's token id: its CRC-32, 31 bits."""
+    return zlib.crc32(word.encode("utf-8", "replace")) & 0x7FFFFFFF
+
+
+@functools.lru_cache(maxsize=TEXTS_MEMO)
+def _words(text: str) -> tuple[int, ...]:
+    return tuple(word_id(w) for w in text.split()) or (word_id(""),)
+
+
+def text_ids(value: Any) -> list[int]:
+    """A prompt's token ids, without a tokenizer: those of the words of a string (whitespace-separated;
+    a string without any is one empty word), the items of a token-id list, those of each prompt of a
+    list of prompts one after the other. Strings seen lately are remembered (long prompts repeat)."""
     if isinstance(value, str):
-        words: list[Token] = [*value.split()]
-        return words or [""]
+        return list(_words(value))
     if isinstance(value, list):
         if value and all(isinstance(v, int) for v in value):
             return value
-        return [t for v in value for t in text_tokens(v)]
+        return [t for v in value for t in text_ids(v)]
     return []
 
 
-def message_tokens(messages: list[Any]) -> list[Token]:
-    """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
-    out: list[Token] = []
+def message_ids(messages: list[Any]) -> list[int]:
+    """A chat's token ids: those of each message's text content in order (roles are not tokens)."""
+    out: list[int] = []
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -108,13 +115,8 @@ def message_tokens(messages: list[Any]) -> list[Token]:
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             content = [part.get("text", "") for part in content if isinstance(part, dict)]
         if content:
-            out += text_tokens(content)
-    return out or [""]
-
-
-def token_ids(tokens: Sequence[Token]) -> list[int]:
-    """Token ids of words (a word's CRC-32, 31 bits) and of ids (themselves)."""
-    return [t if isinstance(t, int) else zlib.crc32(t.encode("utf-8", "replace")) & 0x7FFFFFFF for t in tokens]
+            out += text_ids(content)
+    return out or [word_id("")]
 
 
 def load_tokenizer(directory: str | None) -> Tokenizer | None:
@@ -144,7 +146,7 @@ def request_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None = None
     messages = doc.get("messages")
     prompt = doc.get("prompt", "")
     if tokenizer is None:
-        return token_ids(message_tokens(messages) if isinstance(messages, list) else text_tokens(prompt))
+        return message_ids(messages) if isinstance(messages, list) else text_ids(prompt)
     if not isinstance(messages, list) and isinstance(prompt, list) and prompt and all(
             isinstance(t, int) for t in prompt):
         return prompt

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.kvevents.publisher import Publisher
-from llmgw.routing.kvblocks import Token, load_tokenizer, message_tokens, request_token_ids, text_tokens
+from llmgw.routing.kvblocks import load_tokenizer, request_token_ids
 from llmgw.sim import tokens
 from llmgw.sim.config import SimConfig
 from llmgw.sim.kvcache import PrefixCache
@@ -232,16 +232,13 @@ class SimApi:
                 if not isinstance(messages, list) or not messages:
                     raise _BadRequest(error(400, "messages must be a non-empty list", "BadRequestError"))
                 n = self._max_tokens(body, "max_completion_tokens", "max_tokens")
-                prompt: list[Token] = message_tokens(messages)
             else:
                 if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
                     raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
                 n = self._max_tokens(body, "max_tokens")
-                prompt = text_tokens(body["prompt"])
         except _BadRequest as bad:
             return bad.response
-        if self.tokenizer is not None:
-            prompt = [*request_token_ids(body, self.tokenizer)]
+        prompt = request_token_ids(body, self.tokenizer)  # as the gateway's precise-prefix reads it
         self._admit()
         seq = Seq(prompt, n)
         if self.scheduler is None:

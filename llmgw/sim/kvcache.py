@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmgw.kvevents import wire
-from llmgw.routing.kvblocks import BlockHasher, Token, token_ids
+from llmgw.routing.kvblocks import BlockHasher
 
 DEFAULT_SEED = "vllm-none-hash"  # vLLM's NONE_HASH seed for sha256_cbor without PYTHONHASHSEED
 
@@ -41,9 +41,8 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, tokens: Sequence[Token]) -> int:
-        """Look a prompt up, then cache its blocks; the number of its leading tokens that were cached."""
-        ids = token_ids(tokens)
+    def admit(self, ids: Sequence[int]) -> int:
+        """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached."""
         keys = self.hasher.keys(ids)
         blocks = self._blocks
         hit = 0
@@ -78,7 +77,7 @@ class PrefixCache:
         if events and self.on_events is not None:
             self.on_events(events)
         cached = hit * self.block_size
-        self.queries += len(tokens)
+        self.queries += len(ids)
         self.hits += cached
         return cached
 

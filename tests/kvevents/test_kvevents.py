@@ -31,7 +31,7 @@ from llmgw.gateway.table import RoutingTable
 from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, token_ids
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, text_ids
 from llmgw.routing.kvindex import KVIndex
 from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
 from tests.fixtures.poll import until
@@ -159,7 +159,7 @@ async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
         batch = VLLM_DECODER.decode(payload)
         [stored] = batch.events
         assert isinstance(stored, BlockStored)
-        ids = token_ids(prompt.split())
+        ids = text_ids(prompt)
         root = hashlib.sha256(b"\x61" + HASH_SEED.encode()).digest()
         h1 = _vllm_block_hash(root, ids[:4])
         h2 = _vllm_block_hash(h1, ids[4:8])
@@ -210,7 +210,7 @@ async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
                 await until(seen, f"replica {name}'s events in the gateway's index")
             # cached on a (sent there directly): the gateway sends it to a
             await _complete(session, f"http://{a.endpoint}", prompt)
-            await until(lambda: kv.matches(kv.keys(token_ids(prompt.split())), ["a", "b"])["a"] == 3,
+            await until(lambda: kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])["a"] == 3,
                         "a's blocks of the prompt in the index")
             for _ in range(3):
                 doc = await _complete(session, gw.url, prompt)
@@ -219,7 +219,7 @@ async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
             await _complete(session, f"http://{a.endpoint}", "p q r s t u v w x y z zz")
             await _complete(session, f"http://{b.endpoint}", prompt)
             def moved() -> bool:  # a keeps the chain's head (the tail goes first, as in vLLM), b all of it
-                held = kv.matches(kv.keys(token_ids(prompt.split())), ["a", "b"])
+                held = kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])
                 return held["a"] < 3 and held["b"] == 3
             await until(moved, "a's eviction and b's store in the index")
             for _ in range(3):
@@ -333,7 +333,7 @@ async def test_a_models_tokenizer_json_tokenizes_in_the_sim_and_the_gateway_alik
     try:
         async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
             kv = gw.gateway.kv.index("m")
-            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != token_ids(prompt.split())
+            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != text_ids(prompt)
             doc = await _complete(session, f"http://{sim.endpoint}", prompt)
             assert doc["usage"]["prompt_tokens"] == 8
             others = iter(f"{w} {v} alpha beta" for w in vocab for v in vocab)
