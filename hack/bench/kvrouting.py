@@ -39,6 +39,14 @@ against 0.50, TTFT p90 ratio 0.69, agreement 0.86, route_ms p50 7.50, p99 26.87.
 Since the word ids of recent texts are remembered too, the route line alone (route_ms(),
 load average 10-12): route_ms_p50=0.67 route_ms_p99=2.88; an 8k-word prompt seen for the
 first time costs 8 ms p50 (a CRC-32 per word and a sha256 of CBOR per block, in Python).
+The whole benchmark again then (load average 9.8):
+    prefix-score     12.0 req/s  ttft p50     311 ms p90     682 ms  hit 0.45  (177 ok, 0 failed)
+    precise-prefix   12.0 req/s  ttft p50     312 ms p90    1029 ms  hit 0.50  (177 ok, 0 failed)
+    kvrouting: precise_vs_prefix_ttft_p90=0.66 agreement=0.88 hit_rate_precise=0.50 hit_rate_prefix=0.45
+        route_ms_p50=0.75 route_ms_p99=8.81
+precise-prefix's TTFT p90 was the worse in every run (0.66-0.72x): a context it knows to be
+on one replica stays there until the load bound, where prefix-score's guess spreads a
+hot tenant sooner; not looked into further.
 The other targets are not met: on this workload the two policies cache about as well (a
 tenant's context is evicted everywhere as often as the guess is wrong), and 13% of the
 predictions miss by more than a block (the engine admits the request after its queue,
