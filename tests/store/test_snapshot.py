@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from llmgw.api import ApiKey, Model, Node, Shard
+from llmgw.api.errors import Expired
 from llmgw.api.secrets import new_secret
+from llmgw.backoff import Backoff
 from llmgw.cli.create import build_key
 from llmgw.cli.main import cli
 from llmgw.client import Client, ClientConfig
@@ -23,7 +25,11 @@ from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.process import free_port
 from llmgw.pki import CertificateAuthority
+from llmgw.reflector import Reflector, object_name
 from llmgw.store import Store
+from llmgw.store import keys as K
+from llmgw.store.errors import Restored
+from llmgw.store.etcd import Lineage
 from llmgw.store.snapshot import MAGIC
 from tests.fixtures.cluster import api_server, ca_dir, llmgw_ca, make_pki, until_revoked  # noqa: F401
 from tests.fixtures.ctrlkit import model
@@ -207,6 +213,55 @@ async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed
     assert len(journal.journaled()) == 1        # a replay is not a new revocation
     srv.restart()
     assert sum("older than the CA's journal" in line for line in srv.log_lines()) == 1
+
+
+async def test_a_server_running_through_a_restore_ends_its_watches_and_its_reflectors_relist(etcd, api_server,
+                                                                                              tmp_path):
+    """etcd restored under a running server and a store reflector (the controller-manager's
+    informers): the server's open watch ends with 410 Expired saying why, and what it then
+    serves is the restored history; the reflector relists (the Model made after the snapshot
+    DELETED). A watch whose revision etcd's restored history has caught up is told by etcd's
+    cluster id."""
+    async with api_server.client() as c, Store(etcd.endpoint) as store:
+        await c.create(model("a"))
+        file = tmp_path / "before.snap"
+        assert (await allmgw("save", str(file), "--etcd", etcd.endpoint)).exit_code == 0
+        after = await c.create(model("after"))
+        seen: list[tuple[str, str]] = []
+        reflector = Reflector(store.lister_watcher(Model), lambda t, m, _: seen.append((t, m.metadata.name)),
+                              key=object_name, backoff=Backoff(0.1, 0.5))
+        relisting = asyncio.create_task(reflector.run())
+        await until(lambda: ("ADDED", "after") in seen, "the reflector listed")
+        lineage = Lineage()
+        await store.etcd.same_history(after.metadata.resourceVersion + 1, lineage)
+        watched: list[str] = []
+
+        async def watch() -> None:
+            async for ev in c.watch(Model, after.metadata.resourceVersion + 1):
+                watched.append(ev.object.metadata.name)
+        watching = asyncio.create_task(watch())
+        await c.create(model("b"))
+        await until(lambda: watched == ["b"], "the server's watch open")
+
+        etcd.stop()                         # the server and the store stay up: etcd restored under them
+        shutil.rmtree(etcd.members[0].data_dir)
+        await asyncio.to_thread(_restore, etcd, file)
+        with pytest.raises(Expired, match=r"is newer than etcd's revision \d+ \(etcd restored"):
+            await asyncio.wait_for(watching, 30)
+        await until(lambda: ("DELETED", "after") in seen, "the reflector relisted the restored etcd")
+        assert ("DELETED", "b") in seen and reflector.lists == 2
+        listed, revision = await c.list(Model)
+        assert [m.metadata.name for m in listed] == ["a"]
+        await c.create(model("c"))
+        async with asyncio.timeout(10):
+            async for ev in c.watch(Model, revision + 1):  # the server's cache serves the restored history
+                assert (ev.type, ev.object.metadata.name) == ("ADDED", "c")
+                break
+        while (await store.revision()) <= after.metadata.resourceVersion:
+            await store.kv.put(K.ROOT + "/drill", b"x")     # etcd's history caught up with the old one
+        with pytest.raises(Restored, match="etcd's cluster id changed from"):
+            await store.etcd.same_history(after.metadata.resourceVersion + 1, lineage)
+        relisting.cancel()
 
 
 def _model(name: str) -> Model:
