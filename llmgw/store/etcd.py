@@ -87,6 +87,13 @@ def _out_of_range(err: Exception) -> bool:
     return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
 
 
+def lease_not_found(err: Exception) -> bool:
+    """etcd's answer to a write bound to a lease it does not hold (expired, revoked, or granted
+    after the snapshot etcd was restored from)."""
+    return (isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.NOT_FOUND
+            and "lease not found" in (err.details() or ""))
+
+
 @dataclass(frozen=True)
 class Fence:
     """Every write of a fenced view requires the leader key's create_revision to be this one."""

@@ -7,22 +7,19 @@ import asyncio
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import aiohttp
 import pytest
-from click.testing import CliRunner, Result
 
 from llmgw.api import ApiKey, Model, Node, Shard
 from llmgw.api.errors import Expired
 from llmgw.api.secrets import new_secret
 from llmgw.backoff import Backoff
 from llmgw.cli.create import build_key
-from llmgw.cli.main import cli
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
-from llmgw.dev.etcd import EtcdCluster, etcd_cluster
+from llmgw.dev.etcd import etcd_cluster
 from llmgw.dev.process import free_port
 from llmgw.pki import CertificateAuthority
 from llmgw.reflector import Reflector, object_name
@@ -34,15 +31,7 @@ from llmgw.store.snapshot import MAGIC
 from tests.fixtures.cluster import api_server, ca_dir, llmgw_ca, make_pki, until_revoked  # noqa: F401
 from tests.fixtures.ctrlkit import model
 from tests.fixtures.poll import until
-
-
-def llmgw(*args: str) -> Result:
-    return CliRunner().invoke(cli, ["ctl", "snapshot", *args])
-
-
-async def allmgw(*args: str) -> Result:
-    """llmgw(...) from a test's event loop: the command runs its own."""
-    return await asyncio.to_thread(llmgw, *args)
+from tests.fixtures.snapshot import asnapshot_cli, lose_and_restore, restore, save, snapshot_cli
 
 
 @pytest.fixture
@@ -72,7 +61,7 @@ async def saved(secured, tmp_path):
         await store.revocations.add("0a1b", {"name": "stolen"})
         file = tmp_path / "backup" / "fleet.snap"
         file.parent.mkdir()
-        result = await allmgw("save", str(file), *flags)
+        result = await asnapshot_cli("save", str(file), *flags)
         assert result.exit_code == 0, result.output
         await store.create(model("after"))
     return file, result.output
@@ -93,29 +82,18 @@ async def test_save_writes_the_header_and_inspect_counts_what_it_holds(saved):
     header = _header(file)
     assert output == f"saved {file}: revision {header['revision']}, {header['size']} bytes, sha256 {header['sha256']}\n"
     assert [p.name for p in file.parent.iterdir()] == ["fleet.snap"]          # no temporary file left
-    result = await allmgw("inspect", str(file))
+    result = await asnapshot_cli("inspect", str(file))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith(f"{file}: revision {header['revision']}, {header['size']} bytes, sha256 ")
     assert [line.split() for line in lines[1:]] == [["models", "2"], ["revocations", "1"]]
 
 
-def _restore(cluster: EtcdCluster, file: Path) -> None:
-    """Restore file into each member's (new) data directory as the README's runbook says; start the cluster."""
-    initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster.members)
-    for m in cluster.members:
-        result = llmgw("restore", str(file), "--data-dir", str(m.data_dir), "--name", m.name,
-                       "--initial-cluster", initial, "--initial-advertise-peer-urls", m.peer_url,
-                       "--initial-cluster-token", "restored")
-        assert result.exit_code == 0, result.output
-    cluster.start(tries=1)
-
-
 @pytest.mark.parametrize("members", [1, 3])
 async def test_a_restored_cluster_holds_what_the_snapshot_held(saved, tmp_path, members):
     file, _ = saved
     cluster = etcd_cluster(tmp_path / "restored", members)
-    _restore(cluster, file)
+    restore(cluster, file)
     try:
         assert await _models(cluster.endpoints) == ["a", "b"]
     finally:
@@ -124,7 +102,7 @@ async def test_a_restored_cluster_holds_what_the_snapshot_held(saved, tmp_path, 
 
 def test_save_without_the_etcd_client_certificate_is_refused_and_writes_nothing(secured, tmp_path):
     etcd, flags = secured
-    result = llmgw("save", str(tmp_path / "fleet.snap"), *flags[:4])       # the CA, no client certificate
+    result = snapshot_cli("save", str(tmp_path / "fleet.snap"), *flags[:4])       # the CA, no client certificate
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: snapshot of etcd at {etcd.endpoint} not saved: ")
     assert "etcd refused this client's TLS certificate" in result.output
@@ -163,7 +141,7 @@ async def test_bad_files_are_refused_in_one_line_and_nothing_is_written(saved, t
     for name, (path, message) in _bad_files(file.read_bytes(), tmp_path).items():
         data_dir = tmp_path / f"{name}.etcd"
         for args in (("inspect", str(path)), ("restore", str(path), "--data-dir", str(data_dir))):
-            result = await allmgw(*args)
+            result = await asnapshot_cli(*args)
             assert result.exit_code == 1, (name, args[0], result.output)
             assert result.output == f"Error: {path}: {result.output.split(': ', 2)[2]}", (name, args[0])
             assert message in result.output and result.output.count("\n") == 1, (name, args[0], result.output)
@@ -173,23 +151,23 @@ async def test_bad_files_are_refused_in_one_line_and_nothing_is_written(saved, t
 def test_restore_refuses_an_existing_data_dir_and_a_failed_one_leaves_none(saved, tmp_path):
     file, _ = saved
     (tmp_path / "data").mkdir()
-    result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "data"))
+    result = snapshot_cli("restore", str(file), "--data-dir", str(tmp_path / "data"))
     assert result.exit_code == 1
     assert result.output == f"Error: --data-dir {tmp_path / 'data'} exists: etcd restores into a new directory only\n"
-    result = llmgw("restore", str(file), "--data-dir", str(tmp_path / "new"), "--initial-cluster", "nonsense")
+    result = snapshot_cli("restore", str(file), "--data-dir", str(tmp_path / "new"), "--initial-cluster", "nonsense")
     assert result.exit_code == 1
     assert result.output.startswith("Error: etcdctl snapshot restore: ") and result.output.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "ca", "data", "etcd"]
 
 
-async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed(etcd, api_server, tmp_path):
+async def test_a_revocation_lost_by_a_restore_is_warned_of_and_replayed(etcd, api_server, tmp_path):
     srv = api_server
     admin = ["--server", srv.url, "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1]]
     ident = srv.issue_node("stolen")
     async with srv.client(ident) as c:
         await c.create(Node.model_validate({"metadata": {"name": "stolen"}}))
     file = tmp_path / "before.snap"
-    assert (await allmgw("save", str(file), "--etcd", etcd.endpoint)).exit_code == 0
+    await save(file, "--etcd", etcd.endpoint)
     out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "stolen", "--dir", str(srv.pki.dir), *admin)
     serial = out.split()[-1]
     async with srv.client(ident) as c:
@@ -197,12 +175,8 @@ async def test_a_revocation_lost_by_a_restore_is_warned_of_at_start_and_replayed
     journal = CertificateAuthority(srv.pki.dir)
     assert [(e.serial, e.role, e.name) for e in journal.journaled()] == [(serial, "node", "stolen")]
 
-    srv.stop()                                  # etcd lost: restored from the snapshot before the revocation
-    etcd.stop()
-    shutil.rmtree(etcd.members[0].data_dir)
-    _restore(etcd, file)
-    srv.restart()
-    warning = srv.wait_for_log("etcd's revocation list is older than the CA's journal")
+    await lose_and_restore(etcd, file)          # under the running server: from the snapshot before the revocation
+    warning = srv.wait_for_log("etcd's revocation list is older than the CA's journal")   # on its relist
     assert f"lacks 1 revocation(s), the newest made {journal.journaled()[0].revokedAt}" in warning
     assert warning.endswith(f"`llmgw ca revoke --replay --dir {journal.dir}`: {serial}")
     async with srv.client(ident) as c:
@@ -225,7 +199,7 @@ async def test_a_server_running_through_a_restore_ends_its_watches_and_its_refle
     async with api_server.client() as c, Store(etcd.endpoint) as store:
         await c.create(model("a"))
         file = tmp_path / "before.snap"
-        assert (await allmgw("save", str(file), "--etcd", etcd.endpoint)).exit_code == 0
+        await save(file, "--etcd", etcd.endpoint)
         after = await c.create(model("after"))
         seen: list[tuple[str, str]] = []
         reflector = Reflector(store.lister_watcher(Model), lambda t, m, _: seen.append((t, m.metadata.name)),
@@ -243,9 +217,7 @@ async def test_a_server_running_through_a_restore_ends_its_watches_and_its_refle
         await c.create(model("b"))
         await until(lambda: watched == ["b"], "the server's watch open")
 
-        etcd.stop()                         # the server and the store stay up: etcd restored under them
-        shutil.rmtree(etcd.members[0].data_dir)
-        await asyncio.to_thread(_restore, etcd, file)
+        await lose_and_restore(etcd, file)  # the server and the store stay up: etcd restored under them
         with pytest.raises(Expired, match=r"is newer than etcd's revision \d+ \(etcd restored"):
             await asyncio.wait_for(watching, 30)
         await until(lambda: ("DELETED", "after") in seen, "the reflector relisted the restored etcd")
@@ -324,8 +296,8 @@ def _bookings(shards: list[Shard]) -> list[tuple[str, str, int]]:
 @pytest.mark.serial   # 0 failed requests under load through a restore: alone
 async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
     """A real local cluster (a Model a node): a snapshot, then one Model deleted and one created on the
-    node it freed, then etcd's data lost and restored from the snapshot, the server and the
-    controller-manager restarted on it (the README's runbook), requests to a Model of the snapshot
+    node it freed, then etcd's data lost and restored from the snapshot under the running server and
+    controller-manager (the README's runbook: they relist by themselves), requests to a Model of the snapshot
     going on through the gateway all along with an API key of the snapshot. The engine that ran at the
     snapshot keeps its pid, the one created after it is stopped, the deleted one started again, no GPU
     or port booked twice; a key made after the snapshot is refused again."""
@@ -349,8 +321,7 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
                 await until(lambda: _ok(http, cluster.gateway_url, secret), "the key known to the gateway")
                 load = asyncio.create_task(_load(cluster.gateway_url, secret, "kept", outcomes, stop))
             file = tmp_path / "fleet.snap"
-            result = await allmgw("save", str(file), *cluster.etcd_flags("dev-admin"))
-            assert result.exit_code == 0, result.output
+            await save(file, *cluster.etcd_flags("dev-admin"))
             await c.delete(Model, "deleted")
             deleted = {k: v for k, v in at_snapshot.items() if k.startswith("deleted-")}
             await until(lambda: not any(_alive(pid) for pid in deleted.values()), "the deleted Model's engine gone")
@@ -361,18 +332,8 @@ async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
             async with aiohttp.ClientSession() as http:
                 await until(lambda: _ok(http, cluster.gateway_url, later), "the later key known to the gateway")
 
-        for name in ("server", "controller-manager"):      # the README's runbook, step by step
-            cluster.stop_process(name)
-            cluster.procs.pop(name)
-        etcd = cluster.etcd
-        assert etcd is not None
-        etcd.stop()                                         # every member's data lost
-        for m in etcd.members:
-            shutil.rmtree(m.data_dir)
-        await asyncio.to_thread(_restore, etcd, file)
-        cluster.start_server()
-        await asyncio.to_thread(cluster.wait_server)
-        cluster.start_controller_manager()
+        assert cluster.etcd is not None      # every member's data lost; the control plane keeps running
+        await lose_and_restore(cluster.etcd, file)
 
         async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
             async def rebuilt() -> bool:    # (its status in the snapshot says Ready, with the old pid)
