@@ -6,21 +6,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from pathlib import Path
 
-import aiohttp
 import pytest
 
-from llmgw.api import ApiKey, Model, Node, Shard
+from llmgw.api import Model, Node
 from llmgw.api.errors import Expired
-from llmgw.api.secrets import new_secret
 from llmgw.backoff import Backoff
-from llmgw.cli.create import build_key
-from llmgw.client import Client, ClientConfig
-from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.etcd import etcd_cluster
-from llmgw.dev.process import free_port
 from llmgw.pki import CertificateAuthority
 from llmgw.reflector import Reflector, object_name
 from llmgw.store import Store
@@ -234,130 +227,3 @@ async def test_a_server_running_through_a_restore_ends_its_watches_and_its_refle
         with pytest.raises(Restored, match="etcd's cluster id changed from"):
             await store.etcd.same_history(after.metadata.resourceVersion + 1, lineage)
         relisting.cancel()
-
-
-def _model(name: str) -> Model:
-    return Model.model_validate({"metadata": {"name": name}, "spec": {
-        "replicas": 1, "profiles": [{"engine": "sim", "gpusPerNode": 8}]}})   # a whole node
-
-
-async def _engines(c: Client) -> dict[str, int | None]:
-    """Every Shard's engine pid, by Shard name."""
-    return {s.metadata.name: s.status.pid for s in (await c.list(Shard))[0]}
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def _key(c: Client, name: str) -> str:
-    """A new ApiKey for every model; its secret."""
-    secret = new_secret(name)
-    await c.create(build_key(name, secret, owner="drill", models=(), selector=(), expires=None, rpm=None, tpm=None,
-                             concurrency=None, priority="standard"))
-    return secret
-
-
-async def _complete(http: aiohttp.ClientSession, url: str, secret: str, model: str) -> str:
-    """"ok", or what answered instead."""
-    body = {"model": model, "prompt": "hi", "max_tokens": 2}
-    try:
-        async with http.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {secret}"}) as r:
-            return "ok" if r.status == 200 else f"{r.status}: {(await r.text())[:200]}"
-    except aiohttp.ClientError as err:
-        return repr(err)
-
-
-async def _ok(http: aiohttp.ClientSession, url: str, secret: str) -> bool:
-    return await _complete(http, url, secret, "kept") == "ok"
-
-
-async def _load(url: str, secret: str, model: str, outcomes: list[str], stop: asyncio.Event) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        while not stop.is_set():
-            outcomes.append(await _complete(http, url, secret, model))
-            await asyncio.sleep(0.05)
-
-
-def _bookings(shards: list[Shard]) -> list[tuple[str, str, int]]:
-    """(node, "gpu" or "port", number) of each Shard's GPUs and ports."""
-    return [(s.spec.node, what, n) for s in shards
-            for what, numbers in (("gpu", s.spec.gpus), ("port", [s.spec.ports.serve, s.spec.ports.distInit]))
-            for n in numbers]
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.serial   # 0 failed requests under load through a restore: alone
-async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
-    """A real local cluster (a Model a node): a snapshot, then one Model deleted and one created on the
-    node it freed, then etcd's data lost and restored from the snapshot under the running server and
-    controller-manager (the README's runbook: they relist by themselves), requests to a Model of the snapshot
-    going on through the gateway all along with an API key of the snapshot. The engine that ran at the
-    snapshot keeps its pid, the one created after it is stopped, the deleted one started again, no GPU
-    or port booked twice; a key made after the snapshot is refused again."""
-    cluster = LocalCluster(tmp_path / "cluster", [NodePlan("node01", "ib-a"), NodePlan("node02", "ib-a")],
-                           gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0,
-                           gateway_args=["--watch-api-keys"])
-    outcomes: list[str] = []
-    stop = asyncio.Event()
-    load: asyncio.Task[None] | None = None
-    try:
-        await asyncio.to_thread(cluster.start)
-        async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
-            async def ready(name: str) -> bool:
-                return (await c.get(Model, name)).status.readyReplicas == 1
-            for name in ("kept", "deleted"):
-                await c.create(_model(name))
-                await until(lambda name=name: ready(name), f"Model {name} Ready", timeout=120)
-            at_snapshot = await _engines(c)
-            secret = await _key(c, "at-snapshot")
-            async with aiohttp.ClientSession() as http:
-                await until(lambda: _ok(http, cluster.gateway_url, secret), "the key known to the gateway")
-                load = asyncio.create_task(_load(cluster.gateway_url, secret, "kept", outcomes, stop))
-            file = tmp_path / "fleet.snap"
-            await save(file, *cluster.etcd_flags("dev-admin"))
-            await c.delete(Model, "deleted")
-            deleted = {k: v for k, v in at_snapshot.items() if k.startswith("deleted-")}
-            await until(lambda: not any(_alive(pid) for pid in deleted.values()), "the deleted Model's engine gone")
-            await c.create(_model("created"))       # booked where the deleted one was, where that is free
-            await until(lambda: ready("created"), "Model created Ready", timeout=120)
-            created = {k: v for k, v in (await _engines(c)).items() if k not in at_snapshot}
-            later = await _key(c, "after-snapshot")
-            async with aiohttp.ClientSession() as http:
-                await until(lambda: _ok(http, cluster.gateway_url, later), "the later key known to the gateway")
-
-        assert cluster.etcd is not None      # every member's data lost; the control plane keeps running
-        await lose_and_restore(cluster.etcd, file)
-
-        async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
-            async def rebuilt() -> bool:    # (its status in the snapshot says Ready, with the old pid)
-                pids = [pid for name, pid in (await _engines(c)).items() if name.startswith("deleted-")]
-                return bool(pids) and all(_alive(pid) and pid not in deleted.values() for pid in pids)
-            await until(rebuilt, "the deleted Model's engine started again", timeout=120)
-            await until(lambda: ready("deleted"), "the deleted Model Ready", timeout=60)
-            await until(lambda: not any(_alive(pid) for pid in created.values()),
-                        "the engine of the Model created after the snapshot stopped")
-            assert sorted(m.metadata.name for m in (await c.list(Model))[0]) == ["deleted", "kept"]
-            engines = await _engines(c)
-            bookings = _bookings((await c.list(Shard))[0])
-            assert [k.metadata.name for k in (await c.list(ApiKey))[0]] == ["at-snapshot"]
-        async with aiohttp.ClientSession() as http:
-            async def refused() -> bool:
-                return (await _complete(http, cluster.gateway_url, later, "kept")).startswith("401: ")
-            await until(refused, "the key made after the snapshot refused by the gateway")
-        assert len(bookings) == len(set(bookings)), bookings    # no GPU or port booked twice
-        kept = {k: v for k, v in at_snapshot.items() if k.startswith("kept-")}
-        assert {k: engines[k] for k in kept} == kept and all(_alive(pid) for pid in kept.values())
-        await asyncio.sleep(3)
-    finally:
-        stop.set()
-        if load is not None:
-            await load
-        await asyncio.to_thread(cluster.stop)
-    assert outcomes and set(outcomes) == {"ok"}, [o for o in outcomes if o != "ok"][:5]
