@@ -127,11 +127,11 @@ class ApiServer:
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
                  revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None):
         self.store = store
-        self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
-        self.revocations = Revocations(store)
+        # the journal checked at start and after each relist (etcd restored under the server)
+        self.revocations = Revocations(store, journal=revocation_journal)
         self.bindings = Bindings(store)
         self.authz = Authorizer(self._referenced, self.bindings)
         self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
@@ -175,8 +175,6 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
         await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
-        if self.revocation_journal is not None:
-            self.revocations.check_journal(self.revocation_journal)
 
     async def _drain(self, app: web.Application) -> None:
         """Once the server stops accepting (the runner's cleanup), before it waits for the requests
