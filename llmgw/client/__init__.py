@@ -25,6 +25,8 @@
         c.lister_watcher(kind, node=None, selector=None)  # the same source, for a Reflector of your own
         await c.heartbeat(node, ttl=None); await c.events(kind, name)
         await c.record_event(kind, name, type, reason, message)
+        chain = await c.renew_certificate(csr_pem)       # a node's or a component's own identity (llmgw/pki/renewal.py)
+        await c.try_certificate(cert, key); c.use_certificate(cert, key)   # new connections present it
 
 Errors (each str() is one actionable line):
     ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400 (Invalid 422),

@@ -168,6 +168,7 @@ class Client:
         self._at = 0   # the server in use: self.servers[self._at]
         https = any(url.startswith("https://") for url in self.servers)
         self._ssl = _ssl_context(ca, cert, key) if https else None
+        self._ca = ca
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
         self._version = version
@@ -389,6 +390,24 @@ class Client:
         body = {"serial": serial, **({"role": role} if role else {}), **({"name": name} if name else {})}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
         return result
+
+    async def renew_certificate(self, csr_pem: str) -> str:
+        """A new certificate for this client's identity, for the key of `csr_pem` (a node's or a
+        component's; the server's signing CA): the PEM chain to present."""
+        result = await self.request("POST", f"{BASE}/renewals", body={"csr": csr_pem})
+        return str(result["certificate"])
+
+    async def try_certificate(self, cert: str, key: str) -> None:
+        """Raise unless the servers accept `cert` (the client's servers and CA, a new session)."""
+        async with Client(self.servers, ca=self._ca, cert=cert, key=key, timeout=self._timeout_s,
+                          version=self._version) as other:
+            await other.whoami()
+
+    def use_certificate(self, cert: str, key: str) -> None:
+        """Present `cert` from now on: new connections do; those open keep the one they began with."""
+        if self._ssl is None:
+            raise ValueError("this client speaks plain HTTP: it presents no certificate")
+        self._ssl.load_cert_chain(cert, key)
 
     async def server_versions(self) -> dict[str, str]:
         """Each of this client's servers' llmgw version (its /healthz answer), by URL; for one that

@@ -5,12 +5,16 @@ import logging
 import os
 import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llmgw import aio
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
+
+if TYPE_CHECKING:
+    from llmgw.pki.signer import Signer
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -24,7 +28,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
-                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5) -> None:
+                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5,
+                signer_cert: str = "", signer_key: str = "", renewal_rate: float = 20.0,
+                renewal_burst: int = 50) -> None:
     from aiohttp import web
 
     from llmgw.pki import CertificateAuthority
@@ -44,6 +50,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}") from None
+    signer = _signer(signer_cert, signer_key)
     warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
@@ -65,7 +72,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         raise click.ClickException(f"--audit-log {audit_log}: {err.strerror or err}") from None
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
-                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit)
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit,
+                    signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -90,6 +98,19 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     await store.close()
     if audit is not None:
         audit.close()
+
+
+def _signer(cert: str, key: str) -> "Signer | None":
+    """The signing CA the server renews certificates with, or None (no --signer-cert)."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise click.UsageError("--signer-cert and --signer-key go together")
+    from llmgw.pki.signer import Signer
+    try:
+        return Signer(cert, key)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"cannot load the signer {cert} / {key}: {err}") from None
 
 
 @click.command()
@@ -118,14 +139,23 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
               help="MB an audit log file grows to before it rotates.")
 @click.option("--audit-log-max-backups", type=click.IntRange(min=0), default=5, show_default=True,
               help="Rotated audit log files kept (PATH.1 the newest).")
+@click.option("--signer-cert", default="", metavar="PATH",
+              help="The signing CA's certificate (signer.crt of `llmgw ca init`): renew nodes' and components' "
+                   "certificates through POST /renewals; empty: renew none.")
+@click.option("--signer-key", default="", metavar="PATH", help="The signing CA's private key (signer.key).")
+@click.option("--renewal-rate", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="Renewals a second this server signs on average (429 past it: a fleet asking at once spreads).")
+@click.option("--renewal-burst", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Renewals it signs at once.")
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
            watch_queue_limit: int, metrics_listen: str, audit_log: str, audit_log_max_size: int,
-           audit_log_max_backups: int, log_level: str, log_format: str) -> None:
+           audit_log_max_backups: int, signer_cert: str, signer_key: str, renewal_rate: float, renewal_burst: int,
+           log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
                   watch_cache_size, watch_queue_limit, metrics_listen, audit_log, audit_log_max_size,
-                  audit_log_max_backups))
+                  audit_log_max_backups, signer_cert, signer_key, renewal_rate, renewal_burst))

@@ -47,6 +47,7 @@ from llmgw.api.errors import (
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.pki import CertificateAuthority, Identity, identity_from_der
+from llmgw.pki.signer import Signer
 from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.access import Access
@@ -55,6 +56,7 @@ from llmgw.server.handlers.events import Events
 from llmgw.server.handlers.heartbeat import Heartbeats
 from llmgw.server.handlers.logs import Logs
 from llmgw.server.handlers.objects import Objects
+from llmgw.server.handlers.renewals import Renewals, TokenBucket
 from llmgw.server.handlers.revocations import Revoke
 from llmgw.server.handlers.status import StatusWrites
 from llmgw.server.handlers.watch import Watches
@@ -95,7 +97,8 @@ def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Resp
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
-                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None):
+                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None,
+                 signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50):
         self.store = store
         self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.audit = audit
@@ -118,6 +121,7 @@ class ApiServer:
         self.heartbeats = Heartbeats(store)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
+        self.renewals = Renewals(store, signer, TokenBucket(renewal_rate, renewal_burst))
         self.access = Access(store, self.authz)
         self._verbs: dict[object, str] = {}   # by handler
 
@@ -134,6 +138,7 @@ class ApiServer:
             ("POST", "/events", self.events.record, "events-write"),
             ("POST", "/revocations", self.revoke.revoke, "revoke"),
             ("GET", "/revocations", self.list_revocations, "revocations-read"),
+            ("POST", "/renewals", self.renewals.renew, "renew"),
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
@@ -211,7 +216,7 @@ class ApiServer:
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
                     "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
-                    "review": "accessreviews", "versions": "versions"}.get(verb, "-")
+                    "review": "accessreviews", "versions": "versions", "renew": "renewals"}.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -309,8 +314,10 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions"):
-            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "renew"):
+            # /healthz, who am I, may I, the revocation list, versions, a renewal of one's own certificate
+            # (what it may ask, the signer says: handlers/renewals.py); or no route: 404/405 for all alike
+            return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)
