@@ -115,6 +115,9 @@ class AgentConfig(BaseModel):
     hub_endpoint: str = Field(default_factory=default_hub)   # the Hugging Face Hub of hf:// sources, or a mirror
     hub_token_file: str | None = None      # its token; None: HF_TOKEN from the environment, if set
     weights_peers: bool = True             # peers before the origin (with logs-listen; llmgw/weights/peers.py)
+    # the certificate renewed at this fraction of its lifetime (llmgw/pki/renewal.py); 0: never
+    renew_fraction: float = Field(default=2 / 3, ge=0, lt=1)
+    renew_jitter: float = Field(default=0.1, ge=0, le=1)   # plus up to this part of what is then left
 
     @field_validator("node")
     @classmethod

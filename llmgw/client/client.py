@@ -173,6 +173,7 @@ class Client:
         self._connections = connections
         self._version = version
         self._session: aiohttp.ClientSession | None = None
+        self._retiring: set[asyncio.Future[None]] = set()   # sessions of a certificate replaced (use_certificate)
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
     @property
@@ -223,6 +224,9 @@ class Client:
         return self._session
 
     async def close(self) -> None:
+        for retiring in self._retiring:
+            retiring.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         for oneshot in (self._oneshots or {}).values():
             oneshot.close()
         if self._session is not None:
@@ -404,10 +408,24 @@ class Client:
             await other.whoami()
 
     def use_certificate(self, cert: str, key: str) -> None:
-        """Present `cert` from now on: new connections do; those open keep the one they began with."""
+        """Present `cert` from now on: every request from now on goes through a new session, whose
+        connections present it. The old session is closed once its requests in flight had the
+        client's timeout to end: a watch still open then is cut, and resumes on the new session
+        from its last revision (as after any dropped connection)."""
         if self._ssl is None:
             raise ValueError("this client speaks plain HTTP: it presents no certificate")
         self._ssl.load_cert_chain(cert, key)
+        old, self._session = self._session, None
+        if old is not None:
+            retiring = asyncio.ensure_future(self._retire(old))
+            self._retiring.add(retiring)
+            retiring.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, session: aiohttp.ClientSession) -> None:
+        try:
+            await asyncio.sleep(self._timeout_s)
+        finally:
+            await session.close()
 
     async def server_versions(self) -> dict[str, str]:
         """Each of this client's servers' llmgw version (its /healthz answer), by URL; for one that
