@@ -174,6 +174,7 @@ class Client:
         self._version = version
         self._session: aiohttp.ClientSession | None = None
         self._retiring: set[asyncio.Future[None]] = set()   # sessions of a certificate replaced (use_certificate)
+        self._certificates = 0   # how many times it was replaced: a watch opened before ends at its next line
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
     @property
@@ -409,12 +410,14 @@ class Client:
 
     def use_certificate(self, cert: str, key: str) -> None:
         """Present `cert` from now on: every request from now on goes through a new session, whose
-        connections present it. The old session is closed once its requests in flight had the
-        client's timeout to end: a watch still open then is cut, and resumes on the new session
-        from its last revision (as after any dropped connection)."""
+        connections present it. A watch opened before ends at its next line (a bookmark at the
+        latest), which the reflector watching through it takes as any ended watch: it watches
+        again from its last revision, on the new session. The old session is closed once its
+        requests in flight had the client's timeout to end."""
         if self._ssl is None:
             raise ValueError("this client speaks plain HTTP: it presents no certificate")
         self._ssl.load_cert_chain(cert, key)
+        self._certificates += 1
         old, self._session = self._session, None
         if old is not None:
             retiring = asyncio.ensure_future(self._retire(old))
@@ -513,11 +516,14 @@ class Client:
 
         server = self.server
         url = server + path
+        certificate = self._certificates
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 async for line in resp.content:
+                    if certificate != self._certificates:
+                        return   # opened with a certificate since replaced: the caller watches again, with the new
                     if not line.strip():
                         continue
                     ev = json.loads(line)

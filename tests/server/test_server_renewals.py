@@ -1,5 +1,8 @@
 """POST /renewals: a node or a component renews its own certificate through the server's signer,
-and nothing else; a revoked certificate's renewals are revoked with it."""
+and nothing else; a revoked certificate's renewals are revoked with it. And the client's switch to
+a new certificate (Client.use_certificate): the requests made after it present the new one, and a
+watch opened before it goes on: it ends at its next line and resumes on the new session, before
+the old session closes (the server's bookmarks come every second here)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,11 +15,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llmgw.api import Node
+from llmgw.api import Model, Node
 from llmgw.client import Forbidden, Unauthorized
 from llmgw.pki import identity_from_pem_file
 from llmgw.server.handlers.renewals import TokenBucket
 from tests.fixtures.cluster import llmgw_ca, shared_api_server, until_revoked  # noqa: F401
+from tests.fixtures.poll import until
 
 
 def _csr(cn: str, org: str) -> tuple[ec.EllipticCurvePrivateKey, str]:
@@ -111,3 +115,29 @@ def test_the_token_bucket_spreads_a_burst():
     bucket.stamp -= 0.1         # a tenth of a second later
     assert bucket.take() == 0.0
 
+
+def _model(name: str) -> Model:
+    return Model.model_validate({"metadata": {"name": name}, "spec": {"profiles": [{"engine": "sim"}]}})
+
+
+async def test_new_requests_present_the_new_certificate_and_a_watch_goes_on(shared_api_server):
+    srv = shared_api_server
+    other = srv.issue_admin("second-admin")   # another name, so the server says which one it saw
+    seen: list[str] = []
+    async with srv.client(timeout=1.0) as c:
+        async def watch() -> None:
+            async for type_, obj in c.list_and_watch(Model):
+                if isinstance(obj, Model):
+                    seen.append(f"{type_} {obj.metadata.name}")
+        watching = asyncio.create_task(watch())
+        await c.create(_model("before"))
+        await until(lambda: "ADDED before" in seen, "the watch to see the first model")
+        assert (await c.whoami())["name"] == "dev-admin"
+        c.use_certificate(*other)
+        assert (await c.whoami())["name"] == "second-admin"
+        await asyncio.sleep(1.5)   # past the client's timeout: the old session closed
+        await c.create(_model("after"))
+        await until(lambda: "ADDED after" in seen, "the watch to go on past the old session's close")
+        assert not watching.done(), watching
+        watching.cancel()
+    assert seen.count("ADDED before") == 1   # resumed from its revision, not relisted as new
