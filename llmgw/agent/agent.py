@@ -139,7 +139,7 @@ class Agent:
         metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts)
         renewer = self.renewer
         if renewer is not None:
-            metrics.registry.register(ExpiryCollector("agent", lambda: renewer.not_after))
+            metrics.registry.register(ExpiryCollector({"node": lambda: renewer.not_after}))
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
         return runner

@@ -224,7 +224,7 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
         await client.__aenter__()
         if cert and key and renew_fraction:
             renewer = Renewer(cert, key, client, reload=[client.use_certificate], fraction=renew_fraction)
-            gw.metrics.registry.register(ExpiryCollector("gateway", lambda: renewer.not_after))
+            gw.metrics.registry.register(ExpiryCollector({"gateway": lambda: renewer.not_after}))
             renewal = asyncio.create_task(renewer.run())
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
                               keys=ring)

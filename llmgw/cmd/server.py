@@ -88,6 +88,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if metrics_listen:
         from llmgw.server.metrics import serve as serve_metrics
         m_host, m_port = _listen(metrics_listen)
+        from llmgw.pki.renewal import ExpiryCollector
+        api.metrics.registry.register(ExpiryCollector.of_files({"server": cert, "etcd-client": etcd_cert,
+                                                                "signer": signer_cert or None}))
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
     await aio.until_signal()

@@ -17,6 +17,7 @@ the two moves finds <cert>.next alone at its next start: `complete_renewal` move
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -135,15 +136,28 @@ class Renewer:
 
 
 class ExpiryCollector:
-    """llmgw_certificate_expiry_timestamp_seconds{component}: when the certificate in use expires
-    (a renewal moves it on), for an alert some days before (deploy/prometheus/)."""
+    """llmgw_certificate_expiry_timestamp_seconds{certificate}: when each certificate this process
+    presents expires (a renewal moves it on), for an alert some days before (deploy/prometheus/)."""
 
-    def __init__(self, component: str, not_after: Callable[[], datetime]) -> None:
-        self.component, self.not_after = component, not_after
+    def __init__(self, certificates: dict[str, Callable[[], datetime]]) -> None:
+        self.certificates = certificates   # what it is (node, gateway, server, etcd-client, signer) -> its notAfter
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("llmgw_certificate_expiry_timestamp_seconds",
-                                   "When this process's certificate expires (Unix time); renewed at a "
-                                   "fraction of its lifetime", labels=["component"])
-        family.add_metric([self.component], self.not_after().timestamp())
+                                   "When a certificate this process presents expires (Unix time); a node's "
+                                   "and a gateway's are renewed before", labels=["certificate"])
+        for what, not_after in self.certificates.items():
+            family.add_metric([what], not_after().timestamp())
         yield family
+
+    @classmethod
+    def of_files(cls, files: dict[str, str | None]) -> "ExpiryCollector":
+        """Of certificates read once from their files (those that are not renewed: a restart loads new
+        ones); a None file is left out."""
+        found: dict[str, Callable[[], datetime]] = {}
+        for what, path in files.items():
+            if path:
+                with open(path, "rb") as f:
+                    found[what] = functools.partial(lambda at: at, x509.load_pem_x509_certificate(f.read())
+                                                    .not_valid_after_utc)
+        return cls(found)

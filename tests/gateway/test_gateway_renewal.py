@@ -55,7 +55,7 @@ async def test_a_gateway_renews_while_it_serves(shared_api_server, tmp_path):
             new = identity_from_pem_file(cert)
             assert new.serial != old.serial and new.not_after > old.not_after
             _, text = await answer()
-            assert metric(text, "llmgw_certificate_expiry_timestamp_seconds", component="gateway") \
+            assert metric(text, "llmgw_certificate_expiry_timestamp_seconds", certificate="gateway") \
                 == new.not_after.timestamp()
             # its watch goes on: a replica made Ready after the renewal is routed to
             await make_ready(admin, "r-b", sims[1].endpoint)
