@@ -236,8 +236,9 @@ class CertificateAuthority:
         ca_cert, ca_key = self._load()
         constraints = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
         if constraints.path_length == 0:
-            raise CAError(f"the root {self.cert_path} signs no CA below it (path length 0: made by `llmgw ca init` "
-                          "before 0.3): renew certificates with `llmgw ca issue` (README, \"Certificate renewal\")")
+            raise CAError(f"the root {self.cert_path} signs no CA below it (path length 0: made by "
+                          "`llmgw ca init` of llmgw 0.2 or older): renew certificates with `llmgw ca issue` "
+                          "(README, \"Certificate renewal\")")
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SIGNER),
                           x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw")])
