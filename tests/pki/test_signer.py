@@ -1,15 +1,18 @@
-"""The signer renews an identity as it is, for no longer than it lives itself, and nothing else."""
+"""The signer renews an identity as it is, for no longer than it lives itself, and nothing else; and
+`llmgw ca status` lists what expires when, a renewed file too."""
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from llmgw.cli.ca import ca
 from llmgw.pki import CAError, CertificateAuthority, identity_from_pem_file
 from llmgw.pki.ca import _ca_cert
 from llmgw.pki.signer import Refused, Signer
@@ -78,3 +81,23 @@ def test_a_root_of_path_length_0_gets_no_signer_and_says_what_to_do(ca_dir):
     authority.cert_path.write_bytes(old.public_bytes(serialization.Encoding.PEM))
     with pytest.raises(CAError, match="path length 0"):
         authority.issue_signer()
+
+
+def test_ca_status_lists_every_certificate_soonest_first_with_days_left(ca_dir, tmp_path):
+    ca_dir.issue("node", "n3", "--days", "10")
+    ca_dir.issue("etcd-client", "llmgw-server", "--days", "20")
+    n3 = identity_from_pem_file(str(ca_dir.dir / "issued" / "node-n3.crt"))
+    chain, cert = _signer(ca_dir).renew(_csr((NameOID.COMMON_NAME, "n3"), (NameOID.ORGANIZATION_NAME, "llmgw:nodes")),
+                                        replace(n3, not_after=n3.not_before + timedelta(days=5)))
+    renewed = tmp_path / "node.crt"   # where a node renewed its own
+    renewed.write_bytes(chain)
+    out = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--cert", str(renewed)])
+    assert out.exit_code == 0, out.output
+    rows = [line.split() for line in out.output.splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("node", "n3"), ("node", "n3"), ("etcd-client", "llmgw-server"), ("signer", "llmgw-signer"),
+        ("ca", "llmgw-ca"), ("etcd-ca", "llmgw-etcd-ca")]
+    assert rows[0][2] == format(cert.serial_number, "x") and rows[0][5] == str(renewed)
+    assert [r[4] for r in rows[:3]] == ["5.0", "10.0", "20.0"]   # days left (an hour of skew allowance off)
+    bad = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--cert", str(tmp_path / "none.crt")])
+    assert bad.exit_code == 1 and bad.output.count("\n") == 1 and "none.crt: not a readable certificate" in bad.output
