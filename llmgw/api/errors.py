@@ -113,13 +113,13 @@ class TooManyRequests(StatusError):
     code = 429
     reason = "TooManyRequests"
 
-    def __init__(self, message: str, retry_after: float):
+    def __init__(self, message: str, retry_after: float = 0.0):
         self.retry_after = retry_after
         super().__init__(message)
 
     @property
     def details(self) -> dict[str, str]:
-        return {"retryAfterSeconds": f"{self.retry_after:.1f}"}
+        return {"retryAfterSeconds": f"{self.retry_after:.3f}"}
 
 
 class Unavailable(StatusError):

@@ -32,7 +32,8 @@ Errors (each str() is one actionable line):
     ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400 (Invalid 422),
         Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule; VersionSkew: outside
         the version skew policy, naming both versions), NotFound 404,
-        Conflict 409 (AlreadyExists is a Conflict), Expired 410, Unavailable 503
+        Conflict 409 (AlreadyExists is a Conflict), Expired 410, TooManyRequests 429 (retry_after:
+        the seconds the server said to wait), Unavailable 503
     Unreachable(url, why)                     code 0: no HTTP answer (refused, DNS, timeout)
     TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
                                               'client' = it refused ours (or ours cannot be loaded)
@@ -49,6 +50,7 @@ from llmgw.client.errors import (
     Invalid,
     NotFound,
     TLSError,
+    TooManyRequests,
     Unauthorized,
     Unavailable,
     Unreachable,
@@ -56,5 +58,5 @@ from llmgw.client.errors import (
 )
 
 __all__ = ["Client", "ServerObjects", "ClientConfig", "ConfigError", "config_path", "AlreadyExists", "ApiError",
-           "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "Unauthorized",
-           "Unavailable", "Unreachable", "VersionSkew"]
+           "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "TooManyRequests",
+           "Unauthorized", "Unavailable", "Unreachable", "VersionSkew"]

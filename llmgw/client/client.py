@@ -136,7 +136,7 @@ async def _oneshot_request(oneshot: OneShot, url: str, method: str, path: str, p
 def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
     try:
         body = json.loads(text)
-        return error_for(status, body.get("reason", reason), body.get("message", text), url)
+        return error_for(status, body.get("reason", reason), body.get("message", text), url, body.get("details"))
     except (ValueError, AttributeError):
         return error_for(status, reason, f"{status} {reason}: {text.strip()[:200]}", url)
 

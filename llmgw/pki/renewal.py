@@ -11,7 +11,8 @@ current certificate) to sign it. The answer must be a certificate for that key a
 written beside the files (<cert>.next, <key>.next), tried (`authority.try_certificate`: the
 server accepts it), and only then moved over the old files, key first, and loaded by every
 `reload` (an SSL context's load_cert_chain: new connections present it; those open keep theirs).
-A failure keeps the old certificate and is retried after a while. A process that stopped between
+A failure keeps the old certificate and is retried after a while; a 429 (the server's rate)
+when the server says, plus up to a second. A process that stopped between
 the two moves finds <cert>.next alone at its next start: `complete_renewal` moves it in.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from llmgw.api.errors import TooManyRequests
 from llmgw.pki.ca import write_private, write_public
 
 log = logging.getLogger("llmgw.renewal")
@@ -98,6 +100,8 @@ class Renewer:
                 try:
                     await self.renew()
                     break
+                except TooManyRequests as err:   # the server's rate: it said when to come back
+                    await asyncio.sleep(err.retry_after + random.uniform(0, 1))
                 except Exception as err:  # noqa: BLE001 any failure keeps the old certificate; tried again
                     left = self.not_after - datetime.now(timezone.utc)
                     wait = min(self.retry, max(left.total_seconds() / 20, 1.0)) * random.uniform(0.5, 1.5)

@@ -6,7 +6,7 @@ signed by the control plane's signing CA (llmgw/pki/signer.py), which refuses an
 the asking certificate's (403 rule renewal-identity, logged and audited). A revoked certificate
 never gets here (401 at authentication), and the renewal is recorded (/llmgw/renewed/) so that
 revoking the certificate it renewed revokes it too (handlers/revocations.py). A token bucket
-spreads a fleet asking at once: past it, 429 with retryAfterSeconds."""
+spreads a fleet asking at once: past it, 429 with retryAfterSeconds, each refused its own slot."""
 from __future__ import annotations
 
 import logging
@@ -25,21 +25,25 @@ log = logging.getLogger("llmgw.server")
 
 
 class TokenBucket:
-    """`rate` requests a second on average, `burst` at once."""
+    """`rate` requests a second on average, `burst` at once. A request refused is told when to come
+    back: the next of the slots, `1/rate` apart, handed to those refused before it, so a fleet
+    asking at once comes back in turn instead of all at the same moment again."""
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst = rate, float(burst)
         self.level, self.stamp = float(burst), time.monotonic()
+        self.booked = self.stamp   # the last slot handed out
 
     def take(self) -> float:
-        """0 when a request may go now (a token taken), else the seconds until one may."""
+        """0 when a request may go now (a token taken), else the seconds until its slot."""
         now = time.monotonic()
         self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
         self.stamp = now
         if self.level >= 1:
             self.level -= 1
             return 0.0
-        return (1 - self.level) / self.rate
+        self.booked = max(self.booked + 1 / self.rate, now + (1 - self.level) / self.rate)
+        return self.booked - now
 
 
 class Renewals:
