@@ -138,7 +138,6 @@ class Renewer:
                  old.not_valid_after_utc.isoformat())
 
 
-
 class ExpiryCollector:
     """llmgw_certificate_expiry_timestamp_seconds{certificate}: when each certificate this process
     presents expires (a renewal moves it on), for an alert some days before (deploy/prometheus/)."""
