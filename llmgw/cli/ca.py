@@ -214,16 +214,20 @@ def revoke(serial: str | None, node: str | None, replay: bool, directory: str, c
     except CAError as err:
         _fail(err)
 
+    renewals: dict[str, list[str]] = {}
+
     async def record() -> None:
         async with conn.client() as c:
             for e in entries:
-                await c.revoke(e.serial, role=e.role, name=e.name)
+                renewals[e.serial] = (await c.revoke(e.serial, role=e.role, name=e.name)).get("renewals") or []
 
     run(record())
     if authority.index_path.exists():
         authority.mark_revoked([e.serial for e in entries])
     for e in entries:
-        click.echo(f"{'replayed' if replay else 'revoked'} {e.serial}")
+        renewed = renewals.get(e.serial)
+        click.echo(f"{'replayed' if replay else 'revoked'} {e.serial}"
+                   + (f" and its renewals {', '.join(renewed)}" if renewed else ""))
     if replay:
         click.echo(f"{len(entries)} revocation(s) of {authority.journal_path} replayed")
 

@@ -96,8 +96,9 @@ async def test_revoking_a_certificate_revokes_its_renewals_and_none_renews_after
         await c.create(Node.model_validate({"metadata": {"name": "gone"}}))
         new = _write(tmp_path, "gone", key, await c.renew_certificate(csr))
     # the admin revokes what the CA's index knows, the node's first certificate
-    await asyncio.to_thread(llmgw_ca, "revoke", "--node", "gone", "--dir", str(srv.pki.dir), "--server", srv.url,
-                            "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1])
+    out = await asyncio.to_thread(llmgw_ca, "revoke", "--node", "gone", "--dir", str(srv.pki.dir), "--server",
+                                  srv.url, "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1])
+    assert out.strip().endswith(f"and its renewals {identity_from_pem_file(new[0]).serial}"), out
     async with srv.client(new) as c:
         await until_revoked(c, "gone")   # the renewal is refused with it
         with pytest.raises(Unauthorized):
