@@ -248,30 +248,49 @@ def list_(directory: str) -> None:
     print_table(["SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE"], rows)
 
 
-@ca.command()
+@ca.command(epilog=EXIT_CODES_HELP)
 @dir_option
-@click.option("--cert", "certs", multiple=True, metavar="FILE",
+@click.option("--file", "files", multiple=True, metavar="FILE",
               help="Another certificate file to list (a node's, where it renews its own); repeatable.")
-def status(directory: str, certs: tuple[str, ...]) -> None:
+@click.option("--cluster", is_flag=True,
+              help="Also the newest certificate the cluster's servers renewed for each identity (as an admin, "
+                   "through the connection options below).")
+@connection_options
+def status(directory: str, files: tuple[str, ...], cluster: bool, conn: Connection) -> None:
     """The certificates in use, soonest to expire first, with the days they have left: the roots,
     the signer, the last unrevoked certificate of each identity of --dir (read from its file,
-    which a renewal rewrites), etcd's, and each --cert FILE."""
+    which a renewal rewrites), etcd's, each --file, and with --cluster the newest renewal of each
+    identity the servers signed (its FILE column: "renewed")."""
     authority = _ca(directory)
     if not authority.exists():
         _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
     found = authority.in_use()
     known = {path.resolve() for _, _, path in found}
-    found += [("file", "", Path(c)) for c in certs if Path(c).resolve() not in known]
+    found += [("file", "", Path(f)) for f in files if Path(f).resolve() not in known]
     now = datetime.now(timezone.utc)
-    rows = []
+    rows: list[tuple[datetime, list[str]]] = []
+
+    def row(role: str, name: str, serial: str, not_after: datetime, where: str) -> None:
+        days = (not_after - now).total_seconds() / 86400
+        rows.append((not_after, [role, name, serial, not_after.isoformat()[:19],
+                                 f"{days:.1f}" if days > 0 else "expired", where]))
+
     for role, name, path in found:
         try:
             who = identity_from_pem_file(str(path))
         except (OSError, ValueError) as err:
             _fail(CAError(f"{path}: not a readable certificate: {getattr(err, 'strerror', None) or err}"))
-        days = (who.not_after - now).total_seconds() / 86400
-        rows.append((who.not_after, [role if role != "file" else who.role or "?", name or who.name, who.serial,
-                                     who.not_after.isoformat()[:19], f"{days:.1f}" if days > 0 else "expired",
-                                     str(path)]))
+        row(role if role != "file" else who.role or "?", name or who.name, who.serial, who.not_after, str(path))
+    if cluster:
+        async def renewed() -> list[dict[str, str]]:
+            async with conn.client() as c:
+                return await c.renewals()
+        newest: dict[tuple[str, str], dict[str, str]] = {}
+        for r in run(renewed()):
+            key = (r["role"], r["name"])
+            if key not in newest or r["notAfter"] > newest[key]["notAfter"]:
+                newest[key] = r
+        for (role, name), r in newest.items():
+            row(role, name, r["serial"], datetime.fromisoformat(r["notAfter"]), "renewed")
     rows.sort(key=lambda r: r[0])
     print_table(["ROLE", "NAME", "SERIAL", "NOT AFTER", "DAYS LEFT", "FILE"], [r for _, r in rows])

@@ -402,6 +402,11 @@ class Client:
         result = await self.request("POST", f"{BASE}/renewals", body={"csr": csr_pem})
         return str(result["certificate"])
 
+    async def renewals(self) -> builtins.list[dict[str, Any]]:
+        """Every certificate renewed through the API (admins): serial, from, role, name, notAfter."""
+        result = await self.request("GET", f"{BASE}/renewals")
+        return list(result["items"])
+
     async def try_certificate(self, cert: str, key: str) -> None:
         """Raise unless the servers accept `cert` (the client's servers and CA, a new session)."""
         async with Client(self.servers, ca=self._ca, cert=cert, key=key, timeout=self._timeout_s,

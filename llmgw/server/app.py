@@ -139,6 +139,7 @@ class ApiServer:
             ("POST", "/revocations", self.revoke.revoke, "revoke"),
             ("GET", "/revocations", self.list_revocations, "revocations-read"),
             ("POST", "/renewals", self.renewals.renew, "renew"),
+            ("GET", "/renewals", self.renewals.list, "renewals-read"),
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
@@ -216,7 +217,8 @@ class ApiServer:
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
                     "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
-                    "review": "accessreviews", "versions": "versions", "renew": "renewals"}.get(verb, "-")
+                    "review": "accessreviews", "versions": "versions", "renew": "renewals",
+                    "renewals-read": "renewals"}.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -314,9 +316,10 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions", "renew"):
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "renew", "renewals-read"):
             # /healthz, who am I, may I, the revocation list, versions, a renewal of one's own certificate
-            # (what it may ask, the signer says: handlers/renewals.py); or no route: 404/405 for all alike
+            # (what it may ask, the signer says: handlers/renewals.py), the renewals (admins: the handler);
+            # or no route: 404/405 for all alike
             return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":

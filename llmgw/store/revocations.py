@@ -36,10 +36,14 @@ class Revocations:
         """Record that certificate `serial` renews `renewed_from` (with its role, name, notAfter)."""
         await self._kv.put(K.renewed_key(serial), json.dumps({"from": renewed_from, **info}).encode())
 
+    async def renewals(self) -> dict[str, dict[str, Any]]:
+        """Every certificate the server renewed: {serial: what was recorded (from, role, name, notAfter)}."""
+        items, _ = await self._kv.list(K.RENEWED)
+        return {k[len(K.RENEWED):]: json.loads(v) for k, v, _ in items}
+
     async def descendants(self, serial: str) -> dict[str, dict[str, Any]]:
         """The renewals of `serial`, of those renewals, and so on: {serial: what was recorded}."""
-        items, _ = await self._kv.list(K.RENEWED)
-        records = {k[len(K.RENEWED):]: json.loads(v) for k, v, _ in items}
+        records = await self.renewals()
         found: dict[str, dict[str, Any]] = {}
         parents = {serial}
         while parents:

@@ -91,7 +91,7 @@ def test_ca_status_lists_every_certificate_soonest_first_with_days_left(ca_dir, 
                                         replace(n3, not_after=n3.not_before + timedelta(days=5)))
     renewed = tmp_path / "node.crt"   # where a node renewed its own
     renewed.write_bytes(chain)
-    out = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--cert", str(renewed)])
+    out = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--file", str(renewed)])
     assert out.exit_code == 0, out.output
     rows = [line.split() for line in out.output.splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [
@@ -99,5 +99,5 @@ def test_ca_status_lists_every_certificate_soonest_first_with_days_left(ca_dir, 
         ("ca", "llmgw-ca"), ("etcd-ca", "llmgw-etcd-ca")]
     assert rows[0][2] == format(cert.serial_number, "x") and rows[0][5] == str(renewed)
     assert [r[4] for r in rows[:3]] == ["5.0", "10.0", "20.0"]   # days left (an hour of skew allowance off)
-    bad = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--cert", str(tmp_path / "none.crt")])
+    bad = CliRunner().invoke(ca, ["status", "--dir", str(ca_dir.dir), "--file", str(tmp_path / "none.crt")])
     assert bad.exit_code == 1 and bad.output.count("\n") == 1 and "none.crt: not a readable certificate" in bad.output

@@ -62,6 +62,14 @@ async def test_a_node_renews_its_own_certificate_and_both_work(shared_api_server
     leaf.verify_directly_issued_by(signer)
     assert signer.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
     srv.wait_for_log("certificate CN=renewing O=llmgw:nodes")
+    # `llmgw ca status --cluster` shows it, as the servers recorded it; a node may not list them
+    out = await asyncio.to_thread(llmgw_ca, "status", "--dir", str(srv.pki.dir), "--cluster", "--server", srv.url,
+                                  "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1])
+    row = next(line.split() for line in out.splitlines() if after.serial in line)
+    assert row[:2] == ["node", "renewing"] and row[-1] == "renewed", out
+    async with srv.client(new) as c:
+        with pytest.raises(Forbidden, match="renewals-read"):
+            await c.renewals()
 
 
 @pytest.mark.parametrize(("cn", "org", "why"), [

@@ -6,7 +6,8 @@ signed by the control plane's signing CA (llmgw/pki/signer.py), which refuses an
 the asking certificate's (403 rule renewal-identity, logged and audited). A revoked certificate
 never gets here (401 at authentication), and the renewal is recorded (/llmgw/renewed/) so that
 revoking the certificate it renewed revokes it too (handlers/revocations.py). A token bucket
-spreads a fleet asking at once: past it, 429 with retryAfterSeconds, each refused its own slot."""
+spreads a fleet asking at once: past it, 429 with retryAfterSeconds, each refused its own slot.
+`GET /renewals` lists the renewals recorded (admins: `llmgw ca status --cluster`)."""
 from __future__ import annotations
 
 import logging
@@ -49,6 +50,16 @@ class TokenBucket:
 class Renewals:
     def __init__(self, store: Store, signer: Signer | None, bucket: TokenBucket) -> None:
         self.store, self.signer, self.bucket = store, signer, bucket
+
+    async def list(self, request: web.Request) -> web.Response:
+        """GET /renewals: every certificate renewed through the API, for `llmgw ca status` (admins)."""
+        who: Identity = request["identity"]
+        if who.role != "admin":
+            log.warning("refused: certificate %s from %s: the list of renewals", who, request.remote)
+            raise Denied("renewals-read", "only admins list the renewed certificates")
+        records = await self.store.revocations.renewals()
+        return json_response({"kind": "RenewalList", "items": [{"serial": serial, **record}
+                                                               for serial, record in sorted(records.items())]})
 
     async def renew(self, request: web.Request) -> web.Response:
         who: Identity = request["identity"]
