@@ -126,6 +126,8 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
             manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
     if metrics_listen:
+        from llmgw.pki.renewal import ExpiryCollector
+        manager.metrics.registry.register(ExpiryCollector.of_files({"etcd-client": cert}))
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
     try:
