@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -50,6 +50,14 @@ EnvName = Annotated[str, AfterValidator(check_env_name)]
 # converted) and within low..high.
 Int = Annotated[int, Field(strict=True, ge=INT64[0], le=INT64[1])]
 Bool = Annotated[bool, Field(strict=True)]
+
+
+def added(since: str, default: Any = None) -> Any:
+    """The Field of an optional field added in llmgw `since`: left out of every document written
+    while it holds its default, so that a component of an older release within the skew window,
+    whose models refuse a field they do not know, still reads the objects a newer one writes
+    (docs/contracts.md, "Storage versions"). `since` is for the reader of the model."""
+    return Field(default, exclude_if=lambda value: value == default, description=f"added in llmgw {since}")
 
 
 def now() -> datetime:

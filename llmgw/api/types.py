@@ -33,6 +33,7 @@ from llmgw.api.meta import (
     ObjectMeta,
     OwnerReference,
     Strict,
+    added,
 )
 from llmgw.api.secrets import check_secret_hash
 from llmgw.api.selectors import Selector
@@ -463,7 +464,7 @@ class ReplicaSpec(Strict):
     placement: list[Placement] = Field(default_factory=list)
     # Its engine publishes its KV events for the gateways (the Model routes with precise-prefix and
     # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
-    kvEvents: bool = False
+    kvEvents: bool = added("0.3.0", False)
 
 
 class ReplicaStatus(Strict):
@@ -472,8 +473,8 @@ class ReplicaStatus(Strict):
     endpoint: str | None = None
     # Where its engine publishes its KV-cache events (ZeroMQ PUB) and replays them (ROUTER), when the
     # Model routes with precise-prefix and the engine publishes them (docs/gateway.md, "KV events").
-    kvEvents: str | None = None
-    kvReplay: str | None = None
+    kvEvents: str | None = added("0.3.0")
+    kvReplay: str | None = added("0.3.0")
     message: str = ""
     restarts: Int = 0
     # Failures in a row: back to 1 when the replica had stayed Ready for the controller's
@@ -499,8 +500,8 @@ class ShardPorts(Strict):
     serve: Port
     distInit: Port
     # rank 0 of a replica whose engine publishes KV events for precise-prefix (ReplicaSpec.kvEvents)
-    kvEvents: Port | None = None
-    kvReplay: Port | None = None
+    kvEvents: Port | None = added("0.3.0")
+    kvReplay: Port | None = added("0.3.0")
 
     def own(self, rank: int) -> list[int]:
         """The ports the shard's engine binds on its node: serve; on rank 0 dist-init and the KV event ports."""

@@ -92,6 +92,7 @@ class LocalCluster:
     metrics_hosts: dict[str, str] = field(default_factory=dict)  # component -> its address, where not loopback
     # component -> a command its own runs under, e.g. {"agent-node01": ["faketime", "-f", "+5m"]}
     wrap: dict[str, list[str]] = field(default_factory=dict)
+    renewals: bool = True     # the servers sign renewals with the CA's signer (a release before 0.3 cannot)
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
@@ -223,7 +224,7 @@ class LocalCluster:
         self._spawn(name, [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_ports[index]}",
                            *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                            "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name),
-                           *signer_flags(CertificateAuthority(self.dir / "ca"))])
+                           *(signer_flags(CertificateAuthority(self.dir / "ca")) if self.renewals else [])])
 
     def start_controller_managers(self) -> None:
         self.start_controller_manager()

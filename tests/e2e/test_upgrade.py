@@ -83,7 +83,8 @@ def engines(c: LocalCluster) -> set[int]:
 async def test_upgrade_from_the_previous_release_under_load(tmp_path):
     old, site = previous_release()
     assert old != version()
-    c = LocalCluster(tmp_path / "cluster", [NODE], gateway_port=free_port(), lease_seconds=3.0, drain_delay=0.5)
+    c = LocalCluster(tmp_path / "cluster", [NODE], gateway_port=free_port(), lease_seconds=3.0, drain_delay=0.5,
+                     renewals=False)   # the old release's server has no --signer-cert
     c.wrap.update({name: ["env", f"PYTHONPATH={site}"] for name in COMPONENTS})   # every component the old release
     second = free_port()
     gateways = [c.gateway_url, f"http://127.0.0.1:{second}"]
