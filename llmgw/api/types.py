@@ -142,6 +142,8 @@ class GPU(Strict):
     uuid: str | None = None
     name: str | None = None
     memoryMiB: Int | None = None
+    # Free when the agent started (nvidia-smi's memory.free): what others' processes left.
+    memoryFreeMiB: Int | None = None
     computeCap: str | None = None
     pciBusId: str | None = None
 
