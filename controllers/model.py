@@ -27,7 +27,7 @@
 
 * A replica of a Model whose source is a directory the controller-manager sees carries
   ``spec.gpuMemoryMiB``: what each of its GPUs must have free, estimated from the model's
-  files (llmgw/scheduling/fit.py); the "ReplicaCreated" event gives the breakdown, or why
+  files (llmgw/fit.py); the "ReplicaCreated" event gives the breakdown, or why
   there is no estimate. The scheduler then refuses GPUs with less.
 
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
@@ -57,8 +57,8 @@ from llmgw.api.patches import ConditionPatch, ModelStatusPatch
 from llmgw.api.sources import parse_source
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.engines import ENGINES
+from llmgw.fit import Estimate, MiB, ShapeError, estimate_dir
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
-from llmgw.scheduling.fit import Estimate, MiB, ShapeError, estimate_dir
 
 log = logging.getLogger("llmgw.controllers.model")
 

@@ -467,7 +467,7 @@ class ReplicaSpec(Strict):
     # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
     kvEvents: bool = False
     # What each of its GPUs must have free (weights, engine overhead, the KV of a minimal context),
-    # estimated from the model's files (llmgw/scheduling/fit.py); None: not estimated, placed by count.
+    # estimated from the model's files (llmgw/fit.py); None: not estimated, placed by count.
     gpuMemoryMiB: Int | None = None
 
 

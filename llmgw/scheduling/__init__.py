@@ -4,7 +4,6 @@
 - `ledger.Ledger`: the cluster as the scheduler sees it, with incremental
   per-node accounting of free GPUs, used ports and replicas per model.
 - `placer.place()`: pick nodes and GPU indices for a request, or explain why not.
-- `fit`: a replica's GPU memory per GPU, estimated from the model's files (read, not loaded).
 """
 from llmgw.scheduling.ledger import Ledger, NodeInfo
 from llmgw.scheduling.placer import Fit, Unfit, describe, place

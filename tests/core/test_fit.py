@@ -1,4 +1,4 @@
-"""Will it fit: a model's GPU memory from its own files (llmgw/scheduling/fit.py)."""
+"""Will it fit: a model's GPU memory from its own files (llmgw/fit.py)."""
 from __future__ import annotations
 
 import struct
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.scheduling.fit import ENGINE_OVERHEAD, MIN_CONTEXT, ShapeError, estimate, estimate_dir, read_shape
+from llmgw.fit import ENGINE_OVERHEAD, MIN_CONTEXT, ShapeError, estimate, estimate_dir, read_shape
 from tests.fixtures.tiny_safetensors import tiny_llama
 
 # hidden 256, 4 layers, vocab 4096: embed bf16 + lm_head f32 + per layer q, k, v (bf16), down (fp8), norm (f32)
