@@ -25,6 +25,11 @@
 * When the Model is deleted (or a replica belongs to an older Model of the
   same name) its replicas are deleted; garbage collection does the same.
 
+* A replica of a Model whose source is a directory the controller-manager sees carries
+  ``spec.gpuMemoryMiB``: what each of its GPUs must have free, estimated from the model's
+  files (llmgw/fit.py); the "ReplicaCreated" event gives the breakdown, or why
+  there is no estimate. The scheduler then refuses GPUs with less.
+
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
 observedGeneration, conditions Available and Progressing. Progressing is
 False with reason CrashLoop while a replica of the current template that is
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import string
 from dataclasses import dataclass, field
@@ -48,8 +54,10 @@ from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, kv_events, template_hash
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
+from llmgw.api.sources import parse_source
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.engines import ENGINES
+from llmgw.fit import Estimate, MiB, ShapeError, estimate_dir
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 
 log = logging.getLogger("llmgw.controllers.model")
@@ -351,8 +359,10 @@ class ModelController(Controller):
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
             batch = p.create[i:i + CREATE_BATCH]
-            names = await asyncio.gather(*(self._create(model, p.template_hash, index) for index in batch))
-            self._created(model, batch, names)
+            fits = {index: await asyncio.to_thread(_estimate, model, index) for index in dict.fromkeys(batch)}
+            names = await asyncio.gather(*(self._create(model, p.template_hash, index, fits[index])
+                                           for index in batch))
+            self._created(model, batch, names, fits)
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
@@ -360,7 +370,7 @@ class ModelController(Controller):
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 
-    async def _create(self, model: Model, thash: str, index: int) -> str:
+    async def _create(self, model: Model, thash: str, index: int, fit: Estimate | str | None) -> str:
         spec = model.spec
         profile = spec.profiles[index]
         replica = Replica(
@@ -373,13 +383,15 @@ class ModelController(Controller):
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
                              source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
                              nodeSelector=dict(spec.nodeSelector),
-                             kvEvents=kv_events(spec) and ENGINES[profile.engine].kv_events),
+                             kvEvents=kv_events(spec) and ENGINES[profile.engine].kv_events,
+                             gpuMemoryMiB=-(-fit.needed // MiB) if isinstance(fit, Estimate) else None),
         )
         created = await self.ctx.store.create(replica)
         self.ctx.cache.assume(created)
         return created.name
 
-    def _created(self, model: Model, indexes: list[int], names: list[str]) -> None:
+    def _created(self, model: Model, indexes: list[int], names: list[str],
+                 fits: dict[int, Estimate | str | None]) -> None:
         """One event per profile for a batch of creates (a scale-up to a thousand replicas is
         about thirty events, not a thousand writes), naming the first few replicas."""
         for index in dict.fromkeys(indexes):
@@ -387,9 +399,11 @@ class ModelController(Controller):
             profile = model.spec.profiles[index]
             shown = ", ".join(mine[:3]) + (f" and {len(mine) - 3} more" if len(mine) > 3 else "")
             what = f"replica {shown}" if len(mine) == 1 else f"{len(mine)} replicas: {shown}"
+            fit = fits[index]
+            said = "" if fit is None else f"; {fit.summary() if isinstance(fit, Estimate) else 'no estimate: ' + fit}"
             self.ctx.events.record(model, "Normal", "ReplicaCreated",
                                    f"created {what} (profile {index}: {profile.engine}, "
-                                   f"{profile.nodes} node(s) x {profile.gpusPerNode} GPU(s))")
+                                   f"{profile.nodes} node(s) x {profile.gpusPerNode} GPU(s){said})")
 
     async def _delete(self, r: Replica, reason: str, message: str) -> None:
         try:
@@ -400,3 +414,17 @@ class ModelController(Controller):
         self.ctx.cache.assume_deletion(gone)
         model = self.ctx.cache.get(Model, r.spec.model)
         self.ctx.events.record(model or r, "Normal", reason, f"deleting replica {r.name}: {message}")
+
+
+def _estimate(model: Model, index: int) -> Estimate | str | None:
+    """The GPU memory estimate for profile `index` of a Model whose source is a directory here, why
+    there is none where the directory is here but unreadable, or None (a pulled source, or a path
+    only the nodes see: not estimated yet)."""
+    source = model.spec.source
+    if source is None or parse_source(source) is not None or not os.path.isdir(source):
+        return None
+    profile = model.spec.profiles[index]
+    try:
+        return estimate_dir(source, profile.engine, profile.gpusPerNode, profile.nodes)
+    except ShapeError as err:
+        return str(err)

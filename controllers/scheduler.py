@@ -10,7 +10,9 @@ and ports booked. A decision and its booking in the ledger happen with no
 placement is then written with a compare-and-swap update, and a lost compare
 releases the booking and retries the key.
 
-Status: Scheduled=False, reason Unschedulable, with the count of nodes per
+Status: Scheduled=False, reason Unschedulable (InsufficientGPUMemory when most
+nodes' reason is that the replica's estimated memory, spec.gpuMemoryMiB, is more
+than their free GPUs have: the message gives both), with the count of nodes per
 reason when nothing fits, re-tried every `scheduler_retry` seconds (setting,
 default 5) and whenever a node changes or a replica frees its GPUs. A bind is
 the placement alone, one write, with a "Scheduled" event saying where; the
@@ -37,6 +39,7 @@ from llmgw.api.errors import Conflict, NotFound
 from llmgw.api.patches import ReplicaStatusPatch
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import Fit, Ledger, describe, place, request_for
+from llmgw.scheduling.placer import MEMORY_REASON
 
 
 class SchedulerController(Controller):
@@ -128,8 +131,9 @@ class SchedulerController(Controller):
                 return None
         out = place(led, request_for(rep))
         if not isinstance(out, Fit):
-            self.unschedulable[key] = _main_reason(out.reasons)
-            await self._unschedulable(rep, out.message)
+            self.unschedulable[key] = main = _main_reason(out.reasons)
+            await self._unschedulable(rep, "InsufficientGPUMemory" if main == MEMORY_REASON else "Unschedulable",
+                                      out.message)
             return Result(requeue_after=self.settings.scheduler_retry)
         self.unschedulable.pop(key, None)
         led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
@@ -152,13 +156,13 @@ class SchedulerController(Controller):
         self.ctx.events.record(written, "Normal", "Scheduled", f"placed {describe(out.slots)}")
         return None
 
-    async def _unschedulable(self, rep: Replica, message: str) -> None:
+    async def _unschedulable(self, rep: Replica, reason: str, message: str) -> None:
         self.ctx.events.record(rep, "Warning", "FailedScheduling", message)
         cond = get_condition(rep.status.conditions, "Scheduled")
-        if cond and (cond.status, cond.reason, cond.message) == ("False", "Unschedulable", message):
+        if cond and (cond.status, cond.reason, cond.message) == ("False", reason, message):
             return
         patch: ReplicaStatusPatch = {"conditions": [
-            {"type": "Scheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
+            {"type": "Scheduled", "status": "False", "reason": reason, "message": message}]}
         try:
             written = await self.ctx.store.patch_status(Replica, rep.metadata.name, patch, current=rep)
         except NotFound:

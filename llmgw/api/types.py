@@ -143,6 +143,8 @@ class GPU(Strict):
     uuid: str | None = None
     name: str | None = None
     memoryMiB: Int | None = None
+    # Free when the agent started (nvidia-smi's memory.free): what others' processes left.
+    memoryFreeMiB: Int | None = added("0.3.0")
     computeCap: str | None = None
     pciBusId: str | None = None
 
@@ -465,6 +467,9 @@ class ReplicaSpec(Strict):
     # Its engine publishes its KV events for the gateways (the Model routes with precise-prefix and
     # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
     kvEvents: bool = added("0.3.0", False)
+    # What each of its GPUs must have free (weights, engine overhead, the KV of a minimal context),
+    # estimated from the model's files (llmgw/fit.py); None: not estimated, placed by count.
+    gpuMemoryMiB: Int | None = added("0.3.0")
 
 
 class ReplicaStatus(Strict):

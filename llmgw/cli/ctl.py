@@ -1,6 +1,7 @@
 """`llmgw ctl`: operator tools. `engine-check` checks llmgw's engine command lines against the engines' help;
 `snapshot` saves, inspects and restores etcd's snapshots (llmgw/cmd/snapshot.py); `migrate-storage` rewrites
-the stored objects in the current storage version (llmgw/cmd/migrate.py)."""
+the stored objects in the current storage version (llmgw/cmd/migrate.py); `fit` estimates a Model's GPU memory
+per GPU from its files (llmgw/fit.py)."""
 from __future__ import annotations
 
 import sys
@@ -147,6 +148,47 @@ def _weights_command() -> click.Command:
         print_table(HEADERS, run(rows(conn)))
 
     return weights
+
+
+FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", "KV/TOKEN", "NEEDED", "CONTEXT"]
+
+
+@ctl.command("fit")
+@click.option("-f", "--filename", "files", multiple=True, required=True, metavar="FILE",
+              help="Model manifests (a file or a directory), as `llmgw apply -f` takes them.")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), default=80.0, show_default=True,
+              metavar="GIB", help="The GPU memory CONTEXT is worked out for, in GiB.")
+def fit(files: tuple[str, ...], gpu_memory: float) -> None:
+    """Each profile of each Model in the files: per GPU, its weights, the engine's overhead, the KV
+    bytes per token, what placement needs free (weights, overhead and a 4,096-token KV cache), and
+    the tokens of context a GPU of --gpu-memory GiB holds. Read from the files of a local
+    spec.source directory (safetensors headers and config.json); no cluster is asked."""
+    from pathlib import Path
+
+    from llmgw.api import Model
+    from llmgw.cli.apply import load_manifests
+    from llmgw.cli.connect import checked
+    from llmgw.cli.errors import CliError
+    from llmgw.fit import GiB, ShapeError, estimate_dir, gib
+    from llmgw.printers.table import print_table
+
+    models = [o for o in checked(lambda: load_manifests(files, False)) if isinstance(o, Model)]
+    if not models:
+        raise CliError(f"{', '.join(files)}: no Model")
+    rows = []
+    for m in models:
+        source = m.spec.source
+        if source is None or not Path(source).is_dir():
+            raise CliError(f"model {m.name}: spec.source {source!r} is not a directory here "
+                           "(only local files are estimated yet)")
+        for i, p in enumerate(m.spec.profiles):
+            try:
+                est = estimate_dir(source, p.engine, p.gpusPerNode, p.nodes)
+            except ShapeError as err:
+                raise CliError(f"model {m.name}: {err}") from None
+            rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
+                         f"{est.kv_per_token} B", gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
+    print_table(FIT_HEADERS, rows)
 
 
 ctl.add_command(_nodes_command())

@@ -41,6 +41,8 @@ class NodeInfo:
     gpus: tuple[int, ...] = ()
     ports: int = 2768
     weights: frozenset[str] = frozenset()   # the digests in its weights cache (status.weights)
+    # GPU index -> MiB free (memory.free, else memory.total) for the GPUs that report it
+    memory: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_node(cls, node: Node) -> "NodeInfo":
@@ -57,6 +59,8 @@ class NodeInfo:
             gpus=tuple(sorted({g.index for g in st.gpus})),
             ports=max(0, rng.last - rng.first + 1 - len(foreign)),
             weights=frozenset(m.digest for m in st.weights.models) if st.weights else frozenset(),
+            memory={g.index: mib for g in st.gpus
+                    if (mib := g.memoryFreeMiB if g.memoryFreeMiB is not None else g.memoryMiB) is not None},
         )
 
 

@@ -3,7 +3,10 @@
 Filters (per node, first failing one is the node's reason):
   not ready · cordoned (spec.unschedulable, or a drain requested) · node
   selector mismatch · missing engine <name> · no fabric (an island: only
-  single-node replicas) · insufficient GPUs · no free ports (fewer than two).
+  single-node replicas) · insufficient GPUs · insufficient GPU memory (a
+  replica with an estimate, spec.gpuMemoryMiB: fewer free GPUs with that much
+  memory free than it needs; a GPU that reports no memory counts as enough) ·
+  no free ports (fewer than two).
 A multi-node replica also needs `nodes` fitting nodes on one fabric, one rank
 per node.
 
@@ -93,6 +96,8 @@ def node_reason(ledger: Ledger, info: NodeInfo, req: Request) -> str | None:
         return why
     if ledger.free_count(info.name) < req.gpus:
         return "insufficient GPUs"
+    if not _roomy(ledger, info, req):
+        return MEMORY_REASON
     if ledger.free_ports(info.name) < PORTS_PER_RANK:
         return "no free ports"
     return None
@@ -100,7 +105,21 @@ def node_reason(ledger: Ledger, info: NodeInfo, req: Request) -> str | None:
 
 def _fits(ledger: Ledger, info: NodeInfo, req: Request) -> bool:
     return (static_reason(info, req) is None
-            and ledger.free_ports(info.name) >= PORTS_PER_RANK)
+            and ledger.free_ports(info.name) >= PORTS_PER_RANK and _roomy(ledger, info, req))
+
+
+MEMORY_REASON = "insufficient GPU memory"
+
+
+def _gpus_for(ledger: Ledger, info: NodeInfo, req: Request) -> list[int]:
+    """The node's free GPUs with the memory the request needs free, lowest index first."""
+    need = req.memory
+    return [g for g in ledger.free_gpus(info.name)
+            if need is None or (mib := info.memory.get(g)) is None or mib >= need]
+
+
+def _roomy(ledger: Ledger, info: NodeInfo, req: Request) -> bool:
+    return req.memory is None or len(_gpus_for(ledger, info, req)) >= req.gpus
 
 
 def _best(ledger: Ledger, buckets: dict[int, dict[str, None]], req: Request, want: int
@@ -147,7 +166,7 @@ def place(ledger: Ledger, req: Request) -> Fit | Unfit:
         best = _best(ledger, ledger.by_free, req, 1)
         if best:
             _, _, name = best[0]
-            gpus = tuple(ledger.free_gpus(name)[:req.gpus])
+            gpus = tuple(_gpus_for(ledger, ledger.nodes[name], req)[:req.gpus])
             return Fit((Slot(0, name, gpus, None),), None)
         return explain(ledger, req)
     choice: tuple[tuple[int, int, str], list[tuple[int, int, str]]] | None = None
@@ -162,7 +181,7 @@ def place(ledger: Ledger, req: Request) -> Fit | Unfit:
         return explain(ledger, req)
     fabric = choice[0][2]
     slots = tuple(
-        Slot(rank, name, tuple(ledger.free_gpus(name)[:req.gpus]), fabric)
+        Slot(rank, name, tuple(_gpus_for(ledger, ledger.nodes[name], req)[:req.gpus]), fabric)
         for rank, (_, _, name) in enumerate(choice[1])
     )
     return Fit(slots, fabric)
@@ -190,4 +209,9 @@ def explain(ledger: Ledger, req: Request) -> Unfit:
         top = ", ".join(f"{f} {n}" for f, n in sorted(fitting.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
         msg += (f"; needs {req.nodes} nodes with {req.gpus} free GPUs each on one fabric"
                 + (f" (fitting per fabric: {top})" if top else ""))
+    if MEMORY_REASON in reasons and req.memory is not None:
+        largest = max((info.memory.get(g, 0) for info in ledger.nodes.values() for g in ledger.free_gpus(info.name)),
+                      default=0)
+        msg += (f"; needs {req.memory / 1024:.1f} GiB free per GPU x {req.gpus}, "
+                f"largest free {largest / 1024:.1f} GiB")
     return Unfit(msg, dict(reasons))

@@ -16,6 +16,7 @@ class Request:
     engines: frozenset[str] = frozenset()   # what its nodes must report (its engine's `required`)
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     digest: str | None = None      # its weights' content digest, when pinned (nodes holding it are preferred)
+    memory: int | None = None      # MiB each of its GPUs must have free (spec.gpuMemoryMiB), when estimated
 
 
 def request_for(replica: Replica) -> Request:
@@ -28,4 +29,5 @@ def request_for(replica: Replica) -> Request:
         engines=lookup(p.engine).required(p.launch_mode),
         selector=tuple(sorted(replica.spec.nodeSelector.items())),
         digest=replica.spec.digest,
+        memory=replica.spec.gpuMemoryMiB,
     )

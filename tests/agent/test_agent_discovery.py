@@ -37,9 +37,18 @@ def test_normal_driver_reports_every_gpu(tmp_path):
     assert gpu.uuid == "GPU-fa4e0000-0000-4000-8000-000000000001"
     assert gpu.name == "NVIDIA H100 80GB HBM3"
     assert gpu.memoryMiB == 81559
+    assert gpu.memoryFreeMiB == 81556     # the fake's 3 MiB in use
     assert gpu.computeCap == "9.0"
     assert gpu.pciBusId == "00000000:19:00.0"
     assert report.driver_version == "570.86.15"
+
+
+def test_the_memory_a_smaller_gpu_reports(tmp_path):
+    script = tmp_path / "nvidia-smi-small"
+    script.write_text(f'#!/bin/sh\nexec "{FAKE_SMI}" --fake-gpus=1 --fake-memory=24576 "$@"\n')
+    script.chmod(0o755)
+    (gpu,) = discover_gpus(str(script)).gpus
+    assert (gpu.memoryMiB, gpu.memoryFreeMiB) == (24576, 24573)
 
 
 def test_old_driver_is_asked_again_without_compute_cap(tmp_path):
@@ -55,7 +64,7 @@ def test_na_and_not_supported_fields_become_unknown_not_errors(tmp_path):
     report = discover_gpus(fake_smi(tmp_path, "na", gpus=2))
     assert report.ok, report.error
     assert [g.index for g in report.gpus] == [0, 1]
-    assert report.gpus[0].memoryMiB is None
+    assert report.gpus[0].memoryMiB is None and report.gpus[0].memoryFreeMiB is None
     assert report.gpus[0].computeCap is None
     assert report.gpus[0].name == "NVIDIA H100 80GB HBM3"
 

@@ -95,6 +95,10 @@ def test_node_table_counts_gpus_and_replicas_from_placements():
     cached.status.weights = WeightsCache(capacityBytes=500 << 30, freeBytes=(120 << 30) + 5, models=[
         CachedWeights(digest="sha256:" + "a" * 64, bytes=1 << 30), CachedWeights(digest="sha256:" + "b" * 64, bytes=1)])
     assert table(Node, [cached], wide=True, now=NOW)[1][0][-4] == "2 models, 120Gi free"
+    assert headers[-5] == "GPU-MEM" and rows[0][-5] == "<none>"     # no GPU reports its memory
+    cached.status.gpus[0].memoryMiB, cached.status.gpus[0].memoryFreeMiB = 81559, 40960
+    cached.status.gpus[1].memoryMiB, cached.status.gpus[1].memoryFreeMiB = 81559, 81556
+    assert table(Node, [cached], wide=True, now=NOW)[1][0][-5] == "40Gi/79Gi"   # the least free / the most
 
 
 def test_model_replica_shard_tables():

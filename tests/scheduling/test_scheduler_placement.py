@@ -308,3 +308,18 @@ def test_the_ledger_knows_which_nodes_hold_a_digest_as_nodes_change():
     assert led.holders == {D: {"n2"}}
     led.forget_node("n2")
     assert led.holders == {}
+
+
+def test_gpus_without_the_estimated_memory_free_are_refused_with_the_figures():
+    # GPU 0 has 10,000 MiB free, GPU 1 30,000; a node reporting no memory counts as roomy
+    led = ledger_of(node("n1", gpus=2, memory={0: 10_000, 1: 30_000}))
+    fit = bind(led, Request("r", "m", gpus=1, memory=20_000))
+    assert fit.slots[0].gpus == (1,)
+    out = place(led, Request("s", "m", gpus=1, memory=20_000))
+    assert isinstance(out, Unfit)
+    assert out.reasons == {"insufficient GPU memory": 1}
+    assert out.message == ("0/1 nodes: 1 insufficient GPU memory; needs 19.5 GiB free per GPU x 1, "
+                           "largest free 9.8 GiB")
+    assert bind(led, Request("t", "m", gpus=1, memory=10_000)).slots[0].gpus == (0,)
+    led.observe_node(node("unknown", gpus=1))
+    assert bind(led, Request("u", "m", gpus=1, memory=20_000)).nodes == ["unknown"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from llmgw.api import GPU
 
 DEFAULT_NVIDIA_SMI = "/usr/bin/nvidia-smi"
-FIELDS = ["index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu",
+FIELDS = ["index", "uuid", "name", "memory.total", "memory.free", "utilization.gpu",
           "temperature.gpu", "driver_version", "pci.bus_id", "compute_cap"]
 # Drivers older than about 510 reject this field (exit 2); the query is retried without it.
 OPTIONAL_FIELD = "compute_cap"
@@ -182,7 +182,8 @@ def _parse(path: str, fields: list[str], out: str) -> tuple[list[GPU], str | Non
             drivers.add(driver)
         gpus.append(GPU(
             index=index, uuid=values["uuid"], name=values["name"],
-            memoryMiB=_int(values["memory.total"]), computeCap=values.get("compute_cap"),
+            memoryMiB=_int(values["memory.total"]), memoryFreeMiB=_int(values["memory.free"]),
+            computeCap=values.get("compute_cap"),
             pciBusId=values["pci.bus_id"],
         ))
     return sorted(gpus, key=lambda g: g.index), (sorted(drivers)[0] if drivers else None)

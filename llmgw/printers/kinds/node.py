@@ -55,6 +55,15 @@ def weights(node: Node) -> str:
     return f"{n} model{'' if n == 1 else 's'}, {binary_size(cache.freeBytes)} free"
 
 
+def gpu_memory(node: Node) -> str:
+    """`79Gi/79Gi`: the least free of its GPUs / the most total, as discovery read them (none: not reported)."""
+    free = [g.memoryFreeMiB for g in node.status.gpus if g.memoryFreeMiB is not None]
+    total = [g.memoryMiB for g in node.status.gpus if g.memoryMiB is not None]
+    if not total:
+        return NONE
+    return f"{binary_size(min(free) << 20) if free else NONE}/{binary_size(max(total) << 20)}"
+
+
 def replicas_per_node(replicas: Iterable[Replica]) -> dict[str, int]:
     count: dict[str, int] = {}
     for r in replicas:
@@ -66,7 +75,7 @@ def replicas_per_node(replicas: Iterable[Replica]) -> dict[str, int]:
 @register(Node)
 class NodePrinter(KindPrinter[Node]):
     headers = ["NAME", "STATUS", "GPUS", "FABRICS", "ENGINES", "REPLICAS", "AGE"]
-    wide_headers = ["WEIGHTS", "ADDRESS", "GPU-MODEL", "AGENT"]
+    wide_headers = ["GPU-MEM", "WEIGHTS", "ADDRESS", "GPU-MODEL", "AGENT"]
     follows = (Replica,)   # GPUS and REPLICAS count every replica's placement
 
     def rows(self, objects: Sequence[Node], beside: Beside, now: datetime | None) -> list[list[str]]:
@@ -77,7 +86,7 @@ class NodePrinter(KindPrinter[Node]):
                  str(count.get(n.name, 0)), human_age(n.metadata.creationTimestamp, now)] for n in objects]
 
     def wide(self, n: Node) -> list[str]:
-        return [weights(n), n.status.addresses[0] if n.status.addresses else NONE,
+        return [gpu_memory(n), weights(n), n.status.addresses[0] if n.status.addresses else NONE,
                 join(unique(g.name or "" for g in n.status.gpus)), n.status.agentVersion or NONE]
 
     async def related(self, reader: Reader, obj: Node) -> list[str]:
