@@ -1,15 +1,21 @@
 """The controller manager: leader election, informers, work queues and workers.
 
 ``Manager(store, controllers, identity=..., settings=...)``; ``await
-manager.run()`` loops forever: campaign for /llmgw/leader/<component>; while
-leader, build a fresh Cache, a fenced store (from the leader key's
-create_revision), an EventRecorder and a Context per controller, start each
-controller's term with it (``controller.start(ctx)``, before any event of the
-term), run one informer per watched kind (plus heartbeats or demand when asked for),
-wait for the caches to sync, then run ``controller.workers`` workers per
-controller and the runnables (llmgw.runtime.runnable: leader-only work such
-as compaction). On losing leadership everything is cancelled and the manager
-campaigns again; while not leader it does nothing.
+manager.run()`` loops forever. It starts one informer per watched kind (plus
+heartbeats or demand when asked for) into one Cache, whether it leads or not:
+a standby keeps its cache listed and watching, as controller-runtime's caches
+do, so that a new leader starts reconciling as soon as it wins, without
+listing the fleet again (docs/contracts.md, "Warm standby"). Then it campaigns
+for /llmgw/leader/<component>; while leader, it builds a fenced store (from the
+leader key's create_revision), an EventRecorder, fresh work queues and a Context
+per controller, starts each controller's term with it (``controller.start(ctx)``,
+before any event of the term), waits for the caches to sync (at once for a warm
+standby), tells each controller of everything the cache holds (as a list would,
+so that every object is reconciled once by the new leader), then runs
+``controller.workers`` workers per controller and the runnables
+(llmgw.runtime.runnable: leader-only work such as compaction). On losing
+leadership the workers and runnables are cancelled, the informers go on, and the
+manager campaigns again; while not leader no event reaches a controller.
 
 The store is what ``ManagerStore`` says: llmgw.store.Store is one.
 
@@ -26,13 +32,14 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from llmgw.api import KINDS
 from llmgw.api.errors import Conflict
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.controller import DEMAND, HEARTBEATS, Context, Controller, ControllerStore, WatchedKind
 from llmgw.runtime.events import EventRecorder, EventWriter
 from llmgw.runtime.informer import DemandInformer, HeartbeatInformer, Informer, InformerStore
 from llmgw.runtime.leader import Campaigner, LeaderElector, Leadership
-from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.runtime.metrics import InformerLists, ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
@@ -77,9 +84,27 @@ class Manager:
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
         self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
         self.queues = self._new_queues()
+        # plural name -> (controller, the kind as its watches name it)
+        self.watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
+        for c in self.controllers:
+            for kind in c.watches:
+                plural = kind if isinstance(kind, str) else kind.kind_plural
+                self.watchers.setdefault(plural, []).append((c, kind))
+        # One cache and one informer per kind for the manager's life, leader or standby.
+        # Controllers hear of each other's writes from the writer's assume (at once)
+        # as well as from the watch (later).
+        self.cache = Cache(on_assume=self._handle, indexes=[i for c in self.controllers for i in c.indexes])
+        idle = self.settings.informer_idle_timeout
+        self.informers: list[Informer | HeartbeatInformer | DemandInformer] = [
+            HeartbeatInformer(store, self.cache, self._handle, idle_timeout=idle) if kind == HEARTBEATS else
+            DemandInformer(store, self.cache, self._handle, idle_timeout=idle) if kind == DEMAND else
+            Informer(store, kind, self.cache, self._handle, idle_timeout=idle)
+            for kind in self.watchers
+        ]
+        self.metrics.registry.register(InformerLists(self.informers))
+        self._dispatching = False           # while leader: events reach the controllers' queues
         self.is_leader = False
         self.leadership: Leadership | None = None
-        self.cache: Cache | None = None
         self.events: EventRecorder | None = None
         self.terms = 0
         self._resign = True
@@ -91,6 +116,7 @@ class Manager:
     # ------------------------------------------------------------------ life
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        informers = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in self.informers]
         try:
             while True:
                 leadership = await self.elector.acquire()
@@ -111,6 +137,11 @@ class Manager:
                 await asyncio.sleep(self.elector.retry)
         except asyncio.CancelledError:
             pass
+        finally:
+            for t in informers:
+                t.cancel()
+            if informers:
+                await asyncio.wait(informers, timeout=STOP_TIMEOUT)
 
     async def stop(self, resign: bool = True) -> None:
         """End run(); resign=False leaves the leader key to expire (like a crash)."""
@@ -131,50 +162,49 @@ class Manager:
         return {c.name: WorkQueue(base_delay=c.retry_base, max_delay=c.retry_max,
                                   stats=self.metrics.queue_stats(c.name)) for c in self.controllers}
 
+    def _handle(self, plural: str, type: str, obj: Any) -> None:
+        """An informer's (or an assume's) event: the keys of each controller that watches the kind
+        go to its queue, while this manager leads; a standby's cache takes it in and no more."""
+        if not self._dispatching:
+            return
+        for c, kind in self.watchers.get(plural, ()):
+            try:
+                queue, secondary = self.queues[c.name], kind != c.primary_kind
+                for key in c.keys_for(kind, obj):
+                    queue.add_after(key, c.batch_delay(key) if secondary else 0.0)
+            except Exception:
+                log.exception("%s: keys_for(%s) failed", c.name, plural)
+
+    def _replay(self) -> None:
+        """Tell the controllers of everything the cache holds, as an ADDED each, as the first list
+        of a cold start did: a new leader reconciles every object once."""
+        for plural in self.watchers:
+            items: list[Any] = (list(self.cache.heartbeats()) if plural == HEARTBEATS else
+                                [r.gateway for r in self.cache.demand()] if plural == DEMAND else
+                                self.cache.list(KINDS[plural]))
+            for obj in items:
+                self._handle(plural, "ADDED", obj)
+
     async def _lead(self, leadership: Leadership) -> None:
         self.terms += 1
         fenced = self.store.fenced(leadership.key, leadership.create_revision)
         self.queues = self._new_queues()
-        # plural name -> (controller, the kind as its watches name it)
-        watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
-        for c in self.controllers:
-            for kind in c.watches:
-                plural = kind if isinstance(kind, str) else kind.kind_plural
-                watchers.setdefault(plural, []).append((c, kind))
-
-        def handler(plural: str, type: str, obj: Any) -> None:
-            for c, kind in watchers.get(plural, ()):
-                try:
-                    queue, secondary = self.queues[c.name], kind != c.primary_kind
-                    for key in c.keys_for(kind, obj):
-                        queue.add_after(key, c.batch_delay(key) if secondary else 0.0)
-                except Exception:
-                    log.exception("%s: keys_for(%s) failed", c.name, plural)
-
-        # Controllers hear of each other's writes from the writer's assume (at once)
-        # as well as from the watch (later).
-        cache = Cache(on_assume=handler, indexes=[i for c in self.controllers for i in c.indexes])
         events = EventRecorder(fenced)
-        self.cache, self.events = cache, events
-        for c in self.controllers:   # before the informers run: the term's first event finds it started
-            c.start(Context(store=fenced, cache=cache, events=events, clock=time.monotonic, term=self.terms,
+        self.events = events
+        for c in self.controllers:   # before any event of the term reaches keys_for
+            c.start(Context(store=fenced, cache=self.cache, events=events, clock=time.monotonic, term=self.terms,
                             queue=self.queues[c.name]))
-        idle = self.settings.informer_idle_timeout
-        informers = [
-            HeartbeatInformer(self.store, cache, handler, idle_timeout=idle) if kind == HEARTBEATS else
-            DemandInformer(self.store, cache, handler, idle_timeout=idle) if kind == DEMAND else
-            Informer(self.store, kind, cache, handler, idle_timeout=idle)
-            for kind in watchers
-        ]
-        tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]
-        tasks.append(asyncio.create_task(events.run(), name="events"))
+        tasks = [asyncio.create_task(events.run(), name="events")]
         hold = asyncio.create_task(self.elector.hold(leadership), name="leader-hold")
         try:
-            synced = asyncio.create_task(_all_set([i.synced for i in informers]), name="informers-synced")
+            # at once for a warm standby; a cold start waits for its first lists
+            synced = asyncio.create_task(_all_set([i.synced for i in self.informers]), name="informers-synced")
             tasks.append(synced)
             await asyncio.wait({hold, synced}, return_when=asyncio.FIRST_COMPLETED)
             if hold.done():
                 return
+            self._dispatching = True
+            self._replay()
             self.is_leader = True
             self.metrics.leader.set(1)
             for c in self.controllers:
@@ -185,6 +215,7 @@ class Manager:
             log.info("%s leads with controllers %s", self.identity, ", ".join(c.name for c in self.controllers))
             await hold
         finally:
+            self._dispatching = False
             for q in self.queues.values():
                 q.shutdown()
             for t in (*tasks, hold):

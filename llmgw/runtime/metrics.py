@@ -8,10 +8,12 @@ Metrics (one registry per Manager, so several managers can live in one process):
 * ``llmgw_controller_reconcile_duration_seconds{controller}``: histogram.
 * ``llmgw_controller_reconcile_errors_total{controller}``: reconciles that raised.
 * ``llmgw_controller_manager_leader``: 1 while this manager is the leader.
+* ``llmgw_informer_lists_total{kind}``: lists an informer made (1 + relists), leader or standby:
+  a warm standby that wins lists nothing more.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -44,6 +46,26 @@ class _Queues:
             adds.add_metric([name], stats.adds)
             retries.add_metric([name], stats.retries)
         yield from (g, adds, retries)
+
+
+class Listing(Protocol):
+    kind: str
+
+    @property
+    def lists(self) -> int: ...
+
+
+class InformerLists:
+    """``llmgw_informer_lists_total{kind}``: each informer's successful lists."""
+
+    def __init__(self, informers: Sequence[Listing]):
+        self._informers = informers
+
+    def collect(self) -> Iterator[Metric]:
+        c = CounterMetricFamily("llmgw_informer_lists", "Lists an informer made (1 + relists)", labels=["kind"])
+        for i in self._informers:
+            c.add_metric([i.kind], i.lists)
+        yield c
 
 
 class ManagerMetrics:
