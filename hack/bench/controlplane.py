@@ -40,6 +40,10 @@ Measured 2026-12-06 on the 2-core machine, shared (load 5-6 before the run), lea
       the takeover, and not again; 9462 reconciles in its resync (every object once, then
       what they wrote)
       takeover: nodes=1000 takeover_s=15.43 resync_s=15.53 lease_s=15 relists=0
+    --nodes 10000 --replicas 22000, tried once the same day with the machine at load 12-16 (other
+      sessions' test runs): not measured. 22000 bound but 9732 Ready at the 400 s timeout, etcd
+      answering "Internal error" and the leader's lease expiring three times under the load
+      (each time the standby took over); to be run on a quiet machine.
 
 Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     full path (apply 24 models -> 2200 Ready, 1000 nodes):

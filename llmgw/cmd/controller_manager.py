@@ -1,6 +1,7 @@
 """`llmgw controller-manager`: run the controllers and the compactor with leader election, given their settings."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,9 +86,11 @@ def _tracing() -> "TracerProvider":
 async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, etcd_wait: float, metrics_listen: str,
                 settings: ControllerSettings, git_cache: Path | None, identity: str | None,
                 tracer: "Tracer | None") -> None:
+    from llmgw.api.members import Member, advertised
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Compactor, Store, StoreError
+    from llmgw.version import version
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
@@ -106,12 +109,19 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
         if isinstance(c, SchedulerController):
             manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
+    me = Member(name=manager.identity, version=version())
     if metrics_listen:
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
+        me.metrics = advertised(f"{host}:{runner.addresses[0][1]}")
+    # its version and metrics address, leader or standby, under a lease of its own
+    # (docs/contracts.md, "Members")
+    announcing = asyncio.create_task(store.members.announce("controller-manager", me, ttl=int(settings.lease_seconds)))
     try:
         await aio.until_signal(manager.run(), stop=lambda: manager.stop(resign=True))
     finally:
+        announcing.cancel()
+        await asyncio.gather(announcing, return_exceptions=True)
         if runner is not None:
             await runner.cleanup()
         await store.close()

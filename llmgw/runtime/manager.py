@@ -39,7 +39,7 @@ from llmgw.runtime.controller import DEMAND, HEARTBEATS, Context, Controller, Co
 from llmgw.runtime.events import EventRecorder, EventWriter
 from llmgw.runtime.informer import DemandInformer, HeartbeatInformer, Informer, InformerStore
 from llmgw.runtime.leader import Campaigner, LeaderElector, Leadership
-from llmgw.runtime.metrics import InformerLists, ManagerMetrics
+from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
@@ -82,7 +82,8 @@ class Manager:
         self.identity = identity or default_identity()
         self.settings = settings if settings is not None else ManagerSettings()
         self.elector = LeaderElector(store, component, self.identity, self.settings.lease_seconds)
-        self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()})
+        self.metrics = ManagerMetrics(lambda: {n: len(q) for n, q in self.queues.items()},
+                                      lambda: {i.kind: i.lists for i in self.informers})
         self.queues = self._new_queues()
         # plural name -> (controller, the kind as its watches name it)
         self.watchers: dict[str, list[tuple[Controller, WatchedKind]]] = {}
@@ -101,7 +102,6 @@ class Manager:
             Informer(store, kind, self.cache, self._handle, idle_timeout=idle)
             for kind in self.watchers
         ]
-        self.metrics.registry.register(InformerLists(self.informers))
         self._dispatching = False           # while leader: events reach the controllers' queues
         self.is_leader = False
         self.leadership: Leadership | None = None

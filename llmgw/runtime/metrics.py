@@ -13,7 +13,7 @@ Metrics (one registry per Manager, so several managers can live in one process):
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -48,28 +48,20 @@ class _Queues:
         yield from (g, adds, retries)
 
 
-class Listing(Protocol):
-    kind: str
-
-    @property
-    def lists(self) -> int: ...
-
-
-class InformerLists:
-    """``llmgw_informer_lists_total{kind}``: each informer's successful lists."""
-
-    def __init__(self, informers: Sequence[Listing]):
-        self._informers = informers
+class _Lists:
+    def __init__(self, lists: Callable[[], dict[str, int]]):
+        self._lists = lists
 
     def collect(self) -> Iterator[Metric]:
         c = CounterMetricFamily("llmgw_informer_lists", "Lists an informer made (1 + relists)", labels=["kind"])
-        for i in self._informers:
-            c.add_metric([i.kind], i.lists)
+        for kind, lists in self._lists().items():
+            c.add_metric([kind], lists)
         yield c
 
 
 class ManagerMetrics:
-    def __init__(self, depths: Callable[[], dict[str, int]]):
+    def __init__(self, depths: Callable[[], dict[str, int]], lists: Callable[[], dict[str, int]] = dict):
+        """`depths()`: each controller's queue depth; `lists()`: each informer's lists, by kind."""
         self.registry = CollectorRegistry()
         self.duration = Histogram("llmgw_controller_reconcile_duration_seconds", "Time spent in reconcile",
                                   ["controller"], registry=self.registry, buckets=RECONCILE_BUCKETS)
@@ -82,6 +74,7 @@ class ManagerMetrics:
                             registry=self.registry)
         self._stats: dict[str, QueueStats] = {}
         self.registry.register(_Queues(depths, self._stats))
+        self.registry.register(_Lists(lists))
 
     def queue_stats(self, controller: str) -> QueueStats:
         """The controller's queue counts, the same object every term."""

@@ -137,6 +137,7 @@ class ApiServer:
             ("GET", "/whoami", self.access.whoami, "whoami"),
             ("POST", "/accessreviews", self.access.review, "review"),
             ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
+            ("GET", "/members", self.demand.members, "members"),
             ("GET", "/usage/{kind}", self.demand.list_usage, "list"),   # before {kind}/{name}, which it would match
             ("GET", "/usage/{kind}/{name}", self.demand.get_usage, "get"),
             ("GET", "/{kind}", self.list_or_watch, "list"),   # "watch" with ?watch=1
@@ -211,7 +212,7 @@ class ApiServer:
         if kind not in KINDS:
             kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
                     "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
-                    "review": "accessreviews", "versions": "versions"}.get(verb, "-")
+                    "review": "accessreviews", "versions": "versions", "members": "members"}.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -309,8 +310,9 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions"):
-            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "members"):
+            # /healthz, who am I, may I, the revocation list, versions, members; or no route: 404/405 for all alike
+            return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)
