@@ -18,7 +18,8 @@ from llmgw.api.meta import Strict
 
 Component = Literal["server", "controller-manager"]
 # A component's name as its key holds it: the server's HOST:PORT, the controller-manager's identity.
-MemberName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:\[\]-]*$")]
+MEMBER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:\[\]-]{0,252}$"
+MemberName = Annotated[str, Field(pattern=MEMBER_NAME)]
 # HOST:PORT of GET /metrics (or an https URL, a server's)
 Address = Annotated[str, Field(min_length=1, max_length=300)]
 

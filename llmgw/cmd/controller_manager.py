@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,9 @@ def controllers(settings: ControllerSettings, git_cache: Path | None = None) -> 
 @click.option("--git-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory of the GitSources' checkouts, one per source (default: llmgw-git in the "
                    "temporary directory).")
-@click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
+@click.option("--identity", default=None, callback=lambda _ctx, _param, value: _identity(value),
+              help="Leader-election identity, also the name it announces (default HOST-PID): letters, digits "
+                   "and . _ - :, at most 253.")
 @click.option("--otel", is_flag=True,
               help="Export a span per reconcile with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
@@ -69,6 +72,15 @@ def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, et
     finally:
         if tracing is not None:
             tracing.shutdown()   # what is batched is exported before the process ends
+
+
+def _identity(value: str | None) -> str | None:
+    from llmgw.api.members import MEMBER_NAME
+
+    if value is not None and not re.match(MEMBER_NAME, value):
+        raise click.BadParameter(f"{value!r}: letters, digits and . _ - : only, at most 253, starting with a "
+                                 "letter or digit", param_hint="--identity")
+    return value
 
 
 def _tracing() -> "TracerProvider":
