@@ -594,7 +594,7 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     its work queues, and its informers' lists."""
     async with http.get(url) as resp:
         text = await resp.text()
-    sums = {"reconciles": 0.0, "depth": 0.0, "lists": 0.0}
+    sums = {"reconciles": 0.0, "depth": 0.0, "lists": 0.0, "leader": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "llmgw_controller_reconcile_duration_seconds_count":
@@ -603,6 +603,8 @@ async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
                 sums["depth"] += sample.value
             elif sample.name == "llmgw_informer_lists_total":
                 sums["lists"] += sample.value
+            elif sample.name == "llmgw_controller_manager_leader":
+                sums["leader"] = sample.value
     return sums
 
 
@@ -617,10 +619,12 @@ async def takeover(store: Store, managers: dict[str, tuple[subprocess.Popen[byte
         before = await scrape(http, standby)
         managers[leader["holder"]][0].kill()
         t_death = time.perf_counter()
-        first = empty_since = None
+        won = first = empty_since = None
         while True:
             now = await scrape(http, standby)
             t = time.perf_counter()
+            if won is None and now["leader"]:
+                won = t
             if first is None and now["reconciles"] > before["reconciles"]:
                 first = t
             if first is not None:
@@ -631,9 +635,10 @@ async def takeover(store: Store, managers: dict[str, tuple[subprocess.Popen[byte
                 print(f"takeover timed out: reconciles {now['reconciles']:.0f}, depth {now['depth']:.0f}")
                 return
             await asyncio.sleep(0.02)
-    assert first is not None and empty_since is not None
-    print(f"takeover: {leader['holder']} killed; its standby's informers listed {before['lists']:.0f} times "
-          f"before and {now['lists']:.0f} after; {now['reconciles']:.0f} reconciles by the end of its resync")
+    assert won is not None and first is not None and empty_since is not None
+    print(f"takeover: {leader['holder']} killed; its standby led {won - t_death:.2f}s after (as its metrics "
+          f"first said); its informers listed {before['lists']:.0f} times before and {now['lists']:.0f} after; "
+          f"{now['reconciles']:.0f} reconciles by the end of its resync")
     print(f"takeover: nodes={args.nodes} takeover_s={first - t_death:.2f} resync_s={empty_since - t_death:.2f} "
           f"lease_s={args.lease_seconds} relists={now['lists'] - before['lists']:.0f}")
 
