@@ -28,7 +28,8 @@ observer share this process.
 
 `--takeover` runs a second `llmgw controller-manager` beside the first, its warm standby
 (docs/contracts.md, "Warm standby"), and once every replica is Ready SIGKILLs the leader.
-It scrapes the standby's /metrics every 20 ms and prints, last, `takeover: nodes=<n>
+It scrapes the standby's /metrics every 20 ms (a scrape is answered by the standby's own loop,
+so a loop held busy shows as a later takeover) and prints, last, `takeover: nodes=<n>
 takeover_s=<the death to the standby's first reconcile> resync_s=<the death to its work
 queues empty, for 0.5 s> lease_s=<lease> relists=<lists the standby made after the death>`.
 Target: takeover_s at most the lease (--lease-seconds, 15 by default) plus 2 s. The leader's
@@ -40,10 +41,24 @@ Measured 2026-12-06 on the 2-core machine, shared (load 5-6 before the run), lea
       the takeover, and not again; 9462 reconciles in its resync (every object once, then
       what they wrote)
       takeover: nodes=1000 takeover_s=15.43 resync_s=15.53 lease_s=15 relists=0
-    --nodes 10000 --replicas 22000, tried once the same day with the machine at load 12-16 (other
-      sessions' test runs): not measured. 22000 bound but 9732 Ready at the 400 s timeout, etcd
-      answering "Internal error" and the leader's lease expiring three times under the load
-      (each time the standby took over); to be run on a quiet machine.
+    the same with the replay beside the workers (this build), load 17: all Ready after 39.5 s; the
+      standby led 16.46 s after the kill and reconciled at once; 14,209 reconciles in its resync
+      takeover: nodes=1000 takeover_s=16.46 resync_s=18.26 lease_s=15 relists=0
+    --nodes 10000 --replicas 22000, the same day, the machine at load 12-18 (other sessions' test
+      runs; etcd's raw put rate 1700-2500/s against 5000-7400 on a quiet day), two runs:
+      - the replay of the cache in one go before the workers started: all Ready after 238 s; the
+        standby cost 20.8 CPU s from apply to all Ready (the leader 71.4); after the kill 88,055
+        reconciles, relists 0, but its loop held by the replay (no scrape answered) until
+        takeover: nodes=10000 takeover_s=23.76 resync_s=23.76 lease_s=15 relists=0
+      - the replay beside the workers, 500 objects between their turns (this build): etcd timed
+        out requests under the load and the leader stepped down three times during the run (the
+        other took over each time; 2 relists after compactions); 21,988 of 22,000 Ready at the
+        900 s timeout; the kill then: the standby led 33.4 s after it, and
+        takeover: nodes=10000 takeover_s=33.35 resync_s=75.29 lease_s=15 relists=0
+      Neither meets the target (lease + 2 s = 17 s) and neither says much of a quiet machine: with
+      etcd's requests timing out, the leader key's expiry and the standby's campaign wait on etcd
+      as the rest does. The 1,000-node runs above, at the same load, do meet it. To be measured
+      again on a quiet machine.
 
 Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     full path (apply 24 models -> 2200 Ready, 1000 nodes):
