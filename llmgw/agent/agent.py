@@ -19,6 +19,7 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.listener import Revoked
 from llmgw.agent.listener import serve as listen
 from llmgw.agent.logs import LogServer
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
@@ -32,7 +33,8 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.api import NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.api.members import advertised
-from llmgw.client import Client
+from llmgw.backoff import Backoff
+from llmgw.client import ApiError, Client
 from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.peers import Peers
@@ -52,7 +54,7 @@ class Agent:
         self.foreign_ports: list[int] = []
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
         self.metrics_address: str | None = None  # where its GET /metrics listens (Node status.agentMetrics)
-        self.revoked: set[str] = set()           # the server's revoked serials, refused by its listener
+        self.revoked = Revoked()                 # the server's revoked serials, refused by its listener
         self.puller: Puller | None = None
 
     def discover(self) -> Facts:
@@ -115,10 +117,27 @@ class Agent:
 
     async def _watch_revocations(self, client: Client) -> None:
         """The server's revoked serials, for the listener: a revoked certificate is refused there
-        within a watch's delay of its revocation (docs/contracts.md, "The agent's listener")."""
-        async for type_, serial in client.list_and_watch_revocations():
-            if serial is not None:
-                (self.revoked.discard if type_ == "DELETED" else self.revoked.add)(serial)
+        within a watch's delay of its revocation. While the server refuses the watch (this node's
+        certificate revoked or expired, a server without the list) the listener fails closed: 503
+        to everyone, naming why; the watch is asked again, backing off, and the listener serves
+        once the server lists the revocations again (docs/contracts.md, "Peers")."""
+        backoff = Backoff(1.0, 30.0)
+        while True:
+            try:
+                async for type_, serial in client.list_and_watch_revocations(synced=True):
+                    if type_ == "SYNCED":
+                        if self.revoked.refused is not None:
+                            log.info("the server lists the revoked certificates again: the listener serves again")
+                        self.revoked.refused = None
+                        backoff.reset()
+                    elif serial is not None:
+                        (self.revoked.serials.discard if type_ == "DELETED" else self.revoked.serials.add)(serial)
+            except ApiError as err:
+                if self.revoked.refused is None:
+                    log.error("the server refuses this agent's watch of revoked certificates (%s): the listener "
+                              "answers every request 503 until the server lists them again", err)
+                self.revoked.refused = str(err)
+                await backoff.sleep()
 
     async def _serve_metrics(self, listen: str, address: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
@@ -135,7 +154,7 @@ class Agent:
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
         host, _, port = where.rpartition(":")
         runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port),
-                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca), self.revoked.__contains__)
+                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca), self.revoked)
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner

@@ -421,10 +421,12 @@ class Client:
         return {group: [Member.model_validate(m) for m in got.get(group, [])]
                 for group in ("servers", "controllerManagers", "gateways")}
 
-    async def list_and_watch_revocations(self, retry_max: float = 5.0) -> AsyncIterator[tuple[str, str | None]]:
+    async def list_and_watch_revocations(self, retry_max: float = 5.0,
+                                         synced: bool = False) -> AsyncIterator[tuple[str, str | None]]:
         """``list_and_watch`` of the revoked serials (lower case): ADDED when revoked (any certificate
-        may read them, as a CA's revocation list: the agents' listeners refuse what the server does)."""
-        async for type_, doc in _reflect(ServerRevocations(self), _serial, False, retry_max, "watch of revocations"):
+        may read them, as a CA's revocation list: the agents' listeners refuse what the server does);
+        `synced`: ("SYNCED", None) once they are listed."""
+        async for type_, doc in _reflect(ServerRevocations(self), _serial, synced, retry_max, "watch of revocations"):
             yield type_, None if doc is None else _serial(doc)
 
     async def whoami(self) -> dict[str, Any]:

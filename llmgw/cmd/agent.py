@@ -11,6 +11,7 @@ import yaml
 
 from llmgw import aio
 from llmgw.agent.config import ConfigError, load_config
+from llmgw.api.errors import VersionSkew
 from llmgw.api.fabrics import FabricError
 from llmgw.cmd.logs import log_options, setup_logging
 
@@ -108,7 +109,7 @@ def _run(runner: "Agent") -> int:
         stopped = asyncio.run(aio.until_signal(runner.run()))
     except (asyncio.CancelledError, KeyboardInterrupt):
         stopped = True
-    except OSError as err:
+    except (OSError, VersionSkew) as err:   # a refusal of its version: one line naming both, no retry cures it
         click.echo(f"Error: {err}", err=True)
         return 1
     if stopped:

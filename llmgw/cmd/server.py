@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmgw import aio
+from llmgw.cmd.auditflags import AuditFlags, audit_options
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 
@@ -28,7 +29,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
-                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5) -> None:
+                audit: AuditFlags | None = None) -> None:
     from aiohttp import web
 
     from llmgw.api.members import Member, advertised
@@ -70,15 +71,14 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         raise click.ClickException(skew)
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
-    from llmgw.server.audit import AuditLog
     try:
-        audit = AuditLog(audit_log, audit_log_max_size << 20, audit_log_max_backups) if audit_log else None
-    except OSError as err:
+        audit_log = audit.open() if audit is not None else None
+    except click.ClickException:
         await store.close()
-        raise click.ClickException(f"--audit-log {audit_log}: {err.strerror or err}") from None
+        raise
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
-                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit)
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -105,8 +105,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await metrics_site.cleanup()
     await runner.cleanup()
     await store.close()
-    if audit is not None:
-        audit.close()
+    if audit_log is not None:
+        audit_log.close()
 
 
 async def _skew(store: "Store", name: str) -> str | None:
@@ -141,20 +141,13 @@ async def _skew(store: "Store", name: str) -> str | None:
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
-@click.option("--audit-log", default="", metavar="PATH",
-              help="Write a JSON line per request that changes state and per refusal here; empty: off.")
-@click.option("--audit-log-max-size", type=click.IntRange(min=1), default=100, show_default=True,
-              help="MB an audit log file grows to before it rotates.")
-@click.option("--audit-log-max-backups", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Rotated audit log files kept (PATH.1 the newest).")
+@audit_options
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
-           watch_queue_limit: int, metrics_listen: str, audit_log: str, audit_log_max_size: int,
-           audit_log_max_backups: int, log_level: str, log_format: str) -> None:
+           watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
-                  watch_cache_size, watch_queue_limit, metrics_listen, audit_log, audit_log_max_size,
-                  audit_log_max_backups))
+                  watch_cache_size, watch_queue_limit, metrics_listen, audit))

@@ -70,16 +70,17 @@ class ApiServer:
         terminate(self.proc)
 
 
-def start_api_server(ca_dir: Path, etcd_endpoint: str, workdir: Path, *extra: str) -> ApiServer:
+def start_api_server(ca_dir: Path, etcd_endpoint: str, workdir: Path, *extra: str,
+                     command: list[str] = LLMGW) -> ApiServer:
     """`llmgw server --listen 127.0.0.1:0 ...` as a subprocess, with a server and an admin certificate
-    of the CA in `ca_dir`; returns once it listens."""
+    of the CA in `ca_dir`; returns once it listens. `command`: the `llmgw` to run."""
     ca = CertificateAuthority(ca_dir)
     if not ca.exists():
         ca.init()
     server = ca.issue("server", "llmgw-server", ["127.0.0.1", "localhost"])
     admin = ca.issue("admin", "dev-admin")
     log_path = workdir / "server.log"
-    argv = [*LLMGW, "server", "--listen", "127.0.0.1:0", "--etcd", etcd_endpoint, "--cert", server.cert,
+    argv = [*command, "server", "--listen", "127.0.0.1:0", "--etcd", etcd_endpoint, "--cert", server.cert,
             "--key", server.key, "--client-ca", str(ca.cert_path), "--bookmark-interval", "1", *extra]
     proc = spawn(argv, log_path)
     host, port = _wait_listening(proc, log_path)

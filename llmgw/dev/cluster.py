@@ -231,11 +231,12 @@ class LocalCluster:
                            "--metrics-listen", self.metrics_listen(name),
                            "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, name: str = "gateway", port: int | None = None) -> None:
+        """The gateway, or another one (`name`, on `port`) beside it, as behind a load balancer."""
         cert, key = self.certs["gateway"]
-        self._spawn("gateway", [*LLMGW, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
-                                "--server", ",".join(self.server_urls), "--ca", self.ca_cert, "--cert", cert,
-                                "--key", key, *self.gateway_args])
+        self._spawn(name, [*LLMGW, "gateway", "--listen", f"127.0.0.1:{port or self.gateway_port}",
+                           "--server", ",".join(self.server_urls), "--ca", self.ca_cert, "--cert", cert,
+                           "--key", key, *self.gateway_args])
 
     def start_agent(self, n: NodePlan) -> None:
         smi, sysfs = self._fake_hardware(n)

@@ -22,7 +22,7 @@ class Seq:
 
     __slots__ = ("tokens", "n", "cached", "emitted", "gone", "ready")
 
-    def __init__(self, tokens: Sequence[str | int], n: int) -> None:
+    def __init__(self, tokens: Sequence[int], n: int) -> None:
         self.tokens, self.n = tokens, n
         self.cached = 0  # prompt tokens found in the prefix cache, once admitted
         self.emitted = 0

@@ -3,6 +3,7 @@ controller-manager (the model and replica controllers, fake agents) and a real e
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from llmgw.api import GitSource, Model, condition_true, get_condition
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import parse_object
 from llmgw.api.wellknown import GITSOURCE_LABEL, RECONCILE_REQUESTED_AT
+from llmgw.cmd.controller_manager import controllers
+from llmgw.server.audit import AuditLog, FileBackend
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until
 
@@ -88,11 +91,12 @@ def repo(tmp_path: Path) -> Repo:
     return Repo(tmp_path)
 
 
-def gitops(tmp_path: Path, **settings: Any) -> GitOpsController:
-    """The controller, its file:// URLs confined to tmp_path (where `repo` is) unless `settings` say otherwise."""
-    return GitOpsController(ControllerSettings(**{"gitops_retry_base": 0.2, "gitops_retry_max": 1.0,
-                                                  "git_file_root": str(tmp_path), **settings}),
-                            cache_dir=tmp_path / "cache")
+def gitops(tmp_path: Path, audit: AuditLog | None = None, **settings: Any) -> GitOpsController:
+    """The controller, its file:// URLs confined to tmp_path (where `repo` is) unless `settings` say
+    otherwise; its writes audited in `audit` as the controller-manager's are."""
+    return [c for c in controllers(ControllerSettings(**{"gitops_retry_base": 0.2, "gitops_retry_max": 1.0,
+                                                         "git_file_root": str(tmp_path), **settings}),
+                                   tmp_path / "cache", audit) if isinstance(c, GitOpsController)][0]
 
 
 def counted(ctl: GitOpsController) -> tuple[Counting, list[int]]:
@@ -126,7 +130,8 @@ async def stalled(cp: Any, name: str, reason: str) -> tuple[GitSource, str]:
 async def test_a_commit_adds_a_model_that_gets_ready_and_deleting_its_file_prunes_only_what_it_applied(
         store, repo, tmp_path):
     first = repo.write("models/a.yaml", model_yaml("a")).write("models/b.yaml", model_yaml("b")).commit()
-    ctl = gitops(tmp_path)
+    audit = AuditLog([FileBackend(str(tmp_path / "audit.log"), 1 << 20, 1, buffer=100)])
+    ctl = gitops(tmp_path, audit)
     async with control_plane(store, extra=(ctl,)) as cp:
         hand = await store.create(parse_object(yaml_doc(model_yaml("hand"))))   # not the source's
         await store.create(source("fleet", repo.url))
@@ -144,6 +149,14 @@ async def test_a_commit_adds_a_model_that_gets_ready_and_deleting_its_file_prune
         assert cp.events("Pruned", "fleet")
         still = await store.get(Model, "hand")
         assert still.metadata.resourceVersion == hand.metadata.resourceVersion   # never touched
+    audit.close()
+    # each write of the source's is an audit line of the controller-manager, naming the source
+    lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
+    assert sorted((x["verb"], x["name"], x["code"], x["commit"]) for x in lines) == [
+        ("create", "a", 201, first), ("create", "b", 201, first), ("delete", "b", 200, second)]
+    assert {(x["user"], tuple(x["groups"]), x["kind"], x["gitSource"]) for x in lines} == {
+        ("controller-manager", ("llmgw:components",), "models", "fleet")}
+    assert all(x["revision"] > hand.metadata.resourceVersion for x in lines)
 
 
 def yaml_doc(text: str) -> dict[str, Any]:

@@ -14,9 +14,12 @@ from controllers.fleet import FleetCollector
 from controllers.scheduler import SchedulerCollector, SchedulerController
 from llmgw.agent.metrics import AgentMetrics, NodeFacts, Pull
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
+from llmgw.gateway.table import Backend
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.server.audit import AuditLog, WebhookBackend
 from llmgw.server.metrics import ServerMetrics
 from tests.fixtures.ctrlkit import node, replica, shard
 
@@ -39,7 +42,7 @@ def exported(text: bytes) -> set[str]:
     return {n for n in names if n.startswith("llmgw_")}
 
 
-def test_the_gateways_series_are_documented():
+async def test_the_gateways_series_are_documented():
     m = GatewayMetrics(lambda: [("m", "m-0", 1, True)])
     m.observe("m", 200, 0.01)
     timer = m.stream("m", 0.0)
@@ -50,7 +53,13 @@ def test_the_gateways_series_are_documented():
     admission = Admission(lambda model: {}, lambda name: name)   # the per-key series (--watch-api-keys)
     admission.usage("key-a", "m")
     m.registry.register(admission.collector())
-    assert exported(generate_latest(m.registry)) == documented("Gateway")
+    kv = KVIndexes()   # precise-prefix's indexes, following a replica's KV events
+    kv.sync([Backend("m-0", "m", "127.0.0.1:1", kv_events="tcp://127.0.0.1:1")])
+    m.registry.register(kv)
+    try:
+        assert exported(generate_latest(m.registry)) == documented("Gateway")
+    finally:
+        await kv.close()
 
 
 def test_the_controller_managers_series_are_documented():
@@ -73,6 +82,7 @@ def test_the_servers_series_are_documented():
     m = ServerMetrics()
     m.observe("get", "models", 200)
     m.watches.labels("models").inc()
+    m.audit(AuditLog([WebhookBackend("http://127.0.0.1:9/", buffer=1)]))   # never sent a line
     assert exported(generate_latest(m.registry)) == documented("API server")
 
 

@@ -19,7 +19,7 @@ from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.harness import fault_cluster, node_plans
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.serial]   # faults and their timing: alone
+pytestmark = [pytest.mark.timeout(600), pytest.mark.faults]   # a cluster each: two at a time, after the parallel run
 
 ORPHAN_BOUND = 30.0   # s an engine may outlive its shard: drain delay + stop grace + a loaded machine
 

@@ -266,7 +266,7 @@ def _bookings(shards: list[Shard]) -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.serial   # 0 failed requests under load through a restore: alone
+@pytest.mark.faults   # 0 failed requests under load through a restore: a fault scenario
 async def test_drill_etcd_lost_and_restored_under_load(tmp_path):
     """A real local cluster (a Model a node): a snapshot, then one Model deleted and one created on the
     node it freed, then etcd's data lost and restored from the snapshot, the server and the
