@@ -72,6 +72,8 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--weights-peers/--no-weights-peers", default=None,
               help="Fetch weights from the nodes that hold or are pulling them before the origin "
                    "(default: on, with --logs-listen).")
+@click.option("--renew-fraction", type=float, help="Renew this node's certificate at this fraction of its "
+              "lifetime (default 0.667; 0: never), through the API server's signer, without a restart.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
 @click.option("--discover", "discover_only", is_flag=True,
               help="Print the Node status discovery finds, then exit (no server needed).")

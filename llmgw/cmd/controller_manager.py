@@ -142,6 +142,8 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
     runner = None
     me = Member(name=manager.identity, version=version())
     if metrics_listen:
+        from llmgw.pki.renewal import ExpiryCollector
+        manager.metrics.registry.register(ExpiryCollector.of_files({"etcd-client": cert}))
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
         me.metrics = advertised(f"{host}:{runner.addresses[0][1]}")

@@ -15,6 +15,7 @@ from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 
 if TYPE_CHECKING:
+    from llmgw.pki.signer import Signer
     from llmgw.store import Store
 
 
@@ -29,7 +30,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
-                audit: AuditFlags | None = None) -> None:
+                audit: AuditFlags | None = None, signer_cert: str = "", signer_key: str = "",
+                renewal_rate: float = 20.0, renewal_burst: int = 50) -> None:
     from aiohttp import web
 
     from llmgw.api.members import Member, advertised
@@ -51,6 +53,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}") from None
+    signer = _signer(signer_cert, signer_key)
     warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
@@ -78,7 +81,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         raise
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
-                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log)
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log,
+                    signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -95,6 +99,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if metrics_listen:
         from llmgw.server.metrics import serve as serve_metrics
         m_host, m_port = _listen(metrics_listen)
+        from llmgw.pki.renewal import ExpiryCollector
+        api.metrics.registry.register(ExpiryCollector.of_files({"server": cert, "etcd-client": etcd_cert,
+                                                                "signer": signer_cert or None}))
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
         me.metrics = advertised(f"{m_host}:{metrics_site.addresses[0][1]}")
@@ -121,6 +128,19 @@ async def _skew(store: "Store", name: str) -> str | None:
     return None
 
 
+def _signer(cert: str, key: str) -> "Signer | None":
+    """The signing CA the server renews certificates with, or None (no --signer-cert)."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise click.UsageError("--signer-cert and --signer-key go together")
+    from llmgw.pki.signer import Signer
+    try:
+        return Signer(cert, key)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"cannot load the signer {cert} / {key}: {err}") from None
+
+
 @click.command()
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT (port 0: any free port).")
 @click.option("--etcd", envvar="LLMGW_ETCD", default="http://127.0.0.1:2379", show_default=True,
@@ -142,12 +162,22 @@ async def _skew(store: "Store", name: str) -> str | None:
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
 @audit_options
+@click.option("--signer-cert", default="", metavar="PATH",
+              help="The signing CA's certificate (signer.crt of `llmgw ca init`): renew nodes' and components' "
+                   "certificates through POST /renewals; empty: renew none.")
+@click.option("--signer-key", default="", metavar="PATH", help="The signing CA's private key (signer.key).")
+@click.option("--renewal-rate", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="Renewals a second this server signs on average (429 past it: a fleet asking at once spreads).")
+@click.option("--renewal-burst", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Renewals it signs at once.")
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
-           watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, log_level: str, log_format: str) -> None:
+           watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, signer_cert: str, signer_key: str,
+           renewal_rate: float, renewal_burst: int, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
-                  watch_cache_size, watch_queue_limit, metrics_listen, audit))
+                  watch_cache_size, watch_queue_limit, metrics_listen, audit, signer_cert, signer_key,
+                  renewal_rate, renewal_burst))

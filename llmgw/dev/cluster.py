@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.dev import prometheus, slots
+from llmgw.dev.apiserver import signer_flags
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.netns import Network, remove_saved
 from llmgw.dev.process import LLMGW, free_port, spawn, wait_http
@@ -221,7 +222,8 @@ class LocalCluster:
         name = self.server_name(index)
         self._spawn(name, [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_ports[index]}",
                            *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
-                           "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name)])
+                           "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name),
+                           *signer_flags(CertificateAuthority(self.dir / "ca"))])
 
     def start_controller_managers(self) -> None:
         self.start_controller_manager()

@@ -18,6 +18,13 @@ so that the first reconcile does not wait for the last object). On losing
 leadership the workers and runnables are cancelled, the informers go on, and the
 manager campaigns again; while not leader no event reaches a controller.
 
+An informer that finds etcd restored under it (llmgw.store.errors.Restored), leader
+or standby, has the manager drop its cache and informers for new ones listed whole
+from the restored etcd (its cache would mix kinds listed from it with kinds not yet:
+a Replica whose Model is not relisted yet looks orphaned); a leading term ends
+with it, the leader key resigned, and the next term waits for the new caches' sync
+before any controller acts, as after a restart.
+
 The store is what ``ManagerStore`` says: llmgw.store.Store is one.
 
 ``manager.stop(resign=True)`` ends ``run()``; with resign the leader key is
@@ -44,6 +51,7 @@ from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
+from llmgw.store.errors import Restored
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -93,17 +101,10 @@ class Manager:
             for kind in c.watches:
                 plural = kind if isinstance(kind, str) else kind.kind_plural
                 self.watchers.setdefault(plural, []).append((c, kind))
-        # One cache and one informer per kind for the manager's life, leader or standby.
-        # Controllers hear of each other's writes from the writer's assume (at once)
-        # as well as from the watch (later).
-        self.cache = Cache(on_assume=self._handle, indexes=[i for c in self.controllers for i in c.indexes])
-        idle = self.settings.informer_idle_timeout
-        self.informers: list[Informer | HeartbeatInformer | DemandInformer] = [
-            HeartbeatInformer(store, self.cache, self._handle, idle_timeout=idle) if kind == HEARTBEATS else
-            DemandInformer(store, self.cache, self._handle, idle_timeout=idle) if kind == DEMAND else
-            Informer(store, kind, self.cache, self._handle, idle_timeout=idle)
-            for kind in self.watchers
-        ]
+        self._new_cache()
+        self._informing: list[asyncio.Task[None]] = []
+        self._restored = asyncio.Event()    # etcd restored under an informer: the cache is dropped
+        self._rebuilding: asyncio.Task[None] | None = None
         self._dispatching = False           # while leader: events reach the controllers' queues
         self.is_leader = False
         self.leadership: Leadership | None = None
@@ -116,11 +117,50 @@ class Manager:
         self.tracer: Tracer | None = None
 
     # ------------------------------------------------------------------ life
+    def _new_cache(self) -> None:
+        """One cache and one informer per kind, leader or standby, until etcd is restored under them.
+        Controllers hear of each other's writes from the writer's assume (at once) as well as from
+        the watch (later)."""
+        self.cache = Cache(on_assume=self._handle, indexes=[i for c in self.controllers for i in c.indexes])
+        idle = self.settings.informer_idle_timeout
+        self.informers: list[Informer | HeartbeatInformer | DemandInformer] = [
+            HeartbeatInformer(self.store, self.cache, self._handle, idle_timeout=idle) if kind == HEARTBEATS else
+            DemandInformer(self.store, self.cache, self._handle, idle_timeout=idle) if kind == DEMAND else
+            Informer(self.store, kind, self.cache, self._handle, idle_timeout=idle)
+            for kind in self.watchers
+        ]
+        for i in self.informers:
+            i.reflector.on_gone = self._gone
+
+    def _inform(self) -> None:
+        self._informing = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in self.informers]
+
+    async def _stop_informing(self) -> None:
+        for t in self._informing:
+            t.cancel()
+        if self._informing:
+            await asyncio.wait(self._informing, timeout=STOP_TIMEOUT)
+
+    def _gone(self, err: Exception) -> None:
+        if isinstance(err, Restored) and not self._restored.is_set():
+            log.warning("%s: %s; its cache is listed again whole, the term (if it leads) ends", self.identity, err)
+            self._restored.set()
+            self._rebuilding = asyncio.create_task(self._rebuild(), name="cache-rebuilt")
+
+    async def _rebuild(self) -> None:
+        await self._stop_informing()
+        self._new_cache()
+        self._inform()
+
     async def run(self) -> None:
         self._task = asyncio.current_task()
-        informers = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in self.informers]
+        self._inform()
         try:
             while True:
+                if self._rebuilding is not None:   # etcd restored: the new caches before a term
+                    await self._rebuilding
+                    self._rebuilding = None
+                    self._restored.clear()
                 leadership = await self.elector.acquire()
                 self.leadership = leadership
                 try:
@@ -140,10 +180,10 @@ class Manager:
         except asyncio.CancelledError:
             pass
         finally:
-            for t in informers:
-                t.cancel()
-            if informers:
-                await asyncio.wait(informers, timeout=STOP_TIMEOUT)
+            if self._rebuilding is not None:
+                self._rebuilding.cancel()
+                await asyncio.wait([self._rebuilding], timeout=STOP_TIMEOUT)
+            await self._stop_informing()
 
     async def stop(self, resign: bool = True) -> None:
         """End run(); resign=False leaves the leader key to expire (like a crash)."""
@@ -200,14 +240,17 @@ class Manager:
         for c in self.controllers:   # before any event of the term reaches keys_for
             c.start(Context(store=fenced, cache=self.cache, events=events, clock=time.monotonic, term=self.terms,
                             queue=self.queues[c.name]))
-        tasks = [asyncio.create_task(events.run(), name="events")]
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(events.run(), name="events")]
         hold = asyncio.create_task(self.elector.hold(leadership), name="leader-hold")
+        # etcd restored under the term: its cache is dropped, and the term ends
+        ended = asyncio.create_task(self._restored.wait(), name="etcd-restored")
+        tasks.append(ended)
         try:
             # at once for a warm standby; a cold start waits for its first lists
             synced = asyncio.create_task(_all_set([i.synced for i in self.informers]), name="informers-synced")
             tasks.append(synced)
-            await asyncio.wait({hold, synced}, return_when=asyncio.FIRST_COMPLETED)
-            if hold.done():
+            await asyncio.wait({hold, synced, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if hold.done() or ended.done():
                 return
             self._dispatching = True
             self.is_leader = True
@@ -219,7 +262,7 @@ class Manager:
             tasks += [asyncio.create_task(self._run(r), name=type(r).__name__) for r in self.runnables]
             self.leading.set()
             log.info("%s leads with controllers %s", self.identity, ", ".join(c.name for c in self.controllers))
-            await hold
+            await asyncio.wait({hold, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._dispatching = False
             for q in self.queues.values():

@@ -49,6 +49,7 @@ from llmgw.api.errors import (
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.pki import CertificateAuthority, Identity, identity_from_der
+from llmgw.pki.signer import Signer
 from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.access import Access
@@ -57,6 +58,7 @@ from llmgw.server.handlers.events import Events
 from llmgw.server.handlers.heartbeat import Heartbeats
 from llmgw.server.handlers.logs import Logs
 from llmgw.server.handlers.objects import Objects
+from llmgw.server.handlers.renewals import Renewals, TokenBucket
 from llmgw.server.handlers.revocations import Revoke
 from llmgw.server.handlers.status import StatusWrites
 from llmgw.server.handlers.watch import Watches
@@ -82,6 +84,8 @@ ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's ha
     ("POST", "/events", "events.record", "events-write"),
     ("POST", "/revocations", "revoke.revoke", "revoke"),
     ("GET", "/revocations", "list_revocations", "revocations-read"),
+    ("POST", "/renewals", "renewals.renew", "renew"),
+    ("GET", "/renewals", "renewals.list", "renewals-read"),
     ("GET", "/whoami", "access.whoami", "whoami"),
     ("POST", "/accessreviews", "access.review", "review"),
     ("GET", "/versions", "demand.versions", "versions"),   # before {kind}, which it would match
@@ -101,7 +105,8 @@ ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's ha
 # the kind a request without one of KINDS is counted and audited under, by verb
 PSEUDO_KINDS = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events", "revoke": "revocations",
                 "revocations-read": "revocations", "demand": "demand", "whoami": "whoami", "review": "accessreviews",
-                "versions": "versions", "members": "members"}
+                "versions": "versions", "renew": "renewals", "renewals-read": "renewals",
+                "members": "members"}
 VERBS = frozenset({verb for *_, verb in ROUTES} | {"watch"})   # an audit line's, "-" but
 AUDIT_KINDS = frozenset(KINDS) | frozenset(PSEUDO_KINDS.values())
 
@@ -126,13 +131,14 @@ def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Resp
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
-                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None):
+                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None,
+                 signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50):
         self.store = store
-        self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
-        self.revocations = Revocations(store)
+        # the journal checked at start and after each relist (etcd restored under the server)
+        self.revocations = Revocations(store, journal=revocation_journal)
         self.bindings = Bindings(store)
         self.authz = Authorizer(self._referenced, self.bindings)
         self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
@@ -151,6 +157,7 @@ class ApiServer:
         self.heartbeats = Heartbeats(store)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
+        self.renewals = Renewals(store, signer, TokenBucket(renewal_rate, renewal_burst))
         self.access = Access(store, self.authz)
         self._verbs: dict[object, str] = {}   # by handler
 
@@ -176,8 +183,6 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
         await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
-        if self.revocation_journal is not None:
-            self.revocations.check_journal(self.revocation_journal)
 
     async def _drain(self, app: web.Application) -> None:
         """Once the server stops accepting (the runner's cleanup), before it waits for the requests
@@ -320,8 +325,12 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions", "members"):
-            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "members", "renew",
+                    "renewals-read"):
+            # /healthz, who am I, may I, the revocation list, versions, members, a renewal of one's own certificate
+            # (what it may ask, the signer says: handlers/renewals.py), the renewals (admins: the handler);
+            # or no route: 404/405 for all alike
+            return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)

@@ -12,6 +12,7 @@ USAGE = f"{ROOT}/usage/"     # a gateway's API keys' usage, bound to the same le
 LEADER = f"{ROOT}/leader/"
 MEMBERS = f"{ROOT}/members/"   # a server's or a controller-manager's announcement, bound to its lease
 REVOKED = f"{ROOT}/revoked/"
+RENEWED = f"{ROOT}/renewed/"   # a certificate the API server renewed -> the serial it renewed
 EVENTS = f"{ROOT}/events/"
 NAMES = f"{ROOT}/names/"  # a served model name or alias -> the Model that serves it
 
@@ -80,6 +81,10 @@ def leader_key(component: str) -> str:
 
 def revoked_key(serial: str) -> str:
     return f"{REVOKED}{serial}"
+
+
+def renewed_key(serial: str) -> str:
+    return f"{RENEWED}{serial}"
 
 
 def events_prefix(kind: str | None = None, name: str | None = None) -> str:

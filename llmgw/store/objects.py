@@ -31,7 +31,19 @@ from llmgw.api.selectors import Selector
 from llmgw.api.storage import convert, stale
 from llmgw.store import keys as K
 from llmgw.store.errors import AlreadyExists, Conflict, NotFound
-from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op
+from llmgw.store.etcd import (
+    GREATER,
+    MOD,
+    VERSION,
+    Etcd,
+    KeyValue,
+    Lineage,
+    as_bytes,
+    compare,
+    delete_op,
+    get_op,
+    put_op,
+)
 
 Ops = builtins.list[Any]   # rpc.Compare or rpc.RequestOp messages of one transaction
 Held = Callable[[str], AnyObject | None]   # a watcher's own copy of an object, by name (Objects.watch)
@@ -436,16 +448,18 @@ class Objects:
 
 
     def watch(self, kind: type[ObjectT], from_revision: int, node: str | None = None, *,
-              held: Held | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
-        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node, held))
+              held: Held | None = None, lineage: Lineage | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
+        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node, held,
+                                                                    lineage))
 
     async def _watch(self, kind: str, from_revision: int, node: str | None,
-                     held: Held | None) -> AsyncIterator[WatchEvent[AnyObject]]:
+                     held: Held | None, lineage: Lineage | None) -> AsyncIterator[WatchEvent[AnyObject]]:
         """Changes to objects of `kind` at or after from_revision, as whole objects.
 
         `held` gives the watcher's own copy of an object by name (its cache): when that copy
         is what a change wrote (the watcher's own update or status patch, returned to it and
-        assumed), the event carries it instead of decoding the same object again.
+        assumed), the event carries it instead of decoding the same object again. `lineage`: see
+        ``Etcd.events``.
 
         Raises Compacted when from_revision is no longer available (relist), and
         StoreUnavailable when the stream drops (re-watch from the last revision + 1).
@@ -461,7 +475,7 @@ class Objects:
         latest: dict[Rel, AnyObject] = {}
         born: dict[Rel, KeyValue] = {}
         status_cls = STATUS_CLASSES[kind]
-        async for ev in self.etcd.events(start, end, from_revision, prev_kv=True):
+        async for ev in self.etcd.events(start, end, from_revision, prev_kv=True, lineage=lineage):
             parsed = K.parse_object_key(ev.kv.key.decode())
             if parsed is None or parsed[1] != kind or (node is not None and parsed[2] != node):
                 continue  # the range also spans other kinds' keys

@@ -20,8 +20,10 @@ from llmgw.api.manifests import parse_object
 from llmgw.api.wellknown import GITSOURCE_LABEL, RECONCILE_REQUESTED_AT
 from llmgw.cmd.controller_manager import controllers
 from llmgw.server.audit import AuditLog, FileBackend
+from llmgw.store import StoreUnavailable
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until
+from tests.fixtures.snapshot import lose_and_restore, save
 
 
 class Repo:
@@ -248,6 +250,29 @@ async def request_reconcile(store: Any, cp: Any, value: str) -> None:
     await store.update(src)
     await until(lambda: cp.cache.get(GitSource, "fleet").status.lastHandledReconcileAt == value,
                 f"request {value} handled")
+
+
+async def test_a_source_restored_from_an_older_snapshot_applies_its_branch_again_at_once(store, etcd, repo, tmp_path):
+    """etcd restored under the running manager from a snapshot taken before the branch moved: the
+    source (interval an hour, so no timer helps) applies the branch's commit again at once, the
+    object the snapshot brought back pruned by the snapshot's inventory, the one it lost created."""
+    repo.write("models/a.yaml", model_yaml("a")).commit()
+    ctl = gitops(tmp_path)
+    async with control_plane(store, extra=(ctl,)) as cp:
+        await store.create(source("fleet", repo.url, interval="1h"))
+        await until(lambda: ready(cp, "fleet"))
+        file = tmp_path / "fleet.snap"
+        await save(file, "--etcd", etcd.endpoint)
+        second = repo.rm("models/a.yaml").write("models/b.yaml", model_yaml("b")).commit("a goes, b comes")
+        await request_reconcile(store, cp, "1")
+
+        await lose_and_restore(etcd, file)
+
+        async def converged() -> bool:
+            models = sorted(m.metadata.name for m in (await store.list(Model))[0])
+            return models == ["b"] and (await store.get(GitSource, "fleet")).status.lastAppliedRevision == second
+        await until(converged, "the branch applied again: a pruned, b created", timeout=60,
+                    retry=(StoreUnavailable,))     # (the store reconnects to the restored etcd)
 
 
 async def test_two_sources_claiming_one_object_give_a_conflict_and_no_write_loop(store, repo, tmp_path):

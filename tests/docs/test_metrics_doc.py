@@ -4,6 +4,7 @@ series has a sample)."""
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +18,7 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
 from llmgw.gateway.table import Backend
+from llmgw.pki.renewal import ExpiryCollector
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.server.audit import AuditLog, WebhookBackend
@@ -25,6 +27,8 @@ from tests.fixtures.ctrlkit import node, replica, shard
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^\| `(llmgw_[a-z_]+)` \|", re.M)
+# what each command registers beside its component's metrics: the expiry of the certificates it presents
+EXPIRY = ExpiryCollector({"node": lambda: datetime.now(timezone.utc)})
 
 
 def documented(section: str) -> set[str]:
@@ -53,6 +57,7 @@ async def test_the_gateways_series_are_documented():
     admission = Admission(lambda model: {}, lambda name: name)   # the per-key series (--watch-api-keys)
     admission.usage("key-a", "m")
     m.registry.register(admission.collector())
+    m.registry.register(EXPIRY)
     kv = KVIndexes()   # precise-prefix's indexes, following a replica's KV events
     kv.sync([Backend("m-0", "m", "127.0.0.1:1", kv_events="tcp://127.0.0.1:1")])
     m.registry.register(kv)
@@ -75,6 +80,7 @@ def test_the_controller_managers_series_are_documented():
     for obj in (node("n1", fabric="ib-a"), replica("r1", "m"), shard("r1-0", replica("r1", "m"), "n1")):
         cache.apply(obj.kind_plural, "ADDED", obj, 1)
     m.registry.register(FleetCollector(lambda: cache))
+    m.registry.register(EXPIRY)
     assert exported(m.exposition()) == documented("Controller-manager")
 
 
@@ -83,6 +89,7 @@ def test_the_servers_series_are_documented():
     m.observe("get", "models", 200)
     m.watches.labels("models").inc()
     m.audit(AuditLog([WebhookBackend("http://127.0.0.1:9/", buffer=1)]))   # never sent a line
+    m.registry.register(EXPIRY)
     assert exported(generate_latest(m.registry)) == documented("API server")
 
 
@@ -91,5 +98,6 @@ async def test_the_agents_series_are_documented():
                       fetched={"peer": 3, "origin": 1})
     m = AgentMetrics(lambda: ["Ready"], lambda: [], lambda: facts)
     m.scrape_errors.labels("m", "m-0").inc()
+    m.registry.register(EXPIRY)
     async with aiohttp.ClientSession() as session:
         assert exported(await m.exposition(session)) == documented("Agent")
