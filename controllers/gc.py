@@ -34,7 +34,7 @@ class GarbageCollector(Controller):
         self._looked_at: dict[tuple[str, str], tuple[str | None, tuple[tuple[str, str, str], ...]]] = {}
 
     def start(self, ctx: Context) -> None:
-        """A new term looks at every owned object again: its cache is new."""
+        """A new term looks at every owned object again: it hears of every cached object anew."""
         super().start(ctx)
         self._looked_at = {}
 

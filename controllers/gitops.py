@@ -123,7 +123,7 @@ class GitOpsController(Controller):
         self._sources: dict[str, _Source] = {}
 
     def start(self, ctx: Context) -> None:
-        """Every source syncs at the start of a term: its cache, and the last term's writes, are new."""
+        """Every source syncs at the start of a term: the last term's writes may not all have landed."""
         super().start(ctx)
         self._sources = {}
 

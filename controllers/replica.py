@@ -150,7 +150,7 @@ class ReplicaController(Controller):
         self._port_held: dict[str, set[int]] = {}
 
     def start(self, ctx: Context) -> None:
-        """Ports handed out in the last term were booked against its cache; the new cache
+        """Ports handed out in the last term were booked against the cache, which by now
         holds every shard that was created, so nothing reserved carries over."""
         super().start(ctx)
         self._reserved = {}

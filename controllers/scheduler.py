@@ -58,8 +58,8 @@ class SchedulerController(Controller):
         self.binds = 0   # over the process's life, for llmgw_scheduler_binds_total
 
     def start(self, ctx: Context) -> None:
-        """A new term's ledger is built from its own cache, at its first use (the informers
-        fill the cache after start); nothing booked in the last term carries over."""
+        """A new term's ledger is built from the cache, at its first use (a cold start's
+        informers fill the cache after start); nothing booked in the last term carries over."""
         super().start(ctx)
         self.ledger, self.unschedulable = None, {}
 

@@ -54,6 +54,16 @@ def refusal(component: str, theirs: str, servers: str) -> str | None:
     return None
 
 
+def server_refusal(mine: str, theirs: str, name: str) -> str | None:
+    """Why a server of version ``mine`` may not start beside the live server ``name`` of version
+    ``theirs`` (more than one minor apart: an upgrade goes one minor at a time); None when it may."""
+    a, b = release(mine), release(theirs)
+    if a is None or b is None or (a[0] == b[0] and abs(a[1] - b[1]) <= 1):
+        return None
+    return (f"version skew: server version {mine} is more than one minor version from server {name}'s "
+            f"{theirs}: upgrade the servers one minor at a time (see docs/contracts.md, Version skew)")
+
+
 def _message(component: str, theirs: str, servers: str, why: str) -> str:
     return (f"version skew: {component} version {theirs} {why} (server version {servers}; "
             "see docs/contracts.md, Version skew)")

@@ -26,6 +26,40 @@ By default the controllers run as the real `llmgw controller-manager` in its
 own process (`--in-process` keeps them here); the hollow nodes and the
 observer share this process.
 
+`--takeover` runs a second `llmgw controller-manager` beside the first, its warm standby
+(docs/contracts.md, "Warm standby"), and once every replica is Ready SIGKILLs the leader.
+It scrapes the standby's /metrics every 20 ms (a scrape is answered by the standby's own loop,
+so a loop held busy shows as a later takeover) and prints, last, `takeover: nodes=<n>
+takeover_s=<the death to the standby's first reconcile> resync_s=<the death to its work
+queues empty, for 0.5 s> lease_s=<lease> relists=<lists the standby made after the death>`.
+Target: takeover_s at most the lease (--lease-seconds, 15 by default) plus 2 s. The leader's
+lease outlives it by up to the lease (its last renewal was at most a renew interval before
+the death); the standby campaigns when its watch on the leader key sees the key go.
+Measured 2026-12-06 on the 2-core machine, shared (load 5-6 before the run), lease 15 s:
+    --nodes 1000 --replicas 2200: all Ready after 15.7 s; the standby cost 2.2 CPU s from apply
+      to all Ready (the leader 6.3); its informers listed each of their 7 kinds once, before
+      the takeover, and not again; 9462 reconciles in its resync (every object once, then
+      what they wrote)
+      takeover: nodes=1000 takeover_s=15.43 resync_s=15.53 lease_s=15 relists=0
+    the same with the replay beside the workers (this build), load 17: all Ready after 39.5 s; the
+      standby led 16.46 s after the kill and reconciled at once; 14,209 reconciles in its resync
+      takeover: nodes=1000 takeover_s=16.46 resync_s=18.26 lease_s=15 relists=0
+    --nodes 10000 --replicas 22000, the same day, the machine at load 12-18 (other sessions' test
+      runs; etcd's raw put rate 1700-2500/s against 5000-7400 on a quiet day), two runs:
+      - the replay of the cache in one go before the workers started: all Ready after 238 s; the
+        standby cost 20.8 CPU s from apply to all Ready (the leader 71.4); after the kill 88,055
+        reconciles, relists 0, but its loop held by the replay (no scrape answered) until
+        takeover: nodes=10000 takeover_s=23.76 resync_s=23.76 lease_s=15 relists=0
+      - the replay beside the workers, 500 objects between their turns (this build): etcd timed
+        out requests under the load and the leader stepped down three times during the run (the
+        other took over each time; 2 relists after compactions); 21,988 of 22,000 Ready at the
+        900 s timeout; the kill then: the standby led 33.4 s after it, and
+        takeover: nodes=10000 takeover_s=33.35 resync_s=75.29 lease_s=15 relists=0
+      Neither meets the target (lease + 2 s = 17 s) and neither says much of a quiet machine: with
+      etcd's requests timing out, the leader key's expiry and the standby's campaign wait on etcd
+      as the rest does. The 1,000-node runs above, at the same load, do meet it. To be measured
+      again on a quiet machine.
+
 Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     full path (apply 24 models -> 2200 Ready, 1000 nodes):
       all Ready after 15.8 s; binds 412/s (2200 in 5.3 s; every replica created
@@ -303,6 +337,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -311,7 +346,7 @@ from llmgw import aio
 from llmgw.api import Model, Replica, Shard
 from llmgw.cmd.controller_manager import controllers
 from llmgw.dev.etcd import etcd_cluster
-from llmgw.dev.process import terminate
+from llmgw.dev.process import free_port, terminate
 from llmgw.hollow import FakeAgents
 from llmgw.runtime.manager import Manager
 from llmgw.store import Store, keys
@@ -472,14 +507,21 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     settings = ControllerSettings(compact_interval=3600.0)
     chosen = [c for c in controllers(settings) if c.name == "scheduler" or not args.scheduler_only]
     manager = proc = None
+    managers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}   # identity -> (process, metrics URL)
     if args.in_process or args.backlog:
         manager = Manager(store, chosen, identity="bench", settings=settings)
     else:
-        # the real `llmgw controller-manager`, in its own process (its own core)
-        proc = subprocess.Popen([sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
-                                 "--metrics-listen", "127.0.0.1:0", "--log-level", "warning"])
-        while await store.election.leader("controller-manager") is None:
+        # the real `llmgw controller-manager`, in its own process (its own core); with --takeover
+        # a second one beside it, its warm standby
+        for identity in ("cm-0", "cm-1")[:2 if args.takeover else 1]:
+            port = free_port()
+            managers[identity] = (subprocess.Popen(
+                [sys.executable, "-m", "llmgw.cli.main", "controller-manager", "--etcd", endpoint,
+                 "--identity", identity, "--lease-seconds", str(args.lease_seconds),
+                 "--metrics-listen", f"127.0.0.1:{port}", "--log-level", "warning"]), f"http://127.0.0.1:{port}/metrics")
+        while (leader := await store.election.leader("controller-manager")) is None:
             await asyncio.sleep(0.1)
+        proc = managers[leader["holder"]][0]
     if args.backlog:
         # The model controller's output written beforehand: the run starts with
         # every replica Pending, so binds are not paced by replica creation.
@@ -496,6 +538,9 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     pids = {"etcd": etcd_pid, "hollow nodes + observer": os.getpid()}
     if proc is not None:
         pids["controller-manager"] = proc.pid
+        for p, _ in managers.values():
+            if p is not proc:
+                pids["standby controller-manager"] = p.pid
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     writes_before = await etcd_writes(endpoint)
     spy = None
@@ -547,13 +592,70 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
           f"cm_cpu_ms_per_replica={cm_cpu * 1000 / observer.want:.2f} cm_peak_rss_mb={rss:.0f} "
           f"writes_per_replica={writes / observer.want:.1f}")
 
-    if proc is not None:
-        terminate(proc, 30)
+    if managers:
+        if args.takeover:
+            await takeover(store, managers, args)
+        for p, _ in managers.values():
+            terminate(p, 30)
     else:
         await manager.stop()
         mtask.cancel()
     await agents.stop()
     observer.cancel()
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """A controller-manager's /metrics, as the sums the takeover reads: reconciles, the keys in
+    its work queues, and its informers' lists."""
+    async with http.get(url) as resp:
+        text = await resp.text()
+    sums = {"reconciles": 0.0, "depth": 0.0, "lists": 0.0, "leader": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llmgw_controller_reconcile_duration_seconds_count":
+                sums["reconciles"] += sample.value
+            elif sample.name == "llmgw_controller_queue_depth":
+                sums["depth"] += sample.value
+            elif sample.name == "llmgw_informer_lists_total":
+                sums["lists"] += sample.value
+            elif sample.name == "llmgw_controller_manager_leader":
+                sums["leader"] = sample.value
+    return sums
+
+
+async def takeover(store: Store, managers: dict[str, tuple[subprocess.Popen[bytes], str]], args) -> None:
+    """Kill the leading controller-manager (SIGKILL: its lease is left to expire) and time its
+    standby: from the death to its first reconcile (takeover_s), and to its work queues empty
+    again (resync_s: the first of 0.5 s of scrapes, every 20 ms, that all find no key waiting)."""
+    leader = await store.election.leader("controller-manager")
+    assert leader is not None
+    standby = next(url for identity, (_, url) in managers.items() if identity != leader["holder"])
+    async with aiohttp.ClientSession() as http:
+        before = await scrape(http, standby)
+        managers[leader["holder"]][0].kill()
+        t_death = time.perf_counter()
+        won = first = empty_since = None
+        while True:
+            now = await scrape(http, standby)
+            t = time.perf_counter()
+            if won is None and now["leader"]:
+                won = t
+            if first is None and now["reconciles"] > before["reconciles"]:
+                first = t
+            if first is not None:
+                empty_since = (empty_since or t) if now["depth"] == 0 else None
+                if empty_since is not None and t - empty_since >= 0.5:
+                    break
+            if t - t_death > args.timeout:
+                print(f"takeover timed out: reconciles {now['reconciles']:.0f}, depth {now['depth']:.0f}")
+                return
+            await asyncio.sleep(0.02)
+    assert won is not None and first is not None and empty_since is not None
+    print(f"takeover: {leader['holder']} killed; its standby led {won - t_death:.2f}s after (as its metrics "
+          f"first said); its informers listed {before['lists']:.0f} times before and {now['lists']:.0f} after; "
+          f"{now['reconciles']:.0f} reconciles by the end of its resync")
+    print(f"takeover: nodes={args.nodes} takeover_s={first - t_death:.2f} resync_s={empty_since - t_death:.2f} "
+          f"lease_s={args.lease_seconds} relists={now['lists'] - before['lists']:.0f}")
 
 
 if __name__ == "__main__":
@@ -571,6 +673,10 @@ if __name__ == "__main__":
     ap.add_argument("--backlog", action="store_true",
                     help="write the models' replicas before starting the controllers (binds not paced "
                          "by the model controller); times are from the manager's start")
+    ap.add_argument("--takeover", action="store_true",
+                    help="run a second controller-manager, its warm standby; once all are Ready kill the leader "
+                         "and print the standby's takeover (last line `takeover: ...`)")
+    ap.add_argument("--lease-seconds", type=int, default=15, help="the controller-managers' leader lease")
     args = ap.parse_args()
     args.backlog = args.backlog or args.scheduler_only
     aio.run(main(args))

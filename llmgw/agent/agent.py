@@ -33,6 +33,7 @@ from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.api import NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
+from llmgw.api.members import advertised
 from llmgw.backoff import Backoff
 from llmgw.client import ApiError, Client
 from llmgw.pki.renewal import ExpiryCollector, Renewer, complete_renewal
@@ -54,6 +55,7 @@ class Agent:
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
+        self.metrics_address: str | None = None  # where its GET /metrics listens (Node status.agentMetrics)
         self.revoked = Revoked()                 # the server's revoked serials, refused by its listener
         self.puller: Puller | None = None
         self.renewer: Renewer | None = None
@@ -105,9 +107,9 @@ class Agent:
                 logs_site = await self._listen(cfg.logs_listen, facts.address, {
                     "/shards": LogServer(state, sup.running).app(), "/weights": CacheServer(self.puller).app()})
             self.foreign_ports = await self._scan_foreign_ports()
+            if cfg.metrics_listen:   # before registering: its address is in the Node's status
+                metrics_site = await self._serve_metrics(cfg.metrics_listen, facts.address)
             await reg.register(self._node_status())
-            if cfg.metrics_listen:
-                metrics_site = await self._serve_metrics(cfg.metrics_listen)
             tasks = [asyncio.ensure_future(c) for c in (
                 reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover(),
                 *([self._watch_revocations(client)] if logs_site is not None else []),
@@ -153,7 +155,7 @@ class Agent:
         for ctx in self._contexts:
             ctx.load_cert_chain(cert, key)
 
-    async def _serve_metrics(self, listen: str) -> web.AppRunner:
+    async def _serve_metrics(self, listen: str, address: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
         metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts)
         renewer = self.renewer
@@ -161,6 +163,7 @@ class Agent:
             metrics.registry.register(ExpiryCollector({"node": lambda: renewer.not_after}))
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
+        self.metrics_address = advertised(f"{host}:{runner.addresses[0][1]}", address)
         return runner
 
     async def _listen(self, where: str, address: str, apps: dict[str, web.Application]) -> web.AppRunner:
@@ -259,6 +262,7 @@ class Agent:
         status = node_status(self.facts, self.config)
         status.foreignPorts = list(self.foreign_ports)
         status.agentEndpoint = self.logs_endpoint
+        status.agentMetrics = self.metrics_address
         if self.puller is not None:
             status.weights = self.puller.status()
         return status

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from llmgw.api.members import Address
 from llmgw.api.meta import DNSLabel, Strict
 
 MAX_MODELS_PER_REPORT = 10_000
@@ -32,6 +33,7 @@ class DemandReport(Strict):
     gateway: DNSLabel
     models: dict[DNSLabel, ModelDemand] = Field(default_factory=dict, max_length=MAX_MODELS_PER_REPORT)
     version: str | None = None   # the gateway's llmgw version: its X-Llmgw-Version, set by the server
+    metrics: Address | None = None   # HOST:PORT of its GET /metrics (its --listen; llmgw/api/members.py)
 
 
 def total_demand(reports: list[DemandReport] | tuple[DemandReport, ...], model: str) -> ModelDemand:

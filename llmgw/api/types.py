@@ -228,6 +228,9 @@ class NodeStatus(Strict):
     # Where its agent serves its shards' engine logs to the API server ("https://ADDR:PORT",
     # the agent's --logs-listen); None: it serves none (`llmgw logs` says so).
     agentEndpoint: str | None = None
+    # HOST:PORT of its agent's GET /metrics (the agent's --metrics-listen, its host the node's
+    # address where it listens on all); None: it serves none. `llmgw top` reads it.
+    agentMetrics: str | None = None
     weights: WeightsCache | None = None
 
 
@@ -235,7 +238,7 @@ class NodeStatus(Strict):
 # write these and nothing else of its Node (docs/contracts.md, "Node rights"). observedGeneration
 # and drain progress are the controllers'.
 NODE_AGENT_STATUS_FIELDS = ("addresses", "gpus", "driverVersion", "fabrics", "engines", "portRange", "conditions",
-                            "agentVersion", "foreignPorts", "agentEndpoint", "weights")
+                            "agentVersion", "foreignPorts", "agentEndpoint", "agentMetrics", "weights")
 
 # The node lifecycle controller's verdict on a silent node, a Node condition
 # (docs/contracts.md, "Failure semantics"); its reason says why.

@@ -1,6 +1,7 @@
 """`llmgw version`: this client's version, read from the installed package's metadata; with
---cluster, each server's of the context too, each live gateway's and the leading controller-manager's
-(the agents' are `llmgw get nodes`' VERSION)."""
+--cluster, each server's of the context too, then each live server's the context does not name and
+each live gateway's and controller-manager's, from what they announce under their leases (the agents'
+are `llmgw get nodes`' VERSION)."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,7 +26,15 @@ def version(conn: Connection, cluster: bool) -> None:
         servers, others = run(ask())
         for url, theirs in servers.items():
             click.echo(f"server {url}: {theirs}")
+        for name, theirs in others.get("servers", {}).items():   # those the context does not name
+            if f"https://{name}" not in servers:
+                click.echo(f"server {name}: {theirs or 'unknown (it announced none)'}")
         for name, theirs in others["gateways"].items():
             click.echo(f"gateway {name}: {theirs or 'unknown (it sends no version)'}")
-        if manager := others["controllerManager"]:
-            click.echo(f"controller-manager {manager['holder']}: {manager['version'] or 'unknown (it wrote none)'}")
+        leader = (others["controllerManager"] or {}).get("holder")
+        managers = others.get("controllerManagers", {})
+        if leader is not None and leader not in managers:   # a leader older than announcements
+            managers = {leader: others["controllerManager"]["version"], **managers}
+        for name, theirs in managers.items():
+            click.echo(f"controller-manager {name}{' (leader)' if name == leader else ''}: "
+                       f"{theirs or 'unknown (it wrote none)'}")

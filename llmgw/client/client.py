@@ -23,6 +23,7 @@ from llmgw.api.client import EventType, ObjectClient, StatusPatch, WatchEvent
 from llmgw.api.events import event_key
 from llmgw.api.logs import LogQuery
 from llmgw.api.manifests import parse_object
+from llmgw.api.members import Member
 from llmgw.backoff import Backoff
 from llmgw.client.config import ClientConfig, server_urls
 from llmgw.client.errors import ApiError, Expired, TLSError, Unreachable, error_for
@@ -348,11 +349,14 @@ class Client:
         return result
 
     async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],
-                            ttl: int | None = None, keys: dict[str, Any] | None = None) -> dict[str, Any]:
+                            ttl: int | None = None, keys: dict[str, Any] | None = None,
+                            metrics: str | None = None) -> dict[str, Any]:
         """A gateway's demand, ``{model: {"inFlight": n, "waiting": m}}``, kept for ``ttl`` s unless reported
-        again; with ``keys``, its API keys' usage (llmgw/api/usage.py's KeyUsage by key name), kept as long."""
+        again; with ``keys``, its API keys' usage (llmgw/api/usage.py's KeyUsage by key name), kept as long;
+        with ``metrics``, the HOST:PORT of its GET /metrics."""
         body: dict[str, Any] = {"models": models, **({"ttl": ttl} if ttl else {}),
-                                **({"keys": keys} if keys is not None else {})}
+                                **({"keys": keys} if keys is not None else {}),
+                                **({"metrics": metrics} if metrics is not None else {})}
         result: dict[str, Any] = await self.request("POST", f"{BASE}/demand/{gateway}", body=body)
         return result
 
@@ -447,11 +451,20 @@ class Client:
         return versions
 
     async def cluster_versions(self) -> dict[str, Any]:
-        """The server's llmgw version, each live gateway's and the leading controller-manager's:
-        ``{"server": v, "gateways": {name: v}, "controllerManager": {"holder": id, "version": v} | None}``
-        (a version None: that component sent none)."""
+        """The server's llmgw version, each live gateway's and the leading controller-manager's, and
+        each live server's and controller-manager's from their announcements:
+        ``{"server": v, "gateways": {name: v}, "controllerManager": {"holder": id, "version": v} | None,
+        "servers": {name: v}, "controllerManagers": {identity: v}}`` (a version None: that component
+        sent none)."""
         result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
         return result
+
+    async def members(self) -> dict[str, builtins.list[Member]]:
+        """The live servers, controller-managers and gateways with their versions and addresses:
+        ``{"servers": [...], "controllerManagers": [...], "gateways": [...]}`` (llmgw/api/members.py)."""
+        got = await self.request("GET", f"{BASE}/members")
+        return {group: [Member.model_validate(m) for m in got.get(group, [])]
+                for group in ("servers", "controllerManagers", "gateways")}
 
     async def list_and_watch_revocations(self, retry_max: float = 5.0,
                                          synced: bool = False) -> AsyncIterator[tuple[str, str | None]]:

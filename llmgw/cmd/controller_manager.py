@@ -1,7 +1,9 @@
 """`llmgw controller-manager`: run the controllers and the compactor with leader election, given their settings."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,7 +64,9 @@ def _as_controller_manager(audit: "AuditLog") -> Callable[[dict[str, Any]], None
 @click.option("--git-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory of the GitSources' checkouts, one per source (default: llmgw-git in the "
                    "temporary directory).")
-@click.option("--identity", default=None, help="Leader-election identity (default HOST-PID).")
+@click.option("--identity", default=None, callback=lambda _ctx, _param, value: _identity(value),
+              help="Leader-election identity, also the name it announces (default HOST-PID): letters, digits "
+                   "and . _ - :, at most 253.")
 @click.option("--otel", is_flag=True,
               help="Export a span per reconcile with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
@@ -89,6 +93,15 @@ def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, et
             audit_log.close()    # and what is buffered written
 
 
+def _identity(value: str | None) -> str | None:
+    from llmgw.api.members import MEMBER_NAME
+
+    if value is not None and not re.match(MEMBER_NAME, value):
+        raise click.BadParameter(f"{value!r}: letters, digits and . _ - : only, at most 253, starting with a "
+                                 "letter or digit", param_hint="--identity")
+    return value
+
+
 def _tracing() -> "TracerProvider":
     try:
         from llmgw import otel
@@ -104,9 +117,11 @@ def _tracing() -> "TracerProvider":
 async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, etcd_wait: float, metrics_listen: str,
                 settings: ControllerSettings, git_cache: Path | None, identity: str | None,
                 tracer: "Tracer | None", audit: "AuditLog | None") -> None:
+    from llmgw.api.members import Member, advertised
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Compactor, Store, StoreError
+    from llmgw.version import version
 
     aio.keep_heap_out_of_gc()  # the imports are in; the cache is to come
     warn_unless_tls(etcd, cert, logging.getLogger("llmgw.controller-manager"))
@@ -125,14 +140,21 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
         if isinstance(c, SchedulerController):
             manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
+    me = Member(name=manager.identity, version=version())
     if metrics_listen:
         from llmgw.pki.renewal import ExpiryCollector
         manager.metrics.registry.register(ExpiryCollector.of_files({"etcd-client": cert}))
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
+        me.metrics = advertised(f"{host}:{runner.addresses[0][1]}")
+    # its version and metrics address, leader or standby, under a lease of its own
+    # (docs/contracts.md, "Members")
+    announcing = asyncio.create_task(store.members.announce("controller-manager", me, ttl=int(settings.lease_seconds)))
     try:
         await aio.until_signal(manager.run(), stop=lambda: manager.stop(resign=True))
     finally:
+        announcing.cancel()
+        await asyncio.gather(announcing, return_exceptions=True)
         if runner is not None:
             await runner.cleanup()
         await store.close()

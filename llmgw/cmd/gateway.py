@@ -208,7 +208,7 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
     # Bound before the server is watched, so a taken port leaves no watch to stop; /healthz
     # answers 503 until the watch has synced (gw.synced), as it did when the watch started first.
     try:
-        await gw.start(host, port)
+        port = await gw.start(host, port)
     except OSError as err:  # EADDRINUSE, EACCES, an unknown host name (gaierror: errno < 0)
         # uvloop's strerror repeats the address in its own words; the errno's text does not.
         why = os.strerror(err.errno) if err.errno is not None and err.errno > 0 else err.strerror or str(err)
@@ -229,11 +229,13 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
                               keys=ring)
         source.start()
+        from llmgw.api.members import advertised
         from llmgw.gateway.demand import DemandPublisher, figures
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
                                     interval=demand.interval, ttl=demand.ttl,
                                     on_gateways=admission.set_gateways if admission else None,
-                                    keys=admission.windows().report if admission else None)
+                                    keys=admission.windows().report if admission else None,
+                                    metrics=advertised(f"{host}:{port}"))
         gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
         publisher.start()
     try:

@@ -16,6 +16,7 @@ from llmgw.cmd.logs import log_options, setup_logging
 
 if TYPE_CHECKING:
     from llmgw.pki.signer import Signer
+    from llmgw.store import Store
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -33,11 +34,13 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 renewal_rate: float = 20.0, renewal_burst: int = 50) -> None:
     from aiohttp import web
 
+    from llmgw.api.members import Member, advertised
     from llmgw.pki import CertificateAuthority
     from llmgw.pki.tls import mtls_server_context, peer_client_context
     from llmgw.server.app import ApiServer
     from llmgw.server.tls import TLSSite
     from llmgw.store import Store, StoreError
+    from llmgw.version import version
 
     log = logging.getLogger("llmgw.server")
     host, port = _listen(listen)
@@ -62,6 +65,13 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except StoreError as err:
         await store.close()
         raise click.ClickException(f"cannot reserve the stored Models' served names in etcd at {etcd}: {err}") from None
+    try:   # before listening: a server outside the policy never serves
+        skew = await _skew(store, advertised(listen))
+    except StoreError as err:
+        skew = f"cannot read the other servers' versions in etcd at {etcd}: {err}"
+    if skew is not None:
+        await store.close()
+        raise click.ClickException(skew)
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
     try:
@@ -83,6 +93,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await store.close()
         raise click.ClickException(f"cannot listen on {listen}: {err.strerror or err}") from None
     log.info("listening on https://%s:%d (etcd %s)", host, site.port, etcd)
+    name = advertised(f"{host}:{site.port}")
+    me = Member(name=name, version=version(), url=f"https://{name}")
     metrics_site = None
     if metrics_listen:
         from llmgw.server.metrics import serve as serve_metrics
@@ -92,7 +104,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                                                                 "signer": signer_cert or None}))
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
-    await aio.until_signal()
+        me.metrics = advertised(f"{m_host}:{metrics_site.addresses[0][1]}")
+    # its version and addresses, under a lease of its own (docs/contracts.md, "Members")
+    await aio.until_signal(store.members.announce("server", me))
     log.info("shutting down")
     if metrics_site is not None:
         await metrics_site.cleanup()
@@ -100,6 +114,18 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     await store.close()
     if audit_log is not None:
         audit_log.close()
+
+
+async def _skew(store: "Store", name: str) -> str | None:
+    """Why this server (announced as `name`) may not start beside the live servers (more than one
+    minor apart); None if it may."""
+    from llmgw.version import server_refusal, version
+
+    for other in await store.members.list("server"):
+        if other.name != name and other.version:
+            if (why := server_refusal(version(), other.version, other.name)) is not None:
+                return why
+    return None
 
 
 def _signer(cert: str, key: str) -> "Signer | None":

@@ -34,7 +34,7 @@ class DemandSink(Protocol):
     """Where reports go: llmgw.client.Client's report_demand."""
 
     async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None,
-                            keys: dict[str, Any] | None = None) -> dict[str, Any]: ...
+                            keys: dict[str, Any] | None = None, metrics: str | None = None) -> dict[str, Any]: ...
 
 
 def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Figures:
@@ -50,9 +50,10 @@ def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Fig
 class DemandPublisher:
     def __init__(self, sink: DemandSink, gateway: str, read: Callable[[], Figures], *,
                  interval: float = 1.0, ttl: int = 15, on_gateways: Callable[[int], None] | None = None,
-                 keys: Callable[[], dict[str, Any]] | None = None) -> None:
-        """`keys()`: the API keys' usage, sent in the same report (usage.py), by a gateway with keys."""
-        self.sink, self.gateway, self.read, self.keys = sink, gateway, read, keys
+                 keys: Callable[[], dict[str, Any]] | None = None, metrics: str | None = None) -> None:
+        """`keys()`: the API keys' usage, sent in the same report (usage.py), by a gateway with keys;
+        `metrics`: the HOST:PORT of its GET /metrics, announced in each report."""
+        self.sink, self.gateway, self.read, self.keys, self.metrics = sink, gateway, read, keys, metrics
         self.on_gateways = on_gateways
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
@@ -80,7 +81,7 @@ class DemandPublisher:
             now = (self.read(), self.keys() if self.keys is not None else None)
             if now != last or loop.time() - sent_at >= self.ttl / 3:
                 try:
-                    reply = await self.sink.report_demand(self.gateway, now[0], ttl=self.ttl,
+                    reply = await self.sink.report_demand(self.gateway, now[0], ttl=self.ttl, metrics=self.metrics,
                                                           **({"keys": now[1]} if now[1] is not None else {}))
                 except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
                     delay = backoff.next()

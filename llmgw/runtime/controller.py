@@ -61,12 +61,14 @@ the watch event arrives.
 
 Leadership comes in terms: a manager leads, loses the leader key (or steps down), and
 may lead again later. At the start of each term, before any event of it reaches
-``keys_for``, the manager calls ``start(ctx)`` with that term's :class:`Context` (a new
-cache, a store fenced by the new leader key, a new event recorder); the base ``start``
-keeps it as ``self.ctx``. A controller that keeps state between reconciles (a ledger,
+``keys_for``, the manager calls ``start(ctx)`` with that term's :class:`Context` (a store
+fenced by the new leader key, a new event recorder, new work queues; the cache is the
+manager's, kept listed and watching across terms and while standby); the base ``start``
+keeps it as ``self.ctx``. Then every object the cache holds reaches ``keys_for`` as an
+ADDED. A controller that keeps state between reconciles (a ledger,
 what it last looked at, when it first saw a node silent) builds it in ``start``
-(calling ``super().start(ctx)``): the previous term's cache and writes are gone, and
-state built on them would be stale. What is kept across terms is kept on purpose, with
+(calling ``super().start(ctx)``): the previous term's writes may have been fenced out or
+raced another leader's, and state built on them would be stale. What is kept across terms is kept on purpose, with
 the reason beside it (the replica controller's ports that failed with PortInUse).
 
 ``ctx``, the term's context:

@@ -1,7 +1,8 @@
 """Leader election on /llmgw/leader/<component> through the store's election (llmgw.store.election).
 
-``LeaderElector.acquire()`` campaigns every ``retry`` seconds until it holds
-the key (bound to a lease of ``lease_seconds``).  ``hold(leadership)`` renews
+``LeaderElector.acquire()`` campaigns until it holds the key (bound to a lease
+of ``lease_seconds``): again as soon as a watch sees the holder's key go (it
+resigned, or its lease expired), or after ``lease_seconds`` at the latest.  ``hold(leadership)`` renews
 the lease every ``retry`` seconds and returns when leadership is lost: the
 lease expired, or no renewal succeeded within ``renew_deadline`` (so we stop
 acting before another manager can take over).  Defaults follow Kubernetes:
@@ -62,7 +63,13 @@ class LeaderElector:
                 log.info("%s: %s is the leader (create_revision %d)", self.component, self.identity,
                          leadership.create_revision)
                 return leadership
-            await asyncio.sleep(self.retry)
+            try:   # the holder's key gone is the moment to campaign; bounded should the watch miss it
+                await asyncio.wait_for(self.store.election.vacated(self.component), self.lease_seconds)
+            except asyncio.TimeoutError:
+                pass
+            except StoreError as err:
+                log.warning("watching the leader key of %s failed: %s", self.component, err)
+                await asyncio.sleep(self.retry)
 
     async def hold(self, leadership: Leadership) -> None:
         """Renew until leadership is lost; then return."""

@@ -8,6 +8,8 @@ Metrics (one registry per Manager, so several managers can live in one process):
 * ``llmgw_controller_reconcile_duration_seconds{controller}``: histogram.
 * ``llmgw_controller_reconcile_errors_total{controller}``: reconciles that raised.
 * ``llmgw_controller_manager_leader``: 1 while this manager is the leader.
+* ``llmgw_informer_lists_total{kind}``: lists an informer made (1 + relists), leader or standby:
+  a warm standby that wins lists nothing more.
 """
 from __future__ import annotations
 
@@ -46,8 +48,20 @@ class _Queues:
         yield from (g, adds, retries)
 
 
+class _Lists:
+    def __init__(self, lists: Callable[[], dict[str, int]]):
+        self._lists = lists
+
+    def collect(self) -> Iterator[Metric]:
+        c = CounterMetricFamily("llmgw_informer_lists", "Lists an informer made (1 + relists)", labels=["kind"])
+        for kind, lists in self._lists().items():
+            c.add_metric([kind], lists)
+        yield c
+
+
 class ManagerMetrics:
-    def __init__(self, depths: Callable[[], dict[str, int]]):
+    def __init__(self, depths: Callable[[], dict[str, int]], lists: Callable[[], dict[str, int]] = dict):
+        """`depths()`: each controller's queue depth; `lists()`: each informer's lists, by kind."""
         self.registry = CollectorRegistry()
         self.duration = Histogram("llmgw_controller_reconcile_duration_seconds", "Time spent in reconcile",
                                   ["controller"], registry=self.registry, buckets=RECONCILE_BUCKETS)
@@ -60,6 +74,7 @@ class ManagerMetrics:
                             registry=self.registry)
         self._stats: dict[str, QueueStats] = {}
         self.registry.register(_Queues(depths, self._stats))
+        self.registry.register(_Lists(lists))
 
     def queue_stats(self, controller: str) -> QueueStats:
         """The controller's queue counts, the same object every term."""

@@ -89,6 +89,7 @@ ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's ha
     ("GET", "/whoami", "access.whoami", "whoami"),
     ("POST", "/accessreviews", "access.review", "review"),
     ("GET", "/versions", "demand.versions", "versions"),   # before {kind}, which it would match
+    ("GET", "/members", "demand.members", "members"),
     ("GET", "/usage/{kind}", "demand.list_usage", "list"),   # before {kind}/{name}, which it would match
     ("GET", "/usage/{kind}/{name}", "demand.get_usage", "get"),
     ("GET", "/{kind}", "list_or_watch", "list"),   # "watch" with ?watch=1
@@ -104,7 +105,8 @@ ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's ha
 # the kind a request without one of KINDS is counted and audited under, by verb
 PSEUDO_KINDS = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events", "revoke": "revocations",
                 "revocations-read": "revocations", "demand": "demand", "whoami": "whoami", "review": "accessreviews",
-                "versions": "versions", "renew": "renewals", "renewals-read": "renewals"}
+                "versions": "versions", "renew": "renewals", "renewals-read": "renewals",
+                "members": "members"}
 VERBS = frozenset({verb for *_, verb in ROUTES} | {"watch"})   # an audit line's, "-" but
 AUDIT_KINDS = frozenset(KINDS) | frozenset(PSEUDO_KINDS.values())
 
@@ -323,8 +325,9 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions", "renew", "renewals-read"):
-            # /healthz, who am I, may I, the revocation list, versions, a renewal of one's own certificate
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "members", "renew",
+                    "renewals-read"):
+            # /healthz, who am I, may I, the revocation list, versions, members, a renewal of one's own certificate
             # (what it may ask, the signer says: handlers/renewals.py), the renewals (admins: the handler);
             # or no route: 404/405 for all alike
             return None

@@ -45,6 +45,17 @@ class Election:
             return None
         return Leadership(self._leases, key, lease_id, resp.header.revision, ttl)
 
+    async def vacated(self, component: str) -> None:
+        """Return once the component's leader key is gone (its holder resigned, or its lease
+        expired), at once when nobody holds it: a standby campaigns then, not at its next retry."""
+        key = K.leader_key(component)
+        got = await self._kv.get(key)
+        if got is None:
+            return
+        async for ev in self._kv.watch(key, got[1] + 1):
+            if ev.key == key and ev.type == "DELETE":
+                return
+
     async def leader(self, component: str) -> dict[str, Any] | None:
         """What the holder of the component's leader key wrote ({"holder": identity, "version": its
         llmgw version}, the version absent from a 0.1.0 holder), or None."""

@@ -10,6 +10,7 @@ HEARTBEAT = f"{ROOT}/heartbeat/"
 DEMAND = f"{ROOT}/demand/"   # a gateway's demand report, bound to its lease
 USAGE = f"{ROOT}/usage/"     # a gateway's API keys' usage, bound to the same lease
 LEADER = f"{ROOT}/leader/"
+MEMBERS = f"{ROOT}/members/"   # a server's or a controller-manager's announcement, bound to its lease
 REVOKED = f"{ROOT}/revoked/"
 RENEWED = f"{ROOT}/renewed/"   # a certificate the API server renewed -> the serial it renewed
 EVENTS = f"{ROOT}/events/"
@@ -56,6 +57,14 @@ def served_name_key(name: str) -> str:
 
 def heartbeat_key(node: str) -> str:
     return f"{HEARTBEAT}{node}"
+
+
+def members_prefix(component: str) -> str:
+    return f"{MEMBERS}{component}/"
+
+
+def member_key(component: str, name: str) -> str:
+    return f"{members_prefix(component)}{name}"
 
 
 def demand_key(gateway: str) -> str:

@@ -12,6 +12,7 @@
     store.lister_watcher(Model)                     # a reflector's lister-watcher (listwatch); also
     store.heartbeats.lister_watcher()               #   of the live heartbeats
     await store.demand.report(report)               # the gateways' demand reports (demand), leased
+    await store.members.announce("server", member)  # a server's or controller-manager's (members), leased
     store.revocations.lister_watcher()              #   and of the revoked serials
     Compactor(store.etcd, keep=..., interval=...)   # compaction (compaction), a leader-only runnable
 
@@ -41,6 +42,7 @@ from llmgw.store.events import Events, Stamps
 from llmgw.store.kv import KV
 from llmgw.store.leases import Heartbeats, Leases
 from llmgw.store.listwatch import AfterErrorPolicy, StoreObjects, after_store_error
+from llmgw.store.members import Members
 from llmgw.store.names import Names
 from llmgw.store.objects import Held, Objects
 from llmgw.store.revocations import Revocations
@@ -53,6 +55,7 @@ class Store(Objects):
     leases: Leases
     heartbeats: Heartbeats
     demand: Demand
+    members: Members
     election: Election
     events: Events
     revocations: Revocations
@@ -74,6 +77,7 @@ class Store(Objects):
         self.leases = Leases(etcd)
         self.heartbeats = Heartbeats(self.kv, self.leases, self._heartbeat_leases)
         self.demand = Demand(self.kv, self.leases)
+        self.members = Members(self.kv, self.leases)
         self.election = Election(etcd, self.kv, self.leases)
         self.events = Events(etcd, self.kv, self.leases, self._event_stamps)
         self.revocations = Revocations(self.kv)

@@ -68,7 +68,7 @@ async def test_the_gateways_series_are_documented():
 
 
 def test_the_controller_managers_series_are_documented():
-    m = ManagerMetrics(lambda: {"model": 0})
+    m = ManagerMetrics(lambda: {"model": 0}, lambda: {"models": 1})
     m.duration.labels("model").observe(0.01)
     m.errors.labels("model").inc()
     m.leader.set(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,10 +210,16 @@ def test_the_clusters_prometheus_yml_scrapes_every_component(cluster):
     assert [j["job_name"] for j in fleet["scrape_configs"]] == list(prometheus.JOBS)
 
 
-def test_llmgw_top_shows_each_models_rate_and_each_nodes_gpus(cluster, exported):
+@pytest.mark.parametrize("found", ["cluster.json", "config"])
+def test_llmgw_top_shows_each_models_rate_and_each_nodes_gpus(cluster, exported, found, tmp_path):
+    """Through the dev cluster's cluster.json, or (as in production) the config file alone: the
+    agents' metrics addresses in their Nodes' status, the other components' under their leases."""
+    where = (["--dir", str(cluster.dir)] if found == "cluster.json" else ["--dir", str(tmp_path)])
+    env = {**os.environ, "LLMGW_CONFIG": str(cluster.admin_config)} if found == "config" else None
+
     async def under_load() -> str:
         top = await asyncio.create_subprocess_exec(
-            *LLMGW, "top", "--once", "--dir", str(cluster.dir), "--interval", "3",
+            *LLMGW, "top", "--once", *where, "--interval", "3", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         body = {"model": "obs-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                 "stream": True, "stream_options": {"include_usage": True}}

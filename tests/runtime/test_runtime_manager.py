@@ -94,7 +94,7 @@ async def test_a_write_reaches_the_other_controllers_before_its_watch_event(stor
 
 
 @pytest.mark.serial   # it times the failover: alone
-async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
+async def test_a_warm_standby_takes_over_within_a_lease_and_deposed_leader_is_fenced(etcd):
     stores = [await Store(etcd.endpoint).connect() for _ in range(2)]
     managers = [Manager(s, [Labeler(f"m{i}")], identity=f"m{i}", settings=ManagerSettings(lease_seconds=2))
                 for i, s in enumerate(stores)]
@@ -107,13 +107,22 @@ async def test_failover_within_a_lease_and_deposed_leader_is_fenced(etcd):
         await until(lambda: (leader.cache.get(Model, "a") or model("x")).metadata.labels.get("by")
                     == leader.identity)
         assert not other.is_leader
+        # a warm standby: its cache follows the store (the leader's label too) before it leads
+        await until(lambda: (other.cache.get(Model, "a") or model("x")).metadata.labels.get("by")
+                    == leader.identity)
+        assert other.controllers[0].calls == {}   # and nothing of it reached its controller
         fenced = leader.controllers[0].ctx.store
 
         await leader.stop(resign=False)           # a crash: the leader key is left to expire
         t0 = asyncio.get_running_loop().time()
+        await stores[1].create(model("b"))        # new while nobody leads
         await until(lambda: other.is_leader, timeout=30)
         took = asyncio.get_running_loop().time() - t0
+        # the new leader reconciles what it heard of as standby, and everything it holds once
+        await until(lambda: (other.cache.get(Model, "b") or model("x")).metadata.labels.get("by") == other.identity)
         await until(lambda: (other.cache.get(Model, "a") or model("x")).metadata.labels.get("by") == other.identity)
+        # ... without listing again: one list per informer, made while it was standby
+        assert metric(other.metrics.exposition().decode(), "llmgw_informer_lists_total", kind="models") == 1
         # the new leader got in roughly one lease (2 s) after the crash, not much later
         assert took < 2 * 3 + 5, took
 

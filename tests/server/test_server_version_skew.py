@@ -10,8 +10,10 @@ import pytest
 
 from llmgw.agent.registration import Registration
 from llmgw.api import Node, NodeStatus, parse_object
+from llmgw.api.members import Member
 from llmgw.client import VersionSkew
 from llmgw.store import Store
+from llmgw.store.keys import member_key
 from llmgw.version import HEADERLESS, release, version
 from tests.fixtures.cluster import admin_cli_config, ca_dir, llmgw, shared_api_server, start_api_server  # noqa: F401
 
@@ -84,7 +86,35 @@ def test_llmgw_version_cluster_shows_each_servers_and_gateways_version(srv, conf
                           f"gateway skew-gw-a: {older}\ngateway skew-gw-b: {SERVERS}\n")
     assert asyncio.run(lead()) is not None   # the controller-manager leading: its version under its leader key
     out = llmgw(config, "version", "--cluster")
-    assert out.output.endswith(f"gateway skew-gw-b: {SERVERS}\ncontroller-manager skew-cm: {SERVERS}\n")
+    assert out.output.endswith(f"gateway skew-gw-b: {SERVERS}\ncontroller-manager skew-cm (leader): {SERVERS}\n")
+
+
+def test_a_server_more_than_one_minor_from_a_live_server_refuses_to_start(srv, config, tmp_path):
+    far, near = f"{MAJOR}.{MINOR + 2}.0", f"{MAJOR}.{MINOR + 1}.0"
+
+    async def announce(name, claimed):   # a live server, as its announcement under its lease says
+        async with Store(srv.etcd) as store:
+            lease = await store.leases.grant(60)
+            member = Member(name=name, version=claimed)
+            await store.kv.put(member_key("server", name), member.model_dump_json().encode(), lease=lease)
+            return lease
+
+    async def revoke(lease):
+        async with Store(srv.etcd) as store:
+            await store.leases.revoke(lease)
+    lease = asyncio.run(announce("far-server:7443", far))
+    try:
+        with pytest.raises(RuntimeError, match=f"version skew: server version {SERVERS} is more than one minor "
+                                               f"version from server far-server:7443's {far}"):
+            start_api_server(srv.pki, srv.etcd, tmp_path)
+    finally:
+        asyncio.run(revoke(lease))
+    lease = asyncio.run(announce("near-server:7443", near))   # one minor apart: both run, both are shown
+    try:
+        out = llmgw(config, "version", "--cluster")
+        assert f"server {srv.url}: {SERVERS}\nserver near-server:7443: {near}\n" in out.output
+    finally:
+        asyncio.run(revoke(lease))
 
 
 def claiming(tmp_path, claimed: str) -> list[str]:

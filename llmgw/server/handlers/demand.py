@@ -1,7 +1,8 @@
 """The gateways' reports: their demand (`POST /demand/<gateway>`, docs/contracts.md, "Autoscaling")
 with their API keys' usage and their version, kept under a lease; that usage summed (`GET
 /usage/apikeys[/<name>]`, llmgw/api/usage.py); and their versions, with the leading
-controller-manager's (`GET /versions`)."""
+controller-manager's, and the servers' and controller-managers' announced under their leases
+(`GET /versions`); the addresses all of them announce (`GET /members`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,6 +14,7 @@ from llmgw.api import ApiKey
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import Invalid, NotFound
 from llmgw.api.manifests import describe_validation_error
+from llmgw.api.members import Member
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
 from llmgw.server.request import json_response, read_body
 from llmgw.store import Store
@@ -41,13 +43,30 @@ class Demand:
         return json_response({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
 
     async def versions(self, request: web.Request) -> web.Response:
-        """`GET /versions`: this server's llmgw version, each live gateway's (from its report) and the
-        leading controller-manager's (from its leader key)."""
+        """`GET /versions`: this server's llmgw version, each live gateway's (from its report), the
+        leading controller-manager's (from its leader key), and each live server's and
+        controller-manager's (from their announcements)."""
         gateways = {r.gateway: r.version for r in await self.store.demand.list()}
         leader = await self.store.election.leader("controller-manager")
         manager = {"holder": leader["holder"], "version": leader.get("version")} if leader else None
+        members = await self._members()
         return json_response({"server": version(), "gateways": dict(sorted(gateways.items())),
-                              "controllerManager": manager})
+                              "controllerManager": manager,
+                              **{group: {m.name: m.version for m in members[group]}
+                                 for group in ("servers", "controllerManagers")}})
+
+    async def members(self, request: web.Request) -> web.Response:
+        """`GET /members`: the live servers, controller-managers and gateways, each with its version and
+        the addresses it announced (llmgw/api/members.py)."""
+        return json_response({group: [m.model_dump(mode="json", exclude_none=True) for m in got]
+                              for group, got in (await self._members()).items()})
+
+    async def _members(self) -> dict[str, list[Member]]:
+        gateways = [Member(name=r.gateway, version=r.version, metrics=r.metrics)
+                    for r in await self.store.demand.list()]
+        return {"servers": await self.store.members.list("server"),
+                "controllerManagers": await self.store.members.list("controller-manager"),
+                "gateways": sorted(gateways, key=lambda m: m.name)}
 
     async def list_usage(self, request: web.Request) -> web.Response:
         """Every API key's usage summed over the live gateways' reports."""
