@@ -230,7 +230,7 @@ class NodeStatus(Strict):
     agentEndpoint: str | None = None
     # HOST:PORT of its agent's GET /metrics (the agent's --metrics-listen, its host the node's
     # address where it listens on all); None: it serves none. `llmgw top` reads it.
-    agentMetrics: str | None = None
+    agentMetrics: str | None = added("0.3.0")
     weights: WeightsCache | None = None
 
 
