@@ -115,7 +115,7 @@ class ApiServer:
         self.weights = WeightsQuery(self.weights_index)
         self.logs = Logs(store, self.authorize, self.agent_logs)
         self.events = Events(store, self.authorize)
-        self.heartbeats = Heartbeats(store)
+        self.heartbeats = Heartbeats(store, self.revocations)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
         self.access = Access(store, self.authz)
@@ -129,6 +129,7 @@ class ApiServer:
         app.router.add_get("/healthz", self.healthz)
         routes: list[tuple[str, str, Handler, str]] = [
             ("POST", "/heartbeat/{node}", self.heartbeats.beat, "heartbeat"),
+            ("GET", "/heartbeat/{node}", self.heartbeats.stream, "heartbeat"),   # a WebSocket of beats
             ("POST", "/demand/{gateway}", self.demand.report, "demand"),
             ("GET", "/events", self.list_events, "events-read"),
             ("POST", "/events", self.events.record, "events-write"),
@@ -171,10 +172,12 @@ class ApiServer:
         """Once the server stops accepting (the runner's cleanup), before it waits for the requests
         in flight: its watches end at once (Watches.drain), so they are not what it waits for."""
         self.watches.drain()
+        await self.heartbeats.drain()
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
         await self.weights_index.stop()
+        await self.heartbeats.stop()
         await self.agent_logs.close()
         await self.bindings.stop()
         for t in self._tasks:
