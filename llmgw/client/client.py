@@ -72,6 +72,11 @@ _CLIENT_SIDE = {
 }
 
 
+# TLS errors that say the connection ended mid-handshake or mid-record (a server killed then), not
+# that either side refused the other: another server may answer.
+_CUT = (ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLZeroReturnError, ssl.SSLSyscallError, ssl.SSLEOFError)
+
+
 def _find_ssl_error(err: BaseException | None) -> ssl.SSLError | None:
     seen = 0
     while err is not None and seen < 6:
@@ -92,6 +97,8 @@ def _translate(err: BaseException, url: str) -> ApiError:
             why = f"{why} (issue one with `llmgw ca issue server --san HOST`)"
         return TLSError("server", f"not trusted: {why}", url)
     ssl_err = _find_ssl_error(err)
+    if isinstance(ssl_err, _CUT):
+        return Unreachable(url, f"the connection was cut during TLS ({ssl_err})")
     if ssl_err is not None:
         if isinstance(ssl_err, ssl.SSLCertVerificationError):
             return TLSError("server", f"not trusted: {ssl_err.verify_message}", url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from llmgw.agent.config import load_config
 from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
+from llmgw.client.client import _moves_on, _translate
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -162,3 +164,13 @@ def test_agent_takes_several_servers(tmp_path):
     path.write_text("server: [https://a:1, b]\n")
     assert load_config(str(path)).server_urls == ["https://a:1", "https://b:7443"]
     assert load_config(str(path)).server_url == "https://a:1"
+
+
+
+@pytest.mark.parametrize("cut", [ssl.SSLWantReadError(2, "The operation did not complete (read)"),
+                                 ssl.SSLEOFError(8, "EOF occurred in violation of protocol")])
+def test_a_tls_connection_cut_midway_moves_on(cut):
+    """A server killed during a handshake cuts the connection inside TLS: that is no answer, as a
+    refused connection (Unreachable: the next server is tried), not a TLS refusal (raised at once)."""
+    err = _translate(cut, "https://a:7443/x")
+    assert isinstance(err, Unreachable) and _moves_on(err)
