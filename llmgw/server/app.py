@@ -115,7 +115,7 @@ class ApiServer:
         self.weights = WeightsQuery(self.weights_index)
         self.logs = Logs(store, self.authorize, self.agent_logs)
         self.events = Events(store, self.authorize)
-        self.heartbeats = Heartbeats(store, self.revocations)
+        self.heartbeats = Heartbeats(store, self.revocations, self.metrics)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
         self.access = Access(store, self.authz)

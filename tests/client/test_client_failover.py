@@ -89,6 +89,17 @@ async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(server
         assert c.server == servers[1].url
 
 
+async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
+    """The beats' WebSocket to the server in use is cut by its death: the next beat goes to the
+    next server at once, not after a timeout."""
+    async with client_of(servers) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-killed"}}))
+        await c.heartbeat("hb-killed", timeout=5.0)     # the stream is open on the first server
+        kill(servers[0])
+        assert await c.heartbeat("hb-killed", timeout=5.0) == {"node": "hb-killed", "ttl": 15}
+        assert c.server == servers[1].url
+
+
 async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
     """A reflector's watch through a client of every server; `stop(server)` ends the first one's
     service; a change made meanwhile reaches the reflector from the next server, without a relist."""

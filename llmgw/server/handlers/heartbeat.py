@@ -28,6 +28,7 @@ from llmgw.api.limits import parse_json
 from llmgw.backoff import Backoff
 from llmgw.pki import Identity
 from llmgw.reflector import Reflector
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.request import json_response, read_body
 from llmgw.server.revocations import Revocations
 from llmgw.server.status import status_body
@@ -36,9 +37,10 @@ from llmgw.store.listwatch import after_store_error_never_raise
 
 
 class Heartbeats:
-    def __init__(self, store: Store, revocations: Revocations) -> None:
+    def __init__(self, store: Store, revocations: Revocations, metrics: ServerMetrics) -> None:
         self.store = store
         self.revocations = revocations
+        self.metrics = metrics      # each beat of a stream counted as a POST's answer is
         self._nodes: set[str] = set()      # the registered Nodes' names, as the watch has them
         self._task: asyncio.Task[None] | None = None
         self._reflector = Reflector(store.heartbeats.nodes_lister_watcher(after_store_error_never_raise),
@@ -61,12 +63,14 @@ class Heartbeats:
                     break
                 try:
                     self._still_valid(who)
-                    answer = await self._beat(node, _body(msg.data))
+                    answer, code = await self._beat(node, _body(msg.data)), 200
                 except (CertificateRevoked, CertificateExpired) as err:
+                    self.metrics.observe("heartbeat", "heartbeat", err.code)
                     await ws.send_str(json.dumps(status_body(err.code, err.reason, str(err))))
                     break
                 except StatusError as err:
-                    answer = status_body(err.code, err.reason, str(err), **err.details)
+                    answer, code = status_body(err.code, err.reason, str(err), **err.details), err.code
+                self.metrics.observe("heartbeat", "heartbeat", code)
                 await ws.send_str(json.dumps(answer))
         finally:
             self._streams.discard(ws)
