@@ -15,7 +15,7 @@ import builtins
 import json
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 from llmgw.api import AnyObject, Node, ObjectT
@@ -73,6 +73,11 @@ _CLIENT_SIDE = {
 }
 
 
+# TLS errors that say the connection ended mid-handshake or mid-record (a server killed then), not
+# that either side refused the other: another server may answer.
+_CUT = (ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLZeroReturnError, ssl.SSLSyscallError, ssl.SSLEOFError)
+
+
 def _find_ssl_error(err: BaseException | None) -> ssl.SSLError | None:
     seen = 0
     while err is not None and seen < 6:
@@ -93,6 +98,8 @@ def _translate(err: BaseException, url: str) -> ApiError:
             why = f"{why} (issue one with `llmgw ca issue server --san HOST`)"
         return TLSError("server", f"not trusted: {why}", url)
     ssl_err = _find_ssl_error(err)
+    if isinstance(ssl_err, _CUT):
+        return Unreachable(url, f"the connection was cut during TLS ({ssl_err})")
     if ssl_err is not None:
         if isinstance(ssl_err, ssl.SSLCertVerificationError):
             return TLSError("server", f"not trusted: {ssl_err.verify_message}", url)
@@ -176,6 +183,8 @@ class Client:
         self._session: aiohttp.ClientSession | None = None
         self._retiring: set[asyncio.Future[None]] = set()   # sessions of a certificate replaced (use_certificate)
         self._certificates = 0   # how many times it was replaced: a watch opened before ends at its next line
+        self._beats: dict[str, aiohttp.ClientWebSocketResponse] = {}   # by heartbeat URL: its open stream
+        self._closing: set[asyncio.Future[bool]] = set()                 # streams given up, closing
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
     @property
@@ -231,6 +240,9 @@ class Client:
         await asyncio.gather(*self._retiring, return_exceptions=True)
         for oneshot in (self._oneshots or {}).values():
             oneshot.close()
+        for url in list(self._beats):
+            self._drop_beats(url)
+        await asyncio.gather(*self._closing, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -241,11 +253,16 @@ class Client:
         """One request, tried on each server in turn while they fail (see the module's docstring);
         ``timeout``: how long each server may take, instead of the client's."""
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        return await self._on_servers(lambda server: self._request(server, method, path, query, body, timeout))
+
+    async def _on_servers(self, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(server)`` on the server in use, then on each next one at once while they fail
+        (no wait between servers: a backoff is the caller's, once every server failed)."""
         tries = len(self.servers)
         while True:
             server = self.server
             try:
-                return await self._request(server, method, path, query, body, timeout)
+                return await call(server)
             except ApiError as err:
                 tries -= 1
                 if not _moves_on(err):
@@ -343,10 +360,65 @@ class Client:
 
     async def heartbeat(self, node: str, ttl: int | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Keep the node's heartbeat key alive; ``timeout``: how long each server may take (the
-        agent's heartbeat interval: a frozen server must not hold a beat past the key's life)."""
-        result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}",
-                                                    body={"ttl": ttl} if ttl else {}, timeout=timeout)
-        return result
+        agent's heartbeat interval: a frozen server must not hold a beat past the key's life).
+        A beat is a message on a WebSocket kept open to the server in use (one connection, no
+        request per beat); a oneshot client POSTs each beat. Servers are tried as by ``request``."""
+        body = {"ttl": ttl} if ttl else {}
+        if self._oneshots is not None:
+            result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}", body=body,
+                                                        timeout=timeout)
+            return result
+        return await self._on_servers(lambda server: self._beat(server, node, body, timeout or self._timeout_s))
+
+    async def _beat(self, server: str, node: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        import aiohttp
+
+        url = f"{server}{BASE}/heartbeat/{node}"
+        try:
+            async with asyncio.timeout(timeout):
+                kept = url in self._beats
+                msg = await self._send_beat(url, body)
+                if msg.type != aiohttp.WSMsgType.TEXT and kept:
+                    # the stream kept open had ended meanwhile (the server closed it, or went away):
+                    # once more on a new one, as an HTTP client retries on a new connection
+                    self._drop_beats(url)
+                    msg = await self._send_beat(url, body)
+        except aiohttp.WSServerHandshakeError:
+            # refused before the stream began (authentication, authorization, version skew): the
+            # same beat POSTed has the refusal's Status, which the handshake's answer does not carry
+            result: dict[str, Any] = await self._request(server, "POST", f"{BASE}/heartbeat/{node}", {}, body, timeout)
+            return result
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            self._drop_beats(url)
+            raise _translate(err, url) from None
+        if msg.type != aiohttp.WSMsgType.TEXT:   # closed: the server stops (1001), or the connection broke
+            self._drop_beats(url)
+            raise Unreachable(url, f"the server closed the heartbeat stream ({msg.extra or msg.type.name})")
+        answer: dict[str, Any] = json.loads(msg.data)
+        if "code" in answer:   # a refusal, as a Status
+            if answer["code"] == 401:   # the server closes the stream after it
+                self._drop_beats(url)
+            raise error_for(int(answer["code"]), answer.get("reason", ""), answer.get("message", ""), url)
+        return answer
+
+    async def _send_beat(self, url: str, body: dict[str, Any]) -> aiohttp.WSMessage:
+        """A beat on the stream kept open to ``url`` (opened first if there is none); the answer."""
+        import aiohttp
+
+        ws = self._beats.get(url)
+        if ws is None or ws.closed:
+            ws = self._beats[url] = await self._open().ws_connect(
+                url, autoclose=False, max_msg_size=1 << 16, timeout=aiohttp.ClientWSTimeout(ws_close=2.0))
+        await ws.send_str(json.dumps(body))
+        return await ws.receive()
+
+    def _drop_beats(self, url: str) -> None:
+        """Forget the stream; its close goes on meanwhile (a frozen server would hold it 2 s)."""
+        ws = self._beats.pop(url, None)
+        if ws is not None and not ws.closed:
+            closing = asyncio.ensure_future(ws.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def report_demand(self, gateway: str, models: dict[str, dict[str, int]],
                             ttl: int | None = None, keys: dict[str, Any] | None = None,

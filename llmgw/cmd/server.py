@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from llmgw.pki.signer import Signer
     from llmgw.store import Store
 
+# Connections the kernel queues before the server accepts them: when a server dies, every agent and
+# watch it held comes to the next one at once (aiohttp's default, 128, drops the rest's SYNs, whose
+# retries come 1 s, 3 s and 7 s later: past a heartbeat's timeout). The kernel caps it at somaxconn.
+BACKLOG = 4096
+
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -85,7 +90,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                     signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
-    site = TLSSite(runner, host, port, ssl_context=ctx)
+    site = TLSSite(runner, host, port, ssl_context=ctx, backlog=BACKLOG)
     try:
         await site.start()
     except OSError as err:

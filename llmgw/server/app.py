@@ -79,6 +79,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
 ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's handler, the verb
     ("POST", "/heartbeat/{node}", "heartbeats.beat", "heartbeat"),
+    ("GET", "/heartbeat/{node}", "heartbeats.stream", "heartbeat"),   # a WebSocket of beats
     ("POST", "/demand/{gateway}", "demand.report", "demand"),
     ("GET", "/events", "list_events", "events-read"),
     ("POST", "/events", "events.record", "events-write"),
@@ -154,7 +155,7 @@ class ApiServer:
         self.weights = WeightsQuery(self.weights_index)
         self.logs = Logs(store, self.authorize, self.agent_logs)
         self.events = Events(store, self.authorize)
-        self.heartbeats = Heartbeats(store)
+        self.heartbeats = Heartbeats(store, self.revocations, self.metrics)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
         self.renewals = Renewals(store, signer, TokenBucket(renewal_rate, renewal_burst))
@@ -188,10 +189,12 @@ class ApiServer:
         """Once the server stops accepting (the runner's cleanup), before it waits for the requests
         in flight: its watches end at once (Watches.drain), so they are not what it waits for."""
         self.watches.drain()
+        await self.heartbeats.drain()
 
     async def _stop(self, app: web.Application) -> None:
         await self.watch_cache.stop()
         await self.weights_index.stop()
+        await self.heartbeats.stop()
         await self.agent_logs.close()
         await self.bindings.stop()
         for t in self._tasks:

@@ -27,6 +27,11 @@ class KV:
         resp = await self._etcd.range(key)
         return (resp.kvs[0].value, resp.kvs[0].mod_revision) if resp.kvs else None
 
+    async def exists(self, key: str) -> bool:
+        """Whether the key is there; its value is not read."""
+        resp = await self._etcd.range(key, keys_only=True)
+        return bool(resp.kvs)
+
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         """Write the key (bound to `lease` when given); the revision it was written at."""
         resp = await self._etcd.txn([], [put_op(key, value, lease)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from llmgw.agent.config import load_config
 from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
+from llmgw.client.client import _moves_on, _translate
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -84,6 +86,17 @@ async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(server
         began = time.monotonic()
         await c.heartbeat("hb-frozen", timeout=1.0)
         assert time.monotonic() - began < 5.0
+        assert c.server == servers[1].url
+
+
+async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
+    """The beats' WebSocket to the server in use is cut by its death: the next beat goes to the
+    next server at once, not after a timeout."""
+    async with client_of(servers) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-killed"}}))
+        await c.heartbeat("hb-killed", timeout=5.0)     # the stream is open on the first server
+        kill(servers[0])
+        assert await c.heartbeat("hb-killed", timeout=5.0) == {"node": "hb-killed", "ttl": 15}
         assert c.server == servers[1].url
 
 
@@ -162,3 +175,13 @@ def test_agent_takes_several_servers(tmp_path):
     path.write_text("server: [https://a:1, b]\n")
     assert load_config(str(path)).server_urls == ["https://a:1", "https://b:7443"]
     assert load_config(str(path)).server_url == "https://a:1"
+
+
+
+@pytest.mark.parametrize("cut", [ssl.SSLWantReadError(2, "The operation did not complete (read)"),
+                                 ssl.SSLEOFError(8, "EOF occurred in violation of protocol")])
+def test_a_tls_connection_cut_midway_moves_on(cut):
+    """A server killed during a handshake cuts the connection inside TLS: that is no answer, as a
+    refused connection (Unreachable: the next server is tried), not a TLS refusal (raised at once)."""
+    err = _translate(cut, "https://a:7443/x")
+    assert isinstance(err, Unreachable) and _moves_on(err)

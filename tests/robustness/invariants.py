@@ -12,6 +12,7 @@
     no_failed_requests     every request through the gateway succeeded (inside the given windows)
     prompt_requests        every request that started inside the given windows ended within a bound
     no_eviction            no replica on the given nodes evicted or rebuilt as "node lost" after a time
+    nodes_stay_ready       no Node written with its Ready condition other than True in a window
     first_rebuild_at_once  the first failure of a streak is rebuilt without a crash-loop delay
     watches_resume         a watch resumed at a revision etcd still holds is not answered 410 Expired
     foreign_port_once      a (node, port) a foreign process listens on is given to one shard at most
@@ -214,6 +215,17 @@ def no_eviction(h: History, nodes: set[str], after: float = 0.0) -> list[str]:
             said.add(r.name)
             out.append(f"t={c.t:.1f}: replica {r.name} on {sorted(placed)} evicted "
                        f"({r.metadata.annotations.get(EVICT) or r.status.message})")
+    return out
+
+
+def nodes_stay_ready(h: History, after: float = 0.0, until: float = float("inf")) -> list[str]:
+    out = []
+    for c in h.changes:
+        if c.kind == "nodes" and not c.deleted and after <= c.t <= until:
+            ready = get_condition(c.obj.status.conditions, "Ready")
+            if ready is None or ready.status != "True":
+                said = f"{ready.status} ({ready.reason}: {ready.message})" if ready else "absent"
+                out.append(f"t={c.t:.1f} revision {c.revision}: node {c.name} Ready {said}")
     return out
 
 

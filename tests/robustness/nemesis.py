@@ -5,7 +5,8 @@
     kill_engine / stop_engine / cont_engine   one engine process (by pid)
     kill_leader                               SIGKILL the controller-manager holding the leader key;
                                               a fresh one is started so two stay in the race
-    kill_server                               SIGKILL the API server and start it on the same port
+    kill_server                               SIGKILL an API server and start it on the same port
+    kill_servers_in_turn                      kill_server each of several servers, one after the other
     kill_etcd_member                          SIGKILL one etcd member; start it again on its data
                                               after it has been down a while
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
@@ -112,13 +113,24 @@ async def kill_leader(c) -> str:
     return name
 
 
-async def kill_server(c) -> None:
-    """The waits run off the event loop, so the load and the recorder's watches go on meanwhile."""
-    await asyncio.to_thread(c.stop_process, "server", signal.SIGKILL)
-    _fault(c, "kill-server", "server")
-    c.start_server()
-    await asyncio.to_thread(c.wait_server)
-    _fault(c, "start-server", "server")
+async def kill_server(c, index: int = 0, down: float = 0.0) -> None:
+    """SIGKILL the server at `index` (of the cluster's several), start it again on its port after
+    `down` seconds. The waits run off the event loop, so the load and the recorder's watches go on
+    meanwhile."""
+    name = c.server_name(index)
+    await asyncio.to_thread(c.stop_process, name, signal.SIGKILL)
+    _fault(c, "kill-server", name)
+    await asyncio.sleep(down)       # the outage itself
+    c.start_server(index)
+    await asyncio.to_thread(c.wait_server, index=index)
+    _fault(c, "start-server", name)
+
+
+async def kill_servers_in_turn(c, down: float) -> None:
+    """Each of the cluster's servers SIGKILLed and started again after `down` seconds, one after
+    the other: the clients move to another server each time (kill_server)."""
+    for index in range(c.servers):
+        await kill_server(c, index, down)
 
 
 async def kill_etcd_member(c, index: int, down: float = 1.0) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from llmgw.api import Replica, Shard
+from llmgw.api import Node, Replica, Shard
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT
 from tests.robustness import invariants as inv
 from tests.robustness.history import Change, Engine, History, Request, Sample, WatchResume
@@ -158,6 +158,16 @@ def test_first_rebuild_at_once_reports_a_backoff_on_the_first_failure():
     assert inv.first_rebuild_at_once(History(changes=changes("replicas", failed(1, 10.0))))
     assert not inv.first_rebuild_at_once(History(changes=changes("replicas", failed(1, 0.0))))
     assert not inv.first_rebuild_at_once(History(changes=changes("replicas", failed(2, 20.0))))
+
+
+def test_nodes_stay_ready_reports_a_node_written_not_ready_inside_its_window():
+    def node(status: str) -> Node:
+        return Node.model_validate({"metadata": {"name": "n1"}, "status": {"conditions": [
+            {"type": "Ready", "status": status, "reason": "NodeStatusUnknown", "lastTransitionTime": T0}]}})
+    h = History(changes=changes("nodes", node("True"), node("Unknown"), node("True")))   # at t = 0, 1, 2
+    assert inv.nodes_stay_ready(h) == ["t=1.0 revision 2: node n1 Ready Unknown (NodeStatusUnknown: )"]
+    assert not inv.nodes_stay_ready(h, after=1.5)
+    assert not inv.nodes_stay_ready(h, until=0.5)
 
 
 def test_watches_resume_only_blames_the_server_when_etcd_had_the_history():

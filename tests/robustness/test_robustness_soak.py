@@ -5,11 +5,12 @@ LLMGW_ROBUSTNESS_SEED the schedule's seed (default: random, printed).
 
     LLMGW_ROBUSTNESS=long .venv/bin/python -m pytest -q -s tests/robustness/test_robustness_soak.py
 
-Cluster: 4 nodes x 2 fake GPUs, 3 etcd members, two controller-managers, a gateway whose
+Cluster: 4 nodes x 2 fake GPUs, 3 etcd members, 3 API servers, two controller-managers, a gateway whose
 response and stream idle timeouts are 8 s; models `m` (2 replicas) and `s` (1 replica), 200
 tokens a second; a load on both: three clients of whole responses and two of 300-token
 streams. Each round picks one nemesis at random and waits for the cluster to settle: drain +
-uncordon, rolling update, leader kill, server kill, etcd member kill, agent kill + restart,
+uncordon, rolling update, leader kill, a server kill (one of the three), each server killed in
+turn (0.5 or 5 s down each), etcd member kill, agent kill + restart,
 agent SIGSTOP shorter than its heartbeat's lease, and the nemeses of issue 21's seven cases (an
 agent silent past the node grace, half the nodes silent and healed one by one, the crash of a
 single replica's engine, a watch resumed through a restarted server, foreign listeners during a
@@ -72,13 +73,15 @@ ENDS_WITHIN = 2 * (TIMEOUT + 1)
 class Round:
     """What a nemesis did; `lossless`: no request may fail in its round (its promise today), from
     `since` if set; `kept`: nodes none of whose replicas may be evicted (a partition held back);
-    `bounded`: (at, by) pairs: every request in flight at `at` must end before `by`."""
+    `bounded`: (at, by) pairs: every request in flight at `at` must end before `by`; `nodes_ready`:
+    every Node stays Ready through it."""
 
     what: str
     lossless: bool = True
     kept: set[str] = field(default_factory=set)
     since: float | None = None
     bounded: list[tuple[float, float]] = field(default_factory=list)
+    nodes_ready: bool = False     # no Node may be written Ready=False in its round
 
 
 async def _drain_and_back(c, rng) -> Round:
@@ -99,8 +102,17 @@ async def _kill_leader(c, rng) -> Round:
 
 
 async def _kill_server(c, rng) -> Round:
-    await nemesis.kill_server(c)
-    return Round("kill server")
+    index = rng.randrange(c.servers)
+    await nemesis.kill_server(c, index)
+    return Round(f"kill {c.server_name(index)}", nodes_ready=True)
+
+
+async def _kill_servers_in_turn(c, rng) -> Round:
+    """Each of the three servers SIGKILLed, down for a while, and started again, one after the
+    other: the agents' beats and everyone's watches move to a live server each time."""
+    down = rng.choice([0.5, 5.0])
+    await nemesis.kill_servers_in_turn(c, down)
+    return Round(f"kill each server in turn, {down:g}s down", nodes_ready=True)
 
 
 async def _kill_etcd(c, rng) -> Round:
@@ -274,9 +286,10 @@ async def _restart_gateway(c, rng) -> Round:
     return Round("kill gateway, start it again", since=time.monotonic())
 
 
-NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_etcd, _kill_agent, _pause_agent,
-           _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port, _hang_engine,
-           _cut_control_plane, _cut_gateway, _isolate_engine, _lossy_links, _lose_quorum, _restart_gateway]
+NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_servers_in_turn, _kill_etcd, _kill_agent,
+           _pause_agent, _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port,
+           _hang_engine, _cut_control_plane, _cut_gateway, _isolate_engine, _lossy_links, _lose_quorum,
+           _restart_gateway]
 
 
 async def test_soak(tmp_path):
@@ -285,12 +298,12 @@ async def test_soak(tmp_path):
     rng = random.Random(seed)
     print(f"soak: seed {seed}, {seconds:g}s")
     timeouts = ["--response-timeout", str(TIMEOUT), "--stream-idle-timeout", str(TIMEOUT)]
-    async with fault_cluster(tmp_path, nodes=4, etcd_members=3, gateway_args=timeouts) as c:
+    async with fault_cluster(tmp_path, nodes=4, etcd_members=3, gateway_args=timeouts, servers=3) as c:
         for name, n in MODELS.items():
             await c.apply_model(name, replicas=n, args=["--tokens-per-second", "200"])
         for name, n in MODELS.items():
             await c.wait_model_ready(name, n)
-        windows, rounds, kept, bounded, excused = [], [], [], [], []
+        windows, rounds, kept, bounded, excused, ready = [], [], [], [], [], []
         deadline = time.monotonic() + seconds
         async with c.load(list(MODELS), streams=2):
             while time.monotonic() < deadline:
@@ -306,6 +319,8 @@ async def test_soak(tmp_path):
                     excused.append((start, r.since))
                 bounded += rounds[-1].bounded
                 kept += inv.no_eviction(c.history, rounds[-1].kept, start)
+                if r.nodes_ready:
+                    ready += inv.nodes_stay_ready(c.history, start, end)
                 print(f"round {len(rounds)}: {rounds[-1].what} ({time.monotonic() - start:.0f}s)")
         h = c.history
         checks = {"no_failed_requests": inv.no_failed_requests(h, windows, excused),
@@ -314,6 +329,7 @@ async def test_soak(tmp_path):
                   "ready_on_own_engine": inv.ready_on_own_engine(h),
                   "ports_free_when_given": inv.ports_free_when_given(h),
                   "no_eviction": kept,
+                  "nodes_stay_ready": ready,
                   "first_rebuild_at_once": inv.first_rebuild_at_once(h),
                   "watches_resume": inv.watches_resume(h),
                   "foreign_port_once": inv.foreign_port_once(h),

@@ -49,6 +49,9 @@ async def test_revoked_certificate_is_refused_and_logged(shared_api_server):
                                       *_as_admin(srv))
         serial = out.split()[-1]
         await until_revoked(c, "doomed")
+        with pytest.raises(Unauthorized) as err:   # on the heartbeat stream opened before the revocation
+            await c.heartbeat("doomed")
+        assert err.value.reason == "CertificateRevoked"
     line = srv.wait_for_log(f"serial={serial} from")
     assert "refused: certificate CN=doomed O=llmgw:nodes" in line and line.endswith("is revoked")
 
