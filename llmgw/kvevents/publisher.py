@@ -59,22 +59,30 @@ def _binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def _on(endpoint: str, host: str) -> str:
+    """A `tcp://*:PORT` endpoint bound on `host` (an IPv4 address or a name) instead of every address."""
+    return endpoint.replace("tcp://*:", f"tcp://{host}:", 1) if host and ":" not in host else endpoint
+
+
 class Publisher:
     """Numbered batches on a PUB socket, the last `buffer_steps` of them replayed on request."""
 
-    def __init__(self, cfg: KVEventsConfig):
+    def __init__(self, cfg: KVEventsConfig, host: str = ""):
+        """`host`: where a `*` endpoint binds (the sim's --host: a dev cluster's nodes share one
+        machine, each on an address of its own, as the sim's other listeners are); empty: every
+        address, as vLLM binds."""
         self.cfg = cfg
         # a plain socket: the sim's cache publishes from synchronous code
         self._pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
         if _binds(cfg.endpoint):
-            self._pub.bind(cfg.endpoint)
+            self._pub.bind(_on(cfg.endpoint, host))
         else:
             self._pub.connect(cfg.endpoint)
         self._replay: zmq.asyncio.Socket | None = None
         if cfg.replay_endpoint:
             self._replay = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-            self._replay.bind(cfg.replay_endpoint)
+            self._replay.bind(_on(cfg.replay_endpoint, host))
         self._topic = cfg.topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self._seq = 0

@@ -67,7 +67,7 @@ class SimApi:
         self.names = set(cfg.served_model_names)
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
         self.tokenizer = load_tokenizer(cfg.model_path)  # the model's tokenizer.json, else words are tokens
-        self.publisher = Publisher(cfg.kv_events) if cfg.kv_events.enabled else None
+        self.publisher = Publisher(cfg.kv_events, cfg.host) if cfg.kv_events.enabled else None
         self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens,
                                  self.publisher.publish if self.publisher is not None else None)
         # The step model when it has a cost; else requests are paced one by one (--ttft-ms,

@@ -40,19 +40,23 @@ SECTIONS = {"Gateway": "llmgw-gateways", "Controller-manager": "llmgw-controller
             "API server": "llmgw-server", "Agent": "llmgw-agents"}
 ROW = re.compile(r"^\| `(llmgw_[a-z_]+)` \| (\w+) \| ([a-z_, ]*) \|", re.M)
 # Counted only when it happens, and nothing here makes it happen for sure.
-EVENTS_ONLY = {"llmgw_agent_engine_scrape_errors_total", "llmgw_agent_pull_bytes", "llmgw_agent_pull_total_bytes"}
+EVENTS_ONLY = {"llmgw_agent_engine_scrape_errors_total", "llmgw_agent_pull_bytes", "llmgw_agent_pull_total_bytes",
+               "llmgw_gateway_kv_event_gaps_lost_total"}   # a gap the engine's replay could not fill (tests/kvevents)
 # Exported by a gateway run with --watch-api-keys only; this cluster's takes no ApiKeys
 # (tests/gateway/test_gateway_admission.py reads them from gateways that do).
 WITH_API_KEYS = {"llmgw_gateway_key_requests_total", "llmgw_gateway_key_input_tokens_total",
                  "llmgw_gateway_key_output_tokens_total", "llmgw_gateway_key_rate_limited_total",
                  "llmgw_gateway_key_limit_gateways"}
+# Exported by a server with an audit log or webhook only (tests/server/test_server_audit.py reads it).
+WITH_AUDIT = {"llmgw_server_audit_dropped_lines_total"}
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 TARGET_LABELS = {"instance", "job"}   # added by Prometheus to every series it scrapes
 
 
-def sim_model(name: str, gpus: int = 1, args: tuple[str, ...] = ()) -> Model:
+def sim_model(name: str, gpus: int = 1, args: tuple[str, ...] = (), routing: str | None = None) -> Model:
     return Model.model_validate({"metadata": {"name": name}, "spec": {
-        "replicas": 1, "profiles": [{"engine": "sim", "gpusPerNode": gpus, "args": list(args)}]}})
+        "replicas": 1, "profiles": [{"engine": "sim", "gpusPerNode": gpus, "args": list(args)}],
+        **({"routing": {"policy": routing}} if routing else {})}})
 
 
 @dataclass
@@ -123,13 +127,14 @@ async def _load_and_scrape(cluster: LocalCluster) -> Scrape:
     async with Client.from_config(ClientConfig.load(cluster.admin_config)) as c:
         for m in (sim_model("obs-chat", args=("--tokens-per-second", "200")),
                   sim_model("obs-crash", args=("--crash-on-request", "1")),
+                  sim_model("obs-kv", routing="precise-prefix"),   # the gateway's KV index series
                   sim_model("obs-wide", gpus=16)):
             await c.create(m)
 
         async def ready() -> bool:
             items, _ = await c.list(Replica)
-            return {r.spec.model for r in items if r.status.phase == "Ready"} >= {"obs-chat", "obs-crash"}
-        await until(ready, "a Ready replica of obs-chat and of obs-crash", timeout=120, interval=0.3)
+            return {r.spec.model for r in items if r.status.phase == "Ready"} >= {"obs-chat", "obs-crash", "obs-kv"}
+        await until(ready, "a Ready replica of obs-chat, obs-crash and obs-kv", timeout=120, interval=0.3)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         async def post(model: str, **extra) -> int:
@@ -140,11 +145,12 @@ async def _load_and_scrape(cluster: LocalCluster) -> Scrape:
                 return r.status
         await until(lambda: _is(post("obs-chat"), 200), "obs-chat served through the gateway", timeout=60)
         assert await post("obs-chat", stream=True, stream_options={"include_usage": True}) == 200
+        await until(lambda: _is(post("obs-kv"), 200), "obs-kv served (its engine's KV events)", timeout=60)
         await until(lambda: _is(post("obs-crash"), 502), "obs-crash's engine crashing on its request",
                     timeout=60)
 
     def missing(got: Scrape) -> list[str]:
-        return [name for job, name, type_, _ in documented() if name not in EVENTS_ONLY | WITH_API_KEYS
+        return [name for job, name, type_, _ in documented() if name not in EVENTS_ONLY | WITH_API_KEYS | WITH_AUDIT
                 and not got.get(job, {}).get(family_name(name, type_), Family("")).labels]
     last: list[Scrape] = []
 
@@ -162,7 +168,7 @@ async def _is(status, want: int) -> bool:
 def test_every_documented_series_is_exported_with_its_type_and_labels(exported):
     for job, name, type_, labels in documented():
         fam = exported[job].get(family_name(name, type_))
-        if name in WITH_API_KEYS:
+        if name in WITH_API_KEYS | WITH_AUDIT:
             continue
         assert fam is not None, f"{name} is documented but {job} does not export it"
         assert fam.type == type_, f"{name}: documented as a {type_}, exported as a {fam.type}"
@@ -238,7 +244,7 @@ def test_llmgw_top_shows_each_models_rate_and_each_nodes_gpus(cluster, exported,
     assert [s.splitlines()[0] for s in sections[:3]] == ["MODELS", "REPLICAS", "NODES"], text
     models, replicas, nodes = (columns(s.splitlines()[1:], h) for s, h in
                                zip(sections, (MODEL_HEADERS, REPLICA_HEADERS, NODE_HEADERS), strict=False))
-    assert set(models) == {"obs-chat", "obs-crash", "obs-wide"}, text
+    assert set(models) == {"obs-chat", "obs-crash", "obs-kv", "obs-wide"}, text
     assert models["obs-wide"]["READY"] == "0/1", text
     chat = models["obs-chat"]
     assert chat["READY"] == "1/1" and float(chat["REQ/S"]) > 0 and chat["TTFT P50"] != "-", text
