@@ -371,7 +371,7 @@ class ModelController(Controller):
             ),
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
                              source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
-                             nodeSelector=dict(spec.nodeSelector)),
+                             nodeSelector=dict(spec.nodeSelector), adapters=spec.adapters),
         )
         created = await self.ctx.store.create(replica)
         self.ctx.cache.assume(created)

@@ -65,6 +65,13 @@ def base_env(shard: Shard, node: NodeFacts) -> dict[str, str]:
     return env
 
 
+def lora_flags(shard: Shard) -> list[str]:
+    """vLLM's flags (the sim's too) for a shard whose Model takes LoRA adapters (spec.adapters):
+    loaded at runtime, at most maxLoaded at once; none otherwise."""
+    slots = shard.spec.adapters
+    return [] if slots is None else ["--enable-lora", "--max-loras", str(slots.maxLoaded)]
+
+
 def nccl_ib_hca(adapters: list[tuple[str, int]]) -> str:
     """NCCL_IB_HCA naming exactly these adapter ports ('=' prefix: exact match, not prefix)."""
     return "=" + ",".join(f"{name}:{port}" for name, port in adapters)

@@ -27,12 +27,14 @@ from llmgw.engines.base import (
     base_env,
     health_probe,
     join_host_port,
+    lora_flags,
     program,
     weights,
 )
 from llmgw.engines.engine import (
     CONFIG,
     HOST,
+    LORA,
     MODEL,
     MULTINODE,
     NAME,
@@ -54,6 +56,8 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     mode = shard.spec.launchMode or "mp"
     env = base_env(shard, node)
     env["VLLM_HOST_IP"] = node.address
+    if shard.spec.adapters is not None:   # the agent loads and unloads them at runtime (load_lora_adapter)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if mode == "mp":
         return _render_mp(shard, node, executables, env)
     if mode == "ray":
@@ -74,6 +78,7 @@ def _serving(shard: Shard, node: NodeFacts) -> list[str]:
         "--host", node.address,
         "--port", str(shard.spec.ports.serve),
         "--served-model-name", *shard.spec.servedModelNames,
+        *lora_flags(shard),
     ]
 
 
@@ -154,8 +159,9 @@ ENGINE = register(Engine(
         "--master-addr": MULTINODE, "--master-port": MULTINODE,
         "--headless": MULTINODE, "--distributed-executor-backend": MULTINODE,
         "--model": MODEL,
+        "--enable-lora": LORA, "--max-loras": LORA,
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True, underscores=True),
-    launch_modes=("mp", "ray"), needs=_needs,
+    launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True,
 ))
