@@ -29,7 +29,7 @@ from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import NodeStatus, Shard, ShardStatus
+from llmgw.api import LoraAdapter, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.client import Client
 from llmgw.pki.tls import mtls_server_context, peer_client_context
@@ -80,6 +80,7 @@ class Agent:
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
                       foreign_ports=self._set_foreign_ports, puller=self.puller)
         sup = self.supervisor = Supervisor(ctx)
+        ctx.adapters.on_change = sup.adapters_changed
         if sup.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
                      cfg.state_dir, sorted(sup.records))
@@ -97,7 +98,8 @@ class Agent:
             if cfg.metrics_listen:
                 metrics_site = await self._serve_metrics(cfg.metrics_listen)
             tasks = [asyncio.ensure_future(c) for c in (
-                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover(),
+                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._watch_adapters(client),
+                self._rediscover(),
                 *([self._watch_revocations(client)] if logs_site is not None else []))]
             await asyncio.gather(*tasks)
         finally:
@@ -197,6 +199,18 @@ class Agent:
         # list_and_watch rides out outages itself; it raises on refusals (403, 401): retry those too.
         while True:
             await retry_forever(f"watching shards of node {self.node}", follow, max_wait=30.0)
+
+    async def _watch_adapters(self, client: Client) -> None:
+        """The Adapters, for the runners whose engines load them (llmgw/agent/adapters.py)."""
+        assert self.supervisor is not None  # made by run
+        book = self.supervisor.ctx.adapters
+
+        async def follow() -> None:
+            async for kind, obj in client.list_and_watch(LoraAdapter):
+                if isinstance(obj, LoraAdapter):  # the only kind asked for
+                    book.apply(kind, obj)
+        while True:
+            await retry_forever("watching adapters", follow, max_wait=30.0)
 
     async def _rediscover(self) -> None:
         interval = self.config.rediscover_interval

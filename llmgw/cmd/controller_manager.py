@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from controllers.adapter import AdapterController
 from controllers.autoscaler import AutoscalerController
 from controllers.drain import DrainController
 from controllers.fleet import FleetCollector
@@ -33,7 +34,8 @@ def controllers(settings: ControllerSettings, git_cache: Path | None = None) -> 
     registered here (docs/architecture.md, "Adding a controller")."""
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
             NodeLifecycleController(settings), DrainController(settings), GarbageCollector(),
-            AutoscalerController(settings), GitOpsController(settings, git_cache)]
+            AutoscalerController(settings), GitOpsController(settings, git_cache),
+            AdapterController(settings)]
 
 
 @click.command("controller-manager")
