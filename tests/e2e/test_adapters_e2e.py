@@ -5,7 +5,8 @@ An Adapter becomes resident on minReplicas replicas and is served under its name
 gateway; a cold adapter is loaded once for a burst of requests, which wait for it; a bad source
 fails the Adapter with the engine's reason; an engine killed and rebuilt has its adapter loaded
 again before its replica serves, and the Adapter's status never says it is resident where the
-engine does not list it.
+engine does not list it; a pulled adapter comes through the weights cache, pinned by its digest,
+and new weights are loaded again.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from tests.fixtures.poll import until
+from tests.fixtures.weights_origin import content_digest, generated, origin  # noqa: F401 - origin is a fixture
 
 pytestmark = pytest.mark.timeout(300)
 BASE = "base"
@@ -182,3 +184,44 @@ async def test_an_engine_restart_loads_it_again_and_the_status_never_lies(cluste
     assert rebuilt.status.restarts == 1 and await engine_lists(client, victim, "sql")
     async with aiohttp.ClientSession() as http:
         assert (await complete(http, cluster, "sql"))[0] == 200
+
+
+async def engine_root(c: Client, replica: str, name: str) -> str | None:
+    """Where the replica's engine loaded the adapter from (its /v1/models card's root)."""
+    r = await c.get(Replica, replica)
+    async with aiohttp.ClientSession() as http, http.get(f"http://{r.status.endpoint}/v1/models") as resp:
+        return next((m["root"] for m in (await resp.json())["data"] if m["id"] == name), None)
+
+
+async def test_a_pulled_adapter_comes_through_the_weights_cache_and_new_weights_are_loaded_again(
+        cluster, client, origin):
+    v1, v2 = generated(1, {"adapter_config.json": 40, "adapter_model.safetensors": 3000}), \
+        generated(2, {"adapter_config.json": 40, "adapter_model.safetensors": 3000})
+    url1, url2 = origin.add_dir("tone-v1", v1), origin.add_dir("tone-v2", v2)
+    tone = adapter("tone", url1, 1)
+    tone.spec.digest = content_digest(v1)
+    await client.create(tone)
+    tone = await until(lambda: status(client, "tone", "Resident"), "tone resident", timeout=60, interval=0.2)
+    [here] = tone.status.resident
+    root = Path(await engine_root(client, here, "tone"))
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == v1, "the engine reads the cache's copy"
+    assert cluster.dir in root.parents
+
+    tone.spec.source, tone.spec.digest = url2, content_digest(v2)
+    await client.update(tone)
+
+    async def reloaded() -> Path | None:
+        now = await engine_root(client, here, "tone")
+        return Path(now) if now is not None and Path(now) != root else None
+    root2 = await until(reloaded, "tone loaded again from its new weights", timeout=60, interval=0.2)
+    assert {p.name: p.read_bytes() for p in root2.iterdir()} == v2
+    assert loads(cluster, "tone") == 2
+    await until(lambda: status(client, "tone", "Resident"), "tone resident with its new digest", timeout=30)
+
+    wrong = adapter("wrong", url1, 1)
+    wrong.spec.digest = content_digest(v2)   # not what the origin serves
+    await client.create(wrong)
+    wrong = await until(lambda: status(client, "wrong", "LoadFailed"), "wrong LoadFailed", timeout=60)
+    assert "DigestMismatch" in wrong.status.pending[0].message
+    for name in ("tone", "wrong"):
+        await client.delete(LoraAdapter, name)
