@@ -8,9 +8,12 @@ a gateway's demand report those it names (and those placed for demand before).
   report requests for it (in flight or waiting: a request for an adapter resident nowhere waits
   in its queue at the gateway, whose report is sent at the first one) and for
   ``adapter_idle_seconds`` after the last (settings). A burst of requests for a cold adapter
-  so makes one placement, one load. A replica keeps what it was given while
-  it stays Ready; the others are filled from the replicas with a free slot (the Model's
-  spec.adapters.maxLoaded, less the adapters placed there), the emptiest first. One worker: each
+  so makes one placement, one load. A replica keeps what it was given while it exists (one
+  being rebuilt too: its agent loads the adapter again before it is Ready); new places are the
+  Ready replicas with a free slot (the Model's spec.adapters.maxLoaded, less the adapters placed
+  there), the emptiest first. Where none has one for an adapter with requests, the least
+  recently requested adapter placed for demand alone (not pinned, past its minReplicas, no
+  request now) is evicted from its replica (event Evicted) to make room. One worker: each
   placement is written and assumed in the cache before the next adapter's is decided, so no
   replica is given more adapters than it has slots.
 - Residency (status.resident): the placed replicas whose serving shard (rank 0) is Ready and lists
@@ -72,6 +75,10 @@ class AdapterController(Controller):
             why = ("AdaptersDisabled", f"Model {model.name} has no spec.adapters: its engines load no adapters")
         else:
             placement, placed_ready = self._place(adapter, ready, wanted)
+            if placed_ready < wanted and hot and not adapter.spec.pinned:
+                freed = await self._evict_for(adapter, ready, placement)
+                if freed is not None:
+                    placement, placed_ready = [*placement, freed], placed_ready + 1
             short, slots = wanted - placed_ready, model.spec.adapters.maxLoaded
             why = None if short <= 0 else ("NoReplicas", f"Model {model.name} has no Ready replica") if not ready \
                 else ("NoFreeSlot", f"{short} more replica(s) of {model.name} asked for, but none of its Ready "
@@ -98,6 +105,32 @@ class AdapterController(Controller):
         written = await self.ctx.store.patch_status(LoraAdapter, adapter.name, patch, current=adapter)
         self.ctx.cache.assume(written)
         return again
+
+    async def _evict_for(self, adapter: LoraAdapter, ready: list[Replica], placement: list[str]) -> str | None:
+        """A slot for an adapter the gateways want and no replica has room for: the one of the least
+        recently requested adapter placed for demand alone (not pinned, past its minReplicas, no
+        request for it now) on a Ready replica; the replica, or None when there is none to take."""
+        ready_names = {r.name for r in ready}
+        reports = self.ctx.cache.demand()
+        taken: list[tuple[float, str, LoraAdapter]] = []
+        for other in self.ctx.cache.index(LoraAdapter, "model", adapter.spec.baseModel):
+            if other.name == adapter.name or other.spec.pinned or total_demand(reports, other.name).total:
+                continue
+            placed = [r for r in other.status.placement if r in ready_names]
+            if len(placed) > other.spec.minReplicas:
+                taken += [(self._demanded.get(other.name, 0.0), r, other) for r in placed if r not in placement]
+        if not taken:
+            return None
+        _, replica, victim = min(taken, key=lambda t: (t[0], t[1], t[2].name))
+        patch: AdapterStatusPatch = {"placement": [r for r in victim.status.placement if r != replica],
+                                     "resident": [r for r in victim.status.resident if r != replica],
+                                     "pending": [p for p in _pending(victim) if p["replica"] != replica]}
+        written = await self.ctx.store.patch_status(LoraAdapter, victim.name, patch, current=victim)
+        self.ctx.cache.assume(written)
+        self._demanded.pop(victim.name, None)      # its demand placement is over
+        self.ctx.events.record(victim, "Normal", "Evicted",
+                               f"unloaded from {replica}, the least recently requested, for {adapter.name}")
+        return replica
 
     def _hot(self, name: str) -> tuple[bool, float]:
         """Whether it is placed for demand: the gateways report requests for it now, or did less
@@ -164,9 +197,13 @@ class AdapterController(Controller):
         held = get_condition(s.conditions, ADAPTER_READY)
         return (s.observedGeneration == patch["observedGeneration"] and s.placement == patch["placement"]
                 and s.resident == patch["resident"]
-                and [p.model_dump() for p in s.pending] == patch["pending"]
+                and _pending(adapter) == patch["pending"]
                 and held is not None and (held.status, held.reason, held.message) ==
                 (cond["status"], cond["reason"], cond["message"]))
+
+
+def _pending(a: LoraAdapter) -> list[AdapterPendingPatch]:
+    return [{"replica": p.replica, "reason": p.reason, "message": p.message} for p in a.status.pending]
 
 
 def _held(shard: Shard, name: str) -> ShardAdapter | None:

@@ -225,3 +225,28 @@ async def test_a_pulled_adapter_comes_through_the_weights_cache_and_new_weights_
     assert "DigestMismatch" in wrong.status.pending[0].message
     for name in ("tone", "wrong"):
         await client.delete(LoraAdapter, name)
+
+
+async def test_a_requested_adapter_evicts_the_least_recently_requested_where_no_slot_is_free(
+        cluster, client, weights):
+    await client.create(Model.model_validate({"metadata": {"name": "small"}, "spec": {
+        "replicas": 1, "adapters": {"maxLoaded": 1}, "profiles": [{"engine": "sim"}]}}))
+    for name in ("e1", "e2"):
+        (weights / name).mkdir()
+        await client.create(LoraAdapter.model_validate({"metadata": {"name": name}, "spec": {
+            "baseModel": "small", "source": str(weights / name), "minReplicas": 0}}))
+
+    async def small_ready() -> Replica | None:
+        return next((r for r in (await client.list(Replica))[0]
+                     if r.spec.model == "small" and r.status.phase == "Ready"), None)
+    replica = await until(small_ready, "small's replica Ready", timeout=60, interval=0.2)
+    await until(lambda: _known_to_gateway(cluster, "e2"), "the gateway to know e2", timeout=30)
+    async with aiohttp.ClientSession() as http:
+        assert (await complete(http, cluster, "e1"))[0] == 200
+        assert await engine_lists(client, replica.name, "e1")
+        code, body = await complete(http, cluster, "e2")     # its one slot is e1's: e1 goes
+    assert (code, body["model"]) == (200, "e2")
+    assert await engine_lists(client, replica.name, "e2") and not await engine_lists(client, replica.name, "e1")
+    e1 = await client.get(LoraAdapter, "e1")
+    assert e1.status.placement == [] and e1.status.resident == []
+    assert any(e["reason"] == "Evicted" for e in await client.events(LoraAdapter, "e1"))
