@@ -22,9 +22,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics_core import Metric
 
 from llmgw.api import LoraAdapter, Shard, ShardAdapter
 from llmgw.api.sources import parse_source
@@ -59,6 +62,24 @@ class AdapterBook:
                        and a.metadata.deletionTimestamp is None), key=lambda a: a.name)
 
 
+class AdapterCounts:
+    """The agent's series of its engines' adapters (docs/metrics.md), collected by its /metrics."""
+
+    def __init__(self) -> None:
+        self.loads = Counter("llmgw_agent_adapter_loads", "LoRA adapter loads into this node's engines, by base "
+                             "model and result (loaded, failed)", ["model", "result"], registry=None)
+        self.unloads = Counter("llmgw_agent_adapter_unloads", "LoRA adapters unloaded from this node's engines "
+                               "(no longer placed there: evicted, moved, deleted, or reloaded with new weights)",
+                               ["model"], registry=None)
+        self.load_seconds = Histogram("llmgw_agent_adapter_load_seconds", "Time an engine took to load a LoRA "
+                                      "adapter (its weights already on the node)", ["model"],
+                                      registry=None, buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.loads, self.unloads, self.load_seconds):
+            yield from metric.collect()
+
+
 class EngineError(Exception):
     """The engine refused or failed a request: its answer's message."""
 
@@ -67,10 +88,11 @@ class EngineAdapters:
     """One serving engine's adapters, loaded and unloaded through its runtime LoRA API."""
 
     def __init__(self, base_url: str, session: Callable[[], Awaitable[aiohttp.ClientSession]],
-                 puller: Puller | None) -> None:
+                 puller: Puller | None, model: str, counts: AdapterCounts) -> None:
         self.base_url = base_url.rstrip("/")
         self._session = session
         self.puller = puller
+        self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
 
     async def sync(self, wanted: list[LoraAdapter]) -> list[ShardAdapter]:
@@ -88,18 +110,23 @@ class EngineAdapters:
         for name, path in sorted(held.items()):
             if paths.get(name) != path and name not in failed:   # not wanted here, or other weights now
                 await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+                self.counts.unloads.labels(self.model).inc()
                 self._unpin(name)
                 del held[name]
         for a in wanted:
             where = paths.get(a.name)
             if where is None or a.name in held:
                 continue
+            started = time.monotonic()
             try:
                 await self._post("/v1/load_lora_adapter", {"lora_name": a.name, "lora_path": where})
             except EngineError as err:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
+                self.counts.loads.labels(self.model, "failed").inc()
                 self._unpin(a.name)
                 continue
+            self.counts.loads.labels(self.model, "loaded").inc()
+            self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
             log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
         held = await self._listed()
         digests = {a.name: a.spec.digest for a in wanted}

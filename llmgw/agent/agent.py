@@ -122,7 +122,9 @@ class Agent:
 
     async def _serve_metrics(self, listen: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
-        metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts)
+        assert self.supervisor is not None  # made by run
+        metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts,
+                               [self.supervisor.ctx.adapter_counts])
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
         return runner

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from llmgw.agent import ports, process
-from llmgw.agent.adapters import AdapterBook, EngineAdapters, EngineError
+from llmgw.agent.adapters import AdapterBook, AdapterCounts, EngineAdapters, EngineError
 from llmgw.agent.claims import Claim, Claims
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts
@@ -58,6 +58,7 @@ class Context:
     puller: Puller | None = None          # the node's weights cache and its pulls
     failures: dict[str, int] = field(default_factory=dict)   # model -> shards of it that went Failed here
     adapters: AdapterBook = field(default_factory=AdapterBook)   # the Adapters, by watch
+    adapter_counts: AdapterCounts = field(default_factory=AdapterCounts)   # its engines' loads, for /metrics
 
     async def session(self) -> aiohttp.ClientSession:
         s = self.http.get("session")
@@ -420,7 +421,8 @@ class ShardRunner:
             return []
         if self._adapters is None:
             url = urlsplit(rec.probe_url)
-            self._adapters = EngineAdapters(f"{url.scheme}://{url.netloc}", self.ctx.session, self.ctx.puller)
+            self._adapters = EngineAdapters(f"{url.scheme}://{url.netloc}", self.ctx.session, self.ctx.puller,
+                                            self.shard.spec.model, self.ctx.adapter_counts)
         try:
             return await self._adapters.sync(self.ctx.adapters.placed_on(self.shard))
         except EngineError as err:

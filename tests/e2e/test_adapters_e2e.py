@@ -24,6 +24,7 @@ from llmgw.api import ADAPTER_READY, LoraAdapter, Model, Replica, Shard, get_con
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
+from tests.fixtures.gateway import metric
 from tests.fixtures.poll import until
 from tests.fixtures.weights_origin import content_digest, generated, origin  # noqa: F401 - origin is a fixture
 
@@ -139,6 +140,13 @@ async def test_a_burst_for_a_cold_adapter_waits_for_one_load(cluster, client, we
     assert loads(cluster, "chat") == 1
     chat = await client.get(LoraAdapter, "chat")
     assert len(chat.status.resident) == 1
+    async with aiohttp.ClientSession() as http:
+        async with http.get(cluster.gateway_url + "/metrics") as resp:
+            assert metric(await resp.text(), "llmgw_gateway_requests_total", model="chat", code="200") == 50
+        async with http.get(f"http://127.0.0.1:{cluster.metrics_ports['agent-node01']}/metrics") as resp:
+            agent = await resp.text()
+    assert metric(agent, "llmgw_agent_adapter_loads_total", model=BASE, result="loaded") >= 2   # sql and chat
+    assert metric(agent, "llmgw_agent_adapter_load_seconds_count", model=BASE) >= 2
 
 
 async def _known_to_gateway(cluster, name: str) -> bool:

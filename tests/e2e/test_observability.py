@@ -45,6 +45,9 @@ EVENTS_ONLY = {"llmgw_agent_engine_scrape_errors_total", "llmgw_agent_pull_bytes
 WITH_API_KEYS = {"llmgw_gateway_key_requests_total", "llmgw_gateway_key_input_tokens_total",
                  "llmgw_gateway_key_output_tokens_total", "llmgw_gateway_key_rate_limited_total",
                  "llmgw_gateway_key_limit_gateways"}
+# Sampled once LoRA adapters are in use; this cluster serves none (tests/e2e/test_adapters_e2e.py reads them).
+WITH_ADAPTERS = {"llmgw_fleet_adapters_resident", "llmgw_agent_adapter_loads_total",
+                 "llmgw_agent_adapter_unloads_total", "llmgw_agent_adapter_load_seconds"}
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 TARGET_LABELS = {"instance", "job"}   # added by Prometheus to every series it scrapes
 
@@ -143,7 +146,7 @@ async def _load_and_scrape(cluster: LocalCluster) -> Scrape:
                     timeout=60)
 
     def missing(got: Scrape) -> list[str]:
-        return [name for job, name, type_, _ in documented() if name not in EVENTS_ONLY | WITH_API_KEYS
+        return [name for job, name, type_, _ in documented() if name not in EVENTS_ONLY | WITH_API_KEYS | WITH_ADAPTERS
                 and not got.get(job, {}).get(family_name(name, type_), Family("")).labels]
     last: list[Scrape] = []
 
