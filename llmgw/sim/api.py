@@ -99,6 +99,8 @@ class SimApi:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.loras: dict[str, str] = {}          # loaded LoRA adapter -> its lora_path
+        self.lora_ids: dict[str, int] = {}       # loaded LoRA adapter -> its load's id, vLLM's lora_int_id
+        self._lora_loads = itertools.count(1)
         self._loading: set[str] = set()          # adapters whose load is under way
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()
@@ -249,6 +251,7 @@ class SimApi:
             if not await asyncio.to_thread(os.path.exists, path):
                 return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
             self.loras[name] = path
+            self.lora_ids[name] = next(self._lora_loads)
         finally:
             self._loading.discard(name)
         _say(f"Loaded new LoRA adapter: name '{name}', path '{path}'")
@@ -266,6 +269,7 @@ class SimApi:
             return error(400, "either 'lora_name' and 'lora_int_id' needs to be provided.", "InvalidUserInput")
         if not isinstance(name, str) or self.loras.pop(name, None) is None:
             return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.lora_ids[name]
         _say(f"Removed LoRA adapter: name '{name}'")
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
@@ -295,9 +299,9 @@ class SimApi:
         except _BadRequest as bad:
             return bad.response
         self._admit()
-        seq = Seq(prompt, n)
+        seq = Seq(prompt, n, self.lora_ids.get(body["model"], 0))
         if self.scheduler is None:
-            seq.cached = self.cache.admit(prompt)
+            seq.cached = self.cache.admit(prompt, seq.salt)
         held = len(prompt) + n
         self.running += 1
         self.held_tokens += held

@@ -3,7 +3,10 @@
 A prompt's tokens are cut into blocks of `block_size`; block i's key is a hash
 of block i-1's key and block i's tokens, so a key names the whole prefix up to
 the end of its block (a partial last block is never cached, as in vLLM). A
-prompt hits on the longest run of its leading blocks that are cached.
+prompt hits on the longest run of its leading blocks that are cached. A request
+under a LoRA adapter chains from that load's id (`salt`), as vLLM's block hashes
+include the LoRA: it never hits the base's blocks, nor those of another adapter or
+of the same adapter's earlier load (other weights).
 """
 from __future__ import annotations
 
@@ -11,10 +14,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-def block_keys(tokens: Sequence[str | int], block_size: int) -> list[int]:
-    """The chained keys of a prompt's whole blocks."""
+def block_keys(tokens: Sequence[str | int], block_size: int, salt: int = 0) -> list[int]:
+    """The chained keys of a prompt's whole blocks (`salt`: a LoRA load's id, 0 for the base)."""
     keys = []
-    key = 0
+    key = salt
     for start in range(0, len(tokens) - block_size + 1, block_size):
         key = hash((key, tuple(tokens[start:start + block_size])))
         keys.append(key)
@@ -35,9 +38,9 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, tokens: Sequence[str | int]) -> int:
+    def admit(self, tokens: Sequence[str | int], salt: int = 0) -> int:
         """Look a prompt up, then cache its blocks; the number of its leading tokens that were cached."""
-        keys = block_keys(tokens, self.block_size)
+        keys = block_keys(tokens, self.block_size, salt)
         blocks = self._blocks
         hit = 0
         for key in keys:

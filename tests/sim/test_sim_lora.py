@@ -64,12 +64,22 @@ def test_load_unload_and_requests_under_the_adapters_name(sims, tmp_path):
     status, text = post(port, "/v1/load_lora_adapter", {"lora_name": "third", "lora_path": str(chat)})
     assert status == 400 and "--max-loras" in message(text)[1], "a third adapter past 2 slots"
 
+    prompt = {"prompt": " ".join(["word"] * 64), "max_tokens": 1}
+    cached = [json.loads(post(port, "/v1/completions", {**prompt, "model": m})[1])["usage"]["prompt_tokens_details"]
+              ["cached_tokens"] for m in ("sql", "sql", "chat", "base")]
+    assert cached[0] == 0 and cached[1] > 0, "an adapter's prompt hits its own cached blocks"
+    assert cached[2:] == [0, 0], "never another adapter's, nor the base's"
+
     assert post(port, "/v1/unload_lora_adapter", {"lora_name": "sql"}) == (
         200, "Success: LoRA adapter 'sql' removed successfully.")
     status, text = post(port, "/v1/unload_lora_adapter", {"lora_name": "sql"})
     assert (status, message(text)) == (404, ("NotFoundError", "The lora adapter 'sql' cannot be found."))
     assert models(port) == {"base": None, "chat": "base"}
     assert post(port, "/v1/completions", completion)[0] == 404
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(sql)})[0] == 200
+    status, text = post(port, "/v1/completions", {**prompt, "model": "sql"})
+    assert json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, \
+        "a load again (new weights, maybe) keys its cache anew: no stale prefix"
 
 
 def test_without_enable_lora_there_is_no_lora_api(sims):
