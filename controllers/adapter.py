@@ -1,7 +1,8 @@
 """Adapters: where each LoRA adapter is placed, and where it is resident (docs/contracts.md, "Adapters").
 
-Keys: an Adapter's name; a change of a Model, Replica or Shard enqueues the adapters of its model,
-a gateway's demand report those it names (and those placed for demand before).
+Keys: an Adapter's name; a change of a Model enqueues its adapters, of a Replica or a Shard the
+adapters placed on that replica or reported by its engine and those of its model pinned or not
+Ready, a gateway's demand report those it names.
 
 - Placement (status.placement): the Ready replicas of the base Model asked to hold the adapter,
   spec.minReplicas of them (every one, when spec.pinned), and at least one while the gateways
@@ -52,13 +53,21 @@ class AdapterController(Controller):
         self._demanded = {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        if isinstance(obj, str):    # a gateway's demand report changed or expired
+        if isinstance(obj, str):    # a gateway's demand report changed or expired: the adapters it names
+            # (one whose demand ended keeps its place until its requeue, adapter_idle_seconds on)
             named = {m for r in self.ctx.cache.demand() for m in r.models}
-            return [a for a in named | set(self._demanded) if self.ctx.cache.get(LoraAdapter, a) is not None]
+            return [a for a in named if self.ctx.cache.get(LoraAdapter, a) is not None]
         if type(obj) is LoraAdapter:
             return (obj.name,)
-        model = obj.name if type(obj) is Model else obj.spec.model
-        return [a.name for a in self.ctx.cache.index(LoraAdapter, "model", model)]
+        if type(obj) is Model:
+            return [a.name for a in self.ctx.cache.index(LoraAdapter, "model", obj.name)]
+        # A replica or a shard: the adapters placed on its replica (or its engine reports), and those
+        # of its model still short of replicas or pinned (on every one), which it may now take;
+        # never all of a model's (a shard's every status write would look at a thousand adapters).
+        replica = obj.name if type(obj) is Replica else obj.spec.replica
+        reported = {a.name for a in obj.status.adapters} if type(obj) is Shard else set()
+        return [a.name for a in self.ctx.cache.index(LoraAdapter, "model", obj.spec.model)
+                if replica in a.status.placement or a.name in reported or a.spec.pinned or not _ready(a)]
 
     async def reconcile(self, key: str) -> Result | None:
         adapter = self.ctx.cache.get(LoraAdapter, key)
@@ -200,6 +209,11 @@ class AdapterController(Controller):
                 and _pending(adapter) == patch["pending"]
                 and held is not None and (held.status, held.reason, held.message) ==
                 (cond["status"], cond["reason"], cond["message"]))
+
+
+def _ready(a: LoraAdapter) -> bool:
+    held = get_condition(a.status.conditions, ADAPTER_READY)
+    return held is not None and held.status == "True"
 
 
 def _pending(a: LoraAdapter) -> list[AdapterPendingPatch]:

@@ -10,7 +10,8 @@ the adapters placed on its replica, through vLLM's runtime API (the sim serves t
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
   loaded) or from its path; a loaded adapter whose weights changed (another digest: another
   path) is unloaded and loaded again;
-- adapters no longer placed here are unloaded first, freeing their slots.
+- adapters no longer placed here are unloaded first, freeing their slots, after UNLOAD_GRACE;
+- pulls, then loads, of one sync go at once.
 
 The runner syncs before its shard first reports Ready, so a Ready shard's status.adapters
 already lists what it was asked to hold, and again whenever the Adapters change or a probe
@@ -37,6 +38,11 @@ from llmgw.weights.puller import Puller
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
+# Seconds an adapter stays loaded once it is no longer placed here (evicted, moved, deleted) or
+# its weights changed: its Adapter's status has left this replica out of `resident` by then, and
+# the gateways' watches see that before its engine drops it, as a replica's drain delay lets them
+# see its deletion; a request routed here meanwhile is still answered.
+UNLOAD_GRACE = 1.0
 
 
 class AdapterBook:
@@ -97,26 +103,30 @@ class EngineAdapters:
 
     async def sync(self, wanted: list[LoraAdapter]) -> list[ShardAdapter]:
         """Load what is wanted and missing, unload what is held and not wanted; what the engine
-        holds after (Loaded), and the loads that failed (Failed, why)."""
+        holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then loads, go
+        at once, not one after another: an engine restarted with eight adapters gets them in one
+        load's time."""
         held = await self._listed()
         failed: dict[str, ShardAdapter] = {}
         paths: dict[str, str] = {}
-        for a in wanted:
+
+        async def locate(a: LoraAdapter) -> None:
             try:
                 paths[a.name] = await self._weights(a)
             except (PullError, EngineError) as err:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed",
                                               message=f"pull {a.spec.source}: {err}")
-        for name, path in sorted(held.items()):
-            if paths.get(name) != path and name not in failed:   # not wanted here, or other weights now
-                await self._post("/v1/unload_lora_adapter", {"lora_name": name})
-                self.counts.unloads.labels(self.model).inc()
-                self._unpin(name)
-                del held[name]
-        for a in wanted:
-            where = paths.get(a.name)
-            if where is None or a.name in held:
-                continue
+        await asyncio.gather(*(locate(a) for a in wanted))
+        going = [name for name, path in sorted(held.items()) if paths.get(name) != path and name not in failed]
+        if going:       # not wanted here, or other weights now
+            await asyncio.sleep(UNLOAD_GRACE)
+        for name in going:
+            await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            self.counts.unloads.labels(self.model).inc()
+            self._unpin(name)
+            del held[name]
+
+        async def load(a: LoraAdapter, where: str) -> None:
             started = time.monotonic()
             try:
                 await self._post("/v1/load_lora_adapter", {"lora_name": a.name, "lora_path": where})
@@ -124,10 +134,11 @@ class EngineAdapters:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
                 self.counts.loads.labels(self.model, "failed").inc()
                 self._unpin(a.name)
-                continue
+                return
             self.counts.loads.labels(self.model, "loaded").inc()
             self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
             log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
+        await asyncio.gather(*(load(a, paths[a.name]) for a in wanted if a.name in paths and a.name not in held))
         held = await self._listed()
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
