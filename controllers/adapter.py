@@ -37,6 +37,10 @@ from llmgw.api.demand import total_demand
 from llmgw.api.patches import AdapterPendingPatch, AdapterStatusPatch, ConditionPatch
 from llmgw.runtime.controller import DEMAND, Context, Controller, Result, WatchedKind
 
+# How long a replica newly placed waits for a report of its engine newer than the placement before
+# the one it has counts (see _placed_at).
+SETTLE_SECONDS = 5.0
+
 
 class AdapterController(Controller):
     name = "adapter"
@@ -47,10 +51,16 @@ class AdapterController(Controller):
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
         self._demanded: dict[str, float] = {}   # adapter -> when its last look found demand (this term)
+        self._evicted: dict[str, float] = {}    # adapter -> when it was last evicted (its demand before is spent)
+        # (adapter, replica) -> the revision of the replica's serving shard in the cache when the
+        # replica was newly placed, and when: a report of that shard no newer than it may be one from
+        # before an unload (a lagging cache), so it does not make the adapter resident there, for
+        # SETTLE_SECONDS at most (an engine that held it all along reports nothing new).
+        self._placed_at: dict[tuple[str, str], tuple[int, float]] = {}
 
     def start(self, ctx: Context) -> None:
         super().start(ctx)
-        self._demanded = {}
+        self._demanded, self._evicted, self._placed_at = {}, {}, {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         if isinstance(obj, str):    # a gateway's demand report changed or expired: the adapters it names
@@ -84,7 +94,8 @@ class AdapterController(Controller):
             why = ("AdaptersDisabled", f"Model {model.name} has no spec.adapters: its engines load no adapters")
         else:
             placement, placed_ready = self._place(adapter, ready, wanted)
-            if placed_ready < wanted and hot and not adapter.spec.pinned:
+            if placed_ready < wanted and not adapter.spec.pinned and \
+                    total_demand(self.ctx.cache.demand(), adapter.name).total:
                 freed = await self._evict_for(adapter, ready, placement)
                 if freed is not None:
                     placement, placed_ready = [*placement, freed], placed_ready + 1
@@ -92,6 +103,7 @@ class AdapterController(Controller):
             why = None if short <= 0 else ("NoReplicas", f"Model {model.name} has no Ready replica") if not ready \
                 else ("NoFreeSlot", f"{short} more replica(s) of {model.name} asked for, but none of its Ready "
                                     f"replicas has a free slot (spec.adapters.maxLoaded {slots})")
+        self._note_placed(adapter, placement)
         resident, pending = self._residency(adapter, placement, ready)
         if why is None and len(resident) < wanted:
             failed = [p for p in pending if p["reason"] == "LoadFailed"]
@@ -104,7 +116,9 @@ class AdapterController(Controller):
                                 "message": words, "observedGeneration": adapter.metadata.generation}
         patch: AdapterStatusPatch = {"observedGeneration": adapter.metadata.generation, "placement": placement,
                                      "resident": resident, "pending": pending, "conditions": [cond]}
-        again = Result(requeue_after=hot_for) if hot_for else None    # when its demand placement ends
+        settling = any(k[0] == adapter.name for k in self._placed_at)
+        wait = min(t for t in (hot_for, SETTLE_SECONDS if settling else 0.0) if t) if hot_for or settling else 0.0
+        again = Result(requeue_after=wait) if wait else None    # when its demand placement ends, or it settles
         if self._unchanged(adapter, patch, cond):
             return again
         held = get_condition(adapter.status.conditions, ADAPTER_READY)
@@ -136,7 +150,7 @@ class AdapterController(Controller):
                                      "pending": [p for p in _pending(victim) if p["replica"] != replica]}
         written = await self.ctx.store.patch_status(LoraAdapter, victim.name, patch, current=victim)
         self.ctx.cache.assume(written)
-        self._demanded.pop(victim.name, None)      # its demand placement is over
+        self._evicted[victim.name] = self.ctx.clock()      # its demand placement is over
         self.ctx.events.record(victim, "Normal", "Evicted",
                                f"unloaded from {replica}, the least recently requested, for {adapter.name}")
         return replica
@@ -148,6 +162,8 @@ class AdapterController(Controller):
         if total_demand(self.ctx.cache.demand(), name).total:
             self._demanded[name] = now
         last = self._demanded.get(name)
+        if last is not None and last <= self._evicted.get(name, float("-inf")):
+            return False, 0.0       # evicted since its last request
         left = 0.0 if last is None else last + self.settings.adapter_idle_seconds - now
         if last is not None and left <= 0:
             del self._demanded[name]
@@ -180,14 +196,39 @@ class AdapterController(Controller):
         added = [r.name for r in free[:max(0, wanted - len(counted))]]
         return kept + added, len(counted) + len(added)
 
+    def _serving(self, replica: str) -> Shard | None:
+        return next((s for s in self.ctx.cache.index(Shard, "replica", replica) if s.spec.rank == 0), None)
+
+    def _note_placed(self, adapter: LoraAdapter, placement: list[str]) -> None:
+        """Remember the serving shard's revision for each replica newly placed; forget the replicas
+        no longer placed."""
+        for key in [k for k in self._placed_at if k[0] == adapter.name and k[1] not in placement]:
+            del self._placed_at[key]
+        for replica in placement:
+            if replica not in adapter.status.placement:
+                serving = self._serving(replica)
+                self._placed_at[(adapter.name, replica)] = (serving.revision if serving is not None else 0,
+                                                            self.ctx.clock())
+
+    def _reported_since_placed(self, adapter: str, replica: str, serving: Shard) -> bool:
+        since = self._placed_at.get((adapter, replica))
+        if since is None:
+            return True
+        revision, when = since
+        if serving.revision <= revision and self.ctx.clock() - when < SETTLE_SECONDS:
+            return False
+        del self._placed_at[(adapter, replica)]
+        return True
+
     def _residency(self, adapter: LoraAdapter, placement: list[str],
                    ready: list[Replica]) -> tuple[list[str], list[AdapterPendingPatch]]:
         ready_names = {r.name for r in ready}
         resident: list[str] = []
         pending: list[AdapterPendingPatch] = []
         for replica in placement:
-            serving = next((s for s in self.ctx.cache.index(Shard, "replica", replica) if s.spec.rank == 0), None)
-            held = _held(serving, adapter.name) if serving is not None and serving.status.phase == "Ready" else None
+            serving = self._serving(replica)
+            held = _held(serving, adapter.name) if serving is not None and serving.status.phase == "Ready" and \
+                self._reported_since_placed(adapter.name, replica, serving) else None
             if replica in ready_names and held is not None and held.state == "Loaded" and \
                     (adapter.spec.digest is None or held.digest == adapter.spec.digest):
                 resident.append(replica)

@@ -101,26 +101,27 @@ class EngineAdapters:
         self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
 
-    async def sync(self, wanted: list[LoraAdapter]) -> list[ShardAdapter]:
-        """Load what is wanted and missing, unload what is held and not wanted; what the engine
-        holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then loads, go
-        at once, not one after another: an engine restarted with eight adapters gets them in one
-        load's time."""
+    async def sync(self, placed: Callable[[], list[LoraAdapter]],
+                   leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
+        """Load what is placed here and missing, unload what is held and not placed; what the
+        engine holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then
+        loads, go at once, not one after another: an engine restarted with eight adapters gets them
+        in one load's time. What goes is first reported gone (`leaving(what stays)`, so that no
+        status names it once it is unloaded), then waits UNLOAD_GRACE, and what is placed is read
+        again after it: an adapter placed here again meanwhile stays."""
         held = await self._listed()
-        failed: dict[str, ShardAdapter] = {}
-        paths: dict[str, str] = {}
-
-        async def locate(a: LoraAdapter) -> None:
-            try:
-                paths[a.name] = await self._weights(a)
-            except (PullError, EngineError) as err:
-                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed",
-                                              message=f"pull {a.spec.source}: {err}")
-        await asyncio.gather(*(locate(a) for a in wanted))
-        going = [name for name, path in sorted(held.items()) if paths.get(name) != path and name not in failed]
-        if going:       # not wanted here, or other weights now
+        wanted = placed()
+        paths, failed = await self._locate(wanted)
+        going = _going(held, paths, failed)
+        if going:
+            digests = {a.name: a.spec.digest for a in wanted}
+            leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
+                     if n not in going])
             await asyncio.sleep(UNLOAD_GRACE)
-        for name in going:
+            held = await self._listed()
+            wanted = placed()
+            paths, failed = await self._locate(wanted)
+        for name in _going(held, paths, failed):
             await self._post("/v1/unload_lora_adapter", {"lora_name": name})
             self.counts.unloads.labels(self.model).inc()
             self._unpin(name)
@@ -143,6 +144,20 @@ class EngineAdapters:
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
         return loaded + [failed[n] for n in sorted(failed)]
+
+    async def _locate(self, wanted: list[LoraAdapter]) -> tuple[dict[str, str], dict[str, ShardAdapter]]:
+        """Each wanted adapter's weights on this node (its path), or why they are not."""
+        paths: dict[str, str] = {}
+        failed: dict[str, ShardAdapter] = {}
+
+        async def locate(a: LoraAdapter) -> None:
+            try:
+                paths[a.name] = await self._weights(a)
+            except (PullError, EngineError) as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed",
+                                              message=f"pull {a.spec.source}: {err}")
+        await asyncio.gather(*(locate(a) for a in wanted))
+        return paths, failed
 
     async def _weights(self, a: LoraAdapter) -> str:
         """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned)."""
@@ -190,6 +205,11 @@ class EngineAdapters:
                     raise EngineError(_message(await resp.text()) or f"{path}: HTTP {resp.status}")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise EngineError(f"{path}: {err}") from None
+
+
+def _going(held: dict[str, str], paths: dict[str, str], failed: dict[str, ShardAdapter]) -> list[str]:
+    """The held adapters not wanted here, or wanted from other weights now."""
+    return [name for name, path in sorted(held.items()) if paths.get(name) != path and name not in failed]
 
 
 def _message(text: str) -> str:

@@ -424,7 +424,8 @@ class ShardRunner:
             self._adapters = EngineAdapters(f"{url.scheme}://{url.netloc}", self.ctx.session, self.ctx.puller,
                                             self.shard.spec.model, self.ctx.adapter_counts)
         try:
-            return await self._adapters.sync(self.ctx.adapters.placed_on(self.shard))
+            return await self._adapters.sync(lambda: self.ctx.adapters.placed_on(self.shard),
+                                             lambda staying: self._set(self.status.phase, adapters=staying))
         except EngineError as err:
             log.warning("shard %s: its engine's adapters: %s", self.name, err)
             return []
