@@ -23,6 +23,8 @@ Key: the GitSource's name. At each interval (and at once on a spec change, a
 6. prunes (spec.prune) what the inventory says it applied before and the commit no
    longer has, and only while the object still carries its label: through the usual
    deletion, so a Model's replicas go make-before-break;
+   each object created, changed or pruned is an audit line (`audit`: the controller-manager's
+   `--audit-log`/`--audit-webhook`), naming the source (gitSource) and its commit;
 7. writes status (lastAppliedRevision, the inventory, Ready, Reconciling, Stalled) only
    when it differs.
 
@@ -38,9 +40,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from controllers.gitfetch import Checkout, GitCache, GitError
 from controllers.settings import DEFAULTS, ControllerSettings
@@ -107,8 +112,10 @@ class GitOpsController(Controller):
     watches = (GitSource, Model)
     workers = 2
 
-    def __init__(self, settings: ControllerSettings = DEFAULTS, cache_dir: Path | None = None) -> None:
+    def __init__(self, settings: ControllerSettings = DEFAULTS, cache_dir: Path | None = None,
+                 audit: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.settings = settings
+        self.audit = audit   # takes an audit line of each write of a source's object
         self.retry_base, self.retry_max = settings.gitops_retry_base, settings.gitops_retry_max
         root = cache_dir or Path(tempfile.gettempdir()) / "llmgw-git"
         self.git = GitCache(root, settings.git_timeout, Path(settings.git_credentials_dir),
@@ -229,7 +236,7 @@ class GitOpsController(Controller):
         created, configured = await self._apply(src, objects, rev)
         kept = {(o.kind, o.name) for o in objects}
         gone = [(e.kind, e.name) for e in src.status.inventory if (e.kind, e.name) not in kept]
-        pruned = await self._prune(src, gone) if spec.prune else []
+        pruned = await self._prune(src, gone, rev) if spec.prune else []
         inventory: list[InventoryEntryPatch] = [{"kind": k, "name": n} for k, n in sorted(kept)]
         if created or configured or pruned:
             self.ctx.events.record(src, "Normal", "Applied", f"revision {rev[:12]}: {len(created)} created, "
@@ -283,11 +290,11 @@ class GitOpsController(Controller):
             async with limit:
                 if live is None:
                     manifest.status = type(obj).model_fields["status"].get_default(call_default_factory=True)
-                    self.ctx.cache.assume(await self.ctx.store.create(manifest))
+                    self.ctx.cache.assume(self._audited(src, rev, "create", 201, await self.ctx.store.create(manifest)))
                     created.append(obj.name)
                     return
                 desired = applied(live, manifest)
-                self.ctx.cache.assume(await self.ctx.store.update(desired))
+                self.ctx.cache.assume(self._audited(src, rev, "update", 200, await self.ctx.store.update(desired)))
                 configured.append(obj.name)
                 if hand_edit:
                     self.ctx.events.record(live, "Warning", "DriftCorrected",
@@ -303,8 +310,18 @@ class GitOpsController(Controller):
             raise Retry("ApplyFailed", f"{len(failed)} of {len(objects)} objects were not written: {failed[0]}")
         return created, configured
 
-    async def _prune(self, src: GitSource, gone: list[tuple[str, str]]) -> list[str]:
-        """Delete what this source applied before and no longer has, if it still carries its label."""
+    def _audited(self, src: GitSource, commit: str | None, verb: str, code: int, written: AnyObject) -> AnyObject:
+        """`written`, what the store answered a write of `src`'s with, after its audit line."""
+        if self.audit is not None:
+            self.audit({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                        "requestId": uuid.uuid4().hex, "verb": verb, "kind": written.kind_plural,
+                        "name": written.name, "code": code, "revision": written.metadata.resourceVersion,
+                        "gitSource": src.name, "commit": commit})
+        return written
+
+    async def _prune(self, src: GitSource, gone: list[tuple[str, str]], commit: str | None) -> list[str]:
+        """Delete what this source applied before and no longer has (at `commit`; None: the source
+        is deleted), if it still carries its label."""
         pruned = []
         for kind_name, name in gone:
             kind = KIND_BY_NAME.get(kind_name)
@@ -313,7 +330,8 @@ class GitOpsController(Controller):
                 continue                       # gone already, or no longer this source's
             if live.metadata.deletionTimestamp is None:
                 try:
-                    self.ctx.cache.assume_deletion(await self.ctx.store.delete(kind, name))
+                    self.ctx.cache.assume_deletion(self._audited(src, commit, "delete", 200,
+                                                                 await self.ctx.store.delete(kind, name)))
                 except NotFound:
                     continue
                 except Exception as err:
@@ -342,7 +360,7 @@ class GitOpsController(Controller):
             return None
         inventory = [(e.kind, e.name) for e in src.status.inventory]
         if src.spec.prune:
-            await self._prune(src, inventory)
+            await self._prune(src, inventory, None)
         done = src.model_copy(deep=True)
         done.metadata.finalizers.remove(GITSOURCE_PRUNE_FINALIZER)
         try:

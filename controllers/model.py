@@ -45,10 +45,11 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
-from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, template_hash
+from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, kv_events, template_hash
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
+from llmgw.engines import ENGINES
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 
 log = logging.getLogger("llmgw.controllers.model")
@@ -371,7 +372,8 @@ class ModelController(Controller):
             ),
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
                              source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
-                             nodeSelector=dict(spec.nodeSelector), adapters=spec.adapters),
+                             nodeSelector=dict(spec.nodeSelector), adapters=spec.adapters,
+                             kvEvents=kv_events(spec) and ENGINES[profile.engine].kv_events),
         )
         created = await self.ctx.store.create(replica)
         self.ctx.cache.assume(created)

@@ -57,6 +57,7 @@ from llmgw.api import AnyObject, Node, ObjectMeta, Replica, ReplicaPhase, Shard,
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ReplicaStatusPatch
 from llmgw.api.wellknown import MODEL_LABEL, PROCESS_FINALIZER, REPLICA_LABEL, SHARDS_FINALIZER, shard_name
+from llmgw.engines.base import join_host_port
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 from llmgw.scheduling import describe
 
@@ -91,8 +92,7 @@ def held_ports(shard: Shard) -> set[int]:
     if shard.status.phase != "Failed" or not (refusal is not None or shard.status.message.startswith("PortInUse:")):
         return set()
     named = re.findall(r"\bport (\d+)", (refusal or "") + " " + shard.status.message)
-    own = [shard.spec.ports.serve] + ([shard.spec.ports.distInit] if shard.spec.rank == 0 else [])
-    return {*own, *map(int, named)}
+    return {*shard.spec.ports.own(shard.spec.rank), *map(int, named)}
 
 
 def fold_phase(replica: Replica, shards: list[Shard]) -> ReplicaPhase:
@@ -338,7 +338,7 @@ class ReplicaController(Controller):
         used = set(self._reserved.get(node.name, ()))
         used.update(node.status.foreignPorts, self._port_held.get(node.name, ()))
         for s in self.ctx.cache.index(Shard, "node", node.name):
-            used.update((s.spec.ports.serve, s.spec.ports.distInit))
+            used.update(s.spec.ports.own(0))  # dist-init too on the other ranks' nodes, to be safe
         out = []
         rng = node.status.portRange
         for port in range(rng.first, rng.last + 1):
@@ -376,10 +376,11 @@ class ReplicaController(Controller):
             if node is None:
                 timer.add(1.0)
                 return None
-            ports = self._allocate(node, 2 if p.rank == 0 else 1)
+            ports = self._allocate(node, (4 if r.spec.kvEvents else 2) if p.rank == 0 else 1)
             try:
                 if p.rank == 0:
-                    shard_ports = ShardPorts(serve=ports[0], distInit=ports[1])
+                    kv = ports[2:] if r.spec.kvEvents else [None, None]
+                    shard_ports = ShardPorts(serve=ports[0], distInit=ports[1], kvEvents=kv[0], kvReplay=kv[1])
                 else:
                     shard_ports = ShardPorts(serve=ports[0], distInit=have[0].spec.ports.distInit)
                 shard = Shard(
@@ -416,6 +417,8 @@ class ReplicaController(Controller):
         phase = fold_phase(r, shards)
         head = next(s for s in shards if s.spec.rank == 0)
         endpoint = f"{head.spec.headAddress}:{head.spec.ports.serve}"
+        kv_events, kv_replay = (f"tcp://{join_host_port(head.spec.headAddress, port)}" if port else None
+                                for port in (head.spec.ports.kvEvents, head.spec.ports.kvReplay))
         ready = phase == "Ready"
         msg = {"Ready": f"serving at {endpoint}",
                "Starting": pulling_message(shards)
@@ -426,12 +429,14 @@ class ReplicaController(Controller):
                  {"type": "Scheduled", "status": "True", "reason": "Scheduled",
                   "message": describe(r.spec.placement)}]
         st = r.status
-        if (st.phase, st.endpoint, st.message) == (phase, endpoint, msg) and all(
+        if (st.phase, st.endpoint, st.kvEvents, st.kvReplay, st.message) == (
+                phase, endpoint, kv_events, kv_replay, msg) and all(
                 (c := get_condition(st.conditions, want["type"])) is not None
                 and (c.status, c.reason, c.message) == (want["status"], want["reason"], want["message"])
                 for want in conds):
             return
-        await self._patch(r, {"phase": phase, "endpoint": endpoint, "message": msg, "conditions": conds})
+        await self._patch(r, {"phase": phase, "endpoint": endpoint, "kvEvents": kv_events, "kvReplay": kv_replay,
+                              "message": msg, "conditions": conds})
         if phase != st.phase and phase == "Ready":
             self.ctx.events.record(r, "Normal", "Ready", f"all {len(shards)} shard(s) up; serving at {endpoint}")
 

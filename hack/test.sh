@@ -6,8 +6,9 @@
 # checks (ruff; lint-imports, the import contracts in pyproject.toml; mypy,
 # strict on the whole tree) and pytest: the tests not marked serial in parallel (pytest-xdist,
 # LLMGW_TEST_WORKERS processes, 4 by default: they mostly wait on processes and sockets, and a
-# file's tests stay together and in order on one), then the serial ones alone (the robustness
-# scenarios, the timing-sensitive tests). Extra arguments go to both runs (e.g. -k store).
+# file's tests stay together and in order on one), then the fault scenarios two at a time (each
+# starts a whole cluster and mostly waits on its faults), then the serial ones alone (the
+# timing-sensitive tests). Extra arguments go to every run (e.g. -k store).
 source "$(dirname "$0")/lib.sh"
 ensure_debian_packages etcd-server:etcd etcd-client:etcdctl openssh-server:/usr/sbin/sshd \
   ca-certificates:/usr/sbin/update-ca-certificates prometheus:/usr/bin/promtool faketime:/usr/bin/faketime \
@@ -34,6 +35,7 @@ pytest() {
   return $((status == 5 ? 0 : status))
 }
 status=0
-pytest -n "${LLMGW_TEST_WORKERS:-4}" --dist loadfile -m "not serial" "$@" || status=$?
+pytest -n "${LLMGW_TEST_WORKERS:-4}" --dist loadfile -m "not serial and not faults" "$@" || status=$?
+pytest -n 2 --dist worksteal -m faults "$@" || status=$?
 pytest -m serial "$@" || status=$?
 exit "$status"

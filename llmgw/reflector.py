@@ -82,8 +82,10 @@ class Reflector(Generic[T]):
     reported (a dict entry per item, kept on every event). ``on_list(changes, revision)``,
     when given, hears a list's changes at once instead of ``on_event`` one by one (a view
     can take them all in before telling anyone of one). ``on_synced`` is called after
-    each list's changes were reported. ``burst``: after that many events in a row the
-    loop lets other tasks run (a long burst would starve them).
+    each list's changes were reported; ``on_gone(err)``, when set, hears each error that
+    made it list again (the manager ends a term on an etcd restored under it). ``burst``:
+    after that many events in a row the loop lets other tasks run (a long burst would
+    starve them).
     """
 
     def __init__(self, lw: ListerWatcher[T], on_event: Callable[[EventType, T, int], None], *,
@@ -98,6 +100,7 @@ class Reflector(Generic[T]):
         self.known = known
         self.on_list = on_list
         self.on_synced = on_synced
+        self.on_gone: Callable[[Exception], None] | None = None
         self.idle_timeout = idle_timeout
         self.backoff = backoff or Backoff(0.1, 10.0)
         self.burst = burst
@@ -138,6 +141,8 @@ class Reflector(Generic[T]):
                 if after == "relist":
                     log.info("%s: revision %d is gone (%s); listing again", self.name, self.revision + 1, err)
                     self._must_list = True
+                    if self.on_gone is not None:
+                        self.on_gone(err)
                     continue
                 why = f"interrupted ({err})"
             delay = self.backoff.next()

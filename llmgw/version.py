@@ -13,6 +13,9 @@ from importlib import metadata
 
 HEADER = "X-Llmgw-Version"
 
+# What a component that sends no X-Llmgw-Version is taken for: 0.1.0, the last release that sent none.
+HEADERLESS = "0.1.0"
+
 # How many minor versions a component may be older than the servers; none may be newer.
 OLDER = {"agent": 2, "gateway": 2, "controller-manager": 1}
 

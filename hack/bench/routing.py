@@ -84,6 +84,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,7 +111,7 @@ apiVersion: llmgw.io/v1
 kind: Replica
 metadata: {{name: bench-{i}}}
 spec: {{model: bench, templateHash: bench, profile: {{engine: sim}}, servedModelNames: [bench]}}
-status: {{phase: Ready, endpoint: "127.0.0.1:{port}"}}
+status: {{phase: Ready, endpoint: "127.0.0.1:{port}"{kv}}}
 """
 
 
@@ -156,20 +157,25 @@ def workload(args, rate: float, seed: int) -> list[tuple[float, dict]]:
 
 # ------------------------------------------------------------------ one run
 
-async def drive(url: str, schedule: list[tuple[float, dict]]) -> dict:
-    """Send each request at its time (open loop); TTFT, end-to-end latency and tokens of each."""
+async def drive(url: str, schedule: list[tuple[float, dict]], on_send: Callable[[int], None] | None = None) -> dict:
+    """Send each request at its time (open loop); TTFT, end-to-end latency and tokens of each, and
+    the cached prompt tokens the engine reported per request (by index in the schedule).
+    `on_send(i)` is told just before request i goes."""
     import aiohttp
     bodies = [(t, json.dumps(b).encode()) for t, b in schedule]
     ttft, e2e, failures = [], [], 0
+    cached: dict[int, int] = {}
     out_tokens = 0
     last = 0.0
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                     timeout=aiohttp.ClientTimeout(total=600))
     start = time.perf_counter()
 
-    async def one(at: float, data: bytes) -> None:
+    async def one(i: int, at: float, data: bytes) -> None:
         nonlocal failures, out_tokens, last
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        if on_send is not None:
+            on_send(i)
         t0 = time.perf_counter()
         first = None
         usage = None
@@ -194,14 +200,15 @@ async def drive(url: str, schedule: list[tuple[float, dict]]) -> dict:
         ttft.append(first - t0)
         e2e.append(done - t0)
         out_tokens += usage["completion_tokens"]
+        cached[i] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         last = max(last, done)
 
     try:
-        await asyncio.gather(*(one(at, data) for at, data in bodies))
+        await asyncio.gather(*(one(i, at, data) for i, (at, data) in enumerate(bodies)))
     finally:
         await session.close()
     return {"ttft": sorted(ttft), "e2e": sorted(e2e), "failures": failures, "tokens": out_tokens,
-            "elapsed": (last - start) if last else float("nan"), "ok": len(ttft)}
+            "elapsed": (last - start) if last else float("nan"), "ok": len(ttft), "cached": cached}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -222,10 +229,14 @@ def engine_counters(ports: list[int]) -> tuple[float, float]:
 
 
 def run_policy(llmgw: list[str], tmp: str, policy: str, ports: list[int],
-               schedule: list[tuple[float, dict]]) -> dict:
+               schedule: list[tuple[float, dict]], kv: list[tuple[int, int]] | None = None,
+               on_send: Callable[[int], None] | None = None) -> dict:
+    """One policy's run; `kv`: each engine's KV event and replay ports, named in its Replica's status."""
     routes = Path(tmp, f"{policy}.yaml")
     routes.write_text(MODEL.format(policy=policy) + "".join(
-        REPLICA.format(i=i, port=port) for i, port in enumerate(ports)))
+        REPLICA.format(i=i, port=port, kv=f', kvEvents: "tcp://127.0.0.1:{kv[i][0]}", '
+                                          f'kvReplay: "tcp://127.0.0.1:{kv[i][1]}"' if kv else "")
+        for i, port in enumerate(ports)))
     for port in ports:
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=10).close()
@@ -238,7 +249,7 @@ def run_policy(llmgw: list[str], tmp: str, policy: str, ports: list[int],
         wait_up(f"http://127.0.0.1:{gw_port}/healthz", gw)
         hits0, queries0 = engine_counters(ports)
         cpu0 = cpu_seconds(gw.pid)
-        result = run_async(drive(f"http://127.0.0.1:{gw_port}/v1/chat/completions", schedule))
+        result = run_async(drive(f"http://127.0.0.1:{gw_port}/v1/chat/completions", schedule, on_send))
         result["gateway_us"] = (cpu_seconds(gw.pid) - cpu0) / max(1, len(schedule)) * 1e6
         hits1, queries1 = engine_counters(ports)
         result["hit_rate"] = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0

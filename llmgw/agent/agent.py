@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.listener import Revoked
 from llmgw.agent.listener import serve as listen
 from llmgw.agent.logs import LogServer
 from llmgw.agent.metrics import AgentMetrics, EngineTarget, NodeFacts, Pull, metrics_url
@@ -31,7 +33,9 @@ from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
 from llmgw.api import LoraAdapter, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
-from llmgw.client import Client
+from llmgw.backoff import Backoff
+from llmgw.client import ApiError, Client
+from llmgw.pki.renewal import ExpiryCollector, Renewer, complete_renewal
 from llmgw.pki.tls import mtls_server_context, peer_client_context
 from llmgw.weights.cache import Cache
 from llmgw.weights.peers import Peers
@@ -50,8 +54,11 @@ class Agent:
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
-        self.revoked: set[str] = set()           # the server's revoked serials, refused by its listener
+        self.revoked = Revoked()                 # the server's revoked serials, refused by its listener
         self.puller: Puller | None = None
+        self.renewer: Renewer | None = None
+        # the TLS contexts that present the node's certificate: a renewal loads the new one into each
+        self._contexts: list[ssl.SSLContext] = []
 
     def discover(self) -> Facts:
         self.facts = gather(self.config)
@@ -66,6 +73,8 @@ class Agent:
         facts = self.facts if self.facts is not None else self.discover()
         state = StateDir(cfg.state_dir)
         state.prepare()
+        if cfg.cert and cfg.key:
+            complete_renewal(cfg.cert, cfg.key)
         client = Client(cfg.server_urls, ca=cfg.ca, cert=cfg.cert, key=cfg.key)
         reporter = StatusReporter(self._shard_writer(client), self.node)
         cache = Cache(cfg.weights_path, cfg.weights_cache_size)
@@ -73,8 +82,8 @@ class Agent:
         peers = None
         if cfg.logs_listen and cfg.weights_peers:
             assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
-            peers = Peers(self.node, self._fabrics, client.nodes_with_weights,
-                          peer_client_context(cfg.cert, cfg.key, cfg.ca))
+            self._contexts.append(peer_client_context(cfg.cert, cfg.key, cfg.ca))
+            peers = Peers(self.node, self._fabrics, client.nodes_with_weights, self._contexts[-1])
         self.puller = Puller(cache, HubConfig(cfg.hub_endpoint, cfg.hub_token_file), on_change=self._weights_changed,
                              peers=peers)
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
@@ -84,6 +93,9 @@ class Agent:
         if sup.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
                      cfg.state_dir, sorted(sup.records))
+        if cfg.cert and cfg.key and cfg.renew_fraction:
+            self.renewer = Renewer(cfg.cert, cfg.key, client, fraction=cfg.renew_fraction, jitter=cfg.renew_jitter,
+                                   reload=[client.use_certificate, self._reload_contexts])
         reg = self.registration = Registration(client, self.node, cfg.labels, cfg.heartbeat_interval)
         reg.on_reconnect.append(reporter.kick)
         tasks: list[asyncio.Task[Any]] = []
@@ -100,7 +112,8 @@ class Agent:
             tasks = [asyncio.ensure_future(c) for c in (
                 reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._watch_adapters(client),
                 self._rediscover(),
-                *([self._watch_revocations(client)] if logs_site is not None else []))]
+                *([self._watch_revocations(client)] if logs_site is not None else []),
+                *([self.renewer.run()] if self.renewer is not None else []))]
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
@@ -115,16 +128,41 @@ class Agent:
 
     async def _watch_revocations(self, client: Client) -> None:
         """The server's revoked serials, for the listener: a revoked certificate is refused there
-        within a watch's delay of its revocation (docs/contracts.md, "The agent's listener")."""
-        async for type_, serial in client.list_and_watch_revocations():
-            if serial is not None:
-                (self.revoked.discard if type_ == "DELETED" else self.revoked.add)(serial)
+        within a watch's delay of its revocation. While the server refuses the watch (this node's
+        certificate revoked or expired, a server without the list) the listener fails closed: 503
+        to everyone, naming why; the watch is asked again, backing off, and the listener serves
+        once the server lists the revocations again (docs/contracts.md, "Peers")."""
+        backoff = Backoff(1.0, 30.0)
+        while True:
+            try:
+                async for type_, serial in client.list_and_watch_revocations(synced=True):
+                    if type_ == "SYNCED":
+                        if self.revoked.refused is not None:
+                            log.info("the server lists the revoked certificates again: the listener serves again")
+                        self.revoked.refused = None
+                        backoff.reset()
+                    elif serial is not None:
+                        (self.revoked.serials.discard if type_ == "DELETED" else self.revoked.serials.add)(serial)
+            except ApiError as err:
+                if self.revoked.refused is None:
+                    log.error("the server refuses this agent's watch of revoked certificates (%s): the listener "
+                              "answers every request 503 until the server lists them again", err)
+                self.revoked.refused = str(err)
+                await backoff.sleep()
+
+    def _reload_contexts(self, cert: str, key: str) -> None:
+        """The listener and the peers' client present the renewed certificate from their next handshake."""
+        for ctx in self._contexts:
+            ctx.load_cert_chain(cert, key)
 
     async def _serve_metrics(self, listen: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
         assert self.supervisor is not None  # made by run
         metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts,
                                [self.supervisor.ctx.adapter_counts])
+        renewer = self.renewer
+        if renewer is not None:
+            metrics.registry.register(ExpiryCollector({"node": lambda: renewer.not_after}))
         runner = await serve_metrics(metrics, host.strip("[]") or "0.0.0.0", int(port))
         log.info("metrics on http://%s/metrics", listen)
         return runner
@@ -135,8 +173,9 @@ class Agent:
         cfg = self.config
         assert cfg.cert and cfg.key and cfg.ca  # require_connection checked them
         host, _, port = where.rpartition(":")
-        runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port),
-                                     mtls_server_context(cfg.cert, cfg.key, cfg.ca), self.revoked.__contains__)
+        self._contexts.append(mtls_server_context(cfg.cert, cfg.key, cfg.ca))
+        runner, bound = await listen(apps, host.strip("[]") or "0.0.0.0", int(port), self._contexts[-1],
+                                     self.revoked)
         self.logs_endpoint = f"https://{f'[{address}]' if ':' in address else address}:{bound}"
         log.info("engine logs for the API server, the weights cache for peers, on %s", self.logs_endpoint)
         return runner

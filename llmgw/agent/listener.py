@@ -3,14 +3,15 @@ prefixes, each with its own rule of who may ask. /shards/ serves the engine logs
 alone (logs.py); /weights/ serves the weights cache to the other nodes (peers.py).
 
 Mutual TLS with the node's own certificate: a client must present a certificate of the cluster's
-CA, not revoked (the server's list, which the agent watches: `revoked`), and each app's middleware
-(`only`) lets one organisation in.
+CA, not revoked (the server's list, which the agent watches: `Revoked`; while the server refuses
+that watch, no one: 503), and each app's middleware (`only`) lets one organisation in.
 """
 from __future__ import annotations
 
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -33,12 +34,31 @@ def subject(request: web.Request) -> dict[str, str]:
     return {k: v for rdn in _certificate(request).get("subject", ()) for k, v in rdn}
 
 
-def refuse_revoked(revoked: Callable[[str], bool]) -> Any:
-    """A middleware answering 401 to a client certificate whose serial `revoked` says is revoked."""
+# the request's: whether its certificate is still not revoked, asked by a long answer
+STILL_TRUSTED: web.RequestKey[Callable[[], bool]] = web.RequestKey("still_trusted")
+
+
+@dataclass
+class Revoked:
+    """The server's revoked serials, as the agent's watch keeps them, and why the server refuses
+    that watch now (`refused`; None: it answers)."""
+    serials: set[str] = field(default_factory=set)
+    refused: str | None = None
+
+
+def refuse_revoked(revoked: Revoked) -> Any:
+    """A middleware answering 401 to a client certificate whose serial is revoked, and 503 to
+    every request while the server refuses the watch of revocations (which are then not known)."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if revoked.refused is not None:
+            raise web.HTTPServiceUnavailable(text=f"this node's agent cannot tell a revoked certificate: the server "
+                                                  f"refuses its watch of revocations ({revoked.refused})")
         serial = normalize_serial(_certificate(request).get("serialNumber", "0"))
-        if revoked(serial):
+        # asked again by an answer that streams for long (a file of a pull in flight): it is cut
+        # once the certificate is revoked, or the list can no longer be known
+        request[STILL_TRUSTED] = lambda: serial not in revoked.serials and revoked.refused is None
+        if serial in revoked.serials:
             who = subject(request)
             log.warning("refused: %s from CN=%s O=%s serial=%s (%s): the certificate is revoked", request.path,
                         who.get("commonName", ""), who.get("organizationName", ""), serial, request.remote)
@@ -63,9 +83,10 @@ def only(org: str, what: str, refusal: Callable[[str, str], str]) -> Any:
 
 
 async def serve(apps: dict[str, web.Application], host: str, port: int, tls: ssl.SSLContext,
-                revoked: Callable[[str], bool]) -> tuple[web.AppRunner, int]:
-    """Listen with `apps` under their prefixes, refusing the certificates `revoked` names (every
-    app's requests); the runner (to clean up) and the port bound (port 0: any free one)."""
+                revoked: Revoked) -> tuple[web.AppRunner, int]:
+    """Listen with `apps` under their prefixes, refusing the certificates `revoked` names, and
+    everyone while the server refuses the watch of them (every app's requests); the runner (to
+    clean up) and the port bound (port 0: any free one)."""
     root = web.Application(middlewares=[refuse_revoked(revoked)])
     for prefix, app in apps.items():
         root.add_subapp(prefix, app)

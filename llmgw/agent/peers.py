@@ -17,11 +17,12 @@ import asyncio
 import logging
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from llmgw.agent.listener import only
+from llmgw.agent.listener import STILL_TRUSTED, only
 from llmgw.pki.ca import ORG
 from llmgw.weights.digest import check_path
 from llmgw.weights.puller import WAIT, Puller
@@ -75,7 +76,7 @@ class CacheServer:
             # wrong) is one the peer's fetch sees as short, and it goes elsewhere.
             resp = web.StreamResponse(status=206 if start else 200)
             await resp.prepare(request)
-            await _follow(f, start, size, resp)
+            await _follow(f, start, size, resp, request[STILL_TRUSTED])
             await resp.write_eof()
             return resp
         finally:
@@ -97,12 +98,17 @@ class CacheServer:
             waited += POLL
 
 
-async def _follow(f: Any, start: int, size: int, resp: web.StreamResponse) -> None:
+async def _follow(f: Any, start: int, size: int, resp: web.StreamResponse, trusted: Callable[[], bool]) -> None:
     """Send `f` from `start` to `size` bytes as it grows; stop short when it stops growing for
-    STALL seconds or is removed (its pull dropped it, or failed)."""
+    STALL seconds or is removed (its pull dropped it, or failed), or when the peer's certificate
+    is revoked (`trusted()` false: a pull in progress is cut within the revocation watch's delay)."""
     f.seek(start)
     sent, idle = start, 0.0
     while sent < size:
+        if not trusted():
+            log.warning("a peer's read of %s ends at %d of %d bytes: its certificate is revoked (or the revoked "
+                        "certificates are no longer known)", f.name, sent, size)
+            return
         chunk = await asyncio.to_thread(f.read, min(CHUNK, size - sent))
         if chunk:
             await resp.write(chunk)

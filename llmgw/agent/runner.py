@@ -110,9 +110,8 @@ class EngineProcess:
 
 
 def own_ports(shard: Shard) -> list[int]:
-    """The ports a shard's engine binds on its node: serve, and dist-init on rank 0."""
-    p = shard.spec.ports
-    return [p.serve, p.distInit] if shard.spec.rank == 0 else [p.serve]
+    """The ports a shard's engine binds on its node (ShardPorts.own)."""
+    return shard.spec.ports.own(shard.spec.rank)
 
 
 class ShardRunner:

@@ -27,6 +27,7 @@ from llmgw.api.types import (
     AnyObject,
     Object,
     ObjectT,
+    kv_events,
     resolve_kind,
     template_hash,
 )
@@ -38,5 +39,5 @@ __all__ = [
     "InvalidObject", "ManifestError", "load_file", "load_path", "parse_object", "parse_stored",
     "API_VERSION", "Condition", "ObjectMeta", "OwnerReference", "check_dns1123_label", "condition_true",
     "get_condition", "now", "set_condition",
-    "KIND_BY_NAME", "KINDS", "AnyObject", "Object", "ObjectT", "resolve_kind", "template_hash",
+    "KIND_BY_NAME", "KINDS", "AnyObject", "Object", "ObjectT", "resolve_kind", "kv_events", "template_hash",
 ]

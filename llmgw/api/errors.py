@@ -106,6 +106,22 @@ class UnsupportedMediaType(StatusError):
     reason = "UnsupportedMediaType"
 
 
+class TooManyRequests(StatusError):
+    """The server takes no more of these now (a rate limit); the same request may succeed after
+    ``retry_after`` seconds (the answer's details: retryAfterSeconds)."""
+
+    code = 429
+    reason = "TooManyRequests"
+
+    def __init__(self, message: str, retry_after: float = 0.0):
+        self.retry_after = retry_after
+        super().__init__(message)
+
+    @property
+    def details(self) -> dict[str, str]:
+        return {"retryAfterSeconds": f"{self.retry_after:.3f}"}
+
+
 class Unavailable(StatusError):
     """The state cannot be reached now (etcd, or the server); the same request may succeed later."""
 

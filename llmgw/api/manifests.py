@@ -21,6 +21,7 @@ from llmgw.api.limits import (
     too_deep,
     too_large,
 )
+from llmgw.api.storage import convert, current_version, removed_problems
 from llmgw.api.types import KIND_BY_NAME, AnyObject, Model, Node, Replica, Shard
 
 
@@ -75,11 +76,14 @@ def parse_object(doc: Any) -> AnyObject:
     if not isinstance(doc, dict):
         raise InvalidObject([f"<document>: expected a mapping, got {type(doc).__name__}"])
     kind = doc.get("kind")
-    cls = KIND_BY_NAME.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if not isinstance(kind, str) or kind not in KIND_BY_NAME:
         raise InvalidObject([f"kind: unknown kind {kind!r} (expected one of {', '.join(KIND_BY_NAME)})"])
-    if doc.get("apiVersion") != "llmgw.io/v1":
-        raise InvalidObject([f"apiVersion: expected 'llmgw.io/v1', got {doc.get('apiVersion')!r}"])
+    cls, expected = KIND_BY_NAME[kind], current_version(kind)
+    if doc.get("apiVersion") != expected:
+        raise InvalidObject([f"apiVersion: expected {expected!r}, got {doc.get('apiVersion')!r}"])
+    removed = removed_problems(doc)
+    if removed:
+        raise InvalidObject(removed)
     try:
         return cls.model_validate(doc)
     except ValidationError as err:
@@ -93,7 +97,9 @@ def parse_stored(spec_doc: bytes, status_doc: bytes | None) -> AnyObject:
     json.loads and then validation (watch events are decoded by every
     controller and the server's watch cache). The status document is spliced
     in as the object's `status`, as parse_object would get it; a document that
-    does not validate goes through parse_object, for its messages.
+    does not validate (one stored in an older version among them) is converted to
+    its kind's current version (llmgw.api.storage) and goes through parse_object,
+    for its messages.
     """
     text = spec_doc if not status_doc else b"%s,\"status\":%s}" % (spec_doc.rstrip()[:-1], status_doc)
     try:
@@ -102,7 +108,7 @@ def parse_stored(spec_doc: bytes, status_doc: bytes | None) -> AnyObject:
         doc = json.loads(spec_doc)
         if status_doc and isinstance(doc, dict):
             doc["status"] = json.loads(status_doc)
-        return parse_object(doc)
+        return parse_object(convert(doc) if isinstance(doc, dict) else doc)
 
 
 class _Loader(yaml.SafeLoader):

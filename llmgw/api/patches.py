@@ -52,6 +52,8 @@ class ModelStatusPatch(TypedDict, total=False):
 class ReplicaStatusPatch(TypedDict, total=False):
     phase: ReplicaPhase
     endpoint: str | None
+    kvEvents: str | None
+    kvReplay: str | None
     message: str
     restarts: int
     consecutiveFailures: int

@@ -39,6 +39,7 @@ from llmgw.api.secrets import check_secret_hash
 from llmgw.api.selectors import Selector
 from llmgw.api.sources import check_digest, parse_source
 from llmgw.engines import rules
+from llmgw.routing.precise_prefix import PrecisePrefix
 
 
 # A name in the engines' registry (llmgw/engines/rules.py: each engine's module registers itself).
@@ -441,6 +442,14 @@ class Model(Object[ModelSpec, ModelStatus]):
         return scaling.clamp(scaling.minReplicas if desired is None else desired)
 
 
+PRECISE_PREFIX = PrecisePrefix.name
+
+
+def kv_events(spec: ModelSpec) -> bool:
+    """Whether the Model's replicas publish their engines' KV events: it routes with precise-prefix."""
+    return spec.routing.policy == PRECISE_PREFIX
+
+
 def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:
     """Hash of what a replica runs; replicas with an older hash get rolled."""
     template = {
@@ -453,6 +462,8 @@ def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:
         template["digest"] = spec.digest
     if spec.adapters is not None:   # likewise: engines started with adapter slots are other engines
         template["adapters"] = spec.adapters.model_dump(mode="json")
+    if kv_events(spec):  # likewise: engines start (or stop) publishing KV events in a rollout
+        template["kvEvents"] = PRECISE_PREFIX
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
     return digest[:10]
 
@@ -480,12 +491,19 @@ class ReplicaSpec(Strict):
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     placement: list[Placement] = Field(default_factory=list)
     adapters: AdapterSlots | None = None
+    # Its engine publishes its KV events for the gateways (the Model routes with precise-prefix and
+    # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
+    kvEvents: bool = False
 
 
 class ReplicaStatus(Strict):
     observedGeneration: Int = 0
     phase: ReplicaPhase = "Pending"
     endpoint: str | None = None
+    # Where its engine publishes its KV-cache events (ZeroMQ PUB) and replays them (ROUTER), when the
+    # Model routes with precise-prefix and the engine publishes them (docs/gateway.md, "KV events").
+    kvEvents: str | None = None
+    kvReplay: str | None = None
     message: str = ""
     restarts: Int = 0
     # Failures in a row: back to 1 when the replica had stayed Ready for the controller's
@@ -510,6 +528,15 @@ ShardPhase = Literal["Pending", "Pulling", "Starting", "Running", "Ready", "Fail
 class ShardPorts(Strict):
     serve: Port
     distInit: Port
+    # rank 0 of a replica whose engine publishes KV events for precise-prefix (ReplicaSpec.kvEvents)
+    kvEvents: Port | None = None
+    kvReplay: Port | None = None
+
+    def own(self, rank: int) -> list[int]:
+        """The ports the shard's engine binds on its node: serve; on rank 0 dist-init and the KV event ports."""
+        if rank:
+            return [self.serve]
+        return [self.serve, self.distInit, *(p for p in (self.kvEvents, self.kvReplay) if p is not None)]
 
 
 class ShardSpec(Strict):

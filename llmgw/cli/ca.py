@@ -1,15 +1,25 @@
-"""`llmgw ca`: the cluster's certificate authority (init, issue, revoke, list)."""
+"""`llmgw ca`: the cluster's certificate authority (init, issue, revoke, list, status)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import NoReturn
 
 import click
 
 from llmgw.cli.connect import Connection, checked, connection_options, run
 from llmgw.cli.errors import EXIT_CODES_HELP
-from llmgw.pki import DEFAULT_DAYS, ETCD_ROLES, USER_DAYS, CAError, CertificateAuthority, Issued, normalize_serial
+from llmgw.pki import (
+    DEFAULT_DAYS,
+    ETCD_ROLES,
+    USER_DAYS,
+    CAError,
+    CertificateAuthority,
+    Issued,
+    identity_from_pem_file,
+    normalize_serial,
+)
 from llmgw.printers.table import print_table
 
 dir_option = click.option("--dir", "directory", envvar="LLMGW_CA_DIR", default="~/.config/llmgw/ca",
@@ -59,6 +69,8 @@ def init(directory: str, days: int) -> None:
     click.echo(f"CA created: {path} (private key {path.with_name('ca.key')}, mode 0600)")
     click.echo(f"etcd CA created: {path.parent / 'etcd' / 'ca.crt'} (signs only etcd's member and client "
                "certificates: `llmgw ca issue etcd-member|etcd-client`)")
+    click.echo(f"signer created: {path.parent / 'signer.crt'} (the API servers' --signer-cert and --signer-key: "
+               "they renew nodes' and components' certificates with it, the root's key stays here)")
 
 
 @ca.group()
@@ -160,6 +172,22 @@ def issue_etcd_client(name: str, directory: str, days: int, not_before: datetime
     _issue(directory, "etcd-client", name, days=days, not_before=not_before)
 
 
+@issue.command("signer")
+@dir_option
+@days_option
+def issue_signer(directory: str, days: int) -> None:
+    """The control plane's signing CA (signer.crt, signer.key in --dir), which the API servers
+    renew nodes' and components' certificates with (`llmgw server --signer-cert --signer-key`);
+    `llmgw ca init` makes the first, this a new one before it expires."""
+    try:
+        entry = _ca(directory).issue_signer(days)
+    except CAError as err:
+        _fail(err)
+    click.echo(f"issued the signer: serial {entry.serial}, valid until {entry.not_after}")
+    click.echo(f"  cert {entry.cert}")
+    click.echo(f"  key  {entry.key} (copy both to every API server; restart them one at a time)")
+
+
 @ca.command(epilog=EXIT_CODES_HELP)
 @click.argument("serial", required=False)
 @click.option("--node", default=None, help="Revoke every certificate issued to this node.")
@@ -186,16 +214,20 @@ def revoke(serial: str | None, node: str | None, replay: bool, directory: str, c
     except CAError as err:
         _fail(err)
 
+    renewals: dict[str, list[str]] = {}
+
     async def record() -> None:
         async with conn.client() as c:
             for e in entries:
-                await c.revoke(e.serial, role=e.role, name=e.name)
+                renewals[e.serial] = (await c.revoke(e.serial, role=e.role, name=e.name)).get("renewals") or []
 
     run(record())
     if authority.index_path.exists():
         authority.mark_revoked([e.serial for e in entries])
     for e in entries:
-        click.echo(f"{'replayed' if replay else 'revoked'} {e.serial}")
+        renewed = renewals.get(e.serial)
+        click.echo(f"{'replayed' if replay else 'revoked'} {e.serial}"
+                   + (f" and its renewals {', '.join(renewed)}" if renewed else ""))
     if replay:
         click.echo(f"{len(entries)} revocation(s) of {authority.journal_path} replayed")
 
@@ -214,3 +246,51 @@ def list_(directory: str) -> None:
         state = "revoked" if e.revoked else ("expired" if datetime.fromisoformat(e.not_after) < now else "valid")
         rows.append([e.serial, e.role, e.name, e.not_after[:19], state])
     print_table(["SERIAL", "ROLE", "NAME", "NOT AFTER", "STATE"], rows)
+
+
+@ca.command(epilog=EXIT_CODES_HELP)
+@dir_option
+@click.option("--file", "files", multiple=True, metavar="FILE",
+              help="Another certificate file to list (a node's, where it renews its own); repeatable.")
+@click.option("--cluster", is_flag=True,
+              help="Also the newest certificate the cluster's servers renewed for each identity (as an admin, "
+                   "through the connection options below).")
+@connection_options
+def status(directory: str, files: tuple[str, ...], cluster: bool, conn: Connection) -> None:
+    """The certificates in use, soonest to expire first, with the days they have left: the roots,
+    the signer, the last unrevoked certificate of each identity of --dir (read from its file,
+    which a renewal rewrites), etcd's, each --file, and with --cluster the newest renewal of each
+    identity the servers signed (its FILE column: "renewed")."""
+    authority = _ca(directory)
+    if not authority.exists():
+        _fail(CAError(f"no CA in {authority.dir}: run `llmgw ca init --dir {authority.dir}` first"))
+    found = authority.in_use()
+    known = {path.resolve() for _, _, path in found}
+    found += [("file", "", Path(f)) for f in files if Path(f).resolve() not in known]
+    now = datetime.now(timezone.utc)
+    rows: list[tuple[datetime, list[str]]] = []
+
+    def row(role: str, name: str, serial: str, not_after: datetime, where: str) -> None:
+        days = (not_after - now).total_seconds() / 86400
+        rows.append((not_after, [role, name, serial, not_after.isoformat()[:19],
+                                 f"{days:.1f}" if days > 0 else "expired", where]))
+
+    for role, name, path in found:
+        try:
+            who = identity_from_pem_file(str(path))
+        except (OSError, ValueError) as err:
+            _fail(CAError(f"{path}: not a readable certificate: {getattr(err, 'strerror', None) or err}"))
+        row(role if role != "file" else who.role or "?", name or who.name, who.serial, who.not_after, str(path))
+    if cluster:
+        async def renewed() -> list[dict[str, str]]:
+            async with conn.client() as c:
+                return await c.renewals()
+        newest: dict[tuple[str, str], dict[str, str]] = {}
+        for r in run(renewed()):
+            key = (r["role"], r["name"])
+            if key not in newest or r["notAfter"] > newest[key]["notAfter"]:
+                newest[key] = r
+        for (role, name), r in newest.items():
+            row(role, name, r["serial"], datetime.fromisoformat(r["notAfter"]), "renewed")
+    rows.sort(key=lambda r: r[0])
+    print_table(["ROLE", "NAME", "SERIAL", "NOT AFTER", "DAYS LEFT", "FILE"], [r for _, r in rows])

@@ -1,5 +1,6 @@
 """`llmgw ctl`: operator tools. `engine-check` checks llmgw's engine command lines against the engines' help;
-`snapshot` saves, inspects and restores etcd's snapshots (llmgw/cmd/snapshot.py)."""
+`snapshot` saves, inspects and restores etcd's snapshots (llmgw/cmd/snapshot.py); `migrate-storage` rewrites
+the stored objects in the current storage version (llmgw/cmd/migrate.py)."""
 from __future__ import annotations
 
 import sys
@@ -31,9 +32,9 @@ class EngineName(click.ParamType[str]):
 
 class CtlGroup(click.Group):
     """ctl's commands, and those of the composition roots (llmgw/cmd/) it names, imported on use as
-    `llmgw`'s are (llmgw.cli.main.COMMANDS): `snapshot` talks to etcd, which the CLI may not."""
+    `llmgw`'s are (llmgw.cli.main.COMMANDS): `snapshot` and `migrate-storage` talk to etcd, which the CLI may not."""
 
-    ROOTS = {"snapshot": "llmgw.cmd.snapshot:snapshot"}
+    ROOTS = {"snapshot": "llmgw.cmd.snapshot:snapshot", "migrate-storage": "llmgw.cmd.migrate:migrate_storage"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.ROOTS))

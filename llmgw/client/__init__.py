@@ -25,12 +25,15 @@
         c.lister_watcher(kind, node=None, selector=None)  # the same source, for a Reflector of your own
         await c.heartbeat(node, ttl=None); await c.events(kind, name)
         await c.record_event(kind, name, type, reason, message)
+        chain = await c.renew_certificate(csr_pem)       # a node's or a component's own identity (llmgw/pki/renewal.py)
+        await c.try_certificate(cert, key); c.use_certificate(cert, key)   # new connections present it
 
 Errors (each str() is one actionable line):
     ApiError(code, reason, message, url)      base; subclasses by code: BadRequest 400 (Invalid 422),
         Unauthorized 401 (expired/revoked cert), Forbidden 403 (names the rule; VersionSkew: outside
         the version skew policy, naming both versions), NotFound 404,
-        Conflict 409 (AlreadyExists is a Conflict), Expired 410, Unavailable 503
+        Conflict 409 (AlreadyExists is a Conflict), Expired 410, TooManyRequests 429 (retry_after:
+        the seconds the server said to wait), Unavailable 503
     Unreachable(url, why)                     code 0: no HTTP answer (refused, DNS, timeout)
     TLSError(side, why, url)                  code 0: side 'server' = we distrust its certificate,
                                               'client' = it refused ours (or ours cannot be loaded)
@@ -47,6 +50,7 @@ from llmgw.client.errors import (
     Invalid,
     NotFound,
     TLSError,
+    TooManyRequests,
     Unauthorized,
     Unavailable,
     Unreachable,
@@ -54,5 +58,5 @@ from llmgw.client.errors import (
 )
 
 __all__ = ["Client", "ServerObjects", "ClientConfig", "ConfigError", "config_path", "AlreadyExists", "ApiError",
-           "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "Unauthorized",
-           "Unavailable", "Unreachable", "VersionSkew"]
+           "BadRequest", "Conflict", "Expired", "Forbidden", "Invalid", "NotFound", "TLSError", "TooManyRequests",
+           "Unauthorized", "Unavailable", "Unreachable", "VersionSkew"]

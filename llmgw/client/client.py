@@ -136,7 +136,7 @@ async def _oneshot_request(oneshot: OneShot, url: str, method: str, path: str, p
 def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
     try:
         body = json.loads(text)
-        return error_for(status, body.get("reason", reason), body.get("message", text), url)
+        return error_for(status, body.get("reason", reason), body.get("message", text), url, body.get("details"))
     except (ValueError, AttributeError):
         return error_for(status, reason, f"{status} {reason}: {text.strip()[:200]}", url)
 
@@ -168,10 +168,13 @@ class Client:
         self._at = 0   # the server in use: self.servers[self._at]
         https = any(url.startswith("https://") for url in self.servers)
         self._ssl = _ssl_context(ca, cert, key) if https else None
+        self._ca = ca
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
         self._version = version
         self._session: aiohttp.ClientSession | None = None
+        self._retiring: set[asyncio.Future[None]] = set()   # sessions of a certificate replaced (use_certificate)
+        self._certificates = 0   # how many times it was replaced: a watch opened before ends at its next line
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
     @property
@@ -222,6 +225,9 @@ class Client:
         return self._session
 
     async def close(self) -> None:
+        for retiring in self._retiring:
+            retiring.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         for oneshot in (self._oneshots or {}).values():
             oneshot.close()
         if self._session is not None:
@@ -390,6 +396,45 @@ class Client:
         result: dict[str, Any] = await self.request("POST", f"{BASE}/revocations", body=body)
         return result
 
+    async def renew_certificate(self, csr_pem: str) -> str:
+        """A new certificate for this client's identity, for the key of `csr_pem` (a node's or a
+        component's; the server's signing CA): the PEM chain to present."""
+        result = await self.request("POST", f"{BASE}/renewals", body={"csr": csr_pem})
+        return str(result["certificate"])
+
+    async def renewals(self) -> builtins.list[dict[str, Any]]:
+        """Every certificate renewed through the API (admins): serial, from, role, name, notAfter."""
+        result = await self.request("GET", f"{BASE}/renewals")
+        return list(result["items"])
+
+    async def try_certificate(self, cert: str, key: str) -> None:
+        """Raise unless the servers accept `cert` (the client's servers and CA, a new session)."""
+        async with Client(self.servers, ca=self._ca, cert=cert, key=key, timeout=self._timeout_s,
+                          version=self._version) as other:
+            await other.whoami()
+
+    def use_certificate(self, cert: str, key: str) -> None:
+        """Present `cert` from now on: every request from now on goes through a new session, whose
+        connections present it. A watch opened before ends at its next line (a bookmark at the
+        latest), which the reflector watching through it takes as any ended watch: it watches
+        again from its last revision, on the new session. The old session is closed once its
+        requests in flight had the client's timeout to end."""
+        if self._ssl is None:
+            raise ValueError("this client speaks plain HTTP: it presents no certificate")
+        self._ssl.load_cert_chain(cert, key)
+        self._certificates += 1
+        old, self._session = self._session, None
+        if old is not None:
+            retiring = asyncio.ensure_future(self._retire(old))
+            self._retiring.add(retiring)
+            retiring.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, session: aiohttp.ClientSession) -> None:
+        try:
+            await asyncio.sleep(self._timeout_s)
+        finally:
+            await session.close()
+
     async def server_versions(self) -> dict[str, str]:
         """Each of this client's servers' llmgw version (its /healthz answer), by URL; for one that
         does not answer, why (the error's line)."""
@@ -408,10 +453,12 @@ class Client:
         result: dict[str, Any] = await self.request("GET", f"{BASE}/versions")
         return result
 
-    async def list_and_watch_revocations(self, retry_max: float = 5.0) -> AsyncIterator[tuple[str, str | None]]:
+    async def list_and_watch_revocations(self, retry_max: float = 5.0,
+                                         synced: bool = False) -> AsyncIterator[tuple[str, str | None]]:
         """``list_and_watch`` of the revoked serials (lower case): ADDED when revoked (any certificate
-        may read them, as a CA's revocation list: the agents' listeners refuse what the server does)."""
-        async for type_, doc in _reflect(ServerRevocations(self), _serial, False, retry_max, "watch of revocations"):
+        may read them, as a CA's revocation list: the agents' listeners refuse what the server does);
+        `synced`: ("SYNCED", None) once they are listed."""
+        async for type_, doc in _reflect(ServerRevocations(self), _serial, synced, retry_max, "watch of revocations"):
             yield type_, None if doc is None else _serial(doc)
 
     async def whoami(self) -> dict[str, Any]:
@@ -476,11 +523,14 @@ class Client:
 
         server = self.server
         url = server + path
+        certificate = self._certificates
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 async for line in resp.content:
+                    if certificate != self._certificates:
+                        return   # opened with a certificate since replaced: the caller watches again, with the new
                     if not line.strip():
                         continue
                     ev = json.loads(line)

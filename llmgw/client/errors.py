@@ -56,6 +56,10 @@ class Expired(ApiError, api.Expired):               # 410: the resourceVersion w
     pass
 
 
+class TooManyRequests(ApiError, api.TooManyRequests):   # 429: retry_after, the seconds the server said to wait
+    pass
+
+
 class Unavailable(ApiError, api.Unavailable):       # 503: the server cannot reach etcd
     pass
 
@@ -79,10 +83,16 @@ class TLSError(ApiError):
 
 
 _BY_CODE = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-            410: Expired, 422: Invalid, 503: Unavailable}
+            410: Expired, 422: Invalid, 429: TooManyRequests, 503: Unavailable}
 _BY_REASON = {(409, "AlreadyExists"): AlreadyExists, (403, "VersionSkew"): VersionSkew}
 
 
-def error_for(code: int, reason: str, message: str, url: str) -> ApiError:
+def error_for(code: int, reason: str, message: str, url: str, details: object = None) -> ApiError:
     cls = _BY_REASON.get((code, reason)) or _BY_CODE.get(code, ApiError)
-    return cls(code, reason, message, url)
+    err = cls(code, reason, message, url)
+    if isinstance(err, TooManyRequests) and isinstance(details, dict):
+        try:
+            err.retry_after = float(details.get("retryAfterSeconds") or 0)
+        except (TypeError, ValueError):
+            pass   # a server's answer without a number: no wait said
+    return err

@@ -11,6 +11,7 @@ import yaml
 
 from llmgw import aio
 from llmgw.agent.config import ConfigError, load_config
+from llmgw.api.errors import VersionSkew
 from llmgw.api.fabrics import FabricError
 from llmgw.cmd.logs import log_options, setup_logging
 
@@ -71,6 +72,8 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--weights-peers/--no-weights-peers", default=None,
               help="Fetch weights from the nodes that hold or are pulling them before the origin "
                    "(default: on, with --logs-listen).")
+@click.option("--renew-fraction", type=float, help="Renew this node's certificate at this fraction of its "
+              "lifetime (default 0.667; 0: never), through the API server's signer, without a restart.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label for a new Node; repeatable.")
 @click.option("--discover", "discover_only", is_flag=True,
               help="Print the Node status discovery finds, then exit (no server needed).")
@@ -108,7 +111,7 @@ def _run(runner: "Agent") -> int:
         stopped = asyncio.run(aio.until_signal(runner.run()))
     except (asyncio.CancelledError, KeyboardInterrupt):
         stopped = True
-    except OSError as err:
+    except (OSError, VersionSkew) as err:   # a refusal of its version: one line naming both, no retry cures it
         click.echo(f"Error: {err}", err=True)
         return 1
     if stopped:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,23 +20,36 @@ from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerCollector, SchedulerController
 from controllers.settings import ControllerSettings
 from llmgw import aio
+from llmgw.cmd.auditflags import AuditFlags, audit_options
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
 from llmgw.cmd.settings import settings_options
+from llmgw.pki.ca import ORG
 from llmgw.runtime.controller import Controller
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
 
+    from llmgw.server.audit import AuditLog
 
-def controllers(settings: ControllerSettings, git_cache: Path | None = None) -> list[Controller]:
+
+def controllers(settings: ControllerSettings, git_cache: Path | None = None,
+                audit: "AuditLog | None" = None) -> list[Controller]:
     """Every controller the manager runs, in the order it starts them; a new controller is
-    registered here (docs/architecture.md, "Adding a controller")."""
+    registered here (docs/architecture.md, "Adding a controller"). `audit`: where the GitSources'
+    writes are recorded, as the controller-manager's."""
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
             NodeLifecycleController(settings), DrainController(settings), GarbageCollector(),
-            AutoscalerController(settings), GitOpsController(settings, git_cache),
+            AutoscalerController(settings),
+            GitOpsController(settings, git_cache, _as_controller_manager(audit) if audit is not None else None),
             AdapterController(settings)]
+
+
+def _as_controller_manager(audit: "AuditLog") -> Callable[[dict[str, Any]], None]:
+    """Audit lines of the controller-manager: its component name and organisation, as the server
+    knows its certificate (CN=controller-manager, O=llmgw:components)."""
+    return lambda line: audit.offer({"user": "controller-manager", "groups": [ORG["component"]], **line})
 
 
 @click.command("controller-manager")
@@ -54,22 +68,27 @@ def controllers(settings: ControllerSettings, git_cache: Path | None = None) -> 
 @click.option("--otel", is_flag=True,
               help="Export a span per reconcile with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
+@audit_options
 @log_options
 def controller_manager(etcd: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
                        etcd_wait: float, metrics_listen: str, settings: ControllerSettings, git_cache: Path | None,
-                       identity: str | None, otel: bool, log_level: str, log_format: str) -> None:
+                       identity: str | None, otel: bool, audit: AuditFlags, log_level: str, log_format: str) -> None:
     """Run the controllers (model, replica, scheduler, ...); one instance acts at a time.
 
     Each setting below comes from its flag if given, else from the --config file, else its default.
+    The audit flags record the GitSources' writes (an audit line each, naming the source).
     """
     setup_logging(log_level, log_format)
     tracing = _tracing() if otel else None
+    audit_log = audit.open()
     try:
         aio.run(_main(etcd, etcd_ca, etcd_cert, etcd_key, etcd_wait, metrics_listen, settings, git_cache, identity,
-                      tracing.get_tracer("llmgw.runtime") if tracing else None))
+                      tracing.get_tracer("llmgw.runtime") if tracing else None, audit_log))
     finally:
         if tracing is not None:
             tracing.shutdown()   # what is batched is exported before the process ends
+        if audit_log is not None:
+            audit_log.close()    # and what is buffered written
 
 
 def _tracing() -> "TracerProvider":
@@ -86,7 +105,7 @@ def _tracing() -> "TracerProvider":
 
 async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, etcd_wait: float, metrics_listen: str,
                 settings: ControllerSettings, git_cache: Path | None, identity: str | None,
-                tracer: "Tracer | None") -> None:
+                tracer: "Tracer | None", audit: "AuditLog | None") -> None:
     from llmgw.runtime.manager import Manager
     from llmgw.runtime.metrics import parse_listen, serve
     from llmgw.store import Compactor, Store, StoreError
@@ -100,7 +119,7 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
         raise click.ClickException(f"cannot reach etcd at {etcd}: {err}") from None
     # Leader-only work besides the controllers: etcd's history compacted.
     runnables = [Compactor(store.etcd, keep=settings.compact_keep, interval=settings.compact_interval)]
-    manager = Manager(store, controllers(settings, git_cache), identity=identity, settings=settings,
+    manager = Manager(store, controllers(settings, git_cache, audit), identity=identity, settings=settings,
                       runnables=runnables)
     manager.tracer = tracer
     manager.metrics.registry.register(FleetCollector(lambda: manager.cache if manager.is_leader else None))
@@ -109,6 +128,8 @@ async def _main(etcd: str, ca: str | None, cert: str | None, key: str | None, et
             manager.metrics.registry.register(SchedulerCollector(c, lambda: manager.is_leader))
     runner = None
     if metrics_listen:
+        from llmgw.pki.renewal import ExpiryCollector
+        manager.metrics.registry.register(ExpiryCollector.of_files({"etcd-client": cert}))
         host, port = parse_listen(metrics_listen)
         runner = await serve(manager.metrics, manager.healthy, host, port)
     try:

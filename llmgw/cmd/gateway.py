@@ -1,6 +1,7 @@
 """`llmgw gateway`: the OpenAI-compatible gateway."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -122,6 +123,9 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "describe apikey`); only with --server.")
 @click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
               help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
+@click.option("--renew-fraction", type=click.FloatRange(min=0, max=1, max_open=True), default=round(2 / 3, 3),
+              show_default=True, help="Renew this gateway's certificate (--cert) at this fraction of its lifetime, "
+              "through the API server's signer, without a restart; 0: never.")
 @click.option("--otel", is_flag=True,
               help="Export a span per request with OpenTelemetry, over OTLP/HTTP where OTEL_EXPORTER_OTLP_ENDPOINT "
               "says (default http://localhost:4318); needs the otel extra: pip install 'llmgw[otel]'.")
@@ -133,7 +137,7 @@ def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | No
             upstream_keepalive_idle: int, upstream_keepalive_interval: int, upstream_keepalive_probes: int,
             queue_size: int,
             queue_timeout: float, model_concurrency: int,
-            gateway_id: str | None, demand_interval: float, demand_ttl: int,
+            gateway_id: str | None, demand_interval: float, demand_ttl: int, renew_fraction: float,
             otel: bool, log_level: str, log_format: str) -> None:
     """OpenAI-compatible gateway: route requests by model name or alias to Ready replicas."""
     setup_logging(log_level, log_format)
@@ -174,7 +178,7 @@ def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | No
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--gateway-id") from None
     demand = _DemandSettings(gateway_id, demand_interval, demand_ttl)
-    aio.run(_serve(gw, spans, ring, admission, host, port, server, ca, cert, key, static, demand))
+    aio.run(_serve(gw, spans, ring, admission, host, port, server, ca, cert, key, static, demand, renew_fraction))
 
 
 @dataclass(frozen=True)
@@ -191,10 +195,11 @@ def _default_id() -> str:
 
 async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admission: Admission | None, host: str,
                  port: int, server: tuple[str, ...], ca: str | None, cert: str | None,
-                 key: str | None, static: str | None, demand: _DemandSettings) -> None:
+                 key: str | None, static: str | None, demand: _DemandSettings, renew_fraction: float = 0.0) -> None:
     source = None
     client = None
     publisher = None
+    renewal = None
     if static:
         from llmgw.gateway.source import load_static
         n = load_static(static, gw.table)
@@ -212,8 +217,15 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
     if not static:
         from llmgw.client import Client
         from llmgw.gateway.source import ServerSource
+        from llmgw.pki.renewal import ExpiryCollector, Renewer, complete_renewal
+        if cert and key:
+            complete_renewal(cert, key)
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
+        if cert and key and renew_fraction:
+            renewer = Renewer(cert, key, client, reload=[client.use_certificate], fraction=renew_fraction)
+            gw.metrics.registry.register(ExpiryCollector({"gateway": lambda: renewer.not_after}))
+            renewal = asyncio.create_task(renewer.run())
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
                               keys=ring)
         source.start()
@@ -227,6 +239,8 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
     try:
         await aio.until_signal()
     finally:
+        if renewal is not None:
+            renewal.cancel()
         if publisher is not None:
             await publisher.stop()
         if source is not None:

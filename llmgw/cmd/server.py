@@ -5,12 +5,17 @@ import logging
 import os
 import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llmgw import aio
+from llmgw.cmd.auditflags import AuditFlags, audit_options
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
+
+if TYPE_CHECKING:
+    from llmgw.pki.signer import Signer
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -24,7 +29,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 etcd_cert: str | None = None, etcd_key: str | None = None, etcd_wait: float = 0.0,
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
-                audit_log: str = "", audit_log_max_size: int = 100, audit_log_max_backups: int = 5) -> None:
+                audit: AuditFlags | None = None, signer_cert: str = "", signer_key: str = "",
+                renewal_rate: float = 20.0, renewal_burst: int = 50) -> None:
     from aiohttp import web
 
     from llmgw.pki import CertificateAuthority
@@ -44,6 +50,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     except ssl.SSLError as err:
         raise click.ClickException(f"cannot load the server certificate {cert} / key {key} / client CA "
                                    f"{client_ca}: {err.reason or err}") from None
+    signer = _signer(signer_cert, signer_key)
     warn_unless_tls(etcd, etcd_cert, log)
     store = Store(etcd.split(","), ca=etcd_ca, cert=etcd_cert, key=etcd_key)
     try:
@@ -57,15 +64,15 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         raise click.ClickException(f"cannot reserve the stored Models' served names in etcd at {etcd}: {err}") from None
     if migrated.reserved:
         log.info("reserved %d served name(s) of Models stored before names were reserved", len(migrated.reserved))
-    from llmgw.server.audit import AuditLog
     try:
-        audit = AuditLog(audit_log, audit_log_max_size << 20, audit_log_max_backups) if audit_log else None
-    except OSError as err:
+        audit_log = audit.open() if audit is not None else None
+    except click.ClickException:
         await store.close()
-        raise click.ClickException(f"--audit-log {audit_log}: {err.strerror or err}") from None
+        raise
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
-                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit)
+                    revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log,
+                    signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx)
@@ -80,6 +87,9 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     if metrics_listen:
         from llmgw.server.metrics import serve as serve_metrics
         m_host, m_port = _listen(metrics_listen)
+        from llmgw.pki.renewal import ExpiryCollector
+        api.metrics.registry.register(ExpiryCollector.of_files({"server": cert, "etcd-client": etcd_cert,
+                                                                "signer": signer_cert or None}))
         metrics_site = await serve_metrics(api.metrics, m_host, m_port)
         log.info("metrics on http://%s/metrics", metrics_listen)
     await aio.until_signal()
@@ -88,8 +98,21 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
         await metrics_site.cleanup()
     await runner.cleanup()
     await store.close()
-    if audit is not None:
-        audit.close()
+    if audit_log is not None:
+        audit_log.close()
+
+
+def _signer(cert: str, key: str) -> "Signer | None":
+    """The signing CA the server renews certificates with, or None (no --signer-cert)."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise click.UsageError("--signer-cert and --signer-key go together")
+    from llmgw.pki.signer import Signer
+    try:
+        return Signer(cert, key)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(f"cannot load the signer {cert} / {key}: {err}") from None
 
 
 @click.command()
@@ -112,20 +135,23 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
               help="Events a watch may fall behind before it is closed (410: the client relists).")
 @click.option("--metrics-listen", default="", metavar="HOST:PORT",
               help="Serve GET /metrics (plain HTTP, apart from the API) here; empty: off.")
-@click.option("--audit-log", default="", metavar="PATH",
-              help="Write a JSON line per request that changes state and per refusal here; empty: off.")
-@click.option("--audit-log-max-size", type=click.IntRange(min=1), default=100, show_default=True,
-              help="MB an audit log file grows to before it rotates.")
-@click.option("--audit-log-max-backups", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Rotated audit log files kept (PATH.1 the newest).")
+@audit_options
+@click.option("--signer-cert", default="", metavar="PATH",
+              help="The signing CA's certificate (signer.crt of `llmgw ca init`): renew nodes' and components' "
+                   "certificates through POST /renewals; empty: renew none.")
+@click.option("--signer-key", default="", metavar="PATH", help="The signing CA's private key (signer.key).")
+@click.option("--renewal-rate", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
+              help="Renewals a second this server signs on average (429 past it: a fleet asking at once spreads).")
+@click.option("--renewal-burst", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Renewals it signs at once.")
 @log_options
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
-           watch_queue_limit: int, metrics_listen: str, audit_log: str, audit_log_max_size: int,
-           audit_log_max_backups: int, log_level: str, log_format: str) -> None:
+           watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, signer_cert: str, signer_key: str,
+           renewal_rate: float, renewal_burst: int, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
-                  watch_cache_size, watch_queue_limit, metrics_listen, audit_log, audit_log_max_size,
-                  audit_log_max_backups))
+                  watch_cache_size, watch_queue_limit, metrics_listen, audit, signer_cert, signer_key,
+                  renewal_rate, renewal_burst))

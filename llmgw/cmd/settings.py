@@ -95,8 +95,9 @@ def _validate(model: type[M], values: dict[str, Any], path: str | None, flags: d
         raise SettingsError("; ".join(_describe(e, model, path, flags) for e in err.errors())) from None
 
 
-def read_file(path: str) -> dict[str, Any]:
-    """The file's mapping of names to values; SettingsError (naming the file) if it holds anything else."""
+def read_file(path: str, expected: str = "a mapping of setting names to values, e.g. node_grace: 60") -> dict[str, Any]:
+    """The file's mapping of names to values; SettingsError (naming the file, and what was
+    `expected`) if it holds anything else."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
@@ -109,7 +110,7 @@ def read_file(path: str) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
-        raise SettingsError(f"{path}: expected a mapping of setting names to values, e.g. node_grace: 60")
+        raise SettingsError(f"{path}: expected {expected}")
     return doc
 
 

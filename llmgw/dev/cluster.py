@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.dev import prometheus, slots
+from llmgw.dev.apiserver import signer_flags
 from llmgw.dev.etcd import EtcdCluster, etcd_cluster
 from llmgw.dev.netns import Network, remove_saved
 from llmgw.dev.process import LLMGW, free_port, spawn, wait_http
@@ -221,7 +222,8 @@ class LocalCluster:
         name = self.server_name(index)
         self._spawn(name, [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_ports[index]}",
                            *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
-                           "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name)])
+                           "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name),
+                           *signer_flags(CertificateAuthority(self.dir / "ca"))])
 
     def start_controller_managers(self) -> None:
         self.start_controller_manager()
@@ -231,11 +233,12 @@ class LocalCluster:
                            "--metrics-listen", self.metrics_listen(name),
                            "--node-grace", str(self.node_grace), "--lease-seconds", str(self.lease_seconds)])
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, name: str = "gateway", port: int | None = None) -> None:
+        """The gateway, or another one (`name`, on `port`) beside it, as behind a load balancer."""
         cert, key = self.certs["gateway"]
-        self._spawn("gateway", [*LLMGW, "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
-                                "--server", ",".join(self.server_urls), "--ca", self.ca_cert, "--cert", cert,
-                                "--key", key, *self.gateway_args])
+        self._spawn(name, [*LLMGW, "gateway", "--listen", f"127.0.0.1:{port or self.gateway_port}",
+                           "--server", ",".join(self.server_urls), "--ca", self.ca_cert, "--cert", cert,
+                           "--key", key, *self.gateway_args])
 
     def start_agent(self, n: NodePlan) -> None:
         smi, sysfs = self._fake_hardware(n)

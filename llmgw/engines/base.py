@@ -7,8 +7,11 @@ checks their flags.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+
+from llmgw.routing.kvblocks import HASH_SEED
 
 if TYPE_CHECKING:
     from llmgw.api import Shard
@@ -60,6 +63,8 @@ def base_env(shard: Shard, node: NodeFacts) -> dict[str, str]:
     """The profile's env, then what the placement dictates (the placement wins)."""
     env = dict(shard.spec.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in shard.spec.gpus)
+    if shard.spec.ports.kvEvents:  # the seed of its block hashes, which the gateways hash with too
+        env["PYTHONHASHSEED"] = HASH_SEED
     if node.fabric_adapters:
         env["NCCL_IB_HCA"] = nccl_ib_hca(node.fabric_adapters)
     return env
@@ -70,6 +75,18 @@ def lora_flags(shard: Shard) -> list[str]:
     loaded at runtime, at most maxLoaded at once; none otherwise."""
     slots = shard.spec.adapters
     return [] if slots is None else ["--enable-lora", "--max-loras", str(slots.maxLoaded)]
+
+
+def kv_events_args(shard: Shard) -> list[str]:
+    """vLLM's --kv-events-config where the shard publishes KV events (docs/contracts.md, "KV events"):
+    its PUB and replay ROUTER bound on every address (vLLM binds an endpoint with `*`, connects
+    any other), the default topic."""
+    ports = shard.spec.ports
+    if not ports.kvEvents:
+        return []
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ports.kvEvents}",
+              "replay_endpoint": f"tcp://*:{ports.kvReplay}"}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
 
 
 def nccl_ib_hca(adapters: list[tuple[str, int]]) -> str:

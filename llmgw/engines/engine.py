@@ -90,6 +90,9 @@ class Engine:
     # shard's spec.source are on the node, and the node has the shard's GPUs (the sim uses neither).
     loads_weights: bool = True
     uses_gpus: bool = True
+    # It publishes vLLM's KV events (--kv-events-config): a Model routed with precise-prefix gets
+    # their ports on rank 0 (ReplicaSpec.kvEvents, base.kv_events_args).
+    kv_events: bool = False
     # status.engines a node must report, by launch mode (default: the engine's own name)
     needs: Callable[[str | None], frozenset[str]] | None = None
 

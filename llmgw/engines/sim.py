@@ -35,6 +35,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
         *(["--model", spec.source] if spec.source else []),
         *(base.lora_flags(shard) if spec.rank == 0 else []),
+        *base.kv_events_args(shard),
         *spec.args,
     ]
     serves = spec.rank == 0
@@ -63,5 +64,5 @@ ENGINE = register(Engine(
         "--enable-lora": LORA, "--max-loras": LORA,
     },
     syntax=Syntax(abbreviations=True),
-    loads_weights=False, uses_gpus=False, runtime_lora=True,
+    loads_weights=False, uses_gpus=False, runtime_lora=True, kv_events=True,
 ))

@@ -27,6 +27,7 @@ from llmgw.engines.base import (
     base_env,
     health_probe,
     join_host_port,
+    kv_events_args,
     lora_flags,
     program,
     weights,
@@ -47,6 +48,7 @@ from llmgw.engines.engine import (
     register,
 )
 from llmgw.engines.helptext import used_flags
+from llmgw.routing.kvblocks import HASH_ALGO
 
 if TYPE_CHECKING:
     from llmgw.api import Shard
@@ -74,11 +76,14 @@ def _parallel(shard: Shard) -> list[str]:
 
 
 def _serving(shard: Shard, node: NodeFacts) -> list[str]:
+    events = kv_events_args(shard)
     return [
         "--host", node.address,
         "--port", str(shard.spec.ports.serve),
         "--served-model-name", *shard.spec.servedModelNames,
         *lora_flags(shard),
+        # block keys the gateways can compute: sha256 of canonical CBOR (the default pickles)
+        *([*events, "--prefix-caching-hash-algo", HASH_ALGO] if events else []),
     ]
 
 
@@ -163,5 +168,5 @@ ENGINE = register(Engine(
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True, underscores=True),
-    launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True,
+    launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
 ))

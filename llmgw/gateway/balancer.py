@@ -6,12 +6,15 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from llmgw.api import RoutingSpec
+from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.table import Backend
 from llmgw.routing import POLICIES, RoutingPolicy
+from llmgw.routing.precise_prefix import PrecisePrefix
 
 
 class Balancer:
-    def __init__(self) -> None:
+    def __init__(self, kv: KVIndexes | None = None) -> None:
+        self.kv = kv if kv is not None else KVIndexes()  # the models' KV indexes, for precise-prefix
         self.inflight: dict[str, int] = defaultdict(int)  # replica -> outstanding requests
         self.model_of: dict[str, str] = {}  # replica -> model, while it has outstanding requests
         self.per_model: dict[str, int] = defaultdict(int)  # model -> outstanding requests (its concurrency)
@@ -23,6 +26,8 @@ class Balancer:
         held = self._policies.get(model)
         if held is None or held[0] is not routing:
             held = self._policies[model] = (routing, POLICIES[routing.policy](routing))
+            if isinstance(held[1], PrecisePrefix):
+                held[1].kv = self.kv.index(model)
         return held[1]
 
     def acquire(self, b: Backend) -> None:

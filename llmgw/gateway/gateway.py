@@ -24,6 +24,7 @@ from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.chain import Chain, Wiring, standard
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
+from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.proxy import GONE, Exchange, Proxy
@@ -76,14 +77,17 @@ class Gateway:
         steps: Chain = standard,
     ):
         self.table = table if table is not None else RoutingTable()
-        self.balancer = Balancer()
+        self.kv = KVIndexes()
+        self._following = False  # the KV event subscriptions follow the table (from start on: they need the loop)
+        self.balancer = Balancer(self.kv)
         self.metrics = Metrics(self._inflight_samples)
+        self.metrics.registry.register(self.kv)
         if admission is not None:
             self.metrics.registry.register(admission.collector())
         q = queue or QueueSettings()
         self.model_concurrency = q.model_concurrency
         self.queue = WaitQueues(self._room, size=q.size, timeout=q.timeout)
-        self.table.on_change = self.queue.wake_all
+        self.table.on_change = self._table_changed
         if q.model_concurrency:
             self.balancer.on_release = self.queue.wake
         self.synced = synced  # False until the source has given a first full view
@@ -105,6 +109,8 @@ class Gateway:
     async def start(self, host: str, port: int, backlog: int = 1024) -> int:
         """Serve on host:port (0: any free port); the port."""
         await self.server.start(host, port, backlog)
+        self._following = True
+        self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
         return self.server.port
 
     async def stop(self, grace: float = 60.0) -> None:
@@ -112,6 +118,12 @@ class Gateway:
         await self.server.close(grace)
         self.pool.close()
         self.outliers.close()
+        await self.kv.close()
+
+    def _table_changed(self) -> None:
+        self.queue.wake_all()
+        if self._following:
+            self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
 
     @property
     def synced(self) -> bool:

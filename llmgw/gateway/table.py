@@ -37,6 +37,8 @@ class Backend:
     model: str
     endpoint: str  # "host:port" of rank 0
     served: tuple[str, ...] = ()  # names the engine answers to; () = unknown
+    kv_events: str | None = None  # its engine's KV event publisher (tcp://host:port), if any
+    kv_replay: str | None = None  # and its replay endpoint
 
     def upstream_name(self, requested: str) -> str | None:
         """The model name to send this engine, or None to keep the body as it is."""
@@ -55,6 +57,7 @@ class _ModelEntry:
     created: int = 0
     routing: RoutingSpec = field(default_factory=lambda: DEFAULT_ROUTING)
     labels: dict[str, str] = field(default_factory=dict)   # an ApiKey's modelSelector reads them
+    source: str | None = None  # the Model's spec.source: precise-prefix reads a tokenizer.json there
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class RoutingTable:
         if type_ == "DELETED":
             return self._forget("models", name)
         created = int(m.metadata.creationTimestamp.timestamp()) if m.metadata.creationTimestamp else 0
-        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing, m.metadata.labels)
+        entry = _ModelEntry(name, tuple(m.spec.aliases), created, m.spec.routing, m.metadata.labels, m.spec.source)
         if self.models.get(name) == entry:
             return False
         self.models[name] = entry
@@ -131,7 +134,8 @@ class RoutingTable:
                                       draining=r.metadata.deletionTimestamp is not None)
         assert r.status.endpoint  # routable: it has one
         self._left.pop(name, None)
-        b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames))
+        b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames),
+                    r.status.kvEvents, r.status.kvReplay)
         if self.backends.get(name) == b:
             return False
         self.backends[name] = b

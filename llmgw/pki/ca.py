@@ -2,7 +2,10 @@
 
 Layout of a CA directory (mode 0700; every private key 0600):
 
-    ca.crt, ca.key                  the root (ECDSA P-256, self-signed)
+    ca.crt, ca.key                  the root (ECDSA P-256, self-signed; path length 1)
+    signer.crt, signer.key          the signing CA below it (path length 0), for the API
+                                    servers, which renew nodes' and components' certificates
+                                    with it (llmgw/pki/signer.py): the root's key stays here
     issued/<role>-<name>.crt/.key   each issued certificate and its key
     index.json                      every certificate ever issued: serial, role,
                                     name, validity, revoked (a re-issue keeps the
@@ -52,6 +55,7 @@ USER_DAYS = 7    # a person's certificate is short-lived by default
 # issuer's by up to this much accepts it at once.
 SKEW_ALLOWED = timedelta(hours=1)
 CA_DAYS = 3650
+SIGNER = "llmgw-signer"   # the signing CA's CN
 
 
 class CAError(Exception):
@@ -94,7 +98,7 @@ def normalize_serial(text: str) -> str:
         raise CAError(f"{text!r} is not a certificate serial (hex digits, as `llmgw ca list` shows)") from None
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -103,7 +107,7 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_public(path: Path, data: bytes) -> None:
+def write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -116,6 +120,49 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _builder(subject: x509.Name, public_key: ec.EllipticCurvePublicKey, issuer: x509.Name,
+             issuer_key: ec.EllipticCurvePrivateKey, start: datetime, end: datetime,
+             path_length: int | None) -> x509.CertificateBuilder:
+    """What every certificate here holds: a CA's (path_length not None) signs certificates, a leaf agrees keys."""
+    ca = path_length is not None
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(issuer).public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start).not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=ca, crl_sign=ca,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=not ca,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
+    )
+
+
+def _ca_cert(subject: x509.Name, public_key: ec.EllipticCurvePublicKey, issuer: x509.Name,
+             issuer_key: ec.EllipticCurvePrivateKey, start: datetime, end: datetime,
+             path_length: int) -> x509.Certificate:
+    return (_builder(subject, public_key, issuer, issuer_key, start, end, path_length)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+            .sign(issuer_key, hashes.SHA256()))
+
+
+def leaf(subject: x509.Name, public_key: ec.EllipticCurvePublicKey, role: str, start: datetime, end: datetime,
+         issuer: x509.Certificate, issuer_key: ec.EllipticCurvePrivateKey,
+         sans: Sequence[str] = ()) -> x509.Certificate:
+    """A certificate of `role` for `subject`'s key, signed by `issuer` (the root, or the signer)."""
+    both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    # A member serves clients and peers, and dials its peers; the API server serves and dials
+    # the agents (their engines' logs); an agent dials the server and serves those logs.
+    usage = {"server": both, "etcd-member": both, "node": both,
+             }.get(role, [ExtendedKeyUsageOID.CLIENT_AUTH])
+    builder = (_builder(subject, public_key, issuer.subject, issuer_key, start, end, None)
+               .add_extension(x509.ExtendedKeyUsage(usage), critical=False))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName([_san(s) for s in sans]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
 
 
 class CertificateAuthority:
@@ -158,25 +205,53 @@ class CertificateAuthority:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                           x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw")])
         start = datetime.now(timezone.utc) - SKEW_ALLOWED
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(start + timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        _write_private(self.key_path, _key_pem(key))
-        _write_public(self.cert_path, _cert_pem(cert))
+        # the main root signs one level of CA below it, the signer; the etcd root none
+        cert = _ca_cert(name, key.public_key(), name, key, start, start + timedelta(days=days),
+                        path_length=0 if self.for_etcd else 1)
+        write_private(self.key_path, _key_pem(key))
+        write_public(self.cert_path, _cert_pem(cert))
         self._save_index([])
         if not self.for_etcd:
             self.etcd()
+            self.issue_signer()
         return self.cert_path
+
+    # ----------------------------------------------------------- signer
+    @property
+    def signer_cert_path(self) -> Path:
+        return self.dir / "signer.crt"
+
+    @property
+    def signer_key_path(self) -> Path:
+        return self.dir / "signer.key"
+
+    def issue_signer(self, days: int = DEFAULT_DAYS) -> Issued:
+        """The signing CA of the control plane (signer.crt, signer.key): a CA below the root that
+        signs no CA (path length 0), whose key the API servers hold to renew the certificates of
+        nodes and components (llmgw/pki/signer.py); the root's key stays where it is."""
+        if self.for_etcd:
+            raise CAError("the etcd CA has no signer: etcd's certificates are issued by its holder alone")
+        if days <= 0:
+            raise CAError(f"validity must be at least one day, got {days}")
+        ca_cert, ca_key = self._load()
+        constraints = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        if constraints.path_length == 0:
+            raise CAError(f"the root {self.cert_path} signs no CA below it (path length 0: made by "
+                          "`llmgw ca init` of llmgw 0.2 or older): renew certificates with `llmgw ca issue` "
+                          "(README, \"Certificate renewal\")")
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SIGNER),
+                          x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw")])
+        start = datetime.now(timezone.utc) - SKEW_ALLOWED
+        end = min(start + timedelta(days=days), ca_cert.not_valid_after_utc)
+        cert = _ca_cert(name, key.public_key(), ca_cert.subject, ca_key, start, end, path_length=0)
+        write_private(self.signer_key_path, _key_pem(key))
+        write_public(self.signer_cert_path, _cert_pem(cert))
+        entry = Issued(serial=serial_hex(cert.serial_number), role="signer", name=SIGNER,
+                       not_before=cert.not_valid_before_utc.isoformat(), not_after=cert.not_valid_after_utc.isoformat(),
+                       cert=str(self.signer_cert_path), key=str(self.signer_key_path))
+        self._save_index(self.index() + [entry])
+        return entry
 
     def _load(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         if not self.exists():
@@ -195,7 +270,7 @@ class CertificateAuthority:
         return [Issued(**e) for e in json.loads(self.index_path.read_text())]
 
     def _save_index(self, entries: list[Issued]) -> None:
-        _write_public(self.index_path, json.dumps([asdict(e) for e in entries], indent=1).encode())
+        write_public(self.index_path, json.dumps([asdict(e) for e in entries], indent=1).encode())
 
     # ------------------------------------------------------------ issue
     def issue(self, role: str, name: str, sans: Sequence[str] = (), days: int = DEFAULT_DAYS,
@@ -233,32 +308,12 @@ class CertificateAuthority:
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG[role])]
         unit = [x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, USERS_OU)] if role == "user" else []
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name), *orgs, *unit])
-        both = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-        # A member serves clients and peers, and dials its peers; the API server serves and dials
-        # the agents (their engines' logs); an agent dials the server and serves those logs.
-        usage = {"server": both, "etcd-member": both, "node": both,
-                 }.get(role, [ExtendedKeyUsageOID.CLIENT_AUTH])
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(start + timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=True,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName([_san(s) for s in sans]), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
+        cert = leaf(subject, key.public_key(), role, start, start + timedelta(days=days), ca_cert, ca_key, sans)
         issued_dir = self.dir / "issued"
         issued_dir.mkdir(mode=0o700, exist_ok=True)
         crt_path, key_path = issued_dir / f"{role}-{name}.crt", issued_dir / f"{role}-{name}.key"
-        _write_private(key_path, _key_pem(key))
-        _write_public(crt_path, _cert_pem(cert))
+        write_private(key_path, _key_pem(key))
+        write_public(crt_path, _cert_pem(cert))
         entry = Issued(serial=serial_hex(cert.serial_number), role=role, name=name,
                        not_before=cert.not_valid_before_utc.isoformat(),
                        not_after=cert.not_valid_after_utc.isoformat(),
@@ -280,6 +335,20 @@ class CertificateAuthority:
             if e.serial in wanted:
                 e.revoked = True
         self._save_index(entries)
+
+    def in_use(self) -> list[tuple[str, str, Path]]:
+        """(role, name, file) of each certificate of this CA that may be in use: the root, the
+        signer, the last unrevoked certificate issued to each identity (its file, which a
+        renewal rewrites in place), and the etcd CA's."""
+        found: dict[tuple[str, str], Path] = {}
+        for e in self.index():
+            if not e.revoked:
+                found[(e.role, e.name)] = Path(e.cert)
+            else:
+                found.pop((e.role, e.name), None)
+        root = [("etcd-ca" if self.for_etcd else "ca", "", self.cert_path)]
+        etcd = self.etcd().in_use() if not self.for_etcd and (self.dir / "etcd").exists() else []
+        return root + [(role, name, path) for (role, name), path in found.items()] + etcd
 
     def find(self, serial: str) -> Issued | None:
         return next((e for e in self.index() if e.serial == serial), None)

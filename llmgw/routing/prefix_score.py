@@ -34,8 +34,16 @@ class PrefixScore:
         candidates = [b for b in replicas if b.replica not in exclude]
         if not candidates:
             return None
+        best = self.choose(candidates, inflight, self.index.matches(blocks, [b.replica for b in candidates]),
+                           len(blocks))
+        if best is not None:
+            self.index.record(blocks, best.replica)
+        return best
+
+    def choose(self, candidates: Sequence[R], inflight: Mapping[str, int], matched: Mapping[str, int],
+               blocks: int) -> R | None:
+        """Among the candidates within the load bound, the highest matched/blocks - load/limit."""
         limit = load_bound(sum(inflight.get(b.replica, 0) for b in candidates), len(candidates), self.bound)
-        matched = self.index.matches(blocks, [b.replica for b in candidates])
         turn = self._turn
         self._turn = turn + 1
         best, high = None, None
@@ -44,9 +52,7 @@ class PrefixScore:
             load = inflight.get(b.replica, 0)
             if load >= limit:
                 continue
-            score = matched[b.replica] / len(blocks) - load / limit
+            score = matched[b.replica] / blocks - load / limit
             if high is None or score > high:
                 best, high = b, score
-        if best is not None:
-            self.index.record(blocks, best.replica)
         return best

@@ -9,7 +9,10 @@ term), run one informer per watched kind (plus heartbeats or demand when asked f
 wait for the caches to sync, then run ``controller.workers`` workers per
 controller and the runnables (llmgw.runtime.runnable: leader-only work such
 as compaction). On losing leadership everything is cancelled and the manager
-campaigns again; while not leader it does nothing.
+campaigns again; while not leader it does nothing. An informer that finds etcd
+restored under it (llmgw.store.errors.Restored) ends the term the same way, the
+leader key resigned: the next term's caches are listed whole from the restored
+etcd before any controller acts, as after a restart.
 
 The store is what ``ManagerStore`` says: llmgw.store.Store is one.
 
@@ -36,6 +39,7 @@ from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.runtime.runnable import Runnable
 from llmgw.runtime.settings import ManagerSettings
 from llmgw.runtime.workqueue import WorkQueue
+from llmgw.store.errors import Restored
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -166,14 +170,27 @@ class Manager:
             Informer(self.store, kind, cache, handler, idle_timeout=idle)
             for kind in watchers
         ]
-        tasks = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]
+        restored = asyncio.Event()
+
+        def gone(err: Exception) -> None:
+            if isinstance(err, Restored) and not restored.is_set():
+                log.warning("%s ends its term: %s; the next one starts from every kind listed again",
+                            self.identity, err)
+                restored.set()
+        for i in informers:
+            i.reflector.on_gone = gone
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(i.run(), name=f"informer-{i.kind}") for i in informers]
         tasks.append(asyncio.create_task(events.run(), name="events"))
         hold = asyncio.create_task(self.elector.hold(leadership), name="leader-hold")
+        # etcd restored under the term: its cache mixes kinds listed from the restored etcd with
+        # kinds not yet (a Replica whose Model is not relisted yet looks orphaned), so the term ends
+        ended = asyncio.create_task(restored.wait(), name="etcd-restored")
+        tasks.append(ended)
         try:
             synced = asyncio.create_task(_all_set([i.synced for i in informers]), name="informers-synced")
             tasks.append(synced)
-            await asyncio.wait({hold, synced}, return_when=asyncio.FIRST_COMPLETED)
-            if hold.done():
+            await asyncio.wait({hold, synced, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if hold.done() or ended.done():
                 return
             self.is_leader = True
             self.metrics.leader.set(1)
@@ -183,7 +200,7 @@ class Manager:
             tasks += [asyncio.create_task(self._run(r), name=type(r).__name__) for r in self.runnables]
             self.leading.set()
             log.info("%s leads with controllers %s", self.identity, ", ".join(c.name for c in self.controllers))
-            await hold
+            await asyncio.wait({hold, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for q in self.queues.values():
                 q.shutdown()
@@ -200,6 +217,9 @@ class Manager:
                 except TimeoutError:
                     log.error("controller %s did not stop within %.0fs; abandoning what it runs", c.name,
                               STOP_TIMEOUT)
+            if restored.is_set():   # the restored leader key may be this term's: campaign at once
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(leadership.resign(), STOP_TIMEOUT)
 
     @staticmethod
     async def _run(runnable: Runnable) -> None:

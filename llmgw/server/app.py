@@ -8,7 +8,7 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
 2. authenticate: the client certificate (401 when missing, expired, not yet valid, revoked),
    then an agent's, a gateway's or a controller-manager's version against the version skew
    policy (llmgw/version.py: 403 VersionSkew naming both versions, when its X-Llmgw-Version is
-   outside it; a client that sends none, as 0.1.0 did not, is taken as it is);
+   outside it; one that sends none is taken for 0.1.0, the last release that sent none: HEADERLESS);
 3. authorize by the URL: the verb (the route and method), the kind (404 when unknown) and the
    names the URL holds (the path's, ``?node=``, the events' ``?kind=&name=``), which must be
    names (400: none reaches a store key or a log line as it came), before the body is read (403);
@@ -18,13 +18,15 @@ through, in Kubernetes' order (the middlewares of ``ApiServer.app``, then the ha
 
 Both authorizations are one step, ``ApiServer.authorize``: the rules of llmgw/server/authz.py
 against the request's identity, every refusal logged. With an audit log (llmgw/server/audit.py),
-every request that changes state and every refusal is a line of it, written after its answer.
+every request that changes state and every refusal that its policy keeps is a line of it, written
+after its answer.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import operator
 import ssl
 import uuid
 from collections import OrderedDict
@@ -47,6 +49,7 @@ from llmgw.api.errors import (
 from llmgw.api.limits import MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.pki import CertificateAuthority, Identity, identity_from_der
+from llmgw.pki.signer import Signer
 from llmgw.server.audit import AuditLog
 from llmgw.server.authz import Action, Authorizer, Denied
 from llmgw.server.handlers.access import Access
@@ -55,6 +58,7 @@ from llmgw.server.handlers.events import Events
 from llmgw.server.handlers.heartbeat import Heartbeats
 from llmgw.server.handlers.logs import Logs
 from llmgw.server.handlers.objects import Objects
+from llmgw.server.handlers.renewals import Renewals, TokenBucket
 from llmgw.server.handlers.revocations import Revoke
 from llmgw.server.handlers.status import StatusWrites
 from llmgw.server.handlers.watch import Watches
@@ -68,11 +72,41 @@ from llmgw.server.status import status_body
 from llmgw.server.watchcache import WatchCache
 from llmgw.server.weightsindex import WeightsIndex
 from llmgw.store import Store
-from llmgw.version import HEADER, OLDER, refusal, version
+from llmgw.version import HEADER, HEADERLESS, OLDER, refusal, version
 
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
+ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's handler, the verb
+    ("POST", "/heartbeat/{node}", "heartbeats.beat", "heartbeat"),
+    ("POST", "/demand/{gateway}", "demand.report", "demand"),
+    ("GET", "/events", "list_events", "events-read"),
+    ("POST", "/events", "events.record", "events-write"),
+    ("POST", "/revocations", "revoke.revoke", "revoke"),
+    ("GET", "/revocations", "list_revocations", "revocations-read"),
+    ("POST", "/renewals", "renewals.renew", "renew"),
+    ("GET", "/renewals", "renewals.list", "renewals-read"),
+    ("GET", "/whoami", "access.whoami", "whoami"),
+    ("POST", "/accessreviews", "access.review", "review"),
+    ("GET", "/versions", "demand.versions", "versions"),   # before {kind}, which it would match
+    ("GET", "/usage/{kind}", "demand.list_usage", "list"),   # before {kind}/{name}, which it would match
+    ("GET", "/usage/{kind}/{name}", "demand.get_usage", "get"),
+    ("GET", "/{kind}", "list_or_watch", "list"),   # "watch" with ?watch=1
+    ("POST", "/{kind}", "objects.create", "create"),
+    ("GET", "/{kind}/{name}", "objects.get", "get"),
+    ("PUT", "/{kind}/{name}", "objects.update", "update"),
+    ("DELETE", "/{kind}/{name}", "objects.delete", "delete"),
+    ("PUT", "/{kind}/{name}/status", "status.update", "status"),
+    ("PATCH", "/{kind}/{name}/status", "status.patch", "status"),
+    ("POST", "/{kind}/{name}/apply", "objects.apply", "apply"),
+    ("GET", "/{kind}/{name}/log", "logs.log", "log"),
+]
+# the kind a request without one of KINDS is counted and audited under, by verb
+PSEUDO_KINDS = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events", "revoke": "revocations",
+                "revocations-read": "revocations", "demand": "demand", "whoami": "whoami", "review": "accessreviews",
+                "versions": "versions", "renew": "renewals", "renewals-read": "renewals"}
+VERBS = frozenset({verb for *_, verb in ROUTES} | {"watch"})   # an audit line's, "-" but
+AUDIT_KINDS = frozenset(KINDS) | frozenset(PSEUDO_KINDS.values())
 
 
 def _written(resp: web.StreamResponse) -> dict[str, Any]:
@@ -95,17 +129,20 @@ def _answer(err: StatusError, headers: dict[str, str] | None = None) -> web.Resp
 class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
-                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None):
+                 revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None,
+                 signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50):
         self.store = store
-        self.revocation_journal = revocation_journal   # the CA whose journal is checked at start
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
         self.weights_index = WeightsIndex(store)
-        self.revocations = Revocations(store)
+        # the journal checked at start and after each relist (etcd restored under the server)
+        self.revocations = Revocations(store, journal=revocation_journal)
         self.bindings = Bindings(store)
         self.authz = Authorizer(self._referenced, self.bindings)
         self.agent_logs = AgentLogs(agent_tls, lambda serial: serial in self.revocations)
         self.metrics = ServerMetrics()
+        if audit is not None:
+            self.metrics.audit(audit)
         self._identities: OrderedDict[bytes, Identity] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         # the handlers, by resource; each route's verb, as the authorizer knows it
@@ -118,6 +155,7 @@ class ApiServer:
         self.heartbeats = Heartbeats(store)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
+        self.renewals = Renewals(store, signer, TokenBucket(renewal_rate, renewal_burst))
         self.access = Access(store, self.authz)
         self._verbs: dict[object, str] = {}   # by handler
 
@@ -127,29 +165,8 @@ class ApiServer:
                                            self._authorize],
                               client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/healthz", self.healthz)
-        routes: list[tuple[str, str, Handler, str]] = [
-            ("POST", "/heartbeat/{node}", self.heartbeats.beat, "heartbeat"),
-            ("POST", "/demand/{gateway}", self.demand.report, "demand"),
-            ("GET", "/events", self.list_events, "events-read"),
-            ("POST", "/events", self.events.record, "events-write"),
-            ("POST", "/revocations", self.revoke.revoke, "revoke"),
-            ("GET", "/revocations", self.list_revocations, "revocations-read"),
-            ("GET", "/whoami", self.access.whoami, "whoami"),
-            ("POST", "/accessreviews", self.access.review, "review"),
-            ("GET", "/versions", self.demand.versions, "versions"),   # before {kind}, which it would match
-            ("GET", "/usage/{kind}", self.demand.list_usage, "list"),   # before {kind}/{name}, which it would match
-            ("GET", "/usage/{kind}/{name}", self.demand.get_usage, "get"),
-            ("GET", "/{kind}", self.list_or_watch, "list"),   # "watch" with ?watch=1
-            ("POST", "/{kind}", self.objects.create, "create"),
-            ("GET", "/{kind}/{name}", self.objects.get, "get"),
-            ("PUT", "/{kind}/{name}", self.objects.update, "update"),
-            ("DELETE", "/{kind}/{name}", self.objects.delete, "delete"),
-            ("PUT", "/{kind}/{name}/status", self.status.update, "status"),
-            ("PATCH", "/{kind}/{name}/status", self.status.patch, "status"),
-            ("POST", "/{kind}/{name}/apply", self.objects.apply, "apply"),
-            ("GET", "/{kind}/{name}/log", self.logs.log, "log"),
-        ]
-        for method, path, handler, verb in routes:
+        for method, path, name, verb in ROUTES:
+            handler: Handler = operator.attrgetter(name)(self)
             if method == "GET":
                 app.router.add_get(API + path, handler)   # and HEAD
             else:
@@ -164,8 +181,6 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self.revocations.run()))
         await asyncio.wait_for(self.revocations.ready.wait(), 30)  # never serve before revocations are known
         await asyncio.wait_for(self.bindings.run(), 30)   # nor before the roles and their bindings are
-        if self.revocation_journal is not None:
-            self.revocations.check_journal(self.revocation_journal)
 
     async def _drain(self, app: web.Application) -> None:
         """Once the server stops accepting (the runner's cleanup), before it waits for the requests
@@ -209,9 +224,7 @@ class ApiServer:
         verb = self._verb(request) or "-"
         kind = request.match_info.get("kind", "")
         if kind not in KINDS:
-            kind = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events",
-                    "revoke": "revocations", "revocations-read": "revocations", "demand": "demand", "whoami": "whoami",
-                    "review": "accessreviews", "versions": "versions"}.get(verb, "-")
+            kind = PSEUDO_KINDS.get(verb, "-")
         return verb, kind
 
     @web.middleware
@@ -222,8 +235,10 @@ class ApiServer:
         if self.audit is None:
             return resp
         verb, kind = self._what(request)
-        if resp.status in (401, 403) or (request.method not in ("GET", "HEAD")
-                                         and verb not in ("heartbeat", "demand", "review", "-")):
+        who: Identity | None = request.get("identity")
+        if (resp.status in (401, 403) or (request.method not in ("GET", "HEAD")
+                                          and verb not in ("heartbeat", "demand", "review", "-"))) \
+                and self.audit.logs(who.name if who else None, who.all_groups if who else (), verb, kind):
             self.audit.record(self._audit_line(request, resp, verb, kind))
         return resp
 
@@ -288,9 +303,8 @@ class ApiServer:
             raise CertificateRevoked(f"client certificate {who} is revoked; ask an admin for a new one")
         request["identity"] = who
         component = "agent" if who.role == "node" else who.name if who.role == "component" else None
-        theirs = request.headers.get(HEADER)
-        if component in OLDER and theirs is not None:
-            why = refusal(component, theirs, version())
+        if component in OLDER:
+            why = refusal(component, request.headers.get(HEADER, HEADERLESS), version())
             if why is not None:
                 log.warning("refused: %s from %s: %s", who, peer, why)
                 raise VersionSkew(why)
@@ -309,8 +323,11 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions"):
-            return None   # /healthz, who am I, may I, the revocation list, versions; or no route: 404/405 for all alike
+        if verb in (None, "whoami", "review", "revocations-read", "versions", "renew", "renewals-read"):
+            # /healthz, who am I, may I, the revocation list, versions, a renewal of one's own certificate
+            # (what it may ask, the signer says: handlers/renewals.py), the renewals (admins: the handler);
+            # or no route: 404/405 for all alike
+            return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":
             return Action(verb, "heartbeat", url_name("node", info["node"]), final=False)

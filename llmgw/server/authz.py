@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, AnyObject, GitSource, PolicyRule, Role, RoleBinding
 from llmgw.api.errors import Forbidden
 from llmgw.pki import Identity
-from llmgw.server.rbac import BUILTIN_ROLES, Bindings, Target, allows, narrowed, rule_verbs, uncovered
+from llmgw.server.rbac import BUILTIN_ROLES, Bindings, Target, narrowed, rule_verbs, uncovered
 
 READ = {"get", "list", "watch"}
 
@@ -191,8 +191,7 @@ class Authorizer:
         # a list or a watch is known by its URL alone: every object, which no rule with names or a
         # selector grants
         final = act.final or act.verb in ("list", "watch", "events-read")
-        return next((r.rule for r in self.bindings.rules_of_kind(user, groups, act.kind)
-                     if allows(r, verbs, target, final)), None)
+        return self.bindings.granting(user, groups, act.kind, verbs, target, final)
 
     def hides_key_hashes(self, who: Identity) -> bool:
         """Whether `who` reads ApiKeys with their spec.secretHash redacted: a user whose bindings do not
@@ -202,11 +201,12 @@ class Authorizer:
             who.name, who.groups, Action("update", "apikeys", fields=frozenset({"spec.secretHash"}))) is None
 
     def _user(self, who: Identity, act: Action) -> None:
+        granted = self.granting(who.name, who.groups, act)
+        if granted is not None and (not act.final or act.obj is None):
+            return   # the common case, without the subject's words a refusal needs
         subject = f"user {who.name}" + (f" (groups {', '.join(who.groups)})" if who.groups else "")
-        if self.granting(who.name, who.groups, act) is None:
+        if granted is None:
             raise Denied("rbac", f"{subject} may not {act}: no binding grants it")
-        if not act.final or act.obj is None:
-            return
         if isinstance(act.obj, GitSource):
             return self._gitsource_reach(subject, act, act.obj)
         if isinstance(act.obj, Role):

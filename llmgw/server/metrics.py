@@ -1,4 +1,5 @@
-"""The API server's metrics: requests by verb, kind and code, and the watches open.
+"""The API server's metrics: requests by verb, kind and code, the watches open, and the audit
+lines dropped.
 
 Served on a plain-HTTP address of its own (`llmgw server --metrics-listen HOST:PORT`),
 apart from the mutual-TLS API, so a Prometheus needs no client certificate. The
@@ -6,8 +7,14 @@ names are in docs/metrics.md.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from llmgw.server.audit import AuditLog, WebhookBackend
 
 
 class ServerMetrics:
@@ -19,6 +26,25 @@ class ServerMetrics:
 
     def observe(self, verb: str, kind: str, code: int) -> None:
         self.requests.labels(verb, kind, str(code)).inc()
+
+    def audit(self, audit: AuditLog) -> None:
+        """Count the lines the audit log's backends drop, as they count them."""
+        self.registry.register(_AuditDrops(audit))
+
+
+class _AuditDrops(Collector):
+    def __init__(self, audit: AuditLog) -> None:
+        self.audit = audit
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        drops = CounterMetricFamily("llmgw_server_audit_dropped_lines", "Audit lines dropped, by backend (log, "
+                                    "webhook) and why: overflow (the buffer was full), failed (the webhook refused "
+                                    "or did not answer)", labels=["backend", "reason"])
+        for backend in self.audit.backends:
+            drops.add_metric([backend.name, "overflow"], backend.dropped)
+            if isinstance(backend, WebhookBackend):
+                drops.add_metric([backend.name, "failed"], backend.failed)
+        yield drops
 
 
 async def serve(metrics: ServerMetrics, host: str, port: int) -> web.AppRunner:

@@ -19,7 +19,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic
+from typing import Generic, NamedTuple, TypeVar
 
 from llmgw.api import ANY, EVENTS, KINDS, RULE_VERBS, ObjectT, PolicyRule, Role, RoleBinding, RoleSpec
 from llmgw.api.client import EventType
@@ -32,7 +32,6 @@ from llmgw.store import Store
 from llmgw.store.listwatch import after_store_error_never_raise
 
 READ_VERBS = ["get", "list", "watch"]
-ASKED_LIMIT = 65536   # subjects' rules by kind kept between changes
 
 
 def _rule(verbs: list[str], kinds: list[str]) -> PolicyRule:
@@ -68,6 +67,7 @@ def narrowed(kind: str, verb: str) -> frozenset[str] | None:
     return next((fields for v, fields in _NARROW.get(kind, ()) if v == verb), None)
 
 
+@functools.lru_cache(maxsize=1024)
 def rule_verbs(verb: str, kind: str, fields: frozenset[str] | None = None) -> frozenset[str]:
     """The rule verbs any one of which allows the server's `verb` (llmgw/server/authz.py's Action)
     on `kind`; `fields`: what an update sets (None: not known yet, so any narrower verb may do)."""
@@ -82,11 +82,10 @@ def rule_verbs(verb: str, kind: str, fields: frozenset[str] | None = None) -> fr
         return frozenset({"list", "watch"})
     if verb == "events-write":
         return frozenset({"create"})
-    return frozenset({verb}) if verb in RULE_VERBS else frozenset()
+    return frozenset({verb}) if verb in RULE_VERBS else frozenset({ANY})   # one no rule names: "*" alone
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """What a request touches, as much as is known: the object's name, its labels before and after
     the change (None: not known yet, or no such object)."""
     name: str | None = None
@@ -99,33 +98,39 @@ def _selector(text: str) -> Selector:
     return Selector.parse(text)
 
 
+def _matcher(text: str) -> Callable[[Mapping[str, str]], bool]:
+    """Whether labels match the selector `text`; one of equalities alone (team=search) is a
+    comparison of item views, the cheapest a decision can make."""
+    selector = _selector(text)
+    if all(r.op == "=" for r in selector.requirements):
+        wanted = {r.key: r.value for r in selector.requirements}.items()
+        return lambda labels: wanted <= labels.items()
+    return lambda labels: selector.matches(dict(labels))
+
+
 @dataclass(frozen=True)
 class Compiled:
-    """A rule as a decision reads it: sets, and its selector parsed once."""
+    """A rule as a decision reads it: its names a set, its selector a function of labels."""
     rule: PolicyRule
-    verbs: frozenset[str]       # empty: every verb
     names: frozenset[str]       # empty: every name
-    selector: Selector | None
+    matches: Callable[[Mapping[str, str]], bool] | None   # None: no selector
 
     @classmethod
     def of(cls, rule: PolicyRule) -> "Compiled":
-        return cls(rule, frozenset() if ANY in rule.verbs else frozenset(rule.verbs), frozenset(rule.names),
-                   _selector(rule.labelSelector) if rule.labelSelector else None)
+        return cls(rule, frozenset(rule.names), _matcher(rule.labelSelector) if rule.labelSelector else None)
 
 
-def allows(rule: Compiled, verbs: frozenset[str], target: Target, final: bool = True) -> bool:
-    """Whether `rule` (one of the request's kind) grants one of `verbs` on the object `target`
-    (`final` false: what is not known yet is taken as it may turn out)."""
-    if rule.verbs and rule.verbs.isdisjoint(verbs):
-        return False
+def admits(rule: Compiled, target: Target, final: bool = True) -> bool:
+    """Whether `rule` (one that grants the request's verb on its kind) allows it on the object
+    `target` (`final` false: what is not known yet is taken as it may turn out)."""
     if rule.names and not (target.name in rule.names or (not final and target.name is None)):
         return False
-    if rule.selector is None:
+    if rule.matches is None:
         return True
     if target.labels is None and target.new_labels is None:
         return not final   # the object's labels are known once it is read
-    return all(rule.selector.matches(dict(labels)) for labels in (target.labels, target.new_labels)
-               if labels is not None)
+    return (target.labels is None or rule.matches(target.labels)) and \
+        (target.new_labels is None or rule.matches(target.new_labels))
 
 
 def _requirements(selector: str | None) -> frozenset[str]:
@@ -173,23 +178,37 @@ class _Follow(Generic[ObjectT]):
 
 
 SubjectKey = tuple[str, str]   # ("User" | "Group", name)
+# by kind (or "*") and verb: the rules that grant it; a rule of every verb is under each and "*"
+Grants = dict[tuple[str, str], list[Compiled]]
+_EVERY_VERB = (*RULE_VERBS, ANY)
 
 
 def _subjects(b: RoleBinding | None) -> set[SubjectKey]:
     return {(s.kind, s.name) for s in b.spec.subjects} if b is not None else set()
 
 
+K = TypeVar("K")
+
+
+def _discard(index: dict[K, set[str]], key: K, name: str) -> None:
+    names = index.get(key, set())
+    names.discard(name)
+    if not names:
+        index.pop(key, None)
+
+
 class Bindings:
-    """The stored Roles and RoleBindings, and each subject's bindings, answered from memory: a
-    decision reads the bindings of the user and of each of its groups, not every binding."""
+    """The stored Roles and RoleBindings, and what each subject is granted, answered from memory:
+    each subject's rules by kind and verb are kept current as Roles and RoleBindings change, so a
+    decision reads a few dicts for the user and each of its groups, and matches the names and
+    selectors of the rules found there alone."""
 
     def __init__(self, store: Store) -> None:
         self.roles = _Follow(store, Role, self._role_changed)
         self.bindings = _Follow(store, RoleBinding, self._rebind)
         self._by_subject: dict[SubjectKey, set[str]] = {}   # binding names
-        self._by_kind: dict[str, dict[str, list[Compiled]]] = {}   # by role: its rules by kind ("*" too)
-        # a subject's rules of a kind, as the last decisions asked; emptied by any change
-        self._asked: dict[tuple[str, tuple[str, ...], str], list[Compiled]] = {}
+        self._by_role: dict[str, set[str]] = {}   # binding names, by the role they bind
+        self._grants: dict[SubjectKey, Grants] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def run(self) -> None:
@@ -203,33 +222,36 @@ class Bindings:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _rebind(self, old: RoleBinding | None, new: RoleBinding | None) -> None:
-        self._asked.clear()
         if old is not None:
             for subject in _subjects(old) - _subjects(new):
-                names = self._by_subject[subject]
-                names.discard(old.name)
-                if not names:
-                    del self._by_subject[subject]
+                _discard(self._by_subject, subject, old.name)
+            _discard(self._by_role, old.spec.roleRef.name, old.name)
         if new is not None:
             for subject in _subjects(new):
                 self._by_subject.setdefault(subject, set()).add(new.name)
+            self._by_role.setdefault(new.spec.roleRef.name, set()).add(new.name)
+        for subject in _subjects(old) | _subjects(new):
+            self._regrant(subject)
 
     def _role_changed(self, old: Role | None, new: Role | None) -> None:
-        self._asked.clear()
-        for role in (old, new):
-            if role is not None:
-                self._by_kind.pop(role.name, None)
+        names = {role.name for role in (old, new) if role is not None}
+        for subject in {s for name in names for b in self._by_role.get(name, ())
+                        for s in _subjects(self.bindings.items[b])}:
+            self._regrant(subject)
 
-    def _rules_by_kind(self, role: str) -> dict[str, list[Compiled]]:
-        by_kind = self._by_kind.get(role)
-        if by_kind is None:
-            by_kind = {}
+    def _regrant(self, subject: SubjectKey) -> None:
+        """Index what `subject` is granted anew, from its bindings' roles."""
+        grants: Grants = {}
+        for role in {self.bindings.items[name].spec.roleRef.name for name in self._by_subject.get(subject, ())}:
             for rule in self.rules_of_role(role):
                 compiled = Compiled.of(rule)
                 for kind in rule.kinds:
-                    by_kind.setdefault(kind, []).append(compiled)
-            self._by_kind[role] = by_kind
-        return by_kind
+                    for verb in _EVERY_VERB if ANY in rule.verbs else rule.verbs:
+                        grants.setdefault((kind, verb), []).append(compiled)
+        if grants:
+            self._grants[subject] = grants
+        else:
+            self._grants.pop(subject, None)
 
     def role(self, name: str) -> Role | None:
         """A built-in role, or a stored one."""
@@ -249,21 +271,21 @@ class Bindings:
         """The names of the bindings naming the user or one of its groups (`auth whoami`)."""
         return sorted(self._bound(user, groups))
 
-    def _roles_of(self, user: str, groups: Iterable[str]) -> set[str]:
-        return {self.bindings.items[name].spec.roleRef.name for name in self._bound(user, groups)}
-
     def rules(self, user: str, groups: Iterable[str]) -> list[PolicyRule]:
         """Every rule bound to the user or one of its groups (what it holds, for the escalation check)."""
-        return [rule for role in self._roles_of(user, groups) for rule in self.rules_of_role(role)]
+        roles = {self.bindings.items[name].spec.roleRef.name for name in self._bound(user, groups)}
+        return [rule for role in roles for rule in self.rules_of_role(role)]
 
-    def rules_of_kind(self, user: str, groups: tuple[str, ...], kind: str) -> list[Compiled]:
-        """The rules bound to the user or one of its groups that name `kind` or "*"."""
-        asked = self._asked.get((user, groups, kind))
-        if asked is not None:
-            return asked
-        rules = [rule for role in self._roles_of(user, groups) for k in (kind, ANY)
-                 for rule in self._rules_by_kind(role).get(k, ())]
-        if len(self._asked) >= ASKED_LIMIT:
-            self._asked.clear()
-        self._asked[(user, groups, kind)] = rules
-        return rules
+    def granting(self, user: str, groups: Iterable[str], kind: str, verbs: frozenset[str], target: Target,
+                 final: bool = True) -> PolicyRule | None:
+        """The first rule bound to the user or one of its groups that grants one of `verbs` on
+        `kind` and allows it on `target`; None: none does."""
+        for subject in (("User", user), *(("Group", g) for g in groups)):
+            grants = self._grants.get(subject)
+            if grants is not None:
+                for verb in verbs:
+                    for key in ((kind, verb), (ANY, verb)):
+                        for rule in grants.get(key, ()):
+                            if admits(rule, target, final):
+                                return rule.rule
+        return None

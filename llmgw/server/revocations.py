@@ -20,8 +20,10 @@ log = logging.getLogger("llmgw.server")
 
 
 class Revocations:
-    def __init__(self, store: Store, retry: float = 1.0):   # retry: the longest wait after a failure
-        self._store, self._retry = store, retry
+    def __init__(self, store: Store, retry: float = 1.0, journal: CertificateAuthority | None = None):
+        """retry: the longest wait after a failure; journal: the CA whose revocation journal is
+        checked after each list (at start, and after etcd was restored under the server)."""
+        self._store, self._retry, self._journal = store, retry, journal
         self.serials: set[str] = set()
         self.ready = asyncio.Event()
         self._listeners: dict[str, set[Callable[[], None]]] = {}
@@ -56,11 +58,16 @@ class Revocations:
         # checking them never stops: any failure but a compaction is retried
         revoked = self._store.revocations.lister_watcher(after_store_error_never_raise)
         reflector = Reflector(revoked, self._change, key=str,
-                              known=lambda: self.serials, on_synced=self.ready.set,
+                              known=lambda: self.serials, on_synced=self._listed,
                               backoff=Backoff(min(0.1, self._retry), self._retry), name="revocation watch")
         await reflector.run()
 
-    def check_journal(self, ca: CertificateAuthority) -> None:
+    def _listed(self) -> None:
+        self.ready.set()
+        if self._journal is not None:
+            self._check_journal(self._journal)
+
+    def _check_journal(self, ca: CertificateAuthority) -> None:
         """A warning naming the serials of the CA's revocation journal that etcd's list lacks (etcd
         restored from a snapshot older than them). Where the server can read the journal: beside
         its --client-ca, when that is the CA directory's ca.crt."""

@@ -40,9 +40,10 @@ from llmgw.api import KINDS, AnyObject, errors, node_of
 from llmgw.api.client import EventType
 from llmgw.api.selectors import Selector
 from llmgw.backoff import Backoff
-from llmgw.reflector import Event, Reflector, object_name
+from llmgw.reflector import AfterError, Event, Reflector, object_name
 from llmgw.server.status import status_body
-from llmgw.store.errors import Compacted
+from llmgw.store.errors import Compacted, Restored
+from llmgw.store.etcd import Lineage
 from llmgw.store.listwatch import after_store_error_never_raise
 from llmgw.store.store import Store
 
@@ -51,6 +52,7 @@ log = logging.getLogger("llmgw.server")
 _MODIFIED = b'{"type": "MODIFIED"'
 ALL = sys.maxsize     # (R, ALL): every event of revision R and before
 _DELETED = b'{"type": "DELETED"'
+_COMPACTED = "history the watch cache needed was compacted"
 
 
 def error_line(code: int, reason: str, message: str) -> bytes:
@@ -319,21 +321,28 @@ class KindCache:
 class _History:
     """What feeds a KindCache, as a reflector's lister-watcher: the store's changes of its
     kind. The cache holds history, not objects, so its "list" is a fresh start: at etcd's
-    current revision, with every open watch told to relist (KindCache._rebase)."""
+    current revision, with every open watch told to relist (KindCache._rebase). That is
+    also what an etcd restored under the server comes to: its watch is Restored (etcd's
+    revision went back, or its cluster id changed: ``Etcd.same_history``), a Compacted."""
 
     def __init__(self, cache: KindCache) -> None:
         self.cache = cache
+        self.lineage = Lineage()
+        self.gone = _COMPACTED   # why the next list starts over
 
     async def list(self) -> tuple[Sequence[AnyObject], int]:
         revision = await self.cache.store.revision()
-        self.cache._rebase(revision, "history the watch cache needed was compacted")
+        self.cache._rebase(revision, self.gone)
         return (), revision
 
     def watch(self, from_revision: int) -> AsyncIterator[Event[AnyObject]]:
-        return self.cache.store.watch(KINDS[self.cache.kind], from_revision)
+        return self.cache.store.watch(KINDS[self.cache.kind], from_revision, lineage=self.lineage)
 
-    # Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped.
-    after_error = staticmethod(after_store_error_never_raise)
+    def after_error(self, err: Exception) -> AfterError:
+        """Compacted: start over. Anything else, StoreUnavailable mostly: watch again from where it stopped."""
+        if isinstance(err, Compacted):
+            self.gone = str(err) if isinstance(err, Restored) else _COMPACTED
+        return after_store_error_never_raise(err)
 
 
 

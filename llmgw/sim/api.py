@@ -21,6 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.kvevents.publisher import Publisher
+from llmgw.routing.kvblocks import load_tokenizer, request_token_ids
 from llmgw.sim import tokens
 from llmgw.sim.config import SimConfig
 from llmgw.sim.kvcache import PrefixCache
@@ -83,7 +85,10 @@ class SimApi:
         self.crash = crash
         self.names = set(cfg.served_model_names)
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
-        self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens)
+        self.tokenizer = load_tokenizer(cfg.model_path)  # the model's tokenizer.json, else words are tokens
+        self.publisher = Publisher(cfg.kv_events) if cfg.kv_events.enabled else None
+        self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens,
+                                 self.publisher.publish if self.publisher is not None else None)
         # The step model when it has a cost; else requests are paced one by one (--ttft-ms,
         # --tokens-per-second) and never wait for each other.
         self.scheduler = None
@@ -130,6 +135,8 @@ class SimApi:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096, reuse_address=True)
         await site.start()
+        if self.publisher is not None:
+            self.publisher.start()
         if self.cfg.load_seconds > 0:
             asyncio.get_running_loop().call_later(self.cfg.load_seconds, self._set_ready)
         else:
@@ -143,6 +150,8 @@ class SimApi:
         self.draining = True
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.publisher is not None:
+            await self.publisher.close()
 
     # ------------------------------------------------------------ helpers
 
@@ -290,18 +299,18 @@ class SimApi:
                 if not isinstance(messages, list) or not messages:
                     raise _BadRequest(error(400, "messages must be a non-empty list", "BadRequestError"))
                 n = self._max_tokens(body, "max_completion_tokens", "max_tokens")
-                prompt = tokens.message_tokens(messages)
             else:
                 if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
                     raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
                 n = self._max_tokens(body, "max_tokens")
-                prompt = tokens.text_tokens(body["prompt"])
         except _BadRequest as bad:
             return bad.response
+        prompt = request_token_ids(body, self.tokenizer)  # as the gateway's precise-prefix reads it
         self._admit()
-        seq = Seq(prompt, n, self.lora_ids.get(body["model"], 0))
+        lora_id = self.lora_ids.get(body["model"])
+        seq = Seq(prompt, n, None if lora_id is None else (body["model"], lora_id))
         if self.scheduler is None:
-            seq.cached = self.cache.admit(prompt, seq.salt)
+            seq.cached = self.cache.admit(prompt, seq.lora)
         held = len(prompt) + n
         self.running += 1
         self.held_tokens += held

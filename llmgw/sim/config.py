@@ -7,6 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from llmgw.kvevents.publisher import KVEventsConfig, parse_config
+from llmgw.routing.kvblocks import load_tokenizer
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -32,6 +35,7 @@ class SimConfig:
     enable_lora: bool = False
     max_loras: int = 1
     lora_load_seconds: float = 0.0
+    kv_events: KVEventsConfig = KVEventsConfig()
 
     @property
     def model(self) -> str:
@@ -71,7 +75,8 @@ def parser() -> argparse.ArgumentParser:
                    help="model names the API answers to; the first is the model's name")
     p.add_argument("--model", metavar="PATH",
                    help="the model's weights on this node (a directory or a file); the sim reads none, "
-                        "but refuses to start where the path is missing, as an engine would")
+                        "but refuses to start where the path is missing, as an engine would; a "
+                        "tokenizer.json in the directory tokenizes prompts (else a word is a token)")
     p.add_argument("--rank", type=_nonnegative(int), default=0, help="this process's rank (default: 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks (default: 1)")
     p.add_argument("--dist-init-addr", metavar="HEAD:PORT",
@@ -106,6 +111,11 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--kv-cache-tokens", type=_nonnegative(int), default=262144, metavar="N",
                        help="prefix-cache capacity in tokens, least recently used blocks evicted "
                             "first; 0 = no prefix caching (default: 262144)")
+    model.add_argument("--kv-events-config", metavar="JSON",
+                       help="publish the prefix cache's KV events as vLLM does (its KVEventsConfig as "
+                            "JSON: enable_kv_cache_events, publisher, endpoint, replay_endpoint, "
+                            "buffer_steps, hwm, max_queue_size, topic); block hashes are seeded with "
+                            "PYTHONHASHSEED as vLLM's sha256_cbor (default: no events)")
     lora = p.add_argument_group(
         "LoRA", "vLLM's runtime LoRA API: POST /v1/load_lora_adapter {lora_name, lora_path} and "
         "/v1/unload_lora_adapter {lora_name}, with vLLM's answers and errors; a loaded adapter is listed "
@@ -143,6 +153,16 @@ def parse(argv: list[str]) -> SimConfig:
                 "the step model (--prefill-ms-per-token, --decode-ms-per-token)")
     if a.model is not None and not os.path.exists(a.model):
         p.error(f"--model {a.model}: no such file or directory: the weights are not on this node")
+    try:
+        load_tokenizer(a.model)
+    except ValueError as e:
+        p.error(f"--model: {e}")
+    kv_events = KVEventsConfig()
+    if a.kv_events_config is not None:
+        try:
+            kv_events = parse_config(a.kv_events_config)
+        except (ValueError, TypeError) as e:
+            p.error(f"--kv-events-config: {e}")
     head_host, dist_port = "", 0
     if a.world_size > 1:
         if not a.dist_init_addr:
@@ -158,6 +178,6 @@ def parse(argv: list[str]) -> SimConfig:
         drain_grace=a.drain_grace, fail_after=a.fail_after, crash_on_request=a.crash_on_request,
         prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_token=a.decode_ms_per_token,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_cache_tokens=a.kv_cache_tokens,
-        model_path=a.model, enable_lora=a.enable_lora, max_loras=a.max_loras,
+        model_path=a.model, kv_events=kv_events, enable_lora=a.enable_lora, max_loras=a.max_loras,
         lora_load_seconds=a.lora_load_seconds,
     )

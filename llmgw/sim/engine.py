@@ -14,6 +14,8 @@ import sys
 from collections.abc import Awaitable
 from typing import Any
 
+import zmq
+
 from llmgw.sim.config import SimConfig
 from llmgw.sim.rendezvous import Head, RendezvousError, Worker
 
@@ -87,7 +89,12 @@ async def _run_head(rank: Rank) -> int:
         rank.log(f"all {cfg.world_size} ranks joined")
 
     from llmgw.sim.api import SimApi  # aiohttp: only on the rank that serves
-    api = SimApi(cfg, crash=lambda why: rank.abort(EXIT_INJECTED, why))
+    try:
+        api = SimApi(cfg, crash=lambda why: rank.abort(EXIT_INJECTED, why))
+    except zmq.ZMQError as e:
+        rank.log(f"cannot publish KV events on {cfg.kv_events.endpoint} / {cfg.kv_events.replay_endpoint}: {e}")
+        await head.close()
+        return EXIT_SETUP
     try:
         await api.start()
     except OSError as e:

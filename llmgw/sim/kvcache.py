@@ -1,35 +1,41 @@
-"""The sim engine's prefix cache: block-hashed like vLLM's, LRU-evicted at a capacity in tokens.
+"""The sim engine's prefix cache: block-hashed as vLLM's, LRU-evicted at a capacity in tokens.
 
-A prompt's tokens are cut into blocks of `block_size`; block i's key is a hash
-of block i-1's key and block i's tokens, so a key names the whole prefix up to
-the end of its block (a partial last block is never cached, as in vLLM). A
-prompt hits on the longest run of its leading blocks that are cached. A request
-under a LoRA adapter chains from that load's id (`salt`), as vLLM's block hashes
-include the LoRA: it never hits the base's blocks, nor those of another adapter or
-of the same adapter's earlier load (other weights).
+A prompt's token ids are cut into blocks of `block_size`; block i's key is
+vLLM's chained hash of block i-1's and block i's tokens (llmgw.routing.kvblocks,
+seeded with PYTHONHASHSEED as vLLM is, else with vLLM's default seed), so a key
+names the whole prefix up to the end of its block (a partial last block is
+never cached, as in vLLM). A prompt hits on the longest run of its leading
+blocks that are cached. A request under a LoRA adapter hashes its blocks with
+the adapter as vLLM's extra key, here its name and that load's id: it never hits
+the base's blocks, another adapter's, or those of the same adapter's earlier
+load (other weights, maybe). A prompt's blocks are touched tail first, so the tail of
+a chain is evicted before its head, as vLLM's free queue does.
+
+Every change is told to `on_events` as vLLM's KV events (llmgw.kvevents.wire),
+evictions before the stores that needed their room, one batch per admitted prompt.
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from llmgw.kvevents import wire
+from llmgw.routing.kvblocks import BlockHasher
 
-def block_keys(tokens: Sequence[str | int], block_size: int, salt: int = 0) -> list[int]:
-    """The chained keys of a prompt's whole blocks (`salt`: a LoRA load's id, 0 for the base)."""
-    keys = []
-    key = salt
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = hash((key, tuple(tokens[start:start + block_size])))
-        keys.append(key)
-    return keys
+DEFAULT_SEED = "vllm-none-hash"  # vLLM's NONE_HASH seed for sha256_cbor without PYTHONHASHSEED
 
 
 class PrefixCache:
     """Cached blocks, least recently used first; capacity 0 caches nothing."""
 
-    def __init__(self, block_size: int, capacity_tokens: int):
+    def __init__(self, block_size: int, capacity_tokens: int,
+                 on_events: Callable[[list[dict[str, Any]]], None] | None = None):
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
+        self.hasher = BlockHasher(block_size, os.environ.get("PYTHONHASHSEED", DEFAULT_SEED))
+        self.on_events = on_events
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = 0  # prompt tokens looked up, as vLLM counts them
         self.hits = 0  # of which were cached
@@ -38,26 +44,48 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, tokens: Sequence[str | int], salt: int = 0) -> int:
-        """Look a prompt up, then cache its blocks; the number of its leading tokens that were cached."""
-        keys = block_keys(tokens, self.block_size, salt)
+    def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None) -> int:
+        """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached.
+        `lora`: the adapter it runs under (its name and load id), an extra key of every block."""
+        keys = self.hasher.keys(ids, lora)
         blocks = self._blocks
         hit = 0
         for key in keys:
             if key not in blocks:
                 break
             hit += 1
-        for key in keys:  # the prompt's blocks become the most recently used
-            if key in blocks:
-                blocks.move_to_end(key)
-            elif self.capacity_blocks:
-                blocks[key] = None
-        while len(blocks) > self.capacity_blocks:
-            blocks.popitem(last=False)
+        for key in keys[:hit]:  # kept from the evictions this prompt makes room with
+            blocks.move_to_end(key)
+        events: list[dict[str, Any]] = []
+        run: list[int] = []  # indices of the blocks stored since the last event
+        size = self.block_size
+
+        def flush() -> None:
+            if run:
+                parent = keys[run[0] - 1] if run[0] else None
+                events.append(wire.stored([keys[i] for i in run], parent,
+                                          ids[run[0] * size:(run[-1] + 1) * size], size))
+                run.clear()
+
+        if self.capacity_blocks:
+            for i in range(hit, len(keys)):
+                if len(blocks) >= self.capacity_blocks:
+                    flush()
+                    events.append(wire.removed([blocks.popitem(last=False)[0]]))
+                blocks[keys[i]] = None
+                run.append(i)
+            flush()
+            for key in reversed(keys):  # the prompt's blocks become the most recently used, tail first
+                if key in blocks:
+                    blocks.move_to_end(key)
+        if events and self.on_events is not None:
+            self.on_events(events)
         cached = hit * self.block_size
-        self.queries += len(tokens)
+        self.queries += len(ids)
         self.hits += cached
         return cached
 
     def reset(self) -> None:
         self._blocks.clear()
+        if self.on_events is not None:
+            self.on_events([wire.cleared()])

@@ -1,9 +1,8 @@
-"""Fake tokens: counting a prompt's tokens, producing completion tokens, pacing them."""
+"""Fake tokens: producing completion tokens, pacing them (a prompt's tokens: llmgw.routing.kvblocks)."""
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
 
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit",
          "sed", "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et")
@@ -14,39 +13,8 @@ def token(i: int) -> str:
     return TOKENS[i % len(TOKENS)]
 
 
-Token = str | int   # a word of a prompt, or a token id it was given
-
-
 def text(n: int) -> str:
     return "".join(token(i) for i in range(n))
-
-
-def text_tokens(value: Any) -> list[Token]:
-    """A prompt's tokens, without a tokenizer: the words of a string (whitespace-separated; a
-    string without any is one empty token), the items of a token-id list, those of each prompt
-    of a list of prompts one after the other. The same prompt always gives the same tokens."""
-    if isinstance(value, str):
-        words: list[Token] = [*value.split()]
-        return words or [""]
-    if isinstance(value, list):
-        if value and all(isinstance(v, int) for v in value):
-            return value
-        return [t for v in value for t in text_tokens(v)]
-    return []
-
-
-def message_tokens(messages: list[Any]) -> list[Token]:
-    """A chat's tokens: those of each message's text content in order (roles are not tokens)."""
-    out: list[Token] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = [part.get("text", "") for part in content if isinstance(part, dict)]
-        if content:
-            out += text_tokens(content)
-    return out or [""]
 
 
 class Pacer:

@@ -43,6 +43,15 @@ class Compacted(StoreError, api.Expired):
         super().__init__(f"revision compacted; oldest available is {compact_revision}")
 
 
+class Restored(Compacted):
+    """The watch would resume from a revision of another etcd history: etcd's revision is below
+    it, or etcd's cluster id changed (etcd restored from a snapshot). Relist, as after a compaction."""
+
+    def __init__(self, why: str):
+        self.compact_revision = 0
+        api.Expired.__init__(self, why)
+
+
 class StoreFull(StoreError, api.Unavailable):
     """etcd refuses writes: its space quota is exhausted and its NOSPACE alarm raised. Reads
     still work; writes do again once history is compacted, the members defragmented and the

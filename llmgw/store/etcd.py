@@ -26,7 +26,7 @@ from aetcd import rpc
 from llmgw.store import keys as K
 from llmgw.store.batcher import TxnBatcher
 from llmgw.store.connection import Connection
-from llmgw.store.errors import Compacted, FencedOut, StoreUnavailable
+from llmgw.store.errors import Compacted, FencedOut, Restored, StoreUnavailable
 
 # aetcd has no type information: what the store reads from its messages, as protocols.
 
@@ -87,6 +87,13 @@ def _out_of_range(err: Exception) -> bool:
     return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
 
 
+def lease_not_found(err: Exception) -> bool:
+    """etcd's answer to a write bound to a lease it does not hold (expired, revoked, or granted
+    after the snapshot etcd was restored from)."""
+    return (isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.NOT_FOUND
+            and "lease not found" in (err.details() or ""))
+
+
 @dataclass(frozen=True)
 class Fence:
     """Every write of a fenced view requires the leader key's create_revision to be this one."""
@@ -95,6 +102,16 @@ class Fence:
     create_revision: int
     compare: Any      # rpc.Compare on the key's create_revision, built once
     read: Any         # rpc.RequestOp reading the key, to say why a compare failed
+
+
+class Lineage:
+    """The etcd history a watcher's revisions come from: etcd's cluster id when its last watch
+    opened (0 before the first). One per reflector, handed to each of its watches (``Etcd.events``)."""
+
+    __slots__ = ("cluster_id",)
+
+    def __init__(self) -> None:
+        self.cluster_id = 0
 
 
 class Etcd:
@@ -206,12 +223,30 @@ class Etcd:
         req = rpc.AlarmRequest(action=rpc.AlarmRequest.DEACTIVATE, memberID=member, alarm=rpc.NOSPACE)
         await self.conn.call(lambda c: c.maintenancestub.Alarm(req, timeout=c._timeout, metadata=c.metadata))
 
-    async def events(self, start: bytes, end: bytes, from_revision: int,
-                     prev_kv: bool = False) -> AsyncIterator[KeyEvent]:
+    async def same_history(self, from_revision: int, lineage: Lineage) -> None:
+        """Restored when a watch from `from_revision` would resume on another etcd history than
+        the lineage's last watch: etcd's revision is below from_revision - 1 (etcd would wait
+        for it, silently, and then deliver another history's changes), or its cluster id
+        changed (a cluster restored with a new token, even once its revision has caught up)."""
+        header = (await self.range(K.ROOT + "/~")).header
+        known, lineage.cluster_id = lineage.cluster_id, header.cluster_id
+        if from_revision - 1 > header.revision:
+            raise Restored(f"revision {from_revision - 1} is newer than etcd's revision {header.revision} "
+                           "(etcd restored from a snapshot?)")
+        if known and known != header.cluster_id:
+            raise Restored(f"etcd's cluster id changed from {known:x} to {header.cluster_id:x} "
+                           "(etcd restored from a snapshot?)")
+
+    async def events(self, start: bytes, end: bytes, from_revision: int, prev_kv: bool = False,
+                     lineage: Lineage | None = None) -> AsyncIterator[KeyEvent]:
         """Every change to keys in [start, end) at or after from_revision, in revision order.
 
         Compacted when from_revision is no longer held; StoreUnavailable when the stream drops.
+        With a lineage, Restored (a Compacted) when from_revision is of another etcd history
+        (``same_history``): an etcd restored under a running reflector makes it relist.
         """
+        if lineage is not None:
+            await self.same_history(from_revision, lineage)
         client = await self.conn.client()
         # Compacting at revision R drops a deletion made at R, yet a watch from R is
         # still allowed and silently misses it. Starting one revision earlier makes

@@ -8,9 +8,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
+
 from llmgw.api.meta import now
 from llmgw.store import keys as K
-from llmgw.store.etcd import Etcd, put_op
+from llmgw.store.etcd import Etcd, lease_not_found, put_op
 from llmgw.store.kv import KV
 from llmgw.store.leases import Leases
 from llmgw.store.listwatch import AfterErrorPolicy, KeyValues, after_store_error
@@ -45,16 +47,24 @@ class Events:
         events written together keep their order and never share a key.
         """
         stamps = self._stamps
-        lease = stamps.lease
-        if lease is None or time.monotonic() - lease[1] > LEASE_REUSE:
-            lease = stamps.lease = (await self._leases.grant(TTL), time.monotonic())
-        stamp = now().isoformat()
-        ops = []
-        for kind, name, type, reason, message in events:
-            ns = stamps.last_ns = max(time.time_ns(), stamps.last_ns + 1)
-            value = {"type": type, "reason": reason, "message": message, "time": stamp}
-            ops.append(put_op(f"{K.events_prefix(kind, name)}{ns:020d}", json.dumps(value).encode(), lease[0]))
-        await self._etcd.txn([], ops)
+        for last_try in (False, True):
+            lease = stamps.lease
+            if lease is None or time.monotonic() - lease[1] > LEASE_REUSE:
+                lease = stamps.lease = (await self._leases.grant(TTL), time.monotonic())
+            stamp = now().isoformat()
+            ops = []
+            for kind, name, type, reason, message in events:
+                ns = stamps.last_ns = max(time.time_ns(), stamps.last_ns + 1)
+                value = {"type": type, "reason": reason, "message": message, "time": stamp}
+                ops.append(put_op(f"{K.events_prefix(kind, name)}{ns:020d}", json.dumps(value).encode(), lease[0]))
+            try:
+                await self._etcd.txn([], ops)
+                return
+            except grpc.aio.AioRpcError as err:
+                # The lease is gone: etcd was restored from a snapshot taken before it was granted.
+                if last_try or not lease_not_found(err):
+                    raise
+                stamps.lease = None
 
     async def list(self, kind: str, name: str) -> builtins.list[dict[str, Any]]:
         """The object's events, oldest first: {"type", "reason", "message", "time"}."""

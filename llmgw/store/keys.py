@@ -11,6 +11,7 @@ DEMAND = f"{ROOT}/demand/"   # a gateway's demand report, bound to its lease
 USAGE = f"{ROOT}/usage/"     # a gateway's API keys' usage, bound to the same lease
 LEADER = f"{ROOT}/leader/"
 REVOKED = f"{ROOT}/revoked/"
+RENEWED = f"{ROOT}/renewed/"   # a certificate the API server renewed -> the serial it renewed
 EVENTS = f"{ROOT}/events/"
 NAMES = f"{ROOT}/names/"  # a served model name or alias -> the Model that serves it
 
@@ -71,6 +72,10 @@ def leader_key(component: str) -> str:
 
 def revoked_key(serial: str) -> str:
     return f"{REVOKED}{serial}"
+
+
+def renewed_key(serial: str) -> str:
+    return f"{RENEWED}{serial}"
 
 
 def events_prefix(kind: str | None = None, name: str | None = None) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from llmgw.store import keys as K
-from llmgw.store.etcd import Etcd, as_bytes, delete_op, put_op
+from llmgw.store.etcd import Etcd, Lineage, as_bytes, delete_op, put_op
 
 
 @dataclass
@@ -44,8 +44,8 @@ class KV:
         revision: int = resp.header.revision
         return [(kv.key.decode(), kv.value, kv.mod_revision) for kv in resp.kvs], revision
 
-    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[RawEvent]:
+    async def watch(self, prefix: str, from_revision: int, lineage: Lineage | None = None) -> AsyncIterator[RawEvent]:
         """Changes under prefix at or after from_revision; Compacted, StoreUnavailable as Objects.watch."""
-        async for ev in self._etcd.events(as_bytes(prefix), K.prefix_end(prefix), from_revision):
+        async for ev in self._etcd.events(as_bytes(prefix), K.prefix_end(prefix), from_revision, lineage=lineage):
             yield RawEvent("DELETE" if ev.kind == "DELETE" else "PUT", ev.kv.key.decode(), ev.kv.value,
                            ev.kv.mod_revision)

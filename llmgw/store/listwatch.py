@@ -10,6 +10,7 @@ from llmgw.api import ObjectT
 from llmgw.api.client import EventType
 from llmgw.reflector import AfterError, Event
 from llmgw.store.errors import Compacted, StoreUnavailable
+from llmgw.store.etcd import Lineage
 from llmgw.store.kv import KV
 from llmgw.store.objects import Held, Objects
 
@@ -18,7 +19,8 @@ ValueT = TypeVar("ValueT")
 
 
 def after_store_error(err: Exception) -> AfterError:
-    """Compacted: relist. StoreUnavailable (etcd away, a dropped stream): retry. The rest: raise."""
+    """Compacted (or Restored: etcd restored under the watch, ``Etcd.same_history``): relist.
+    StoreUnavailable (etcd away, a dropped stream): retry. The rest: raise."""
     if isinstance(err, Compacted):
         return "relist"
     return "retry" if isinstance(err, StoreUnavailable) else "raise"
@@ -36,12 +38,13 @@ class StoreObjects(Generic[ObjectT]):
     def __init__(self, objects: Objects, kind: type[ObjectT],
                  after_error: AfterErrorPolicy = after_store_error, held: Held | None = None) -> None:
         self.objects, self.kind, self._after_error, self._held = objects, kind, after_error, held
+        self.lineage = Lineage()
 
     async def list(self) -> tuple[Sequence[ObjectT], int]:
         return await self.objects.list(self.kind)
 
     def watch(self, from_revision: int) -> AsyncIterator[Event[ObjectT]]:
-        return self.objects.watch(self.kind, from_revision, held=self._held)
+        return self.objects.watch(self.kind, from_revision, held=self._held, lineage=self.lineage)
 
     def after_error(self, err: Exception) -> AfterError:
         return self._after_error(err)
@@ -60,6 +63,7 @@ class KeyNames:
     def __init__(self, kv: KV, prefix: str, normal: Callable[[str], str] = str,
                  after_error: AfterErrorPolicy = after_store_error) -> None:
         self.kv, self.prefix, self.normal, self._after_error = kv, prefix, normal, after_error
+        self.lineage = Lineage()
 
     def _name(self, key: str) -> str:
         return self.normal(key[len(self.prefix):])
@@ -69,7 +73,7 @@ class KeyNames:
         return [self._name(k) for k, _, _ in kvs], rev
 
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
-        async for ev in self.kv.watch(self.prefix, from_revision):
+        async for ev in self.kv.watch(self.prefix, from_revision, self.lineage):
             yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
 
     def after_error(self, err: Exception) -> AfterError:
@@ -89,13 +93,14 @@ class KeyValues(Generic[ValueT]):
     def __init__(self, kv: KV, prefix: str, parse: Callable[[str, bytes | None], ValueT],
                  after_error: AfterErrorPolicy = after_store_error) -> None:
         self.kv, self.prefix, self.parse, self._after_error = kv, prefix, parse, after_error
+        self.lineage = Lineage()
 
     async def list(self) -> tuple[Sequence[ValueT], int]:
         kvs, rev = await self.kv.list(self.prefix)
         return [self.parse(k[len(self.prefix):], v) for k, v, _ in kvs], rev
 
     async def watch(self, from_revision: int) -> AsyncIterator[Event[ValueT]]:
-        async for ev in self.kv.watch(self.prefix, from_revision):
+        async for ev in self.kv.watch(self.prefix, from_revision, self.lineage):
             name = ev.key[len(self.prefix):]
             if ev.type == "DELETE":
                 yield ValueEvent("DELETED", self.parse(name, None), ev.revision)

@@ -28,9 +28,22 @@ from llmgw.api.compact import share_fields_set_of, share_fields_sets
 from llmgw.api.manifests import parse_stored
 from llmgw.api.meta import Condition, now, set_condition
 from llmgw.api.selectors import Selector
+from llmgw.api.storage import convert, stale
 from llmgw.store import keys as K
 from llmgw.store.errors import AlreadyExists, Conflict, NotFound
-from llmgw.store.etcd import GREATER, MOD, VERSION, Etcd, KeyValue, as_bytes, compare, delete_op, get_op, put_op
+from llmgw.store.etcd import (
+    GREATER,
+    MOD,
+    VERSION,
+    Etcd,
+    KeyValue,
+    Lineage,
+    as_bytes,
+    compare,
+    delete_op,
+    get_op,
+    put_op,
+)
 
 Ops = builtins.list[Any]   # rpc.Compare or rpc.RequestOp messages of one transaction
 Held = Callable[[str], AnyObject | None]   # a watcher's own copy of an object, by name (Objects.watch)
@@ -259,15 +272,16 @@ class Objects:
 
     async def _current_doc(self, kind: str, name: str, node: str | None,
                            revision: int, current: AnyObject | None) -> tuple[dict[str, Any], int]:
-        """The stored spec document and its revision: `current`'s when it is the object at
-        `revision` (the caller's unchanged copy), else read."""
+        """The stored spec document, in its kind's current version (llmgw.api.storage: a write
+        that changes nothing else writes nothing), and its revision: `current`'s when it is the
+        object at `revision` (the caller's unchanged copy), else read."""
         if current is not None and current.metadata.resourceVersion == revision:
             return _spec_dict(current), revision
         resp = await self.etcd.range(K.object_key(K.SPEC, kind, name, node))
         if not resp.kvs:
             raise NotFound(f"{kind}/{name} not found")
         kv: KeyValue = resp.kvs[0]
-        return json.loads(kv.value), kv.mod_revision
+        return convert(json.loads(kv.value)), kv.mod_revision
 
     async def update(self, obj: ObjectT, *, current: ObjectT | None = None) -> ObjectT:
         """Write spec and metadata, if obj's resourceVersion is still current (else Conflict).
@@ -392,20 +406,60 @@ class Objects:
                 return obj.at_revision(resp.header.revision)
         raise Conflict(f"{kind}/{name} kept changing; delete not applied")
 
+    # ------------------------------------------------------------ storage versions
+
+    async def migrate(self, kind: type[AnyObject]) -> tuple[int, int]:
+        """Rewrite every object of `kind` stored in an older version (llmgw.api.storage) in the
+        current one: how many were rewritten, and how many were current already. Each rewrite is
+        a compare-and-swap on the object's keys as read, so a concurrent write is never lost: the
+        object is read again (a newer server's write is current already)."""
+        prefix = K.kind_prefix(K.SPEC, kind.kind_plural)
+        resp = await self.etcd.range(prefix, K.prefix_end(prefix), keys_only=True)
+        migrated = current = 0
+        for kv in resp.kvs:
+            parsed = K.parse_object_key(kv.key.decode())
+            if parsed is not None and await self._migrate_one(kind.kind_plural, parsed[3], parsed[2]):
+                migrated += 1
+            else:
+                current += 1
+        return migrated, current
+
+    async def _migrate_one(self, kind: str, name: str, node: str | None) -> bool:
+        """Whether the object was stored in an older version and is now rewritten (False: current,
+        or deleted meanwhile)."""
+        spec_key, status_key = _keys(kind, name, node)
+        for _ in range(20):
+            resp = await self.etcd.txn([], [get_op(spec_key), get_op(status_key)], writes=False)
+            spec_kvs, status_kvs = resp.responses[0].response_range.kvs, resp.responses[1].response_range.kvs
+            if not spec_kvs or not stale(doc := json.loads(spec_kvs[0].value)):
+                return False
+            status_kv: KeyValue | None = status_kvs[0] if status_kvs else None
+            obj = _assemble(spec_kvs[0], status_kv, resp.header.revision)   # converted on read
+            compares = [compare(as_bytes(spec_key), MOD, mod_revision=spec_kvs[0].mod_revision),
+                        compare(as_bytes(status_key), MOD, mod_revision=status_kv.mod_revision) if status_kv
+                        else compare(as_bytes(status_key), VERSION, version=0)]
+            puts = [put_op(status_key, _status_doc(obj))] if status_kv is not None else []
+            if (await self._write(obj, compares, [*puts, put_op(spec_key, _spec_doc(obj))], convert(doc),
+                                  obj)).succeeded:
+                return True
+        raise Conflict(f"{kind}/{name} kept changing; not migrated: re-run")
+
     # ------------------------------------------------------------ watch
 
 
     def watch(self, kind: type[ObjectT], from_revision: int, node: str | None = None, *,
-              held: Held | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
-        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node, held))
+              held: Held | None = None, lineage: Lineage | None = None) -> AsyncIterator[WatchEvent[ObjectT]]:
+        return cast(AsyncIterator[WatchEvent[ObjectT]], self._watch(kind.kind_plural, from_revision, node, held,
+                                                                    lineage))
 
     async def _watch(self, kind: str, from_revision: int, node: str | None,
-                     held: Held | None) -> AsyncIterator[WatchEvent[AnyObject]]:
+                     held: Held | None, lineage: Lineage | None) -> AsyncIterator[WatchEvent[AnyObject]]:
         """Changes to objects of `kind` at or after from_revision, as whole objects.
 
         `held` gives the watcher's own copy of an object by name (its cache): when that copy
         is what a change wrote (the watcher's own update or status patch, returned to it and
-        assumed), the event carries it instead of decoding the same object again.
+        assumed), the event carries it instead of decoding the same object again. `lineage`: see
+        ``Etcd.events``.
 
         Raises Compacted when from_revision is no longer available (relist), and
         StoreUnavailable when the stream drops (re-watch from the last revision + 1).
@@ -421,7 +475,7 @@ class Objects:
         latest: dict[Rel, AnyObject] = {}
         born: dict[Rel, KeyValue] = {}
         status_cls = STATUS_CLASSES[kind]
-        async for ev in self.etcd.events(start, end, from_revision, prev_kv=True):
+        async for ev in self.etcd.events(start, end, from_revision, prev_kv=True, lineage=lineage):
             parsed = K.parse_object_key(ev.kv.key.decode())
             if parsed is None or parsed[1] != kind or (node is not None and parsed[2] != node):
                 continue  # the range also spans other kinds' keys

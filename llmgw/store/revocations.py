@@ -1,4 +1,6 @@
-"""Revoked certificate serials, under /llmgw/revoked/<serial>: the server refuses their holders."""
+"""Revoked certificate serials, under /llmgw/revoked/<serial>: the server refuses their holders.
+And the certificates the server renewed, under /llmgw/renewed/<serial> (the serial each renewed):
+a revoked certificate's renewals are revoked with it (`descendants`)."""
 from __future__ import annotations
 
 import json
@@ -26,3 +28,26 @@ class Revocations:
         """The revoked serials (lower case, as certificates' serials are compared), as a
         reflector's lister-watcher."""
         return KeyNames(self._kv, K.REVOKED, str.lower, after_error)
+
+    async def is_revoked(self, serial: str) -> bool:
+        return await self._kv.get(K.revoked_key(serial.lower())) is not None
+
+    async def renewed(self, serial: str, renewed_from: str, info: dict[str, Any]) -> None:
+        """Record that certificate `serial` renews `renewed_from` (with its role, name, notAfter)."""
+        await self._kv.put(K.renewed_key(serial), json.dumps({"from": renewed_from, **info}).encode())
+
+    async def renewals(self) -> dict[str, dict[str, Any]]:
+        """Every certificate the server renewed: {serial: what was recorded (from, role, name, notAfter)}."""
+        items, _ = await self._kv.list(K.RENEWED)
+        return {k[len(K.RENEWED):]: json.loads(v) for k, v, _ in items}
+
+    async def descendants(self, serial: str) -> dict[str, dict[str, Any]]:
+        """The renewals of `serial`, of those renewals, and so on: {serial: what was recorded}."""
+        records = await self.renewals()
+        found: dict[str, dict[str, Any]] = {}
+        parents = {serial}
+        while parents:
+            children = {s: r for s, r in records.items() if r.get("from") in parents and s not in found}
+            found.update(children)
+            parents = set(children)
+        return found

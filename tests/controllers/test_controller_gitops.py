@@ -3,6 +3,7 @@ controller-manager (the model and replica controllers, fake agents) and a real e
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -17,8 +18,12 @@ from llmgw.api import GitSource, Model, condition_true, get_condition
 from llmgw.api.errors import NotFound
 from llmgw.api.manifests import parse_object
 from llmgw.api.wellknown import GITSOURCE_LABEL, RECONCILE_REQUESTED_AT
+from llmgw.cmd.controller_manager import controllers
+from llmgw.server.audit import AuditLog, FileBackend
+from llmgw.store import StoreUnavailable
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until
+from tests.fixtures.snapshot import lose_and_restore, save
 
 
 class Repo:
@@ -88,11 +93,12 @@ def repo(tmp_path: Path) -> Repo:
     return Repo(tmp_path)
 
 
-def gitops(tmp_path: Path, **settings: Any) -> GitOpsController:
-    """The controller, its file:// URLs confined to tmp_path (where `repo` is) unless `settings` say otherwise."""
-    return GitOpsController(ControllerSettings(**{"gitops_retry_base": 0.2, "gitops_retry_max": 1.0,
-                                                  "git_file_root": str(tmp_path), **settings}),
-                            cache_dir=tmp_path / "cache")
+def gitops(tmp_path: Path, audit: AuditLog | None = None, **settings: Any) -> GitOpsController:
+    """The controller, its file:// URLs confined to tmp_path (where `repo` is) unless `settings` say
+    otherwise; its writes audited in `audit` as the controller-manager's are."""
+    return [c for c in controllers(ControllerSettings(**{"gitops_retry_base": 0.2, "gitops_retry_max": 1.0,
+                                                         "git_file_root": str(tmp_path), **settings}),
+                                   tmp_path / "cache", audit) if isinstance(c, GitOpsController)][0]
 
 
 def counted(ctl: GitOpsController) -> tuple[Counting, list[int]]:
@@ -126,7 +132,8 @@ async def stalled(cp: Any, name: str, reason: str) -> tuple[GitSource, str]:
 async def test_a_commit_adds_a_model_that_gets_ready_and_deleting_its_file_prunes_only_what_it_applied(
         store, repo, tmp_path):
     first = repo.write("models/a.yaml", model_yaml("a")).write("models/b.yaml", model_yaml("b")).commit()
-    ctl = gitops(tmp_path)
+    audit = AuditLog([FileBackend(str(tmp_path / "audit.log"), 1 << 20, 1, buffer=100)])
+    ctl = gitops(tmp_path, audit)
     async with control_plane(store, extra=(ctl,)) as cp:
         hand = await store.create(parse_object(yaml_doc(model_yaml("hand"))))   # not the source's
         await store.create(source("fleet", repo.url))
@@ -144,6 +151,14 @@ async def test_a_commit_adds_a_model_that_gets_ready_and_deleting_its_file_prune
         assert cp.events("Pruned", "fleet")
         still = await store.get(Model, "hand")
         assert still.metadata.resourceVersion == hand.metadata.resourceVersion   # never touched
+    audit.close()
+    # each write of the source's is an audit line of the controller-manager, naming the source
+    lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
+    assert sorted((x["verb"], x["name"], x["code"], x["commit"]) for x in lines) == [
+        ("create", "a", 201, first), ("create", "b", 201, first), ("delete", "b", 200, second)]
+    assert {(x["user"], tuple(x["groups"]), x["kind"], x["gitSource"]) for x in lines} == {
+        ("controller-manager", ("llmgw:components",), "models", "fleet")}
+    assert all(x["revision"] > hand.metadata.resourceVersion for x in lines)
 
 
 def yaml_doc(text: str) -> dict[str, Any]:
@@ -235,6 +250,29 @@ async def request_reconcile(store: Any, cp: Any, value: str) -> None:
     await store.update(src)
     await until(lambda: cp.cache.get(GitSource, "fleet").status.lastHandledReconcileAt == value,
                 f"request {value} handled")
+
+
+async def test_a_source_restored_from_an_older_snapshot_applies_its_branch_again_at_once(store, etcd, repo, tmp_path):
+    """etcd restored under the running manager from a snapshot taken before the branch moved: the
+    source (interval an hour, so no timer helps) applies the branch's commit again at once, the
+    object the snapshot brought back pruned by the snapshot's inventory, the one it lost created."""
+    repo.write("models/a.yaml", model_yaml("a")).commit()
+    ctl = gitops(tmp_path)
+    async with control_plane(store, extra=(ctl,)) as cp:
+        await store.create(source("fleet", repo.url, interval="1h"))
+        await until(lambda: ready(cp, "fleet"))
+        file = tmp_path / "fleet.snap"
+        await save(file, "--etcd", etcd.endpoint)
+        second = repo.rm("models/a.yaml").write("models/b.yaml", model_yaml("b")).commit("a goes, b comes")
+        await request_reconcile(store, cp, "1")
+
+        await lose_and_restore(etcd, file)
+
+        async def converged() -> bool:
+            models = sorted(m.metadata.name for m in (await store.list(Model))[0])
+            return models == ["b"] and (await store.get(GitSource, "fleet")).status.lastAppliedRevision == second
+        await until(converged, "the branch applied again: a pruned, b created", timeout=60,
+                    retry=(StoreUnavailable,))     # (the store reconnects to the restored etcd)
 
 
 async def test_two_sources_claiming_one_object_give_a_conflict_and_no_write_loop(store, repo, tmp_path):

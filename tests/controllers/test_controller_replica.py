@@ -5,7 +5,7 @@ import asyncio
 from datetime import datetime, timezone
 
 from controllers.replica import LOG_TAIL_CHARS, backoff_seconds, fold_phase, held_ports
-from llmgw.api import Model, Node, Replica, Shard, get_condition
+from llmgw.api import Model, Node, Replica, Shard, get_condition, template_hash
 from llmgw.api.wellknown import PROCESS_FINALIZER, SHARDS_FINALIZER
 from tests.fixtures.controlplane import control_plane
 from tests.fixtures.poll import until
@@ -235,3 +235,21 @@ async def test_a_failed_engines_last_log_lines_outlive_its_shard(store):
         assert ready.message.startswith(f"shard {rep.name}-0 on ")
         assert ready.message.endswith("ValueError: unknown architecture 'llamax'")
         assert len(ready.message) < LOG_TAIL_CHARS + 400
+
+
+async def test_a_precise_prefix_model_gets_kv_event_ports_on_rank_0_named_in_the_replicas_status(store):
+    async with control_plane(store) as cp:
+        await store.create(model("kv", nodes=2, routing={"policy": "precise-prefix"}))
+        await store.create(model("plain"))
+        rep = await until(lambda: next((r for r in cp.replicas("kv") if r.status.phase == "Ready"), None))
+        head, worker = sorted(cp.cache.index(Shard, "replica", rep.name), key=lambda s: s.spec.rank)
+        p = head.spec.ports
+        assert rep.spec.kvEvents and p.kvEvents and p.kvReplay
+        assert len({p.serve, p.distInit, p.kvEvents, p.kvReplay}) == 4
+        assert (worker.spec.ports.kvEvents, worker.spec.ports.kvReplay) == (None, None)
+        assert rep.status.kvEvents == f"tcp://{head.spec.headAddress}:{p.kvEvents}"
+        assert rep.status.kvReplay == f"tcp://{head.spec.headAddress}:{p.kvReplay}"
+        plain = await until(lambda: next((r for r in cp.replicas("plain") if r.status.phase == "Ready"), None))
+        assert not plain.spec.kvEvents and plain.status.kvEvents is None
+        assert template_hash(model("kv").spec) != template_hash(model("kv", routing={"policy": "precise-prefix"}).spec)
+        assert template_hash(model("kv").spec) == template_hash(model("kv", routing={"policy": "prefix-score"}).spec)

@@ -4,6 +4,7 @@ series has a sample)."""
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
@@ -15,15 +16,21 @@ from controllers.scheduler import SchedulerCollector, SchedulerController
 from llmgw.agent.adapters import AdapterCounts
 from llmgw.agent.metrics import AgentMetrics, NodeFacts, Pull
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics as GatewayMetrics
+from llmgw.gateway.table import Backend
+from llmgw.pki.renewal import ExpiryCollector
 from llmgw.runtime.cache import Cache
 from llmgw.runtime.metrics import ManagerMetrics
+from llmgw.server.audit import AuditLog, WebhookBackend
 from llmgw.server.metrics import ServerMetrics
 from tests.fixtures.ctrlkit import node, replica, shard
 from tests.fixtures.gateway import lora
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^\| `(llmgw_[a-z_]+)` \|", re.M)
+# what each command registers beside its component's metrics: the expiry of the certificates it presents
+EXPIRY = ExpiryCollector({"node": lambda: datetime.now(timezone.utc)})
 
 
 def documented(section: str) -> set[str]:
@@ -41,7 +48,7 @@ def exported(text: bytes) -> set[str]:
     return {n for n in names if n.startswith("llmgw_")}
 
 
-def test_the_gateways_series_are_documented():
+async def test_the_gateways_series_are_documented():
     m = GatewayMetrics(lambda: [("m", "m-0", 1, True)])
     m.observe("m", 200, 0.01)
     timer = m.stream("m", 0.0)
@@ -52,7 +59,14 @@ def test_the_gateways_series_are_documented():
     admission = Admission(lambda model: {}, lambda name: name)   # the per-key series (--watch-api-keys)
     admission.usage("key-a", "m")
     m.registry.register(admission.collector())
-    assert exported(generate_latest(m.registry)) == documented("Gateway")
+    m.registry.register(EXPIRY)
+    kv = KVIndexes()   # precise-prefix's indexes, following a replica's KV events
+    kv.sync([Backend("m-0", "m", "127.0.0.1:1", kv_events="tcp://127.0.0.1:1")])
+    m.registry.register(kv)
+    try:
+        assert exported(generate_latest(m.registry)) == documented("Gateway")
+    finally:
+        await kv.close()
 
 
 def test_the_controller_managers_series_are_documented():
@@ -69,6 +83,7 @@ def test_the_controller_managers_series_are_documented():
                 lora("a1", "m", ("r1",))):
         cache.apply(obj.kind_plural, "ADDED", obj, 1)
     m.registry.register(FleetCollector(lambda: cache))
+    m.registry.register(EXPIRY)
     assert exported(m.exposition()) == documented("Controller-manager")
 
 
@@ -76,6 +91,8 @@ def test_the_servers_series_are_documented():
     m = ServerMetrics()
     m.observe("get", "models", 200)
     m.watches.labels("models").inc()
+    m.audit(AuditLog([WebhookBackend("http://127.0.0.1:9/", buffer=1)]))   # never sent a line
+    m.registry.register(EXPIRY)
     assert exported(generate_latest(m.registry)) == documented("API server")
 
 
@@ -88,5 +105,6 @@ async def test_the_agents_series_are_documented():
     counts.loads.labels("m", "loaded").inc()
     counts.unloads.labels("m").inc()
     counts.load_seconds.labels("m").observe(0.5)
+    m.registry.register(EXPIRY)
     async with aiohttp.ClientSession() as session:
         assert exported(await m.exposition(session)) == documented("Agent")

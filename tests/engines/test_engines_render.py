@@ -249,3 +249,29 @@ def test_vllm_under_ray_joins_its_own_head_once_it_listens_and_the_head_stops_it
     assert head.term_leader and not serve.term_leader
     (worker,) = render(make_shard("vllm", 1, 2, "ray"), node(1, 2), EXE).commands
     assert worker.listens is None and worker.term_leader
+
+
+# ------------------------------------------------------------------- KV events (precise-prefix)
+
+KV_CONFIG = ('{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:30003",'
+             '"replay_endpoint":"tcp://*:30004"}')
+
+
+@pytest.mark.parametrize("launch_mode", ["mp", "ray"])
+def test_vllm_publishes_kv_events_on_its_ports_with_keys_the_gateway_computes(launch_mode):
+    ports = ShardPorts(serve=30001, distInit=30002, kvEvents=30003, kvReplay=30004)
+    out = render(make_shard("vllm", launch_mode=launch_mode, ports=ports), node(), EXE)
+    serve = out.commands[-1]
+    at = serve.argv.index("--kv-events-config")
+    assert serve.argv[at:at + 4] == ["--kv-events-config", KV_CONFIG, "--prefix-caching-hash-algo", "sha256_cbor"]
+    assert serve.argv[-2:] == ["--max-model-len", "8192"]  # the Model's own args come last
+    assert serve.env["PYTHONHASHSEED"] == "0"
+
+
+def test_the_sim_publishes_kv_events_and_a_shard_without_the_ports_nothing():
+    ports = ShardPorts(serve=30001, distInit=30002, kvEvents=30003, kvReplay=30004)
+    sim = render(make_shard("sim", ports=ports), node(), {}).commands[0]
+    assert sim.argv[sim.argv.index("--kv-events-config") + 1] == KV_CONFIG and sim.env["PYTHONHASHSEED"] == "0"
+    for engine in ("vllm", "sim", "llamacpp"):
+        plain = render(make_shard(engine), node(), EXE).commands[-1]
+        assert "--kv-events-config" not in plain.argv and "PYTHONHASHSEED" not in plain.env

@@ -168,8 +168,8 @@ class FaultCluster(LocalCluster):
                 p.wait()
                 p.stdout.close()
 
-    def load(self, models: list[str], concurrency: int = 3, streams: int = 0) -> Load:
-        return Load(self.gateway_url, models, self.history, concurrency, streams=streams)
+    def load(self, models: list[str], concurrency: int = 3, streams: int = 0, key: str | None = None) -> Load:
+        return Load(self.gateway_url, models, self.history, concurrency, streams=streams, key=key)
 
     # ------------------------------------------------------------ waiting
     async def wait(self, what: str, check, timeout: float = WAIT, interval: float = 0.3):

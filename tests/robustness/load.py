@@ -18,8 +18,9 @@ class Load:
     stream is ok only if every event parses and it ends with `[DONE]` after a finish reason."""
 
     def __init__(self, url: str, models: list[str], history: History, concurrency: int = 3, pause: float = 0.05,
-                 streams: int = 0, stream_tokens: int = 300):
+                 streams: int = 0, stream_tokens: int = 300, key: str | None = None):
         self.url, self.models, self.history = url, models, history
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}   # an API key's secret
         self.concurrency, self.pause = concurrency, pause
         self.streams, self.stream_tokens = streams, stream_tokens
         self.streaming: Counter[str] = Counter()   # replica -> streams open on it now (their response started)
@@ -35,7 +36,7 @@ class Load:
                     "max_tokens": self.stream_tokens if stream else 4, "stream": stream}
             start, first = time.monotonic(), 0.0
             try:
-                async with session.post(f"{self.url}/v1/chat/completions", json=body) as r:
+                async with session.post(f"{self.url}/v1/chat/completions", json=body, headers=self.headers) as r:
                     first = time.monotonic()
                     replica = r.headers.get(REPLICA_HEADER, "")
                     if r.status != 200:

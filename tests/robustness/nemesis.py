@@ -11,6 +11,8 @@
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
                                               each an interval after the last is Ready again
     lose_quorum                               SIGSTOP a majority of etcd's members for a while
+    lose_etcd_and_restore                     SIGKILL every etcd member, delete its data, restore
+                                              the cluster from a snapshot file and start it
     kill_gateway                              SIGKILL the gateway and start it on the same port
 
 At the network level (nftables rules on the node's eth0, in its namespace: llmgw/dev/netns.py):
@@ -30,9 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
+from tests.fixtures.snapshot import restore
 from tests.robustness.history import Fault
 
 
@@ -126,6 +131,20 @@ async def kill_etcd_member(c, index: int, down: float = 1.0) -> None:
     await asyncio.sleep(down)       # the outage itself
     await c.restart_etcd_member(m)
     _fault(c, "start-etcd", m.name)
+
+
+async def lose_etcd_and_restore(c, snapshot: Path) -> None:
+    """Every etcd member SIGKILLed and its data directory deleted, then the cluster restored from
+    `snapshot` (`llmgw ctl snapshot restore`, the README's runbook) and started; nothing else is
+    touched (the servers, controller-managers, agents, gateway and engines run on)."""
+    for m in c.etcd.members:
+        m.proc.kill()
+        await asyncio.to_thread(m.proc.wait)
+    _fault(c, "kill-etcd-all", ",".join(m.name for m in c.etcd.members))
+    for m in c.etcd.members:
+        shutil.rmtree(m.data_dir)
+    await asyncio.to_thread(restore, c.etcd, snapshot)
+    _fault(c, "restore-etcd", snapshot.name)
 
 
 async def lose_quorum(c, seconds: float) -> None:

@@ -11,6 +11,11 @@ Engines are found by the cluster's marker in their environment (llmgw.dev.cluste
 and the sockets it listens on (/proc/<pid>/net/tcp, its node's network namespace, matched
 with its fds), plus the listeners on the nodes' addresses in the agents' engine port range
 (`ports`, the cluster's slot's `--port-range`) that no engine owns (a foreign process).
+
+etcd restored from a snapshot under the recorder (its revision back, or its cluster id new:
+llmgw.store.errors.Restored) is listed again: every object it holds is recorded, and each one
+recorded before that it lacks is recorded deleted; from then on the kind's revisions are
+recorded above the last one before (etcd's revision plus that), so they still sort in order.
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ from pathlib import Path
 from llmgw.api import KINDS as API_KINDS
 from llmgw.dev.cluster import MARKER, NODE_MARKER
 from llmgw.store import Compacted, StoreUnavailable
+from llmgw.store.errors import Restored
+from llmgw.store.etcd import Lineage
 from tests.robustness.history import Change, Engine, History, Sample
 
 KINDS = ("models", "replicas", "shards", "nodes")
@@ -33,7 +40,8 @@ class Recorder:
         self.store, self.history, self.ports, self.interval = store, history, ports, interval
         self.addresses = set(history.addresses.values())
         self.marker = f"{MARKER}={Path(cluster_dir).resolve()}".encode()
-        self.revision = 0
+        self._known: dict[str, dict[str, object]] = {}   # kind -> name -> the object as last recorded
+        self._base: dict[str, int] = {}    # kind -> what its revisions are recorded above (after a restore)
         self._tasks: list[asyncio.Task] = []
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._sample_loop, daemon=True, name="engine-sampler")
@@ -43,6 +51,7 @@ class Recorder:
             items, rev = await self.store.list(API_KINDS[kind])
             now = time.monotonic()
             self.history.changes += [Change(now, o.revision or rev, kind, o.name, o) for o in items]
+            self._known[kind] = {o.name: o for o in items}
             self._tasks.append(asyncio.create_task(self._watch(kind, rev + 1)))
         self._thread.start()
         return self
@@ -55,17 +64,43 @@ class Recorder:
         await asyncio.to_thread(self._thread.join)
 
     async def _watch(self, kind: str, start: int) -> None:
+        lineage = Lineage()
         while True:
             try:
-                async for ev in self.store.watch(API_KINDS[kind], from_revision=start):
-                    self.history.changes.append(Change(time.monotonic(), ev.revision, kind, ev.object.name,
-                                                       ev.object, deleted=ev.type == "DELETED"))
+                if start == 0:
+                    start = await self._relist(kind) + 1
+                async for ev in self.store.watch(API_KINDS[kind], from_revision=start, lineage=lineage):
+                    self._record(kind, ev.revision, ev.object, ev.type == "DELETED")
                     start = ev.revision + 1
-                    self.revision = max(self.revision, ev.revision)
             except StoreUnavailable:     # an etcd member went away: watch again from where we were
                 await asyncio.sleep(0.2)
+            except Restored:             # etcd restored from a snapshot (a nemesis): list what it holds
+                self._base[kind] = max((c.revision for c in self.history.changes if c.kind == kind), default=0)
+                start = 0
             except Compacted as err:
                 raise AssertionError(f"the recorder lost {kind} history: compacted at {err}") from None
+
+    def _record(self, kind: str, revision: int, obj, deleted: bool) -> None:
+        """A change; its revision above every one recorded before a restore, so the kind's
+        changes still sort in the order they happened."""
+        self.history.changes.append(Change(time.monotonic(), self._base.get(kind, 0) + revision, kind, obj.name,
+                                           obj, deleted=deleted))
+        known = self._known[kind]
+        if deleted:
+            known.pop(obj.name, None)
+        else:
+            known[obj.name] = obj
+
+    async def _relist(self, kind: str) -> int:
+        """The restored etcd's objects of `kind` as changes: each one it holds, and a deletion of
+        each one recorded that it lacks; its revision."""
+        items, rev = await self.store.list(API_KINDS[kind])
+        held = {o.name for o in items}
+        for gone in [o for name, o in self._known[kind].items() if name not in held]:
+            self._record(kind, rev, gone, deleted=True)
+        for o in items:
+            self._record(kind, rev, o, deleted=False)
+        return rev
 
     # ------------------------------------------------------------------ /proc
     def _sample_loop(self) -> None:

@@ -11,15 +11,19 @@ import contextlib
 import time
 from collections import Counter
 
+import aiohttp
 import pytest
 
-from llmgw.api import Node
+from llmgw.api import ApiKey, Model, Node
+from llmgw.api.secrets import new_secret
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
+from llmgw.cli.create import build_key
+from tests.fixtures.snapshot import save
 from tests.robustness import invariants as inv
 from tests.robustness import nemesis
 from tests.robustness.harness import fault_cluster, node_plans
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.serial]   # faults and their timing: alone
+pytestmark = [pytest.mark.timeout(600), pytest.mark.faults]   # a cluster each: two at a time, after the parallel run
 
 ORPHAN_BOUND = 30.0   # s an engine may outlive its shard: drain delay + stop grace + a loaded machine
 
@@ -237,3 +241,68 @@ async def test_foreign_port_is_given_to_one_shard_at_most(tmp_path):
             if not inv.foreign_port_once(c.history):
                 await c.settle({"m": 1})
             c.holds(**common(c, "m", 1), foreign_port_once=inv.foreign_port_once(c.history))
+
+
+# ------------------------------------------------------------------ issue 44: backup and restore
+
+async def _key(c, name: str) -> str:
+    """A new ApiKey for every model; its secret."""
+    secret = new_secret(name)
+    await c.api.create(build_key(name, secret, owner="drill", models=(), selector=(), expires=None, rpm=None,
+                                 tpm=None, concurrency=None, priority="standard"))
+    return secret
+
+
+async def _answered(c, secret: str, status: int) -> bool:
+    """Whether the gateway answers a completion of kept with this key `status`."""
+    body = {"model": "kept", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{c.gateway_url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secret}"}) as r:
+        return r.status == status
+
+
+async def test_etcd_lost_and_restored_under_load_keeps_engines_and_requests(tmp_path):
+    """Issue 44's drill on a 3-member etcd, two nodes of one GPU (a Model a node): a snapshot, then
+    Model `deleted` deleted and `created` created on the GPU it freed, an API key made; then every
+    etcd member SIGKILLed, its data deleted and the cluster restored from the snapshot, with the
+    server, the controller-managers, the agents, the gateway and the engines left running (the
+    README's runbook). Requests to `kept` with a key of the snapshot never fail, its engine keeps its
+    pid, `created`'s engine is stopped and `deleted`'s started again in its place, no GPU or port is
+    held twice, and the key made after the snapshot is refused again."""
+    async with fault_cluster(tmp_path, nodes=2, gpus=1, etcd_members=3, gateway_args=["--watch-api-keys"]) as c:
+        for name in ("kept", "deleted"):
+            await c.apply_model(name, replicas=1)
+            await c.wait_model_ready(name, 1)
+        secret = await _key(c, "at-snapshot")
+        await c.wait("the key known to the gateway", lambda: _answered(c, secret, 200))
+        async with c.load(["kept"], key=secret):
+            at_snapshot = {s.name: s.status.pid for s in await c.shards()}
+            snapshot = tmp_path / "fleet.snap"
+            await save(snapshot, *c.etcd_flags("dev-admin"))
+            saved = time.monotonic()
+            await c.api.delete(Model, "deleted")
+            deleted = {pid for name, pid in at_snapshot.items() if name.startswith("deleted-")}
+            await c.wait("deleted's engine gone", lambda: not deleted & {e.pid for e in c.engine_processes()})
+            await c.apply_model("created", replicas=1)
+            await c.wait_model_ready("created", 1)
+            created = {s.status.pid for s in await c.shards() if s.name.startswith("created-")}
+            later = await _key(c, "after-snapshot")
+            await c.wait("the later key known to the gateway", lambda: _answered(c, later, 200))
+
+            await nemesis.lose_etcd_and_restore(c, snapshot)
+
+            async def rebuilt() -> bool:     # (its status in the snapshot says Ready, with the old pid)
+                pids = {s.status.pid for s in await c.shards() if s.name.startswith("deleted-")}
+                return bool(pids) and not pids & deleted and pids <= {e.pid for e in c.engine_processes()}
+            await c.wait("deleted's engine started again", rebuilt)
+            await c.settle({"kept": 1, "deleted": 1})          # and created's engine gone with its Shard
+            await c.wait("the later key refused again", lambda: _answered(c, later, 401))
+            assert sorted(m.name for m in (await c.store.list(Model))[0]) == ["deleted", "kept"]
+            assert [k.name for k in (await c.store.list(ApiKey))[0]] == ["at-snapshot"]
+        kept = {pid for name, pid in at_snapshot.items() if name.startswith("kept-")}
+        restarted = [f"t={s.t:.1f}: kept's engine {sorted(kept)} not running" for s in c.history.samples
+                     if s.t > saved and not kept <= {e.pid for e in s.engines}]
+        running = created & {e.pid for e in c.engine_processes()}
+        c.holds(no_failed_requests=inv.no_failed_requests(c.history),
+                exclusive_engines=inv.exclusive_engines(c.history), converged=inv.converged(c.history),
+                engines_kept=restarted[:3], created_stopped=[f"created's engine {running} runs"] if running else [])

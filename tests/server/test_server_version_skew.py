@@ -3,6 +3,8 @@ X-Llmgw-Version is outside it is refused (403 VersionSkew) naming both versions;
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -10,8 +12,8 @@ from llmgw.agent.registration import Registration
 from llmgw.api import Node, NodeStatus, parse_object
 from llmgw.client import VersionSkew
 from llmgw.store import Store
-from llmgw.version import release, version
-from tests.fixtures.cluster import admin_cli_config, llmgw, shared_api_server  # noqa: F401
+from llmgw.version import HEADERLESS, release, version
+from tests.fixtures.cluster import admin_cli_config, ca_dir, llmgw, shared_api_server, start_api_server  # noqa: F401
 
 SERVERS = version()
 MAJOR, MINOR = release(SERVERS) or (0, 0)
@@ -83,3 +85,38 @@ def test_llmgw_version_cluster_shows_each_servers_and_gateways_version(srv, conf
     assert asyncio.run(lead()) is not None   # the controller-manager leading: its version under its leader key
     out = llmgw(config, "version", "--cluster")
     assert out.output.endswith(f"gateway skew-gw-b: {SERVERS}\ncontroller-manager skew-cm: {SERVERS}\n")
+
+
+def claiming(tmp_path, claimed: str) -> list[str]:
+    """`llmgw` whose installed version reads `claimed`: a package's metadata of that version first on
+    its path (llmgw.version reads the installed package's; -P: not the checkout's, first otherwise)."""
+    dist = tmp_path / f"llmgw-{claimed}" / f"llmgw-{claimed}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llmgw\nVersion: {claimed}\n")
+    return ["env", f"PYTHONPATH={dist.parent}", sys.executable, "-P", "-m", "llmgw.cli.main"]
+
+
+def test_an_agent_outside_the_policy_exits_with_one_line_naming_both_versions(srv, tmp_path):
+    cert, key = srv.issue_node("skew-n2")
+    done = subprocess.run([*claiming(tmp_path, NEWER), "agent", "--node", "skew-n2", "--server", srv.url,
+                           "--ca", srv.ca, "--cert", cert, "--key", key, "--nvidia-smi", str(tmp_path / "no-smi"),
+                           "--ib-root", str(tmp_path), "--state-dir", str(tmp_path / "state")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (f"Error: version skew: agent version {NEWER} is newer than the server's: "
+                                            f"upgrade the servers first (server version {SERVERS}; see "
+                                            "docs/contracts.md, Version skew)"), done.stderr
+
+
+def test_an_agent_sending_no_version_is_taken_for_0_1_0(ca_dir, etcd, tmp_path):
+    """0.1.0's agents send no X-Llmgw-Version: registered by 0.2.0's servers (two minors), refused by 0.4.0's."""
+    later = "0.4.0"
+    server = start_api_server(ca_dir, etcd.endpoint, tmp_path, command=claiming(tmp_path, later))
+    try:
+        code, answer = server.send(server.issue_node("n1"), "GET", "/nodes/n1")   # no header
+        assert code == 403 and answer["reason"] == "VersionSkew", answer
+        assert f"agent version {HEADERLESS} is more than 2 minor versions older than the server's" in answer["message"]
+        assert f"server version {later}" in answer["message"]
+    finally:
+        server.stop()

@@ -344,6 +344,15 @@ async def test_events_and_revocations(store):
     assert (await store.revocations.list())["abc123"]["node"] == "n1"
 
 
+async def test_an_event_lease_gone_is_granted_anew(store):
+    """The lease events are written on, gone from etcd (etcd restored from a snapshot taken before
+    it was granted; here revoked): the next event is written on a new one."""
+    await store.events.record("models", "m1", "Normal", "Scheduled", "placed on n1")
+    await store.leases.revoke(store._event_stamps.lease[0])
+    await store.events.record("models", "m1", "Normal", "Ready", "")
+    assert [e["reason"] for e in await store.events.list("models", "m1")] == ["Ready"]
+
+
 async def test_three_members_survive_one_stopping(etcd3):
     s = Store(etcd3.endpoints)
     await s.connect()

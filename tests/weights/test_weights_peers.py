@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmgw.agent.listener import serve
+from llmgw.agent.listener import Revoked, serve
 from llmgw.agent.peers import CacheServer
 from llmgw.api import Node, NodeStatus
 from llmgw.api.sources import parse_source
@@ -99,15 +99,20 @@ async def test_three_nodes_fetch_each_byte_from_the_origin_about_once(shared_api
         assert sorted(p.name for p in cached.parent.iterdir()) == sorted(files)
 
 
+async def listening(agent, client) -> str:
+    """The URL of a file no cache holds on `agent`'s listener, once its node registered it."""
+    async def serving():
+        return (await client.get(Node, agent.node)).status.agentEndpoint
+    endpoint = await wait_for(f"{agent.node} registered with its listener", serving, agent)
+    return f"{endpoint}/weights/models/{'0' * 64}/config.json"
+
+
 async def test_a_node_certificate_revoked_is_refused_by_the_peers_within_seconds(shared_api_server, agents):
     """An agent's listener watches the server's revocation list: a node certificate revoked while
     it reads a peer's cache is refused there (401) within 5 s, and another node's still is not."""
     agent = agents("revoke-peer", "--logs-listen", "127.0.0.1:0")
     async with shared_api_server.client() as c:
-        async def serving():
-            return (await c.get(Node, "revoke-peer")).status.agentEndpoint
-        endpoint = await wait_for("revoke-peer registered with its listener", serving, agent)
-        url = f"{endpoint}/weights/models/{'0' * 64}/config.json"
+        url = await listening(agent, c)
         revoked_cert = shared_api_server.issue_node("revoke-puller")
         other = peer_context(shared_api_server, shared_api_server.issue_node("revoke-other"))
         puller = peer_context(shared_api_server, revoked_cert)
@@ -123,6 +128,57 @@ async def test_a_node_certificate_revoked_is_refused_by_the_peers_within_seconds
                 await asyncio.sleep(0.05)
             assert await status(other) == 404
     assert "the certificate is revoked" in agent.log.read_text()
+
+
+def partial_bytes(agent) -> int:
+    """What the agent's pulls in flight have written so far."""
+    partial = agent.state_dir / "weights" / "partial"
+    return sum(p.stat().st_size for p in partial.iterdir()) if partial.is_dir() else 0
+
+
+async def test_a_node_revoked_while_it_pulls_from_a_peer_is_cut_off_by_that_peer_within_seconds(
+        shared_api_server, agents, origin):
+    """A real pull in progress: `pull-b` streams a file from `pull-a`, which is itself pulling it
+    from a slow origin (the chain of a fleet pulling at once). `pull-b`'s certificate is revoked:
+    `pull-a` ends that stream short within 5 s (not only the next request), and says why."""
+    files = generated(51, {"config.json": 500, "model-00001.safetensors": 4_000_000})
+    origin.add_repo("org/cut", files)
+    origin.rate = 1e6          # the large file takes 4 s from the origin
+    a = agents("pull-a", "--hub-endpoint", origin.url, "--logs-listen", "127.0.0.1:0")
+    b = agents("pull-b", "--hub-endpoint", origin.url, "--logs-listen", "127.0.0.1:0")
+    async with shared_api_server.client() as c:
+        for agent in (a, b):
+            await listening(agent, c)
+        await c.create(sim_shard("cut-a", "pull-a", source="hf://org/cut"))
+        await wait_for("pull-a to start its pull", lambda: partial_bytes(a) > 0, a)
+        await c.create(sim_shard("cut-b", "pull-b", source="hf://org/cut"))   # started after: it reads pull-a
+        await wait_for("pull-b to stream from pull-a", lambda: partial_bytes(b) > 1000, b)
+        large = [x for x in origin.log if x.method == "GET" and x.path.endswith("model-00001.safetensors")]
+        assert len(large) == 1, large      # pull-a's read alone: pull-b's bytes are pull-a's stream
+        await c.revoke(identity_from_pem_file(b.argv[b.argv.index("--cert") + 1]).serial)
+        revoked_at = time.monotonic()
+        while "its certificate is revoked" not in a.log.read_text():
+            assert time.monotonic() - revoked_at < 5, "the peer still streams to a revoked certificate"
+            await asyncio.sleep(0.05)
+
+
+async def test_a_listener_whose_server_refuses_its_revocation_watch_fails_closed(shared_api_server, agents):
+    """The server ends and then refuses the revocation watch of an agent whose own certificate is
+    revoked: that agent can no longer tell a revoked certificate, so its listener answers every
+    request 503, naming why, instead of serving from a list it cannot keep."""
+    agent = agents("refused-watch", "--logs-listen", "127.0.0.1:0")
+    async with shared_api_server.client() as c:
+        url = await listening(agent, c)
+        other = peer_context(shared_api_server, shared_api_server.issue_node("refused-other"))
+        async with aiohttp.ClientSession() as http:
+            async def refused():
+                async with http.get(url, ssl=other) as r:
+                    return await r.text() if r.status == 503 else None
+            assert await refused() is None           # served (a 404: not in this cache)
+            await c.revoke(identity_from_pem_file(agent.argv[agent.argv.index("--cert") + 1]).serial)
+            text = await wait_for("the listener to fail closed", refused, agent)
+    assert "refuses its watch of revocations" in text and "revoked" in text
+    assert "the listener answers every request 503" in agent.log.read_text()
 
 
 # ----------------------------------------------------- pullers in this process, over real mTLS
@@ -150,7 +206,7 @@ class Fleet:
         puller = Puller(cache, HubConfig(endpoint=self.origin.url),
                         peers=Peers(name, set, nodes, peer_client_context(cert, key, self.server.ca)))
         runner, port = await serve({"/weights": CacheServer(puller).app()}, "127.0.0.1", 0,
-                                   mtls_server_context(cert, key, self.server.ca), frozenset().__contains__)
+                                   mtls_server_context(cert, key, self.server.ca), Revoked())
         self.runners.append(runner)
         self.pullers[name] = puller
         self.endpoints[name] = f"https://127.0.0.1:{port}"

@@ -1,5 +1,6 @@
 """`POST /revocations`: add a certificate's serial to the revoked ones (admins only); nothing in the
-API takes one off the list (llmgw/server/revocations.py keeps the set the server checks).
+API takes one off the list (llmgw/server/revocations.py keeps the set the server checks); the
+certificates the server renewed from it (handlers/renewals.py) are revoked with it.
 `GET /revocations` lists them (any certificate may, as anyone may read a CA's revocation list;
 ?watch=1: handlers/watch.py), so the agents' listeners refuse what the server refuses."""
 from __future__ import annotations
@@ -45,4 +46,9 @@ class Revoke:
                 info[field] = value
         await self.store.revocations.add(serial, info)
         log.info("certificate serial=%s revoked by %s", serial, request["identity"])
-        return json_response({"serial": serial, **info}, 201)
+        renewals = await self.store.revocations.descendants(serial)
+        for renewal, record in renewals.items():   # what the API renewed of it: the CA's index knows them not
+            await self.store.revocations.add(renewal, {**info, "role": record.get("role"), "name": record.get("name"),
+                                                       "renewalOf": serial})
+            log.info("certificate serial=%s (a renewal of %s) revoked by %s", renewal, serial, request["identity"])
+        return json_response({"serial": serial, **info, "renewals": sorted(renewals)}, 201)

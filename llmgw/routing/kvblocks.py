@@ -1,0 +1,157 @@
+"""vLLM's prefix-cache block keys, computed outside the engine (docs/contracts.md, "KV events").
+
+vLLM names a cached block by a chain of hashes: block i's hash is
+``sha256_cbor((parent, tuple(block_i_token_ids), extra_keys))`` where parent is
+block i-1's hash (32 bytes) and, for block 0, NONE_HASH = ``sha256_cbor(seed)``;
+``sha256_cbor`` is SHA-256 of the canonical CBOR encoding (a tuple is a CBOR array,
+None is null). The seed is the engine's PYTHONHASHSEED, which the renderers set to
+HASH_SEED when events are on (vLLM otherwise picks a default that differs across
+versions, or a random one); extra_keys is None without a LoRA adapter, multimodal
+input or cache salt. Only whole blocks are hashed. KV events carry each hash as an
+integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default,
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+
+Where the model has a tokenizer.json (the Hugging Face layout, read with
+`tokenizers`), a prompt's token ids are its texts' encodings one after the other
+(a completion's prompt, or each chat message's text content in order: no chat
+template is applied). Without one, a token is a word of the prompt, as the sim
+reads one (llmgw sim): its id is the word's CRC-32 cut to 31 bits. A prompt
+given as token ids keeps them.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cbor2
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
+HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
+BLOCKS_MEMO = 32768  # blocks whose hashes are remembered (about 8 MB): a few long prompts' worth
+TEXTS_MEMO = 1024  # texts whose word ids are remembered
+_LOW64 = (1 << 64) - 1
+
+def sha256_cbor(value: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+def external(digest: bytes) -> int:
+    """A block hash as KV events carry it."""
+    return int.from_bytes(digest, "big") & _LOW64
+
+
+@functools.lru_cache(maxsize=BLOCKS_MEMO)
+def _block(parent: bytes, tokens: tuple[int, ...], extra: tuple[Any, ...] | None) -> bytes:
+    return sha256_cbor((parent, tokens, extra))
+
+
+def chain(root: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
+          ) -> list[bytes]:
+    """The hashes of the whole blocks of `token_ids`, chained from `root` (NONE_HASH). Recent blocks
+    are remembered: prompts repeat their long prefixes (system prompts, a conversation's history)."""
+    out = []
+    parent = root
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = _block(parent, tuple(token_ids[start:start + block_size]), extra)
+        out.append(parent)
+    return out
+
+
+class BlockHasher:
+    """One engine's block keys: its block size and seed."""
+
+    def __init__(self, block_size: int, seed: str = HASH_SEED):
+        self.block_size = block_size
+        self.root = sha256_cbor(seed)
+
+    def keys(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None) -> list[int]:
+        """The event keys (external hashes) of the prompt's whole blocks (`extra`: vLLM's extra keys
+        of every block, a LoRA adapter's say)."""
+        return [external(h) for h in chain(self.root, token_ids, self.block_size, extra)]
+
+    def agrees(self, token_ids: Sequence[int], keys: Sequence[int]) -> bool:
+        """Whether a chain the engine stored from its root has the keys this hasher computes."""
+        return self.keys(token_ids) == list(keys)
+
+
+# ---------------------------------------------------------------- tokens without a tokenizer
+
+def word_id(word: str) -> int:
+    """A word's token id: its CRC-32, 31 bits."""
+    return zlib.crc32(word.encode("utf-8", "replace")) & 0x7FFFFFFF
+
+
+@functools.lru_cache(maxsize=TEXTS_MEMO)
+def _words(text: str) -> tuple[int, ...]:
+    return tuple(word_id(w) for w in text.split()) or (word_id(""),)
+
+
+def text_ids(value: Any) -> list[int]:
+    """A prompt's token ids, without a tokenizer: those of the words of a string (whitespace-separated;
+    a string without any is one empty word), the items of a token-id list, those of each prompt of a
+    list of prompts one after the other. Strings seen lately are remembered (long prompts repeat)."""
+    if isinstance(value, str):
+        return list(_words(value))
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return value
+        return [t for v in value for t in text_ids(v)]
+    return []
+
+
+def message_ids(messages: list[Any]) -> list[int]:
+    """A chat's token ids: those of each message's text content in order (roles are not tokens)."""
+    out: list[int] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = [part.get("text", "") for part in content if isinstance(part, dict)]
+        if content:
+            out += text_ids(content)
+    return out or [word_id("")]
+
+
+def load_tokenizer(directory: str | None) -> Tokenizer | None:
+    """The model's tokenizer, where `directory` (its weights) has a tokenizer.json; ValueError when that
+    is not a tokenizer."""
+    path = Path(directory, "tokenizer.json") if directory else None
+    if path is None or not path.is_file():
+        return None
+    import tokenizers  # only where a model has one: every llmgw command imports this module (the api's)
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises Exception itself
+        raise ValueError(f"{path} is not a tokenizer: {e}") from e
+
+
+def _texts(value: Any) -> list[str]:
+    """The texts of a prompt or of a message's content (a string, a list of them or of text parts)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v.get("text") if isinstance(v, dict) else v)]
+    return []
+
+
+def request_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> list[int]:
+    """A request body's prompt token ids, as the sim reads them (with the model's tokenizer, if any)."""
+    messages = doc.get("messages")
+    prompt = doc.get("prompt", "")
+    if tokenizer is None:
+        return message_ids(messages) if isinstance(messages, list) else text_ids(prompt)
+    if not isinstance(messages, list) and isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) for t in prompt):
+        return prompt
+    texts = [t for m in messages if isinstance(m, dict) for t in _texts(m.get("content"))] \
+        if isinstance(messages, list) else _texts(prompt)
+    ids = [i for e in tokenizer.encode_batch(texts) for i in e.ids]
+    return ids or [0]  # as a prompt without words is one token

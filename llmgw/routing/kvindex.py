@@ -1,0 +1,155 @@
+"""precise-prefix's index of one model: which replicas hold which blocks, from their engines' KV events.
+
+Fed by the gateway's subscriber (llmgw.kvevents.subscriber) with the decoded
+events of each replica's engine: a block hash maps to the replicas that hold
+it, and each replica to the hashes it holds (so a replica that restarts,
+clears its cache or leaves is dropped in one step). It is exact for what it
+was told: its size is the engines' caches, not a bound of its own.
+
+The block size is the engines': the first BlockStored sets it. Keys the
+gateway computes can still never match, silently, where the engine's seed or
+hash algorithm differs from the gateway's (kvblocks.HASH_SEED, sha256_cbor), or
+replicas disagree on the block size; the index checks each stored chain that
+starts at the root against its own hashes of the event's tokens, and on a
+disagreement `refused` says why and routing falls back to prefix-score.
+That check cannot see a gateway that tokenizes otherwise than the engines: its
+keys are well made but of other tokens. `lookups` and `matched` count the
+lookups and those that found a leading block anywhere; `unmatched` says so once
+NEVER_MATCHED lookups found none while the index held blocks.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+_NONE: frozenset[str] = frozenset()
+NEVER_MATCHED = 200  # lookups that matched nothing (the index holding blocks) before `unmatched` says so
+
+
+class KVEvent(Protocol):
+    """A decoded KV event (llmgw.kvevents.wire.Event)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def keys(self) -> tuple[Any, ...]: ...
+    @property
+    def parent(self) -> Any: ...
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def block_size(self) -> int: ...
+
+
+class KVIndex:
+    def __init__(self, seed: str = HASH_SEED):
+        self.seed = seed
+        self.hasher: BlockHasher | None = None  # once the engines' block size is known
+        self.tokenizer: Tokenizer | None = None  # the model's, where the gateway has its tokenizer.json
+        self.refused: str | None = None  # why the gateway's keys cannot match the engines'
+        self.verified = 0  # stored chains whose hashes the gateway computed the same
+        self.lookups = 0  # matches() calls with blocks to look up
+        self.matched = 0  # of which some replica held the first block
+        self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
+        self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    @property
+    def usable(self) -> bool:
+        return self.hasher is not None and self.refused is None and bool(self._where)
+
+    def blocks_of(self, replica: str) -> int:
+        return len(self._held.get(replica, ()))
+
+    def token_ids(self, doc: Mapping[str, Any]) -> list[int]:
+        return request_token_ids(doc, self.tokenizer)
+
+    def keys(self, token_ids: Sequence[int]) -> list[int]:
+        return self.hasher.keys(token_ids) if self.hasher is not None else []
+
+    # ------------------------------------------------------------ events
+
+    def apply(self, replica: str, events: Iterable[KVEvent]) -> None:
+        for e in events:
+            if e.kind == "BlockStored":
+                self._check(replica, e)
+                held = self._held.setdefault(replica, set())
+                for key in e.keys:
+                    self._where.setdefault(key, set()).add(replica)
+                    held.add(key)
+            elif e.kind == "BlockRemoved":
+                held = self._held.get(replica, set())
+                for key in e.keys:
+                    held.discard(key)
+                    where = self._where.get(key)
+                    if where is not None:
+                        where.discard(replica)
+                        if not where:
+                            del self._where[key]
+            elif e.kind == "AllBlocksCleared":
+                self.drop(replica)
+
+    def drop(self, replica: str) -> None:
+        """Forget what `replica` holds: it restarted, cleared its cache, lost events or left. Once no
+        replica holds anything, the block size and a refusal are forgotten too: the next engines (a
+        rollout that fixed their seed) are checked afresh."""
+        for key in self._held.pop(replica, ()):
+            where = self._where.get(key)
+            if where is not None:
+                where.discard(replica)
+                if not where:
+                    del self._where[key]
+        if not self._held:
+            self.hasher, self.refused = None, None
+
+    def _check(self, replica: str, e: KVEvent) -> None:
+        if self.refused is not None:
+            return
+        if self.hasher is None:
+            self.hasher = BlockHasher(e.block_size, self.seed)
+        elif e.block_size != self.hasher.block_size:
+            self.refused = (f"replica {replica} caches blocks of {e.block_size} tokens, another of this "
+                            f"model {self.hasher.block_size}")
+            return
+        if e.parent is None and e.token_ids:  # a chain from the root: the gateway can hash it too
+            if self.hasher.agrees(e.token_ids, e.keys):
+                self.verified += 1
+            else:
+                self.refused = (f"replica {replica}'s block hashes are not sha256_cbor seeded with "
+                                f"PYTHONHASHSEED={self.seed}: the gateway's keys would never match")
+
+    # ------------------------------------------------------------ lookups
+
+    @property
+    def unmatched(self) -> str | None:
+        """Why the gateway's keys look like other tokens than the engines': no lookup ever matched."""
+        if self.matched or self.lookups < NEVER_MATCHED:
+            return None
+        return (f"none of {self.lookups} requests' first blocks was held by any replica: the gateway may "
+                f"not tokenize as the engines do")
+
+    def matches(self, keys: Sequence[Any], replicas: Sequence[str]) -> dict[str, int]:
+        """For each replica, how many of the leading blocks it holds."""
+        counts = dict.fromkeys(replicas, 0)
+        alive = set(replicas)
+        where = self._where
+        if keys:
+            self.lookups += 1
+            self.matched += keys[0] in where
+        for n, key in enumerate(keys):
+            holders = where.get(key, _NONE)
+            for r in alive - holders:
+                counts[r] = n
+            alive &= holders
+            if not alive:
+                return counts
+        for r in alive:
+            counts[r] = len(keys)
+        return counts

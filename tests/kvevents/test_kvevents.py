@@ -1,0 +1,360 @@
+"""KV events as vLLM publishes them: the sim's on the wire, the gateway's index of them, precise-prefix routing.
+
+The sim runs as a real process publishing over ZeroMQ; its batches are decoded
+here with msgspec structs declared field for field as vLLM's
+vllm/distributed/kv_events.py declares them (docs/contracts.md, "KV events"),
+not with llmgw's decoder. The block hashes are checked against a CBOR encoding
+spelled out byte by byte from RFC 8949 (what vLLM's sha256_cbor hashes: cbor2's
+canonical encoding of (parent, token ids, extra keys)), not with cbor2.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import msgpack
+import msgspec
+import pytest
+import tokenizers
+import zmq
+import zmq.asyncio
+
+from llmgw.api import Model
+from llmgw.dev.process import free_port
+from llmgw.gateway.table import RoutingTable
+from llmgw.kvevents import wire
+from llmgw.kvevents.publisher import KVEventsConfig, Publisher
+from llmgw.kvevents.subscriber import Subscription
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, text_ids
+from llmgw.routing.kvindex import KVIndex
+from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
+from tests.fixtures.poll import until
+
+BLOCK = 4  # tokens per block: short prompts make several blocks
+
+
+# vLLM's structs, as declared in vllm/distributed/kv_events.py at the commit docs/contracts.md names.
+class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+VLLM_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+STORED_FIELDS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                 "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
+
+
+def _cbor_uint(major: int, n: int) -> bytes:
+    """RFC 8949 §3: a head of major type `major` with argument n, shortest form."""
+    if n < 24:
+        return bytes([major << 5 | n])
+    for extra, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if n < 1 << (8 * size):
+            return bytes([major << 5 | extra]) + n.to_bytes(size, "big")
+    raise ValueError(n)
+
+
+def _vllm_block_hash(parent: bytes, tokens: list[int]) -> bytes:
+    """sha256 of the CBOR array [parent (bytes), [tokens (uints)], null], encoded by hand."""
+    body = (_cbor_uint(4, 3) + _cbor_uint(2, len(parent)) + parent
+            + _cbor_uint(4, len(tokens)) + b"".join(_cbor_uint(0, t) for t in tokens) + b"\xf6")
+    return hashlib.sha256(body).digest()
+
+
+def _events_config(pub: int, replay: int) -> str:
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})
+
+
+def _sim(*extra: str, seed: str = HASH_SEED) -> tuple[Sim, str, str]:
+    """A sim publishing KV events, its hashes seeded as the renderers seed them (or with `seed`)."""
+    pub, replay = free_port(), free_port()
+    sim = Sim.start("m", extra=["--block-size", str(BLOCK), "--kv-events-config", _events_config(pub, replay),
+                                *extra], env={"PYTHONHASHSEED": seed})
+    return sim, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
+
+
+async def _complete(session: aiohttp.ClientSession, base: str, prompt: str) -> dict[str, Any]:
+    async with session.post(f"{base}/v1/completions",
+                            json={"model": "m", "prompt": prompt, "max_tokens": 1}) as r:
+        assert r.status == 200, await r.text()
+        doc: dict[str, Any] = await r.json()
+        return doc
+
+
+def test_block_hashes_are_vllms_sha256_cbor_chain():
+    tokens = [1, 2, 3, 4, 500, 70000, 7, 8, 9]  # two whole blocks of 4 and a partial one
+    root = hashlib.sha256(b"\x61" + HASH_SEED.encode()).digest()  # CBOR text string of length 1
+    first = _vllm_block_hash(root, tokens[:4])
+    second = _vllm_block_hash(first, tokens[4:8])
+    want = [int.from_bytes(h, "big") & (1 << 64) - 1 for h in (first, second)]
+    assert BlockHasher(4).keys(tokens) == want
+    assert BlockHasher(4, seed="1").keys(tokens) != want  # the seed is part of every key
+
+
+async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
+    sim, events, replay = _sim()
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(events)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def one_batch() -> list[bytes] | None:  # a SUB misses what is sent before it joined
+                await _complete(session, f"http://{sim.endpoint}", f"probe {time.monotonic_ns()} a b c d e f g")
+                if await sub.poll(200):
+                    frames: list[bytes] = await sub.recv_multipart()
+                    return frames
+                return None
+            live = await until(one_batch, "a KV event batch from the sim")
+            prompt = "the quick brown fox jumps over the lazy dog"  # 9 words: 2 blocks of 4
+            await _complete(session, f"http://{sim.endpoint}", prompt)
+            topic, seq, payload = await sub.recv_multipart()
+        assert topic == live[0] == b""
+        seq_n = int.from_bytes(seq, "big")
+        assert seq_n == int.from_bytes(live[1], "big") + 1
+
+        raw = msgpack.unpackb(payload)
+        assert list(raw) == ["ts", "events", "data_parallel_rank"] and raw["data_parallel_rank"] == 0
+        assert list(raw["events"][0]) == STORED_FIELDS
+        batch = VLLM_DECODER.decode(payload)
+        [stored] = batch.events
+        assert isinstance(stored, BlockStored)
+        ids = text_ids(prompt)
+        root = hashlib.sha256(b"\x61" + HASH_SEED.encode()).digest()
+        h1 = _vllm_block_hash(root, ids[:4])
+        h2 = _vllm_block_hash(h1, ids[4:8])
+        assert stored.block_hashes == [int.from_bytes(h, "big") & (1 << 64) - 1 for h in (h1, h2)]
+        assert (stored.parent_block_hash, stored.token_ids, stored.block_size) == (None, ids[:8], BLOCK)
+        assert (stored.medium, stored.lora_id, stored.extra_keys, stored.group_idx) == ("GPU", None, [None, None], 0)
+
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(replay)
+        await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        replayed = []
+        while True:
+            empty, s, p = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            assert empty == b""
+            if s == (-1).to_bytes(8, "big", signed=True):
+                assert p == b""
+                break
+            replayed.append((int.from_bytes(s, "big"), p))
+        dealer.close(linger=0)
+        assert [s for s, _ in replayed] == list(range(seq_n + 1))
+        assert replayed[-1][1] == payload
+    finally:
+        sub.close(linger=0)
+        sim.stop()
+
+
+async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
+    """A prompt goes where it is cached; once that engine evicted it and the other cached it
+    (traffic that bypassed this gateway), it goes to the other, where prefix-score's guess would not."""
+    a, a_events, a_replay = _sim("--kv-cache-tokens", "16")  # 4 blocks: a second prompt evicts the first
+    b, b_events, b_replay = _sim("--kv-cache-tokens", "64")
+    table = RoutingTable()
+    table.apply("models", "ADDED", Model.model_validate({
+        "metadata": {"name": "m"},
+        "spec": {"profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", a.endpoint, kv_events=a_events, kv_replay=a_replay))
+    table.apply("replicas", "ADDED", replica("b", "m", b.endpoint, kv_events=b_events, kv_replay=b_replay))
+    prompt = "one two three four five six seven eight nine ten eleven twelve"  # 3 blocks
+    try:
+        async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
+            kv = gw.gateway.kv.index("m")
+            # the subscriptions are up once an event of each engine arrived (a warm-up prompt each)
+            for sim, name in ((a, "a"), (b, "b")):
+                async def seen(sim: Sim = sim, name: str = name) -> bool:
+                    await _complete(session, f"http://{sim.endpoint}", f"warm {time.monotonic_ns()} x y z w")
+                    await asyncio.sleep(0.05)
+                    return kv.blocks_of(name) > 0
+                await until(seen, f"replica {name}'s events in the gateway's index")
+            # cached on a (sent there directly): the gateway sends it to a
+            await _complete(session, f"http://{a.endpoint}", prompt)
+            await until(lambda: kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])["a"] == 3,
+                        "a's blocks of the prompt in the index")
+            for _ in range(3):
+                doc = await _complete(session, gw.url, prompt)
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
+            # a evicts it (another prompt fills its 4 blocks), b caches it: the gateway follows
+            await _complete(session, f"http://{a.endpoint}", "p q r s t u v w x y z zz")
+            await _complete(session, f"http://{b.endpoint}", prompt)
+            def moved() -> bool:  # a keeps the chain's head (the tail goes first, as in vLLM), b all of it
+                held = kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])
+                return held["a"] < 3 and held["b"] == 3
+            await until(moved, "a's eviction and b's store in the index")
+            for _ in range(3):
+                doc = await _complete(session, gw.url, prompt)
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
+            text = await scrape(session, gw)
+            assert 'llmgw_gateway_kv_index_refused{model="m"} 0.0' in text
+            assert kv.verified > 0
+            # a replica that leaves routing is dropped from the index
+            table.apply("replicas", "DELETED", replica("b", "m", b.endpoint, kv_events=b_events))
+            assert kv.blocks_of("b") == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_a_gap_is_replayed_and_a_restart_drops_the_replicas_entries():
+    pub_port, replay_port = free_port(), free_port()
+    cfg = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{pub_port}",
+                         replay_endpoint=f"tcp://*:{replay_port}")
+    hasher = BlockHasher(BLOCK)
+    kv = KVIndex()
+
+    def stored(tokens: list[int]) -> dict[str, Any]:
+        return wire.stored(hasher.keys(tokens), None, tokens, BLOCK)
+
+    publisher = Publisher(cfg)
+    publisher.start()
+    missed = [[i, i, i, i] for i in range(5)]
+    for tokens in missed:  # before anyone subscribed: lost on the PUB socket, kept for replay
+        publisher.publish([stored(tokens)])
+    sub = Subscription("r", f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}", "",
+                       kv.apply, kv.drop)
+    sub.start()
+    try:
+        async def received() -> bool:
+            publisher.publish([stored([9, 9, 9, 9])])
+            await asyncio.sleep(0.05)
+            return sub.expected is not None
+        await until(received, "a live batch at the subscriber")
+        assert sub.replayed >= 5 and sub.lost == 0
+        for tokens in missed:
+            assert kv.matches(hasher.keys(tokens), ["r"]) == {"r": 1}
+
+        await publisher.close()  # the engine restarts: a new process numbers its batches from 0 again
+        publisher = await until(lambda: Publisher(cfg), "the ports free again", retry=(zmq.ZMQError,))
+        publisher.start()
+        async def restarted() -> bool:
+            publisher.publish([stored([7, 7, 7, 7])])
+            await asyncio.sleep(0.05)
+            return kv.matches(hasher.keys([7, 7, 7, 7]), ["r"]) == {"r": 1}
+        await until(restarted, "the restarted engine's events")
+        assert kv.matches(hasher.keys(missed[0]), ["r"]) == {"r": 0}  # what the old process held is gone
+    finally:
+        await sub.close()
+        await publisher.close()
+
+
+def test_keys_that_cannot_match_are_refused_loudly():
+    tokens = [1, 2, 3, 4]
+    other_seed = KVIndex()
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK, seed="1").keys(tokens)), None,
+                                      tuple(tokens), BLOCK)])
+    assert other_seed.refused is not None and "PYTHONHASHSEED=0" in other_seed.refused
+    assert not other_seed.usable
+    other_seed.apply("r", [wire.Event("AllBlocksCleared")])  # the engines replaced (or cleared): checked afresh
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(tokens)), None, tuple(tokens),
+                                      BLOCK)])
+    assert other_seed.refused is None and other_seed.usable
+
+    sizes = KVIndex()
+    sizes.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
+    assert sizes.usable
+    sizes.apply("r2", [wire.Event("BlockStored", tuple(BlockHasher(2).keys(tokens)), None, tuple(tokens), 2)])
+    assert sizes.refused is not None and "2 tokens" in sizes.refused
+
+
+async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
+    sim, events, replay = _sim(seed="1")
+    table = RoutingTable()
+    table.apply("models", "ADDED", Model.model_validate({
+        "metadata": {"name": "m"},
+        "spec": {"profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", sim.endpoint, kv_events=events, kv_replay=replay))
+    try:
+        async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
+            kv = gw.gateway.kv.index("m")
+            async def refused() -> bool:
+                await _complete(session, gw.url, f"x {time.monotonic_ns()} a b c d e f")
+                await asyncio.sleep(0.05)
+                return kv.refused is not None
+            await until(refused, "the index to refuse the sim's keys")
+            assert 'llmgw_gateway_kv_index_refused{model="m"} 1.0' in await scrape(session, gw)
+            await _complete(session, gw.url, "still routed")  # as prefix-score
+    finally:
+        sim.stop()
+
+
+async def test_a_models_tokenizer_json_tokenizes_in_the_sim_and_the_gateway_alike(tmp_path):
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("alpha beta gamma delta epsilon zeta eta theta".split())}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    sim, events, replay = _sim("--model", str(tmp_path))
+    table = RoutingTable()
+    table.apply("models", "ADDED", Model.model_validate({
+        "metadata": {"name": "m"},
+        "spec": {"source": str(tmp_path), "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", sim.endpoint, kv_events=events, kv_replay=replay))
+    prompt = "alpha beta gamma delta epsilon zeta eta theta"
+    try:
+        async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
+            kv = gw.gateway.kv.index("m")
+            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != text_ids(prompt)
+            doc = await _complete(session, f"http://{sim.endpoint}", prompt)
+            assert doc["usage"]["prompt_tokens"] == 8
+            others = iter(f"{w} {v} alpha beta" for w in vocab for v in vocab)
+
+            async def held() -> bool:  # a batch sent before the subscription joined comes with the next
+                await _complete(session, f"http://{sim.endpoint}", next(others))
+                return kv.matches(kv.keys(kv.token_ids({"prompt": prompt})), ["a"]) == {"a": 2}
+            await until(held, "the sim's blocks of the prompt, keyed as the gateway keys them")
+            assert kv.verified > 0 and kv.refused is None
+    finally:
+        sim.stop()
+
+
+@pytest.mark.parametrize("config, error", [
+    ("{", "not JSON"),
+    ('{"enable_kv_cache_events": true, "endpoit": "tcp://*:1"}', "unknown field(s) endpoit"),
+    ('{"publisher": "kafka"}', "publisher 'kafka'"),
+])
+def test_a_bad_kv_events_config_is_one_line(config, error):
+    r = subprocess.run([sys.executable, "-m", "llmgw.sim", "--host", "127.0.0.1", "--port", "1",
+                        "--served-model-name", "m", "--kv-events-config", config],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert f"--kv-events-config: {error}" in r.stderr and "Traceback" not in r.stderr
