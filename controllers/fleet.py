@@ -1,4 +1,5 @@
-"""The fleet as metrics: GPUs per node and fabric, replicas per model and phase, nodes per condition.
+"""The fleet as metrics: GPUs per node and fabric, replicas per model and phase, nodes per condition,
+LoRA adapters resident per replica.
 
 Read from the leading controller-manager's cache at each scrape (nothing is counted on
 the controllers' path); a manager that does not lead exports none of these series. The
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llmgw.api import Node, Replica, Shard
+from llmgw.api import LoraAdapter, Node, Replica, Shard
 from llmgw.runtime.cache import Cache
 
 # Shard phases whose GPUs are held (booked by the scheduler, or an engine still on them).
@@ -51,4 +52,10 @@ class FleetCollector:
         replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas by model and phase", labels=["model", "phase"])
         for (model, phase), count in sorted(phases.items()):
             replicas.add_metric([model, phase], count)
-        yield from (gpus, used, nodes, replicas)
+        resident: Counter[tuple[str, str]] = Counter(
+            (a.spec.baseModel, r) for a in cache.list(LoraAdapter) for r in a.status.resident)
+        adapters = GaugeMetricFamily("llmgw_fleet_adapters_resident", "LoRA adapters resident on a replica, by "
+                                     "base model and replica", labels=["model", "replica"])
+        for (model, replica), count in sorted(resident.items()):
+            adapters.add_metric([model, replica], count)
+        yield from (gpus, used, nodes, replicas, adapters)

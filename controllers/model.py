@@ -382,7 +382,7 @@ class ModelController(Controller):
             ),
             spec=ReplicaSpec(model=model.name, templateHash=thash, profileIndex=index, profile=profile,
                              source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
-                             nodeSelector=dict(spec.nodeSelector),
+                             nodeSelector=dict(spec.nodeSelector), adapters=spec.adapters,
                              kvEvents=kv_events(spec) and ENGINES[profile.engine].kv_events,
                              gpuMemoryMiB=-(-fit.needed // MiB) if isinstance(fit, Estimate) else None),
         )

@@ -397,7 +397,7 @@ class ReplicaController(Controller):
                         launchMode=profile.launch_mode, gpusPerNode=profile.gpusPerNode,
                         source=r.spec.source, digest=r.spec.digest,
                         servedModelNames=r.spec.servedModelNames or [r.spec.model],
-                        args=list(profile.args), env=dict(profile.env),
+                        args=list(profile.args), env=dict(profile.env), adapters=r.spec.adapters,
                     ),
                 )
                 shard = await self.ctx.store.create(shard)

@@ -58,6 +58,12 @@ class ControllerSettings(ManagerSettings):
         description="Seconds between an autoscaled model's looks at its demand when no report wakes it (the "
                     "stabilization windows and the scale-to-zero delay are counted in these looks).")
 
+    # adapters (controllers/adapter.py)
+    adapter_idle_seconds: float = Field(
+        default=300.0, ge=0,
+        description="Seconds an adapter loaded for the gateways' demand (beyond its minReplicas) stays placed "
+                    "after its last request.")
+
     # gitops (controllers/gitops.py)
     git_timeout: float = Field(
         default=120.0, gt=0, description="Seconds a git command of a GitSource's fetch may run before it is killed.")

@@ -31,7 +31,7 @@ from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import NodeStatus, Shard, ShardStatus
+from llmgw.api import LoraAdapter, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.api.members import advertised
 from llmgw.backoff import Backoff
@@ -91,6 +91,7 @@ class Agent:
         ctx = Context(node=self.node, config=cfg, facts=facts, state=state, reporter=reporter,
                       foreign_ports=self._set_foreign_ports, puller=self.puller)
         sup = self.supervisor = Supervisor(ctx)
+        ctx.adapters.on_change = sup.adapters_changed
         if sup.records:
             log.info("state dir %s records engines of shards %s: adopting those that still exist",
                      cfg.state_dir, sorted(sup.records))
@@ -111,7 +112,8 @@ class Agent:
                 metrics_site = await self._serve_metrics(cfg.metrics_listen, facts.address)
             await reg.register(self._node_status())
             tasks = [asyncio.ensure_future(c) for c in (
-                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._rediscover(),
+                reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._watch_adapters(client),
+                self._rediscover(),
                 *([self._watch_revocations(client)] if logs_site is not None else []),
                 *([self.renewer.run()] if self.renewer is not None else []))]
             await asyncio.gather(*tasks)
@@ -157,7 +159,9 @@ class Agent:
 
     async def _serve_metrics(self, listen: str, address: str) -> web.AppRunner:
         host, _, port = listen.rpartition(":")
-        metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts)
+        assert self.supervisor is not None  # made by run
+        metrics = AgentMetrics(self._phases, self._engine_targets, self._node_facts,
+                               [self.supervisor.ctx.adapter_counts])
         renewer = self.renewer
         if renewer is not None:
             metrics.registry.register(ExpiryCollector({"node": lambda: renewer.not_after}))
@@ -239,6 +243,18 @@ class Agent:
         # list_and_watch rides out outages itself; it raises on refusals (403, 401): retry those too.
         while True:
             await retry_forever(f"watching shards of node {self.node}", follow, max_wait=30.0)
+
+    async def _watch_adapters(self, client: Client) -> None:
+        """The Adapters, for the runners whose engines load them (llmgw/agent/adapters.py)."""
+        assert self.supervisor is not None  # made by run
+        book = self.supervisor.ctx.adapters
+
+        async def follow() -> None:
+            async for kind, obj in client.list_and_watch(LoraAdapter):
+                if isinstance(obj, LoraAdapter):  # the only kind asked for
+                    book.apply(kind, obj)
+        while True:
+            await retry_forever("watching adapters", follow, max_wait=30.0)
 
     async def _rediscover(self) -> None:
         interval = self.config.rediscover_interval

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,14 @@ class AgentMetrics:
     """The agent's registry, and the scrape of its engines that each request for /metrics makes."""
 
     def __init__(self, phases: Callable[[], Iterable[str]], targets: Callable[[], list[EngineTarget]],
-                 node: Callable[[], NodeFacts] | None = None) -> None:
+                 node: Callable[[], NodeFacts] | None = None, more: Iterable[Collector] = ()) -> None:
+        """`more`: other collectors of the agent's own series (its engines' adapters: adapters.py)."""
         self.registry = CollectorRegistry()
         self.registry.register(_Phases(phases))
         if node is not None:
             self.registry.register(_Node(node))
+        for collector in more:
+            self.registry.register(collector)
         self.scrape_errors = Counter("llmgw_agent_engine_scrape_errors", "Scrapes of an engine's /metrics "
                                      "that failed or took too long", ["model", "replica"], registry=self.registry)
         self.targets = targets

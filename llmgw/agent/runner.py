@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from llmgw.agent import ports, process
+from llmgw.agent.adapters import AdapterBook, AdapterCounts, EngineAdapters, EngineError
 from llmgw.agent.claims import Claim, Claims
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts
@@ -33,7 +34,7 @@ from llmgw.agent.preflight import PreflightError, prepare
 from llmgw.agent.pulling import weights_for
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
-from llmgw.api import Shard, ShardStatus, now, set_condition
+from llmgw.api import Shard, ShardAdapter, ShardStatus, now, set_condition
 from llmgw.weights.puller import Puller
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Context:
     foreign_ports: Callable[[list[int]], Awaitable[None]] | None = None
     puller: Puller | None = None          # the node's weights cache and its pulls
     failures: dict[str, int] = field(default_factory=dict)   # model -> shards of it that went Failed here
+    adapters: AdapterBook = field(default_factory=AdapterBook)   # the Adapters, by watch
+    adapter_counts: AdapterCounts = field(default_factory=AdapterCounts)   # its engines' loads, for /metrics
 
     async def session(self) -> aiohttp.ClientSession:
         s = self.http.get("session")
@@ -128,6 +131,8 @@ class ShardRunner:
         self.drain = True
         self.task: asyncio.Task[None] | None = None
         self.weights: str | None = None       # the cached digest its engine uses, pinned while it lives
+        self.adapters_changed = asyncio.Event()   # the Adapters changed: sync its engine's (adapters.py)
+        self._adapters: EngineAdapters | None = None
 
     # -------------------------------------------------------------- inputs
     def start(self) -> asyncio.Task[None]:
@@ -146,6 +151,8 @@ class ShardRunner:
     # ------------------------------------------------------------- reports
     def _set(self, phase: str, **fields: Any) -> None:
         s = self.status
+        if phase != "Ready":
+            fields.setdefault("adapters", [])   # only a Ready engine is said to hold any
         changed = s.phase != phase or any(getattr(s, k) != v for k, v in fields.items())
         if not changed:
             return
@@ -177,6 +184,8 @@ class ShardRunner:
         self.ctx.claims.discard(self.claim)
         if self.weights is not None and self.ctx.puller is not None:
             self.ctx.puller.cache.unpin(self.weights)
+        if self._adapters is not None:
+            self._adapters.release()
 
     async def _life(self) -> None:
         if self.record is not None:
@@ -368,8 +377,10 @@ class ShardRunner:
         try:
             while True:
                 waiters = [p.waiter() for p in self.procs]
-                await asyncio.wait([*waiters, stop], timeout=self.ctx.config.probe_interval,
+                changed = asyncio.ensure_future(self.adapters_changed.wait())
+                await asyncio.wait([*waiters, stop, changed], timeout=self.ctx.config.probe_interval,
                                    return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
                 exited = [p for p in self.procs if p.waiter().done()]
                 if exited:
                     await self._on_exit(exited[0])
@@ -382,8 +393,10 @@ class ShardRunner:
                         why_not = await self._answered_by_another()
                         if why_not:
                             self._set("Running", message=why_not)
-                        else:
-                            self._set("Ready", message="")
+                        else:   # its adapters first: Ready says they are loaded
+                            self._set("Ready", message="", adapters=await self._sync_adapters())
+                    elif self._adapters is not None:
+                        self._set("Ready", adapters=await self._sync_adapters())
                 else:
                     failures += 1
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
@@ -397,6 +410,24 @@ class ShardRunner:
                             return
         finally:
             stop.cancel()
+
+    async def _sync_adapters(self) -> list[ShardAdapter]:
+        """Its engine's adapters made those placed on its replica (a serving shard of a Model with
+        spec.adapters); what the engine holds after. An engine that cannot say holds none."""
+        self.adapters_changed.clear()
+        rec = self.record
+        if self.shard.spec.adapters is None or rec is None or rec.probe_kind != "http" or not rec.probe_url:
+            return []
+        if self._adapters is None:
+            url = urlsplit(rec.probe_url)
+            self._adapters = EngineAdapters(f"{url.scheme}://{url.netloc}", self.ctx.session, self.ctx.puller,
+                                            self.shard.spec.model, self.ctx.adapter_counts)
+        try:
+            return await self._adapters.sync(lambda: self.ctx.adapters.placed_on(self.shard),
+                                             lambda staying: self._set(self.status.phase, adapters=staying))
+        except EngineError as err:
+            log.warning("shard %s: its engine's adapters: %s", self.name, err)
+            return []
 
     async def _probe(self) -> bool:
         rec = self.record

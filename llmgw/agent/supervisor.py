@@ -85,6 +85,11 @@ class Supervisor:
             self._orphans.append(asyncio.ensure_future(self._stop_orphan(record, claim)))
         self.ctx.claims.ready.set()
 
+    def adapters_changed(self) -> None:
+        """The Adapters changed: each runner syncs its engine's (llmgw/agent/adapters.py)."""
+        for runner in self.runners.values():
+            runner.adapters_changed.set()
+
     def running(self, name: str) -> bool:
         """Whether the shard's engine runs now (its runner holds started processes)."""
         runner = self.runners.get(name)

@@ -6,6 +6,7 @@ attribute, its JSON and its YAML all spell a field the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Any, Final, Literal
 
@@ -52,11 +53,15 @@ Int = Annotated[int, Field(strict=True, ge=INT64[0], le=INT64[1])]
 Bool = Annotated[bool, Field(strict=True)]
 
 
-def added(since: str, default: Any = None) -> Any:
-    """The Field of an optional field added in llmgw `since`: left out of every document written
-    while it holds its default, so that a component of an older release within the skew window,
-    whose models refuse a field they do not know, still reads the objects a newer one writes
-    (docs/contracts.md, "Storage versions"). `since` is for the reader of the model."""
+def added(since: str, default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
+    """The Field of an optional field added in llmgw `since` (its default, or a `factory` of it):
+    left out of every document written while it holds its default, so that a component of an older
+    release within the skew window, whose models refuse a field they do not know, still reads the
+    objects a newer one writes (docs/contracts.md, "Storage versions")."""
+    if factory is not None:
+        empty = factory()
+        return Field(default_factory=factory, exclude_if=lambda value: value == empty,
+                     description=f"added in llmgw {since}")
     return Field(default, exclude_if=lambda value: value == default, description=f"added in llmgw {since}")
 
 

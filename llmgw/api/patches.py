@@ -73,3 +73,17 @@ class GitSourceStatusPatch(TypedDict, total=False):
     inventory: list[InventoryEntryPatch]
     lastHandledReconcileAt: str | None
     conditions: list[ConditionPatch]
+
+
+class AdapterPendingPatch(TypedDict):
+    replica: str
+    reason: str
+    message: str
+
+
+class AdapterStatusPatch(TypedDict, total=False):
+    observedGeneration: int
+    placement: list[str]
+    resident: list[str]
+    pending: list[AdapterPendingPatch]
+    conditions: list[ConditionPatch]

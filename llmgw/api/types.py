@@ -1,5 +1,5 @@
-"""The kinds: Node, Model, Replica, Shard, ApiKey, GitSource, Role, RoleBinding (docs/architecture.md,
-"Objects")."""
+"""The kinds: Node, Model, Replica, Shard, ApiKey, GitSource, Role, RoleBinding, Adapter (LoraAdapter)
+(docs/architecture.md, "Objects")."""
 from __future__ import annotations
 
 import hashlib
@@ -12,6 +12,7 @@ from pydantic import AfterValidator, Field, JsonValue, PrivateAttr, model_valida
 from llmgw import routing
 from llmgw.api import git
 from llmgw.api.limits import (
+    MAX_ADAPTER_SLOTS,
     MAX_AUTOSCALE_SECONDS,
     MAX_GPUS_PER_NODE,
     MAX_KEY_LIMIT,
@@ -67,8 +68,15 @@ def _check_source(value: str) -> str:
 # Weights: a path, hf://ORG/NAME[@REVISION] or http(s)://HOST/DIR/ (llmgw/api/sources.py); never
 # something an engine's command line takes for a flag.
 Source = Annotated[str, AfterValidator(_check_source)]
-# The content digest of a pulled source (llmgw/weights/digest.py), pinned by a Model.
+# The content digest of a pulled source (llmgw/weights/digest.py), pinned by a Model or an Adapter.
 Digest = Annotated[str, AfterValidator(check_digest)]
+
+
+def check_pulled_digest(source: str | None, digest: str | None) -> None:
+    """A digest pins what an hf:// or http(s):// source resolves to; a path has none to pin."""
+    if digest is not None and (source is None or parse_source(source) is None):
+        raise ValueError("digest: pins the content of an hf:// or http(s):// source; a path is used as it is")
+
 def _launch_mode_schema(schema: dict[str, JsonValue]) -> None:
     modes: list[JsonValue] = [*sorted({m for e in rules.RULES.values() for m in e.launch_modes})]
     schema["enum"] = modes
@@ -352,6 +360,14 @@ class AutoscalingSpec(Strict):
         return max(self.minReplicas, min(self.maxReplicas, replicas))
 
 
+class AdapterSlots(Strict):
+    """A Model's spec.adapters: its engines are started able to load LoRA adapters at runtime
+    (vLLM: --enable-lora --max-loras, VLLM_ALLOW_RUNTIME_LORA_UPDATING), each replica holding at most
+    maxLoaded of them (docs/contracts.md, "Adapters")."""
+    maxLoaded: Annotated[int, Field(strict=True, ge=1, le=MAX_ADAPTER_SLOTS)] = Field(
+        default=4, description="LoRA adapters one replica holds loaded at once (its slots)")
+
+
 class ModelSpec(Strict):
     # Ignored when autoscaling is set: the autoscaler's status.desiredReplicas counts then.
     replicas: Replicas = 1
@@ -367,11 +383,22 @@ class ModelSpec(Strict):
     placementDeadlineSeconds: DeadlineSeconds = 60
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     autoscaling: AutoscalingSpec | None = None
+    # LoRA adapters (the Adapter kind) its replicas load at runtime; absent: none.
+    adapters: AdapterSlots | None = added("0.3.0")
 
     @model_validator(mode="after")
     def _digest_of_pulled(self) -> Self:
-        if self.digest is not None and (self.source is None or parse_source(self.source) is None):
-            raise ValueError("digest: pins the content of an hf:// or http(s):// source; a path is used as it is")
+        check_pulled_digest(self.source, self.digest)
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_at_runtime(self) -> Self:
+        if self.adapters is not None:
+            for i, p in enumerate(self.profiles):
+                if not rules.lookup(p.engine).runtime_lora:
+                    able = ", ".join(sorted(n for n, e in rules.RULES.items() if e.runtime_lora))
+                    raise ValueError(f"adapters: profiles[{i}]'s engine {p.engine} loads no LoRA adapters at "
+                                     f"runtime (engines that do: {able})")
         return self
 
 
@@ -439,6 +466,8 @@ def template_hash(spec: ModelSpec, profile_index: int = 0) -> str:
     }
     if spec.digest is not None:     # only when set: a Model without one keeps its replicas' hash
         template["digest"] = spec.digest
+    if spec.adapters is not None:   # likewise: engines started with adapter slots are other engines
+        template["adapters"] = spec.adapters.model_dump(mode="json")
     if kv_events(spec):  # likewise: engines start (or stop) publishing KV events in a rollout
         template["kvEvents"] = PRECISE_PREFIX
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
@@ -467,6 +496,7 @@ class ReplicaSpec(Strict):
     servedModelNames: list[str] = Field(default_factory=list)
     nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     placement: list[Placement] = Field(default_factory=list)
+    adapters: AdapterSlots | None = added("0.3.0")
     # Its engine publishes its KV events for the gateways (the Model routes with precise-prefix and
     # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
     kvEvents: bool = added("0.3.0", False)
@@ -536,6 +566,7 @@ class ShardSpec(Strict):
     servedModelNames: list[str] = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
     env: dict[EnvName, str] = Field(default_factory=dict)
+    adapters: AdapterSlots | None = added("0.3.0")
 
 
 class PullStatus(Strict):
@@ -543,6 +574,14 @@ class PullStatus(Strict):
     digest: Digest | None = None      # known once the source is resolved (http) or pulled (hf)
     bytesDone: Int = 0
     bytesTotal: Int = 0
+
+
+class ShardAdapter(Strict):
+    """A LoRA adapter on a shard's engine: Loaded (its engine lists it), or Failed to load (why)."""
+    name: DNSLabel
+    digest: Digest | None = None
+    state: Literal["Loaded", "Failed"]
+    message: str = ""
 
 
 class ShardStatus(Strict):
@@ -556,6 +595,9 @@ class ShardStatus(Strict):
     phaseTime: datetime | None = None
     conditions: list[Condition] = Field(default_factory=list)
     pull: PullStatus | None = None
+    # The LoRA adapters its engine holds, as the engine lists them (rank 0, spec.adapters), and
+    # the loads that failed; written by its agent (llmgw/agent/adapters.py).
+    adapters: list[ShardAdapter] = added("0.3.0", factory=list)
 
 
 class Shard(Object[ShardSpec, ShardStatus]):
@@ -778,11 +820,60 @@ class RoleBinding(Object[RoleBindingSpec, RoleStatus]):   # a Role's status: an 
     status: RoleStatus = Field(default_factory=RoleStatus)
 
 
+# ------------------------------------------------------------------ Adapter
+
+class LoraAdapterSpec(Strict):
+    baseModel: DNSLabel = Field(description="the Model whose replicas load this LoRA adapter")
+    source: Source = Field(description="the adapter's weights: a path on the nodes, hf://ORG/NAME[@REVISION] "
+                                       "or http(s)://HOST/DIR/, pulled through the nodes' weights cache")
+    digest: Digest | None = None
+    minReplicas: Replicas = Field(default=1, description="replicas of the base kept with it loaded")
+    pinned: Bool = Field(default=False, description="kept loaded on every Ready replica of the base "
+                                                    "(minReplicas is then not read)")
+
+    @model_validator(mode="after")
+    def _digest_of_pulled(self) -> Self:
+        check_pulled_digest(self.source, self.digest)
+        return self
+
+
+class AdapterPending(Strict):
+    """A replica asked to hold an adapter where it is not resident, and why (its reason)."""
+    replica: str
+    reason: str
+    message: str = ""
+
+
+# An Adapter's condition: True (reason Resident, or OnDemand at minReplicas 0 and no demand) once it
+# is resident on as many replicas as asked; else why not (controllers/adapter.py): BaseModelNotFound,
+# AdaptersDisabled, NoReplicas, NoFreeSlot, Loading, LoadFailed.
+ADAPTER_READY = "Ready"
+
+
+class LoraAdapterStatus(Strict):
+    observedGeneration: Int = 0
+    placement: list[str] = Field(default_factory=list)   # the replicas asked to hold it
+    # The replicas whose engine has it loaded: their rank-0 shard is Ready and lists it, as its agent
+    # read it from the engine. Never one whose engine restarted and has not loaded it again.
+    resident: list[str] = Field(default_factory=list)
+    pending: list[AdapterPending] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class LoraAdapter(Object[LoraAdapterSpec, LoraAdapterStatus]):
+    """The Adapter kind: a LoRA adapter of a Model (the class is not named Adapter: a Node's network
+    adapter is)."""
+    kind_plural: ClassVar[str] = "adapters"
+    kind: Literal["Adapter"] = "Adapter"
+    spec: LoraAdapterSpec
+    status: LoraAdapterStatus = Field(default_factory=LoraAdapterStatus)
+
+
 # --------------------------------------------------------------- registry
 
 KINDS: dict[str, type[AnyObject]] = {"nodes": Node, "models": Model, "replicas": Replica, "shards": Shard,
                                      "apikeys": ApiKey, "gitsources": GitSource, "roles": Role,
-                                     "rolebindings": RoleBinding}
+                                     "rolebindings": RoleBinding, "adapters": LoraAdapter}
 # Node scope is said once, by the kind's class (``scope``); these read it.
 NODE_SCOPED: frozenset[str] = frozenset(plural for plural, cls in KINDS.items() if cls.scope == "Node")
 
@@ -802,6 +893,7 @@ _KIND_ALIASES = {
     "gitsource": "gitsources", "gitsources": "gitsources", "gs": "gitsources",
     "role": "roles", "roles": "roles",
     "rolebinding": "rolebindings", "rolebindings": "rolebindings", "rb": "rolebindings",
+    "adapter": "adapters", "adapters": "adapters", "ad": "adapters",
 }
 
 
@@ -813,5 +905,5 @@ def resolve_kind(word: str) -> str:
         raise ValueError(
             f"unknown kind {word!r}: use one of node/nodes/no, model/models/mo, "
             "replica/replicas/rep, shard/shards/sh, apikey/apikeys/key, gitsource/gitsources/gs, role/roles, "
-            "rolebinding/rolebindings/rb"
+            "rolebinding/rolebindings/rb, adapter/adapters/ad"
         ) from None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from controllers.adapter import AdapterController
 from controllers.autoscaler import AutoscalerController
 from controllers.drain import DrainController
 from controllers.fleet import FleetCollector
@@ -43,7 +44,8 @@ def controllers(settings: ControllerSettings, git_cache: Path | None = None,
     return [ModelController(), ReplicaController(settings), SchedulerController(settings),
             NodeLifecycleController(settings), DrainController(settings), GarbageCollector(),
             AutoscalerController(settings),
-            GitOpsController(settings, git_cache, _as_controller_manager(audit) if audit is not None else None)]
+            GitOpsController(settings, git_cache, _as_controller_manager(audit) if audit is not None else None),
+            AdapterController(settings)]
 
 
 def _as_controller_manager(audit: "AuditLog") -> Callable[[dict[str, Any]], None]:

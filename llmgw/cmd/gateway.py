@@ -54,7 +54,7 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
 @click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="This gateway's component certificate.")
 @click.option("--key", type=click.Path(exists=True, dir_okay=False), help="Its private key.")
 @click.option("--static", "static", type=click.Path(exists=True),
-              help="Instead of --server: Model and Replica manifests (with status) to route by.")
+              help="Instead of --server: Model, Replica and Adapter manifests (with status) to route by.")
 @click.option("--api-keys", type=click.Path(exists=True, dir_okay=False),
               help="File of bearer API keys, one per line; re-read when it changes (for --static; with --server, "
               "see --watch-api-keys).")

@@ -70,6 +70,13 @@ def base_env(shard: Shard, node: NodeFacts) -> dict[str, str]:
     return env
 
 
+def lora_flags(shard: Shard) -> list[str]:
+    """vLLM's flags (the sim's too) for a shard whose Model takes LoRA adapters (spec.adapters):
+    loaded at runtime, at most maxLoaded at once; none otherwise."""
+    slots = shard.spec.adapters
+    return [] if slots is None else ["--enable-lora", "--max-loras", str(slots.maxLoaded)]
+
+
 def kv_events_args(shard: Shard) -> list[str]:
     """vLLM's --kv-events-config where the shard publishes KV events (docs/contracts.md, "KV events"):
     its PUB and replay ROUTER bound on every address (vLLM binds an endpoint with `*`, connects

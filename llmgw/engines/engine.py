@@ -33,6 +33,7 @@ NAME = "llmgw passes the model's name and aliases so the gateway can route by th
 PARALLEL = "llmgw derives parallel sizes from the profile's nodes and gpusPerNode"
 MULTINODE = "llmgw sets the multi-node rendezvous from the replica's placement"
 MODEL = "llmgw passes the model's weights path from spec.source"
+LORA = "llmgw sets the LoRA adapter slots from the Model's spec.adapters"
 CONFIG = "a config file could set any of the flags llmgw sets; put the settings in args"
 
 
@@ -83,6 +84,8 @@ class Engine:
     syntax: Syntax = Syntax()
     launch_modes: tuple[str, ...] = ()   # Profile.launchMode's values; the first is the default
     multi_node: bool = True
+    # Loads LoRA adapters at runtime through vLLM's API (/v1/load_lora_adapter): a Model's spec.adapters.
+    runtime_lora: bool = False
     # What the agent's preflight checks before the first command starts: the weights at the
     # shard's spec.source are on the node, and the node has the shard's GPUs (the sim uses neither).
     loads_weights: bool = True

@@ -24,6 +24,9 @@ class Rules(Protocol):
     @property
     def multi_node(self) -> bool: ...
 
+    @property
+    def runtime_lora(self) -> bool: ...
+
     def reserved_flag(self, arg: str) -> tuple[str, str] | None: ...
 
 

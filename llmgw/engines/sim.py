@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.engines import base
 from llmgw.engines.base import PROCESS_PROBE, Command, NodeFacts, RenderedShard, base_env, health_probe, join_host_port
-from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
+from llmgw.engines.engine import HOST, LORA, MODEL, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--world-size", str(spec.worldSize),
         "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
         *(["--model", spec.source] if spec.source else []),
+        *(base.lora_flags(shard) if spec.rank == 0 else []),
         *base.kv_events_args(shard),
         *spec.args,
     ]
@@ -60,7 +61,8 @@ ENGINE = register(Engine(
         "--served-model-name": NAME,
         "--rank": MULTINODE, "--world-size": MULTINODE,
         "--dist-init-addr": MULTINODE, "--model": MODEL,
+        "--enable-lora": LORA, "--max-loras": LORA,
     },
     syntax=Syntax(abbreviations=True),
-    loads_weights=False, uses_gpus=False, kv_events=True,
+    loads_weights=False, uses_gpus=False, runtime_lora=True, kv_events=True,
 ))

@@ -28,12 +28,14 @@ from llmgw.engines.base import (
     health_probe,
     join_host_port,
     kv_events_args,
+    lora_flags,
     program,
     weights,
 )
 from llmgw.engines.engine import (
     CONFIG,
     HOST,
+    LORA,
     MODEL,
     MULTINODE,
     NAME,
@@ -56,6 +58,8 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     mode = shard.spec.launchMode or "mp"
     env = base_env(shard, node)
     env["VLLM_HOST_IP"] = node.address
+    if shard.spec.adapters is not None:   # the agent loads and unloads them at runtime (load_lora_adapter)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if mode == "mp":
         return _render_mp(shard, node, executables, env)
     if mode == "ray":
@@ -77,6 +81,7 @@ def _serving(shard: Shard, node: NodeFacts) -> list[str]:
         "--host", node.address,
         "--port", str(shard.spec.ports.serve),
         "--served-model-name", *shard.spec.servedModelNames,
+        *lora_flags(shard),
         # block keys the gateways can compute: sha256 of canonical CBOR (the default pickles)
         *([*events, "--prefix-caching-hash-algo", HASH_ALGO] if events else []),
     ]
@@ -159,8 +164,9 @@ ENGINE = register(Engine(
         "--master-addr": MULTINODE, "--master-port": MULTINODE,
         "--headless": MULTINODE, "--distributed-executor-backend": MULTINODE,
         "--model": MODEL,
+        "--enable-lora": LORA, "--max-loras": LORA,
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True, underscores=True),
-    launch_modes=("mp", "ray"), needs=_needs, kv_events=True,
+    launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
 ))

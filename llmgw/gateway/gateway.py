@@ -245,12 +245,18 @@ class Gateway:
                 continue
             data.append(_model_card(model, model, created, aliases))
             data.extend(_model_card(a, model, created, ()) for a in aliases)
+        data.extend(_model_card(adapter, base, created, (), parent=base)
+                    for adapter, base, created in self.table.routable_adapters()
+                    if self.scope.allows(call.key, adapter))
         return json_response({"object": "list", "data": data})
 
     def _model(self, name: str, call: Call) -> Response:
         for model, aliases, created in self.table.routable_models():
             if (name == model or name in aliases) and self.scope.allows(call.key, model):
                 return json_response(_model_card(name, model, created, aliases if name == model else ()))
+        for adapter, base, created in self.table.routable_adapters():
+            if name == adapter and self.scope.allows(call.key, adapter):
+                return json_response(_model_card(adapter, base, created, (), parent=base))
         return errors.model_not_found(name, self.scope.known(call.key))
 
     def _healthz(self) -> Response:
@@ -262,8 +268,11 @@ class Gateway:
         return json_response(body, status=200 if self.synced else 503)
 
 
-def _model_card(id_: str, root: str, created: int, aliases: Sequence[str]) -> dict[str, Any]:
-    card = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
+def _model_card(id_: str, root: str, created: int, aliases: Sequence[str], parent: str | None = None) -> dict[str, Any]:
+    """An OpenAI model card; a LoRA adapter's names its base as `parent`, as vLLM's does."""
+    card: dict[str, Any] = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
     if aliases:
         card["aliases"] = list(aliases)
+    if parent is not None:
+        card["parent"] = parent
     return card

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from llmgw.api import AnyObject, ApiKey, Model, Replica
+from llmgw.api import AnyObject, ApiKey, LoraAdapter, Model, Replica
 from llmgw.api.client import EventType
 from llmgw.api.manifests import load_path
 from llmgw.backoff import Backoff
@@ -17,7 +17,7 @@ from llmgw.reflector import Reflector, object_name
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[type[AnyObject], ...] = (Model, Replica)
+KINDS: tuple[type[AnyObject], ...] = (Model, Replica, LoraAdapter)
 
 
 class ServerSource:
@@ -88,10 +88,11 @@ class ServerSource:
 
 
 def load_static(path: str | Path, table: RoutingTable) -> int:
-    """Load Model and Replica manifests (with status) from a file or folder; returns objects loaded."""
+    """Load Model, Replica and Adapter manifests (with status) from a file or folder; returns objects loaded."""
     objs = [o for _, o in load_path(path)]
-    models = [o for o in objs if isinstance(o, Model)]
-    replicas = [o for o in objs if isinstance(o, Replica)]
-    table.replace("models", models)
-    table.replace("replicas", replicas)
-    return len(models) + len(replicas)
+    loaded = 0
+    for kind in KINDS:
+        these = [o for o in objs if type(o) is kind]
+        table.replace(kind.kind_plural, these)
+        loaded += len(these)
+    return loaded

@@ -1,8 +1,14 @@
 """The routing table: which names route to which replica endpoints.
 
-A pure structure, updated from `(type, obj)` events of Models and Replicas
+A pure structure, updated from `(type, obj)` events of Models, Replicas and Adapters
 (type ADDED / MODIFIED / DELETED, obj an `llmgw.api` object or its dict).
 It does no I/O, so the server's watch, a static file or a test can feed it.
+
+An Adapter (a LoRA adapter of a Model) is routed as a model of its own name, to
+the routable replicas of its base where its status says it is resident (the
+engine answers to the adapter's name there); a Model's names win over an
+adapter of the same name. Its wait queue, its demand and a key's scope are
+the adapter's name's; its routing policy is its base's.
 
 A replica is routable iff its phase is Ready, its endpoint is set and it has
 no deletionTimestamp: a replica marked for termination leaves the table on
@@ -20,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.api import Model, ObjectT, Replica, RoutingSpec
+from llmgw.api import LoraAdapter, Model, ObjectT, Replica, RoutingSpec
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,23 @@ class _ModelEntry:
     source: str | None = None  # the Model's spec.source: precise-prefix reads a tokenizer.json there
 
 
+@dataclass(frozen=True)
+class _AdapterEntry:
+    name: str
+    base: str
+    resident: tuple[str, ...]   # replicas where it is loaded (its status.resident)
+    created: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+KINDS: dict[str, type[Model] | type[Replica] | type[LoraAdapter]] = {
+    "models": Model, "replicas": Replica, "adapters": LoraAdapter}
+
+
 @dataclass
 class RoutingTable:
     models: dict[str, _ModelEntry] = field(default_factory=dict)
+    adapters: dict[str, _AdapterEntry] = field(default_factory=dict)
     backends: dict[str, Backend] = field(default_factory=dict)  # replica name -> Backend
     version: int = 0  # bumped on every change that affects routing
     on_change: Callable[[], None] | None = None  # after every such change (the gateway wakes its queues)
@@ -74,13 +94,16 @@ class RoutingTable:
             return self._apply_model(type_, _as(Model, obj))
         if kind == "replicas":
             return self._apply_replica(type_, _as(Replica, obj))
-        raise ValueError(f"the routing table takes models and replicas, not {kind!r}")
+        if kind == "adapters":
+            return self._apply_adapter(type_, _as(LoraAdapter, obj))
+        raise ValueError(f"the routing table takes models, replicas and adapters, not {kind!r}")
 
     def replace(self, kind: str, objs: list[Any]) -> bool:
         """Make `kind` exactly `objs` (a full list): what a relist gives."""
-        objs = [_as(Model if kind == "models" else Replica, o) for o in objs]
+        objs = [_as(KINDS[kind], o) for o in objs]
         present = {o.metadata.name for o in objs}
-        known = set(self.models) if kind == "models" else set(self._replica_names)
+        known = set(self.models) if kind == "models" else set(self.adapters) if kind == "adapters" else \
+            set(self._replica_names)
         changed = False
         for name in known - present:
             changed |= self._forget(kind, name)
@@ -119,9 +142,22 @@ class RoutingTable:
         self._reindex()
         return True
 
+    def _apply_adapter(self, type_: str, a: LoraAdapter) -> bool:
+        name = a.metadata.name
+        if type_ == "DELETED" or a.metadata.deletionTimestamp is not None:
+            return self._forget("adapters", name)
+        created = int(a.metadata.creationTimestamp.timestamp()) if a.metadata.creationTimestamp else 0
+        entry = _AdapterEntry(name, a.spec.baseModel, tuple(a.status.resident), created, a.metadata.labels)
+        if self.adapters.get(name) == entry:
+            return False
+        self.adapters[name] = entry
+        self._reindex()
+        return True
+
     def _forget(self, kind: str, name: str) -> bool:
-        if kind == "models":
-            if self.models.pop(name, None) is None:
+        if kind in ("models", "adapters"):
+            entries: dict[str, Any] = self.models if kind == "models" else self.adapters
+            if entries.pop(name, None) is None:
                 return False
             self._reindex()
             return True
@@ -155,6 +191,14 @@ class RoutingTable:
                 names[n] = m.name
         for m in self.models.values():  # a model's own name wins over another's alias
             names[m.name] = m.name
+        for a in self.adapters.values():    # a model's names win over an adapter's
+            if a.name in names:
+                continue
+            names[a.name] = a.name
+            here = [Backend(r, a.name, base.endpoint, (a.name,)) for r in sorted(a.resident)
+                    if (base := self.backends.get(r)) is not None and base.model == a.base]
+            if here:
+                by_model[a.name] = here
         self._by_model, self._names = by_model, names
         self.version += 1
         if self.on_change is not None:
@@ -167,13 +211,14 @@ class RoutingTable:
         return self._names.get(name)
 
     def routing(self, model: str) -> RoutingSpec:
-        """The model's spec.routing (the default for a model the table does not know)."""
-        entry = self.models.get(model)
+        """The model's spec.routing, an adapter's base's (the default for a model the table does not know)."""
+        adapter = self.adapters.get(model)
+        entry = self.models.get(adapter.base if adapter is not None and model not in self.models else model)
         return entry.routing if entry is not None else DEFAULT_ROUTING
 
     def labels(self, model: str) -> dict[str, str]:
-        """The Model's labels ({} for a model the table does not know)."""
-        entry = self.models.get(model)
+        """The Model's labels, or the Adapter's ({} for a name the table does not know)."""
+        entry = self.models.get(model) or self.adapters.get(model)
         return entry.labels if entry is not None else {}
 
     def backends_for(self, model: str) -> list[Backend]:
@@ -182,10 +227,15 @@ class RoutingTable:
     def known_names(self) -> list[str]:
         return sorted(self._names)
 
+    def routable_adapters(self) -> list[tuple[str, str, int]]:
+        """(adapter, its base model, created) for every adapter resident on a routable replica."""
+        return [(a.name, a.base, a.created) for name, a in sorted(self.adapters.items())
+                if name in self._by_model and self._names.get(name) == name]
+
     def routable_models(self) -> list[tuple[str, tuple[str, ...], int]]:
         """(model, aliases, created) for every model with at least one routable replica."""
         out = []
-        for model in sorted(self._by_model):
+        for model in sorted(m for m in self._by_model if m not in self.adapters or m in self.models):
             entry = self.models.get(model)
             if entry is not None:
                 out.append((model, entry.aliases, entry.created))

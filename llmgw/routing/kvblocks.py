@@ -71,9 +71,10 @@ class BlockHasher:
         self.block_size = block_size
         self.root = sha256_cbor(seed)
 
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        """The event keys (external hashes) of the prompt's whole blocks."""
-        return [external(h) for h in chain(self.root, token_ids, self.block_size)]
+    def keys(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None) -> list[int]:
+        """The event keys (external hashes) of the prompt's whole blocks (`extra`: vLLM's extra keys
+        of every block, a LoRA adapter's say)."""
+        return [external(h) for h in chain(self.root, token_ids, self.block_size, extra)]
 
     def agrees(self, token_ids: Sequence[int], keys: Sequence[int]) -> bool:
         """Whether a chain the engine stored from its root has the keys this hasher computes."""

@@ -4,7 +4,7 @@ Rules, by the certificate's organisation:
   admins           (O=llmgw:admins)      everything, and they alone revoke certificates and manage
                                          API keys (apikeys)
   controller-manager (O=llmgw:components) everything but revoking, engine logs and API keys
-  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys (and read
+  gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys, adapters (and read
                                          their usage, GET /usage/apikeys, as admins do); report its
                                          demand (POST /demand/<gateway>), which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node, ask the weights index for the Nodes
@@ -16,7 +16,8 @@ Rules, by the certificate's organisation:
                                          heartbeat as N, get/list/watch Shards bound to N
                                          (list and watch must say node=N), their status,
                                          events about N and its shards, and get the Models
-                                         and Replicas its shards reference; read the
+                                         and Replicas its shards reference; get/list/watch
+                                         Adapters (what its engines load); read the
                                          engine logs of its own shards (never another node's)
   user             (OU=llmgw:users)      what the Roles bound to its CN or its groups grant
                                          (llmgw/server/rbac.py), never more: a Role or a RoleBinding it
@@ -233,10 +234,11 @@ class Authorizer:
         if who.name == "controller-manager":
             return
         if who.name == "gateway":
-            if act.verb in READ and act.kind in ("models", "replicas", "nodes", "apikeys") or act.kind == "demand":
+            if act.verb in READ and act.kind in ("models", "replicas", "nodes", "apikeys", "adapters") \
+                    or act.kind == "demand":
                 return
-            raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas, nodes "
-                         f"and apikeys; it asked to {act}")
+            raise Denied("gateway-read", f"the gateway may only get, list and watch models, replicas, nodes, "
+                         f"apikeys and adapters; it asked to {act}")
         raise Denied("component", f"unknown component {who.name!r} (known: controller-manager, gateway)")
 
     async def _node(self, who: Identity, act: Action) -> None:
@@ -287,6 +289,8 @@ class Authorizer:
                 return
             raise Denied("node-shards", f"node {me} may only get, list, watch shards bound to it and write "
                          f"their status; it asked to {act}")
+        if act.kind == "adapters" and act.verb in READ:
+            return      # the adapters placed on its engines: the agent loads them (llmgw/agent/adapters.py)
         if act.kind in ("models", "replicas"):
             if act.verb == "get":
                 models, replicas = await self._referenced(me)

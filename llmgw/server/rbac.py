@@ -48,7 +48,7 @@ def _builtin(name: str, rules: list[PolicyRule]) -> Role:
 _VIEW = [_rule(READ_VERBS, [*KINDS, EVENTS])]
 _OPERATE = [*_VIEW, _rule(["cordon", "drain"], ["nodes"]), _rule(["scale"], ["models"]),
             _rule(["logs"], ["shards", "replicas"]), _rule(["reconcile"], ["gitsources"])]
-_EDIT = [*_OPERATE, _rule(["create", "update", "patch", "delete"], ["models", "gitsources"])]
+_EDIT = [*_OPERATE, _rule(["create", "update", "patch", "delete"], ["models", "gitsources", "adapters"])]
 BUILTIN_ROLES: dict[str, Role] = {r.name: r for r in (
     _builtin("view", _VIEW), _builtin("operate", _OPERATE), _builtin("edit", _EDIT),
     _builtin("admin", [_rule([ANY], [ANY])]))}

@@ -2,7 +2,10 @@
 
 /health answers 503 while loading or draining, 200 when ready. /metrics uses
 vLLM's metric names (vllm:num_requests_running, vllm:generation_tokens_total,
-...) so whatever reads a vLLM replica's load reads a sim replica's too.
+...) so whatever reads a vLLM replica's load reads a sim replica's too. With
+--enable-lora it serves vLLM's runtime LoRA API (/v1/load_lora_adapter,
+/v1/unload_lora_adapter: vLLM's request fields, plain-text successes and error
+bodies), and a loaded adapter's name is a model it answers to.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -60,6 +64,21 @@ class _BadRequest(Exception):
         self.response = response
 
 
+def _say(line: str) -> None:
+    """A line of the engine's log (stderr), as vLLM logs its adapters' loads and unloads."""
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError as e:
+        raise _BadRequest(error(400, f"the request body is not JSON: {e}", "BadRequestError")) from None
+    if not isinstance(body, dict):
+        raise _BadRequest(error(400, "the request body must be a JSON object", "BadRequestError"))
+    return body
+
+
 class SimApi:
     def __init__(self, cfg: SimConfig, crash: Callable[[str], None]):
         self.cfg = cfg
@@ -84,6 +103,10 @@ class SimApi:
         self.succeeded = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.loras: dict[str, str] = {}          # loaded LoRA adapter -> its lora_path
+        self.lora_ids: dict[str, int] = {}       # loaded LoRA adapter -> its load's id, vLLM's lora_int_id
+        self._lora_loads = itertools.count(1)
+        self._loading: set[str] = set()          # adapters whose load is under way
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()
         self._runner: web.AppRunner | None = None
@@ -98,6 +121,9 @@ class SimApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.cfg.enable_lora:
+            app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+            app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         app.on_response_prepare.append(_join_trace)
         return app
 
@@ -140,14 +166,9 @@ class SimApi:
         return f"{prefix}-{self._id_prefix}{next(self._ids)}"
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.read())
-        except ValueError as e:
-            raise _BadRequest(error(400, f"the request body is not JSON: {e}", "BadRequestError")) from None
-        if not isinstance(body, dict):
-            raise _BadRequest(error(400, "the request body must be a JSON object", "BadRequestError"))
+        body = await _json_object(request)
         model = body.get("model")
-        if model not in self.names:
+        if model not in self.names and model not in self.loras:
             raise _BadRequest(error(404, f"The model `{model}` does not exist; this server serves "
                                          f"{', '.join(self.cfg.served_model_names)}", "NotFoundError"))
         return body
@@ -184,6 +205,8 @@ class SimApi:
         created = int(time.time())
         data = [{"id": name, "object": "model", "created": created, "owned_by": "llmgw-sim",
                  "root": self.cfg.model, "parent": None} for name in self.cfg.served_model_names]
+        data += [{"id": name, "object": "model", "created": created, "owned_by": "llmgw-sim", "root": path,
+                  "parent": self.cfg.model} for name, path in self.loras.items()]
         return web.Response(body=json.dumps({"object": "list", "data": data}).encode(), content_type=JSON)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -215,6 +238,50 @@ class SimApi:
         self.cache.reset()
         return web.Response(text="OK")
 
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/load_lora_adapter: 200 and a plain-text success; 400 InvalidUserInput
+        without both fields or for a name loaded already; 404 NotFoundError for a path with no
+        adapter. --lora-load-seconds pass before it is answered (and usable)."""
+        try:
+            body = await _json_object(request)
+        except _BadRequest as bad:
+            return bad.response
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path or not isinstance(name, str) or not isinstance(path, str):
+            return error(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+        if name in self.loras or name in self._loading:
+            return error(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+        if len(self.loras) + len(self._loading) >= self.cfg.max_loras:
+            return error(400, f"Loading lora {name} failed: all {self.cfg.max_loras} LoRA slots are in use "
+                              f"(--max-loras): unload one first", "BadRequestError")
+        self._loading.add(name)
+        try:
+            await asyncio.sleep(self.cfg.lora_load_seconds)
+            if not await asyncio.to_thread(os.path.exists, path):
+                return error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+            self.loras[name] = path
+            self.lora_ids[name] = next(self._lora_loads)
+        finally:
+            self._loading.discard(name)
+        _say(f"Loaded new LoRA adapter: name '{name}', path '{path}'")
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/unload_lora_adapter: 200 and a plain-text success; 400 without a name;
+        404 NotFoundError for one not loaded."""
+        try:
+            body = await _json_object(request)
+        except _BadRequest as bad:
+            return bad.response
+        name = body.get("lora_name")
+        if not name and not body.get("lora_int_id"):
+            return error(400, "either 'lora_name' and 'lora_int_id' needs to be provided.", "InvalidUserInput")
+        if not isinstance(name, str) or self.loras.pop(name, None) is None:
+            return error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.lora_ids[name]
+        _say(f"Removed LoRA adapter: name '{name}'")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
@@ -240,9 +307,10 @@ class SimApi:
             return bad.response
         prompt = request_token_ids(body, self.tokenizer)  # as the gateway's precise-prefix reads it
         self._admit()
-        seq = Seq(prompt, n)
+        lora_id = self.lora_ids.get(body["model"])
+        seq = Seq(prompt, n, None if lora_id is None else (body["model"], lora_id))
         if self.scheduler is None:
-            seq.cached = self.cache.admit(prompt)
+            seq.cached = self.cache.admit(prompt, seq.lora)
         held = len(prompt) + n
         self.running += 1
         self.held_tokens += held

@@ -32,6 +32,9 @@ class SimConfig:
     block_size: int = 16
     kv_cache_tokens: int = 262144
     model_path: str | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    lora_load_seconds: float = 0.0
     kv_events: KVEventsConfig = KVEventsConfig()
 
     @property
@@ -113,6 +116,17 @@ def parser() -> argparse.ArgumentParser:
                             "JSON: enable_kv_cache_events, publisher, endpoint, replay_endpoint, "
                             "buffer_steps, hwm, max_queue_size, topic); block hashes are seeded with "
                             "PYTHONHASHSEED as vLLM's sha256_cbor (default: no events)")
+    lora = p.add_argument_group(
+        "LoRA", "vLLM's runtime LoRA API: POST /v1/load_lora_adapter {lora_name, lora_path} and "
+        "/v1/unload_lora_adapter {lora_name}, with vLLM's answers and errors; a loaded adapter is listed "
+        "by /v1/models (parent: the model) and answers requests under its name. The sim reads no "
+        "adapter weights, but refuses a lora_path that is not there, as vLLM does, and a load past "
+        "--max-loras, which vLLM would take into its CPU cache")
+    lora.add_argument("--enable-lora", action="store_true", help="serve the runtime LoRA API (default: off)")
+    lora.add_argument("--max-loras", type=_positive, default=1, metavar="N",
+                      help="LoRA adapters loaded at once (default: 1)")
+    lora.add_argument("--lora-load-seconds", type=_nonnegative(float), default=0.0, metavar="SECONDS",
+                      help="how long a load takes before it is answered (default: 0)")
     return p
 
 
@@ -164,5 +178,6 @@ def parse(argv: list[str]) -> SimConfig:
         drain_grace=a.drain_grace, fail_after=a.fail_after, crash_on_request=a.crash_on_request,
         prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_token=a.decode_ms_per_token,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_cache_tokens=a.kv_cache_tokens,
-        model_path=a.model, kv_events=kv_events,
+        model_path=a.model, kv_events=kv_events, enable_lora=a.enable_lora, max_loras=a.max_loras,
+        lora_load_seconds=a.lora_load_seconds,
     )

@@ -5,7 +5,10 @@ vLLM's chained hash of block i-1's and block i's tokens (llmgw.routing.kvblocks,
 seeded with PYTHONHASHSEED as vLLM is, else with vLLM's default seed), so a key
 names the whole prefix up to the end of its block (a partial last block is
 never cached, as in vLLM). A prompt hits on the longest run of its leading
-blocks that are cached. A prompt's blocks are touched tail first, so the tail of
+blocks that are cached. A request under a LoRA adapter hashes its blocks with
+the adapter as vLLM's extra key, here its name and that load's id: it never hits
+the base's blocks, another adapter's, or those of the same adapter's earlier
+load (other weights, maybe). A prompt's blocks are touched tail first, so the tail of
 a chain is evicted before its head, as vLLM's free queue does.
 
 Every change is told to `on_events` as vLLM's KV events (llmgw.kvevents.wire),
@@ -41,9 +44,10 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, ids: Sequence[int]) -> int:
-        """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached."""
-        keys = self.hasher.keys(ids)
+    def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None) -> int:
+        """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached.
+        `lora`: the adapter it runs under (its name and load id), an extra key of every block."""
+        keys = self.hasher.keys(ids, lora)
         blocks = self._blocks
         hit = 0
         for key in keys:

@@ -1,6 +1,17 @@
 """The typed status patches (llmgw.api.patches) stay in step with the status models they patch."""
-from llmgw.api import Condition, DrainStatus, GitSourceStatus, ModelStatus, NodeStatus, ReplicaStatus
+from llmgw.api import (
+    AdapterPending,
+    Condition,
+    DrainStatus,
+    GitSourceStatus,
+    LoraAdapterStatus,
+    ModelStatus,
+    NodeStatus,
+    ReplicaStatus,
+)
 from llmgw.api.patches import (
+    AdapterPendingPatch,
+    AdapterStatusPatch,
     ConditionPatch,
     DrainStatusPatch,
     GitSourceStatusPatch,
@@ -11,7 +22,8 @@ from llmgw.api.patches import (
 
 PATCHES = [(NodeStatusPatch, NodeStatus), (ModelStatusPatch, ModelStatus), (ReplicaStatusPatch, ReplicaStatus),
            (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus),
-           (GitSourceStatusPatch, GitSourceStatus)]
+           (GitSourceStatusPatch, GitSourceStatus), (AdapterStatusPatch, LoraAdapterStatus),
+           (AdapterPendingPatch, AdapterPending)]
 
 
 def test_a_patch_names_only_fields_of_its_status():

@@ -81,8 +81,8 @@ REST = [
      "forbidden by rule node-shard-refs: node corpus-node may only get the models and replicas of its shards; "
      "it asked to create models"),
     ("deep.json", "POST", "/models", "gateway", 403, "Forbidden",
-     "forbidden by rule gateway-read: the gateway may only get, list and watch models, replicas, nodes and apikeys; "
-     "it asked to create models"),
+     "forbidden by rule gateway-read: the gateway may only get, list and watch models, replicas, nodes, apikeys "
+     "and adapters; it asked to create models"),
     ("replicas-huge.json", "POST", "/models", "node", 403, "Forbidden",
      "forbidden by rule node-shard-refs: node corpus-node may only get the models and replicas of its shards; "
      "it asked to create models"),

@@ -59,7 +59,7 @@ def test_commands_and_kinds(config):
     assert offered(config, "llmgw ge", 1) == ["get"]
     assert {"config", "completion", "cordon"} <= set(offered(config, "llmgw c", 1))
     assert offered(config, "llmgw get ", 2) == ["nodes", "models", "replicas", "shards", "apikeys", "gitsources",
-                                               "roles", "rolebindings"]
+                                               "roles", "rolebindings", "adapters"]
     assert offered(config, "llmgw describe re", 2) == ["replicas"]
     assert offered(config, "llmgw get models --o", 3) == ["--output"]
 

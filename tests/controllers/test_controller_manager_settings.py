@@ -126,7 +126,7 @@ def test_each_controller_gets_the_settings_it_reads():
     settings = ControllerSettings(node_grace=1.5, scheduler_retry=9)
     built = cli.controllers(settings)
     assert {c.name for c in built} == {"model", "replica", "scheduler", "nodelifecycle", "drain", "gc",
-                                         "autoscaler", "gitops"}
+                                         "autoscaler", "gitops", "adapter"}
     assert all(c.settings is settings for c in built if hasattr(c, "settings"))
     assert [c.name for c in built if not hasattr(c, "settings")] == ["model", "gc"]     # they read none
 

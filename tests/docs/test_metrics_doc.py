@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controllers.fleet import FleetCollector
 from controllers.scheduler import SchedulerCollector, SchedulerController
+from llmgw.agent.adapters import AdapterCounts
 from llmgw.agent.metrics import AgentMetrics, NodeFacts, Pull
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.kvindexes import KVIndexes
@@ -24,6 +25,7 @@ from llmgw.runtime.metrics import ManagerMetrics
 from llmgw.server.audit import AuditLog, WebhookBackend
 from llmgw.server.metrics import ServerMetrics
 from tests.fixtures.ctrlkit import node, replica, shard
+from tests.fixtures.gateway import lora
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 NAME = re.compile(r"^\| `(llmgw_[a-z_]+)` \|", re.M)
@@ -77,7 +79,8 @@ def test_the_controller_managers_series_are_documented():
     scheduler.unschedulable["r2"] = "insufficient GPUs"
     m.registry.register(SchedulerCollector(scheduler, lambda: True))
     cache = Cache()
-    for obj in (node("n1", fabric="ib-a"), replica("r1", "m"), shard("r1-0", replica("r1", "m"), "n1")):
+    for obj in (node("n1", fabric="ib-a"), replica("r1", "m"), shard("r1-0", replica("r1", "m"), "n1"),
+                lora("a1", "m", ("r1",))):
         cache.apply(obj.kind_plural, "ADDED", obj, 1)
     m.registry.register(FleetCollector(lambda: cache))
     m.registry.register(EXPIRY)
@@ -96,8 +99,12 @@ def test_the_servers_series_are_documented():
 async def test_the_agents_series_are_documented():
     facts = NodeFacts([Pull("m", "m-1", 10, 100)], cache_capacity=1000, cache_free=900, failures={"m": 1},
                       fetched={"peer": 3, "origin": 1})
-    m = AgentMetrics(lambda: ["Ready"], lambda: [], lambda: facts)
+    counts = AdapterCounts()
+    m = AgentMetrics(lambda: ["Ready"], lambda: [], lambda: facts, [counts])
     m.scrape_errors.labels("m", "m-0").inc()
+    counts.loads.labels("m", "loaded").inc()
+    counts.unloads.labels("m").inc()
+    counts.load_seconds.labels("m").observe(0.5)
     m.registry.register(EXPIRY)
     async with aiohttp.ClientSession() as session:
         assert exported(await m.exposition(session)) == documented("Agent")

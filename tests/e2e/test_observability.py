@@ -49,6 +49,9 @@ WITH_API_KEYS = {"llmgw_gateway_key_requests_total", "llmgw_gateway_key_input_to
                  "llmgw_gateway_key_limit_gateways"}
 # Exported by a server with an audit log or webhook only (tests/server/test_server_audit.py reads it).
 WITH_AUDIT = {"llmgw_server_audit_dropped_lines_total"}
+# Sampled once LoRA adapters are in use; this cluster serves none (tests/e2e/test_adapters_e2e.py reads them).
+WITH_ADAPTERS = {"llmgw_fleet_adapters_resident", "llmgw_agent_adapter_loads_total",
+                 "llmgw_agent_adapter_unloads_total", "llmgw_agent_adapter_load_seconds"}
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 TARGET_LABELS = {"instance", "job"}   # added by Prometheus to every series it scrapes
 
@@ -150,7 +153,8 @@ async def _load_and_scrape(cluster: LocalCluster) -> Scrape:
                     timeout=60)
 
     def missing(got: Scrape) -> list[str]:
-        return [name for job, name, type_, _ in documented() if name not in EVENTS_ONLY | WITH_API_KEYS | WITH_AUDIT
+        return [name for job, name, type_, _ in documented()
+                if name not in EVENTS_ONLY | WITH_API_KEYS | WITH_AUDIT | WITH_ADAPTERS
                 and not got.get(job, {}).get(family_name(name, type_), Family("")).labels]
     last: list[Scrape] = []
 

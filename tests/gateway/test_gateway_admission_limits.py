@@ -6,6 +6,8 @@ from llmgw.api import ApiKey
 from llmgw.api.secrets import hash_secret
 from llmgw.gateway.admission import Admission, Ticket, duration
 from llmgw.gateway.response import Response
+from llmgw.gateway.table import RoutingTable
+from tests.fixtures.gateway import lora, model
 
 _HASH = hash_secret("llmgw_k_" + "0" * 48, n=2)
 
@@ -66,6 +68,21 @@ def test_scope_by_names_aliases_and_labels():
     assert admission.allows(by_alias, "llama") and not admission.allows(by_alias, "gold")
     assert admission.allows(by_label, "gold") and not admission.allows(by_label, "llama")
     assert admission.allows(key(), "anything")
+
+
+def test_an_adapters_scope_is_its_own_name_or_labels():
+    t = RoutingTable()
+    t.apply("models", "ADDED", model("llama"))
+    t.apply("adapters", "ADDED", lora("sql", "llama", labels={"team": "data"}))
+    t.apply("adapters", "ADDED", lora("chat", "llama"))
+    admission = Admission(t.labels, t.resolve)
+
+    def scoped(**spec) -> ApiKey:
+        return ApiKey.model_validate({"metadata": {"name": "k"}, "spec": {"owner": "o", "secretHash": _HASH, **spec}})
+    assert admission.allows(scoped(models=["sql"]), "sql") and not admission.allows(scoped(models=["sql"]), "chat")
+    assert not admission.allows(scoped(models=["llama"]), "sql"), "the base's scope is not its adapters'"
+    assert admission.allows(scoped(modelSelector={"team": "data"}), "sql")
+    assert not admission.allows(scoped(modelSelector={"team": "data"}), "chat")
 
 
 def test_reset_durations_read_as_openai_writes_them():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from llmgw.api import RoutingSpec
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.table import RoutingTable
-from tests.fixtures.gateway import model, replica
+from tests.fixtures.gateway import lora, model, replica
 
 
 def table_with(*events) -> RoutingTable:
@@ -105,3 +105,33 @@ def test_least_outstanding_wins_and_ties_go_round_robin():
     for x in (a, b, b, c):
         bal.release(x)
     assert bal.inflight == {} and bal.model_of == {}
+
+
+def test_an_adapter_routes_to_the_replicas_of_its_base_where_it_is_resident():
+    base = model("llama").model_copy(deep=True)
+    base.spec.routing = RoutingSpec(policy="prefix-hash")
+    t = table_with(("models", "ADDED", base),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")),
+                   ("replicas", "ADDED", replica("b", "llama", "h:2")),
+                   ("replicas", "ADDED", replica("c", "other", "h:3")),
+                   ("adapters", "ADDED", lora("sql", "llama")))
+    assert t.resolve("sql") == "sql" and t.backends_for("sql") == [], "known, resident nowhere: it waits"
+    assert t.routing("sql") is base.spec.routing
+    assert t.apply("adapters", "MODIFIED", lora("sql", "llama", ("b", "c", "gone")))
+    [b] = t.backends_for("sql")       # c is another model's replica, gone is no replica
+    assert (b.replica, b.endpoint, b.upstream_name("sql")) == ("b", "h:2", None), "the body goes as it is"
+    assert t.routable_adapters()[0][:2] == ("sql", "llama")
+    assert [m for m, _, _ in t.routable_models()] == ["llama", "other"]
+    assert t.apply("replicas", "MODIFIED", replica("b", "llama", "h:2", phase="Starting"))
+    assert t.backends_for("sql") == [] and t.routable_adapters() == []
+    assert t.apply("adapters", "DELETED", lora("sql", "llama"))
+    assert t.resolve("sql") is None
+
+
+def test_a_models_name_wins_over_an_adapters():
+    t = table_with(("models", "ADDED", model("llama", aliases=("sql",))),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")),
+                   ("adapters", "ADDED", lora("sql", "llama", ("a",))))
+    assert t.resolve("sql") == "llama" and t.routable_adapters() == []
+    assert t.replace("adapters", []) is True and t.adapters == {}
+

@@ -215,7 +215,7 @@ NOT_A_LABEL = "is not a DNS-1123 label"
     ("GET", "/events?kind=models&name=../spec", f"name: '../spec' {NOT_A_LABEL}"),
     ("GET", "/events?kind=pods&name=x",
      "kind: unknown kind 'pods' (known: nodes, models, replicas, shards, apikeys, gitsources, roles, "
-     "rolebindings)"),
+     "rolebindings, adapters)"),
 ], ids=["slash", "shard-slash", "upper", "dotdot-status", "heartbeat", "events-name", "events-kind"])
 def test_a_name_in_the_url_that_is_not_a_name_is_a_400(shared_api_server, method, path, problem):
     """Every object's name is a DNS-1123 label; the URL's names are read before anything else
@@ -253,7 +253,7 @@ async def test_only_a_status_patch_takes_a_merge_patch(shared_api_server):
     ("name", "ev-about/x", f"name: 'ev-about/x' {NOT_A_LABEL}"),
     ("node", "../spec", f"node: '../spec' {NOT_A_LABEL}"),
     ("kind", "pods", "kind: unknown kind 'pods' (known: nodes, models, replicas, shards, apikeys, gitsources, roles, "
-     "rolebindings)"),
+     "rolebindings, adapters)"),
     ("reason", {"a": 1}, "reason: must be a string"),
 ])
 def test_an_event_is_about_an_object_by_its_kind_and_name(shared_api_server, field, value, problem):

@@ -36,6 +36,7 @@ def doc(kind: str, name: str, labels: dict[str, str] | None = None):
         "gitsources": {"url": "https://git.example/repo.git", "ref": {"branch": "main"}},
         "roles": {"rules": [{"verbs": ["get"], "kinds": ["models"]}]},
         "rolebindings": {"roleRef": {"name": "view"}, "subjects": [{"kind": "User", "name": "nobody"}]},
+        "adapters": {"baseModel": "m-other", "source": "/srv/adapters/a1"},
     }
     return parse_object({"apiVersion": V1, "kind": KINDS[kind].model_fields["kind"].default,
                          "metadata": {"name": name, "labels": labels or {}}, "spec": specs[kind]})
@@ -43,7 +44,8 @@ def doc(kind: str, name: str, labels: dict[str, str] | None = None):
 
 # the object of each kind a cell reads, changes or deletes (models: the team's and another)
 TARGET = {"nodes": "n1", "models": "m-other", "replicas": "r1", "shards": "s1", "apikeys": "k1",
-          "gitsources": "g1", "roles": "team-models", "rolebindings": "b-view"}
+          "gitsources": "g1", "roles": "team-models", "rolebindings": "b-view",
+          "adapters": "a1"}
 TEAM = {"team": "search"}
 ROLES = [("team-models", [{"verbs": ["get", "create", "update", "delete", "scale"], "kinds": ["models"],
                            "labelSelector": "team=search"},
@@ -61,7 +63,7 @@ def cluster(shared_api_server):
 
     async def setup():
         async with srv.client() as c:
-            for kind in ("nodes", "models", "replicas", "shards", "apikeys", "gitsources"):
+            for kind in ("nodes", "models", "replicas", "shards", "apikeys", "gitsources", "adapters"):
                 if kind != "models":
                     await c.create(doc(kind, TARGET[kind]))
             await c.create(doc("models", "m-other"))

@@ -4,6 +4,7 @@ in llmgw.printers.kinds.printer: a new kind's table is a module beside them, imp
 from __future__ import annotations
 
 from llmgw.printers.kinds import (  # noqa: F401 - they register
+    adapter,
     apikey,
     gitsource,
     model,

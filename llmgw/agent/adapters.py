@@ -1,0 +1,225 @@
+"""LoRA adapters on this node's engines (docs/contracts.md, "Adapters").
+
+The agent watches the Adapters (`AdapterBook`); an Adapter's status.placement, written by the
+adapter controller (controllers/adapter.py), names the replicas asked to hold it. For each serving
+shard of a Model with spec.adapters (rank 0), `EngineAdapters.sync` makes its engine hold exactly
+the adapters placed on its replica, through vLLM's runtime API (the sim serves the same):
+
+- what the engine holds is read from the engine itself (GET /v1/models: the cards with a
+  parent), never remembered, so an engine that restarted is seen empty and is loaded again;
+- an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
+  loaded) or from its path; a loaded adapter whose weights changed (another digest: another
+  path) is unloaded and loaded again;
+- adapters no longer placed here are unloaded first, freeing their slots, after UNLOAD_GRACE;
+- pulls, then loads, of one sync go at once.
+
+The runner syncs before its shard first reports Ready, so a Ready shard's status.adapters
+already lists what it was asked to hold, and again whenever the Adapters change or a probe
+interval passes; status.adapters is what the engine listed after the sync, and the loads that
+failed with why.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import aiohttp
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics_core import Metric
+
+from llmgw.api import LoraAdapter, Shard, ShardAdapter
+from llmgw.api.sources import parse_source
+from llmgw.weights.errors import PullError
+from llmgw.weights.puller import Puller
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
+# Seconds an adapter stays loaded once it is no longer placed here (evicted, moved, deleted) or
+# its weights changed: its Adapter's status has left this replica out of `resident` by then, and
+# the gateways' watches see that before its engine drops it, as a replica's drain delay lets them
+# see its deletion; a request routed here meanwhile is still answered.
+UNLOAD_GRACE = 1.0
+
+
+class AdapterBook:
+    """The cluster's Adapters as this agent's watch last saw them; `on_change` after each change."""
+
+    def __init__(self) -> None:
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.on_change: Callable[[], None] | None = None
+
+    def apply(self, type_: str, obj: LoraAdapter) -> None:
+        if type_ == "DELETED":
+            self.adapters.pop(obj.name, None)
+        else:
+            self.adapters[obj.name] = obj
+        if self.on_change is not None:
+            self.on_change()
+
+    def placed_on(self, shard: Shard) -> list[LoraAdapter]:
+        """The adapters of the shard's model placed on its replica, by name."""
+        spec = shard.spec
+        return sorted((a for a in self.adapters.values()
+                       if a.spec.baseModel == spec.model and spec.replica in a.status.placement
+                       and a.metadata.deletionTimestamp is None), key=lambda a: a.name)
+
+
+class AdapterCounts:
+    """The agent's series of its engines' adapters (docs/metrics.md), collected by its /metrics."""
+
+    def __init__(self) -> None:
+        self.loads = Counter("llmgw_agent_adapter_loads", "LoRA adapter loads into this node's engines, by base "
+                             "model and result (loaded, failed)", ["model", "result"], registry=None)
+        self.unloads = Counter("llmgw_agent_adapter_unloads", "LoRA adapters unloaded from this node's engines "
+                               "(no longer placed there: evicted, moved, deleted, or reloaded with new weights)",
+                               ["model"], registry=None)
+        self.load_seconds = Histogram("llmgw_agent_adapter_load_seconds", "Time an engine took to load a LoRA "
+                                      "adapter (its weights already on the node)", ["model"],
+                                      registry=None, buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in (self.loads, self.unloads, self.load_seconds):
+            yield from metric.collect()
+
+
+class EngineError(Exception):
+    """The engine refused or failed a request: its answer's message."""
+
+
+class EngineAdapters:
+    """One serving engine's adapters, loaded and unloaded through its runtime LoRA API."""
+
+    def __init__(self, base_url: str, session: Callable[[], Awaitable[aiohttp.ClientSession]],
+                 puller: Puller | None, model: str, counts: AdapterCounts) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._session = session
+        self.puller = puller
+        self.model, self.counts = model, counts
+        self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
+
+    async def sync(self, placed: Callable[[], list[LoraAdapter]],
+                   leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
+        """Load what is placed here and missing, unload what is held and not placed; what the
+        engine holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then
+        loads, go at once, not one after another: an engine restarted with eight adapters gets them
+        in one load's time. What goes is first reported gone (`leaving(what stays)`, so that no
+        status names it once it is unloaded), then waits UNLOAD_GRACE, and what is placed is read
+        again after it: an adapter placed here again meanwhile stays."""
+        held = await self._listed()
+        wanted = placed()
+        paths, failed = await self._locate(wanted)
+        going = _going(held, paths, failed)
+        if going:
+            digests = {a.name: a.spec.digest for a in wanted}
+            leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
+                     if n not in going])
+            await asyncio.sleep(UNLOAD_GRACE)
+            held = await self._listed()
+            wanted = placed()
+            paths, failed = await self._locate(wanted)
+        for name in _going(held, paths, failed):
+            await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            self.counts.unloads.labels(self.model).inc()
+            self._unpin(name)
+            del held[name]
+
+        async def load(a: LoraAdapter, where: str) -> None:
+            started = time.monotonic()
+            try:
+                await self._post("/v1/load_lora_adapter", {"lora_name": a.name, "lora_path": where})
+            except EngineError as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
+                self.counts.loads.labels(self.model, "failed").inc()
+                self._unpin(a.name)
+                return
+            self.counts.loads.labels(self.model, "loaded").inc()
+            self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
+            log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
+        await asyncio.gather(*(load(a, paths[a.name]) for a in wanted if a.name in paths and a.name not in held))
+        held = await self._listed()
+        digests = {a.name: a.spec.digest for a in wanted}
+        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
+        return loaded + [failed[n] for n in sorted(failed)]
+
+    async def _locate(self, wanted: list[LoraAdapter]) -> tuple[dict[str, str], dict[str, ShardAdapter]]:
+        """Each wanted adapter's weights on this node (its path), or why they are not."""
+        paths: dict[str, str] = {}
+        failed: dict[str, ShardAdapter] = {}
+
+        async def locate(a: LoraAdapter) -> None:
+            try:
+                paths[a.name] = await self._weights(a)
+            except (PullError, EngineError) as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed",
+                                              message=f"pull {a.spec.source}: {err}")
+        await asyncio.gather(*(locate(a) for a in wanted))
+        return paths, failed
+
+    async def _weights(self, a: LoraAdapter) -> str:
+        """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned)."""
+        source = parse_source(a.spec.source)
+        if source is None:
+            return a.spec.source
+        if self.puller is None:
+            raise EngineError("this agent has no weights cache")
+        pulled = await self.puller.pull(source, a.spec.digest).task
+        if self._pinned.get(a.name) != pulled.digest:
+            self._unpin(a.name)
+            self.puller.cache.pin(pulled.digest)
+            self._pinned[a.name] = pulled.digest
+        return str(pulled.path)
+
+    def _unpin(self, name: str) -> None:
+        digest = self._pinned.pop(name, None)
+        if digest is not None and self.puller is not None:
+            self.puller.cache.unpin(digest)
+
+    def release(self) -> None:
+        """The engine is gone: its adapters' weights are no longer read."""
+        for name in list(self._pinned):
+            self._unpin(name)
+
+    async def _listed(self) -> dict[str, str]:
+        """The adapters the engine lists (GET /v1/models: the cards with a parent) -> their path."""
+        session = await self._session()
+        try:
+            async with session.get(f"{self.base_url}/v1/models") as resp:
+                if resp.status != 200:
+                    raise EngineError(f"GET /v1/models: {resp.status} {await resp.text()}")
+                body = await resp.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+            raise EngineError(f"GET /v1/models: {err}") from None
+        return {str(card["id"]): str(card.get("root") or "") for card in body.get("data", [])
+                if isinstance(card, dict) and card.get("parent")}
+
+    async def _post(self, path: str, body: dict[str, str]) -> None:
+        session = await self._session()
+        try:
+            async with session.post(f"{self.base_url}{path}", json=body,
+                                    timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT)) as resp:
+                if resp.status != 200:
+                    raise EngineError(_message(await resp.text()) or f"{path}: HTTP {resp.status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise EngineError(f"{path}: {err}") from None
+
+
+def _going(held: dict[str, str], paths: dict[str, str], failed: dict[str, ShardAdapter]) -> list[str]:
+    """The held adapters not wanted here, or wanted from other weights now."""
+    return [name for name, path in sorted(held.items()) if paths.get(name) != path and name not in failed]
+
+
+def _message(text: str) -> str:
+    """An engine's error body's message (vLLM's {"error": {"message": ...}} or its older flat one)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return text.strip()

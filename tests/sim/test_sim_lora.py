@@ -1,0 +1,116 @@
+"""The sim's runtime LoRA API, as vLLM's: load, unload, its errors, requests under an adapter's name,
+/v1/models listing loaded adapters with their parent; and the renderers' flags for it."""
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from llmgw.api import AdapterSlots, Model, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.dev.process import free_port
+from llmgw.engines import NodeFacts, render
+from tests.sim.test_sim import HOST, get, ready, sims  # noqa: F401 - sims is a fixture
+
+
+def post(port: int, path: str, body: dict) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{HOST}:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def message(text: str) -> tuple[str, str]:
+    err = json.loads(text)["error"]
+    return err["type"], err["message"]
+
+
+def models(port: int) -> dict[str, str | None]:
+    status, body = get(f"http://{HOST}:{port}/v1/models")
+    assert status == 200
+    return {m["id"]: m["parent"] for m in json.loads(body)["data"]}
+
+
+def test_load_unload_and_requests_under_the_adapters_name(sims, tmp_path):
+    port = free_port()
+    sims("--host", HOST, "--port", str(port), "--served-model-name", "base", "--enable-lora", "--max-loras", "2",
+         "--lora-load-seconds", "0.2")
+    ready(port)
+    sql, chat = tmp_path / "sql", tmp_path / "chat"
+    sql.mkdir()
+    chat.mkdir()
+    completion = {"model": "sql", "prompt": "select", "max_tokens": 2}
+
+    status, text = post(port, "/v1/completions", completion)
+    assert (status, message(text)[0]) == (404, "NotFoundError"), "an adapter not loaded is no model"
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(sql)}) == (
+        200, "Success: LoRA adapter 'sql' added successfully.")
+    assert models(port) == {"base": None, "sql": "base"}
+    status, text = post(port, "/v1/completions", completion)
+    assert status == 200 and json.loads(text)["model"] == "sql"
+
+    status, text = post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(sql)})
+    assert (status, message(text)) == (400, ("InvalidUserInput", "The lora adapter 'sql' has already been loaded."))
+    status, text = post(port, "/v1/load_lora_adapter", {"lora_name": "sql"})
+    assert (status, message(text)) == (400, ("InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided."))
+    status, text = post(port, "/v1/load_lora_adapter", {"lora_name": "gone", "lora_path": str(tmp_path / "no")})
+    assert (status, message(text)[0]) == (404, "NotFoundError") and "No adapter found" in message(text)[1]
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": str(chat)})[0] == 200
+    status, text = post(port, "/v1/load_lora_adapter", {"lora_name": "third", "lora_path": str(chat)})
+    assert status == 400 and "--max-loras" in message(text)[1], "a third adapter past 2 slots"
+
+    prompt = {"prompt": " ".join(["word"] * 64), "max_tokens": 1}
+    cached = [json.loads(post(port, "/v1/completions", {**prompt, "model": m})[1])["usage"]["prompt_tokens_details"]
+              ["cached_tokens"] for m in ("sql", "sql", "chat", "base")]
+    assert cached[0] == 0 and cached[1] > 0, "an adapter's prompt hits its own cached blocks"
+    assert cached[2:] == [0, 0], "never another adapter's, nor the base's"
+
+    assert post(port, "/v1/unload_lora_adapter", {"lora_name": "sql"}) == (
+        200, "Success: LoRA adapter 'sql' removed successfully.")
+    status, text = post(port, "/v1/unload_lora_adapter", {"lora_name": "sql"})
+    assert (status, message(text)) == (404, ("NotFoundError", "The lora adapter 'sql' cannot be found."))
+    assert models(port) == {"base": None, "chat": "base"}
+    assert post(port, "/v1/completions", completion)[0] == 404
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(sql)})[0] == 200
+    status, text = post(port, "/v1/completions", {**prompt, "model": "sql"})
+    assert json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, \
+        "a load again (new weights, maybe) keys its cache anew: no stale prefix"
+
+
+def test_without_enable_lora_there_is_no_lora_api(sims):
+    port = free_port()
+    sims("--host", HOST, "--port", str(port), "--served-model-name", "base")
+    ready(port)
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/"})[0] == 404
+
+
+def _shard(engine: str, slots: AdapterSlots | None) -> Shard:
+    spec = ShardSpec(replica="m-1", model="m", node="n0", rank=0, worldSize=1, gpus=[0],
+                     ports=ShardPorts(serve=30000, distInit=30001), headAddress=HOST, engine=engine,
+                     source="/models/m", servedModelNames=["m"], adapters=slots)
+    return Shard(metadata=ObjectMeta(name="m-1-0"), spec=spec)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sim"])
+def test_a_model_with_adapters_renders_its_slots(engine):
+    [cmd] = [c for c in render(_shard(engine, AdapterSlots(maxLoaded=3)), NodeFacts(HOST),
+                               {"vllm": "vllm", "llmgw": sys.executable}).commands if c.serves]
+    i = cmd.argv.index("--enable-lora")
+    assert cmd.argv[i + 1:i + 3] == ["--max-loras", "3"]
+    assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING" in cmd.env) == (engine == "vllm")
+    [plain] = [c for c in render(_shard(engine, None), NodeFacts(HOST), {"vllm": "vllm"}).commands if c.serves]
+    assert "--enable-lora" not in plain.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
+
+
+def test_only_an_engine_that_loads_adapters_at_runtime_takes_them():
+    with pytest.raises(ValueError, match=r"adapters: profiles\[0\]'s engine llamacpp loads no LoRA adapters"):
+        Model.model_validate({"metadata": {"name": "m"}, "spec": {
+            "profiles": [{"engine": "llamacpp"}], "adapters": {"maxLoaded": 2}}})
+    with pytest.raises(ValueError, match="args may not set --max-loras"):
+        Model.model_validate({"metadata": {"name": "m"}, "spec": {
+            "profiles": [{"engine": "vllm", "args": ["--max-loras", "9"]}]}})
