@@ -11,7 +11,7 @@ those, for a replica's tensor and pipeline parallel sizes (tp, pp):
   of its tensor-parallel rank: 2 x ceil(layers / pp) x max(1, kv_heads // tp) x head_dim x the
   dtype's bytes, as vLLM's ModelConfig.get_num_kv_heads and its attention spec count them. Every
   layer is counted as full attention: a sliding window (recorded) only lowers the real figure;
-- the engine's overhead: ENGINE_OVERHEAD below, each figure with where it comes from;
+- the engine's overhead: its Engine's memory_overhead (llmgw/engines/), each figure with where it comes from;
 - the context the rest of the GPU holds: (GPU memory - weights - overhead) // KV per token.
 
 A replica needs per GPU: weights + overhead + the KV of MIN_CONTEXT tokens (or of the model's own
@@ -27,21 +27,14 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw.engines import ENGINES
+
 GiB = 1 << 30
 MiB = 1 << 20
 # The context a replica must be able to hold at least, in tokens, for placement.
 MIN_CONTEXT = 4096
 # config.json's torch_dtype (or dtype) -> bytes per KV element.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-# Per engine: (bytes, provenance). The memory an engine holds besides weights and KV cache: the
-# CUDA context, the activations of one forward pass, CUDA graphs, the sampler.
-ENGINE_OVERHEAD: dict[str, tuple[int, str]] = {
-    "vllm": (2 * GiB, "assumed, not yet measured against a real vLLM's log: it profiles activations "
-                      "and captures CUDA graphs at start, besides the CUDA context"),
-    "sglang": (2 * GiB, "assumed as vLLM's, not measured"),
-    "llamacpp": (512 * MiB, "assumed, not measured: the CUDA context and compute buffers at default batch size"),
-}
-DEFAULT_OVERHEAD = (2 * GiB, "assumed, not measured: an engine with no figure of its own")
 
 
 class ShapeError(ValueError):
@@ -152,7 +145,7 @@ def read_shape(directory: Path) -> Shape:
 
 
 def estimate(shape: Shape, engine: str, tp: int = 1, pp: int = 1) -> Estimate:
-    overhead, source = ENGINE_OVERHEAD.get(engine, DEFAULT_OVERHEAD)
+    overhead, source = ENGINES[engine].memory_overhead
     kv = 2 * math.ceil(shape.layers / pp) * max(1, shape.kv_heads // tp) * shape.head_dim * shape.kv_dtype_bytes
     floor = min(MIN_CONTEXT, shape.max_context) if shape.max_context else MIN_CONTEXT
     return Estimate(tp=tp, pp=pp, weights=math.ceil(shape.weight_bytes / (tp * pp)), kv_per_token=kv,
@@ -160,11 +153,11 @@ def estimate(shape: Shape, engine: str, tp: int = 1, pp: int = 1) -> Estimate:
 
 
 def parallel(engine: str, gpus_per_node: int, nodes: int) -> tuple[int, int]:
-    """(tp, pp) as each engine's renderer splits a replica: vLLM tensor-parallel within a node and
-    pipeline-parallel across nodes; SGLang tensor-parallel over all; llama.cpp layers over its GPUs."""
-    if engine == "sglang":
+    """(tp, pp) as the engine's renderer splits a replica (its Engine's split)."""
+    split = ENGINES[engine].split
+    if split == "tp":
         return gpus_per_node * nodes, 1
-    if engine == "llamacpp":
+    if split == "layers":
         return 1, gpus_per_node
     return gpus_per_node, nodes
 

@@ -27,7 +27,8 @@ def status_patch(status: NodeStatus, ready: bool) -> dict[str, Any]:
     if ready:
         set_condition(conds, "Ready", "True", "AgentReady", "the agent registered and is heartbeating")
     data = status.model_copy(update={"conditions": conds}).model_dump(mode="json")
-    return {k: data[k] for k in NODE_AGENT_STATUS_FIELDS}
+    # A field left out at its default (api.meta.added) is sent as null: the merge patch clears it.
+    return {k: data.get(k) for k in NODE_AGENT_STATUS_FIELDS}
 
 
 def _log_retry(what: str) -> Callable[[RetryCallState], None]:

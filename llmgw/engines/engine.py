@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from llmgw.engines import rules
 
@@ -93,6 +93,12 @@ class Engine:
     # It publishes vLLM's KV events (--kv-events-config): a Model routed with precise-prefix gets
     # their ports on rank 0 (ReplicaSpec.kvEvents, base.kv_events_args).
     kv_events: bool = False
+    # GPU memory it holds besides the weights and the KV cache (the CUDA context, one forward pass's
+    # activations, CUDA graphs, the sampler), in bytes, and where that figure comes from: llmgw/fit.py.
+    memory_overhead: tuple[int, str] = (2 << 30, "assumed, not measured: an engine with no figure of its own")
+    # How its renderer splits a replica's GPUs (llmgw/fit.py): "tp-pp" tensor-parallel within a node
+    # and pipeline-parallel across nodes, "tp" tensor-parallel over all, "layers" layers over its GPUs.
+    split: Literal["tp-pp", "tp", "layers"] = "tp-pp"
     # status.engines a node must report, by launch mode (default: the engine's own name)
     needs: Callable[[str | None], frozenset[str]] | None = None
 

@@ -67,4 +67,6 @@ ENGINE = register(Engine(
         "--rpc": MULTINODE,
     },
     multi_node=False,
+    memory_overhead=(512 << 20, "assumed, not measured: the CUDA context and compute buffers at default batch size"),
+    split="layers",
 ))

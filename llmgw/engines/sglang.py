@@ -87,4 +87,5 @@ ENGINE = register(Engine(
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True),
+    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp",
 ))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.fit import ENGINE_OVERHEAD, MIN_CONTEXT, ShapeError, estimate, estimate_dir, read_shape
+from llmgw.engines import ENGINES
+from llmgw.fit import MIN_CONTEXT, ShapeError, estimate, estimate_dir, read_shape
 from tests.fixtures.tiny_safetensors import tiny_llama
 
 # hidden 256, 4 layers, vocab 4096: embed bf16 + lm_head f32 + per layer q, k, v (bf16), down (fp8), norm (f32)
@@ -37,7 +38,7 @@ def test_kv_per_token_follows_vllm_kv_heads_per_rank(tmp_path: Path):
     assert estimate(shape, "vllm", pp=2).kv_per_token == 2 * 2 * 2 * 32 * 2
     est = estimate(shape, "vllm", tp=2, pp=2)
     assert est.weights == TENSOR_BYTES // 4
-    overhead = ENGINE_OVERHEAD["vllm"][0]
+    overhead = ENGINES["vllm"].memory_overhead[0]
     assert est.needed == TENSOR_BYTES // 4 + overhead + 256 * MIN_CONTEXT
     assert est.context(overhead + TENSOR_BYTES // 4 + 256 * 1000) == 1000
     assert est.context(1) == 0
@@ -48,7 +49,7 @@ def test_each_engine_splits_as_its_renderer_does(tmp_path: Path):
     vllm, sglang = estimate_dir(str(tmp_path), "vllm", 4, 2), estimate_dir(str(tmp_path), "sglang", 4, 2)
     assert (vllm.tp, vllm.pp, sglang.tp, sglang.pp) == (4, 2, 8, 1)
     llama = estimate_dir(str(tmp_path), "llamacpp", 2, 1)
-    assert (llama.tp, llama.pp, llama.overhead) == (1, 2, ENGINE_OVERHEAD["llamacpp"][0])
+    assert (llama.tp, llama.pp, llama.overhead) == (1, 2, ENGINES["llamacpp"].memory_overhead[0])
 
 
 def test_unreadable_files_say_which_and_why(tmp_path: Path):
