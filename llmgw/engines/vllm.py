@@ -37,6 +37,7 @@ from llmgw.engines.engine import (
     MODEL,
     MULTINODE,
     NAME,
+    OPENAI,
     PARALLEL,
     PORT,
     Engine,
@@ -163,4 +164,7 @@ ENGINE = register(Engine(
     },
     syntax=Syntax(abbreviations=True, underscores=True),
     launch_modes=("mp", "ray"), needs=_needs, kv_events=True,
+    # vllm/entrypoints: openai/responses, serve/tokenize and pooling/score's api_router.py
+    serves=OPENAI | {"/v1/responses", "/tokenize", "/detokenize", "/score", "/v1/score",
+                     "/rerank", "/v1/rerank", "/v2/rerank"},
 ))

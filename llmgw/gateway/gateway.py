@@ -23,6 +23,7 @@ from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.chain import Chain, Wiring, standard
+from llmgw.gateway.endpoints import ROUTED
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
 from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics
@@ -30,6 +31,7 @@ from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.proxy import GONE, Exchange, Proxy
 from llmgw.gateway.queue import UNLIMITED, WaitQueues
 from llmgw.gateway.response import Response, json_response
+from llmgw.gateway.responses import ResponseHomes
 from llmgw.gateway.scope import Scope
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import LATER, Call
@@ -37,7 +39,6 @@ from llmgw.gateway.steps.authenticate import Authenticate
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Keepalive, Pool, accepts
 
-PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _MODELS = b"/v1/models"
 _MODEL_PREFIX = b"/v1/models/"
 _GET_ROUTES = frozenset((_MODELS, b"/healthz", b"/metrics"))
@@ -97,11 +98,12 @@ class Gateway:
         self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout),
                                  on_eject=lambda endpoint: self._abandon(
                                      endpoint, "its replica was ejected by outlier detection", False))
+        self.homes = ResponseHomes()
         self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
-                           self._go_on)
+                           self._go_on, self.homes)
         self.scope = Scope(self.table, admission)
         self.steps = tuple(steps(Wiring(self.table, self.queue, self.scope, authenticator, admission,
-                                        lambda: self.synced, max_body_bytes, retry_after)))
+                                        lambda: self.synced, max_body_bytes, retry_after, self.homes)))
         # the GET routes' own check of the caller (the chain is the proxied routes')
         self.authenticate = Authenticate(authenticator) if authenticator is not None else None
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
@@ -169,7 +171,7 @@ class Gateway:
         """The server's offer of a complete request: a proxied one is taken (True) and run
         through the chain here; from a step that must wait it goes on in a task. Anything else
         (False) the handler answers."""
-        if request.path not in PROXIED or request.method != b"POST":
+        if request.path not in ROUTED or request.method != b"POST":
             return False
         call = Call(request)
         steps = self.steps
@@ -216,7 +218,7 @@ class Gateway:
 
     async def handle(self, request: Request) -> Response | Stream:
         path, method = request.path, request.method
-        if path in PROXIED:
+        if path in ROUTED:
             if method == b"POST":
                 return await self._proxy(Call(request))
             return errors.method_not_allowed(method.decode(), "POST")
