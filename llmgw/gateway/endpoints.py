@@ -10,12 +10,13 @@ from llmgw.engines import ENGINES
 from llmgw.engines.engine import OPENAI
 from llmgw.gateway.table import Backend
 
-ROUTED = frozenset(path.encode() for engine in ENGINES.values() for path in engine.serves) | frozenset(
-    path.encode() for path in OPENAI)
+_DEFAULT = frozenset(path.encode() for path in OPENAI)
+_SERVES = {name: frozenset(path.encode() for path in engine.serves) for name, engine in ENGINES.items()}
+ROUTED = frozenset().union(_DEFAULT, *_SERVES.values())
+EVERYWHERE = _DEFAULT.intersection(*_SERVES.values())   # what no model lacks: not looked up per request
 RESPONSES = b"/v1/responses"
 
 
-def serves(b: Backend, path: str) -> bool:
+def serves(b: Backend, path: bytes) -> bool:
     """Whether the engine of replica `b` answers `path`."""
-    engine = ENGINES.get(b.engine)
-    return path in (engine.serves if engine is not None else OPENAI)
+    return path in _SERVES.get(b.engine, _DEFAULT)

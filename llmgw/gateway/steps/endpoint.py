@@ -5,7 +5,7 @@ the engine's own 404 for an unknown response, saying so."""
 from __future__ import annotations
 
 from llmgw.gateway import errors
-from llmgw.gateway.endpoints import RESPONSES, serves
+from llmgw.gateway.endpoints import EVERYWHERE, RESPONSES, serves
 from llmgw.gateway.response import Response
 from llmgw.gateway.responses import ResponseHomes
 from llmgw.gateway.step import Call, Step
@@ -18,8 +18,10 @@ class Endpoint(Step):
 
     def now(self, call: Call) -> Response | None:
         path = call.request.path
+        if path in EVERYWHERE:
+            return None
         backends = self.table.backends_for(call.model)
-        if backends and not any(serves(b, path.decode()) for b in backends):
+        if backends and not any(serves(b, path) for b in backends):
             engines = sorted({b.engine or "unknown" for b in backends})
             return errors.endpoint_not_served(path.decode(), call.model, engines)
         if path != RESPONSES:
