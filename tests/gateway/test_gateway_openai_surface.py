@@ -76,17 +76,22 @@ async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
         assert metric(text, "llmgw_gateway_input_tokens_total", model="m") == 2 + 3 * 1
 
 
-async def test_a_response_whose_replica_left_is_a_clear_404(sims):
+async def test_a_drained_replicas_stream_ends_whole_and_a_follow_up_is_a_clear_404(sims):
     table = table_of(sims)
     async with running_gateway(table) as gw:
         client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
-        response_id, home = await create(client, input="remember this")
-        table.apply("replicas", "DELETED", replica(home, "m", None))
+        raw = await client.responses.with_raw_response.create(model="m", input="remember this", max_output_tokens=3,
+                                                              stream=True)
+        home = raw.headers[REPLICA_HEADER]
+        # its replica is marked for deletion mid-stream (drained): the stream still ends whole
+        table.apply("replicas", "MODIFIED", replica(home, "m", sims[int(home[1:])].endpoint, deleting=True))
+        events = [event async for event in raw.parse()]
+        assert events[-1].type == "response.completed"
         with pytest.raises(NotFoundError) as caught:
-            await create(client, input="and?", previous_response_id=response_id)
+            await create(client, input="and?", previous_response_id=events[-1].response.id)
         error = caught.value.body
         assert isinstance(error, dict) and error["code"] == "response_replica_gone"
-        assert response_id in error["message"] and home in error["message"]
+        assert events[-1].response.id in error["message"] and home in error["message"]
         assert error["param"] == "previous_response_id"
 
 
