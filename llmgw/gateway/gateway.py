@@ -22,6 +22,7 @@ from llmgw.gateway import errors
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.body import Body
 from llmgw.gateway.chain import Chain, Wiring, standard
 from llmgw.gateway.endpoints import ROUTED
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
@@ -41,6 +42,8 @@ from llmgw.gateway.upstream import Keepalive, Pool, accepts
 
 _MODELS = b"/v1/models"
 _MODEL_PREFIX = b"/v1/models/"
+_RESPONSE_PREFIX = b"/v1/responses/"   # GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
+_CANCEL = b"/cancel"
 _GET_ROUTES = frozenset((_MODELS, b"/healthz", b"/metrics"))
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 
@@ -222,6 +225,8 @@ class Gateway:
             if method == b"POST":
                 return await self._proxy(Call(request))
             return errors.method_not_allowed(method.decode(), "POST")
+        if path.startswith(_RESPONSE_PREFIX):
+            return await self._stored_response(request)
         if path in _GET_ROUTES or path.startswith(_MODEL_PREFIX):
             if method != b"GET" and method != b"HEAD":
                 return errors.method_not_allowed(method.decode(), "GET")
@@ -239,6 +244,32 @@ class Gateway:
                 return self._models(call)
             return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")), call)
         return errors.not_found(path.decode("latin-1"))
+
+    async def _stored_response(self, request: Request) -> Response | Stream:
+        """A stored response retrieved (GET) or cancelled (POST .../cancel) at the replica that
+        holds it, for a caller who may call its model; no limits (nothing is generated)."""
+        path, method = request.path, request.method
+        cancel = path.endswith(_CANCEL)
+        allowed = b"POST" if cancel else b"GET"
+        if method != allowed:
+            return errors.method_not_allowed(method.decode(), allowed.decode())
+        response_id = unquote(path[len(_RESPONSE_PREFIX):len(path) - len(_CANCEL) * cancel].decode("utf-8", "replace"))
+        call = Call(request)
+        if self.authenticate is not None:
+            denied = await self.authenticate.run(call)
+            if denied is not None:
+                return denied
+        replica = self.homes.home(response_id)
+        if replica is None:
+            return errors.response_unknown(response_id)
+        b = self.table.backends.get(replica)
+        if b is None:
+            return errors.response_gone(response_id, replica, "response_id")
+        if not self.scope.allows(call.key, b.model):
+            return errors.response_unknown(response_id)
+        call.body, call.name, call.model, call.pinned = Body(b"", {}), b.served[0] if b.served else b.model, \
+            b.model, replica
+        return await self._proxy(call, len(self.steps))
 
     def _models(self, call: Call) -> Response:
         data = []

@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 
 from llmgw.gateway import errors, trace
 from llmgw.gateway.balancer import Balancer
-from llmgw.gateway.endpoints import RESPONSES
+from llmgw.gateway.endpoints import RESPONSES, ROUTED
 from llmgw.gateway.http1 import Request, Stream
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
@@ -255,10 +255,13 @@ class Proxy:
         return resp
 
     def _made(self, request: Request, b: Backend, body: bytes) -> None:
-        """A whole response of `b`'s engine, 200: its usage to the caller's key, and the
-        replica of a Responses API response remembered."""
-        _used(request, self.metrics.usage(b.model, body))
-        if request.path == RESPONSES:
+        """A whole response of `b`'s engine, 200: its usage to the caller's key (not a stored
+        response's, retrieved or cancelled: counted when it was made), and the replica of a
+        Responses API response remembered."""
+        path = request.path
+        if path in ROUTED:
+            _used(request, self.metrics.usage(b.model, body))
+        if path == RESPONSES:
             self.homes.record(body, b.replica)
 
     def _answered(self, b: Backend) -> None:
@@ -364,8 +367,8 @@ def _trace_id(request: Request) -> str | None:
 
 
 def _send(conn: Conn, request: Request, b: Backend, data: bytes, fields: bytes) -> None:
-    conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-        request.path, b.endpoint.encode(), fields, len(data)), data)
+    conn.send(b"%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+        request.method, request.target, b.endpoint.encode(), fields, len(data)), data)
 
 
 def _response_head(conn: Conn, b: Backend) -> tuple[bytes, int | None, bool]:

@@ -1,7 +1,8 @@
 """Rank 0's HTTP API: OpenAI-compatible endpoints with fake tokens, /health and /metrics.
 
 As vLLM's: /v1/completions, /v1/chat/completions, /v1/responses (a response made with `store`,
-the default, is kept in this engine's memory; a `previous_response_id` it does not hold is a 404),
+the default, is kept in this engine's memory, and GET /v1/responses/{id} answers it; a
+`previous_response_id` it does not hold is a 404),
 /tokenize and /detokenize (with the model's tokenizer.json, else a word is a token), and
 /rerank (a document's score: the share of the query's words it has).
 
@@ -104,6 +105,7 @@ class SimApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{response_id}", self.retrieve)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_post("/rerank", self.rerank)
@@ -430,6 +432,14 @@ class SimApi:
             return self._relay(request, seq, first, token_event, tail)
 
         return await self._serve(body, prompt, n, made, stream)
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        """A stored response, by id (vLLM's GET /v1/responses/{response_id})."""
+        response_id = request.match_info["response_id"]
+        stored = self.stored.get(response_id)
+        if stored is None:
+            return error(404, f"Response with id '{response_id}' not found.", "invalid_request_error", "response_id")
+        return web.json_response(stored)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: a prompt's (or a chat's) token ids and their count."""

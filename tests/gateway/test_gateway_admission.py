@@ -130,6 +130,12 @@ async def test_scope_unknown_key_and_models_list(api_server, sims, tmp_path):
         # By label selector: the gold model only.
         assert (await _post(http, url, gold, model="other"))[0] == 200
         assert (await _post(http, url, gold, model="llama"))[0] == 404
+        # A stored response is retrieved by its model's callers only.
+        status, made, _ = await _post(http, url, only_llama, path="/v1/responses", input="hi")
+        for secret, expected in ((only_llama, 200), (gold, 404)):
+            async with http.get(f"{url}/v1/responses/{made['id']}",
+                                headers={"Authorization": f"Bearer {secret}"}) as r:
+                assert r.status == expected
         # A wrong secret for an existing key, and no key at all: 401.
         assert (await _post(http, url, only_llama[:-4] + "0000"))[0] == 401
         assert (await _post(http, url, "sk-not-ours"))[0] == 401

@@ -48,12 +48,16 @@ async def test_a_follow_up_reaches_the_replica_holding_its_previous_response(sim
             # anywhere else the engine would answer 404 (it does not hold the response)
             follow_up, where = await create(client, input="and then?", previous_response_id=response_id)
             assert where == home
+            retrieved = await client.responses.with_raw_response.retrieve(response_id)
+            assert retrieved.headers[REPLICA_HEADER] == home and retrieved.parse().id == response_id
             _, again = await create(client, input="and?", previous_response_id=follow_up)
             assert again == home
         async with aiohttp.ClientSession() as s:
             text = await scrape(s, gw)
-        # usage read from each response: 2 words of input, 3 tokens out, 12 calls
+        # usage read from each response made (not from those retrieved): 3 tokens out, 12 made
         assert metric(text, "llmgw_gateway_output_tokens_total", model="m") == 36
+        with pytest.raises(NotFoundError, match="did not relay it"):   # nobody knows where: no guess
+            await client.responses.retrieve("resp_not_made_here")
 
 
 async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
@@ -93,6 +97,8 @@ async def test_a_drained_replicas_stream_ends_whole_and_a_follow_up_is_a_clear_4
         assert isinstance(error, dict) and error["code"] == "response_replica_gone"
         assert events[-1].response.id in error["message"] and home in error["message"]
         assert error["param"] == "previous_response_id"
+        with pytest.raises(NotFoundError, match="has left routing"):
+            await client.responses.retrieve(events[-1].response.id)
 
 
 async def test_tokenize_detokenize_and_rerank_are_routed_by_model(sims):
