@@ -25,6 +25,7 @@ from llmgw.engines.engine import (
     MODEL,
     MULTINODE,
     NAME,
+    OPENAI,
     PARALLEL,
     PORT,
     Engine,
@@ -87,4 +88,7 @@ ENGINE = register(Engine(
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True),
+    # python/sglang/srt/entrypoints/http_server.py's routes
+    serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
+                     "/v1/rerank", "/v1/classify"},
 ))
