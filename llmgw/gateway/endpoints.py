@@ -6,6 +6,8 @@ A replica of an engine the gateway does not know (a table fed by hand) is taken 
 the OpenAI endpoints every engine serves."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from llmgw.engines import ENGINES
 from llmgw.engines.engine import OPENAI
 from llmgw.gateway.table import Backend
@@ -15,6 +17,11 @@ _SERVES = {name: frozenset(path.encode() for path in engine.serves) for name, en
 ROUTED = frozenset().union(_DEFAULT, *_SERVES.values())
 EVERYWHERE = _DEFAULT.intersection(*_SERVES.values())   # what no model lacks: not looked up per request
 RESPONSES = b"/v1/responses"
+
+
+def endpoints_of(backends: Iterable[Backend]) -> list[str]:
+    """The endpoints some of these replicas serve, sorted (a model's, in GET /v1/models)."""
+    return sorted(p.decode() for p in frozenset().union(*(_SERVES.get(b.engine, _DEFAULT) for b in backends)))
 
 
 def serves(b: Backend, path: bytes) -> bool:

@@ -24,7 +24,7 @@ from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.body import Body
 from llmgw.gateway.chain import Chain, Wiring, standard
-from llmgw.gateway.endpoints import ROUTED
+from llmgw.gateway.endpoints import ROUTED, endpoints_of
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
 from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics
@@ -276,14 +276,16 @@ class Gateway:
         for model, aliases, created in self.table.routable_models():
             if not self.scope.allows(call.key, model):
                 continue
-            data.append(_model_card(model, model, created, aliases))
-            data.extend(_model_card(a, model, created, ()) for a in aliases)
+            endpoints = endpoints_of(self.table.backends_for(model))
+            data.append(_model_card(model, model, created, aliases, endpoints))
+            data.extend(_model_card(a, model, created, (), endpoints) for a in aliases)
         return json_response({"object": "list", "data": data})
 
     def _model(self, name: str, call: Call) -> Response:
         for model, aliases, created in self.table.routable_models():
             if (name == model or name in aliases) and self.scope.allows(call.key, model):
-                return json_response(_model_card(name, model, created, aliases if name == model else ()))
+                return json_response(_model_card(name, model, created, aliases if name == model else (),
+                                                 endpoints_of(self.table.backends_for(model))))
         return errors.model_not_found(name, self.scope.known(call.key))
 
     def _healthz(self) -> Response:
@@ -295,8 +297,9 @@ class Gateway:
         return json_response(body, status=200 if self.synced else 503)
 
 
-def _model_card(id_: str, root: str, created: int, aliases: Sequence[str]) -> dict[str, Any]:
-    card = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
+def _model_card(id_: str, root: str, created: int, aliases: Sequence[str], endpoints: list[str]) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root,
+                            "endpoints": endpoints}
     if aliases:
         card["aliases"] = list(aliases)
     return card

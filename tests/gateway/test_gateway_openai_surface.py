@@ -113,6 +113,11 @@ async def test_tokenize_detokenize_and_rerank_are_routed_by_model(sims):
                                                        "documents": ["a blue bird", "the red fox"]}) as r:
             assert r.status == 200
             assert [x["index"] for x in (await r.json())["results"]] == [1, 0]
+        # each model lists what its engine serves
+        async with s.get(gw.url + "/v1/models") as r:
+            cards = {card["id"]: card["endpoints"] for card in (await r.json())["data"]}
+        assert "/v1/responses" in cards["m"] and "/v1/embeddings" not in cards["m"]
+        assert "/v1/responses" not in cards["l"] and "/v1/reranking" in cards["l"]
         # an unknown model is the model's 404, on these endpoints too
         async with s.post(gw.url + "/tokenize", json={"model": "nope", "prompt": "x"}) as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
