@@ -17,6 +17,8 @@ _SERVES = {name: frozenset(path.encode() for path in engine.serves) for name, en
 ROUTED = frozenset().union(_DEFAULT, *_SERVES.values())
 EVERYWHERE = _DEFAULT.intersection(*_SERVES.values())   # what no model lacks: not looked up per request
 RESPONSES = b"/v1/responses"
+# Cheap: they wait in no queue (answered at once, or 503 when the model has no Ready replica).
+UNQUEUED = frozenset((b"/tokenize", b"/detokenize", b"/v1/tokenize", b"/v1/detokenize"))
 
 
 def endpoints_of(backends: Iterable[Backend]) -> list[str]:

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI, NotFoundError
 
+from llmgw.gateway.gateway import QueueSettings
 from llmgw.gateway.proxy import REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import Sim, metric, model, replica, running_gateway, running_sims, scrape
@@ -121,6 +122,14 @@ async def test_tokenize_detokenize_and_rerank_are_routed_by_model(sims):
         # an unknown model is the model's 404, on these endpoints too
         async with s.post(gw.url + "/tokenize", json={"model": "nope", "prompt": "x"}) as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+
+
+async def test_tokenize_waits_in_no_queue():
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("z"))   # no replica yet: a generation would wait for one
+    async with running_gateway(table, queue=QueueSettings(timeout=5)) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/tokenize", json={"model": "z", "prompt": "x"}) as r:
+            assert r.status == 503 and (await r.json())["error"]["code"] == "no_ready_replica"
 
 
 @pytest.mark.parametrize(("name", "path"), [("l", "/v1/responses"), ("l", "/v1/score"), ("m", "/v1/score"),
