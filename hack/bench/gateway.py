@@ -3,12 +3,13 @@
 
     apt-get install wrk    # the default load generator (Debian's package)
     .venv/bin/python hack/bench/gateway.py [--concurrency 64] [--seconds 10] [--slice 1] [--max-tokens 4]
-                                           [--generator wrk|python]
+                                           [--generator wrk|python] [--endpoint completions|responses]
 
 Starts a sim engine (no token delay) and a gateway (--static routes to that
 engine) as their own processes, then the load generator: --concurrency
-keep-alive connections, each sending short non-streaming completions back to
-back. `wrk` (the default: C, one thread, a fraction of the CPU per request of
+keep-alive connections, each sending short non-streaming completions (or, with
+`--endpoint responses`, Responses API calls without `store`) back to back.
+`wrk` (the default: C, one thread, a fraction of the CPU per request of
 any Python client) or `--generator python` (aiohttp clients in a third Python
 process, the generator until 2026-12-04). The generator alternates between the
 engine and the gateway in --slice second turns (ABBA order; wrk's turns are
@@ -54,6 +55,10 @@ per request, 0.63-0.69 of the engine's. A typical run:
     c=64: throughput ratio 1.13, p50 ratio 0.86, p99 ratio 0.98, added p50 -0.61 ms
     c=1: throughput ratio 0.57, p50 ratio 1.71, p99 ratio 1.45
     throughput_ratio=1.13 added_p50_ms=0.12
+2026-12-06, `--endpoint` (the Responses API, each response's replica remembered), `--seconds 4`,
+runs alternated completions, responses, completions, responses, load average 6-9 (other test
+runs): added_p50_ms 0.50, 0.62, 0.34, 0.40 (responses minus completions +0.12 and +0.06 ms, in
+the noise of a run to the next); throughput_ratio 0.76, 0.87, 0.62, 0.67.
 (The machine was about twice as fast as on 2026-12-03: the engine cost 64-101
 us per request, 224-270 us the day before.) The figures below were taken with
 the python generator.
@@ -235,12 +240,11 @@ def _wrk(url: str, connections: int, seconds: int, script: Path) -> dict:
             "failures": socket_errors + bad_status, "hist": hist}
 
 
-def load_wrk(urls: list[str], concurrency: int, seconds: float, max_tokens: int, slice_s: float,
+def load_wrk(urls: list[str], concurrency: int, seconds: float, body: str, slice_s: float,
              engine_pid: int) -> dict:
     """As load_python, with wrk; its durations are whole seconds, so a slice is at least 1 s."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk (or --generator python)")
-    body = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens})
     slice_s = max(1, round(slice_s))
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp, "post.lua")
@@ -267,7 +271,7 @@ def load_wrk(urls: list[str], concurrency: int, seconds: float, max_tokens: int,
     return out
 
 
-async def _load_python(urls: list[str], concurrency: int, seconds: float, max_tokens: int,
+async def _load_python(urls: list[str], concurrency: int, seconds: float, body: str,
                        slice_s: float, engine_pid: int) -> dict:
     """Each url gets `seconds` of load, in slices of `slice_s` taken in turn (ABBA order).
 
@@ -275,7 +279,6 @@ async def _load_python(urls: list[str], concurrency: int, seconds: float, max_to
     shared machine a sequential A-then-B run mostly measures what else ran when.
     """
     import aiohttp
-    body = json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens}).encode()
     headers = {"Content-Type": "application/json"}
     stats = {u: {"latencies": [], "failures": 0, "elapsed": 0.0, "sent": 0, "engine_cpu": 0.0} for u in urls}
     sessions = {u: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) for u in urls}
@@ -285,7 +288,7 @@ async def _load_python(urls: list[str], concurrency: int, seconds: float, max_to
             while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
                 try:
-                    async with session.post(url, data=body, headers=headers) as r:
+                    async with session.post(url, data=body.encode(), headers=headers) as r:
                         await r.read()
                         ok = r.status == 200
                 except aiohttp.ClientError:
@@ -319,27 +322,35 @@ async def _load_python(urls: list[str], concurrency: int, seconds: float, max_to
 
 
 def python_generator_main(argv: list[str]) -> None:
-    concurrency, seconds, max_tokens, slice_s, engine_pid = \
-        int(argv[0]), float(argv[1]), int(argv[2]), float(argv[3]), int(argv[4])
+    concurrency, seconds, body, slice_s, engine_pid = \
+        int(argv[0]), float(argv[1]), argv[2], float(argv[3]), int(argv[4])
     try:
         import uvloop
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    print(json.dumps(run(_load_python(argv[5:], concurrency, seconds, max_tokens, slice_s, engine_pid))))
+    print(json.dumps(run(_load_python(argv[5:], concurrency, seconds, body, slice_s, engine_pid))))
 
 
-def load_python(urls: list[str], concurrency: int, seconds: float, max_tokens: int, slice_s: float,
+def load_python(urls: list[str], concurrency: int, seconds: float, body: str, slice_s: float,
                 engine_pid: int) -> dict:
     """aiohttp clients in a process of their own (never on the gateway's event loop)."""
     out = subprocess.run(
         [sys.executable, __file__, "--load-generator", str(concurrency), str(seconds),
-         str(max_tokens), str(slice_s), str(engine_pid), *urls],
+         body, str(slice_s), str(engine_pid), *urls],
         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 GENERATORS = {"wrk": load_wrk, "python": load_python}
+
+
+def request(endpoint: str, max_tokens: int) -> tuple[str, str]:
+    """The path and the JSON body of the requests sent."""
+    if endpoint == "responses":   # not stored: the sim would keep every one
+        return "/v1/responses", json.dumps({"model": "bench", "input": "hello", "max_output_tokens": max_tokens,
+                                            "store": False})
+    return "/v1/completions", json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens})
 
 
 # ------------------------------------------------------------------ main
@@ -356,7 +367,9 @@ def main() -> None:
                    help="wrk (Debian's wrk; the default) or python (aiohttp clients, the generator "
                         "before 2026-12-04: it costs more CPU per request than the gateway)")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra argument for llmgw gateway")
+    p.add_argument("--endpoint", choices=("completions", "responses"), default="completions")
     args = p.parse_args()
+    path, body = request(args.endpoint, args.max_tokens)
 
     llmgw = [sys.executable, "-m", "llmgw.cli.main"] if not (ROOT / ".venv/bin/llmgw").exists() \
         else [str(ROOT / ".venv/bin/llmgw")]
@@ -378,21 +391,20 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "gateway.log"), "w")))
             wait_up(f"http://127.0.0.1:{engine_port}/health", procs[0])
             wait_up(f"http://127.0.0.1:{gw_port}/healthz", procs[1])
-            engine_url = f"http://127.0.0.1:{engine_port}/v1/completions"
-            gw_url = f"http://127.0.0.1:{gw_port}/v1/completions"
+            engine_url = f"http://127.0.0.1:{engine_port}{path}"
+            gw_url = f"http://127.0.0.1:{gw_port}{path}"
             cpu0 = [cpu_seconds(p.pid) for p in procs]
             load = GENERATORS[args.generator]
-            loaded = load([engine_url, gw_url], args.concurrency, args.seconds, args.max_tokens, args.slice,
-                          procs[0].pid)
+            loaded = load([engine_url, gw_url], args.concurrency, args.seconds, body, args.slice, procs[0].pid)
             cpu1 = [cpu_seconds(p.pid) for p in procs]
             # One client, back to back: the hop's own latency, without queueing behind 63 others.
-            single = load([engine_url, gw_url], 1, args.seconds, args.max_tokens, args.slice, procs[0].pid)
+            single = load([engine_url, gw_url], 1, args.seconds, body, args.slice, procs[0].pid)
         finally:
             stop(procs)
     direct, via = loaded[engine_url], loaded[gw_url]
     direct1, via1 = single[engine_url], single[gw_url]
-    print(f"generator={args.generator} cpus={os.cpu_count()} seconds={args.seconds} slice={args.slice} "
-          f"max_tokens={args.max_tokens} "
+    print(f"generator={args.generator} endpoint={args.endpoint} cpus={os.cpu_count()} seconds={args.seconds} "
+          f"slice={args.slice} max_tokens={args.max_tokens} "
           f"load average {os.getloadavg()[0]:.1f}")
     rows = ((f"direct  c={args.concurrency}", direct), (f"gateway c={args.concurrency}", via),
             ("direct  c=1", direct1), ("gateway c=1", via1))

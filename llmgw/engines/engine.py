@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from llmgw.api import Shard
     from llmgw.engines.base import Command, NodeFacts, RenderedShard
 
+# The model-addressed JSON endpoints (POST, the model in the body) every engine serves; an engine
+# declares what else it serves in `serves`, read from its own route table (docs/gateway.md).
+OPENAI = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
 # Why llmgw reserves a flag, shared by the engines' tables.
 HOST = "llmgw binds the engine to the node's address"
 PORT = "llmgw assigns the serve port from the node's port range"
@@ -101,6 +105,9 @@ class Engine:
     split: Literal["tp-pp", "tp", "layers"] = "tp-pp"
     # status.engines a node must report, by launch mode (default: the engine's own name)
     needs: Callable[[str | None], frozenset[str]] | None = None
+    # The model-addressed JSON endpoints its server answers (the gateway routes them: a path
+    # none of a model's engines serves is a 404 there).
+    serves: frozenset[str] = OPENAI
 
     def required(self, launch_mode: str | None) -> frozenset[str]:
         """What a node must report in status.engines to run this engine in `launch_mode`."""

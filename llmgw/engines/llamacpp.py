@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
-from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, PORT, Engine, Executable, HelpCommand, register
+from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, OPENAI, PORT, Engine, Executable, HelpCommand, register
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ ENGINE = register(Engine(
         "--rpc": MULTINODE,
     },
     multi_node=False,
+    # tools/server/server.cpp's routes
+    serves=OPENAI | {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking"},
     memory_overhead=(512 << 20, "assumed, not measured: the CUDA context and compute buffers at default batch size"),
     split="layers",
 ))

@@ -25,6 +25,7 @@ from llmgw.engines.engine import (
     MODEL,
     MULTINODE,
     NAME,
+    OPENAI,
     PARALLEL,
     PORT,
     Engine,
@@ -87,5 +88,8 @@ ENGINE = register(Engine(
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True),
+    # python/sglang/srt/entrypoints/http_server.py's routes
+    serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
+                     "/v1/rerank", "/v1/classify"},
     memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp",
 ))

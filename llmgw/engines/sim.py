@@ -65,4 +65,6 @@ ENGINE = register(Engine(
     },
     syntax=Syntax(abbreviations=True),
     loads_weights=False, uses_gpus=False, runtime_lora=True, kv_events=True,
+    serves=frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
+                      "/rerank", "/v1/rerank"}),
 ))

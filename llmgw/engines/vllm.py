@@ -39,6 +39,7 @@ from llmgw.engines.engine import (
     MODEL,
     MULTINODE,
     NAME,
+    OPENAI,
     PARALLEL,
     PORT,
     Engine,
@@ -171,4 +172,7 @@ ENGINE = register(Engine(
     launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
     memory_overhead=(2 << 30, "assumed, not yet measured against a real vLLM's log: it profiles activations "
                               "and captures CUDA graphs at start, besides the CUDA context"),
+    # vllm/entrypoints: openai/responses, serve/tokenize and pooling/score's api_router.py
+    serves=OPENAI | {"/v1/responses", "/tokenize", "/detokenize", "/score", "/v1/score",
+                     "/rerank", "/v1/rerank", "/v2/rerank"},
 ))

@@ -114,3 +114,24 @@ def internal_error() -> Response:
 
 def bad_gateway(message: str) -> Response:
     return error_response(502, message, "upstream_error", None, "upstream_unreachable")
+
+
+def endpoint_not_served(path: str, model: str, engines: list[str]) -> Response:
+    return error_response(
+        404, f"The model '{model}' does not serve {path}: its engine ({', '.join(engines)}) has no such "
+        "endpoint (docs/gateway.md, 'Endpoints')", "invalid_request_error", None, "endpoint_not_served")
+
+
+def response_gone(response_id: str, replica: str, param: str = "previous_response_id") -> Response:
+    """The engine's own answer for a response it does not hold (vLLM's shape), saying why."""
+    return error_response(
+        404, f"Response with id '{response_id}' not found: replica {replica}, which held it, has left "
+        "routing", "invalid_request_error", param, "response_replica_gone")
+
+
+def response_unknown(response_id: str) -> Response:
+    """A stored response this gateway did not relay (or has forgotten, or the caller may not see)."""
+    return error_response(
+        404, f"Response with id '{response_id}' not found: this gateway did not relay it, so it does not "
+        "know which replica holds it (docs/gateway.md, 'The Responses API's state')", "invalid_request_error",
+        "response_id", "response_not_found")

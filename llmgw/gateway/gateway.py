@@ -22,7 +22,9 @@ from llmgw.gateway import errors
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.body import Body
 from llmgw.gateway.chain import Chain, Wiring, standard
+from llmgw.gateway.endpoints import ROUTED, endpoints_of
 from llmgw.gateway.http1 import HttpServer, Limits, Request, Stream
 from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.metrics import Metrics
@@ -30,6 +32,7 @@ from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.proxy import GONE, Exchange, Proxy
 from llmgw.gateway.queue import UNLIMITED, WaitQueues
 from llmgw.gateway.response import Response, json_response
+from llmgw.gateway.responses import ResponseHomes
 from llmgw.gateway.scope import Scope
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import LATER, Call
@@ -37,9 +40,10 @@ from llmgw.gateway.steps.authenticate import Authenticate
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Keepalive, Pool, accepts
 
-PROXIED = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
 _MODELS = b"/v1/models"
 _MODEL_PREFIX = b"/v1/models/"
+_RESPONSE_PREFIX = b"/v1/responses/"   # GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
+_CANCEL = b"/cancel"
 _GET_ROUTES = frozenset((_MODELS, b"/healthz", b"/metrics"))
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 
@@ -97,11 +101,12 @@ class Gateway:
         self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout),
                                  on_eject=lambda endpoint: self._abandon(
                                      endpoint, "its replica was ejected by outlier detection", False))
+        self.homes = ResponseHomes()
         self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
-                           self._go_on)
+                           self._go_on, self.homes)
         self.scope = Scope(self.table, admission)
         self.steps = tuple(steps(Wiring(self.table, self.queue, self.scope, authenticator, admission,
-                                        lambda: self.synced, max_body_bytes, retry_after)))
+                                        lambda: self.synced, max_body_bytes, retry_after, self.homes)))
         # the GET routes' own check of the caller (the chain is the proxied routes')
         self.authenticate = Authenticate(authenticator) if authenticator is not None else None
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
@@ -169,7 +174,7 @@ class Gateway:
         """The server's offer of a complete request: a proxied one is taken (True) and run
         through the chain here; from a step that must wait it goes on in a task. Anything else
         (False) the handler answers."""
-        if request.path not in PROXIED or request.method != b"POST":
+        if request.path not in ROUTED or request.method != b"POST":
             return False
         call = Call(request)
         steps = self.steps
@@ -216,10 +221,12 @@ class Gateway:
 
     async def handle(self, request: Request) -> Response | Stream:
         path, method = request.path, request.method
-        if path in PROXIED:
+        if path in ROUTED:
             if method == b"POST":
                 return await self._proxy(Call(request))
             return errors.method_not_allowed(method.decode(), "POST")
+        if path.startswith(_RESPONSE_PREFIX):
+            return await self._stored_response(request)
         if path in _GET_ROUTES or path.startswith(_MODEL_PREFIX):
             if method != b"GET" and method != b"HEAD":
                 return errors.method_not_allowed(method.decode(), "GET")
@@ -238,14 +245,41 @@ class Gateway:
             return self._model(unquote(path[len(_MODEL_PREFIX):].decode("utf-8", "replace")), call)
         return errors.not_found(path.decode("latin-1"))
 
+    async def _stored_response(self, request: Request) -> Response | Stream:
+        """A stored response retrieved (GET) or cancelled (POST .../cancel) at the replica that
+        holds it, for a caller who may call its model; no limits (nothing is generated)."""
+        path, method = request.path, request.method
+        cancel = path.endswith(_CANCEL)
+        allowed = b"POST" if cancel else b"GET"
+        if method != allowed:
+            return errors.method_not_allowed(method.decode(), allowed.decode())
+        response_id = unquote(path[len(_RESPONSE_PREFIX):len(path) - len(_CANCEL) * cancel].decode("utf-8", "replace"))
+        call = Call(request)
+        if self.authenticate is not None:
+            denied = await self.authenticate.run(call)
+            if denied is not None:
+                return denied
+        replica = self.homes.home(response_id)
+        if replica is None:
+            return errors.response_unknown(response_id)
+        b = self.table.backends.get(replica)
+        if b is None:
+            return errors.response_gone(response_id, replica, "response_id")
+        if not self.scope.allows(call.key, b.model):
+            return errors.response_unknown(response_id)
+        call.body, call.name, call.model, call.pinned = Body(b"", {}), b.served[0] if b.served else b.model, \
+            b.model, replica
+        return await self._proxy(call, len(self.steps))
+
     def _models(self, call: Call) -> Response:
         data = []
         for model, aliases, created in self.table.routable_models():
             if not self.scope.allows(call.key, model):
                 continue
-            data.append(_model_card(model, model, created, aliases))
-            data.extend(_model_card(a, model, created, ()) for a in aliases)
-        data.extend(_model_card(adapter, base, created, (), parent=base)
+            endpoints = endpoints_of(self.table.backends_for(model))
+            data.append(_model_card(model, model, created, aliases, endpoints))
+            data.extend(_model_card(a, model, created, (), endpoints) for a in aliases)
+        data.extend(_model_card(adapter, base, created, (), endpoints_of(self.table.backends_for(base)), parent=base)
                     for adapter, base, created in self.table.routable_adapters()
                     if self.scope.allows(call.key, adapter))
         return json_response({"object": "list", "data": data})
@@ -253,10 +287,12 @@ class Gateway:
     def _model(self, name: str, call: Call) -> Response:
         for model, aliases, created in self.table.routable_models():
             if (name == model or name in aliases) and self.scope.allows(call.key, model):
-                return json_response(_model_card(name, model, created, aliases if name == model else ()))
+                return json_response(_model_card(name, model, created, aliases if name == model else (),
+                                                 endpoints_of(self.table.backends_for(model))))
         for adapter, base, created in self.table.routable_adapters():
             if name == adapter and self.scope.allows(call.key, adapter):
-                return json_response(_model_card(adapter, base, created, (), parent=base))
+                endpoints = endpoints_of(self.table.backends_for(base))
+                return json_response(_model_card(adapter, base, created, (), endpoints, parent=base))
         return errors.model_not_found(name, self.scope.known(call.key))
 
     def _healthz(self) -> Response:
@@ -268,9 +304,12 @@ class Gateway:
         return json_response(body, status=200 if self.synced else 503)
 
 
-def _model_card(id_: str, root: str, created: int, aliases: Sequence[str], parent: str | None = None) -> dict[str, Any]:
-    """An OpenAI model card; a LoRA adapter's names its base as `parent`, as vLLM's does."""
-    card: dict[str, Any] = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root}
+def _model_card(id_: str, root: str, created: int, aliases: Sequence[str], endpoints: list[str],
+                parent: str | None = None) -> dict[str, Any]:
+    """An OpenAI model card, with the endpoints its replicas serve; a LoRA adapter's names its base
+    as `parent`, as vLLM's does."""
+    card: dict[str, Any] = {"id": id_, "object": "model", "created": created, "owned_by": "llmgw", "root": root,
+                            "endpoints": endpoints}
     if aliases:
         card["aliases"] = list(aliases)
     if parent is not None:

@@ -9,7 +9,7 @@ This is what the gateway needs of it:
     await server.close(grace=60.0)          # stop listening, finish what is in flight
 
     async def handler(request: Request) -> Response | Stream:
-        request.method, request.path        # bytes; the path without its query
+        request.method, request.path        # bytes; the path without its query (request.target: with it)
         request.header(b"authorization")    # bytes or None (lower-case name)
         await request.body()                # bytes; TooLarge / Incomplete (BodyError)
         return Response(200, JSON, b"{}")   # sent whole, in one write
@@ -133,7 +133,7 @@ class _NotHttp1(Exception):
 
 
 class Request:
-    __slots__ = ("method", "path", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
+    __slots__ = ("method", "path", "target", "headers", "keep_alive", "http10", "complete", "too_large", "failed",
                  "canned", "on_lost", "on_eof", "traceparent", "received", "priority", "ticket", "_conn",
                  "_chunks", "_size", "_continue", "_waiter")
 
@@ -141,6 +141,7 @@ class Request:
                  keep_alive: bool, http10: bool):
         self._conn = conn
         self.method, self.path, self.headers = method, path, headers
+        self.target = path   # the request target as sent on: the path and its query
         self.keep_alive, self.http10 = keep_alive, http10
         self.complete = False
         self.too_large = False
@@ -490,6 +491,7 @@ class HttpConn(asyncio.Protocol):
             raise _NotHttp1(version)
         path = url.partition(b"?")[0]
         req = Request(self, p.get_method(), path, self._headers, p.should_keep_alive(), version == "1.0")
+        req.target = url
         for k, v in self._headers:
             lk = k.lower()
             if lk == b"content-length":

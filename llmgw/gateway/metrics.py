@@ -7,7 +7,8 @@ observation, a few per cent of the gateway's CPU. The event loop is one
 thread, so nothing here needs a lock.
 
 Tokens come from the `usage` the engine reports: a response's, or a stream's last
-chunk (OpenAI's `stream_options.include_usage`). Time to first token and time per
+chunk (OpenAI's `stream_options.include_usage`; the Responses API's response.completed event,
+its input_tokens and output_tokens). Time to first token and time per
 output token are a stream's (a whole response has no first token to time); they are
 labelled by model only, as the engines' own per-replica histograms are at the agents.
 """
@@ -83,9 +84,12 @@ class Metrics:
             return None
         span = body[at:at + _USAGE_SPAN]
         n_in = _count(span, b'"prompt_tokens"')
+        out_key = b'"completion_tokens"'
+        if n_in is None:   # the Responses API's names
+            n_in, out_key = _count(span, b'"input_tokens"'), b'"output_tokens"'
         if n_in is None:  # "usage": null, on a stream's every chunk but the last
             return None
-        n_out = _count(span, b'"completion_tokens"') or 0
+        n_out = _count(span, out_key) or 0
         self._input_tokens[model] = self._input_tokens.get(model, 0) + n_in
         self._output_tokens[model] = self._output_tokens.get(model, 0) + n_out
         return n_in, n_out

@@ -9,7 +9,9 @@ routing for a while (outlier.py). A try still waiting for its headers on a repli
 routing (not Ready, Failed, deleted, ejected) is failed at once (`abandon`, reason "gone") and
 retried the same way, never on that replica again; a response under way on a replica whose
 engine is known dead (Failed, deleted) ends as one cut off does. Server-sent events are relayed
-chunk by chunk as they arrive, never buffered.
+chunk by chunk as they arrive, never buffered. A Responses API call pinned to the replica that
+holds its previous response (steps/endpoint.py) goes there only; the replica of each response
+relayed is remembered (responses.py).
 
 The common case (an idle connection to the replica picked, a small response with a length) is
 answered from protocol callbacks, without a task or a coroutine (`Proxy.begin`, `Exchange`);
@@ -24,10 +26,12 @@ from collections.abc import Callable, Collection
 
 from llmgw.gateway import errors, trace
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.endpoints import RESPONSES, ROUTED
 from llmgw.gateway.http1 import Request, Stream
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.response import Response
+from llmgw.gateway.responses import ResponseHomes
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import Call
 from llmgw.gateway.table import Backend, RoutingTable
@@ -40,6 +44,8 @@ REPLICA_HEADER = "X-Llmgw-Replica"  # which replica answered, on every proxied r
 _REPLICA_LINE = REPLICA_HEADER.encode() + b": "
 # Responses up to this size with a Content-Length are read whole and sent in one write.
 _BUFFER_LIMIT = 1 << 20
+# A Responses stream's response.created event (the first) is looked for in this many bytes.
+_HEAD_LIMIT = 64 * 1024
 
 _HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
@@ -63,8 +69,10 @@ class Proxy:
     goes on in a task with an exchange begun without one (`go_on`)."""
 
     def __init__(self, table: RoutingTable, balancer: Balancer, outliers: Outliers, metrics: Metrics, pool: Pool,
-                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None]) -> None:
+                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None],
+                 homes: ResponseHomes) -> None:
         self.table, self.balancer, self.outliers, self.metrics, self.pool = table, balancer, outliers, metrics, pool
+        self.homes = homes
         self.spans = spans   # OpenTelemetry export, when --otel asks for it
         self.retry_after = retry_after
         self.hand_over = hand_over
@@ -142,7 +150,11 @@ class Proxy:
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
 
     def _pick(self, call: Call, backends: list[Backend], exclude: Collection[str] = ()) -> Backend | None:
-        """The replica for this call by its model's policy; the key is made once per request."""
+        """The replica for this call by its model's policy (or the one it is pinned to); the key
+        is made once per request."""
+        if call.pinned is not None:
+            b = self.table.backends.get(call.pinned)
+            return b if b is not None and b.replica not in exclude else None
         body = call.body
         policy = self.balancer.policy(call.model, self.table.routing(call.model))
         if body.key is None or body.key[0] is not policy:  # (a retry may find the Model changed)
@@ -201,10 +213,12 @@ class Proxy:
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
             if conn.status == 200:
-                _used(request, self.metrics.usage(b.model, data))
+                self._made(request, b, data)
             return Response(conn.status, headers, data)
         resp = request.stream(conn.status, headers, None if sse else length)
         timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
+        # a Responses stream's first event names its response: remembered as soon as it comes
+        head = b"" if request.path == RESPONSES and conn.status == 200 else None
         try:
             while True:
                 chunk = await conn.read_chunk()
@@ -212,6 +226,9 @@ class Proxy:
                     break
                 if timer is not None:
                     timer.chunk(chunk)
+                if head is not None:
+                    head += chunk
+                    head = None if self.homes.record(head, b.replica) or len(head) > _HEAD_LIMIT else head
                 await resp.write(chunk)
         except UpstreamError as err:
             conn.close()
@@ -236,6 +253,16 @@ class Proxy:
         if timer is not None:
             _used(request, timer.end())
         return resp
+
+    def _made(self, request: Request, b: Backend, body: bytes) -> None:
+        """A whole response of `b`'s engine, 200: its usage to the caller's key (not a stored
+        response's, retrieved or cancelled: counted when it was made), and the replica of a
+        Responses API response remembered."""
+        path = request.path
+        if path in ROUTED:
+            _used(request, self.metrics.usage(b.model, body))
+        if path == RESPONSES:
+            self.homes.record(body, b.replica)
 
     def _answered(self, b: Backend) -> None:
         """The engine's response started (not a 503): its failure streak ends."""
@@ -294,7 +321,7 @@ class Exchange:
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
         if resp.status == 200:   # before finished(), which lets go of the key's ticket
-            _used(request, self.px.metrics.usage(call.model, resp.body))
+            self.px._made(request, self.backend, resp.body)
         self.px.finished(call, resp.status)
         request.answer(resp)
 
@@ -340,8 +367,8 @@ def _trace_id(request: Request) -> str | None:
 
 
 def _send(conn: Conn, request: Request, b: Backend, data: bytes, fields: bytes) -> None:
-    conn.send(b"POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-        request.path, b.endpoint.encode(), fields, len(data)), data)
+    conn.send(b"%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+        request.method, request.target, b.endpoint.encode(), fields, len(data)), data)
 
 
 def _response_head(conn: Conn, b: Backend) -> tuple[bytes, int | None, bool]:

@@ -30,7 +30,7 @@ LATER: Final = Later.LATER   # `now`'s answer when the step must wait: `run` it 
 class Call:
     """One proxied request on its way through the chain: what the steps learn of it."""
 
-    __slots__ = ("request", "start", "key", "body", "name", "model")
+    __slots__ = ("request", "start", "key", "body", "name", "model", "pinned")
 
     body: Body    # its parsed body (from the parse step on)
     name: str     # the model name or alias it asks for (from the parse step on)
@@ -40,6 +40,7 @@ class Call:
         self.start = time.perf_counter()
         self.key: ApiKey | None = None   # its caller's ApiKey object (none without watched keys)
         self.model = ""   # the model it is routed to, once resolved (and the caller may call it)
+        self.pinned: str | None = None   # the one replica it may go to (the one holding its previous response)
 
 
 class Step:

@@ -39,6 +39,7 @@ class Backend:
     served: tuple[str, ...] = ()  # names the engine answers to; () = unknown
     kv_events: str | None = None  # its engine's KV event publisher (tcp://host:port), if any
     kv_replay: str | None = None  # and its replay endpoint
+    engine: str = ""  # its Profile's engine ("": unknown), which says the endpoints it serves
 
     def upstream_name(self, requested: str) -> str | None:
         """The model name to send this engine, or None to keep the body as it is."""
@@ -135,7 +136,7 @@ class RoutingTable:
         assert r.status.endpoint  # routable: it has one
         self._left.pop(name, None)
         b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames),
-                    r.status.kvEvents, r.status.kvReplay)
+                    r.status.kvEvents, r.status.kvReplay, r.spec.profile.engine)
         if self.backends.get(name) == b:
             return False
         self.backends[name] = b

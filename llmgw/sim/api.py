@@ -1,5 +1,11 @@
 """Rank 0's HTTP API: OpenAI-compatible endpoints with fake tokens, /health and /metrics.
 
+As vLLM's: /v1/completions, /v1/chat/completions, /v1/responses (a response made with `store`,
+the default, is kept in this engine's memory, and GET /v1/responses/{id} answers it; a
+`previous_response_id` it does not hold is a 404),
+/tokenize and /detokenize (with the model's tokenizer.json, else a word is a token), and
+/rerank (a document's score: the share of the query's words it has).
+
 /health answers 503 while loading or draining, 200 when ready. /metrics uses
 vLLM's metric names (vllm:num_requests_running, vllm:generation_tokens_total,
 ...) so whatever reads a vLLM replica's load reads a sim replica's too. With
@@ -16,7 +22,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -34,8 +40,8 @@ JSON = "application/json"
 log = logging.getLogger("llmgw.sim")
 
 
-def error(status: int, message: str, kind: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.Response(status=status, body=json.dumps(body).encode(), content_type=JSON)
 
 
@@ -110,6 +116,7 @@ class SimApi:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()
         self._runner: web.AppRunner | None = None
+        self.stored: dict[str, dict[str, Any]] = {}   # the Responses API's stored responses, by id
 
     # ---------------------------------------------------------- lifecycle
 
@@ -120,6 +127,12 @@ class SimApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{response_id}", self.retrieve)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_post("/rerank", self.rerank)
+        app.router.add_post("/v1/rerank", self.rerank)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         if self.cfg.enable_lora:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
@@ -166,6 +179,10 @@ class SimApi:
         return f"{prefix}-{self._id_prefix}{next(self._ids)}"
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
+        """The request's JSON body, naming a model this engine serves; 503 while loading or draining."""
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            raise _BadRequest(unavailable)
         body = await _json_object(request)
         model = body.get("model")
         if model not in self.names and model not in self.loras:
@@ -289,9 +306,6 @@ class SimApi:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        unavailable = self._unavailable()
-        if unavailable is not None:
-            return unavailable
         try:
             body = await self._body(request)
             if chat:
@@ -306,6 +320,15 @@ class SimApi:
         except _BadRequest as bad:
             return bad.response
         prompt = request_token_ids(body, self.tokenizer)  # as the gateway's precise-prefix reads it
+        options = body.get("stream_options") or {}
+        usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        return await self._serve(body, prompt, n, lambda seq: self._complete(body["model"], chat, seq),
+                                 lambda seq: self._stream(request, body["model"], chat, seq, usage))
+
+    async def _serve(self, body: dict[str, Any], prompt: list[int], n: int,
+                     whole: Callable[[Seq], dict[str, Any]],
+                     stream: Callable[[Seq], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Generate n tokens after `prompt`: streamed (`stream` relays them) or `whole` when all are made."""
         self._admit()
         lora_id = self.lora_ids.get(body["model"])
         seq = Seq(prompt, n, None if lora_id is None else (body["model"], lora_id))
@@ -317,9 +340,7 @@ class SimApi:
         self.prompt_tokens += len(prompt)
         try:
             if body.get("stream"):
-                options = body.get("stream_options") or {}
-                usage = bool(isinstance(options, dict) and options.get("include_usage"))
-                return await self._stream(request, body["model"], chat, seq, usage)
+                return await stream(seq)
             if self.scheduler is not None:
                 async for _ in self.scheduler.generate(seq):
                     pass
@@ -327,8 +348,7 @@ class SimApi:
                 await self.pacer.wait_all(n)
             self.generation_tokens += n
             self.succeeded += 1
-            return web.Response(body=json.dumps(self._complete(body["model"], chat, seq)).encode(),
-                                content_type=JSON)
+            return web.Response(body=json.dumps(whole(seq)).encode(), content_type=JSON)
         finally:
             self.running -= 1
             self.held_tokens -= held
@@ -378,12 +398,18 @@ class SimApi:
                 out += chunk([], usage=_usage(seq))
             return out + DONE
 
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
         first = b""
         if chat:
             first = chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}])
+        return await self._relay(request, seq, first, token_chunk, tail)
+
+    async def _relay(self, request: web.Request, seq: Seq, first: bytes, token_chunk: Callable[[int], bytes],
+                     tail: Callable[[], bytes]) -> web.StreamResponse:
+        """A stream of server-sent events: `first`, then each token's event when it is due, then `tail()`."""
+        n = seq.n
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
         ticks = None
         try:
             if self.scheduler is None and self.pacer.instant:
@@ -407,6 +433,125 @@ class SimApi:
         self.succeeded += 1
         return response
 
+
+    # ------------------------------------------------------- more endpoints
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API, as vLLM serves it: a stored response (`store`, the default) stays in
+        this engine's memory; a `previous_response_id` it does not hold is a 404."""
+        try:
+            body = await self._body(request)
+            given = body.get("input")
+            if not isinstance(given, (str, list)):
+                raise _BadRequest(error(400, "input must be a string or a list of items", "BadRequestError"))
+            n = self._max_tokens(body, "max_output_tokens")
+        except _BadRequest as bad:
+            return bad.response
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self.stored:
+            return error(404, f"Response with id '{previous}' not found.", "invalid_request_error",
+                         "previous_response_id")
+        prompt = request_token_ids({"messages": given} if isinstance(given, list) else {"prompt": given},
+                                   self.tokenizer)
+        head = {"id": self._id("resp"), "object": "response", "created_at": int(time.time()),
+                "model": body["model"], "previous_response_id": previous, "store": body.get("store", True) is not False,
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
+                "incomplete_details": None, "instructions": body.get("instructions"), "metadata": {}}
+        message_id = self._id("msg")
+
+        def made(seq: Seq) -> dict[str, Any]:
+            usage = _usage(seq)
+            text = {"type": "output_text", "text": tokens.text(seq.n), "annotations": [], "logprobs": []}
+            message = {"type": "message", "id": message_id, "role": "assistant", "status": "completed",
+                       "content": [text]}
+            response = {**head, "status": "completed", "output": [message], "usage": {
+                "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": seq.cached},
+                "output_tokens_details": {"reasoning_tokens": 0}}}
+            if response["store"]:
+                self.stored[response["id"]] = response
+            return response
+
+        def stream(seq: Seq) -> Awaitable[web.StreamResponse]:
+            numbers = itertools.count()
+
+            def event(kind: str, **fields: Any) -> bytes:
+                data = {"type": kind, "sequence_number": next(numbers), **fields}
+                return f"event: {kind}\n".encode() + sse(data)
+
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+            first = (event("response.created", response={**head, "status": "in_progress", "output": []})
+                     + event("response.output_item.added", output_index=0, item={
+                         "type": "message", "id": message_id, "role": "assistant", "status": "in_progress",
+                         "content": []})
+                     + event("response.content_part.added", part=part, **where))
+
+            def token_event(i: int) -> bytes:
+                return event("response.output_text.delta", delta=tokens.token(i), logprobs=[], **where)
+
+            def tail() -> bytes:
+                response = made(seq)
+                message = response["output"][0]
+                return (event("response.output_text.done", text=message["content"][0]["text"], logprobs=[], **where)
+                        + event("response.content_part.done", part=message["content"][0], **where)
+                        + event("response.output_item.done", output_index=0, item=message)
+                        + event("response.completed", response=response))
+            return self._relay(request, seq, first, token_event, tail)
+
+        return await self._serve(body, prompt, n, made, stream)
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        """A stored response, by id (vLLM's GET /v1/responses/{response_id})."""
+        response_id = request.match_info["response_id"]
+        stored = self.stored.get(response_id)
+        if stored is None:
+            return error(404, f"Response with id '{response_id}' not found.", "invalid_request_error", "response_id")
+        return web.json_response(stored)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: a prompt's (or a chat's) token ids and their count."""
+        try:
+            body = await self._body(request)
+        except _BadRequest as bad:
+            return bad.response
+        ids = request_token_ids(body, self.tokenizer)
+        return web.json_response({"count": len(ids), "max_model_len": self.cfg.kv_cache_tokens, "tokens": ids,
+                                  "token_strs": None})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: the text of token ids (without a tokenizer, fake words)."""
+        try:
+            body = await self._body(request)
+        except _BadRequest as bad:
+            return bad.response
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return error(400, "tokens must be a list of integers", "BadRequestError")
+        text = self.tokenizer.decode(ids) if self.tokenizer is not None else "".join(tokens.token(i) for i in ids)
+        return web.json_response({"prompt": text})
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """vLLM's /rerank (Jina's shape): the documents by the share of the query's words each has."""
+        try:
+            body = await self._body(request)
+        except _BadRequest as bad:
+            return bad.response
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(documents, list) or not all(
+                isinstance(d, str) for d in documents):
+            return error(400, "query must be a string and documents a list of strings", "BadRequestError")
+        words = set(query.lower().split())
+        results = [{"index": i, "document": {"text": d},
+                    "relevance_score": len(words & set(d.lower().split())) / (len(words) or 1)}
+                   for i, d in enumerate(documents)]
+        results.sort(key=lambda r: -float(r["relevance_score"]))  # type: ignore[arg-type]
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n > 0:
+            results = results[:top_n]
+        n = sum(len(text.split()) or 1 for text in (query, *documents))
+        return web.json_response({"id": self._id("rerank"), "model": body["model"],
+                                  "usage": {"prompt_tokens": n, "total_tokens": n}, "results": results})
 
 def _usage(seq: Seq) -> dict[str, Any]:
     prompt, n = len(seq.tokens), seq.n

@@ -16,6 +16,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import openai
 import pytest
 
 from llmgw.api import Model, Replica, Shard, get_condition
@@ -89,7 +90,6 @@ def shard(cluster, name: str):
 
 
 def openai_client(cluster):
-    import openai
     return openai.OpenAI(base_url=f"{cluster.gateway_url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -126,6 +126,14 @@ def test_1_a_real_llama_server_serves_through_the_gateway(cluster, model_file):
     assert len(chunks) >= 2 and any(c.choices and c.choices[0].delta.content for c in chunks)
     done = oa.completions.create(model="tiny", prompt="Once upon a time", max_tokens=4)
     assert done.choices[0].text is not None and done.usage.completion_tokens >= 1
+    # llama-server's own endpoints, routed by the body's model (docs/gateway.md, "Endpoints")
+    url = cluster.gateway_url
+    tokens = oa.post(f"{url}/tokenize", body={"model": "tiny", "content": "Once upon a time"}, cast_to=object)
+    assert tokens["tokens"] and all(isinstance(t, int) for t in tokens["tokens"])
+    text = oa.post(f"{url}/detokenize", body={"model": "tiny", "tokens": tokens["tokens"]}, cast_to=object)
+    assert isinstance(text["content"], str)
+    with pytest.raises(openai.NotFoundError, match="does not serve /v1/responses"):   # what llama-server lacks
+        oa.responses.create(model="tiny", input="hi")
 
 
 def test_2_one_request_may_use_more_than_a_quarter_of_the_context(cluster):

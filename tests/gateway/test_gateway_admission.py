@@ -18,6 +18,7 @@ from llmgw.api.meta import now
 from llmgw.api.secrets import new_secret
 from llmgw.cli.create import build_key
 from llmgw.dev.process import free_port
+from llmgw.gateway.endpoints import ROUTED
 from tests.fixtures.cluster import api_server, ca_dir, llmgw, llmgw_ca  # noqa: F401
 from tests.fixtures.gateway import CLI, Sim, metric
 from tests.fixtures.poll import until
@@ -79,8 +80,8 @@ async def _gateways(api_server, tmp_path, n: int = 1, extra: tuple[str, ...] = (
             p.wait(10)
 
 
-async def _post(http, url, secret, model="llama", **body):
-    async with http.post(url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"},
+async def _post(http, url, secret, model="llama", path="/v1/completions", **body):
+    async with http.post(url + path, headers={"Authorization": f"Bearer {secret}"},
                          json={"model": model, "prompt": "hello", "max_tokens": 2, **body}) as r:
         return r.status, await r.json(), r.headers
 
@@ -120,9 +121,21 @@ async def test_scope_unknown_key_and_models_list(api_server, sims, tmp_path):
             "known models:")[1] == " llama"
         async with http.get(url + "/v1/models", headers={"Authorization": f"Bearer {only_llama}"}) as r:
             assert [m["id"] for m in (await r.json())["data"]] == ["llama"]
+        # The same through every endpoint the gateway routes (docs/gateway.md, "Endpoints"); the
+        # key's own model is reached on one of the newer ones.
+        for path in sorted(ROUTED):
+            status, body, _ = await _post(http, url, only_llama, model="other", path=path.decode())
+            assert (status, body["error"]["code"]) == (404, "model_not_found"), path
+        assert (await _post(http, url, only_llama, path="/tokenize"))[0] == 200
         # By label selector: the gold model only.
         assert (await _post(http, url, gold, model="other"))[0] == 200
         assert (await _post(http, url, gold, model="llama"))[0] == 404
+        # A stored response is retrieved by its model's callers only.
+        status, made, _ = await _post(http, url, only_llama, path="/v1/responses", input="hi")
+        for secret, expected in ((only_llama, 200), (gold, 404)):
+            async with http.get(f"{url}/v1/responses/{made['id']}",
+                                headers={"Authorization": f"Bearer {secret}"}) as r:
+                assert r.status == expected
         # A wrong secret for an existing key, and no key at all: 401.
         assert (await _post(http, url, only_llama[:-4] + "0000"))[0] == 401
         assert (await _post(http, url, "sk-not-ours"))[0] == 401

@@ -1,0 +1,143 @@
+"""The rest of the OpenAI-compatible surface through a real gateway to real sim engines: the
+Responses API (the official `openai` client, streamed and not) with a follow-up reaching the
+replica that holds its previous response, /tokenize, /detokenize and /rerank routed by model,
+and a 404 for an endpoint the model's engine does not serve."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI, NotFoundError
+
+from llmgw.gateway.gateway import QueueSettings
+from llmgw.gateway.proxy import REPLICA_HEADER
+from llmgw.gateway.table import RoutingTable
+from tests.fixtures.gateway import Sim, metric, model, replica, running_gateway, running_sims, scrape
+
+
+@pytest.fixture(scope="module")
+def sims():
+    # a first token after 200 ms: requests sent together overlap, so the balancer spreads them
+    with running_sims(2, "m", extra=["--ttft-ms", "200"]) as started:
+        yield started
+
+
+def table_of(sims: list[Sim]) -> RoutingTable:
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("m"))
+    table.apply("models", "ADDED", model("l"))
+    for i, sim in enumerate(sims):
+        table.apply("replicas", "ADDED", replica(f"r{i}", "m", sim.endpoint))
+    # a llama-server replica (a sim behind it: the gateway must not reach it for what llama-server lacks)
+    table.apply("replicas", "ADDED", replica("l0", "l", sims[0].endpoint, served=("m",), engine="llamacpp"))
+    return table
+
+
+async def create(client: AsyncOpenAI, **kw) -> tuple[str, str]:
+    """(response id, the replica that answered) of a Responses API call."""
+    raw = await client.responses.with_raw_response.create(model="m", max_output_tokens=3, **kw)
+    return raw.parse().id, raw.headers[REPLICA_HEADER]
+
+
+async def test_a_follow_up_reaches_the_replica_holding_its_previous_response(sims):
+    async with running_gateway(table_of(sims)) as gw:
+        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        firsts = await asyncio.gather(*(create(client, input=f"question {i}") for i in range(4)))
+        assert {r for _, r in firsts} == {"r0", "r1"}   # both replicas hold some: the test can fail
+        for response_id, home in firsts:
+            # anywhere else the engine would answer 404 (it does not hold the response)
+            follow_up, where = await create(client, input="and then?", previous_response_id=response_id)
+            assert where == home
+            retrieved = await client.responses.with_raw_response.retrieve(response_id)
+            assert retrieved.headers[REPLICA_HEADER] == home and retrieved.parse().id == response_id
+            _, again = await create(client, input="and?", previous_response_id=follow_up)
+            assert again == home
+        async with aiohttp.ClientSession() as s:
+            text = await scrape(s, gw)
+        # usage read from each response made (not from those retrieved): 3 tokens out, 12 made
+        assert metric(text, "llmgw_gateway_output_tokens_total", model="m") == 36
+        with pytest.raises(NotFoundError, match="did not relay it"):   # nobody knows where: no guess
+            await client.responses.retrieve("resp_not_made_here")
+
+
+async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
+    async with running_gateway(table_of(sims)) as gw:
+        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        raw = await client.responses.with_raw_response.create(model="m", input="hello there", max_output_tokens=3,
+                                                              stream=True)
+        home = raw.headers[REPLICA_HEADER]
+        events = [event async for event in raw.parse()]
+        kinds = [e.type for e in events]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        assert kinds.count("response.output_text.delta") == 3
+        completed = events[-1].response
+        assert completed.usage is not None and completed.usage.output_tokens == 3
+        for _ in range(3):
+            _, where = await create(client, input="more", previous_response_id=completed.id)
+            assert where == home
+        async with aiohttp.ClientSession() as s:
+            text = await scrape(s, gw)
+        assert metric(text, "llmgw_gateway_input_tokens_total", model="m") == 2 + 3 * 1
+
+
+async def test_a_drained_replicas_stream_ends_whole_and_a_follow_up_is_a_clear_404(sims):
+    table = table_of(sims)
+    async with running_gateway(table) as gw:
+        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        raw = await client.responses.with_raw_response.create(model="m", input="remember this", max_output_tokens=3,
+                                                              stream=True)
+        home = raw.headers[REPLICA_HEADER]
+        # its replica is marked for deletion mid-stream (drained): the stream still ends whole
+        table.apply("replicas", "MODIFIED", replica(home, "m", sims[int(home[1:])].endpoint, deleting=True))
+        events = [event async for event in raw.parse()]
+        assert events[-1].type == "response.completed"
+        with pytest.raises(NotFoundError) as caught:
+            await create(client, input="and?", previous_response_id=events[-1].response.id)
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "response_replica_gone"
+        assert events[-1].response.id in error["message"] and home in error["message"]
+        assert error["param"] == "previous_response_id"
+        with pytest.raises(NotFoundError, match="has left routing"):
+            await client.responses.retrieve(events[-1].response.id)
+
+
+async def test_tokenize_detokenize_and_rerank_are_routed_by_model(sims):
+    async with running_gateway(table_of(sims)) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/tokenize", json={"model": "m", "prompt": "one two three"}) as r:
+            assert r.status == 200 and r.headers[REPLICA_HEADER] in ("r0", "r1")
+            tokenized = await r.json()
+        assert tokenized["count"] == 3
+        async with s.post(gw.url + "/detokenize", json={"model": "m", "tokens": [0, 1]}) as r:
+            assert r.status == 200 and (await r.json())["prompt"] == " lorem ipsum"
+        async with s.post(gw.url + "/v1/rerank", json={"model": "m", "query": "red fox",
+                                                       "documents": ["a blue bird", "the red fox"]}) as r:
+            assert r.status == 200
+            assert [x["index"] for x in (await r.json())["results"]] == [1, 0]
+        # each model lists what its engine serves
+        async with s.get(gw.url + "/v1/models") as r:
+            cards = {card["id"]: card["endpoints"] for card in (await r.json())["data"]}
+        assert "/v1/responses" in cards["m"] and "/v1/embeddings" not in cards["m"]
+        assert "/v1/responses" not in cards["l"] and "/v1/reranking" in cards["l"]
+        # an unknown model is the model's 404, on these endpoints too
+        async with s.post(gw.url + "/tokenize", json={"model": "nope", "prompt": "x"}) as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+
+
+async def test_tokenize_waits_in_no_queue():
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("z"))   # no replica yet: a generation would wait for one
+    async with running_gateway(table, queue=QueueSettings(timeout=5)) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/tokenize", json={"model": "z", "prompt": "x"}) as r:
+            assert r.status == 503 and (await r.json())["error"]["code"] == "no_ready_replica"
+
+
+@pytest.mark.parametrize(("name", "path"), [("l", "/v1/responses"), ("l", "/v1/score"), ("m", "/v1/score"),
+                                            ("m", "/v2/rerank")])
+async def test_an_endpoint_the_models_engine_does_not_serve_is_a_404_naming_both(sims, name, path):
+    async with running_gateway(table_of(sims)) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gw.url + path, json={"model": name, "input": "x", "text_1": "a", "text_2": "b"}) as r:
+            assert r.status == 404 and REPLICA_HEADER not in r.headers
+            error = (await r.json())["error"]
+    assert error["code"] == "endpoint_not_served"
+    assert path in error["message"] and ("llamacpp" if name == "l" else "sim") in error["message"]
