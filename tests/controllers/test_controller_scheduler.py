@@ -76,7 +76,9 @@ async def test_only_a_node_change_placement_sees_wakes_the_waiting_replicas(stor
             text = generate_latest(m.metrics.registry).decode()
             return metric(text, "llmgw_controller_reconcile_duration_seconds_count", controller="scheduler")
 
-        before = reconciles()
+        # the reconcile that wrote Scheduled=False is counted once it returns, which may be after
+        # the condition is seen in the store: a `before` taken earlier counted it as a wake
+        before = await until(lambda: reconciles() or None, "the first reconcile counted")
         for i in range(10):
             await store.patch_status(Node, "small", {"agentVersion": f"v{i}"})
             await asyncio.sleep(0.05)      # each on its own (not merged by the work queue)
