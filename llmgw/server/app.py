@@ -32,7 +32,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -77,38 +77,46 @@ from llmgw.version import HEADER, HEADERLESS, OLDER, refusal, version
 log = logging.getLogger("llmgw.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/apis/llmgw.io/v1"
-ROUTES: list[tuple[str, str, str, str]] = [   # method, path, the ApiServer's handler, the verb
-    ("POST", "/heartbeat/{node}", "heartbeats.beat", "heartbeat"),
-    ("GET", "/heartbeat/{node}", "heartbeats.stream", "heartbeat"),   # a WebSocket of beats
-    ("POST", "/demand/{gateway}", "demand.report", "demand"),
-    ("GET", "/events", "list_events", "events-read"),
-    ("POST", "/events", "events.record", "events-write"),
-    ("POST", "/revocations", "revoke.revoke", "revoke"),
-    ("GET", "/revocations", "list_revocations", "revocations-read"),
-    ("POST", "/renewals", "renewals.renew", "renew"),
-    ("GET", "/renewals", "renewals.list", "renewals-read"),
-    ("GET", "/whoami", "access.whoami", "whoami"),
-    ("POST", "/accessreviews", "access.review", "review"),
-    ("GET", "/versions", "demand.versions", "versions"),   # before {kind}, which it would match
-    ("GET", "/members", "demand.members", "members"),
-    ("GET", "/usage/{kind}", "demand.list_usage", "list"),   # before {kind}/{name}, which it would match
-    ("GET", "/usage/{kind}/{name}", "demand.get_usage", "get"),
-    ("GET", "/{kind}", "list_or_watch", "list"),   # "watch" with ?watch=1
-    ("POST", "/{kind}", "objects.create", "create"),
-    ("GET", "/{kind}/{name}", "objects.get", "get"),
-    ("PUT", "/{kind}/{name}", "objects.update", "update"),
-    ("DELETE", "/{kind}/{name}", "objects.delete", "delete"),
-    ("PUT", "/{kind}/{name}/status", "status.update", "status"),
-    ("PATCH", "/{kind}/{name}/status", "status.patch", "status"),
-    ("POST", "/{kind}/{name}/apply", "objects.apply", "apply"),
-    ("GET", "/{kind}/{name}/log", "logs.log", "log"),
+class Route(NamedTuple):
+    method: str
+    path: str
+    handler: str        # the ApiServer's attribute that answers it
+    verb: str
+    kind: str = ""      # what it is counted and audited under, where its path names no kind
+    open: bool = False  # no rule is asked: anyone may, or its handler decides who
+
+
+ROUTES = [
+    Route("POST", "/heartbeat/{node}", "heartbeats.beat", "heartbeat", "heartbeat"),
+    Route("GET", "/heartbeat/{node}", "heartbeats.stream", "heartbeat", "heartbeat"),   # a WebSocket of beats
+    Route("POST", "/demand/{gateway}", "demand.report", "demand", "demand"),
+    Route("GET", "/events", "list_events", "events-read", "events"),
+    Route("POST", "/events", "events.record", "events-write", "events"),
+    Route("POST", "/revocations", "revoke.revoke", "revoke", "revocations"),
+    # the revocation list, a renewal of one's own certificate (what it may ask, the signer says:
+    # handlers/renewals.py), the renewals (admins: the handler), who am I, may I, versions, members
+    Route("GET", "/revocations", "list_revocations", "revocations-read", "revocations", open=True),
+    Route("POST", "/renewals", "renewals.renew", "renew", "renewals", open=True),
+    Route("GET", "/renewals", "renewals.list", "renewals-read", "renewals", open=True),
+    Route("GET", "/whoami", "access.whoami", "whoami", "whoami", open=True),
+    Route("POST", "/accessreviews", "access.review", "review", "accessreviews", open=True),
+    Route("GET", "/versions", "demand.versions", "versions", "versions", open=True),   # before {kind}
+    Route("GET", "/members", "demand.members", "members", "members", open=True),
+    Route("GET", "/usage/{kind}", "demand.list_usage", "list"),   # before {kind}/{name}, which it would match
+    Route("GET", "/usage/{kind}/{name}", "demand.get_usage", "get"),
+    Route("GET", "/{kind}", "list_or_watch", "list"),   # "watch" with ?watch=1
+    Route("POST", "/{kind}", "objects.create", "create"),
+    Route("GET", "/{kind}/{name}", "objects.get", "get"),
+    Route("PUT", "/{kind}/{name}", "objects.update", "update"),
+    Route("DELETE", "/{kind}/{name}", "objects.delete", "delete"),
+    Route("PUT", "/{kind}/{name}/status", "status.update", "status"),
+    Route("PATCH", "/{kind}/{name}/status", "status.patch", "status"),
+    Route("POST", "/{kind}/{name}/apply", "objects.apply", "apply"),
+    Route("GET", "/{kind}/{name}/log", "logs.log", "log"),
 ]
-# the kind a request without one of KINDS is counted and audited under, by verb
-PSEUDO_KINDS = {"heartbeat": "heartbeat", "events-read": "events", "events-write": "events", "revoke": "revocations",
-                "revocations-read": "revocations", "demand": "demand", "whoami": "whoami", "review": "accessreviews",
-                "versions": "versions", "renew": "renewals", "renewals-read": "renewals",
-                "members": "members"}
-VERBS = frozenset({verb for *_, verb in ROUTES} | {"watch"})   # an audit line's, "-" but
+PSEUDO_KINDS = {r.verb: r.kind for r in ROUTES if r.kind}
+OPEN_VERBS = frozenset(r.verb for r in ROUTES if r.open)
+VERBS = frozenset({r.verb for r in ROUTES} | {"watch"})   # an audit line's, "-" but
 AUDIT_KINDS = frozenset(KINDS) | frozenset(PSEUDO_KINDS.values())
 
 
@@ -168,13 +176,13 @@ class ApiServer:
                                            self._authorize],
                               client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/healthz", self.healthz)
-        for method, path, name, verb in ROUTES:
-            handler: Handler = operator.attrgetter(name)(self)
-            if method == "GET":
-                app.router.add_get(API + path, handler)   # and HEAD
+        for route in ROUTES:
+            handler: Handler = operator.attrgetter(route.handler)(self)
+            if route.method == "GET":
+                app.router.add_get(API + route.path, handler)   # and HEAD
             else:
-                app.router.add_route(method, API + path, handler)
-            self._verbs[handler] = verb
+                app.router.add_route(route.method, API + route.path, handler)
+            self._verbs[handler] = route.verb
         app.on_startup.append(self._start)
         app.on_shutdown.append(self._drain)
         app.on_cleanup.append(self._stop)
@@ -328,11 +336,7 @@ class ApiServer:
         """What the URL asks to do, with what only the body can say left unknown; None: anyone may.
         Its names are checked here (400 for one that is not a name), before any rule reads them."""
         verb = self._verb(request)
-        if verb in (None, "whoami", "review", "revocations-read", "versions", "members", "renew",
-                    "renewals-read"):
-            # /healthz, who am I, may I, the revocation list, versions, members, a renewal of one's own certificate
-            # (what it may ask, the signer says: handlers/renewals.py), the renewals (admins: the handler);
-            # or no route: 404/405 for all alike
+        if verb is None or verb in OPEN_VERBS:   # /healthz, an open route, or no route: 404/405 for all alike
             return None
         q, info = request.query, request.match_info
         if verb == "heartbeat":
