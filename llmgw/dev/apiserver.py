@@ -81,16 +81,16 @@ def start_api_server(ca_dir: Path, etcd_endpoint: str, workdir: Path, *extra: st
                      command: list[str] = LLMGW) -> ApiServer:
     """`llmgw server --listen 127.0.0.1:0 ...` as a subprocess, with a server and an admin certificate
     of the CA in `ca_dir`, and its signer when it has one (it renews certificates); returns once it
-    listens. `command`: the `llmgw` to run (an older release's knows no signer)."""
+    listens. `command`: the `llmgw` to run."""
     ca = CertificateAuthority(ca_dir)
     if not ca.exists():
         ca.init()
     server = ca.issue("server", "llmgw-server", ["127.0.0.1", "localhost"])
     admin = ca.issue("admin", "dev-admin")
     log_path = workdir / "server.log"
-    signer = signer_flags(ca) if command == LLMGW else []
     argv = [*command, "server", "--listen", "127.0.0.1:0", "--etcd", etcd_endpoint, "--cert", server.cert,
-            "--key", server.key, "--client-ca", str(ca.cert_path), "--bookmark-interval", "1", *signer, *extra]
+            "--key", server.key, "--client-ca", str(ca.cert_path), "--bookmark-interval", "1", *signer_flags(ca),
+            *extra]
     proc = spawn(argv, log_path)
     host, port = _wait_listening(proc, log_path)
     return ApiServer(f"https://{host}:{port}", ca_dir, (admin.cert, admin.key), log_path, etcd_endpoint, proc, argv)
