@@ -35,8 +35,7 @@ def test_fit_refuses_in_one_line_what_it_cannot_read(tmp_path: Path):
     out = CliRunner().invoke(ctl, ["fit", "-f", manifest(tmp_path, tmp_path / "absent")])
     assert out.exit_code != 0
     assert out.output.strip().splitlines() == [
-        f"error: model tiny: spec.source '{tmp_path / 'absent'}' is not a directory here "
-        "(only local files are estimated yet)"]
+        f"error: model tiny: {tmp_path / 'absent'}: no such directory or file here"]
     tiny_llama(tmp_path / "tiny")
     (tmp_path / "tiny" / "model-00002-of-00002.safetensors").write_bytes(b"\x00")
     out = CliRunner().invoke(ctl, ["fit", "-f", manifest(tmp_path, tmp_path / "tiny")])
