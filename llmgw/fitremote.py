@@ -9,8 +9,8 @@ revision, or an HTTP origin's manifest.json), so the same files, URLs, token and
 - of a GGUF file (a source without safetensors, holding one) its first MiB, then twice as much
   until the metadata and tensor infos are all in it (a large vocabulary makes them some MiB).
 
-An origin that answers a Range read with the whole file (200, not 206) is refused: reading on
-would pull the weights.
+An origin that answers a Range read with more than the range (200, not 206) is refused: reading
+on would pull the weights.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ async def _range(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[st
     where = f"{entry.url} bytes {start}-{start + length - 1}"
     try:
         async with http.get(entry.url, headers={**headers, "Range": f"bytes={start}-{start + length - 1}"}) as resp:
-            if resp.status != 206:
+            whole = resp.status == 200 and resp.content_length is not None and resp.content_length <= length
+            if resp.status != 206 and not whole:     # a file no longer than the range may come whole
                 raise ShapeError(f"{where}: HTTP {resp.status}, not 206 Partial Content (no Range reads there)")
             return await resp.content.read(length)
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:

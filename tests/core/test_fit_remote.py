@@ -64,6 +64,10 @@ async def test_what_cannot_be_read_says_where(origin: WeightsOrigin):
         await read_pulled(HubSource("org/none"), HubConfig(endpoint=origin.url))
     with pytest.raises(ShapeError, match="hf://org/absent@main on http://127.0.0.1:.*: 404"):
         await read_pulled(HubSource("org/absent"), HubConfig(endpoint=origin.url))
+    config = files(GPT_OSS_20B)["config.json"].head
+    origin.add_repo("org/short", {"config.json": config, "model.safetensors": b"\x01"})   # comes whole: a 200
+    with pytest.raises(ShapeError, match="/model.safetensors: shorter than a safetensors header"):
+        await read_pulled(HubSource("org/short"), HubConfig(endpoint=origin.url))
     origin.add_repo("org/noconfig", {k: v for k, v in files(GPT_OSS_20B).items() if k != "config.json"})
     with pytest.raises(ShapeError, match="hf://org/noconfig@main: no config.json"):
         await read_pulled(HubSource("org/noconfig"), HubConfig(endpoint=origin.url))
