@@ -83,6 +83,7 @@ class Estimate:
     min_context: int             # tokens placement asks room for
     kv_window_per_token: int = 0     # bytes per GPU, the sliding-window layers', up to `window` tokens
     window: int | None = None
+    max_context: int | None = None   # the model's own (max_position_embeddings)
 
     def kv_bytes(self, tokens: int) -> int:
         """The KV cache of one sequence of `tokens` tokens, per GPU."""
@@ -100,8 +101,8 @@ class Estimate:
         both = self.kv_per_token + self.kv_window_per_token
         if self.window is None or free < both * self.window:
             return free // max(1, both)
-        if self.kv_per_token == 0:           # every layer windowed: any context, the window's KV
-            return max(self.min_context, self.window)
+        if self.kv_per_token == 0:           # every layer windowed: the model's whole context, in the window's KV
+            return self.max_context or self.window
         return self.window + (free - both * self.window) // self.kv_per_token
 
     def kv_text(self) -> str:
@@ -306,7 +307,8 @@ def estimate(shape: Shape, engine: str, tp: int = 1, pp: int = 1, kv_cache_dtype
     floor = min(MIN_CONTEXT, shape.max_context) if shape.max_context else MIN_CONTEXT
     return Estimate(tp=tp, pp=pp, weights=math.ceil(shape.weight_bytes / (tp * pp)), kv_per_token=full * per_layer,
                     overhead=overhead, overhead_source=source, min_context=floor,
-                    kv_window_per_token=(len(worst) - full) * per_layer, window=window)
+                    kv_window_per_token=(len(worst) - full) * per_layer, window=window,
+                    max_context=shape.max_context)
 
 
 def parallel(engine: str, gpus_per_node: int, nodes: int) -> tuple[int, int]:

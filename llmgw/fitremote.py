@@ -24,15 +24,12 @@ import aiohttp
 from llmgw.api.sources import PulledSource, parse_source
 from llmgw.fit import (
     MAX_HEADER,
-    Estimate,
     IncompleteGGUF,
     Shape,
     ShapeError,
-    estimate,
     gguf_shape,
     header_length,
     header_tensor_bytes,
-    parallel,
     parse_config,
     read_shape,
     shape_of,
@@ -126,9 +123,3 @@ def read_source(source: str, hub: HubConfig | None = None) -> Shape:
         return read_shape(Path(source))
     return asyncio.run(read_pulled(pulled, hub or HubConfig(endpoint=default_hub())))
 
-
-def estimate_source(source: str, engine: str, gpus_per_node: int, nodes: int, kv_cache_dtype: str = "auto",
-                    hub: HubConfig | None = None) -> Estimate:
-    """The Estimate for a replica of the model at `source` (read_source)."""
-    tp, pp = parallel(engine, gpus_per_node, nodes)
-    return estimate(read_source(source, hub), engine, tp, pp, kv_cache_dtype)
