@@ -45,7 +45,10 @@ MIN_CONTEXT = 4096
 # runs a float32 checkpoint in 16 bits (ModelConfig's _get_and_verify_dtype).
 DTYPE_BYTES = {"float32": 2, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # --kv-cache-dtype (vLLM's CacheDType, SGLang's alike) -> bytes per element; "auto": the model's.
-KV_CACHE_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_CACHE_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                   "fp8_inc": 1, "fp8_ds_mla": 1}
+# MLAAttentionSpec.real_page_size_bytes under --kv-cache-dtype fp8_ds_mla: bytes per token per layer.
+FP8_DS_MLA_BYTES = 656
 MAX_HEADER = 100 * MiB
 
 
@@ -295,7 +298,7 @@ def estimate(shape: Shape, engine: str, tp: int = 1, pp: int = 1, kv_cache_dtype
         raise ShapeError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     dtype = KV_CACHE_DTYPES[kv_cache_dtype] or shape.kv_dtype_bytes
     if shape.mla:    # MLAAttentionSpec: one latent per token, the same on every tensor-parallel rank
-        per_layer = shape.head_dim * dtype
+        per_layer = FP8_DS_MLA_BYTES if kv_cache_dtype == "fp8_ds_mla" else shape.head_dim * dtype
     else:            # FullAttentionSpec / SlidingWindowSpec: K and V of this rank's KV heads
         per_layer = 2 * max(1, shape.kv_heads // tp) * shape.head_dim * dtype
     windows = shape.layer_windows or (None,) * shape.layers

@@ -92,6 +92,7 @@ KV_CASES = [
     (DEEPSEEK_V2_LITE, 1, 1, "auto", 27 * mla_page(512 + 64, 2) // BLOCK, 0, None),              # 31,104
     (DEEPSEEK_V2_LITE, 4, 1, "auto", 27 * mla_page(512 + 64, 2) // BLOCK, 0, None),              # not split by tp
     (DEEPSEEK_V2_LITE, 1, 4, "fp8", 7 * mla_page(512 + 64, 1) // BLOCK, 0, None),                # stages 7,7,7,6
+    (DEEPSEEK_V2_LITE, 1, 1, "fp8_ds_mla", 27 * 656, 0, None),                 # BLOCK x 656 a page
 ]
 
 
@@ -111,6 +112,9 @@ def test_pipeline_stages_are_vllms():
 
 
 def test_a_window_caps_its_layers_kv(checkpoints: dict[str, Path]):
+    # Gemma2Config: layer i slides when (i + 1) % 2; gpt-oss: its config's layer_types
+    assert read_shape(checkpoints[GEMMA2_9B.repo]).layer_windows[:3] == (4096, None, 4096)
+    assert read_shape(checkpoints[GPT_OSS_20B.repo]).layer_windows[-2:] == (128, None)
     est = estimate(read_shape(checkpoints[GEMMA2_9B.repo]), "vllm")
     per = 21 * 8 * 512 * 2             # each half of the layers, per token
     assert est.kv_bytes(1000) == 2 * per * 1000
