@@ -50,6 +50,7 @@ KV_CACHE_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, 
 # MLAAttentionSpec.real_page_size_bytes under --kv-cache-dtype fp8_ds_mla: bytes per token per layer.
 FP8_DS_MLA_BYTES = 656
 MAX_HEADER = 100 * MiB
+INDEX = "model.safetensors.index.json"
 
 
 class ShapeError(ValueError):
@@ -165,6 +166,19 @@ def safetensors_bytes(path: Path) -> int:
         raise ShapeError(f"{path}: {err.strerror or err}") from None
 
 
+def indexed(names: list[str], index: bytes | None, where: str) -> list[str]:
+    """The safetensors files an engine loads: where the checkpoint has a model.safetensors.index.json,
+    only those its weight_map names (vLLM's filter_duplicate_safetensors_files: a repository may hold
+    its weights twice, as Mistral's do, consolidated.safetensors beside the shards)."""
+    if index is None:
+        return names
+    try:
+        named = set(json.loads(index)["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ShapeError(f"{where}: not a safetensors index (no weight_map)") from None
+    return [n for n in names if n.rsplit("/", 1)[-1] in named]
+
+
 # ------------------------------------------------------------------------------ config.json
 
 
@@ -266,6 +280,12 @@ def read_shape(directory: Path) -> Shape:
     file (`directory` the file, or a directory holding one)."""
     ggufs = [directory] if directory.suffix == ".gguf" else sorted(directory.glob("*.gguf"))
     files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    index = directory / INDEX
+    try:
+        files = [Path(n) for n in indexed([str(f) for f in files], index.read_bytes() if index.is_file() else None,
+                                          str(index))]
+    except OSError as err:
+        raise ShapeError(f"{index}: {err.strerror or err}") from None
     if not files and ggufs:
         return gguf_shape(ggufs[0])
     if not files:

@@ -5,7 +5,8 @@ revision, or an HTTP origin's manifest.json), so the same files, URLs, token and
 (HF_ENDPOINT) are read. Then, by HTTP Range reads and nothing more:
 
 - of each `*.safetensors` file its first 8 bytes (the header's length), then the header;
-- `config.json` whole (it is small);
+- `config.json` whole (it is small), and `model.safetensors.index.json` where there is one (only
+  the files it names count, as vLLM loads only those);
 - of a GGUF file (a source without safetensors, holding one) its first MiB, then twice as much
   until the metadata and tensor infos are all in it (a large vocabulary makes them some MiB).
 
@@ -23,6 +24,7 @@ import aiohttp
 
 from llmgw.api.sources import PulledSource, parse_source
 from llmgw.fit import (
+    INDEX,
     MAX_HEADER,
     IncompleteGGUF,
     Shape,
@@ -30,6 +32,7 @@ from llmgw.fit import (
     gguf_shape,
     header_length,
     header_tensor_bytes,
+    indexed,
     parse_config,
     read_shape,
     shape_of,
@@ -53,6 +56,17 @@ async def _range(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[st
             return await resp.content.read(length)
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         raise ShapeError(f"{where}: {type(err).__name__}: {err}") from None
+
+
+async def _get(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[str, str]) -> bytes:
+    """A small file whole (config.json, the safetensors index)."""
+    try:
+        async with http.get(entry.url, headers=headers) as resp:
+            if resp.status != 200:
+                raise ShapeError(f"{entry.url}: HTTP {resp.status}")
+            return await resp.content.read(MAX_HEADER)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        raise ShapeError(f"{entry.url}: {type(err).__name__}: {err}") from None
 
 
 async def _safetensors_bytes(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[str, str]) -> int:
@@ -98,13 +112,11 @@ async def read_pulled(source: PulledSource, hub: HubConfig) -> Shape:
         config = files.get("config.json")
         if config is None:
             raise ShapeError(f"{source.text}: no config.json")
-        try:
-            async with http.get(config.url, headers=listing.headers) as resp:
-                if resp.status != 200:
-                    raise ShapeError(f"{config.url}: HTTP {resp.status}")
-                raw = await resp.content.read(MAX_HEADER)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            raise ShapeError(f"{config.url}: {type(err).__name__}: {err}") from None
+        index = files.get(INDEX)
+        if index is not None:
+            shards = [files[p] for p in indexed([f.path for f in shards], await _get(http, index, listing.headers),
+                                                index.url)]
+        raw = await _get(http, config, listing.headers)
         shape = shape_of(parse_config(raw, config.url), 0, config.url)
         sizes = await asyncio.gather(*(_safetensors_bytes(http, f, listing.headers) for f in shards))
         return dataclasses.replace(shape, weight_bytes=sum(sizes))

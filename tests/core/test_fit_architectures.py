@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import ENGINES
-from llmgw.fit import estimate, kv_cache_dtype, pp_layers, read_shape
+from llmgw.fit import ShapeError, estimate, kv_cache_dtype, pp_layers, read_shape
 from tests.fixtures.architectures import (
     ARCHS,
     DEEPSEEK_V2_LITE,
@@ -35,6 +35,7 @@ from tests.fixtures.architectures import (
     QWEN3_8B,
     QWEN3_30B_A3B,
     Arch,
+    files,
     write,
     write_mistral_q4_k_m,
 )
@@ -71,6 +72,22 @@ def test_weight_bytes_are_the_published_total(arch: Arch, checkpoints: dict[str,
             (length,) = struct.unpack("<Q", r.read(8))
         past += f.stat().st_size - 8 - length
     assert past == arch.total_size
+
+
+def test_only_the_files_the_index_names_count(tmp_path: Path):
+    # Mistral's repositories hold the weights twice: consolidated.safetensors beside the shards the
+    # index names; vLLM loads the shards alone (filter_duplicate_safetensors_files)
+    directory = write(tmp_path, LLAMA_31_8B)
+    first = files(LLAMA_31_8B)["model-00001-of-00004.safetensors"]
+    with (directory / "consolidated.safetensors").open("wb") as f:
+        f.write(first.head)
+        f.truncate(first.size)
+    assert read_shape(directory).weight_bytes == LLAMA_31_8B.total_size
+    (directory / "model.safetensors.index.json").unlink()
+    assert read_shape(directory).weight_bytes > LLAMA_31_8B.total_size
+    (directory / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(ShapeError, match="model.safetensors.index.json: not a safetensors index"):
+        read_shape(directory)
 
 
 # (arch, tp, pp, kv cache dtype) -> vLLM's KV bytes per token per GPU (full-attention layers,

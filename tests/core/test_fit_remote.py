@@ -25,7 +25,9 @@ from tests.fixtures.weights_origin import WeightsOrigin, origin  # noqa: F401 th
 
 
 async def test_hub_safetensors_are_read_by_their_headers_alone(tmp_path: Path, origin: WeightsOrigin):
-    origin.add_repo("meta-llama/Llama-3.1-70B-Instruct", dict(files(LLAMA_31_70B)))
+    held = files(LLAMA_31_70B)
+    origin.add_repo("meta-llama/Llama-3.1-70B-Instruct",        # the weights twice, the index names the shards
+                    {**held, "consolidated.safetensors": held["model-00001-of-00030.safetensors"]})
     shape = await read_pulled(HubSource("meta-llama/Llama-3.1-70B-Instruct"), HubConfig(endpoint=origin.url))
     assert shape == read_shape(write(tmp_path, LLAMA_31_70B))
     assert shape.weight_bytes == LLAMA_31_70B.total_size          # 141 GB, of which a few KiB were read
@@ -33,6 +35,7 @@ async def test_hub_safetensors_are_read_by_their_headers_alone(tmp_path: Path, o
     shard = origin.requests(suffix="model-00001-of-00030.safetensors")
     assert [r.range for r in shard][0] == "bytes=0-7"
     assert all(r.range for r in origin.requests(suffix=".safetensors"))   # never a whole shard
+    assert origin.requests(suffix="consolidated.safetensors") == []
 
 
 async def test_http_origin_reads_its_manifests_files(origin: WeightsOrigin):
