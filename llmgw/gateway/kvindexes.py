@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import Metric
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
+from llmgw.routing.chattemplate import ChatTemplate, load_chat_template
 from llmgw.routing.kvblocks import load_tokenizer
 from llmgw.routing.kvindex import KVIndex
 
@@ -37,7 +38,7 @@ class KVIndexes:
     def __init__(self) -> None:
         self.indexes: dict[str, KVIndex] = {}  # model -> its index
         self._subs: dict[str, tuple[Backend, Subscription]] = {}  # replica -> (as followed, its subscription)
-        self._tokenizers: dict[str | None, Tokenizer | None] = {}  # by the Models' sources
+        self._tokenizers: dict[str | None, tuple[Tokenizer | None, ChatTemplate | None]] = {}  # by Models' sources
         self._refusals: set[str] = set()  # models whose refusal (or keys that never match) was logged
 
     def index(self, model: str) -> KVIndex:
@@ -52,7 +53,7 @@ class KVIndexes:
         for model, source in (sources or {}).items():
             if source not in self._tokenizers:
                 self._tokenizers[source] = self._load(model, source)
-            self.index(model).tokenizer = self._tokenizers[source]
+            self.index(model).tokenizer, self.index(model).template = self._tokenizers[source]
         want = {b.replica: b for b in backends if b.kv_events}
         for name, (b, sub) in list(self._subs.items()):
             if want.get(name) != b:
@@ -69,13 +70,20 @@ class KVIndexes:
                 self._subs[name] = (b, sub)
 
     @staticmethod
-    def _load(model: str, source: str | None) -> Tokenizer | None:
-        """The tokenizer of a Model whose source is a directory on this machine, if it has one."""
+    def _load(model: str, source: str | None) -> tuple[Tokenizer | None, ChatTemplate | None]:
+        """The tokenizer and chat template of a Model whose source is a directory on this machine."""
+        if not source or not os.path.isdir(source):
+            return None, None
         try:
-            return load_tokenizer(source) if source and os.path.isdir(source) else None
+            tokenizer = load_tokenizer(source)
         except ValueError as e:
             log.warning("model %s: %s: words are tokens", model, e)
-            return None
+            return None, None
+        try:
+            return tokenizer, load_chat_template(source)
+        except ValueError as e:
+            log.warning("model %s: %s: a chat's messages are tokenized one by one", model, e)
+            return tokenizer, None
 
     def _apply(self, model: str, replica: str, events: list[Event]) -> None:
         kv = self.index(model)

@@ -27,6 +27,8 @@ from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from llmgw.routing.chattemplate import ChatTemplate
+
 _NONE: frozenset[str] = frozenset()
 NEVER_MATCHED = 200  # lookups that matched nothing (the index holding blocks) before `unmatched` says so
 
@@ -51,6 +53,7 @@ class KVIndex:
         self.seed = seed
         self.hasher: BlockHasher | None = None  # once the engines' block size is known
         self.tokenizer: Tokenizer | None = None  # the model's, where the gateway has its tokenizer.json
+        self.template: ChatTemplate | None = None  # its chat template, where it has one
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
         self.lookups = 0  # matches() calls with blocks to look up
@@ -69,7 +72,11 @@ class KVIndex:
         return len(self._held.get(replica, ()))
 
     def token_ids(self, doc: Mapping[str, Any]) -> list[int]:
-        return request_token_ids(doc, self.tokenizer)
+        """The request's prompt token ids; none where its chat template refuses it (so does the engine)."""
+        try:
+            return request_token_ids(doc, self.tokenizer, self.template)
+        except ValueError:
+            return []
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         return self.hasher.keys(token_ids) if self.hasher is not None else []

@@ -21,7 +21,6 @@ import aiohttp
 import msgpack
 import msgspec
 import pytest
-import tokenizers
 import zmq
 import zmq.asyncio
 
@@ -31,8 +30,9 @@ from llmgw.gateway.table import RoutingTable
 from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, text_ids
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids, text_ids
 from llmgw.routing.kvindex import KVIndex
+from tests.fixtures import chat_model
 from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
 from tests.fixtures.poll import until
 
@@ -121,6 +121,16 @@ async def _complete(session: aiohttp.ClientSession, base: str, prompt: str) -> d
         return doc
 
 
+async def _followed(session: aiohttp.ClientSession, kv: KVIndex, sims: dict[str, Sim]) -> None:
+    """Once an event of each engine arrived (a warm-up prompt each), the subscriptions are up."""
+    for name, sim in sims.items():
+        async def seen(sim: Sim = sim, name: str = name) -> bool:
+            await _complete(session, f"http://{sim.endpoint}", f"warm {time.monotonic_ns()} x y z w")
+            await asyncio.sleep(0.05)
+            return kv.blocks_of(name) > 0
+        await until(seen, f"replica {name}'s events in the gateway's index")
+
+
 def test_block_hashes_are_vllms_sha256_cbor_chain():
     tokens = [1, 2, 3, 4, 500, 70000, 7, 8, 9]  # two whole blocks of 4 and a partial one
     root = hashlib.sha256(b"\x61" + HASH_SEED.encode()).digest()  # CBOR text string of length 1
@@ -201,13 +211,7 @@ async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
     try:
         async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
             kv = gw.gateway.kv.index("m")
-            # the subscriptions are up once an event of each engine arrived (a warm-up prompt each)
-            for sim, name in ((a, "a"), (b, "b")):
-                async def seen(sim: Sim = sim, name: str = name) -> bool:
-                    await _complete(session, f"http://{sim.endpoint}", f"warm {time.monotonic_ns()} x y z w")
-                    await asyncio.sleep(0.05)
-                    return kv.blocks_of(name) > 0
-                await until(seen, f"replica {name}'s events in the gateway's index")
+            await _followed(session, kv, {"a": a, "b": b})
             # cached on a (sent there directly): the gateway sends it to a
             await _complete(session, f"http://{a.endpoint}", prompt)
             await until(lambda: kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])["a"] == 3,
@@ -318,33 +322,48 @@ async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
         sim.stop()
 
 
-async def test_a_models_tokenizer_json_tokenizes_in_the_sim_and_the_gateway_alike(tmp_path):
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("alpha beta gamma delta epsilon zeta eta theta".split())}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    sim, events, replay = _sim("--model", str(tmp_path))
+async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_the_gateway_alike(tmp_path):
+    """A model with a tokenizer.json and Llama-3's chat template (tests/fixtures/chat_model.py): the
+    gateway's token ids of a chat are the sim's (which renders it as vLLM does), with one
+    <|begin_of_text|> (the template's: the tokenizer's post-processor does not add another), and a
+    repeated chat goes to the replica that cached it; a completion's prompt gets the post-processor's."""
+    model = str(chat_model.write(tmp_path))
+    a, a_events, a_replay = _sim("--model", model)
+    b, b_events, b_replay = _sim("--model", model)
     table = RoutingTable()
     table.apply("models", "ADDED", Model.model_validate({
         "metadata": {"name": "m"},
-        "spec": {"source": str(tmp_path), "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
-    table.apply("replicas", "ADDED", replica("a", "m", sim.endpoint, kv_events=events, kv_replay=replay))
-    prompt = "alpha beta gamma delta epsilon zeta eta theta"
+        "spec": {"source": model, "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", a.endpoint, kv_events=a_events, kv_replay=a_replay))
+    table.apply("replicas", "ADDED", replica("b", "m", b.endpoint, kv_events=b_events, kv_replay=b_replay))
+    chat = {"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": "you are a helpful bot . the tenant context says alpha beta gamma delta"},
+        {"role": "user", "content": [{"type": "text", "text": "what is it about ?"}]}]}
     try:
         async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
             kv = gw.gateway.kv.index("m")
-            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != text_ids(prompt)
-            doc = await _complete(session, f"http://{sim.endpoint}", prompt)
-            assert doc["usage"]["prompt_tokens"] == 8
-            others = iter(f"{w} {v} alpha beta" for w in vocab for v in vocab)
-
-            async def held() -> bool:  # a batch sent before the subscription joined comes with the next
-                await _complete(session, f"http://{sim.endpoint}", next(others))
-                return kv.matches(kv.keys(kv.token_ids({"prompt": prompt})), ["a"]) == {"a": 2}
-            await until(held, "the sim's blocks of the prompt, keyed as the gateway keys them")
+            ids = kv.token_ids(chat)
+            async with session.post(f"http://{a.endpoint}/tokenize", json=chat) as r:
+                assert (await r.json())["tokens"] == ids
+            assert ids[0] == chat_model.BOS and ids.count(chat_model.BOS) == 1 and len(ids) == 31
+            assert ids != request_token_ids(chat, kv.tokenizer)  # the template's tokens are in the key
+            words = "alpha beta gamma delta epsilon zeta eta theta"
+            assert kv.token_ids({"prompt": words})[:2] == [chat_model.BOS, chat_model.vocabulary()["alpha"]]
+            assert (await _complete(session, f"http://{a.endpoint}", words))["usage"]["prompt_tokens"] == 9
+            await _followed(session, kv, {"a": a, "b": b})
+            async with session.post(f"http://{b.endpoint}/v1/chat/completions", json=chat) as r:
+                assert r.status == 200, await r.text()  # cached on b, sent there directly
+            blocks = len(ids) // BLOCK
+            await until(lambda: kv.matches(kv.keys(ids), ["a", "b"]) == {"a": 0, "b": blocks},
+                        "b's blocks of the chat, keyed as the gateway keys them")
+            for _ in range(3):
+                async with session.post(f"{gw.url}/v1/chat/completions", json=chat) as r:
+                    doc = await r.json()
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK, doc
             assert kv.verified > 0 and kv.refused is None
     finally:
-        sim.stop()
+        a.stop()
+        b.stop()
 
 
 @pytest.mark.parametrize("config, error", [
