@@ -26,15 +26,18 @@ import zmq.asyncio
 
 from llmgw.api import Model
 from llmgw.dev.process import free_port
+from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.table import RoutingTable
 from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids, text_ids
+from llmgw.routing.chattemplate import load_chat_template
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
 from llmgw.routing.kvindex import KVIndex
 from tests.fixtures import chat_model
 from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
 from tests.fixtures.poll import until
+from tests.fixtures.weights_origin import origin  # noqa: F401 - a fixture
 
 BLOCK = 4  # tokens per block: short prompts make several blocks
 
@@ -364,6 +367,29 @@ async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_
     finally:
         a.stop()
         b.stop()
+
+
+async def test_a_hub_models_tokenizer_files_are_fetched_and_never_its_weights(tmp_path, origin, monkeypatch, caplog):
+    """A Model from the hub (hf://): the gateway asks the hub (HF_ENDPOINT, here the fixture speaking
+    the endpoints huggingface_hub calls) for the tokenizer files alone, and keys as with them locally."""
+    files = {p.name: p.read_bytes() for p in chat_model.write(tmp_path / "local").iterdir()}
+    origin.add_repo("org/chat", {**files, "model.safetensors": bytes(4096)})
+    monkeypatch.setenv("HF_ENDPOINT", origin.url)
+    indexes = KVIndexes()
+    indexes.sync([], {"m": "hf://org/chat", "gone": "hf://org/missing@v1"})
+    kv, gone = indexes.index("m"), indexes.index("gone")
+    try:
+        await until(lambda: kv.template is not None, "the hub's tokenizer files loaded")
+        local = KVIndex()
+        local.tokenizer = load_tokenizer(str(tmp_path / "local"))
+        local.template = load_chat_template(tmp_path / "local")
+        chat = {"messages": [{"role": "user", "content": "hello alpha beta gamma"}]}
+        assert kv.token_ids(chat) == local.token_ids(chat) != request_token_ids(chat, kv.tokenizer)
+        assert origin.requests(suffix="/tokenizer.json") and not [r for r in origin.log if "safetensors" in r.path]
+        await until(lambda: "hf://org/missing@v1" in caplog.text, "the missing repository's warning")
+        assert gone.tokenizer is None and gone.token_ids(chat) == text_ids(["hello alpha beta gamma"])
+    finally:
+        await indexes.close()
 
 
 @pytest.mark.parametrize("config, error", [
