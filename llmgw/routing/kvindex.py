@@ -46,6 +46,8 @@ class KVEvent(Protocol):
     def token_ids(self) -> tuple[int, ...]: ...
     @property
     def block_size(self) -> int: ...
+    @property
+    def extra_keys(self) -> tuple[Any, ...] | None: ...
 
 
 class KVIndex:
@@ -78,8 +80,12 @@ class KVIndex:
         except ValueError:
             return []
 
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        return self.hasher.keys(token_ids) if self.hasher is not None else []
+    def keys(self, token_ids: Sequence[int], lora: str | None = None) -> list[int]:
+        """The block keys of `token_ids`, of a request for the LoRA adapter `lora` if given (vLLM's
+        extra key of every block: the adapter's name)."""
+        if self.hasher is None:
+            return []
+        return self.hasher.keys(token_ids, (lora,) if lora is not None else None)
 
     # ------------------------------------------------------------ events
 
@@ -126,7 +132,7 @@ class KVIndex:
                             f"model {self.hasher.block_size}")
             return
         if e.parent is None and e.token_ids:  # a chain from the root: the gateway can hash it too
-            if self.hasher.agrees(e.token_ids, e.keys):
+            if self.hasher.agrees(e.token_ids, e.keys, e.extra_keys):
                 self.verified += 1
             else:
                 self.refused = (f"replica {replica}'s block hashes are not sha256_cbor seeded with "

@@ -35,7 +35,7 @@ from llmgw.routing.chattemplate import load_chat_template
 from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
 from llmgw.routing.kvindex import KVIndex
 from tests.fixtures import chat_model
-from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
+from tests.fixtures.gateway import Sim, lora, replica, running_gateway, scrape
 from tests.fixtures.poll import until
 from tests.fixtures.weights_origin import origin  # noqa: F401 - a fixture
 
@@ -329,10 +329,11 @@ async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_
     """A model with a tokenizer.json and Llama-3's chat template (tests/fixtures/chat_model.py): the
     gateway's token ids of a chat are the sim's (which renders it as vLLM does), with one
     <|begin_of_text|> (the template's: the tokenizer's post-processor does not add another), and a
-    repeated chat goes to the replica that cached it; a completion's prompt gets the post-processor's."""
+    repeated chat goes to the replica that cached it, for the model or a LoRA adapter of it (whose name
+    is an extra key of each block, as in vLLM); a completion's prompt gets the post-processor's BOS."""
     model = str(chat_model.write(tmp_path))
-    a, a_events, a_replay = _sim("--model", model)
-    b, b_events, b_replay = _sim("--model", model)
+    a, a_events, a_replay = _sim("--model", model, "--enable-lora")
+    b, b_events, b_replay = _sim("--model", model, "--enable-lora")
     table = RoutingTable()
     table.apply("models", "ADDED", Model.model_validate({
         "metadata": {"name": "m"},
@@ -363,7 +364,21 @@ async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_
                 async with session.post(f"{gw.url}/v1/chat/completions", json=chat) as r:
                     doc = await r.json()
                 assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK, doc
-            assert kv.verified > 0 and kv.refused is None
+            for sim in (a, b):
+                async with session.post(f"http://{sim.endpoint}/v1/load_lora_adapter",
+                                        json={"lora_name": "sql", "lora_path": model}) as r:
+                    assert r.status == 200, await r.text()
+            table.apply("adapters", "ADDED", lora("sql", "m", ("a", "b")))
+            sql = {**chat, "model": "sql"}
+            async with session.post(f"http://{a.endpoint}/v1/chat/completions", json=sql) as r:
+                assert r.status == 200, await r.text()  # cached on a under the adapter; b has the base's
+            await until(lambda: kv.matches(kv.keys(ids, "sql"), ["a", "b"]) == {"a": blocks, "b": 0},
+                        "a's blocks of the adapter's chat, keyed with the adapter's name")
+            for _ in range(3):
+                async with session.post(f"{gw.url}/v1/chat/completions", json=sql) as r:
+                    doc = await r.json()
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK, doc
+            assert kv.verified > 0 and kv.refused is None  # the adapter's chains checked with their keys
     finally:
         a.stop()
         b.stop()
