@@ -296,6 +296,10 @@ def test_keys_that_cannot_match_are_refused_loudly():
     other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(tokens)), None, tuple(tokens),
                                       BLOCK)])
     assert other_seed.refused is None and other_seed.usable
+    # vLLM 0.34 hashes a LoRA block with ("lora", name, path) and publishes (name,): not checked, not refused
+    lora = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(lora), None, tuple(tokens), BLOCK, (("sql",),))])
+    assert other_seed.refused is None and other_seed.usable
 
     sizes = KVIndex()
     sizes.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
