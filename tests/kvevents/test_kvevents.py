@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,6 +35,7 @@ from llmgw.kvevents.subscriber import Subscription
 from llmgw.routing.chattemplate import load_chat_template
 from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
 from llmgw.routing.kvindex import KVIndex
+from llmgw.sim.kvcache import DEFAULT_SEED
 from tests.fixtures import chat_model
 from tests.fixtures.gateway import Sim, lora, replica, running_gateway, scrape
 from tests.fixtures.poll import until
@@ -142,6 +144,26 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
     want = [int.from_bytes(h, "big") & (1 << 64) - 1 for h in (first, second)]
     assert BlockHasher(4).keys(tokens) == want
     assert BlockHasher(4, seed="1").keys(tokens) != want  # the seed is part of every key
+
+
+VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vllm-0.34.0-block-hashes.json"
+
+
+@pytest.mark.parametrize("case", json.loads(VLLM_HASHES.read_text())["cases"],
+                         ids=lambda c: f"{c['block_size']}-{c['none_hash_seed']}-{'lora' if c['lora'] else 'base'}")
+def test_block_hashes_are_those_of_vllms_own_function(case):
+    """Against a fixture made by vLLM 0.34.0's own hashing function (its "made" field says how: vLLM cannot be
+    installed without a GPU's torch here): the gateway's keys of the same tokens, block size and seed, and the
+    sim's default seed. Its LoRA case hashes vLLM 0.34's tagged key with the adapter's path, which the gateway
+    does not know (docs/contracts.md, "KV events"): given that key the hashes agree; the adapter's name alone,
+    the key of the sim and of vLLM before 0.34, gives others."""
+    hasher = BlockHasher(case["block_size"], case["none_hash_seed"])
+    extra = tuple(tuple(k) for k in case["extra_keys"]) if case["extra_keys"] else None
+    assert hasher.keys(case["token_ids"], extra) == case["hashes"]
+    if case["lora"]:
+        assert hasher.keys(case["token_ids"], (case["lora"][0],)) != case["hashes"]
+    if case["PYTHONHASHSEED"] is None:
+        assert case["none_hash_seed"] == DEFAULT_SEED  # the sim's seed where PYTHONHASHSEED is unset
 
 
 async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
