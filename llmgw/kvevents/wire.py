@@ -75,6 +75,7 @@ class Event:
     token_ids: tuple[int, ...] = ()
     block_size: int = 0
     extra_keys: tuple[Any, ...] | None = None  # each block's extra keys (a LoRA adapter's name, ...)
+    lora_name: str | None = None  # the LoRA adapter the stored blocks were computed under
 
 
 @dataclass(frozen=True)
@@ -106,5 +107,6 @@ def decode_batch(payload: bytes) -> Batch:
             continue  # an event kind this router does not use
         out.append(Event(ev["type"], tuple(ev.get("block_hashes") or ()), ev.get("parent_block_hash"),
                          tuple(ev.get("token_ids") or ()), int(ev.get("block_size") or 0),
-                         tuple(ev["extra_keys"]) if isinstance(ev.get("extra_keys"), list) else None))
+                         tuple(ev["extra_keys"]) if isinstance(ev.get("extra_keys"), list) else None,
+                         ev.get("lora_name") if isinstance(ev.get("lora_name"), str) else None))
     return Batch(float(ts), out)

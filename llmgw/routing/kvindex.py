@@ -12,6 +12,11 @@ hash algorithm differs from the gateway's (kvblocks.HASH_SEED, sha256_cbor), or
 replicas disagree on the block size; the index checks each stored chain that
 starts at the root against its own hashes of the event's tokens, and on a
 disagreement `refused` says why and routing falls back to prefix-score.
+A LoRA adapter's blocks are held under the gateway's own keys of them (their
+tokens chained with the adapter's name, as kvblocks keys a request for it),
+whatever the engine hashed them with: vLLM 0.34 adds the adapter's path on the
+node, which the gateway does not know. Each replica's map from its engine's
+hashes of such blocks to the gateway's follows their removal.
 That check cannot see a gateway that tokenizes otherwise than the engines: its
 keys are well made but of other tokens. `lookups` and `matched` count the
 lookups and those that found a leading block anywhere; `unmatched` says so once
@@ -22,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, chain, external, request_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -48,6 +53,8 @@ class KVEvent(Protocol):
     def block_size(self) -> int: ...
     @property
     def extra_keys(self) -> tuple[Any, ...] | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
 
 
 class KVIndex:
@@ -62,6 +69,7 @@ class KVIndex:
         self.matched = 0  # of which some replica held the first block
         self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
         self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
+        self._lora: dict[str, dict[Any, bytes]] = {}  # replica -> its engine's hash of a LoRA block -> ours
 
     def __len__(self) -> int:
         return len(self._where)
@@ -94,12 +102,13 @@ class KVIndex:
             if e.kind == "BlockStored":
                 self._check(replica, e)
                 held = self._held.setdefault(replica, set())
-                for key in e.keys:
+                for key in self._ours(replica, e):
                     self._where.setdefault(key, set()).add(replica)
                     held.add(key)
             elif e.kind == "BlockRemoved":
                 held = self._held.get(replica, set())
-                for key in e.keys:
+                lora = self._lora.get(replica, {})
+                for key in (external(lora.pop(k)) if k in lora else k for k in e.keys):
                     held.discard(key)
                     where = self._where.get(key)
                     if where is not None:
@@ -113,6 +122,7 @@ class KVIndex:
         """Forget what `replica` holds: it restarted, cleared its cache, lost events or left. Once no
         replica holds anything, the block size and a refusal are forgotten too: the next engines (a
         rollout that fixed their seed) are checked afresh."""
+        self._lora.pop(replica, None)
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
@@ -121,6 +131,20 @@ class KVIndex:
                     del self._where[key]
         if not self._held:
             self.hasher, self.refused = None, None
+
+    def _ours(self, replica: str, e: KVEvent) -> tuple[Any, ...]:
+        """The keys the gateway gives a stored event's blocks: the engine's, but for a LoRA adapter's,
+        keyed from their tokens and their parent as a request for the adapter is (the engine's keys
+        where the parent, or the tokens, are not known)."""
+        if e.lora_name is None or self.hasher is None or len(e.token_ids) != len(e.keys) * self.hasher.block_size:
+            return e.keys
+        lora = self._lora.setdefault(replica, {})
+        parent = self.hasher.root if e.parent is None else lora.get(e.parent)
+        if parent is None:
+            return e.keys
+        digests = chain(parent, e.token_ids, self.hasher.block_size, (e.lora_name,))
+        lora.update(zip(e.keys, digests, strict=True))
+        return tuple(external(d) for d in digests)
 
     def _check(self, replica: str, e: KVEvent) -> None:
         if self.refused is not None:

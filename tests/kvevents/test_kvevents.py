@@ -330,6 +330,24 @@ def test_keys_that_cannot_match_are_refused_loudly():
     assert sizes.refused is not None and "2 tokens" in sizes.refused
 
 
+def test_a_lora_adapters_blocks_are_held_under_the_gateways_keys_whatever_the_engine_hashed():
+    """vLLM 0.34 hashes a LoRA block with ("lora", name, path): the index holds it under the key a request for
+    the adapter gets (its name alone), follows the chain's next batch by its parent, and a removal."""
+    tokens = list(range(1, 13))  # 3 blocks
+    engine = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
+    kv = KVIndex()
+    base = (9, 9, 9, 9)
+    kv.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(base)), None, base, BLOCK)])
+    kv.apply("r", [wire.Event("BlockStored", tuple(engine[:2]), None, tuple(tokens[:8]), BLOCK, (("sql",),) * 2,
+                              "sql")])
+    kv.apply("r", [wire.Event("BlockStored", (engine[2],), engine[1], tuple(tokens[8:]), BLOCK, (("sql",),), "sql")])
+    assert kv.matches(kv.keys(tokens, "sql"), ["r"]) == {"r": 3}
+    assert kv.matches(kv.keys(tokens), ["r"]) == {"r": 0}  # the base model's keys of the same tokens
+    kv.apply("r", [wire.Event("BlockRemoved", (engine[2],))])
+    assert kv.matches(kv.keys(tokens, "sql"), ["r"]) == {"r": 2} and kv.blocks_of("r") == 3
+    assert kv.refused is None
+
+
 async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
     sim, events, replay = _sim(seed="1")
     table = RoutingTable()
