@@ -27,7 +27,6 @@ import zmq.asyncio
 
 from llmgw.api import Model
 from llmgw.dev.process import free_port
-from llmgw.gateway.kvindexes import KVIndexes
 from llmgw.gateway.table import RoutingTable
 from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
@@ -429,15 +428,20 @@ async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_
 
 
 async def test_a_hub_models_tokenizer_files_are_fetched_and_never_its_weights(tmp_path, origin, monkeypatch, caplog):
-    """A Model from the hub (hf://): the gateway asks the hub (HF_ENDPOINT, here the fixture speaking
-    the endpoints huggingface_hub calls) for the tokenizer files alone, and keys as with them locally."""
+    """A precise-prefix Model from the hub (hf://): the gateway asks the hub (HF_ENDPOINT, here the fixture
+    speaking the endpoints huggingface_hub calls) for the tokenizer files alone, and keys as with them
+    locally; a Model routed otherwise is not asked for."""
     files = {p.name: p.read_bytes() for p in chat_model.write(tmp_path / "local").iterdir()}
     origin.add_repo("org/chat", {**files, "model.safetensors": bytes(4096)})
+    origin.add_repo("org/other", files)
     monkeypatch.setenv("HF_ENDPOINT", origin.url)
-    indexes = KVIndexes()
-    indexes.sync([], {"m": "hf://org/chat", "gone": "hf://org/missing@v1"})
-    kv, gone = indexes.index("m"), indexes.index("gone")
-    try:
+    table = RoutingTable()
+    for name, source, policy in (("m", "hf://org/chat", "precise-prefix"), ("gone", "hf://org/missing@v1",
+                                 "precise-prefix"), ("other", "hf://org/other", "prefix-score")):
+        table.apply("models", "ADDED", Model.model_validate({"metadata": {"name": name}, "spec": {
+            "source": source, "profiles": [{"engine": "sim"}], "routing": {"policy": policy}}}))
+    async with running_gateway(table) as gw:
+        kv, gone = gw.gateway.kv.index("m"), gw.gateway.kv.index("gone")
         await until(lambda: kv.template is not None, "the hub's tokenizer files loaded")
         local = KVIndex()
         local.tokenizer = load_tokenizer(str(tmp_path / "local"))
@@ -447,8 +451,7 @@ async def test_a_hub_models_tokenizer_files_are_fetched_and_never_its_weights(tm
         assert origin.requests(suffix="/tokenizer.json") and not [r for r in origin.log if "safetensors" in r.path]
         await until(lambda: "hf://org/missing@v1" in caplog.text, "the missing repository's warning")
         assert gone.tokenizer is None and gone.token_ids(chat) == text_ids(["hello alpha beta gamma"])
-    finally:
-        await indexes.close()
+        assert not [r for r in origin.log if "org/other" in r.path]
 
 
 @pytest.mark.parametrize("config, error", [
