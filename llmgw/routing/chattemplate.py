@@ -4,13 +4,17 @@ The template is the model's chat_template.jinja or, where it has none,
 tokenizer_config.json's `chat_template` (a string, or a list of named templates
 of which `default` is taken). It is rendered with jinja2 as transformers does: a
 sandboxed environment that cannot change its arguments, trim_blocks and
-lstrip_blocks, the loop controls, a `tojson` that leaves non-ASCII as it is, the
-globals `raise_exception` (a TemplateError: vLLM answers 400) and `strftime_now`;
-its variables are `messages`, `tools`, `add_generation_prompt` (a chat request's
-own, else true, as vLLM's default), the tokenizer's special tokens (`bos_token`,
+lstrip_blocks, the loop controls, a `{% generation %}` block (rendered as its
+body: transformers uses it to find the assistant's tokens), a `tojson` that
+leaves non-ASCII as it is, the globals `raise_exception` (a TemplateError: vLLM
+answers 400) and `strftime_now`; its variables are `messages`, `tools`,
+`documents`, `add_generation_prompt` (a chat request's own, else true, as vLLM's
+default), the tokenizer's special tokens (`bos_token`,
 `eos_token`, ... as tokenizer_config.json, else special_tokens_map.json, names them) and a request's
 `chat_template_kwargs`. A message's content given as text parts is their texts
-joined by newlines (vLLM's "string" content format). The text is then tokenized
+joined by newlines (vLLM's "string" content format). With the request's
+`continue_final_message` the text ends where the last message's content does, as
+transformers cuts it (the assistant goes on with that message). The text is then tokenized
 without adding special tokens (vLLM's chat default): the template wrote them.
 """
 from __future__ import annotations
@@ -60,8 +64,15 @@ class ChatTemplate:
         def raise_exception(message: str) -> None:
             raise jinja2.TemplateError(message)
 
+        class Generation(jinja2.ext.Extension):
+            tags = {"generation"}
+
+            def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+                next(parser.stream)
+                return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                           extensions=[jinja2.ext.loopcontrols])
+                                                           extensions=[jinja2.ext.loopcontrols, Generation])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -76,15 +87,25 @@ class ChatTemplate:
         """A chat request's prompt text (`doc`: its body); ValueError where the template refuses it."""
         extra = doc.get("chat_template_kwargs")
         generation = doc.get("add_generation_prompt", True)
+        messages = [_content(m) for m in doc.get("messages") or ()]
         try:
-            return self._template.render(
-                **self.special, **(extra if isinstance(extra, dict) else {}),
-                messages=[_content(m) for m in doc.get("messages") or ()], tools=doc.get("tools"),
+            text = self._template.render(
+                **self.special, **(extra if isinstance(extra, dict) else {}), messages=messages,
+                tools=doc.get("tools"), documents=doc.get("documents"),
                 add_generation_prompt=generation if isinstance(generation, bool) else True)
         except self._error as e:
             raise ValueError(f"the chat template refused the messages: {e}") from e
         except TypeError as e:  # a template that treats a message's fields as other types than given
             raise ValueError(f"the chat template could not render the messages: {e}") from e
+        last = messages[-1].get("content") if doc.get("continue_final_message") is True and messages and \
+            isinstance(messages[-1], dict) else None
+        if isinstance(last, str):
+            for end in (last, last.strip()):
+                if end in text:
+                    return text[:text.rindex(end) + len(end)]
+            raise ValueError("continue_final_message is set but the final message does not appear in the chat "
+                             "after applying the chat template")
+        return text
 
 
 def _json(path: Path) -> dict[str, Any]:

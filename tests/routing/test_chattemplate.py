@@ -34,6 +34,19 @@ def test_the_template_gets_its_special_tokens_globals_and_the_requests_kwargs(tm
     assert load_chat_template(tmp_path).render(doc) == "1"  # type: ignore[union-attr]
 
 
+def test_generation_blocks_documents_and_a_continued_final_message():
+    # SmolLM3-style: the assistant's turns in a {% generation %} block (transformers' tag), the end of turn after
+    template = ChatTemplate("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}"
+                            "{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}</>{% endfor %}"
+                            "{% for d in documents or [] %}[{{ d.title }}]{% endfor %}")
+    doc = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]}
+    assert template.render(doc) == "<user>hi</><assistant>Sure, </>"
+    assert template.render({**doc, "documents": [{"title": "a"}]}).endswith("</>[a]")
+    assert template.render({**doc, "continue_final_message": True}) == "<user>hi</><assistant>Sure, "
+    with pytest.raises(ValueError, match="final message does not appear"):
+        ChatTemplate("{{ messages | length }}").render({**doc, "continue_final_message": True})
+
+
 def test_a_chat_the_template_refuses_has_no_key_and_a_broken_template_is_refused(tmp_path):
     kv = KVIndex()
     kv.tokenizer, kv.template = load_tokenizer(str(chat_model.write(tmp_path / "m"))), ChatTemplate(ALTERNATE)
