@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw.api import Replica
+from llmgw.api import Replica, ShardPorts
 from llmgw.engines.engine import lookup
 
 
@@ -17,6 +17,12 @@ class Request:
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     digest: str | None = None      # its weights' content digest, when pinned (nodes holding it are preferred)
     memory: int | None = None      # MiB each of its GPUs must have free (spec.gpuMemoryMiB), when estimated
+    kv_events: bool = False        # its rank 0 publishes KV events: two ports more (ShardPorts.needed)
+
+    @property
+    def ports(self) -> int:
+        """The ports a node must have free for a rank of it (rank 0's, the most a rank takes)."""
+        return ShardPorts.needed(0, self.kv_events)
 
 
 def request_for(replica: Replica) -> Request:
@@ -30,4 +36,5 @@ def request_for(replica: Replica) -> Request:
         selector=tuple(sorted(replica.spec.nodeSelector.items())),
         digest=replica.spec.digest,
         memory=replica.spec.gpuMemoryMiB,
+        kv_events=replica.spec.kvEvents,
     )
