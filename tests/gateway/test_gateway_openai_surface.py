@@ -19,7 +19,7 @@ from tests.fixtures.gateway import Sim, metric, model, replica, running_gateway,
 @pytest.fixture(scope="module")
 def sims():
     # a first token after 200 ms: requests sent together overlap, so the balancer spreads them
-    with running_sims(2, "m", extra=["--ttft-ms", "200"]) as started:
+    with running_sims(3, "m", extra=["--ttft-ms", "200"]) as started:
         yield started
 
 
@@ -40,30 +40,37 @@ async def create(client: AsyncOpenAI, **kw) -> tuple[str, str]:
     return raw.parse().id, raw.headers[REPLICA_HEADER]
 
 
-async def test_a_follow_up_reaches_the_replica_holding_its_previous_response(sims):
-    async with running_gateway(table_of(sims)) as gw:
-        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
-        firsts = await asyncio.gather(*(create(client, input=f"question {i}") for i in range(4)))
-        assert {r for _, r in firsts} == {"r0", "r1"}   # both replicas hold some: the test can fail
-        for response_id, home in firsts:
-            # anywhere else the engine would answer 404 (it does not hold the response)
-            follow_up, where = await create(client, input="and then?", previous_response_id=response_id)
-            assert where == home
-            retrieved = await client.responses.with_raw_response.retrieve(response_id)
-            assert retrieved.headers[REPLICA_HEADER] == home and retrieved.parse().id == response_id
-            _, again = await create(client, input="and?", previous_response_id=follow_up)
-            assert again == home
+def client_of(gw) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+
+
+async def test_a_follow_up_reaches_the_replica_holding_its_previous_response_through_any_gateway(sims):
+    async with running_gateway(table_of(sims)) as a, running_gateway(table_of(sims)) as b:
+        firsts = await asyncio.gather(*(create(client_of(a), input=f"question {i}") for i in range(6)))
+        assert {r for _, r in firsts} == {"r0", "r1", "r2"}   # every replica holds some: the test can fail
+        # a gateway started after the responses were made (as one restarted) knows where they are too
+        async with running_gateway(table_of(sims)) as c:
+            for (response_id, home), gw in zip(firsts, (a, b, c, b, c, a), strict=True):
+                # anywhere else the engine would answer 404 (it does not hold the response)
+                follow_up, where = await create(client_of(gw), input="and then?", previous_response_id=response_id)
+                assert where == home
+                retrieved = await client_of(gw).responses.with_raw_response.retrieve(response_id)
+                assert retrieved.headers[REPLICA_HEADER] == home and retrieved.parse().id == response_id
+                again = await client_of(gw).responses.with_raw_response.create(
+                    model="m", max_output_tokens=3, input="and?", previous_response_id=follow_up)
+                assert again.headers[REPLICA_HEADER] == home
+                assert again.parse().previous_response_id == follow_up   # as the client knows it
         async with aiohttp.ClientSession() as s:
-            text = await scrape(s, gw)
-        # usage read from each response made (not from those retrieved): 3 tokens out, 12 made
-        assert metric(text, "llmgw_gateway_output_tokens_total", model="m") == 36
-        with pytest.raises(NotFoundError, match="did not relay it"):   # nobody knows where: no guess
-            await client.responses.retrieve("resp_not_made_here")
+            made = [metric(await scrape(s, gw), "llmgw_gateway_output_tokens_total", model="m") for gw in (a, b)]
+        # usage read from each response made where it was made (not from those retrieved): 3 tokens out each
+        assert made == [3 * (6 + 2 * 2), 3 * 2 * 2]
+        with pytest.raises(NotFoundError, match="no llmgw gateway made this id"):   # nobody knows where: no guess
+            await client_of(a).responses.retrieve("resp_not_made_here")
 
 
 async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
     async with running_gateway(table_of(sims)) as gw:
-        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        client = client_of(gw)
         raw = await client.responses.with_raw_response.create(model="m", input="hello there", max_output_tokens=3,
                                                               stream=True)
         home = raw.headers[REPLICA_HEADER]
@@ -84,7 +91,7 @@ async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
 async def test_a_drained_replicas_stream_ends_whole_and_a_follow_up_is_a_clear_404(sims):
     table = table_of(sims)
     async with running_gateway(table) as gw:
-        client = AsyncOpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)
+        client = client_of(gw)
         raw = await client.responses.with_raw_response.create(model="m", input="remember this", max_output_tokens=3,
                                                               stream=True)
         home = raw.headers[REPLICA_HEADER]
