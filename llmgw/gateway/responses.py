@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 from base64 import urlsafe_b64decode, urlsafe_b64encode
+from collections.abc import Callable
 
-_SEP = "~"
+_SEP, _SEP_BYTES = "~", b"~"
 # A response object's id (vLLM's, SGLang's: "resp_" and a uuid), and the previous_response_id it
-# echoes (made on the same replica: a follow-up is pinned there); output items' ids ("msg_...") are not.
-_ID = re.compile(rb'("(?:id|previous_response_id)"\s*:\s*"resp[^"\\~]{0,200})"')
+# echoes (made on the same replica: a follow-up is pinned there); output items' ids ("msg_...")
+# are not. Replaced by a function, not a template: expanding "\g<0>..." cost 3 us more a body.
+_ID = re.compile(rb'"(?:id|previous_response_id)"\s*:\s*"resp[^"\\~]{0,200}(?=")')
 
 
 def home(response_id: str) -> tuple[str, str] | None:
@@ -41,22 +43,22 @@ class Relabel:
     last line of a chunk waits for the next (an event's data line holds its response id whole;
     a stream is relayed line by line, as a client reads it)."""
 
-    __slots__ = ("_repl", "_rest")
+    __slots__ = ("_tagged", "_rest")
 
     def __init__(self, replica: str) -> None:
-        tag = urlsafe_b64encode(replica.encode()).rstrip(b"=")
-        self._repl = rb"\1" + _SEP.encode() + tag + b'"'
+        tag = _SEP_BYTES + urlsafe_b64encode(replica.encode()).rstrip(b"=")
+        self._tagged: Callable[[re.Match[bytes]], bytes] = lambda m: m.group() + tag
         self._rest = b""
 
     def whole(self, data: bytes) -> bytes:
-        return _ID.sub(self._repl, data)
+        return _ID.sub(self._tagged, data)
 
     def chunk(self, data: bytes) -> bytes:
         data = self._rest + data
         cut = data.rfind(b"\n") + 1
         self._rest = data[cut:]
-        return _ID.sub(self._repl, data[:cut]) if cut else b""
+        return _ID.sub(self._tagged, data[:cut]) if cut else b""
 
     def end(self) -> bytes:
         rest, self._rest = self._rest, b""
-        return _ID.sub(self._repl, rest)
+        return _ID.sub(self._tagged, rest)
