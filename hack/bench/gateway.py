@@ -362,15 +362,22 @@ def request(endpoint: str, max_tokens: int) -> tuple[str, str]:
 
 
 def added_p50_beside(load, endpoints: tuple[str, str], engine: str, gateway: str, max_tokens: int,
-                     turns: int, slice_s: float, engine_pid: int) -> dict[str, list[float]]:
+                     turns: int, slice_s: float, engine_pid: int,
+                     gateway_pid: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Each endpoint's added p50 for one client, in `turns` turns each taken in ABBA order
-    (each turn alternates engine and gateway itself): the two endpoints see the same outside load."""
+    (each turn alternates engine and gateway itself): the two endpoints see the same outside load.
+    And the gateway's CPU per request (us) of each over all its turns: steadier than a latency
+    on a busy machine."""
     added: dict[str, list[float]] = {e: [] for e in endpoints}
+    cpu = {e: [0.0, 0] for e in endpoints}   # seconds, requests sent through the gateway
     for endpoint in _turns(list(endpoints), turns):
         path, body = request(endpoint, max_tokens)
+        cpu0 = cpu_seconds(gateway_pid)
         r = load([engine + path, gateway + path], 1, 2 * slice_s, body, slice_s, engine_pid)
+        cpu[endpoint][0] += cpu_seconds(gateway_pid) - cpu0
+        cpu[endpoint][1] += r[gateway + path]["sent"]
         added[endpoint].append(r[gateway + path]["p50_ms"] - r[engine + path]["p50_ms"])
-    return added
+    return added, {e: seconds / sent * 1e6 for e, (seconds, sent) in cpu.items()}
 
 
 # ------------------------------------------------------------------ main
@@ -422,9 +429,9 @@ def main() -> None:
             cpu1 = [cpu_seconds(p.pid) for p in procs]
             # One client, back to back: the hop's own latency, without queueing behind 63 others.
             single = load([engine_url, gw_url], 1, args.seconds, body, args.slice, procs[0].pid)
-            beside = {} if args.beside is None else added_p50_beside(
+            beside = None if args.beside is None else added_p50_beside(
                 load, (args.endpoint, args.beside), engine_base, gw_base, args.max_tokens,
-                max(2, round(args.seconds / 2)), args.slice, procs[0].pid)
+                max(2, round(args.seconds / 2)), args.slice, procs[0].pid, procs[1].pid)
         finally:
             stop(procs)
     direct, via = loaded[engine_url], loaded[gw_url]
@@ -451,12 +458,15 @@ def main() -> None:
           f"p50 ratio {via1['p50_ms'] / direct1['p50_ms']:.2f}, p99 ratio {via1['p99_ms'] / direct1['p99_ms']:.2f}")
     # added_p50_ms is the unloaded hop (c=1): at saturation p50 is queueing, concurrency / throughput.
     figures = f"throughput_ratio={ratio:.2f} added_p50_ms={via1['p50_ms'] - direct1['p50_ms']:.2f}"
-    if beside:
-        medians = {e: statistics.median(v) for e, v in beside.items()}
-        for e, v in beside.items():
-            print(f"c=1 turn by turn, added p50 of {e}: {' '.join(f'{x:.3f}' for x in v)} ms")
-        figures += "".join(f" added_p50_ms_{e}={m:.3f}" for e, m in medians.items())
+    if beside is not None:
+        ends, (added, cpu) = (args.endpoint, args.beside), beside
+        medians = {e: statistics.median(added[e]) for e in ends}
+        for e in ends:
+            print(f"c=1 turn by turn, added p50 of {e}: {' '.join(f'{x:.3f}' for x in added[e])} ms; "
+                  f"gateway cpu {cpu[e]:.0f} us per request (warm-up included)")
+        figures += "".join(f" added_p50_ms_{e}={medians[e]:.3f}" for e in ends)
         figures += f" {args.endpoint}_minus_{args.beside}_ms={medians[args.endpoint] - medians[args.beside]:.3f}"
+        figures += "".join(f" gateway_cpu_us_{e}={cpu[e]:.0f}" for e in ends)
     print(figures)
 
 

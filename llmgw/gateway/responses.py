@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from base64 import urlsafe_b64decode, urlsafe_b64encode
 from collections.abc import Callable
+from functools import lru_cache
 
 _SEP, _SEP_BYTES = "~", b"~"
 # A response object's id (vLLM's, SGLang's: "resp_" and a uuid), and the previous_response_id it
@@ -37,6 +38,13 @@ def home(response_id: str) -> tuple[str, str] | None:
     return (engine_id, replica) if replica else None
 
 
+@lru_cache(maxsize=4096)   # a replica's, made once: not per response
+def _tagger(replica: str) -> Callable[[re.Match[bytes]], bytes]:
+    """re.sub's replacement: a matched id with the replica's tag after it."""
+    tag = _SEP_BYTES + urlsafe_b64encode(replica.encode()).rstrip(b"=")
+    return lambda m: m.group() + tag
+
+
 class Relabel:
     """Rewrites the response ids in what replica `replica` answers into ids naming it: a whole
     body at once (`whole`), a stream chunk by chunk (`chunk`, then `end`), where the partial
@@ -46,8 +54,7 @@ class Relabel:
     __slots__ = ("_tagged", "_rest")
 
     def __init__(self, replica: str) -> None:
-        tag = _SEP_BYTES + urlsafe_b64encode(replica.encode()).rstrip(b"=")
-        self._tagged: Callable[[re.Match[bytes]], bytes] = lambda m: m.group() + tag
+        self._tagged = _tagger(replica)
         self._rest = b""
 
     def whole(self, data: bytes) -> bytes:

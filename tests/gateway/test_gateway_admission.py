@@ -6,6 +6,7 @@ as `llmgw describe apikey` and `get apikeys` show it."""
 from __future__ import annotations
 
 import subprocess
+from base64 import urlsafe_b64encode
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -143,6 +144,12 @@ async def test_scope_unknown_key_and_models_list(api_server, sims, tmp_path):
             async with http.get(f"{url}/v1/responses/{made['id']}",
                                 headers={"Authorization": f"Bearer {secret}"}) as r:
                 assert r.status == expected
+        # An id written to name the other model's replica (ids name their replica) reaches nothing.
+        forged = made["id"].rpartition("~")[0] + "~" + urlsafe_b64encode(b"r-other").decode().rstrip("=")
+        async with http.get(f"{url}/v1/responses/{forged}", headers={"Authorization": f"Bearer {only_llama}"}) as r:
+            assert r.status == 404 and "X-Llmgw-Replica" not in r.headers
+        status, body, _ = await _post(http, url, only_llama, path="/v1/responses", previous_response_id=forged)
+        assert status == 404 and body["error"]["code"] == "response_replica_gone"
         # A wrong secret for an existing key, and no key at all: 401.
         assert (await _post(http, url, only_llama[:-4] + "0000"))[0] == 401
         assert (await _post(http, url, "sk-not-ours"))[0] == 401
