@@ -60,6 +60,18 @@ per request, 0.63-0.69 of the engine's. A typical run:
 runs alternated completions, responses, completions, responses, load average 6-9 (other test
 runs): added_p50_ms 0.50, 0.62, 0.34, 0.40 (responses minus completions +0.12 and +0.06 ms, in
 the noise of a run to the next); throughput_ratio 0.76, 0.87, 0.62, 0.67.
+2026-12-06, response ids naming their replica (rewritten in every body: no map),
+`--endpoint responses --beside chat --seconds 16` (8 one-client turns of each, alternated), on the
+shared 2-core machine at load average 8-15 (a turn's added p50 spreads from -3.5 to 11 ms, so one
+run's median moves by tenths of a ms): responses_minus_chat_ms -0.004, +0.261, -0.016 (reversed:
+`--endpoint chat --beside responses`, chat minus responses +0.018); gateway CPU per request then
+350/274 and 307/275 us (responses/chat). cProfile put the gap in Relabel's construction (a base64
+and a closure per response, 20 us of a profiled request's 700) and the Endpoint step (20 us, the
+model's replicas checked for the endpoint); the replica's tag made once (lru_cache) since, one
+run at load average 10: `added_p50_ms_responses=0.570 added_p50_ms_chat=0.657
+responses_minus_chat_ms=-0.087 gateway_cpu_us_responses=308 gateway_cpu_us_chat=317`. Within the
+0.1 ms target in every run but one, which the noise here cannot tell apart; a quiet machine
+would settle it.
 (The machine was about twice as fast as on 2026-12-03: the engine cost 64-101
 us per request, 224-270 us the day before.) The figures below were taken with
 the python generator.
