@@ -48,29 +48,33 @@ def client_of(gw) -> AsyncOpenAI:
 
 async def test_a_follow_up_reaches_the_replica_holding_its_previous_response_through_any_gateway(sims):
     async with running_gateway(table_of(sims)) as a, running_gateway(table_of(sims)) as b:
-        firsts = await asyncio.gather(*(create(client_of(a), input=f"question {i}") for i in range(6)))
+        ca, cb = client_of(a), client_of(b)
+        firsts = await asyncio.gather(*(create(ca, input=f"question {i}") for i in range(6)))
         assert {r for _, r in firsts} == {"r0", "r1", "r2"}   # every replica holds some: the test can fail
-        # a gateway started after the responses were made (as one restarted) knows where they are too
-        async def follow(response_id: str, home: str, gw) -> None:
+
+        async def follow(response_id: str, home: str, client: AsyncOpenAI) -> None:
             # anywhere else the engine would answer 404 (it does not hold the response)
-            follow_up, where = await create(client_of(gw), input="and then?", previous_response_id=response_id)
+            follow_up, where = await create(client, input="and then?", previous_response_id=response_id)
             assert where == home
-            retrieved = await client_of(gw).responses.with_raw_response.retrieve(response_id)
+            retrieved = await client.responses.with_raw_response.retrieve(response_id)
             assert retrieved.headers[REPLICA_HEADER] == home and retrieved.parse().id == response_id
-            again = await client_of(gw).responses.with_raw_response.create(
+            again = await client.responses.with_raw_response.create(
                 model="m", max_output_tokens=3, input="and?", previous_response_id=follow_up)
             assert again.headers[REPLICA_HEADER] == home
             assert again.parse().previous_response_id == follow_up   # as the client knows it
 
+        # a gateway started after the responses were made (as one restarted) knows where they are too
         async with running_gateway(table_of(sims)) as c:
-            await asyncio.gather(*(follow(response_id, home, gw)
-                                   for (response_id, home), gw in zip(firsts, (a, b, c, b, c, a), strict=True)))
+            cc = client_of(c)
+            await asyncio.gather(*(follow(response_id, home, client)
+                                   for (response_id, home), client in zip(firsts, (ca, cb, cc, cb, cc, ca),
+                                                                           strict=True)))
         async with aiohttp.ClientSession() as s:
             made = [metric(await scrape(s, gw), "llmgw_gateway_output_tokens_total", model="m") for gw in (a, b)]
         # usage read from each response made where it was made (not from those retrieved): 3 tokens out each
         assert made == [3 * (6 + 2 * 2), 3 * 2 * 2]
         with pytest.raises(NotFoundError, match="no llmgw gateway made this id"):   # nobody knows where: no guess
-            await client_of(a).responses.retrieve("resp_not_made_here")
+            await ca.responses.retrieve("resp_not_made_here")
 
 
 async def test_a_stream_is_relayed_event_by_event_and_its_follow_up_stays(sims):
