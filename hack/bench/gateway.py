@@ -3,7 +3,8 @@
 
     apt-get install wrk    # the default load generator (Debian's package)
     .venv/bin/python hack/bench/gateway.py [--concurrency 64] [--seconds 10] [--slice 1] [--max-tokens 4]
-                                           [--generator wrk|python] [--endpoint completions|responses]
+                                           [--generator wrk|python] [--endpoint completions|chat|responses]
+                                           [--beside completions|chat|responses]
 
 Starts a sim engine (no token delay) and a gateway (--static routes to that
 engine) as their own processes, then the load generator: --concurrency
@@ -59,6 +60,18 @@ per request, 0.63-0.69 of the engine's. A typical run:
 runs alternated completions, responses, completions, responses, load average 6-9 (other test
 runs): added_p50_ms 0.50, 0.62, 0.34, 0.40 (responses minus completions +0.12 and +0.06 ms, in
 the noise of a run to the next); throughput_ratio 0.76, 0.87, 0.62, 0.67.
+2026-12-06, response ids naming their replica (rewritten in every body: no map),
+`--endpoint responses --beside chat --seconds 16` (8 one-client turns of each, alternated), on the
+shared 2-core machine at load average 8-15 (a turn's added p50 spreads from -3.5 to 11 ms, so one
+run's median moves by tenths of a ms): responses_minus_chat_ms -0.004, +0.261, -0.016 (reversed:
+`--endpoint chat --beside responses`, chat minus responses +0.018); gateway CPU per request then
+350/274 and 307/275 us (responses/chat). cProfile put the gap in Relabel's construction (a base64
+and a closure per response, 20 us of a profiled request's 700) and the Endpoint step (20 us, the
+model's replicas checked for the endpoint); the replica's tag made once (lru_cache) since, one
+run at load average 10: `added_p50_ms_responses=0.570 added_p50_ms_chat=0.657
+responses_minus_chat_ms=-0.087 gateway_cpu_us_responses=308 gateway_cpu_us_chat=317`. Within the
+0.1 ms target in every run but one, which the noise here cannot tell apart; a quiet machine
+would settle it.
 (The machine was about twice as fast as on 2026-12-03: the engine cost 64-101
 us per request, 224-270 us the day before.) The figures below were taken with
 the python generator.
@@ -121,6 +134,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -345,12 +359,37 @@ def load_python(urls: list[str], concurrency: int, seconds: float, body: str, sl
 GENERATORS = {"wrk": load_wrk, "python": load_python}
 
 
+ENDPOINTS = ("completions", "chat", "responses")
+
+
 def request(endpoint: str, max_tokens: int) -> tuple[str, str]:
     """The path and the JSON body of the requests sent."""
     if endpoint == "responses":   # not stored: the sim would keep every one
         return "/v1/responses", json.dumps({"model": "bench", "input": "hello", "max_output_tokens": max_tokens,
                                             "store": False})
+    if endpoint == "chat":
+        return "/v1/chat/completions", json.dumps({"model": "bench", "max_tokens": max_tokens,
+                                                   "messages": [{"role": "user", "content": "hello"}]})
     return "/v1/completions", json.dumps({"model": "bench", "prompt": "hello", "max_tokens": max_tokens})
+
+
+def added_p50_beside(load, endpoints: tuple[str, str], engine: str, gateway: str, max_tokens: int,
+                     turns: int, slice_s: float, engine_pid: int,
+                     gateway_pid: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each endpoint's added p50 for one client, in `turns` turns each taken in ABBA order
+    (each turn alternates engine and gateway itself): the two endpoints see the same outside load.
+    And the gateway's CPU per request (us) of each over all its turns: steadier than a latency
+    on a busy machine."""
+    added: dict[str, list[float]] = {e: [] for e in endpoints}
+    cpu = {e: [0.0, 0] for e in endpoints}   # seconds, requests sent through the gateway
+    for endpoint in _turns(list(endpoints), turns):
+        path, body = request(endpoint, max_tokens)
+        cpu0 = cpu_seconds(gateway_pid)
+        r = load([engine + path, gateway + path], 1, 2 * slice_s, body, slice_s, engine_pid)
+        cpu[endpoint][0] += cpu_seconds(gateway_pid) - cpu0
+        cpu[endpoint][1] += r[gateway + path]["sent"]
+        added[endpoint].append(r[gateway + path]["p50_ms"] - r[engine + path]["p50_ms"])
+    return added, {e: seconds / sent * 1e6 for e, (seconds, sent) in cpu.items()}
 
 
 # ------------------------------------------------------------------ main
@@ -367,7 +406,10 @@ def main() -> None:
                    help="wrk (Debian's wrk; the default) or python (aiohttp clients, the generator "
                         "before 2026-12-04: it costs more CPU per request than the gateway)")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra argument for llmgw gateway")
-    p.add_argument("--endpoint", choices=("completions", "responses"), default="completions")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
+    p.add_argument("--beside", choices=ENDPOINTS,
+                   help="also the added p50 (one client) of --endpoint and of this one, in alternating turns "
+                        "(--seconds of them each), e.g. --endpoint responses --beside chat")
     args = p.parse_args()
     path, body = request(args.endpoint, args.max_tokens)
 
@@ -391,14 +433,17 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=open(Path(tmp, "gateway.log"), "w")))
             wait_up(f"http://127.0.0.1:{engine_port}/health", procs[0])
             wait_up(f"http://127.0.0.1:{gw_port}/healthz", procs[1])
-            engine_url = f"http://127.0.0.1:{engine_port}{path}"
-            gw_url = f"http://127.0.0.1:{gw_port}{path}"
+            engine_base, gw_base = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gw_port}"
+            engine_url, gw_url = engine_base + path, gw_base + path
             cpu0 = [cpu_seconds(p.pid) for p in procs]
             load = GENERATORS[args.generator]
             loaded = load([engine_url, gw_url], args.concurrency, args.seconds, body, args.slice, procs[0].pid)
             cpu1 = [cpu_seconds(p.pid) for p in procs]
             # One client, back to back: the hop's own latency, without queueing behind 63 others.
             single = load([engine_url, gw_url], 1, args.seconds, body, args.slice, procs[0].pid)
+            beside = None if args.beside is None else added_p50_beside(
+                load, (args.endpoint, args.beside), engine_base, gw_base, args.max_tokens,
+                max(2, round(args.seconds / 2)), args.slice, procs[0].pid, procs[1].pid)
         finally:
             stop(procs)
     direct, via = loaded[engine_url], loaded[gw_url]
@@ -424,7 +469,17 @@ def main() -> None:
     print(f"c=1: throughput ratio {via1['rps'] / direct1['rps']:.2f}, "
           f"p50 ratio {via1['p50_ms'] / direct1['p50_ms']:.2f}, p99 ratio {via1['p99_ms'] / direct1['p99_ms']:.2f}")
     # added_p50_ms is the unloaded hop (c=1): at saturation p50 is queueing, concurrency / throughput.
-    print(f"throughput_ratio={ratio:.2f} added_p50_ms={via1['p50_ms'] - direct1['p50_ms']:.2f}")
+    figures = f"throughput_ratio={ratio:.2f} added_p50_ms={via1['p50_ms'] - direct1['p50_ms']:.2f}"
+    if beside is not None:
+        ends, (added, cpu) = (args.endpoint, args.beside), beside
+        medians = {e: statistics.median(added[e]) for e in ends}
+        for e in ends:
+            print(f"c=1 turn by turn, added p50 of {e}: {' '.join(f'{x:.3f}' for x in added[e])} ms; "
+                  f"gateway cpu {cpu[e]:.0f} us per request (warm-up included)")
+        figures += "".join(f" added_p50_ms_{e}={medians[e]:.3f}" for e in ends)
+        figures += f" {args.endpoint}_minus_{args.beside}_ms={medians[args.endpoint] - medians[args.beside]:.3f}"
+        figures += "".join(f" gateway_cpu_us_{e}={cpu[e]:.0f}" for e in ends)
+    print(figures)
 
 
 if __name__ == "__main__":

@@ -66,5 +66,6 @@ ENGINE = register(Engine(
     syntax=Syntax(abbreviations=True),
     loads_weights=False, uses_gpus=False, runtime_lora=True, kv_events=True,
     serves=frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
-                      "/rerank", "/v1/rerank"}),
+                      "/rerank", "/v1/rerank", "/pooling", "/classify", "/v1/audio/transcriptions",
+                      "/v1/audio/translations"}),
 ))

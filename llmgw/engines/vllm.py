@@ -172,7 +172,9 @@ ENGINE = register(Engine(
     launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
     memory_overhead=(2 << 30, "assumed, not yet measured against a real vLLM's log: it profiles activations "
                               "and captures CUDA graphs at start, besides the CUDA context"),
-    # vllm/entrypoints: openai/responses, serve/tokenize and pooling/score's api_router.py
+    # vllm/entrypoints: openai/responses, serve/tokenize, pooling/score's api_router.py; pooling/pooling's
+    # and pooling/classify's, speech_to_text/transcription's and translation's (docs/gateway.md cites commits)
     serves=OPENAI | {"/v1/responses", "/tokenize", "/detokenize", "/score", "/v1/score",
-                     "/rerank", "/v1/rerank", "/v2/rerank"},
+                     "/rerank", "/v1/rerank", "/v2/rerank", "/pooling", "/classify",
+                     "/v1/audio/transcriptions", "/v1/audio/translations"},
 ))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.auth import Authenticator
 from llmgw.gateway.queue import WaitQueues
-from llmgw.gateway.responses import ResponseHomes
 from llmgw.gateway.scope import Scope
 from llmgw.gateway.step import Step
 from llmgw.gateway.steps.admit import Admit
@@ -35,7 +34,6 @@ class Wiring:
     synced: Callable[[], bool]   # whether the routing table has had its first full view
     max_body_bytes: int
     retry_after: int
-    homes: ResponseHomes   # which replica holds each stored response (the Responses API)
 
 
 def standard(w: Wiring) -> list[Step]:
@@ -44,7 +42,7 @@ def standard(w: Wiring) -> list[Step]:
         Authenticate(w.authenticator) if w.authenticator is not None else None,
         Parse(w.max_body_bytes),
         Resolve(w.table, w.scope, w.queue, w.synced, w.retry_after),
-        Endpoint(w.table, w.homes),
+        Endpoint(w.table),
         Admit(w.admission) if w.admission is not None else None,
         Wait(w.queue, w.retry_after),
     ]

@@ -1,6 +1,7 @@
-"""The endpoints the gateway routes: every model-addressed JSON endpoint (POST, the model named
-in the body) that an engine serves, as each engine declares it (`Engine.serves`, llmgw/engines,
-read from the engine's own route table); and whether a replica's engine serves one.
+"""The endpoints the gateway routes: every model-addressed endpoint (POST, the model named in
+the JSON body, or in the multipart form's `model` field for audio uploads) that an engine
+serves, as each engine declares it (`Engine.serves`, llmgw/engines, read from the engine's own
+route table); and whether a replica's engine serves one.
 
 A replica of an engine the gateway does not know (a table fed by hand) is taken to serve
 the OpenAI endpoints every engine serves."""
@@ -17,6 +18,8 @@ _SERVES = {name: frozenset(path.encode() for path in engine.serves) for name, en
 ROUTED = frozenset().union(_DEFAULT, *_SERVES.values())
 EVERYWHERE = _DEFAULT.intersection(*_SERVES.values())   # what no model lacks: not looked up per request
 RESPONSES = b"/v1/responses"
+# Multipart forms (a file upload), the model in the form's `model` field (form.py).
+MULTIPART = frozenset((b"/v1/audio/transcriptions", b"/v1/audio/translations"))
 # Cheap: they wait in no queue (answered at once, or 503 when the model has no Ready replica).
 UNQUEUED = frozenset((b"/tokenize", b"/detokenize", b"/v1/tokenize", b"/v1/detokenize"))
 

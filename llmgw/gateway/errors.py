@@ -130,8 +130,8 @@ def response_gone(response_id: str, replica: str, param: str = "previous_respons
 
 
 def response_unknown(response_id: str) -> Response:
-    """A stored response this gateway did not relay (or has forgotten, or the caller may not see)."""
+    """A stored response whose id no gateway handed out (or the caller may not see)."""
     return error_response(
-        404, f"Response with id '{response_id}' not found: this gateway did not relay it, so it does not "
-        "know which replica holds it (docs/gateway.md, 'The Responses API's state')", "invalid_request_error",
+        404, f"Response with id '{response_id}' not found: no llmgw gateway made this id, so it does not "
+        "name the replica holding it (docs/gateway.md, 'The Responses API's state')", "invalid_request_error",
         "response_id", "response_not_found")

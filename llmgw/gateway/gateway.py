@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from llmgw.gateway import errors
 from llmgw.gateway.admission import Admission
@@ -32,7 +32,7 @@ from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.proxy import GONE, Exchange, Proxy
 from llmgw.gateway.queue import UNLIMITED, WaitQueues
 from llmgw.gateway.response import Response, json_response
-from llmgw.gateway.responses import ResponseHomes
+from llmgw.gateway.responses import home
 from llmgw.gateway.scope import Scope
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import LATER, Call
@@ -102,12 +102,11 @@ class Gateway:
         self.outliers = Outliers(lambda endpoint: accepts(endpoint, connect_timeout),
                                  on_eject=lambda endpoint: self._abandon(
                                      endpoint, "its replica was ejected by outlier detection", False))
-        self.homes = ResponseHomes()
         self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
-                           self._go_on, self.homes)
+                           self._go_on)
         self.scope = Scope(self.table, admission)
         self.steps = tuple(steps(Wiring(self.table, self.queue, self.scope, authenticator, admission,
-                                        lambda: self.synced, max_body_bytes, retry_after, self.homes)))
+                                        lambda: self.synced, max_body_bytes, retry_after)))
         # the GET routes' own check of the caller (the chain is the proxied routes')
         self.authenticate = Authenticate(authenticator) if authenticator is not None else None
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)
@@ -266,14 +265,17 @@ class Gateway:
             denied = await self.authenticate.run(call)
             if denied is not None:
                 return denied
-        replica = self.homes.home(response_id)
-        if replica is None:
+        found = home(response_id)
+        if found is None:
             return errors.response_unknown(response_id)
+        engine_id, replica = found
         b = self.table.backends.get(replica)
         if b is None:
             return errors.response_gone(response_id, replica, "response_id")
         if not self.scope.allows(call.key, b.model):
             return errors.response_unknown(response_id)
+        query = request.target[len(path):]
+        request.target = _RESPONSE_PREFIX + quote(engine_id).encode() + _CANCEL * cancel + query
         call.body, call.name, call.model, call.pinned = Body(b"", {}), b.served[0] if b.served else b.model, \
             b.model, replica
         return await self._proxy(call, len(self.steps))

@@ -10,8 +10,9 @@ routing (not Ready, Failed, deleted, ejected) is failed at once (`abandon`, reas
 retried the same way, never on that replica again; a response under way on a replica whose
 engine is known dead (Failed, deleted) ends as one cut off does. Server-sent events are relayed
 chunk by chunk as they arrive, never buffered. A Responses API call pinned to the replica that
-holds its previous response (steps/endpoint.py) goes there only; the replica of each response
-relayed is remembered (responses.py).
+holds its previous response (steps/endpoint.py) goes there only; the response ids a Responses
+API answer carries are rewritten to name the replica that made them (responses.py), in a stream
+line by line.
 
 The common case (an idle connection to the replica picked, a small response with a length) is
 answered from protocol callbacks, without a task or a coroutine (`Proxy.begin`, `Exchange`);
@@ -31,7 +32,7 @@ from llmgw.gateway.http1 import Request, Stream
 from llmgw.gateway.metrics import Metrics
 from llmgw.gateway.outlier import Outliers
 from llmgw.gateway.response import Response
-from llmgw.gateway.responses import ResponseHomes
+from llmgw.gateway.responses import Relabel
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import Call
 from llmgw.gateway.table import Backend, RoutingTable
@@ -44,8 +45,6 @@ REPLICA_HEADER = "X-Llmgw-Replica"  # which replica answered, on every proxied r
 _REPLICA_LINE = REPLICA_HEADER.encode() + b": "
 # Responses up to this size with a Content-Length are read whole and sent in one write.
 _BUFFER_LIMIT = 1 << 20
-# A Responses stream's response.created event (the first) is looked for in this many bytes.
-_HEAD_LIMIT = 64 * 1024
 
 _HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
@@ -69,10 +68,8 @@ class Proxy:
     goes on in a task with an exchange begun without one (`go_on`)."""
 
     def __init__(self, table: RoutingTable, balancer: Balancer, outliers: Outliers, metrics: Metrics, pool: Pool,
-                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None],
-                 homes: ResponseHomes) -> None:
+                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None]) -> None:
         self.table, self.balancer, self.outliers, self.metrics, self.pool = table, balancer, outliers, metrics, pool
-        self.homes = homes
         self.spans = spans   # OpenTelemetry export, when --otel asks for it
         self.retry_after = retry_after
         self.hand_over = hand_over
@@ -213,12 +210,12 @@ class Proxy:
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
             if conn.status == 200:
-                self._made(request, b, data)
+                data = self._made(request, b, data)
             return Response(conn.status, headers, data)
-        resp = request.stream(conn.status, headers, None if sse else length)
+        # a Responses answer's ids are rewritten (its length changes: sent chunked)
+        relabel = Relabel(b.replica) if conn.status == 200 and request.path.startswith(RESPONSES) else None
+        resp = request.stream(conn.status, headers, None if sse or relabel is not None else length)
         timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
-        # a Responses stream's first event names its response: remembered as soon as it comes
-        head = b"" if request.path == RESPONSES and conn.status == 200 else None
         try:
             while True:
                 chunk = await conn.read_chunk()
@@ -226,9 +223,10 @@ class Proxy:
                     break
                 if timer is not None:
                     timer.chunk(chunk)
-                if head is not None:
-                    head += chunk
-                    head = None if self.homes.record(head, b.replica) or len(head) > _HEAD_LIMIT else head
+                if relabel is not None:
+                    chunk = relabel.chunk(chunk)
+                    if not chunk:
+                        continue
                 await resp.write(chunk)
         except UpstreamError as err:
             conn.close()
@@ -249,20 +247,23 @@ class Proxy:
         except ConnectionResetError:
             conn.close()  # the caller left: drop the engine's connection so it stops generating
             return resp
+        if relabel is not None:
+            rest = relabel.end()
+            if rest:
+                await resp.write(rest)
         resp.end()
         if timer is not None:
             _used(request, timer.end())
         return resp
 
-    def _made(self, request: Request, b: Backend, body: bytes) -> None:
+    def _made(self, request: Request, b: Backend, body: bytes) -> bytes:
         """A whole response of `b`'s engine, 200: its usage to the caller's key (not a stored
-        response's, retrieved or cancelled: counted when it was made), and the replica of a
-        Responses API response remembered."""
+        response's, retrieved or cancelled: counted when it was made); the body to send, a
+        Responses API answer's ids naming the replica."""
         path = request.path
         if path in ROUTED:
             _used(request, self.metrics.usage(b.model, body))
-        if path == RESPONSES:
-            self.homes.record(body, b.replica)
+        return Relabel(b.replica).whole(body) if path.startswith(RESPONSES) else body
 
     def _answered(self, b: Backend) -> None:
         """The engine's response started (not a 503): its failure streak ends."""
@@ -321,7 +322,7 @@ class Exchange:
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
         if resp.status == 200:   # before finished(), which lets go of the key's ticket
-            self.px._made(request, self.backend, resp.body)
+            resp.body = self.px._made(request, self.backend, resp.body)
         self.px.finished(call, resp.status)
         request.answer(resp)
 

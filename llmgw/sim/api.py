@@ -4,7 +4,9 @@ As vLLM's: /v1/completions, /v1/chat/completions, /v1/responses (a response made
 the default, is kept in this engine's memory, and GET /v1/responses/{id} answers it; a
 `previous_response_id` it does not hold is a 404),
 /tokenize and /detokenize (with the model's tokenizer.json, else a word is a token), and
-/rerank (a document's score: the share of the query's words it has).
+/rerank (a document's score: the share of the query's words it has), /pooling and /classify
+(each input's words counted), /v1/audio/transcriptions and /v1/audio/translations (a multipart
+upload, its file's size and name told back as its text).
 
 /health answers 503 while loading or draining, 200 when ready. /metrics uses
 vLLM's metric names (vllm:num_requests_running, vllm:generation_tokens_total,
@@ -135,6 +137,10 @@ class SimApi:
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_post("/rerank", self.rerank)
         app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/pooling", self.pooling)
+        app.router.add_post("/classify", self.classify)
+        app.router.add_post("/v1/audio/transcriptions", self.transcribe)
+        app.router.add_post("/v1/audio/translations", self.transcribe)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         if self.cfg.enable_lora:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
@@ -186,11 +192,13 @@ class SimApi:
         if unavailable is not None:
             raise _BadRequest(unavailable)
         body = await _json_object(request)
-        model = body.get("model")
+        self._serves(body.get("model"))
+        return body
+
+    def _serves(self, model: object) -> None:
         if model not in self.names and model not in self.loras:
             raise _BadRequest(error(404, f"The model `{model}` does not exist; this server serves "
                                          f"{', '.join(self.cfg.served_model_names)}", "NotFoundError"))
-        return body
 
     @staticmethod
     def _max_tokens(body: dict[str, Any], *keys: str) -> int:
@@ -560,6 +568,67 @@ class SimApi:
         n = sum(len(text.split()) or 1 for text in (query, *documents))
         return web.json_response({"id": self._id("rerank"), "model": body["model"],
                                   "usage": {"prompt_tokens": n, "total_tokens": n}, "results": results})
+
+    async def _inputs(self, request: web.Request) -> tuple[dict[str, Any], list[str]] | web.Response:
+        """A pooling request's body and its `input` as a list of strings."""
+        try:
+            body = await self._body(request)
+        except _BadRequest as bad:
+            return bad.response
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
+            return error(400, "input must be a string or a list of strings", "BadRequestError", "input")
+        return body, inputs
+
+    def _pooled(self, body: dict[str, Any], inputs: list[str], kind: str,
+                item: Callable[[int, str], dict[str, Any]]) -> web.Response:
+        n = sum(len(t.split()) or 1 for t in inputs)
+        return web.json_response({"id": self._id(kind), "object": "list", "created": int(time.time()),
+                                  "model": body["model"], "data": [item(i, t) for i, t in enumerate(inputs)],
+                                  "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    async def pooling(self, request: web.Request) -> web.Response:
+        """vLLM's /pooling: each input's pooled vector (here: its words and characters counted)."""
+        got = await self._inputs(request)
+        if isinstance(got, web.Response):
+            return got
+        return self._pooled(*got, "pool", lambda i, t: {"index": i, "object": "pooling",
+                                                         "data": [float(len(t.split())), float(len(t))]})
+
+    async def classify(self, request: web.Request) -> web.Response:
+        """vLLM's /classify: each input's label (here: LABEL_1 for an odd number of words)."""
+        got = await self._inputs(request)
+        if isinstance(got, web.Response):
+            return got
+
+        def label(i: int, text: str) -> dict[str, Any]:
+            odd = len(text.split()) % 2
+            return {"index": i, "label": f"LABEL_{odd}", "probs": [1.0 - odd, float(odd)], "num_classes": 2}
+        return self._pooled(*got, "classify", label)
+
+    async def transcribe(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/audio/transcriptions and /translations: a multipart form with `file` and
+        `model`; the text says how many bytes the file had, and its name."""
+        unavailable = self._unavailable()
+        if unavailable is not None:
+            return unavailable
+        try:
+            form = await request.post()
+        except ValueError as err:
+            return error(400, f"the body is not a form: {err}", "BadRequestError")
+        upload = form.get("file")
+        if not isinstance(upload, web.FileField):
+            return error(422, "file: a file upload is required", "BadRequestError", "file")
+        try:
+            self._serves(form.get("model"))
+        except _BadRequest as bad:
+            return bad.response
+        text = f"{len(upload.file.read())} bytes of {upload.filename}"
+        if form.get("response_format") == "text":
+            return web.Response(text=text)
+        return web.json_response({"text": text, "usage": {"type": "duration", "seconds": 1}})
+
 
 def _usage(seq: Seq) -> dict[str, Any]:
     prompt, n = len(seq.tokens), seq.n

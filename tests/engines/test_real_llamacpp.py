@@ -73,10 +73,10 @@ def api(cluster, call):
     return asyncio.run(go())
 
 
-def model(name: str, source: Path) -> Model:
+def model(name: str, source: Path, *args: str) -> Model:
     return Model.model_validate({"metadata": {"name": name}, "spec": {
         "replicas": 1, "aliases": [f"{name}-alias"], "source": str(source),
-        "profiles": [{"engine": "llamacpp", "gpusPerNode": 1, "args": ["--ctx-size", str(CONTEXT)]}]}})
+        "profiles": [{"engine": "llamacpp", "gpusPerNode": 1, "args": ["--ctx-size", str(CONTEXT), *args]}]}})
 
 
 def replica(cluster, name: str):
@@ -134,6 +134,29 @@ def test_1_a_real_llama_server_serves_through_the_gateway(cluster, model_file):
     assert isinstance(text["content"], str)
     with pytest.raises(openai.NotFoundError, match="does not serve /v1/responses"):   # what llama-server lacks
         oa.responses.create(model="tiny", input="hi")
+
+
+def test_1_its_embeddings_and_rerank_servers_answer_through_the_gateway(cluster, model_file):
+    """What llama-server serves only when started for it (--embeddings, --rerank: its --help),
+    each a Model of its own; the tiny model has no trained head, so the scores are only shapes."""
+    api(cluster, lambda c: c.apply(model("embedder", model_file, "--embeddings", "--pooling", "mean")))
+    api(cluster, lambda c: c.apply(model("ranker", model_file, "--rerank")))
+    oa, url = openai_client(cluster), cluster.gateway_url
+
+    def embeds() -> bool:
+        try:
+            return len(oa.embeddings.create(model="embedder", input=["hello world", "hi"]).data) == 2
+        except openai.APIError:   # not Ready yet
+            return False
+    until_sync(embeds, "embeddings served through the gateway", timeout=120)
+    until_sync(lambda: (r := replica(cluster, "ranker")) is not None and r.status.phase == "Ready",
+               "the ranker Ready", timeout=120)
+    for path in ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking"):
+        ranked = oa.post(f"{url}{path}", cast_to=object, body={
+            "model": "ranker-alias", "query": "red fox", "documents": ["a blue bird", "the red fox", "a fox"]})
+        assert sorted(r["index"] for r in ranked["results"]) == [0, 1, 2], path
+    api(cluster, lambda c: c.delete(Model, "embedder"))
+    api(cluster, lambda c: c.delete(Model, "ranker"))
 
 
 def test_2_one_request_may_use_more_than_a_quarter_of_the_context(cluster):

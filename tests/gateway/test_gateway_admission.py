@@ -6,6 +6,7 @@ as `llmgw describe apikey` and `get apikeys` show it."""
 from __future__ import annotations
 
 import subprocess
+from base64 import urlsafe_b64encode
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -18,7 +19,7 @@ from llmgw.api.meta import now
 from llmgw.api.secrets import new_secret
 from llmgw.cli.create import build_key
 from llmgw.dev.process import free_port
-from llmgw.gateway.endpoints import ROUTED
+from llmgw.gateway.endpoints import MULTIPART, ROUTED
 from tests.fixtures.cluster import api_server, ca_dir, llmgw, llmgw_ca  # noqa: F401
 from tests.fixtures.gateway import CLI, Sim, metric
 from tests.fixtures.poll import until
@@ -81,8 +82,14 @@ async def _gateways(api_server, tmp_path, n: int = 1, extra: tuple[str, ...] = (
 
 
 async def _post(http, url, secret, model="llama", path="/v1/completions", **body):
-    async with http.post(url + path, headers={"Authorization": f"Bearer {secret}"},
-                         json={"model": model, "prompt": "hello", "max_tokens": 2, **body}) as r:
+    """A JSON body naming the model, or for an audio upload (MULTIPART) a form naming it."""
+    if path.encode() in MULTIPART:
+        form = aiohttp.FormData({"model": model})
+        form.add_field("file", b"RIFF", filename="a.wav")
+        sent = {"data": form}
+    else:
+        sent = {"json": {"model": model, "prompt": "hello", "max_tokens": 2, **body}}
+    async with http.post(url + path, headers={"Authorization": f"Bearer {secret}"}, **sent) as r:
         return r.status, await r.json(), r.headers
 
 
@@ -127,6 +134,7 @@ async def test_scope_unknown_key_and_models_list(api_server, sims, tmp_path):
             status, body, _ = await _post(http, url, only_llama, model="other", path=path.decode())
             assert (status, body["error"]["code"]) == (404, "model_not_found"), path
         assert (await _post(http, url, only_llama, path="/tokenize"))[0] == 200
+        assert (await _post(http, url, only_llama, path="/v1/audio/transcriptions"))[0] == 200
         # By label selector: the gold model only.
         assert (await _post(http, url, gold, model="other"))[0] == 200
         assert (await _post(http, url, gold, model="llama"))[0] == 404
@@ -136,6 +144,12 @@ async def test_scope_unknown_key_and_models_list(api_server, sims, tmp_path):
             async with http.get(f"{url}/v1/responses/{made['id']}",
                                 headers={"Authorization": f"Bearer {secret}"}) as r:
                 assert r.status == expected
+        # An id written to name the other model's replica (ids name their replica) reaches nothing.
+        forged = made["id"].rpartition("~")[0] + "~" + urlsafe_b64encode(b"r-other").decode().rstrip("=")
+        async with http.get(f"{url}/v1/responses/{forged}", headers={"Authorization": f"Bearer {only_llama}"}) as r:
+            assert r.status == 404 and "X-Llmgw-Replica" not in r.headers
+        status, body, _ = await _post(http, url, only_llama, path="/v1/responses", previous_response_id=forged)
+        assert status == 404 and body["error"]["code"] == "response_replica_gone"
         # A wrong secret for an existing key, and no key at all: 401.
         assert (await _post(http, url, only_llama[:-4] + "0000"))[0] == 401
         assert (await _post(http, url, "sk-not-ours"))[0] == 401

@@ -1,10 +1,13 @@
-"""The request's body (read whole, up to the gateway's limit) and the model it names; a 400, 408
-or 413 if it has none."""
+"""The request's body (read whole, up to the gateway's limit) and the model it names: the JSON
+document's `model`, or for the audio endpoints the multipart form's (form.py); a 400, 408 or 413
+if it has none."""
 from __future__ import annotations
 
 from llmgw.api.limits import parse_json
 from llmgw.gateway import errors
 from llmgw.gateway.body import Body
+from llmgw.gateway.endpoints import MULTIPART
+from llmgw.gateway.form import FormError, parse_form
 from llmgw.gateway.http1 import BodyError, TimedOut, TooLarge
 from llmgw.gateway.response import Response
 from llmgw.gateway.step import LATER, Call, Later, Step
@@ -31,6 +34,8 @@ class Parse(Step):
 
 
 def _parse(call: Call, body: bytes) -> Response | None:
+    if call.request.path in MULTIPART:
+        return _parse_form(call, body)
     try:
         # '{' then a non-NUL byte is UTF-8 (UTF-16/32 LE put NULs after it, BE and BOMs
         # before): decoding it here skips json's encoding detection, a Python function.
@@ -48,4 +53,13 @@ def _parse(call: Call, body: bytes) -> Response | None:
             "You must provide a model parameter (a model name or alias; see GET /v1/models)",
             param="model", code="missing_required_parameter")
     call.body, call.name = Body(body, doc), name
+    return None
+
+
+def _parse_form(call: Call, body: bytes) -> Response | None:
+    try:
+        form = parse_form(body, call.request.header(b"content-type"))
+    except FormError as err:
+        return errors.bad_request(f"We could not read the model of your upload: {err}", param="model")
+    call.body, call.name = form, form.doc["model"]
     return None
