@@ -7,6 +7,7 @@ keeps one KV cache shared by the slots, so one request can use the whole
 count, and with a slot count given it splits the context between the slots
 (4 slots of an 8192-token context would take 2048-token requests at most).
 `--alias` takes a comma-separated list: every name in servedModelNames.
+`--ctx-size` is the replica's KV budget in tokens (spec.kvCache) where it has one.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--parallel", str(DEFAULT_PARALLEL),
         "--kv-unified",
         "--n-gpu-layers", str(ALL_LAYERS),
+        # the KV cache its GPUs hold (spec.kvCache), shared by the slots (--kv-unified)
+        *(["--ctx-size", str(spec.kvCache.tokens)] if spec.kvCache is not None else []),
         *spec.args,
     ]
     return RenderedShard(
@@ -70,5 +73,5 @@ ENGINE = register(Engine(
     # tools/server/server.cpp's routes
     serves=OPENAI | {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking"},
     memory_overhead=(512 << 20, "assumed, not measured: the CUDA context and compute buffers at default batch size"),
-    split="layers",
+    split="layers", context_flags=("-c", "--ctx-size"),
 ))

@@ -61,6 +61,10 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
             "--node-rank", str(spec.rank),
             "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
         ]
+    if spec.kvCache is not None:
+        # the KV pool's size in tokens (server_args.max_total_tokens: "the maximum number of tokens
+        # in the memory pool"; without it SGLang sizes the pool from --mem-fraction-static)
+        argv += ["--max-total-tokens", str(spec.kvCache.tokens)]
     argv += spec.args
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE
@@ -91,5 +95,5 @@ ENGINE = register(Engine(
     # python/sglang/srt/entrypoints/http_server.py's routes
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},
-    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp",
+    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", context_flags=("--context-length",),
 ))

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import NodeFacts, Probe, RenderError, render
 
 EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
@@ -275,3 +275,32 @@ def test_the_sim_publishes_kv_events_and_a_shard_without_the_ports_nothing():
     for engine in ("vllm", "sim", "llamacpp"):
         plain = render(make_shard(engine), node(), EXE).commands[-1]
         assert "--kv-events-config" not in plain.argv and "PYTHONHASHSEED" not in plain.env
+
+
+# ------------------------------------------------------------------ KV budget
+
+# A replica the scheduler placed on GPUs of 81559 MiB with 40000 MiB free: 20 GiB of KV, 163840 tokens.
+BUDGET = KVBudget(gpuMiB=81559, freeMiB=40000, bytes=20 << 30, tokens=163840)
+
+
+@pytest.mark.parametrize("engine, flags", [
+    # (40000 MiB - 1 GiB of CUDA context) / 81559 MiB, rounded down: vLLM's share, under its 0.9
+    ("vllm", ["--gpu-memory-utilization", "0.477"]),
+    ("sglang", ["--max-total-tokens", "163840"]),
+    ("llamacpp", ["--ctx-size", "163840"]),
+])
+def test_a_placed_replica_tells_its_engine_the_budget_and_the_model_args_come_after(engine, flags):
+    argv = argvs(render(make_shard(engine, kvCache=BUDGET), node(), EXE))[0]
+    at = argv.index(flags[0])
+    assert argv[at:at + 2] == flags
+    assert argv.count(flags[0]) == 1
+    if engine != "llamacpp":   # the Model's args last: a flag of theirs wins (argparse's last value)
+        assert argv[-2:] == ["--max-model-len", "8192"]
+    # without a budget (no estimate, or GPUs that report no memory) the engine sizes its cache itself
+    assert flags[0] not in argvs(render(make_shard(engine), node(), EXE))[0]
+
+
+def test_vllm_is_never_asked_for_more_than_its_default_share():
+    idle = KVBudget(gpuMiB=81559, freeMiB=81556, bytes=70 << 30, tokens=573440)
+    argv = argvs(render(make_shard("vllm", kvCache=idle), node(), EXE))[0]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.900"

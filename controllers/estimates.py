@@ -1,0 +1,181 @@
+"""Each profile's GPU memory estimate of a Model (issue 48), for the model controller: read once per
+spec, in a thread beside the reconciles, never in one.
+
+Where it is computed, and why there: the controller-manager creates a Model's replicas, and a
+replica must carry its estimate before the scheduler sees it (ReplicaSpec.memory), so the estimate
+is made before any node is chosen. Of the components that run before placement (the API server,
+the controller-manager) only the controller-manager may read files beside its work (the API server
+stores objects and nothing else), and it reads the model's files where its source is a directory
+it sees: a shared filesystem, or the machine `llmgw dev up` runs on. The agents see the files only
+once a replica is placed on their node, which is too late.
+
+Off the hot path: a model's reconcile (every burst of its replicas' events) reads the estimate
+from memory; the files are read in a worker thread once for each (uid, template, minContext) of the
+Model, and again every RETRY_SECONDS while a profile has none (a directory not there yet). While
+the thread runs, the reconcile creates no replica of a Model whose source is a directory, so none
+is placed by its GPU count alone; the thread's end enqueues the model again.
+
+A profile has no estimate when the Model has no source, a source the nodes pull (hf://, http(s)://)
+or a path the controller-manager does not see, or when its files do not say enough (llmgw/fit.py's
+ShapeError: no safetensors header, an unknown architecture): its replicas are placed by GPU count,
+as before, and the Model's condition MemoryEstimated says why (False, reason NotEstimated).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmgw.api import MemoryEstimate, Model, template_hash
+from llmgw.api.patches import ConditionPatch, MemoryEstimatePatch, ProfileFitPatch
+from llmgw.api.sources import parse_source
+from llmgw.engines import ENGINES
+from llmgw.fit import Estimate, ShapeError, estimate_dir
+
+log = logging.getLogger("llmgw.controllers.estimates")
+
+RETRY_SECONDS = 60.0
+CONDITION = "MemoryEstimated"
+
+
+@dataclass(frozen=True)
+class NoEstimate:
+    """Why a profile has no estimate: its replicas are placed by GPU count."""
+
+    message: str
+
+
+ProfileResult = Estimate | NoEstimate
+
+
+def context_floor(model: Model, index: int) -> int | None:
+    """The context a replica of profile `index` must hold at least: the larger of the Model's
+    spec.minContext and the context its engine's flags in the profile's args set; None: neither."""
+    profile = model.spec.profiles[index]
+    floors = [f for f in (model.spec.minContext, ENGINES[profile.engine].context_floor(profile.args)) if f]
+    return max(floors) if floors else None
+
+
+def estimate_profile(model: Model, index: int) -> ProfileResult:
+    """Profile `index`'s estimate from the files of the Model's source, with its context floor."""
+    source = model.spec.source
+    if source is None:
+        return NoEstimate("no spec.source to read")
+    if parse_source(source) is not None:
+        return NoEstimate(f"source {source} is pulled by the nodes: not read before placement")
+    if not os.path.isdir(source):
+        return NoEstimate(f"{source} is not a directory the controller-manager sees")
+    profile = model.spec.profiles[index]
+    try:
+        est = estimate_dir(source, profile.engine, profile.gpusPerNode, profile.nodes)
+    except ShapeError as err:
+        return NoEstimate(str(err))
+    floor = context_floor(model, index)
+    return est if floor is None else dataclasses.replace(est, min_context=floor)
+
+
+def estimate_model(model: Model) -> list[ProfileResult]:
+    return [estimate_profile(model, i) for i in range(len(model.spec.profiles))]
+
+
+def estimate_patch(est: Estimate) -> MemoryEstimatePatch:
+    return {"tp": est.tp, "pp": est.pp, "weightsBytes": est.weights, "kvBytesPerToken": est.kv_per_token,
+            "overheadBytes": est.overhead, "minContext": est.min_context, "neededBytes": est.needed}
+
+
+def api_estimate(est: Estimate) -> MemoryEstimate:
+    """What a replica carries in spec.memory."""
+    return MemoryEstimate(**estimate_patch(est))
+
+
+def _key(model: Model) -> tuple[object, ...]:
+    return model.metadata.uid, template_hash(model.spec), model.spec.minContext
+
+
+@dataclass
+class _Entry:
+    key: tuple[object, ...]
+    results: list[ProfileResult] | None = None       # None while the thread reads
+    at: float = 0.0                           # when results were made
+    task: asyncio.Task[None] | None = None
+
+
+class Estimates:
+    """The model controller's estimates, per Model name, for one leadership term."""
+
+    def __init__(self, wake: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._wake, self._clock = wake, clock
+        self._entries: dict[str, _Entry] = {}
+
+    def get(self, model: Model) -> list[ProfileResult] | None:
+        """The Model's estimates per profile; None while its files are first read (the model is
+        enqueued again once they are)."""
+        name, key = model.metadata.name, _key(model)
+        entry = self._entries.get(name)
+        if entry is not None and entry.key == key and (entry.results is None or not self._due(entry)):
+            return entry.results
+        kept = entry.results if entry is not None and entry.key == key else None   # a retry keeps them
+        if entry is not None and entry.task is not None:
+            entry.task.cancel()
+        if not _reads(model):   # nothing to read: no thread
+            results = estimate_model(model)
+            self._entries[name] = _Entry(key, results, self._clock())
+            return results
+        entry = self._entries[name] = _Entry(key, kept)
+        entry.task = asyncio.get_running_loop().create_task(self._read(name, entry, model))
+        return kept
+
+    def _due(self, entry: _Entry) -> bool:
+        """A profile without an estimate is tried again every RETRY_SECONDS (a directory mounted later)."""
+        return (entry.results is not None and any(isinstance(r, NoEstimate) for r in entry.results)
+                and self._clock() - entry.at >= RETRY_SECONDS)
+
+    async def _read(self, name: str, entry: _Entry, model: Model) -> None:
+        try:
+            results = await asyncio.to_thread(estimate_model, model)
+        except Exception as err:  # a bug in the estimate must not stop the replicas
+            log.exception("model %s: estimate failed", name)
+            results = [NoEstimate(f"the estimate failed: {err}")] * len(model.spec.profiles)
+        entry.results, entry.at, entry.task = results, self._clock(), None
+        self._wake(name)
+
+    def forget(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is not None and entry.task is not None:
+            entry.task.cancel()
+
+    def stop(self) -> None:
+        for name in list(self._entries):
+            self.forget(name)
+
+
+def _reads(model: Model) -> bool:
+    """Whether the estimate reads files: a source that is a path (pulled sources are not read)."""
+    return model.spec.source is not None and parse_source(model.spec.source) is None
+
+
+def fit_status(results: list[ProfileResult], context: dict[int, int], generation: int
+               ) -> tuple[list[ProfileFitPatch], ConditionPatch]:
+    """status.fit and the MemoryEstimated condition; `context`: profile -> the fewest KV tokens a
+    placed replica of it was given."""
+    fits: list[ProfileFitPatch] = []
+    for i, r in enumerate(results):
+        if isinstance(r, Estimate):
+            fits.append({"profile": i, "estimate": estimate_patch(r), "contextTokens": context.get(i),
+                         "message": r.summary()})
+        else:
+            fits.append({"profile": i, "estimate": None, "contextTokens": None,
+                         "message": f"no estimate, placed by GPU count: {r.message}"})
+    missing = [f"profile {f['profile']}: {f['message']}" for f in fits if f["estimate"] is None]
+    cond: ConditionPatch = {
+        "type": CONDITION, "status": "False" if missing else "True",
+        "reason": "NotEstimated" if missing else "Estimated",
+        "message": "; ".join(missing) if missing else "; ".join(f"profile {f['profile']}: {f['message']}"
+                                                                  for f in fits),
+        "observedGeneration": generation,
+    }
+    return fits, cond
