@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from llmgw.api import KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
-from llmgw.engines import NodeFacts, Probe, RenderError, render
+from llmgw.engines import ENGINES, NodeFacts, Probe, RenderError, render
 
 EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
        "llama-server": "/usr/local/bin/llama-server", "python": "/usr/bin/python3"}
@@ -304,3 +304,16 @@ def test_vllm_is_never_asked_for_more_than_its_default_share():
     idle = KVBudget(gpuMiB=81559, freeMiB=81556, bytes=70 << 30, tokens=573440)
     argv = argvs(render(make_shard("vllm", kvCache=idle), node(), EXE))[0]
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.900"
+
+
+@pytest.mark.parametrize("engine, args, floor", [
+    ("vllm", ["--max-model-len", "32768"], 32768),
+    ("vllm", ["--max-model-len=8192", "--max-model-len", "16384"], 16384),   # the last, as argparse reads it
+    ("sglang", ["--context-length", "65536"], 65536),
+    ("llamacpp", ["-c", "4096"], 4096),
+    ("llamacpp", ["--ctx-size=0"], None),                 # 0: llama.cpp's "the model's own", no floor
+    ("vllm", ["--max-model-len", "32k"], None),           # not a whole number: vLLM itself says what it reads
+    ("vllm", ["--enforce-eager"], None),
+])
+def test_the_context_floor_a_profile_sets_through_its_engine_flag(engine, args, floor):
+    assert ENGINES[engine].context_floor(args) == floor
