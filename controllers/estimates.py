@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from llmgw.api import MemoryEstimate, Model, template_hash
 from llmgw.api.patches import ConditionPatch, MemoryEstimatePatch, ProfileFitPatch
 from llmgw.api.sources import parse_source
-from llmgw.engines import ENGINES
 from llmgw.fit import Estimate, ShapeError, estimate_dir
 
 log = logging.getLogger("llmgw.controllers.estimates")
@@ -52,14 +51,6 @@ class NoEstimate:
 ProfileResult = Estimate | NoEstimate
 
 
-def context_floor(model: Model, index: int) -> int | None:
-    """The context a replica of profile `index` must hold at least: the larger of the Model's
-    spec.minContext and the context its engine's flags in the profile's args set; None: neither."""
-    profile = model.spec.profiles[index]
-    floors = [f for f in (model.spec.minContext, ENGINES[profile.engine].context_floor(profile.args)) if f]
-    return max(floors) if floors else None
-
-
 def estimate_profile(model: Model, index: int) -> ProfileResult:
     """Profile `index`'s estimate from the files of the Model's source, with its context floor."""
     source = model.spec.source
@@ -74,7 +65,7 @@ def estimate_profile(model: Model, index: int) -> ProfileResult:
         est = estimate_dir(source, profile.engine, profile.gpusPerNode, profile.nodes)
     except ShapeError as err:
         return NoEstimate(str(err))
-    floor = context_floor(model, index)
+    floor = model.spec.context_floor(index)
     return est if floor is None else dataclasses.replace(est, min_context=floor)
 
 

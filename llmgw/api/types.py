@@ -390,6 +390,14 @@ class ModelSpec(Strict):
     # fit"); absent: the engine's context flag in a profile's args (vLLM --max-model-len), else 4096.
     minContext: Annotated[int, Field(strict=True, ge=1, le=MAX_CONTEXT)] | None = added("0.3.0")
 
+    def context_floor(self, index: int) -> int | None:
+        """The context a replica of profile `index` must hold at least (docs/contracts.md, "Will it
+        fit"): the larger of minContext and what its engine's context flag in the profile's args
+        sets (vLLM's --max-model-len); None when neither says."""
+        profile = self.profiles[index]
+        floors = [f for f in (self.minContext, rules.lookup(profile.engine).context_floor(profile.args)) if f]
+        return max(floors) if floors else None
+
     @model_validator(mode="after")
     def _digest_of_pulled(self) -> Self:
         check_pulled_digest(self.source, self.digest)

@@ -160,9 +160,11 @@ FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", 
               metavar="GIB", help="The GPU memory CONTEXT is worked out for, in GiB.")
 def fit(files: tuple[str, ...], gpu_memory: float) -> None:
     """Each profile of each Model in the files: per GPU, its weights, the engine's overhead, the KV
-    bytes per token, what placement needs free (weights, overhead and a 4,096-token KV cache), and
+    bytes per token, what placement needs free (weights, overhead and the KV cache of 4,096 tokens,
+    or of the Model's spec.minContext or its engine's context flag in the args, --max-model-len), and
     the tokens of context a GPU of --gpu-memory GiB holds. Read from the files of a local
     spec.source directory (safetensors headers and config.json); no cluster is asked."""
+    import dataclasses
     from pathlib import Path
 
     from llmgw.api import Model
@@ -186,6 +188,8 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
                 est = estimate_dir(source, p.engine, p.gpusPerNode, p.nodes)
             except ShapeError as err:
                 raise CliError(f"model {m.name}: {err}") from None
+            floor = m.spec.context_floor(i)
+            est = est if floor is None else dataclasses.replace(est, min_context=floor)
             rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
                          f"{est.kv_per_token} B", gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
     print_table(FIT_HEADERS, rows)

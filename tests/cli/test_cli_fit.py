@@ -43,3 +43,15 @@ def test_fit_refuses_in_one_line_what_it_cannot_read(tmp_path: Path):
     assert out.exit_code != 0
     assert "model-00002-of-00002.safetensors: shorter than a safetensors header" in out.output
     assert "Traceback" not in out.output
+
+
+def test_fit_needs_the_kv_of_the_context_the_args_set(tmp_path: Path):
+    tiny_llama(tmp_path / "tiny")
+    path = tmp_path / "long.yaml"
+    path.write_text(f"apiVersion: llmgw.io/v1\nkind: Model\nmetadata: {{name: long}}\nspec:\n"
+                    f"  source: {tmp_path / 'tiny'}\n"
+                    "  profiles:\n  - {engine: vllm, gpusPerNode: 2, args: [--max-model-len, '2097152']}\n")
+    out = CliRunner().invoke(ctl, ["fit", "-f", str(path)])
+    assert out.exit_code == 0, out.output
+    # 2 GiB overhead + 1 GiB of KV (512 B/token x 2 Mi tokens) + 3.9 MiB of weights
+    assert out.output.splitlines()[1].split()[11:13] == ["3.0", "GiB"]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from llmgw.api import KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import KVBudget, ModelSpec, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import ENGINES, NodeFacts, Probe, RenderError, render
 
 EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
@@ -317,3 +317,11 @@ def test_vllm_is_never_asked_for_more_than_its_default_share():
 ])
 def test_the_context_floor_a_profile_sets_through_its_engine_flag(engine, args, floor):
     assert ENGINES[engine].context_floor(args) == floor
+
+
+def test_a_models_floor_is_the_larger_of_its_min_context_and_its_engine_flag():
+    def spec(min_context, args):
+        return ModelSpec.model_validate({"minContext": min_context, "profiles": [{"engine": "vllm", "args": args}]})
+    assert spec(8192, ["--max-model-len", "32768"]).context_floor(0) == 32768
+    assert spec(65536, ["--max-model-len", "32768"]).context_floor(0) == 65536
+    assert spec(None, []).context_floor(0) is None
