@@ -12,6 +12,7 @@ from controllers.scheduler import SchedulerController
 from llmgw.api import Model, Replica, Shard, get_condition
 from llmgw.api.wellknown import MODEL_LABEL
 from llmgw.engines import NodeFacts, render
+from llmgw.printers.kinds.model import ModelPrinter
 from tests.fixtures.ctrlkit import node, running
 from tests.fixtures.poll import until
 from tests.fixtures.tiny_safetensors import tiny_llama
@@ -71,6 +72,7 @@ async def test_a_model_too_large_waits_with_the_bytes_then_places_where_it_fits_
         assert fit.estimate == rep.spec.memory and fit.contextTokens is None
         ok = get_condition(status.conditions, "MemoryEstimated")
         assert ok is not None and (ok.status, ok.reason) == ("True", "Estimated")
+        assert ModelPrinter().wide(await store.get(Model, "tiny"))[-1] == "2.0Gi"   # get models -o wide: GPU-MEM
 
         big = node("big", gpus=2, memory_mib=81559, engines=("vllm",))
         big.status.addresses = ["10.0.0.1"]   # the replica controller starts rank 0 at its address
@@ -121,5 +123,6 @@ async def test_the_context_floor_picks_the_node_and_a_model_without_an_estimate_
             return get_condition(got.status.conditions, "MemoryEstimated")
         cond = await until(not_estimated)
         assert (cond.status, cond.reason) == ("False", "NotEstimated")
+        assert ModelPrinter().wide(await store.get(Model, "elsewhere"))[-1] == "?"
         assert cond.message == (f"profile 0: no estimate, placed by GPU count: {tmp_path / 'not-here'} is not "
                                 "a directory the controller-manager sees")
