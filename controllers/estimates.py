@@ -4,26 +4,27 @@ spec, in a thread beside the reconciles, never in one.
 Where it is computed, and why there: the controller-manager creates a Model's replicas, and a
 replica must carry its estimate before the scheduler sees it (ReplicaSpec.memory), so the estimate
 is made before any node is chosen. Of the components that run before placement (the API server,
-the controller-manager) only the controller-manager may read files beside its work (the API server
-stores objects and nothing else), and it reads the model's files where its source is a directory
-it sees: a shared filesystem, or the machine `llmgw dev up` runs on. The agents see the files only
-once a replica is placed on their node, which is too late.
+the controller-manager) only the controller-manager may read files and origins beside its work
+(the API server stores objects and nothing else). It reads the model's own files (llmgw/fit.py):
+a local directory or GGUF file it sees (a shared filesystem, the machine `llmgw dev up` runs on),
+or a pulled source's heads by HTTP Range reads before any pull (llmgw/fitremote.py: its
+HF_ENDPOINT and HF_TOKEN). The agents see the files only once a replica is placed on their node,
+which is too late.
 
 Off the hot path: a model's reconcile (every burst of its replicas' events) reads the estimate
 from memory; the files are read in a worker thread once for each (uid, template, minContext) of the
 Model, and again every RETRY_SECONDS while a profile has none (a directory not there yet). While
-the thread runs, the reconcile creates no replica of a Model whose source is a directory, so none
-is placed by its GPU count alone; the thread's end enqueues the model again.
+the first read runs, for at most READ_WAIT, the reconcile creates no replica, so none is placed by
+its GPU count alone; the read's end enqueues the model again.
 
-A profile has no estimate when the Model has no source, a source the nodes pull (hf://, http(s)://)
-or a path the controller-manager does not see, or when its files do not say enough (llmgw/fit.py's
-ShapeError: no safetensors header, an unknown architecture): its replicas are placed by GPU count,
-as before, and the Model's condition MemoryEstimated says why (False, reason NotEstimated).
+A profile has no estimate when the Model has no source, a path the controller-manager does not
+see, an origin it cannot reach, or files that do not say enough (llmgw/fit.py's ShapeError: no
+safetensors header, an unknown architecture): its replicas are placed by GPU count, as before, and
+the Model's condition MemoryEstimated says why (False, reason NotEstimated).
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -33,11 +34,13 @@ from dataclasses import dataclass
 from llmgw.api import MemoryEstimate, Model, template_hash
 from llmgw.api.patches import ConditionPatch, MemoryEstimatePatch, ProfileFitPatch
 from llmgw.api.sources import parse_source
-from llmgw.fit import Estimate, ShapeError, estimate_dir
+from llmgw.fit import Estimate, ShapeError, profile_estimate
+from llmgw.fitremote import read_source
 
 log = logging.getLogger("llmgw.controllers.estimates")
 
 RETRY_SECONDS = 60.0
+READ_WAIT = 15.0      # how long replicas wait for a first read (a hub that does not answer)
 CONDITION = "MemoryEstimated"
 
 
@@ -51,30 +54,32 @@ class NoEstimate:
 ProfileResult = Estimate | NoEstimate
 
 
-def estimate_profile(model: Model, index: int) -> ProfileResult:
-    """Profile `index`'s estimate from the files of the Model's source, with its context floor."""
-    source = model.spec.source
-    if source is None:
-        return NoEstimate("no spec.source to read")
-    if parse_source(source) is not None:
-        return NoEstimate(f"source {source} is pulled by the nodes: not read before placement")
-    if not os.path.isdir(source):
-        return NoEstimate(f"{source} is not a directory the controller-manager sees")
-    profile = model.spec.profiles[index]
-    try:
-        est = estimate_dir(source, profile.engine, profile.gpusPerNode, profile.nodes)
-    except ShapeError as err:
-        return NoEstimate(str(err))
-    floor = model.spec.context_floor(index)
-    return est if floor is None else dataclasses.replace(est, min_context=floor)
-
-
 def estimate_model(model: Model) -> list[ProfileResult]:
-    return [estimate_profile(model, i) for i in range(len(model.spec.profiles))]
+    """Each profile's estimate from the files of the Model's source (read once: a local directory or
+    GGUF file, or a pulled source's heads by HTTP Range reads), with its context floor; or why none."""
+    source, n = model.spec.source, len(model.spec.profiles)
+    if source is None:
+        return [NoEstimate("no spec.source to read")] * n
+    if parse_source(source) is None and not os.path.exists(source):
+        return [NoEstimate(f"{source} is not a directory or file the controller-manager sees")] * n
+    try:
+        shape = read_source(source)
+    except ShapeError as err:
+        return [NoEstimate(str(err))] * n
+    out: list[ProfileResult] = []
+    for i in range(n):
+        try:
+            out.append(profile_estimate(shape, model.spec, i))
+        except ShapeError as err:    # a --kv-cache-dtype it does not know
+            out.append(NoEstimate(str(err)))
+    return out
 
 
 def estimate_patch(est: Estimate) -> MemoryEstimatePatch:
-    return {"tp": est.tp, "pp": est.pp, "weightsBytes": est.weights, "kvBytesPerToken": est.kv_per_token,
+    """The API's estimate. kvBytesPerToken counts sliding-window layers as full ones (the scheduler's
+    token budget is then a lower bound); neededBytes counts them up to their window."""
+    return {"tp": est.tp, "pp": est.pp, "weightsBytes": est.weights,
+            "kvBytesPerToken": est.kv_per_token + est.kv_window_per_token,
             "overheadBytes": est.overhead, "minContext": est.min_context, "neededBytes": est.needed}
 
 
@@ -92,6 +97,7 @@ class _Entry:
     key: tuple[object, ...]
     results: list[ProfileResult] | None = None       # None while the thread reads
     at: float = 0.0                           # when results were made
+    started: float = 0.0                      # when the read began
     task: asyncio.Task[None] | None = None
 
 
@@ -116,9 +122,15 @@ class Estimates:
             results = estimate_model(model)
             self._entries[name] = _Entry(key, results, self._clock())
             return results
-        entry = self._entries[name] = _Entry(key, kept)
+        entry = self._entries[name] = _Entry(key, kept, started=self._clock())
         entry.task = asyncio.get_running_loop().create_task(self._read(name, entry, model))
         return kept
+
+    def wait_left(self, name: str) -> float:
+        """Seconds its replicas still wait for the first read of the Model's files (0: create them
+        without an estimate)."""
+        entry = self._entries.get(name)
+        return 0.0 if entry is None else max(0.0, READ_WAIT - (self._clock() - entry.started))
 
     def _due(self, entry: _Entry) -> bool:
         """A profile without an estimate is tried again every RETRY_SECONDS (a directory mounted later)."""
@@ -145,8 +157,8 @@ class Estimates:
 
 
 def _reads(model: Model) -> bool:
-    """Whether the estimate reads files: a source that is a path (pulled sources are not read)."""
-    return model.spec.source is not None and parse_source(model.spec.source) is None
+    """Whether the estimate reads files (in a thread): any source."""
+    return model.spec.source is not None
 
 
 def fit_status(results: list[ProfileResult], context: dict[int, int], generation: int

@@ -25,10 +25,11 @@
 * When the Model is deleted (or a replica belongs to an older Model of the
   same name) its replicas are deleted; garbage collection does the same.
 
-* A replica of a Model whose source is a directory the controller-manager sees carries
+* A replica of a Model whose source the controller-manager can read (a directory or GGUF file
+  it sees, or a pulled source's heads before the pull) carries
   ``spec.memory``: what each of its GPUs must have free, estimated from the model's
   files (controllers/estimates.py, read in a thread once per spec, not in the reconcile);
-  no replica of such a Model is created before its estimate is read. The scheduler then
+  no replica of such a Model is created before its estimate is read (for at most READ_WAIT). The scheduler then
   refuses GPUs with less, and gives the placed replica its KV budget (spec.kvCache).
 
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
@@ -51,7 +52,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from controllers.estimates import Estimates, ProfileResult, api_estimate, fit_status
+from controllers.estimates import READ_WAIT, Estimates, NoEstimate, ProfileResult, api_estimate, fit_status
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, kv_events, template_hash
 from llmgw.api.errors import NotFound
@@ -366,19 +367,21 @@ class ModelController(Controller):
 
         p = plan_facts(model, mine, datetime.now(timezone.utc), replicas_on)
         fits = self._estimates.get(model)
-        if fits is None:
-            p.create = []   # its files are being read: created once they are (the read enqueues the model)
-        elif model.spec.source is not None:   # without one (the sim's), nothing to estimate nor to say
+        if fits is None and (wait := self._estimates.wait_left(key)) > 0:
+            # its files are being read: created once they are (the read enqueues the model)
+            p.create = []
+            p.requeue_after = wait if p.requeue_after is None else min(p.requeue_after, wait)
+        elif fits is not None and model.spec.source is not None:   # no source (the sim's): nothing to say
             p.status["fit"], cond = fit_status(fits, _context(mine), model.metadata.generation)
             p.status["conditions"].append(cond)
+        made = fits or [NoEstimate(f"its files were not read within {READ_WAIT:g} s")] * len(model.spec.profiles)
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
-            assert fits is not None   # no creates without them
             batch = p.create[i:i + CREATE_BATCH]
-            names = await asyncio.gather(*(self._create(model, p.template_hash, index, fits[index])
+            names = await asyncio.gather(*(self._create(model, p.template_hash, index, made[index])
                                            for index in batch))
-            self._created(model, batch, names, fits)
+            self._created(model, batch, names, made)
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):

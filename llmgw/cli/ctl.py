@@ -160,18 +160,19 @@ FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", 
               metavar="GIB", help="The GPU memory CONTEXT is worked out for, in GiB.")
 def fit(files: tuple[str, ...], gpu_memory: float) -> None:
     """Each profile of each Model in the files: per GPU, its weights, the engine's overhead, the KV
-    bytes per token, what placement needs free (weights, overhead and the KV cache of 4,096 tokens,
-    or of the Model's spec.minContext or its engine's context flag in the args, --max-model-len), and
-    the tokens of context a GPU of --gpu-memory GiB holds. Read from the files of a local
-    spec.source directory (safetensors headers and config.json); no cluster is asked."""
-    import dataclasses
-    from pathlib import Path
-
+    bytes per token (full-attention layers, plus sliding-window layers' up to their window; the
+    profile's --kv-cache-dtype counted), what placement needs free (weights, overhead and the KV
+    cache of 4,096 tokens, or of the Model's spec.minContext or its engine's context flag in the
+    args, --max-model-len), and the tokens of context a GPU of --gpu-memory GiB holds. Read from the
+    model's files: a local spec.source (safetensors headers and config.json, or a GGUF file's
+    metadata), or an hf:// or http(s):// source by HTTP Range reads of those alone, before any
+    pull (the hub at HF_ENDPOINT, with HF_TOKEN); no cluster is asked."""
     from llmgw.api import Model
     from llmgw.cli.apply import load_manifests
     from llmgw.cli.connect import checked
     from llmgw.cli.errors import CliError
-    from llmgw.fit import GiB, ShapeError, estimate_dir, gib
+    from llmgw.fit import GiB, ShapeError, gib, profile_estimate
+    from llmgw.fitremote import read_source
     from llmgw.printers.table import print_table
 
     models = [o for o in checked(lambda: load_manifests(files, False)) if isinstance(o, Model)]
@@ -179,19 +180,16 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
         raise CliError(f"{', '.join(files)}: no Model")
     rows = []
     for m in models:
-        source = m.spec.source
-        if source is None or not Path(source).is_dir():
-            raise CliError(f"model {m.name}: spec.source {source!r} is not a directory here "
-                           "(only local files are estimated yet)")
-        for i, p in enumerate(m.spec.profiles):
-            try:
-                est = estimate_dir(source, p.engine, p.gpusPerNode, p.nodes)
-            except ShapeError as err:
-                raise CliError(f"model {m.name}: {err}") from None
-            floor = m.spec.context_floor(i)
-            est = est if floor is None else dataclasses.replace(est, min_context=floor)
-            rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
-                         f"{est.kv_per_token} B", gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
+        if m.spec.source is None:
+            raise CliError(f"model {m.name}: no spec.source to read")
+        try:
+            shape = read_source(m.spec.source)
+            for i, p in enumerate(m.spec.profiles):
+                est = profile_estimate(shape, m.spec, i)
+                rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
+                             est.kv_text(), gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
+        except ShapeError as err:
+            raise CliError(f"model {m.name}: {err}") from None
     print_table(FIT_HEADERS, rows)
 
 

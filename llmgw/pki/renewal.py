@@ -18,7 +18,6 @@ the two moves finds <cert>.next alone at its next start: `complete_renewal` move
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import random
@@ -161,6 +160,9 @@ class ExpiryCollector:
         for what, path in files.items():
             if path:
                 with open(path, "rb") as f:
-                    found[what] = functools.partial(lambda at: at, x509.load_pem_x509_certificate(f.read())
-                                                    .not_valid_after_utc)
+                    found[what] = _constant(x509.load_pem_x509_certificate(f.read()).not_valid_after_utc)
         return cls(found)
+
+
+def _constant(at: datetime) -> Callable[[], datetime]:
+    return lambda: at

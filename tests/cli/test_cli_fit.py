@@ -1,12 +1,26 @@
 """`llmgw ctl fit`: a Model's GPU memory per GPU, offline from its files."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmgw.cli.ctl import ctl
+from llmgw.engines import ENGINES
+from tests.fixtures.architectures import (
+    LLAMA_31_8B,
+    LLAMA_31_70B,
+    MISTRAL_Q4_K_M_SIZE,
+    files,
+    write,
+    write_mistral_q4_k_m,
+)
 from tests.fixtures.tiny_safetensors import tiny_llama
+from tests.fixtures.weights_origin import WeightsOrigin, origin  # noqa: F401 the fixture
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "models"
 
 GiB = 1 << 30
 
@@ -35,8 +49,7 @@ def test_fit_refuses_in_one_line_what_it_cannot_read(tmp_path: Path):
     out = CliRunner().invoke(ctl, ["fit", "-f", manifest(tmp_path, tmp_path / "absent")])
     assert out.exit_code != 0
     assert out.output.strip().splitlines() == [
-        f"error: model tiny: spec.source '{tmp_path / 'absent'}' is not a directory here "
-        "(only local files are estimated yet)"]
+        f"error: model tiny: {tmp_path / 'absent'}: no such directory or file here"]
     tiny_llama(tmp_path / "tiny")
     (tmp_path / "tiny" / "model-00002-of-00002.safetensors").write_bytes(b"\x00")
     out = CliRunner().invoke(ctl, ["fit", "-f", manifest(tmp_path, tmp_path / "tiny")])
@@ -55,3 +68,29 @@ def test_fit_needs_the_kv_of_the_context_the_args_set(tmp_path: Path):
     assert out.exit_code == 0, out.output
     # 2 GiB overhead + 1 GiB of KV (512 B/token x 2 Mi tokens) + 3.9 MiB of weights
     assert out.output.splitlines()[1].split()[11:13] == ["3.0", "GiB"]
+async def test_fit_on_three_examples(tmp_path: Path, origin: WeightsOrigin, monkeypatch: pytest.MonkeyPatch):
+    """examples/models/: the 70B on two nodes, the GGUF on llama.cpp (their /models/ paths here the
+    fixtures' checkpoints of those models), and the LoRA base from the hub, read before any pull."""
+    write(tmp_path / "Meta-Llama-3.1-70B-Instruct", LLAMA_31_70B)
+    write_mistral_q4_k_m(tmp_path / "mistral-7b-instruct-v0.3.Q4_K_M.gguf")
+    origin.add_repo("meta-llama/Llama-3.1-8B-Instruct", dict(files(LLAMA_31_8B)))
+    monkeypatch.setenv("HF_ENDPOINT", origin.url)
+    paths = []
+    for name in ("vllm-70b-mp.yaml", "llamacpp-1gpu.yaml", "vllm-lora.yaml"):
+        paths += ["-f", str(tmp_path / name)]
+        (tmp_path / name).write_text((EXAMPLES / name).read_text().replace("/models/", f"{tmp_path}/"))
+    out = await asyncio.to_thread(CliRunner().invoke, ctl, ["fit", *paths, "--gpu-memory", "80"])
+    assert out.exit_code == 0, out.output
+    rows = [line.split() for line in out.output.splitlines()[1:]]
+    vllm, llama = ENGINES["vllm"].memory_overhead[0], ENGINES["llamacpp"].memory_overhead[0]
+    # tp=8 x pp=2: a sixteenth of the weights, 40 layers of one KV head (2 x 128 x 2 B) a GPU; NEEDED
+    # counts the KV of its --max-model-len, 32768 tokens (0.6 GiB)
+    weights = LLAMA_31_70B.total_size // 16
+    assert rows[0] == ["llama-3-70b", "0", "vllm", "8", "2", "8.2", "GiB", "2.0", "GiB", "20480", "B", "10.8", "GiB",
+                       str((80 * GiB - weights - vllm) // 20480)]
+    # one GPU, every layer's 8 KV heads in f16; the KV of its --ctx-size, 8192 tokens (1 GiB)
+    assert rows[1] == ["mistral-7b-q4", "0", "llamacpp", "1", "1", "4.1", "GiB", "0.5", "GiB", "131072", "B",
+                       "5.6", "GiB", str((80 * GiB - MISTRAL_Q4_K_M_SIZE - llama) // 131072)]
+    assert rows[2] == ["llama-8b", "0", "vllm", "1", "1", "15.0", "GiB", "2.0", "GiB", "131072", "B", "17.5", "GiB",
+                       str((80 * GiB - LLAMA_31_8B.total_size - vllm) // 131072)]
+    assert all(r.range for r in origin.requests(suffix=".safetensors"))    # the hub's shards: headers only

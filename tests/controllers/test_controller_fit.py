@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controllers.model import ModelController
 from controllers.replica import ReplicaController
 from controllers.scheduler import SchedulerController
@@ -16,6 +18,7 @@ from llmgw.printers.kinds.model import ModelPrinter
 from tests.fixtures.ctrlkit import node, running
 from tests.fixtures.poll import until
 from tests.fixtures.tiny_safetensors import tiny_llama
+from tests.fixtures.weights_origin import WeightsOrigin, origin  # noqa: F401 the fixture
 
 MiB, GiB = 1 << 20, 1 << 30
 WEIGHTS = 8_130_560      # tiny_llama's tensors: 2 MiB + 4 MiB of embeddings and head, 4 x 449 KiB of layers
@@ -101,22 +104,28 @@ async def _shard(store) -> Shard | None:
     return shards[0] if shards else None
 
 
-async def test_the_context_floor_picks_the_node_and_a_model_without_an_estimate_is_placed_by_count(
-        store, tmp_path: Path):
+async def test_the_floor_picks_the_node_a_hub_source_is_read_before_any_pull_and_none_is_placed_by_count(
+        store, tmp_path: Path, origin: WeightsOrigin, monkeypatch: pytest.MonkeyPatch):
     tiny_llama(tmp_path / "tiny")
+    origin.add_repo("org/tiny", {p.name: p.read_bytes() for p in (tmp_path / "tiny").iterdir()})
+    monkeypatch.setenv("HF_ENDPOINT", origin.url)
     # 2 GiB of KV for 2 Mi tokens: 4.01 GiB in all, more than b's 4 GiB, less than c's 8
-    for name, mib in (("a", 1536), ("b", 4096), ("c", 8192)):
+    for name, mib in (("a", 1536), ("b", 4096), ("c", 8192), ("d", 8192)):
         await store.create(node(name, gpus=1, memory_mib=mib, engines=("vllm",)))
     await store.create(model("long", str(tmp_path / "tiny"), args=["--max-model-len", "2097152"]))
+    await store.create(model("hub", "hf://org/tiny", args=["--max-model-len", "2097152"]))
     await store.create(model("elsewhere", str(tmp_path / "not-here")))
     async with running(store, [ModelController(), SchedulerController()]):
         rep = await until(lambda: _placed(store, "long"))
         assert rep.spec.memory is not None and rep.spec.memory.minContext == 2097152
-        assert [p.node for p in rep.spec.placement] == ["c"]
+        hub = await until(lambda: _placed(store, "hub"))
+        assert hub.spec.memory == rep.spec.memory     # the same files, read by Range reads of their heads
+        assert {p.node for r in (rep, hub) for p in r.spec.placement} == {"c", "d"}
+        assert all(r.range for r in origin.requests(suffix=".safetensors"))
 
         other = await until(lambda: _placed(store, "elsewhere"))
         assert other.spec.memory is None and other.spec.kvCache is None
-        assert [p.node for p in other.spec.placement] != ["c"]
+        assert [p.node for p in other.spec.placement] in (["a"], ["b"])   # by count: where there is room
 
         async def not_estimated():
             got = await store.get(Model, "elsewhere")
@@ -125,4 +134,4 @@ async def test_the_context_floor_picks_the_node_and_a_model_without_an_estimate_
         assert (cond.status, cond.reason) == ("False", "NotEstimated")
         assert ModelPrinter().wide(await store.get(Model, "elsewhere"))[-1] == "?"
         assert cond.message == (f"profile 0: no estimate, placed by GPU count: {tmp_path / 'not-here'} is not "
-                                "a directory the controller-manager sees")
+                                "a directory or file the controller-manager sees")

@@ -26,6 +26,12 @@ def test_weight_bytes_are_the_tensors_bytes_exactly(tmp_path: Path):
     assert shape.weight_bytes == on_disk
     assert (shape.layers, shape.kv_heads, shape.head_dim, shape.kv_dtype_bytes) == (4, 2, 32, 2)
     assert (shape.max_context, shape.sliding_window) == (8192, 512)
+    # a window on every layer (Mistral v0.1's kind): a sequence's KV stops growing at the window
+    est = estimate(shape, "vllm")
+    assert (est.kv_per_token, est.kv_window_per_token, est.window) == (0, 1024, 512)
+    overhead = ENGINES["vllm"].memory_overhead[0]
+    assert est.context(TENSOR_BYTES + overhead + 1024 * 100) == 100
+    assert est.context(TENSOR_BYTES + overhead + 1024 * 512) == 8192       # the whole context fits
 
 
 def test_kv_per_token_follows_vllm_kv_heads_per_rank(tmp_path: Path):
