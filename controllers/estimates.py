@@ -13,7 +13,7 @@ which is too late.
 
 Off the hot path: a model's reconcile (every burst of its replicas' events) reads the estimate
 from memory; the files are read in a worker thread once for each (uid, template, minContext) of the
-Model, and again every RETRY_SECONDS while a profile has none (a directory not there yet). While
+Model, and again every RETRY_SECONDS while its source is a path not there yet. While
 the first read runs, for at most READ_WAIT, the reconcile creates no replica, so none is placed by
 its GPU count alone; the read's end enqueues the model again.
 
@@ -49,6 +49,7 @@ class NoEstimate:
     """Why a profile has no estimate: its replicas are placed by GPU count."""
 
     message: str
+    retry: bool = False     # read again every RETRY_SECONDS: a path not there yet
 
 
 ProfileResult = Estimate | NoEstimate
@@ -61,7 +62,7 @@ def estimate_model(model: Model) -> list[ProfileResult]:
     if source is None:
         return [NoEstimate("no spec.source to read")] * n
     if parse_source(source) is None and not os.path.exists(source):
-        return [NoEstimate(f"{source} is not a directory or file the controller-manager sees")] * n
+        return [NoEstimate(f"{source} is not a directory or file the controller-manager sees", retry=True)] * n
     try:
         shape = read_source(source)
     except ShapeError as err:
@@ -133,8 +134,9 @@ class Estimates:
         return 0.0 if entry is None else max(0.0, READ_WAIT - (self._clock() - entry.started))
 
     def _due(self, entry: _Entry) -> bool:
-        """A profile without an estimate is tried again every RETRY_SECONDS (a directory mounted later)."""
-        return (entry.results is not None and any(isinstance(r, NoEstimate) for r in entry.results)
+        """A source not there yet is looked for again every RETRY_SECONDS (a directory mounted later);
+        files that were read and said too little, or an origin that failed, wait for the next spec."""
+        return (entry.results is not None and any(isinstance(r, NoEstimate) and r.retry for r in entry.results)
                 and self._clock() - entry.at >= RETRY_SECONDS)
 
     async def _read(self, name: str, entry: _Entry, model: Model) -> None:
