@@ -25,17 +25,17 @@
 * When the Model is deleted (or a replica belongs to an older Model of the
   same name) its replicas are deleted; garbage collection does the same.
 
-* A replica of a Model whose source the controller-manager can read (a directory or GGUF file
-  it sees, or a pulled source's heads before the pull) carries
-  ``spec.memory``: what each of its GPUs must have free, estimated from the model's
-  files (controllers/estimates.py, read in a thread once per spec, not in the reconcile);
-  no replica of such a Model is created before its estimate is read (for at most READ_WAIT). The scheduler then
-  refuses GPUs with less, and gives the placed replica its KV budget (spec.kvCache).
+* A replica of a Model whose source the controller-manager can read (a directory or GGUF
+  file it sees, or a pulled source's heads before the pull) carries ``spec.memory``: what
+  each of its GPUs must have free, estimated from the model's files (controllers/estimates.py,
+  read in a thread once per spec, not in the reconcile); no replica of such a Model is
+  created before its estimate is read (for at most READ_WAIT). The scheduler then refuses
+  GPUs with less, and gives the placed replica its KV budget (spec.kvCache).
 
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
 observedGeneration, fit (each profile's estimate, or why none, and the fewest KV tokens a
-placed replica of it was given), conditions Available, Progressing and MemoryEstimated. Progressing is
-False with reason CrashLoop while a replica of the current template that is
+placed replica of it was given), conditions Available, Progressing and MemoryEstimated.
+Progressing is False with reason CrashLoop while a replica of the current template that is
 not Ready has failed ``CRASH_LOOP_FAILURES`` or more times in a row; its
 message carries that replica's last failure (with the end of the engine's log).
 
