@@ -15,6 +15,7 @@ from llmgw.engines.base import (
     NodeFacts,
     RenderedShard,
     base_env,
+    budget_flag,
     health_probe,
     join_host_port,
     weights,
@@ -64,7 +65,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     if spec.kvCache is not None:
         # the KV pool's size in tokens (server_args.max_total_tokens: "the maximum number of tokens
         # in the memory pool"; without it SGLang sizes the pool from --mem-fraction-static)
-        argv += ["--max-total-tokens", str(spec.kvCache.tokens)]
+        argv += budget_flag(shard, ("--max-total-tokens", "--mem-fraction-static"), str(spec.kvCache.tokens))
     argv += spec.args
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE

@@ -26,6 +26,7 @@ from llmgw.engines.base import (
     RenderedShard,
     RenderError,
     base_env,
+    budget_flag,
     health_probe,
     join_host_port,
     kv_events_args,
@@ -85,7 +86,8 @@ def _budget(shard: Shard) -> list[str]:
     if kv is None:
         return []
     share = min(DEFAULT_UTILIZATION, (kv.freeMiB * (1 << 20) - CUDA_CONTEXT) / (kv.gpuMiB * (1 << 20)))
-    return ["--gpu-memory-utilization", f"{max(0.001, math.floor(share * 1000) / 1000):.3f}"]
+    return budget_flag(shard, ("--gpu-memory-utilization", "--gpu_memory_utilization", "--kv-cache-memory-bytes",
+                               "--kv_cache_memory_bytes"), f"{max(0.001, math.floor(share * 1000) / 1000):.3f}")
 
 
 def _parallel(shard: Shard) -> list[str]:

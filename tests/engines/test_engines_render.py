@@ -283,21 +283,21 @@ def test_the_sim_publishes_kv_events_and_a_shard_without_the_ports_nothing():
 BUDGET = KVBudget(gpuMiB=81559, freeMiB=40000, bytes=20 << 30, tokens=163840)
 
 
-@pytest.mark.parametrize("engine, flags", [
+@pytest.mark.parametrize("engine, flags, own", [
     # (40000 MiB - 1 GiB of CUDA context) / 81559 MiB, rounded down: vLLM's share, under its 0.9
-    ("vllm", ["--gpu-memory-utilization", "0.477"]),
-    ("sglang", ["--max-total-tokens", "163840"]),
-    ("llamacpp", ["--ctx-size", "163840"]),
+    ("vllm", ["--gpu-memory-utilization", "0.477"], ["--gpu-memory-utilization=0.8"]),
+    ("sglang", ["--max-total-tokens", "163840"], ["--mem-fraction-static", "0.7"]),
+    ("llamacpp", ["--ctx-size", "163840"], ["-c", "8192"]),
 ])
-def test_a_placed_replica_tells_its_engine_the_budget_and_the_model_args_come_after(engine, flags):
+def test_a_placed_replica_tells_its_engine_the_budget_unless_the_model_says_its_own(engine, flags, own):
     argv = argvs(render(make_shard(engine, kvCache=BUDGET), node(), EXE))[0]
     at = argv.index(flags[0])
     assert argv[at:at + 2] == flags
-    assert argv.count(flags[0]) == 1
-    if engine != "llamacpp":   # the Model's args last: a flag of theirs wins (argparse's last value)
-        assert argv[-2:] == ["--max-model-len", "8192"]
     # without a budget (no estimate, or GPUs that report no memory) the engine sizes its cache itself
     assert flags[0] not in argvs(render(make_shard(engine), node(), EXE))[0]
+    # the Model's args say theirs: only theirs is given
+    argv = argvs(render(make_shard(engine, kvCache=BUDGET, args=own), node(), EXE))[0]
+    assert flags[0] not in argv and argv[-len(own):] == own
 
 
 def test_vllm_is_never_asked_for_more_than_its_default_share():
