@@ -81,7 +81,8 @@ def estimate_patch(est: Estimate) -> MemoryEstimatePatch:
     token budget is then a lower bound); neededBytes counts them up to their window."""
     return {"tp": est.tp, "pp": est.pp, "weightsBytes": est.weights,
             "kvBytesPerToken": est.kv_per_token + est.kv_window_per_token,
-            "overheadBytes": est.overhead, "minContext": est.min_context, "neededBytes": est.needed}
+            "overheadBytes": est.overhead, "minContext": est.min_context, "neededBytes": est.needed,
+            "maxContext": est.max_context}
 
 
 def api_estimate(est: Estimate) -> MemoryEstimate:

@@ -47,6 +47,7 @@ class MemoryEstimatePatch(TypedDict):
     overheadBytes: int
     minContext: int
     neededBytes: int
+    maxContext: int | None
 
 
 class ProfileFitPatch(TypedDict):

@@ -429,6 +429,7 @@ class MemoryEstimate(Strict):
     overheadBytes: Int
     minContext: Int       # tokens of KV cache placement asks room for (the floor)
     neededBytes: Int      # what a GPU must have free: weights + overhead + kvBytesPerToken x minContext
+    maxContext: Int | None = None   # the model's own (config.json's max_position_embeddings)
 
 
 class ProfileFit(Strict):
@@ -448,6 +449,7 @@ class KVBudget(Strict):
     freeMiB: Int          # the least free memory of its GPUs at placement
     bytes: Int            # its KV cache: free - weights - overhead
     tokens: Int           # the tokens that holds: bytes // kvBytesPerToken
+    modelContext: Int | None = None   # the model's own context (its estimate's maxContext)
 
 
 class ModelStatus(Strict):

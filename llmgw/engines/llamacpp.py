@@ -7,7 +7,8 @@ keeps one KV cache shared by the slots, so one request can use the whole
 count, and with a slot count given it splits the context between the slots
 (4 slots of an 8192-token context would take 2048-token requests at most).
 `--alias` takes a comma-separated list: every name in servedModelNames.
-`--ctx-size` is the replica's KV budget in tokens (spec.kvCache) where it has one.
+`--ctx-size` is the replica's KV budget in tokens (spec.kvCache) where it has one, at most the
+model's own context for each of the slots.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, OPENAI, PORT, Eng
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
-    from llmgw.api import Shard
+    from llmgw.api import KVBudget, Shard
 
 DEFAULT_PARALLEL = 4
 ALL_LAYERS = 999
@@ -50,13 +51,19 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--kv-unified",
         "--n-gpu-layers", str(ALL_LAYERS),
         # the KV cache its GPUs hold (spec.kvCache), shared by the slots (--kv-unified)
-        *(budget_flag(shard, ("--ctx-size", "-c"), str(spec.kvCache.tokens)) if spec.kvCache is not None else []),
+        *(budget_flag(shard, ("--ctx-size", "-c"), str(_context(spec.kvCache))) if spec.kvCache is not None else []),
         *spec.args,
     ]
     return RenderedShard(
         [Command("llama-server", argv, base_env(shard, node), serves=True)],
         health_probe(node, spec.ports.serve),
     )
+
+
+def _context(kv: KVBudget) -> int:
+    """The tokens its GPUs hold, at most the model's own context for each slot: past that a slot
+    gains nothing, and llama.cpp would still allocate it (a small model on a large GPU)."""
+    return kv.tokens if kv.modelContext is None else min(kv.tokens, kv.modelContext * DEFAULT_PARALLEL)
 
 
 def _help(command: Command) -> HelpCommand | None:

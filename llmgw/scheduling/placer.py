@@ -242,4 +242,5 @@ def budget(ledger: Ledger, fit: Fit, est: MemoryEstimate | None) -> KVBudget | N
     kv = min(free) * MiB - est.weightsBytes - est.overheadBytes
     if kv <= 0:
         return None
-    return KVBudget(gpuMiB=min(total), freeMiB=min(free), bytes=kv, tokens=kv // max(1, est.kvBytesPerToken))
+    return KVBudget(gpuMiB=min(total), freeMiB=min(free), bytes=kv, tokens=kv // max(1, est.kvBytesPerToken),
+                    modelContext=est.maxContext)

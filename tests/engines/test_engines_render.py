@@ -325,3 +325,10 @@ def test_a_models_floor_is_the_larger_of_its_min_context_and_its_engine_flag():
     assert spec(8192, ["--max-model-len", "32768"]).context_floor(0) == 32768
     assert spec(65536, ["--max-model-len", "32768"]).context_floor(0) == 65536
     assert spec(None, []).context_floor(0) is None
+
+
+def test_llamacpp_holds_at_most_the_models_own_context_in_each_slot():
+    # a small model on a large GPU: 4 slots x its 8192 tokens, not the 163840 the GPU would hold
+    small = BUDGET.model_copy(update={"modelContext": 8192})
+    argv = argvs(render(make_shard("llamacpp", kvCache=small), node(), EXE))[0]
+    assert argv[argv.index("--ctx-size") + 1] == "32768"
