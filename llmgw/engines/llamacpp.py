@@ -14,17 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.engines.base import (
-    Command,
-    NodeFacts,
-    RenderedShard,
-    RenderError,
-    base_env,
-    budget_flag,
-    health_probe,
-    program,
-    weights,
-)
+from llmgw.engines import base
+from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
 from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, OPENAI, PORT, Engine, Executable, HelpCommand, register
 from llmgw.engines.helptext import used_flags
 
@@ -51,7 +42,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--kv-unified",
         "--n-gpu-layers", str(ALL_LAYERS),
         # the KV cache its GPUs hold (spec.kvCache), shared by the slots (--kv-unified)
-        *(budget_flag(shard, ("--ctx-size", "-c"), str(_context(spec.kvCache))) if spec.kvCache is not None else []),
+        *(base.budget_flag(shard, ("--ctx-size", "-c"), str(_context(spec.kvCache))) if spec.kvCache else []),
         *spec.args,
     ]
     return RenderedShard(
