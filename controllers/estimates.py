@@ -55,12 +55,10 @@ class NoEstimate:
 ProfileResult = Estimate | NoEstimate
 
 
-def estimate_model(model: Model) -> list[ProfileResult]:
-    """Each profile's estimate from the files of the Model's source (read once: a local directory or
+def estimate_model(model: Model, source: str) -> list[ProfileResult]:
+    """Each profile's estimate from the files of the Model's `source` (read once: a local directory or
     GGUF file, or a pulled source's heads by HTTP Range reads), with its context floor; or why none."""
-    source, n = model.spec.source, len(model.spec.profiles)
-    if source is None:
-        return [NoEstimate("no spec.source to read")] * n
+    n = len(model.spec.profiles)
     if parse_source(source) is None and not os.path.exists(source):
         return [NoEstimate(f"{source} is not a directory or file the controller-manager sees", retry=True)] * n
     try:
@@ -113,6 +111,9 @@ class Estimates:
     def get(self, model: Model) -> list[ProfileResult] | None:
         """The Model's estimates per profile; None while its files are first read (the model is
         enqueued again once they are)."""
+        source = model.spec.source
+        if source is None:   # nothing to read (the sim's models): no key to hash either
+            return [NoEstimate("no spec.source to read")] * len(model.spec.profiles)
         name, key = model.metadata.name, _key(model)
         entry = self._entries.get(name)
         if entry is not None and entry.key == key and (entry.results is None or not self._due(entry)):
@@ -120,12 +121,8 @@ class Estimates:
         kept = entry.results if entry is not None and entry.key == key else None   # a retry keeps them
         if entry is not None and entry.task is not None:
             entry.task.cancel()
-        if not _reads(model):   # nothing to read: no thread
-            results = estimate_model(model)
-            self._entries[name] = _Entry(key, results, self._clock())
-            return results
         entry = self._entries[name] = _Entry(key, kept, started=self._clock())
-        entry.task = asyncio.get_running_loop().create_task(self._read(name, entry, model))
+        entry.task = asyncio.get_running_loop().create_task(self._read(name, entry, model, source))
         return kept
 
     def wait_left(self, name: str) -> float:
@@ -140,9 +137,9 @@ class Estimates:
         return (entry.results is not None and any(isinstance(r, NoEstimate) and r.retry for r in entry.results)
                 and self._clock() - entry.at >= RETRY_SECONDS)
 
-    async def _read(self, name: str, entry: _Entry, model: Model) -> None:
+    async def _read(self, name: str, entry: _Entry, model: Model, source: str) -> None:
         try:
-            results = await asyncio.to_thread(estimate_model, model)
+            results = await asyncio.to_thread(estimate_model, model, source)
         except Exception as err:  # a bug in the estimate must not stop the replicas
             log.exception("model %s: estimate failed", name)
             results = [NoEstimate(f"the estimate failed: {err}")] * len(model.spec.profiles)
@@ -157,11 +154,6 @@ class Estimates:
     def stop(self) -> None:
         for name in list(self._entries):
             self.forget(name)
-
-
-def _reads(model: Model) -> bool:
-    """Whether the estimate reads files (in a thread): any source."""
-    return model.spec.source is not None
 
 
 def fit_status(results: list[ProfileResult], context: dict[int, int], generation: int
