@@ -376,7 +376,7 @@ class ReplicaController(Controller):
             if node is None:
                 timer.add(1.0)
                 return None
-            ports = self._allocate(node, (4 if r.spec.kvEvents else 2) if p.rank == 0 else 1)
+            ports = self._allocate(node, ShardPorts.needed(p.rank, r.spec.kvEvents))
             try:
                 if p.rank == 0:
                     kv = ports[2:] if r.spec.kvEvents else [None, None]

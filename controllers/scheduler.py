@@ -137,7 +137,7 @@ class SchedulerController(Controller):
                                       out.message)
             return Result(requeue_after=self.settings.scheduler_retry)
         self.unschedulable.pop(key, None)
-        led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots))
+        led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots), rep.spec.kvEvents)
         # A shallow copy with a new spec: the cached replica is shared and stays as it is.
         new = rep.model_copy(update={"spec": rep.spec.model_copy(update={"placement": [
             Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric) for s in out.slots],

@@ -590,6 +590,12 @@ class ShardPorts(Strict):
     kvEvents: Port | None = added("0.3.0")
     kvReplay: Port | None = added("0.3.0")
 
+    @staticmethod
+    def needed(rank: int, kv_events: bool) -> int:
+        """How many ports a shard is given on its node: serve and dist-init on rank 0, and the KV event
+        and replay ports where its replica publishes them (ReplicaSpec.kvEvents); serve on the others."""
+        return 1 if rank else 4 if kv_events else 2
+
     def own(self, rank: int) -> list[int]:
         """The ports the shard's engine binds on its node: serve; on rank 0 dist-init and the KV event ports."""
         if rank:

@@ -77,14 +77,14 @@ def lora_flags(shard: Shard) -> list[str]:
     return [] if slots is None else ["--enable-lora", "--max-loras", str(slots.maxLoaded)]
 
 
-def kv_events_args(shard: Shard) -> list[str]:
-    """vLLM's --kv-events-config where the shard publishes KV events (docs/contracts.md, "KV events"):
-    its PUB and replay ROUTER bound on every address (vLLM binds an endpoint with `*`, connects
-    any other), the default topic."""
+def kv_events_args(shard: Shard, **fields: object) -> list[str]:
+    """--kv-events-config (vLLM's and SGLang's flag) where the shard publishes KV events
+    (docs/contracts.md, "KV events"): the engine's own `fields` first, then its PUB and replay ROUTER
+    bound on every address (an endpoint with `*` is bound, any other connected to), the default topic."""
     ports = shard.spec.ports
     if not ports.kvEvents:
         return []
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ports.kvEvents}",
+    config = {**fields, "publisher": "zmq", "endpoint": f"tcp://*:{ports.kvEvents}",
               "replay_endpoint": f"tcp://*:{ports.kvReplay}"}
     return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
 

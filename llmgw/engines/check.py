@@ -56,7 +56,10 @@ def widest_shards(engine: Engine, launch_mode: str | None = None) -> list[tuple[
     for rank in range(world):
         spec = ShardSpec(
             replica="engine-check", model="engine-check", node=f"node-{rank}", rank=rank, worldSize=world,
-            gpus=[0, 1], ports=ShardPorts(serve=30000, distInit=30001), headAddress="10.0.0.10",
+            gpus=[0, 1], headAddress="10.0.0.10",
+            # rank 0 publishes KV events where the engine does (a precise-prefix Model)
+            ports=ShardPorts(serve=30000, distInit=30001, kvEvents=30002, kvReplay=30003)
+            if engine.kv_events and rank == 0 else ShardPorts(serve=30000, distInit=30001),
             fabric="fabric-a" if world > 1 else None, engine=engine.name,
             launchMode=launch_mode if engine.launch_modes else None, gpusPerNode=2,
             source="/models/engine-check", servedModelNames=["engine-check", "engine-check-alias"],

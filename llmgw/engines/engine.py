@@ -94,8 +94,9 @@ class Engine:
     # shard's spec.source are on the node, and the node has the shard's GPUs (the sim uses neither).
     loads_weights: bool = True
     uses_gpus: bool = True
-    # It publishes vLLM's KV events (--kv-events-config): a Model routed with precise-prefix gets
-    # their ports on rank 0 (ReplicaSpec.kvEvents, base.kv_events_args).
+    # It publishes KV events in vLLM's wire layout (--kv-events-config: vLLM, SGLang, the sim): a
+    # Model routed with precise-prefix gets their ports on rank 0 (ReplicaSpec.kvEvents,
+    # base.kv_events_args).
     kv_events: bool = False
     # GPU memory it holds besides the weights and the KV cache (the CUDA context, one forward pass's
     # activations, CUDA graphs, the sampler), in bytes, and where that figure comes from: llmgw/fit.py.

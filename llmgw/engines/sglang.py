@@ -3,7 +3,11 @@
 `--tp-size` is the total over all nodes. SGLang takes one served name: the
 model's name (the first of servedModelNames); the gateway routes aliases to it.
 `executables['sglang']` is the Python interpreter that has SGLang installed
-(falling back to `executables['python']`, then `python3`).
+(falling back to `executables['python']`, then `python3`). Rank 0 of a
+precise-prefix replica publishes KV events with SGLang's --kv-events-config
+(python/sglang/srt/disaggregation/kv_events.py's KVEventsConfig, 0.5.23: no
+enable field; publisher "null" unless given): vLLM's wire layout, but block
+hashes of SGLang's own, which the gateway refuses (docs/contracts.md, "KV events").
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from llmgw.engines.base import (
     budget_flag,
     health_probe,
     join_host_port,
+    kv_events_args,
     weights,
 )
 from llmgw.engines.engine import (
@@ -66,6 +71,8 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         # the KV pool's size in tokens (server_args.max_total_tokens: "the maximum number of tokens
         # in the memory pool"; without it SGLang sizes the pool from --mem-fraction-static)
         argv += budget_flag(shard, ("--max-total-tokens", "--mem-fraction-static"), str(spec.kvCache.tokens))
+    if spec.rank == 0:
+        argv += kv_events_args(shard)
     argv += spec.args
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE
@@ -96,5 +103,6 @@ ENGINE = register(Engine(
     # python/sglang/srt/entrypoints/http_server.py's routes
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},
-    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", context_flags=("--context-length",),
+    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True,
+    context_flags=("--context-length",),
 ))

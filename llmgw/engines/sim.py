@@ -35,7 +35,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
         *(["--model", spec.source] if spec.source else []),
         *(base.lora_flags(shard) if spec.rank == 0 else []),
-        *base.kv_events_args(shard),
+        *base.kv_events_args(shard, enable_kv_cache_events=True),
         *spec.args,
     ]
     serves = spec.rank == 0

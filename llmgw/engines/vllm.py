@@ -99,7 +99,7 @@ def _parallel(shard: Shard) -> list[str]:
 
 
 def _serving(shard: Shard, node: NodeFacts) -> list[str]:
-    events = kv_events_args(shard)
+    events = kv_events_args(shard, enable_kv_cache_events=True)
     return [
         "--host", node.address,
         "--port", str(shard.spec.ports.serve),

@@ -21,13 +21,15 @@ class Balancer:
         self.on_release: Callable[[str], None] | None = None  # (model) after a request ended: room for a waiter
         self._policies: dict[str, tuple[RoutingSpec, RoutingPolicy]] = {}  # model -> (its routing, policy)
 
-    def policy(self, model: str, routing: RoutingSpec) -> RoutingPolicy:
-        """The model's policy instance; a new one (with fresh state) when its routing changed."""
+    def policy(self, model: str, routing: RoutingSpec, base: str | None = None) -> RoutingPolicy:
+        """The model's policy instance; a new one (with fresh state) when its routing changed. An
+        adapter's (`base`: the model it runs on) reads its base's KV index, keyed with the adapter."""
         held = self._policies.get(model)
         if held is None or held[0] is not routing:
             held = self._policies[model] = (routing, POLICIES[routing.policy](routing))
             if isinstance(held[1], PrecisePrefix):
-                held[1].kv = self.kv.index(model)
+                held[1].kv = self.kv.index(base or model)
+                held[1].lora = model if base not in (None, model) else None
         return held[1]
 
     def acquire(self, b: Backend) -> None:

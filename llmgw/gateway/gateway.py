@@ -39,6 +39,7 @@ from llmgw.gateway.step import LATER, Call
 from llmgw.gateway.steps.authenticate import Authenticate
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Keepalive, Pool, accepts
+from llmgw.routing.precise_prefix import PrecisePrefix
 
 _MODELS = b"/v1/models"
 _MODEL_PREFIX = b"/v1/models/"
@@ -115,7 +116,7 @@ class Gateway:
         """Serve on host:port (0: any free port); the port."""
         await self.server.start(host, port, backlog)
         self._following = True
-        self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
+        self._follow_kv()
         return self.server.port
 
     async def stop(self, grace: float = 60.0) -> None:
@@ -128,7 +129,13 @@ class Gateway:
     def _table_changed(self) -> None:
         self.queue.wake_all()
         if self._following:
-            self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()})
+            self._follow_kv()
+
+    def _follow_kv(self) -> None:
+        """The KV indexes follow the publishing replicas; a precise-prefix Model's tokenizer is read from
+        its source (a hub Model's fetched: none for a Model routed otherwise)."""
+        self.kv.sync(self.table.backends.values(), {m.name: m.source for m in self.table.models.values()
+                                                     if m.routing.policy == PrecisePrefix.name})
 
     @property
     def synced(self) -> bool:

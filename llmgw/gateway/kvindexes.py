@@ -10,8 +10,10 @@ are dropped. precise-prefix reads its model's index (llmgw.routing.precise_prefi
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
@@ -19,9 +21,11 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from llmgw.api.sources import HubSource, parse_source
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
+from llmgw.routing.chattemplate import ChatTemplate, load_chat_template
 from llmgw.routing.kvblocks import load_tokenizer
 from llmgw.routing.kvindex import KVIndex
 
@@ -31,14 +35,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.gateway")
 
 TOPIC = ""  # the renderers leave vLLM's default topic: every batch
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 class KVIndexes:
     def __init__(self) -> None:
         self.indexes: dict[str, KVIndex] = {}  # model -> its index
         self._subs: dict[str, tuple[Backend, Subscription]] = {}  # replica -> (as followed, its subscription)
-        self._tokenizers: dict[str | None, Tokenizer | None] = {}  # by the Models' sources
+        self._tokenizers: dict[str | None, tuple[Tokenizer | None, ChatTemplate | None]] = {}  # by Models' sources
         self._refusals: set[str] = set()  # models whose refusal (or keys that never match) was logged
+        self._sources: dict[str, str | None] = {}  # model -> its spec.source, as last synced
+        self._fetches: set[asyncio.Task[None]] = set()  # hub tokenizers being fetched
 
     def index(self, model: str) -> KVIndex:
         kv = self.indexes.get(model)
@@ -48,11 +55,18 @@ class KVIndexes:
 
     def sync(self, backends: Iterable[Backend], sources: Mapping[str, str | None] | None = None) -> None:
         """Follow exactly the replicas of `backends` that publish events (in the running loop); each
-        model of `sources` (name -> its spec.source) tokenizes with the tokenizer.json found there."""
-        for model, source in (sources or {}).items():
+        model of `sources` (name -> its spec.source) tokenizes with the tokenizer.json found there
+        (a directory here, or a hub repository's files, fetched in the background)."""
+        self._sources = dict(sources or {})
+        for model, source in self._sources.items():
             if source not in self._tokenizers:
-                self._tokenizers[source] = self._load(model, source)
-            self.index(model).tokenizer = self._tokenizers[source]
+                hub = _hub(source)
+                self._tokenizers[source] = self._load(model, source) if hub is None else (None, None)
+                if hub is not None:
+                    task = asyncio.get_running_loop().create_task(self._fetch(model, source, hub))
+                    self._fetches.add(task)
+                    task.add_done_callback(self._fetches.discard)
+            self.index(model).tokenizer, self.index(model).template = self._tokenizers[source]
         want = {b.replica: b for b in backends if b.kv_events}
         for name, (b, sub) in list(self._subs.items()):
             if want.get(name) != b:
@@ -69,13 +83,47 @@ class KVIndexes:
                 self._subs[name] = (b, sub)
 
     @staticmethod
-    def _load(model: str, source: str | None) -> Tokenizer | None:
-        """The tokenizer of a Model whose source is a directory on this machine, if it has one."""
+    def _load(model: str, source: str | None) -> tuple[Tokenizer | None, ChatTemplate | None]:
+        """The tokenizer and chat template of a Model whose source is a directory on this machine."""
+        if not source or not os.path.isdir(source):
+            return None, None
         try:
-            return load_tokenizer(source) if source and os.path.isdir(source) else None
+            tokenizer = load_tokenizer(source)
         except ValueError as e:
             log.warning("model %s: %s: words are tokens", model, e)
-            return None
+            return None, None
+        try:
+            return tokenizer, load_chat_template(source)
+        except ValueError as e:
+            log.warning("model %s: %s: a chat's messages are tokenized one by one", model, e)
+            return tokenizer, None
+
+    async def _fetch(self, model: str, source: str | None, hub: HubSource) -> None:
+        self._tokenizers[source] = await asyncio.to_thread(self._from_hub, model, hub)
+        for name, its in self._sources.items():
+            if its == source:
+                self.index(name).tokenizer, self.index(name).template = self._tokenizers[source]
+
+    @classmethod
+    def _from_hub(cls, model: str, hub: HubSource) -> tuple[Tokenizer | None, ChatTemplate | None]:
+        """The tokenizer files of a hub repository (those it has of TOKENIZER_FILES: small files, never
+        weights), asked of HF_ENDPOINT (else the hub) with HF_TOKEN as every hub client does, and read
+        from a directory that is gone once they are loaded."""
+        from huggingface_hub import hf_hub_download  # as the agent: only where a Model comes from a hub
+        from huggingface_hub.errors import EntryNotFoundError
+
+        with tempfile.TemporaryDirectory(prefix="llmgw-tokenizer-") as directory:
+            for name in TOKENIZER_FILES:
+                try:
+                    hf_hub_download(hub.repo, name, revision=hub.revision, local_dir=directory,
+                                    endpoint=os.environ.get("HF_ENDPOINT") or None)
+                except EntryNotFoundError:
+                    continue
+                except Exception as e:  # noqa: BLE001 the hub client's errors are its HTTP library's too
+                    log.warning("model %s: %s: %s: %s: words are tokens", model, hub.text, name,
+                                str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    return None, None
+            return cls._load(model, directory)
 
     def _apply(self, model: str, replica: str, events: list[Event]) -> None:
         kv = self.index(model)
@@ -93,6 +141,8 @@ class KVIndexes:
             log.warning("model %s: precise-prefix: %s", model, kv.unmatched)
 
     async def close(self) -> None:
+        for task in list(self._fetches):
+            task.cancel()
         subs = [sub for _, sub in self._subs.values()]
         self._subs.clear()
         for sub in subs:
@@ -130,3 +180,11 @@ class KVIndexes:
             lag.add_metric([name], sub.lag)
             lost.add_metric([name], sub.lost)
         yield from (blocks, refused, verified, lookups, matched, lag, lost)
+
+
+def _hub(source: str | None) -> HubSource | None:
+    try:
+        pulled = parse_source(source) if source else None
+    except ValueError:  # the api refused it already
+        return None
+    return pulled if isinstance(pulled, HubSource) else None

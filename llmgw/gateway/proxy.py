@@ -156,7 +156,7 @@ class Proxy:
             b = self.table.backends.get(call.pinned)
             return b if b is not None and b.replica not in exclude else None
         body = call.body
-        policy = self.balancer.policy(call.model, self.table.routing(call.model))
+        policy = self.balancer.policy(call.model, self.table.routing(call.model), self.table.base(call.model))
         if body.key is None or body.key[0] is not policy:  # (a retry may find the Model changed)
             body.key = (policy, policy.key(body.doc, call.request.header(SESSION_HEADER)))
         if self.outliers.ejections:

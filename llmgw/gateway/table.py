@@ -211,10 +211,14 @@ class RoutingTable:
         """The model a name or alias belongs to, or None when nobody knows it."""
         return self._names.get(name)
 
+    def base(self, model: str) -> str:
+        """The model an adapter's requests run on (its base); a model's own name otherwise."""
+        adapter = self.adapters.get(model)
+        return adapter.base if adapter is not None and model not in self.models else model
+
     def routing(self, model: str) -> RoutingSpec:
         """The model's spec.routing, an adapter's base's (the default for a model the table does not know)."""
-        adapter = self.adapters.get(model)
-        entry = self.models.get(adapter.base if adapter is not None and model not in self.models else model)
+        entry = self.models.get(self.base(model))
         return entry.routing if entry is not None else DEFAULT_ROUTING
 
     def labels(self, model: str) -> dict[str, str]:

@@ -41,10 +41,15 @@ def seq_bytes(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
-def stored(keys: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int) -> dict[str, Any]:
+def stored(keys: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int,
+           lora: tuple[str, int] | None = None) -> dict[str, Any]:
+    """`lora`: the adapter the blocks were computed under (its name, its load's id), whose name is
+    each block's extra key."""
+    name, lora_id = lora if lora is not None else (None, None)
     return {"type": "BlockStored", "block_hashes": list(keys), "parent_block_hash": parent,
-            "token_ids": list(token_ids), "block_size": block_size, "lora_id": None, "medium": MEDIUM,
-            "lora_name": None, "extra_keys": [None] * len(keys), "group_idx": 0, "kv_cache_spec_kind": SPEC_KIND}
+            "token_ids": list(token_ids), "block_size": block_size, "lora_id": lora_id, "medium": MEDIUM,
+            "lora_name": name, "extra_keys": [None if name is None else [name]] * len(keys), "group_idx": 0,
+            "kv_cache_spec_kind": SPEC_KIND}
 
 
 def removed(keys: Sequence[int]) -> dict[str, Any]:
@@ -69,6 +74,8 @@ class Event:
     parent: Any = None
     token_ids: tuple[int, ...] = ()
     block_size: int = 0
+    extra_keys: tuple[Any, ...] | None = None  # each block's extra keys (a LoRA adapter's name, ...)
+    lora_name: str | None = None  # the LoRA adapter the stored blocks were computed under
 
 
 @dataclass(frozen=True)
@@ -99,5 +106,7 @@ def decode_batch(payload: bytes) -> Batch:
         if not isinstance(ev, dict) or ev.get("type") not in _ARRAY_FIELDS:
             continue  # an event kind this router does not use
         out.append(Event(ev["type"], tuple(ev.get("block_hashes") or ()), ev.get("parent_block_hash"),
-                         tuple(ev.get("token_ids") or ()), int(ev.get("block_size") or 0)))
+                         tuple(ev.get("token_ids") or ()), int(ev.get("block_size") or 0),
+                         tuple(ev["extra_keys"]) if isinstance(ev.get("extra_keys"), list) else None,
+                         ev.get("lora_name") if isinstance(ev.get("lora_name"), str) else None))
     return Batch(float(ts), out)

@@ -12,9 +12,11 @@ integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
 
 Where the model has a tokenizer.json (the Hugging Face layout, read with
-`tokenizers`), a prompt's token ids are its texts' encodings one after the other
-(a completion's prompt, or each chat message's text content in order: no chat
-template is applied). Without one, a token is a word of the prompt, as the sim
+`tokenizers`), a completion's token ids are its prompt texts' encodings one after
+the other, and a chat's those of its chat template's rendering
+(llmgw.routing.chattemplate), special tokens not added again (vLLM's
+`add_special_tokens`, false for a chat); without a template, each message's text
+content's encoding in order. Without one, a token is a word of the prompt, as the sim
 reads one (llmgw sim): its id is the word's CRC-32 cut to 31 bits. A prompt
 given as token ids keeps them.
 """
@@ -31,6 +33,8 @@ import cbor2
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from llmgw.routing.chattemplate import ChatTemplate
 
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
@@ -142,12 +146,16 @@ def _texts(value: Any) -> list[str]:
     return []
 
 
-def request_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None = None) -> list[int]:
-    """A request body's prompt token ids, as the sim reads them (with the model's tokenizer, if any)."""
+def request_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None = None,
+                      template: ChatTemplate | None = None) -> list[int]:
+    """A request body's prompt token ids, as the sim reads them (with the model's tokenizer and chat
+    template, if any); ValueError where the template refuses the chat."""
     messages = doc.get("messages")
     prompt = doc.get("prompt", "")
     if tokenizer is None:
         return message_ids(messages) if isinstance(messages, list) else text_ids(prompt)
+    if isinstance(messages, list) and template is not None:
+        return tokenizer.encode(template.render(doc), add_special_tokens=doc.get("add_special_tokens") is True).ids
     if not isinstance(messages, list) and isinstance(prompt, list) and prompt and all(
             isinstance(t, int) for t in prompt):
         return prompt

@@ -12,6 +12,11 @@ hash algorithm differs from the gateway's (kvblocks.HASH_SEED, sha256_cbor), or
 replicas disagree on the block size; the index checks each stored chain that
 starts at the root against its own hashes of the event's tokens, and on a
 disagreement `refused` says why and routing falls back to prefix-score.
+A LoRA adapter's blocks are held under the gateway's own keys of them (their
+tokens chained with the adapter's name, as kvblocks keys a request for it),
+whatever the engine hashed them with: vLLM 0.34 adds the adapter's path on the
+node, which the gateway does not know. Each replica's map from its engine's
+hashes of such blocks to the gateway's follows their removal.
 That check cannot see a gateway that tokenizes otherwise than the engines: its
 keys are well made but of other tokens. `lookups` and `matched` count the
 lookups and those that found a leading block anywhere; `unmatched` says so once
@@ -22,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, request_token_ids
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, chain, external, request_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from llmgw.routing.chattemplate import ChatTemplate
 
 _NONE: frozenset[str] = frozenset()
 NEVER_MATCHED = 200  # lookups that matched nothing (the index holding blocks) before `unmatched` says so
@@ -44,6 +51,10 @@ class KVEvent(Protocol):
     def token_ids(self) -> tuple[int, ...]: ...
     @property
     def block_size(self) -> int: ...
+    @property
+    def extra_keys(self) -> tuple[Any, ...] | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
 
 
 class KVIndex:
@@ -51,12 +62,14 @@ class KVIndex:
         self.seed = seed
         self.hasher: BlockHasher | None = None  # once the engines' block size is known
         self.tokenizer: Tokenizer | None = None  # the model's, where the gateway has its tokenizer.json
+        self.template: ChatTemplate | None = None  # its chat template, where it has one
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
         self.lookups = 0  # matches() calls with blocks to look up
         self.matched = 0  # of which some replica held the first block
         self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
         self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
+        self._lora: dict[str, dict[Any, bytes]] = {}  # replica -> its engine's hash of a LoRA block -> ours
 
     def __len__(self) -> int:
         return len(self._where)
@@ -69,10 +82,18 @@ class KVIndex:
         return len(self._held.get(replica, ()))
 
     def token_ids(self, doc: Mapping[str, Any]) -> list[int]:
-        return request_token_ids(doc, self.tokenizer)
+        """The request's prompt token ids; none where its chat template refuses it (so does the engine)."""
+        try:
+            return request_token_ids(doc, self.tokenizer, self.template)
+        except ValueError:
+            return []
 
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        return self.hasher.keys(token_ids) if self.hasher is not None else []
+    def keys(self, token_ids: Sequence[int], lora: str | None = None) -> list[int]:
+        """The block keys of `token_ids`, of a request for the LoRA adapter `lora` if given (vLLM's
+        extra key of every block: the adapter's name)."""
+        if self.hasher is None:
+            return []
+        return self.hasher.keys(token_ids, (lora,) if lora is not None else None)
 
     # ------------------------------------------------------------ events
 
@@ -81,12 +102,13 @@ class KVIndex:
             if e.kind == "BlockStored":
                 self._check(replica, e)
                 held = self._held.setdefault(replica, set())
-                for key in e.keys:
+                for key in self._ours(replica, e):
                     self._where.setdefault(key, set()).add(replica)
                     held.add(key)
             elif e.kind == "BlockRemoved":
                 held = self._held.get(replica, set())
-                for key in e.keys:
+                lora = self._lora.get(replica, {})
+                for key in (external(lora.pop(k)) if k in lora else k for k in e.keys):
                     held.discard(key)
                     where = self._where.get(key)
                     if where is not None:
@@ -100,6 +122,7 @@ class KVIndex:
         """Forget what `replica` holds: it restarted, cleared its cache, lost events or left. Once no
         replica holds anything, the block size and a refusal are forgotten too: the next engines (a
         rollout that fixed their seed) are checked afresh."""
+        self._lora.pop(replica, None)
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
@@ -108,6 +131,20 @@ class KVIndex:
                     del self._where[key]
         if not self._held:
             self.hasher, self.refused = None, None
+
+    def _ours(self, replica: str, e: KVEvent) -> tuple[Any, ...]:
+        """The keys the gateway gives a stored event's blocks: the engine's, but for a LoRA adapter's,
+        keyed from their tokens and their parent as a request for the adapter is (the engine's keys
+        where the parent, or the tokens, are not known)."""
+        if e.lora_name is None or self.hasher is None or len(e.token_ids) != len(e.keys) * self.hasher.block_size:
+            return e.keys
+        lora = self._lora.setdefault(replica, {})
+        parent = self.hasher.root if e.parent is None else lora.get(e.parent)
+        if parent is None:
+            return e.keys
+        digests = chain(parent, e.token_ids, self.hasher.block_size, (e.lora_name,))
+        lora.update(zip(e.keys, digests, strict=True))
+        return tuple(external(d) for d in digests)
 
     def _check(self, replica: str, e: KVEvent) -> None:
         if self.refused is not None:
@@ -118,7 +155,9 @@ class KVIndex:
             self.refused = (f"replica {replica} caches blocks of {e.block_size} tokens, another of this "
                             f"model {self.hasher.block_size}")
             return
-        if e.parent is None and e.token_ids:  # a chain from the root: the gateway can hash it too
+        if e.parent is None and e.token_ids and not any(e.extra_keys or ()):  # a chain from the root
+            # without extra keys: the gateway can hash it too. An event's extra keys are not always
+            # those hashed (vLLM 0.34 hashes a LoRA block with ("lora", name, path), publishes (name,)).
             if self.hasher.agrees(e.token_ids, e.keys):
                 self.verified += 1
             else:

@@ -29,11 +29,12 @@ class PrecisePrefix:
 
     def __init__(self, params: RoutingParams) -> None:
         self.fallback = PrefixScore(params)
-        self.kv: KVIndex | None = None  # the gateway's index of this model
+        self.kv: KVIndex | None = None  # the gateway's index of this model (an adapter's: its base's)
+        self.lora: str | None = None  # the LoRA adapter this policy routes, an extra key of its blocks
 
     def key(self, doc: Mapping[str, Any], session: bytes | None) -> tuple[list[int], list[int]]:
         kv = self.kv
-        keys = kv.keys(kv.token_ids(doc)) if kv is not None and kv.usable else []
+        keys = kv.keys(kv.token_ids(doc), self.lora) if kv is not None and kv.usable else []
         return keys, self.fallback.key(doc, session)
 
     def pick(self, replicas: Sequence[R], inflight: Mapping[str, int], key: Any,

@@ -9,8 +9,10 @@ engine gone (or its Node was deleted), and until then the engine may hold
 them. A replica's booking is its placement plus the slots of its shards
 that the placement does not cover. Ports in the node's ``status.foreignPorts``
 (held by other processes) are not counted as the node's. The ledger keeps, per
-node, the used GPU indices, the number of ranks placed (each rank takes two
-ports: serve and dist-init), and per model the ranks on each node. Nodes are
+node, the used GPU indices, the ports its shards take (ShardPorts.needed: serve and
+dist-init on rank 0, two more where the replica publishes KV events, serve alone
+on the others; a shard outside its placement, the ports it has), and per model
+the ranks on each node. Nodes are
 bucketed by their number of free GPUs, globally and per fabric, so that a
 placement walks from the tightest fitting bucket up instead of scanning every
 replica or node (see placer.py).
@@ -23,9 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from llmgw.api import Node, Replica, Shard, condition_true
-
-PORTS_PER_RANK = 2  # serve + dist-init (ShardPorts)
+from llmgw.api import Node, Replica, Shard, ShardPorts, condition_true
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,14 @@ class Ledger:
         # node -> GPU index -> holders (more than one only if placements written
         # elsewhere overlap; a count keeps one release from freeing the other)
         self.used: dict[str, dict[int, int]] = {}
-        self.ranks: dict[str, int] = {}              # node -> ranks placed there
+        self.ports: dict[str, int] = {}              # node -> ports its booked shards take
+        self.kv_events: set[str] = set()             # replicas whose rank 0 publishes KV events
         self.model_ranks: dict[str, dict[str, int]] = {}   # model -> node -> ranks
         self.replicas: dict[str, tuple[str, Slots]] = {}   # replica -> (model, slots) booked
+        self.booked_ports: dict[str, tuple[int, ...]] = {}  # replica -> ports of each of its booked slots
         self.placements: dict[str, tuple[str, Slots]] = {}  # replica -> (model, its placement)
-        # replica -> shard -> (model, node, gpus) of every shard that exists
-        self.shards: dict[str, dict[str, tuple[str, str, tuple[int, ...]]]] = {}
+        # replica -> shard -> (model, node, gpus, ports it has) of every shard that exists
+        self.shards: dict[str, dict[str, tuple[str, str, tuple[int, ...], int]]] = {}
         self.assumed: set[str] = set()
         # free-GPU buckets: free count -> ordered set of node names
         self.by_free: dict[int, dict[str, None]] = {}
@@ -107,7 +109,7 @@ class Ledger:
 
     def free_ports(self, node: str) -> int:
         info = self.nodes.get(node)
-        return 0 if info is None else info.ports - PORTS_PER_RANK * self.ranks.get(node, 0)
+        return 0 if info is None else info.ports - self.ports.get(node, 0)
 
     # -------------------------------------------------------------- nodes
     def observe_node(self, node: Node | NodeInfo) -> bool:
@@ -148,16 +150,19 @@ class Ledger:
             # until the write comes back or is refused (unassume).
             return
         self.assumed.discard(name)
+        self._kv(name, replica.spec.kvEvents)
         self._place(name, replica.spec.model, slots)
 
     def forget_replica(self, name: str) -> None:
         """The replica object is gone: its GPUs and ports are free again, but for its shards."""
         self.assumed.discard(name)
         self._place(name, "", ())
+        self.kv_events.discard(name)
 
-    def assume(self, name: str, model: str, slots: Slots) -> None:
-        """Book a placement before its write is confirmed."""
+    def assume(self, name: str, model: str, slots: Slots, kv_events: bool = False) -> None:
+        """Book a placement before its write is confirmed (`kv_events`: its rank 0 publishes them)."""
         self.assumed.add(name)
+        self._kv(name, kv_events)
         self._place(name, model, slots)
 
     def unassume(self, name: str) -> None:
@@ -170,7 +175,7 @@ class Ledger:
     def observe_shard(self, shard: Shard) -> bool:
         """Account a shard that exists; True when that changed a booking."""
         spec = shard.spec
-        held = (spec.model, spec.node, tuple(spec.gpus))
+        held = (spec.model, spec.node, tuple(spec.gpus), len(spec.ports.own(spec.rank)))
         per = self.shards.setdefault(spec.replica, {})
         if per.get(shard.metadata.name) == held:
             return False
@@ -187,6 +192,12 @@ class Ledger:
         return self._book(replica)
 
     # ----------------------------------------------------------- internal
+    def _kv(self, name: str, kv_events: bool) -> None:
+        if kv_events:
+            self.kv_events.add(name)
+        else:
+            self.kv_events.discard(name)
+
     def _place(self, name: str, model: str, slots: Slots) -> None:
         if slots:
             self.placements[name] = (model, slots)
@@ -197,28 +208,29 @@ class Ledger:
     def _book(self, name: str) -> bool:
         """Book the replica's placement plus any of its shards the placement does not cover."""
         model, slots = self.placements.get(name, ("", ()))
-        for shard_model, node, gpus in self.shards.get(name, {}).values():
+        ports = tuple(ShardPorts.needed(rank, name in self.kv_events) for rank in range(len(slots)))
+        for shard_model, node, gpus, held in self.shards.get(name, {}).values():
             if (node, gpus) not in slots:
-                model, slots = model or shard_model, slots + ((node, gpus),)
-        before = self.replicas.get(name)
-        self._set(name, model, slots)
-        return self.replicas.get(name) != before
+                model, slots, ports = model or shard_model, slots + ((node, gpus),), ports + (held,)
+        before = self.replicas.get(name), self.booked_ports.get(name)
+        self._set(name, model, slots, ports)
+        return (self.replicas.get(name), self.booked_ports.get(name)) != before
 
-    def _set(self, name: str, model: str, slots: Slots) -> None:
+    def _set(self, name: str, model: str, slots: Slots, ports: tuple[int, ...]) -> None:
         old = self.replicas.get(name)
-        if old == (model, slots) or (old is None and not slots):
+        if (old == (model, slots) and self.booked_ports.get(name) == ports) or (old is None and not slots):
             return
         touched: set[str] = set()
         if old is not None:
             old_model, old_slots = old
-            for node, gpus in old_slots:
+            for (node, gpus), n in zip(old_slots, self.booked_ports.pop(name), strict=True):
                 used = self.used.get(node, {})
                 for g in gpus:
                     if used.get(g, 0) <= 1:
                         used.pop(g, None)
                     else:
                         used[g] -= 1
-                self.ranks[node] = self.ranks.get(node, 1) - 1
+                self.ports[node] = self.ports.get(node, n) - n
                 per = self.model_ranks.get(old_model, {})
                 per[node] = per.get(node, 1) - 1
                 if per.get(node) == 0:
@@ -227,12 +239,13 @@ class Ledger:
             del self.replicas[name]
         if slots:
             self.replicas[name] = (model, slots)
+            self.booked_ports[name] = ports
             per = self.model_ranks.setdefault(model, {})
-            for node, gpus in slots:
+            for (node, gpus), n in zip(slots, ports, strict=True):
                 used = self.used.setdefault(node, {})
                 for g in gpus:
                     used[g] = used.get(g, 0) + 1
-                self.ranks[node] = self.ranks.get(node, 0) + 1
+                self.ports[node] = self.ports.get(node, 0) + n
                 per[node] = per.get(node, 0) + 1
                 touched.add(node)
         for node in touched:

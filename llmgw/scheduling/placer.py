@@ -6,7 +6,7 @@ Filters (per node, first failing one is the node's reason):
   single-node replicas) · insufficient GPUs · insufficient GPU memory (a
   replica with an estimate, spec.memory: fewer free GPUs with its neededBytes
   free than it needs; a GPU that reports no memory counts as enough) ·
-  no free ports (fewer than two).
+  no free ports (fewer than a rank of the replica takes: ShardPorts.needed).
 A multi-node replica also needs `nodes` fitting nodes on one fabric, one rank
 per node.
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from llmgw.api import KVBudget, MemoryEstimate, Placement
-from llmgw.scheduling.ledger import PORTS_PER_RANK, Ledger, NodeInfo
+from llmgw.scheduling.ledger import Ledger, NodeInfo
 from llmgw.scheduling.request import MiB, Request
 
 GiB = 1 << 30
@@ -104,14 +104,14 @@ def node_reason(ledger: Ledger, info: NodeInfo, req: Request) -> str | None:
         return "insufficient GPUs"
     if not _roomy(ledger, info, req):
         return MEMORY_REASON
-    if ledger.free_ports(info.name) < PORTS_PER_RANK:
+    if ledger.free_ports(info.name) < req.ports:
         return "no free ports"
     return None
 
 
 def _fits(ledger: Ledger, info: NodeInfo, req: Request) -> bool:
     return (static_reason(info, req) is None
-            and ledger.free_ports(info.name) >= PORTS_PER_RANK and _roomy(ledger, info, req))
+            and ledger.free_ports(info.name) >= req.ports and _roomy(ledger, info, req))
 
 
 MEMORY_REASON = "insufficient GPU memory"

@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.kvevents.publisher import Publisher
+from llmgw.routing.chattemplate import load_chat_template
 from llmgw.routing.kvblocks import load_tokenizer, request_token_ids
 from llmgw.sim import tokens
 from llmgw.sim.config import SimConfig
@@ -92,6 +93,7 @@ class SimApi:
         self.names = set(cfg.served_model_names)
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
         self.tokenizer = load_tokenizer(cfg.model_path)  # the model's tokenizer.json, else words are tokens
+        self.template = load_chat_template(cfg.model_path)  # its chat template, rendered as vLLM renders it
         self.publisher = Publisher(cfg.kv_events, cfg.host) if cfg.kv_events.enabled else None
         self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens,
                                  self.publisher.publish if self.publisher is not None else None)
@@ -299,6 +301,13 @@ class SimApi:
         _say(f"Removed LoRA adapter: name '{name}'")
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
+    def _token_ids(self, body: dict[str, Any]) -> list[int]:
+        """A request's prompt token ids; a chat its template refuses is a 400, as vLLM answers it."""
+        try:
+            return request_token_ids(body, self.tokenizer, self.template)
+        except ValueError as e:
+            raise _BadRequest(error(400, str(e), "BadRequestError")) from None
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
@@ -317,9 +326,9 @@ class SimApi:
                 if "prompt" not in body or not isinstance(body["prompt"], (str, list)):
                     raise _BadRequest(error(400, "prompt must be a string or a list", "BadRequestError"))
                 n = self._max_tokens(body, "max_tokens")
+            prompt = self._token_ids(body)  # as the gateway's precise-prefix reads it
         except _BadRequest as bad:
             return bad.response
-        prompt = request_token_ids(body, self.tokenizer)  # as the gateway's precise-prefix reads it
         options = body.get("stream_options") or {}
         usage = bool(isinstance(options, dict) and options.get("include_usage"))
         return await self._serve(body, prompt, n, lambda seq: self._complete(body["model"], chat, seq),
@@ -445,14 +454,13 @@ class SimApi:
             if not isinstance(given, (str, list)):
                 raise _BadRequest(error(400, "input must be a string or a list of items", "BadRequestError"))
             n = self._max_tokens(body, "max_output_tokens")
+            prompt = self._token_ids({"messages": given} if isinstance(given, list) else {"prompt": given})
         except _BadRequest as bad:
             return bad.response
         previous = body.get("previous_response_id")
         if previous is not None and previous not in self.stored:
             return error(404, f"Response with id '{previous}' not found.", "invalid_request_error",
                          "previous_response_id")
-        prompt = request_token_ids({"messages": given} if isinstance(given, list) else {"prompt": given},
-                                   self.tokenizer)
         head = {"id": self._id("resp"), "object": "response", "created_at": int(time.time()),
                 "model": body["model"], "previous_response_id": previous, "store": body.get("store", True) is not False,
                 "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None,
@@ -513,9 +521,9 @@ class SimApi:
         """vLLM's /tokenize: a prompt's (or a chat's) token ids and their count."""
         try:
             body = await self._body(request)
+            ids = self._token_ids(body)
         except _BadRequest as bad:
             return bad.response
-        ids = request_token_ids(body, self.tokenizer)
         return web.json_response({"count": len(ids), "max_model_len": self.cfg.kv_cache_tokens, "tokens": ids,
                                   "token_strs": None})
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from llmgw.kvevents.publisher import KVEventsConfig, parse_config
+from llmgw.routing.chattemplate import load_chat_template
 from llmgw.routing.kvblocks import load_tokenizer
 
 
@@ -76,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PATH",
                    help="the model's weights on this node (a directory or a file); the sim reads none, "
                         "but refuses to start where the path is missing, as an engine would; a "
-                        "tokenizer.json in the directory tokenizes prompts (else a word is a token)")
+                        "tokenizer.json in the directory tokenizes prompts (else a word is a token), its chat "
+                        "template (chat_template.jinja or tokenizer_config.json's) renders chats")
     p.add_argument("--rank", type=_nonnegative(int), default=0, help="this process's rank (default: 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of ranks (default: 1)")
     p.add_argument("--dist-init-addr", metavar="HEAD:PORT",
@@ -155,6 +157,7 @@ def parse(argv: list[str]) -> SimConfig:
         p.error(f"--model {a.model}: no such file or directory: the weights are not on this node")
     try:
         load_tokenizer(a.model)
+        load_chat_template(a.model)
     except ValueError as e:
         p.error(f"--model: {e}")
     kv_events = KVEventsConfig()

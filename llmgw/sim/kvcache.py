@@ -6,10 +6,10 @@ seeded with PYTHONHASHSEED as vLLM is, else with vLLM's default seed), so a key
 names the whole prefix up to the end of its block (a partial last block is
 never cached, as in vLLM). A prompt hits on the longest run of its leading
 blocks that are cached. A request under a LoRA adapter hashes its blocks with
-the adapter as vLLM's extra key, here its name and that load's id: it never hits
-the base's blocks, another adapter's, or those of the same adapter's earlier
-load (other weights, maybe). A prompt's blocks are touched tail first, so the tail of
-a chain is evicted before its head, as vLLM's free queue does.
+the adapter's name as vLLM's extra key (its events name the adapter and that
+load's id, as vLLM's): it never hits the base's blocks or another adapter's. A
+prompt's blocks are touched tail first, so the tail of a chain is evicted before
+its head, as vLLM's free queue does.
 
 Every change is told to `on_events` as vLLM's KV events (llmgw.kvevents.wire),
 evictions before the stores that needed their room, one batch per admitted prompt.
@@ -46,8 +46,8 @@ class PrefixCache:
 
     def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None) -> int:
         """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached.
-        `lora`: the adapter it runs under (its name and load id), an extra key of every block."""
-        keys = self.hasher.keys(ids, lora)
+        `lora`: the adapter it runs under (its name and load id); its name is an extra key of every block."""
+        keys = self.hasher.keys(ids, lora[:1] if lora is not None else None)
         blocks = self._blocks
         hit = 0
         for key in keys:
@@ -64,7 +64,7 @@ class PrefixCache:
             if run:
                 parent = keys[run[0] - 1] if run[0] else None
                 events.append(wire.stored([keys[i] for i in run], parent,
-                                          ids[run[0] * size:(run[-1] + 1) * size], size))
+                                          ids[run[0] * size:(run[-1] + 1) * size], size, lora))
                 run.clear()
 
         if self.capacity_blocks:

@@ -25,7 +25,7 @@ def test_first_rebuild_is_at_once_then_backoff_doubles_from_10s_to_5min():
 async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store):
     async with control_plane(store) as cp:
         await store.create(model("big", nodes=2, gpus=2))
-        await store.create(model("small", replicas=1))
+        await store.create(model("small", replicas=2, routing={"policy": "precise-prefix"}))  # 4 ports on rank 0
         rep = await until(lambda: next((r for r in cp.replicas("big") if r.status.phase == "Ready"), None))
         shards = sorted(cp.cache.index(Shard, "replica", rep.name), key=lambda s: s.spec.rank)
         assert [s.name for s in shards] == [f"{rep.name}-0", f"{rep.name}-1"]
@@ -45,12 +45,10 @@ async def test_multi_node_replica_gets_consistent_shards_and_becomes_ready(store
         assert scheduled.message == (f"rank 0 on {ranks[0].node} GPUs 0,1, rank 1 on {ranks[1].node} GPUs 0,1 "
                                      f"over fabric fab-a")
 
-        # the small replica shares a node with the big one: no port is used twice on any node
-        await until(lambda: any(r.status.phase == "Ready" for r in cp.replicas("small")))
+        # the small replicas (their events' ports too) share nodes with the big one: no port twice on a node
+        await until(lambda: sum(r.status.phase == "Ready" for r in cp.replicas("small")) == 2)
         for node in ("n1", "n2", "n3"):
-            ports = [p for s in cp.cache.index(Shard, "node", node)
-                     for p in (s.spec.ports.serve, s.spec.ports.distInit)
-                     if not (s.spec.rank > 0 and p == s.spec.ports.distInit)]
+            ports = [p for s in cp.cache.index(Shard, "node", node) for p in s.spec.ports.own(s.spec.rank)]
             assert len(ports) == len(set(ports)), (node, ports)
             assert all(30000 <= p <= 32767 for p in ports)
 

@@ -3,7 +3,12 @@
 The stand-ins are small shell scripts that print the fixtures in tests/fixtures/data/help/
 when called the way the real program would be (`vllm serve --help=all` with
 VLLM_TARGET_DEVICE=cpu, `ray start --help`, ...): faking only the engines
-themselves, which this machine does not have.
+themselves, which this machine does not have. vllm-0.11-all.txt and
+sglang-launch-server.txt are excerpts of the captured help; their
+--prefix-caching-hash-algo, --kv-events-config (vLLM) and --kv-events-config
+(SGLang) entries were written from the released wheels' source (vLLM 0.34.0's
+CacheConfig and VllmConfig field docs, SGLang 0.5.23's observability fields),
+as neither prints its help without torch, which this machine cannot install.
 """
 from __future__ import annotations
 
@@ -21,8 +26,9 @@ HELP = Path(__file__).parents[1] / "fixtures" / "data" / "help"
 CAT = shutil.which("cat")
 ROW = re.compile(r"^\s*(\S+)\s+(-\S+)\s+(found|missing|skipped)\b", re.M)
 
-VLLM_FLAGS_MP = ["--host", "--port", "--served-model-name", "--tensor-parallel-size", "--pipeline-parallel-size",
-                 "--gpu-memory-utilization", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"]
+VLLM_FLAGS_MP = ["--host", "--port", "--served-model-name", "--kv-events-config", "--prefix-caching-hash-algo",
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--gpu-memory-utilization", "--nnodes",
+                 "--node-rank", "--master-addr", "--master-port", "--headless"]
 RAY_FLAGS = ["--head", "--port", "--node-ip-address", "--num-gpus", "--block", "--address"]
 
 
@@ -72,7 +78,7 @@ def test_vllm_mp_against_the_full_listing(bindir):
     result, rows = run("vllm", "--executable", str(fake_vllm(bindir)), path=bindir)
     assert result.exit_code == 0, result.output
     assert {f: rows[("vllm", f)] for f in VLLM_FLAGS_MP} == dict.fromkeys(VLLM_FLAGS_MP, "found")
-    assert "11 flags: 11 found, 0 missing, 0 skipped" in result.output
+    assert "13 flags: 13 found, 0 missing, 0 skipped" in result.output
     assert "warning" not in result.output
 
 
@@ -200,7 +206,7 @@ exit 1
     result, rows = run("sglang", "--executable", str(python), path=bindir)
     assert result.exit_code == 0, result.output
     flags = ["--model-path", "--host", "--port", "--served-model-name", "--tp-size", "--enable-metrics",
-             "--nnodes", "--node-rank", "--dist-init-addr", "--max-total-tokens"]
+             "--max-total-tokens", "--kv-events-config", "--nnodes", "--node-rank", "--dist-init-addr"]
     assert {f: rows[("sglang", f)] for f in flags} == dict.fromkeys(flags, "found")
 
 
@@ -209,7 +215,7 @@ def test_sim_flags_match_the_real_sim_help():
     assert result.exit_code == 0, result.output
     assert rows == dict.fromkeys(
         [("sim", f) for f in ("--host", "--port", "--served-model-name", "--rank", "--world-size",
-                              "--dist-init-addr", "--model")], "found")
+                              "--dist-init-addr", "--model", "--kv-events-config")], "found")
 
 
 def test_usage_errors(bindir):

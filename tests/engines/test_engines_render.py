@@ -277,6 +277,18 @@ def test_the_sim_publishes_kv_events_and_a_shard_without_the_ports_nothing():
         assert "--kv-events-config" not in plain.argv and "PYTHONHASHSEED" not in plain.env
 
 
+def test_sglang_publishes_kv_events_on_rank_0_with_its_own_config():
+    """SGLang's KVEventsConfig (0.5.23) has no enable field: the flag turns publishing on, with the publisher
+    named (its default is "null"); only rank 0 (its scheduler's KV cache) is given the ports."""
+    ports = ShardPorts(serve=30001, distInit=30002, kvEvents=30003, kvReplay=30004)
+    (head,) = render(make_shard("sglang", world=2, ports=ports), node(0, 2), EXE).commands
+    at = head.argv.index("--kv-events-config")
+    assert head.argv[at + 1] == '{"publisher":"zmq","endpoint":"tcp://*:30003","replay_endpoint":"tcp://*:30004"}'
+    assert head.argv[-2:] == ["--max-model-len", "8192"] and head.env["PYTHONHASHSEED"] == "0"
+    (other,) = render(make_shard("sglang", rank=1, world=2), node(1, 2), EXE).commands
+    assert "--kv-events-config" not in other.argv
+
+
 # ------------------------------------------------------------------ KV budget
 
 # A replica the scheduler placed on GPUs of 81559 MiB with 40000 MiB free: 20 GiB of KV, 163840 tokens.

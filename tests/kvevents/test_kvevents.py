@@ -15,13 +15,13 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgpack
 import msgspec
 import pytest
-import tokenizers
 import zmq
 import zmq.asyncio
 
@@ -31,10 +31,14 @@ from llmgw.gateway.table import RoutingTable
 from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, text_ids
+from llmgw.routing.chattemplate import load_chat_template
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
 from llmgw.routing.kvindex import KVIndex
-from tests.fixtures.gateway import Sim, replica, running_gateway, scrape
+from llmgw.sim.kvcache import DEFAULT_SEED
+from tests.fixtures import chat_model
+from tests.fixtures.gateway import Sim, lora, replica, running_gateway, scrape
 from tests.fixtures.poll import until
+from tests.fixtures.weights_origin import origin  # noqa: F401 - a fixture
 
 BLOCK = 4  # tokens per block: short prompts make several blocks
 
@@ -121,6 +125,16 @@ async def _complete(session: aiohttp.ClientSession, base: str, prompt: str) -> d
         return doc
 
 
+async def _followed(session: aiohttp.ClientSession, kv: KVIndex, sims: dict[str, Sim]) -> None:
+    """Once an event of each engine arrived (a warm-up prompt each), the subscriptions are up."""
+    for name, sim in sims.items():
+        async def seen(sim: Sim = sim, name: str = name) -> bool:
+            await _complete(session, f"http://{sim.endpoint}", f"warm {time.monotonic_ns()} x y z w")
+            await asyncio.sleep(0.05)
+            return kv.blocks_of(name) > 0
+        await until(seen, f"replica {name}'s events in the gateway's index")
+
+
 def test_block_hashes_are_vllms_sha256_cbor_chain():
     tokens = [1, 2, 3, 4, 500, 70000, 7, 8, 9]  # two whole blocks of 4 and a partial one
     root = hashlib.sha256(b"\x61" + HASH_SEED.encode()).digest()  # CBOR text string of length 1
@@ -129,6 +143,26 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
     want = [int.from_bytes(h, "big") & (1 << 64) - 1 for h in (first, second)]
     assert BlockHasher(4).keys(tokens) == want
     assert BlockHasher(4, seed="1").keys(tokens) != want  # the seed is part of every key
+
+
+VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vllm-0.34.0-block-hashes.json"
+
+
+@pytest.mark.parametrize("case", json.loads(VLLM_HASHES.read_text())["cases"],
+                         ids=lambda c: f"{c['block_size']}-{c['none_hash_seed']}-{'lora' if c['lora'] else 'base'}")
+def test_block_hashes_are_those_of_vllms_own_function(case):
+    """Against a fixture made by vLLM 0.34.0's own hashing function (its "made" field says how: vLLM cannot be
+    installed without a GPU's torch here): the gateway's keys of the same tokens, block size and seed, and the
+    sim's default seed. Its LoRA case hashes vLLM 0.34's tagged key with the adapter's path, which the gateway
+    does not know (docs/contracts.md, "KV events"): given that key the hashes agree; the adapter's name alone,
+    the key of the sim and of vLLM before 0.34, gives others."""
+    hasher = BlockHasher(case["block_size"], case["none_hash_seed"])
+    extra = tuple(tuple(k) for k in case["extra_keys"]) if case["extra_keys"] else None
+    assert hasher.keys(case["token_ids"], extra) == case["hashes"]
+    if case["lora"]:
+        assert hasher.keys(case["token_ids"], (case["lora"][0],)) != case["hashes"]
+    if case["PYTHONHASHSEED"] is None:
+        assert case["none_hash_seed"] == DEFAULT_SEED  # the sim's seed where PYTHONHASHSEED is unset
 
 
 async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
@@ -201,13 +235,7 @@ async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
     try:
         async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
             kv = gw.gateway.kv.index("m")
-            # the subscriptions are up once an event of each engine arrived (a warm-up prompt each)
-            for sim, name in ((a, "a"), (b, "b")):
-                async def seen(sim: Sim = sim, name: str = name) -> bool:
-                    await _complete(session, f"http://{sim.endpoint}", f"warm {time.monotonic_ns()} x y z w")
-                    await asyncio.sleep(0.05)
-                    return kv.blocks_of(name) > 0
-                await until(seen, f"replica {name}'s events in the gateway's index")
+            await _followed(session, kv, {"a": a, "b": b})
             # cached on a (sent there directly): the gateway sends it to a
             await _complete(session, f"http://{a.endpoint}", prompt)
             await until(lambda: kv.matches(kv.keys(text_ids(prompt)), ["a", "b"])["a"] == 3,
@@ -289,12 +317,34 @@ def test_keys_that_cannot_match_are_refused_loudly():
     other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(tokens)), None, tuple(tokens),
                                       BLOCK)])
     assert other_seed.refused is None and other_seed.usable
+    # vLLM 0.34 hashes a LoRA block with ("lora", name, path) and publishes (name,): not checked, not refused
+    lora = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(lora), None, tuple(tokens), BLOCK, (("sql",),))])
+    assert other_seed.refused is None and other_seed.usable
 
     sizes = KVIndex()
     sizes.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
     assert sizes.usable
     sizes.apply("r2", [wire.Event("BlockStored", tuple(BlockHasher(2).keys(tokens)), None, tuple(tokens), 2)])
     assert sizes.refused is not None and "2 tokens" in sizes.refused
+
+
+def test_a_lora_adapters_blocks_are_held_under_the_gateways_keys_whatever_the_engine_hashed():
+    """vLLM 0.34 hashes a LoRA block with ("lora", name, path): the index holds it under the key a request for
+    the adapter gets (its name alone), follows the chain's next batch by its parent, and a removal."""
+    tokens = list(range(1, 13))  # 3 blocks
+    engine = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
+    kv = KVIndex()
+    base = (9, 9, 9, 9)
+    kv.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(base)), None, base, BLOCK)])
+    kv.apply("r", [wire.Event("BlockStored", tuple(engine[:2]), None, tuple(tokens[:8]), BLOCK, (("sql",),) * 2,
+                              "sql")])
+    kv.apply("r", [wire.Event("BlockStored", (engine[2],), engine[1], tuple(tokens[8:]), BLOCK, (("sql",),), "sql")])
+    assert kv.matches(kv.keys(tokens, "sql"), ["r"]) == {"r": 3}
+    assert kv.matches(kv.keys(tokens), ["r"]) == {"r": 0}  # the base model's keys of the same tokens
+    kv.apply("r", [wire.Event("BlockRemoved", (engine[2],))])
+    assert kv.matches(kv.keys(tokens, "sql"), ["r"]) == {"r": 2} and kv.blocks_of("r") == 3
+    assert kv.refused is None
 
 
 async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
@@ -318,33 +368,90 @@ async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
         sim.stop()
 
 
-async def test_a_models_tokenizer_json_tokenizes_in_the_sim_and_the_gateway_alike(tmp_path):
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("alpha beta gamma delta epsilon zeta eta theta".split())}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    sim, events, replay = _sim("--model", str(tmp_path))
+async def test_a_models_tokenizer_and_chat_template_key_requests_in_the_sim_and_the_gateway_alike(tmp_path):
+    """A model with a tokenizer.json and Llama-3's chat template (tests/fixtures/chat_model.py): the
+    gateway's token ids of a chat are the sim's (which renders it as vLLM does), with one
+    <|begin_of_text|> (the template's: the tokenizer's post-processor does not add another), and a
+    repeated chat goes to the replica that cached it, for the model or a LoRA adapter of it (whose name
+    is an extra key of each block, as in vLLM); a completion's prompt gets the post-processor's BOS."""
+    model = str(chat_model.write(tmp_path))
+    a, a_events, a_replay = _sim("--model", model, "--enable-lora")
+    b, b_events, b_replay = _sim("--model", model, "--enable-lora")
     table = RoutingTable()
     table.apply("models", "ADDED", Model.model_validate({
         "metadata": {"name": "m"},
-        "spec": {"source": str(tmp_path), "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
-    table.apply("replicas", "ADDED", replica("a", "m", sim.endpoint, kv_events=events, kv_replay=replay))
-    prompt = "alpha beta gamma delta epsilon zeta eta theta"
+        "spec": {"source": model, "profiles": [{"engine": "sim"}], "routing": {"policy": "precise-prefix"}}}))
+    table.apply("replicas", "ADDED", replica("a", "m", a.endpoint, kv_events=a_events, kv_replay=a_replay))
+    table.apply("replicas", "ADDED", replica("b", "m", b.endpoint, kv_events=b_events, kv_replay=b_replay))
+    chat = {"model": "m", "max_tokens": 1, "messages": [
+        {"role": "system", "content": "you are a helpful bot . the tenant context says alpha beta gamma delta"},
+        {"role": "user", "content": [{"type": "text", "text": "what is it about ?"}]}]}
     try:
         async with running_gateway(table) as gw, aiohttp.ClientSession() as session:
             kv = gw.gateway.kv.index("m")
-            assert kv.token_ids({"prompt": prompt}) == list(range(1, 9)) != text_ids(prompt)
-            doc = await _complete(session, f"http://{sim.endpoint}", prompt)
-            assert doc["usage"]["prompt_tokens"] == 8
-            others = iter(f"{w} {v} alpha beta" for w in vocab for v in vocab)
-
-            async def held() -> bool:  # a batch sent before the subscription joined comes with the next
-                await _complete(session, f"http://{sim.endpoint}", next(others))
-                return kv.matches(kv.keys(kv.token_ids({"prompt": prompt})), ["a"]) == {"a": 2}
-            await until(held, "the sim's blocks of the prompt, keyed as the gateway keys them")
-            assert kv.verified > 0 and kv.refused is None
+            ids = kv.token_ids(chat)
+            async with session.post(f"http://{a.endpoint}/tokenize", json=chat) as r:
+                assert (await r.json())["tokens"] == ids
+            assert ids[0] == chat_model.BOS and ids.count(chat_model.BOS) == 1 and len(ids) == 31
+            assert ids != request_token_ids(chat, kv.tokenizer)  # the template's tokens are in the key
+            words = "alpha beta gamma delta epsilon zeta eta theta"
+            assert kv.token_ids({"prompt": words})[:2] == [chat_model.BOS, chat_model.vocabulary()["alpha"]]
+            assert (await _complete(session, f"http://{a.endpoint}", words))["usage"]["prompt_tokens"] == 9
+            await _followed(session, kv, {"a": a, "b": b})
+            async with session.post(f"http://{b.endpoint}/v1/chat/completions", json=chat) as r:
+                assert r.status == 200, await r.text()  # cached on b, sent there directly
+            blocks = len(ids) // BLOCK
+            await until(lambda: kv.matches(kv.keys(ids), ["a", "b"]) == {"a": 0, "b": blocks},
+                        "b's blocks of the chat, keyed as the gateway keys them")
+            for _ in range(3):
+                async with session.post(f"{gw.url}/v1/chat/completions", json=chat) as r:
+                    doc = await r.json()
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK, doc
+            for sim in (a, b):
+                async with session.post(f"http://{sim.endpoint}/v1/load_lora_adapter",
+                                        json={"lora_name": "sql", "lora_path": model}) as r:
+                    assert r.status == 200, await r.text()
+            table.apply("adapters", "ADDED", lora("sql", "m", ("a", "b")))
+            sql = {**chat, "model": "sql"}
+            async with session.post(f"http://{a.endpoint}/v1/chat/completions", json=sql) as r:
+                assert r.status == 200, await r.text()  # cached on a under the adapter; b has the base's
+            await until(lambda: kv.matches(kv.keys(ids, "sql"), ["a", "b"]) == {"a": blocks, "b": 0},
+                        "a's blocks of the adapter's chat, keyed with the adapter's name")
+            for _ in range(3):
+                async with session.post(f"{gw.url}/v1/chat/completions", json=sql) as r:
+                    doc = await r.json()
+                assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK, doc
+            assert kv.verified > 0 and kv.refused is None  # the adapter's chains checked with their keys
     finally:
-        sim.stop()
+        a.stop()
+        b.stop()
+
+
+async def test_a_hub_models_tokenizer_files_are_fetched_and_never_its_weights(tmp_path, origin, monkeypatch, caplog):
+    """A precise-prefix Model from the hub (hf://): the gateway asks the hub (HF_ENDPOINT, here the fixture
+    speaking the endpoints huggingface_hub calls) for the tokenizer files alone, and keys as with them
+    locally; a Model routed otherwise is not asked for."""
+    files = {p.name: p.read_bytes() for p in chat_model.write(tmp_path / "local").iterdir()}
+    origin.add_repo("org/chat", {**files, "model.safetensors": bytes(4096)})
+    origin.add_repo("org/other", files)
+    monkeypatch.setenv("HF_ENDPOINT", origin.url)
+    table = RoutingTable()
+    for name, source, policy in (("m", "hf://org/chat", "precise-prefix"), ("gone", "hf://org/missing@v1",
+                                 "precise-prefix"), ("other", "hf://org/other", "prefix-score")):
+        table.apply("models", "ADDED", Model.model_validate({"metadata": {"name": name}, "spec": {
+            "source": source, "profiles": [{"engine": "sim"}], "routing": {"policy": policy}}}))
+    async with running_gateway(table) as gw:
+        kv, gone = gw.gateway.kv.index("m"), gw.gateway.kv.index("gone")
+        await until(lambda: kv.template is not None, "the hub's tokenizer files loaded")
+        local = KVIndex()
+        local.tokenizer = load_tokenizer(str(tmp_path / "local"))
+        local.template = load_chat_template(tmp_path / "local")
+        chat = {"messages": [{"role": "user", "content": "hello alpha beta gamma"}]}
+        assert kv.token_ids(chat) == local.token_ids(chat) != request_token_ids(chat, kv.tokenizer)
+        assert origin.requests(suffix="/tokenizer.json") and not [r for r in origin.log if "safetensors" in r.path]
+        await until(lambda: "hf://org/missing@v1" in caplog.text, "the missing repository's warning")
+        assert gone.tokenizer is None and gone.token_ids(chat) == text_ids(["hello alpha beta gamma"])
+        assert not [r for r in origin.log if "org/other" in r.path]
 
 
 @pytest.mark.parametrize("config, error", [

@@ -24,7 +24,7 @@ def ledger_of(*infos: NodeInfo) -> Ledger:
 def bind(led: Ledger, req: Request) -> Fit:
     fit = place(led, req)
     assert isinstance(fit, Fit), fit
-    led.assume(req.name, req.model, tuple((s.node, s.gpus) for s in fit.slots))
+    led.assume(req.name, req.model, tuple((s.node, s.gpus) for s in fit.slots), req.kv_events)
     return fit
 
 
@@ -127,6 +127,27 @@ def test_ports_run_out_two_per_rank():
     assert isinstance(out, Unfit) and out.reasons == {"no free ports": 1}
 
 
+def test_ports_counted_as_the_shards_take_them_kv_events_on_rank_0():
+    # rank 0 takes serve and dist-init, and two more where it publishes KV events (precise-prefix);
+    # another rank takes its serve port (rank 0's dist-init is on rank 0's node)
+    led = ledger_of(node("n", gpus=8, ports=9, fabric="f"), node("o", gpus=8, ports=9, fabric="f"))
+    led.observe_node(node("o", gpus=8, ports=0, fabric="f"))
+    bind(led, Request("a", "a", gpus=1, kv_events=True))
+    bind(led, Request("b", "b", gpus=1, kv_events=True))
+    assert led.free_ports("n") == 1
+    assert place(led, Request("c", "c", gpus=1)).reasons == {"no free ports": 2}
+    led.forget_replica("b")
+    led.observe_node(node("o", gpus=8, ports=9, fabric="f"))
+    bind(led, Request("d", "d", nodes=2, gpus=1, kv_events=True))
+    assert led.free_ports("n") + led.free_ports("o") == 5 + 9 - 5
+    rep = _replica("r", "m", placement=[{"rank": 0, "node": "o", "gpus": [7]}], kvEvents=True)
+    led.forget_replica("d")
+    led.observe_replica(rep)                         # as the scheduler's cache has it: its spec says
+    assert led.free_ports("o") == 9 - 4 and request_for(rep).ports == 4
+    led.forget_replica("r")
+    assert led.free_ports("o") == 9 and list(led.check()) == []
+
+
 def test_assumed_placement_survives_a_stale_view_until_released():
     led = ledger_of(node("n", gpus=1))
     bind(led, Request("r", "m", gpus=1))
@@ -209,11 +230,11 @@ def _shard(name, rep, node_name, gpus) -> Shard:
         "servedModelNames": [rep.spec.model]}})
 
 
-def _replica(name, model, placement=(), profile=None, nodeSelector=None) -> Replica:
+def _replica(name, model, placement=(), profile=None, nodeSelector=None, **spec) -> Replica:
     return Replica.model_validate({
         "metadata": {"name": name},
         "spec": {"model": model, "templateHash": "h", "profile": profile or {"engine": "sim"},
-                 "placement": list(placement), "nodeSelector": nodeSelector or {}},
+                 "placement": list(placement), "nodeSelector": nodeSelector or {}, **spec},
     })
 
 

@@ -78,8 +78,8 @@ def test_load_unload_and_requests_under_the_adapters_name(sims, tmp_path):
     assert post(port, "/v1/completions", completion)[0] == 404
     assert post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(sql)})[0] == 200
     status, text = post(port, "/v1/completions", {**prompt, "model": "sql"})
-    assert json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, \
-        "a load again (new weights, maybe) keys its cache anew: no stale prefix"
+    assert json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, \
+        "a load again under the same name finds its blocks: vLLM keys them by the adapter's name alone"
 
 
 def test_without_enable_lora_there_is_no_lora_api(sims):
