@@ -25,14 +25,17 @@
 * When the Model is deleted (or a replica belongs to an older Model of the
   same name) its replicas are deleted; garbage collection does the same.
 
-* A replica of a Model whose source is a directory the controller-manager sees carries
-  ``spec.gpuMemoryMiB``: what each of its GPUs must have free, estimated from the model's
-  files (llmgw/fit.py); the "ReplicaCreated" event gives the breakdown, or why
-  there is no estimate. The scheduler then refuses GPUs with less.
+* A replica of a Model whose source the controller-manager can read (a directory or GGUF
+  file it sees, or a pulled source's heads before the pull) carries ``spec.memory``: what
+  each of its GPUs must have free, estimated from the model's files (controllers/estimates.py,
+  read in a thread once per spec, not in the reconcile); no replica of such a Model is
+  created before its estimate is read (for at most READ_WAIT). The scheduler then refuses
+  GPUs with less, and gives the placed replica its KV budget (spec.kvCache).
 
 Writes Model status: replicas, readyReplicas, updatedReplicas, templateHash,
-observedGeneration, conditions Available and Progressing. Progressing is
-False with reason CrashLoop while a replica of the current template that is
+observedGeneration, fit (each profile's estimate, or why none, and the fewest KV tokens a
+placed replica of it was given), conditions Available, Progressing and MemoryEstimated.
+Progressing is False with reason CrashLoop while a replica of the current template that is
 not Ready has failed ``CRASH_LOOP_FAILURES`` or more times in a row; its
 message carries that replica's last failure (with the end of the engine's log).
 
@@ -43,21 +46,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import string
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
+from controllers.estimates import READ_WAIT, Estimates, NoEstimate, ProfileResult, api_estimate, fit_status
 from controllers.indexes import REPLICAS_BY_MODEL, REPLICAS_BY_NODE
 from llmgw.api import AnyObject, Model, ObjectMeta, Replica, ReplicaSpec, get_condition, kv_events, template_hash
 from llmgw.api.errors import NotFound
 from llmgw.api.patches import ConditionPatch, ModelStatusPatch
-from llmgw.api.sources import parse_source
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR, EVICT, MODEL_LABEL, SHARDS_FINALIZER
 from llmgw.engines import ENGINES
-from llmgw.fit import Estimate, MiB, ShapeError, estimate_dir
+from llmgw.fit import Estimate
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
 
 log = logging.getLogger("llmgw.controllers.model")
@@ -90,7 +92,7 @@ class Facts:
     reconcile of a model with a thousand replicas reads each unchanged one in one lookup."""
 
     __slots__ = ("replica", "name", "active", "thash", "ready", "placed", "profile", "replaces", "evict",
-                 "failures", "owner_uid")
+                 "failures", "owner_uid", "kv_tokens")
 
     def __init__(self, r: Replica) -> None:
         meta, spec = r.metadata, r.spec
@@ -106,6 +108,7 @@ class Facts:
         self.failures = r.status.consecutiveFailures
         owner = next((o for o in meta.ownerReferences if o.kind == "Model"), None)
         self.owner_uid = owner.uid if owner is not None else None
+        self.kv_tokens = spec.kvCache.tokens if spec.kvCache is not None else None
 
 
 Memo = dict[str, Facts]   # replica name -> the facts of the last object seen under that name
@@ -286,6 +289,9 @@ def _status_differs(model: Model, status: ModelStatusPatch) -> bool:
                 if cur is None or (cur.status, cur.reason, cur.message, cur.observedGeneration) != (
                         c["status"], c["reason"], c["message"], c["observedGeneration"]):
                     return True
+        elif k == "fit":
+            if [f.model_dump(mode="json") for f in st.fit] != v:
+                return True
         elif getattr(st, k) != v:
             return True
     return False
@@ -317,6 +323,10 @@ class ModelController(Controller):
         super().start(ctx)
         self._memo: dict[str, Memo] = {}   # model -> its replicas' facts, for this term
         self._seen: dict[str, tuple[object, ...]] = {}   # model -> what of it the last reconcile read
+        self._estimates = Estimates(lambda name: self.ctx.queue.add(name))
+
+    async def stop(self) -> None:
+        self._estimates.stop()
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         if type(obj) is Model:
@@ -338,6 +348,7 @@ class ModelController(Controller):
         if model is None or model.metadata.deletionTimestamp is not None:
             self._memo.pop(key, None)
             self._seen.pop(key, None)
+            self._estimates.forget(key)
             for r in replicas:
                 if r.metadata.deletionTimestamp is None:
                     await self._delete(r, "ModelDeleted", f"model {key} is being deleted")
@@ -355,14 +366,22 @@ class ModelController(Controller):
             return sum(1 for r in cache.index(Replica, "node", node) if r.metadata.deletionTimestamp is None)
 
         p = plan_facts(model, mine, datetime.now(timezone.utc), replicas_on)
+        fits = self._estimates.get(model)
+        if fits is None and (wait := self._estimates.wait_left(key)) > 0:
+            # its files are being read: created once they are (the read enqueues the model)
+            p.create = []
+            p.requeue_after = wait if p.requeue_after is None else min(p.requeue_after, wait)
+        elif fits is not None and model.spec.source is not None:   # no source (the sim's): nothing to say
+            p.status["fit"], cond = fit_status(fits, _context(mine), model.metadata.generation)
+            p.status["conditions"].append(cond)
+        made = fits or [NoEstimate(f"its files were not read within {READ_WAIT:g} s")] * len(model.spec.profiles)
         # Writes of one step go out together, in batches (like a ReplicaSet's slow
         # start): a hundred new replicas cost a few round trips, not a hundred.
         for i in range(0, len(p.create), CREATE_BATCH):
             batch = p.create[i:i + CREATE_BATCH]
-            fits = {index: await asyncio.to_thread(_estimate, model, index) for index in dict.fromkeys(batch)}
-            names = await asyncio.gather(*(self._create(model, p.template_hash, index, fits[index])
+            names = await asyncio.gather(*(self._create(model, p.template_hash, index, made[index])
                                            for index in batch))
-            self._created(model, batch, names, fits)
+            self._created(model, batch, names, made)
         for r, reason, message in p.delete:
             await self._delete(r, reason, message)
         if _status_differs(model, p.status):
@@ -370,7 +389,7 @@ class ModelController(Controller):
             cache.assume(updated)
         return Result(requeue_after=p.requeue_after) if p.requeue_after is not None else None
 
-    async def _create(self, model: Model, thash: str, index: int, fit: Estimate | str | None) -> str:
+    async def _create(self, model: Model, thash: str, index: int, fit: ProfileResult) -> str:
         spec = model.spec
         profile = spec.profiles[index]
         replica = Replica(
@@ -384,14 +403,14 @@ class ModelController(Controller):
                              source=spec.source, digest=spec.digest, servedModelNames=model.served_names,
                              nodeSelector=dict(spec.nodeSelector), adapters=spec.adapters,
                              kvEvents=kv_events(spec) and ENGINES[profile.engine].kv_events,
-                             gpuMemoryMiB=-(-fit.needed // MiB) if isinstance(fit, Estimate) else None),
+                             memory=api_estimate(fit) if isinstance(fit, Estimate) else None),
         )
         created = await self.ctx.store.create(replica)
         self.ctx.cache.assume(created)
         return created.name
 
     def _created(self, model: Model, indexes: list[int], names: list[str],
-                 fits: dict[int, Estimate | str | None]) -> None:
+                 fits: list[ProfileResult]) -> None:
         """One event per profile for a batch of creates (a scale-up to a thousand replicas is
         about thirty events, not a thousand writes), naming the first few replicas."""
         for index in dict.fromkeys(indexes):
@@ -400,7 +419,7 @@ class ModelController(Controller):
             shown = ", ".join(mine[:3]) + (f" and {len(mine) - 3} more" if len(mine) > 3 else "")
             what = f"replica {shown}" if len(mine) == 1 else f"{len(mine)} replicas: {shown}"
             fit = fits[index]
-            said = "" if fit is None else f"; {fit.summary() if isinstance(fit, Estimate) else 'no estimate: ' + fit}"
+            said = f"; {fit.summary()}" if isinstance(fit, Estimate) else f"; no estimate: {fit.message}"
             self.ctx.events.record(model, "Normal", "ReplicaCreated",
                                    f"created {what} (profile {index}: {profile.engine}, "
                                    f"{profile.nodes} node(s) x {profile.gpusPerNode} GPU(s){said})")
@@ -416,15 +435,10 @@ class ModelController(Controller):
         self.ctx.events.record(model or r, "Normal", reason, f"deleting replica {r.name}: {message}")
 
 
-def _estimate(model: Model, index: int) -> Estimate | str | None:
-    """The GPU memory estimate for profile `index` of a Model whose source is a directory here, why
-    there is none where the directory is here but unreadable, or None (a pulled source, or a path
-    only the nodes see: not estimated yet)."""
-    source = model.spec.source
-    if source is None or parse_source(source) is not None or not os.path.isdir(source):
-        return None
-    profile = model.spec.profiles[index]
-    try:
-        return estimate_dir(source, profile.engine, profile.gpusPerNode, profile.nodes)
-    except ShapeError as err:
-        return str(err)
+def _context(replicas: list[Facts]) -> dict[int, int]:
+    """Profile -> the fewest KV tokens a live replica of it was given at placement (spec.kvCache)."""
+    out: dict[int, int] = {}
+    for f in replicas:
+        if f.active and f.kv_tokens is not None:
+            out[f.profile] = min(out.get(f.profile, f.kv_tokens), f.kv_tokens)
+    return out

@@ -398,6 +398,7 @@ class ReplicaController(Controller):
                         source=r.spec.source, digest=r.spec.digest,
                         servedModelNames=r.spec.servedModelNames or [r.spec.model],
                         args=list(profile.args), env=dict(profile.env), adapters=r.spec.adapters,
+                        kvCache=r.spec.kvCache,
                     ),
                 )
                 shard = await self.ctx.store.create(shard)

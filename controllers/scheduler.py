@@ -11,11 +11,12 @@ placement is then written with a compare-and-swap update, and a lost compare
 releases the booking and retries the key.
 
 Status: Scheduled=False, reason Unschedulable (InsufficientGPUMemory when most
-nodes' reason is that the replica's estimated memory, spec.gpuMemoryMiB, is more
-than their free GPUs have: the message gives both), with the count of nodes per
+nodes' reason is that the replica's estimated memory, spec.memory, is more than
+their free GPUs have: the message gives both, with the estimate's parts), with the count of nodes per
 reason when nothing fits, re-tried every `scheduler_retry` seconds (setting,
 default 5) and whenever a node changes or a replica frees its GPUs. A bind is
-the placement alone, one write, with a "Scheduled" event saying where; the
+the placement (with, for a replica with an estimate, its KV budget spec.kvCache)
+in one write, with a "Scheduled" event saying where; the
 condition Scheduled=True that repeats it for people goes out with the replica
 controller's first status write for the placed replica (a write it makes
 anyway), not as a second write here.
@@ -38,7 +39,7 @@ from llmgw.api import AnyObject, Node, Placement, Replica, Shard, get_condition
 from llmgw.api.errors import Conflict, NotFound
 from llmgw.api.patches import ReplicaStatusPatch
 from llmgw.runtime.controller import Context, Controller, Result, WatchedKind
-from llmgw.scheduling import Fit, Ledger, describe, place, request_for
+from llmgw.scheduling import Fit, Ledger, budget, describe, place, request_for
 from llmgw.scheduling.placer import MEMORY_REASON
 
 
@@ -139,7 +140,8 @@ class SchedulerController(Controller):
         led.assume(key, rep.spec.model, tuple((s.node, s.gpus) for s in out.slots), rep.spec.kvEvents)
         # A shallow copy with a new spec: the cached replica is shared and stays as it is.
         new = rep.model_copy(update={"spec": rep.spec.model_copy(update={"placement": [
-            Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric) for s in out.slots]})})
+            Placement(rank=s.rank, node=s.node, gpus=list(s.gpus), fabric=s.fabric) for s in out.slots],
+            "kvCache": budget(led, out, rep.spec.memory)})})
         try:
             written = await self.ctx.store.update(new, current=rep)
         except NotFound:

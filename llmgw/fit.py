@@ -33,9 +33,12 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmgw.engines import ENGINES
+
+if TYPE_CHECKING:
+    from llmgw.api import ModelSpec
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -352,6 +355,15 @@ def kv_cache_dtype(args: list[str]) -> str:
         if arg == "--kv-cache-dtype" and i + 1 < len(args):
             return args[i + 1]
     return "auto"
+
+
+def profile_estimate(shape: Shape, spec: ModelSpec, index: int) -> Estimate:
+    """Profile `index` of a Model at its engine's split and --kv-cache-dtype, asking room for the
+    context floor the spec sets (ModelSpec.context_floor: minContext, or its engine's --max-model-len)."""
+    p = spec.profiles[index]
+    est = estimate(shape, p.engine, *parallel(p.engine, p.gpusPerNode, p.nodes), kv_cache_dtype(p.args))
+    floor = spec.context_floor(index)
+    return est if floor is None else dataclasses.replace(est, min_context=floor)
 
 
 def estimate_dir(directory: str, engine: str, gpus_per_node: int, nodes: int,

@@ -11,6 +11,7 @@ its engines hold: found at registration, at each rediscovery and at each engine 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 from typing import Any
@@ -19,7 +20,8 @@ from aiohttp import web
 
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
-from llmgw.agent.facts import Facts, gather, node_status
+from llmgw.agent.discovery.gpu import discover_gpus
+from llmgw.agent.facts import Facts, gather, node_status, settle_free
 from llmgw.agent.listener import Revoked
 from llmgw.agent.listener import serve as listen
 from llmgw.agent.logs import LogServer
@@ -54,6 +56,7 @@ class Agent:
         self.supervisor: Supervisor | None = None
         self.registration: Registration | None = None
         self.foreign_ports: list[int] = []
+        self._free_reported: dict[int, int] = {}   # GPU index -> the free MiB its Node status last said
         self.logs_endpoint: str | None = None    # where its log server listens (Node status.agentEndpoint)
         self.metrics_address: str | None = None  # where its GET /metrics listens (Node status.agentMetrics)
         self.revoked = Revoked()                 # the server's revoked serials, refused by its listener
@@ -113,7 +116,7 @@ class Agent:
             await reg.register(self._node_status())
             tasks = [asyncio.ensure_future(c) for c in (
                 reg.heartbeat_loop(), reporter.run(), self._watch_shards(client), self._watch_adapters(client),
-                self._rediscover(),
+                self._rediscover(), self._refresh_gpu_memory(),
                 *([self._watch_revocations(client)] if logs_site is not None else []),
                 *([self.renewer.run()] if self.renewer is not None else []))]
             await asyncio.gather(*tasks)
@@ -273,9 +276,27 @@ class Agent:
             self.foreign_ports = await self._scan_foreign_ports()
             await self.registration.update_status(self._node_status())
 
+    async def _refresh_gpu_memory(self) -> None:
+        """Each GPU's free memory read again every gpu_memory_interval, between rediscoveries: the
+        scheduler compares it with a model's estimate. A failed read keeps the figures it had (the
+        next rediscovery reports the failure)."""
+        interval = self.config.gpu_memory_interval
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            gpu = await asyncio.to_thread(discover_gpus, self.config.nvidia_smi, self.config.nvidia_smi_timeout)
+            assert self.supervisor is not None and self.registration is not None and self.facts is not None
+            if not gpu.ok:
+                continue
+            self.facts = self.supervisor.ctx.facts = dataclasses.replace(self.facts, gpu=gpu)
+            await self.registration.update_status(self._node_status())
+
     def _node_status(self) -> NodeStatus:
         assert self.facts is not None  # discovered by run
         status = node_status(self.facts, self.config)
+        status.gpus = settle_free(status.gpus, self._free_reported, self.config.gpu_memory_step)
+        self._free_reported = {g.index: g.memoryFreeMiB for g in status.gpus if g.memoryFreeMiB is not None}
         status.foreignPorts = list(self.foreign_ports)
         status.agentEndpoint = self.logs_endpoint
         status.agentMetrics = self.metrics_address

@@ -108,6 +108,10 @@ class AgentConfig(BaseModel):
     # Unhealthy), so its replica is rebuilt; 0: never (it stays unready while the probe fails)
     liveness_timeout: float = 30.0
     rediscover_interval: float = 60.0      # GPU/IB/engine rediscovery; 0: only at start
+    # Each GPU's free memory read again (nvidia-smi), for placement; 0: only at rediscovery. The Node is
+    # written when a GPU's figure moved by gpu_memory_step MiB or more since it was reported.
+    gpu_memory_interval: float = 10.0
+    gpu_memory_step: int = Field(default=1024, ge=0)
     log_lines: int = 30                    # lines of an engine's log reported when it exits
     metrics_listen: str | None = None      # HOST:PORT of GET /metrics (llmgw/agent/metrics.py); None: off
     logs_listen: str | None = None         # HOST:PORT of the engine logs, to the API server (llmgw/agent/logs.py)
@@ -162,7 +166,7 @@ class AgentConfig(BaseModel):
         return None if v is None else parse_size(v)
 
     @field_validator("drain_delay", "stop_grace_period", "heartbeat_interval", "probe_interval", "liveness_timeout",
-                     "nvidia_smi_timeout", "rediscover_interval", mode="before")
+                     "nvidia_smi_timeout", "rediscover_interval", "gpu_memory_interval", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)

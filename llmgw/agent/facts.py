@@ -16,7 +16,7 @@ from llmgw.agent.discovery.gpu import GPUReport, discover_gpus
 from llmgw.agent.discovery.infiniband import IBDiscoveryError, Port, discover_ports
 from llmgw.agent.fabrics import Assignment, assign_fabrics
 from llmgw.agent.inventory import Inventory, take_inventory
-from llmgw.api import Condition, NodeStatus, set_condition
+from llmgw.api import GPU, Condition, NodeStatus, set_condition
 from llmgw.api.fabrics import FabricError
 from llmgw.version import version
 
@@ -43,6 +43,19 @@ def gather(config: AgentConfig) -> Facts:
     inventory = take_inventory(config.engines)
     return Facts(address=advertise_address(config), gpu=gpu, ports=ports, fabrics=fabrics,
                       inventory=inventory, warnings=list(fabrics.warnings))
+
+
+def settle_free(gpus: list[GPU], reported: dict[int, int], step: int) -> list[GPU]:
+    """`gpus` with each free memory figure that moved less than `step` MiB from the one `reported`
+    (GPU index -> MiB) put back to that one: the Node is written when a GPU's free memory changes by
+    a step, not at every allocation of a running engine."""
+    out = []
+    for g in gpus:
+        was = reported.get(g.index)
+        if was is not None and g.memoryFreeMiB is not None and abs(g.memoryFreeMiB - was) < step:
+            g = g.model_copy(update={"memoryFreeMiB": was})
+        out.append(g)
+    return out
 
 
 def advertise_address(config: AgentConfig) -> str:

@@ -24,6 +24,7 @@ MAX_PLACEMENT_DEADLINE_SECONDS = 7 * 86_400
 MAX_PORT = 65_535
 MAX_AUTOSCALE_SECONDS = 86_400  # autoscaling's stabilization windows and scale-to-zero delay
 MAX_ADAPTER_SLOTS = 1024      # a Model's spec.adapters.maxLoaded: LoRA adapters one replica holds at once
+MAX_CONTEXT = 1 << 24          # a Model's spec.minContext: tokens of KV cache a replica must hold
 MAX_TARGET_IN_FLIGHT = 100_000  # autoscaling's targetInFlight: requests per replica
 MAX_KEY_LIMIT = 1 << 40         # an ApiKey's requests or tokens per minute, concurrent requests
 INT64 = (-(1 << 63), (1 << 63) - 1)  # any other integer: etcd and Go readers hold int64

@@ -39,6 +39,24 @@ class NodeStatusPatch(TypedDict, total=False):
     drain: DrainStatusPatch | None
 
 
+class MemoryEstimatePatch(TypedDict):
+    tp: int
+    pp: int
+    weightsBytes: int
+    kvBytesPerToken: int
+    overheadBytes: int
+    minContext: int
+    neededBytes: int
+    maxContext: int | None
+
+
+class ProfileFitPatch(TypedDict):
+    profile: int
+    estimate: MemoryEstimatePatch | None
+    contextTokens: int | None
+    message: str
+
+
 class ModelStatusPatch(TypedDict, total=False):
     observedGeneration: int
     desiredReplicas: int | None
@@ -47,6 +65,7 @@ class ModelStatusPatch(TypedDict, total=False):
     updatedReplicas: int
     templateHash: str | None
     conditions: list[ConditionPatch]
+    fit: list["ProfileFitPatch"]
 
 
 class ReplicaStatusPatch(TypedDict, total=False):

@@ -14,6 +14,7 @@ from llmgw.api import git
 from llmgw.api.limits import (
     MAX_ADAPTER_SLOTS,
     MAX_AUTOSCALE_SECONDS,
+    MAX_CONTEXT,
     MAX_GPUS_PER_NODE,
     MAX_KEY_LIMIT,
     MAX_NODES,
@@ -385,6 +386,17 @@ class ModelSpec(Strict):
     autoscaling: AutoscalingSpec | None = None
     # LoRA adapters (the Adapter kind) its replicas load at runtime; absent: none.
     adapters: AdapterSlots | None = added("0.3.0")
+    # Tokens of KV cache each replica must hold (a floor for placement, docs/contracts.md "Will it
+    # fit"); absent: the engine's context flag in a profile's args (vLLM --max-model-len), else 4096.
+    minContext: Annotated[int, Field(strict=True, ge=1, le=MAX_CONTEXT)] | None = added("0.3.0")
+
+    def context_floor(self, index: int) -> int | None:
+        """The context a replica of profile `index` must hold at least (docs/contracts.md, "Will it
+        fit"): the larger of minContext and what its engine's context flag in the profile's args
+        sets (vLLM's --max-model-len); None when neither says."""
+        profile = self.profiles[index]
+        floors = [f for f in (self.minContext, rules.lookup(profile.engine).context_floor(profile.args)) if f]
+        return max(floors) if floors else None
 
     @model_validator(mode="after")
     def _digest_of_pulled(self) -> Self:
@@ -407,6 +419,39 @@ class ModelSpec(Strict):
 SCALED = "Scaled"
 
 
+class MemoryEstimate(Strict):
+    """A replica's GPU memory, per GPU at its tensor and pipeline parallel sizes, estimated from the
+    model's files (llmgw/fit.py; docs/contracts.md, "Will it fit")."""
+    tp: Int
+    pp: Int
+    weightsBytes: Int
+    kvBytesPerToken: Int
+    overheadBytes: Int
+    minContext: Int       # tokens of KV cache placement asks room for (the floor)
+    neededBytes: Int      # what a GPU must have free: weights + overhead + kvBytesPerToken x minContext
+    maxContext: Int | None = None   # the model's own (config.json's max_position_embeddings)
+
+
+class ProfileFit(Strict):
+    """The estimate of one profile in a Model's status.fit, or why there is none (placed by GPU count)."""
+    profile: Int
+    estimate: MemoryEstimate | None = None
+    # The fewest KV tokens a placed replica of this profile was given (its spec.kvCache): the
+    # context its GPUs hold after the weights and the overhead; None until one is placed.
+    contextTokens: Int | None = None
+    message: str = ""
+
+
+class KVBudget(Strict):
+    """What a placed replica's engine is told it may use, per GPU, from the free memory its GPUs
+    reported when the scheduler placed it (docs/contracts.md, "Will it fit")."""
+    gpuMiB: Int           # the smallest total memory of its GPUs
+    freeMiB: Int          # the least free memory of its GPUs at placement
+    bytes: Int            # its KV cache: free - weights - overhead
+    tokens: Int           # the tokens that holds: bytes // kvBytesPerToken
+    modelContext: Int | None = None   # the model's own context (its estimate's maxContext)
+
+
 class ModelStatus(Strict):
     observedGeneration: Int = 0
     # The autoscaler's count (controllers/autoscaler.py): set only while spec.autoscaling is.
@@ -416,6 +461,8 @@ class ModelStatus(Strict):
     updatedReplicas: Int = 0
     templateHash: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    # Each profile's GPU memory estimate (condition MemoryEstimated says whether all have one).
+    fit: list[ProfileFit] = added("0.3.0", factory=list)
 
 
 class Model(Object[ModelSpec, ModelStatus]):
@@ -500,9 +547,11 @@ class ReplicaSpec(Strict):
     # Its engine publishes its KV events for the gateways (the Model routes with precise-prefix and
     # the engine can): rank 0 gets two ports more, status.kvEvents and kvReplay say where.
     kvEvents: bool = added("0.3.0", False)
-    # What each of its GPUs must have free (weights, engine overhead, the KV of a minimal context),
+    # What each of its GPUs must have free (weights, engine overhead, the KV of minContext tokens),
     # estimated from the model's files (llmgw/fit.py); None: not estimated, placed by count.
-    gpuMemoryMiB: Int | None = added("0.3.0")
+    memory: MemoryEstimate | None = added("0.3.0")
+    # Set with the placement, where memory is: what its engines are told to use (KV cache).
+    kvCache: KVBudget | None = added("0.3.0")
 
 
 class ReplicaStatus(Strict):
@@ -573,6 +622,7 @@ class ShardSpec(Strict):
     args: list[str] = Field(default_factory=list)
     env: dict[EnvName, str] = Field(default_factory=dict)
     adapters: AdapterSlots | None = added("0.3.0")
+    kvCache: KVBudget | None = added("0.3.0")   # its replica's: rendered as the engine's budget flag
 
 
 class PullStatus(Strict):

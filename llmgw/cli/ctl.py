@@ -161,8 +161,9 @@ FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", 
 def fit(files: tuple[str, ...], gpu_memory: float) -> None:
     """Each profile of each Model in the files: per GPU, its weights, the engine's overhead, the KV
     bytes per token (full-attention layers, plus sliding-window layers' up to their window; the
-    profile's --kv-cache-dtype counted), what placement needs free (weights, overhead and a
-    4,096-token KV cache), and the tokens of context a GPU of --gpu-memory GiB holds. Read from the
+    profile's --kv-cache-dtype counted), what placement needs free (weights, overhead and the KV
+    cache of 4,096 tokens, or of the Model's spec.minContext or its engine's context flag in the
+    args, --max-model-len), and the tokens of context a GPU of --gpu-memory GiB holds. Read from the
     model's files: a local spec.source (safetensors headers and config.json, or a GGUF file's
     metadata), or an hf:// or http(s):// source by HTTP Range reads of those alone, before any
     pull (the hub at HF_ENDPOINT, with HF_TOKEN); no cluster is asked."""
@@ -170,7 +171,7 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
     from llmgw.cli.apply import load_manifests
     from llmgw.cli.connect import checked
     from llmgw.cli.errors import CliError
-    from llmgw.fit import GiB, ShapeError, estimate, gib, kv_cache_dtype, parallel
+    from llmgw.fit import GiB, ShapeError, gib, profile_estimate
     from llmgw.fitremote import read_source
     from llmgw.printers.table import print_table
 
@@ -184,7 +185,7 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
         try:
             shape = read_source(m.spec.source)
             for i, p in enumerate(m.spec.profiles):
-                est = estimate(shape, p.engine, *parallel(p.engine, p.gpusPerNode, p.nodes), kv_cache_dtype(p.args))
+                est = profile_estimate(shape, m.spec, i)
                 rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
                              est.kv_text(), gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
         except ShapeError as err:

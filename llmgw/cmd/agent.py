@@ -61,6 +61,10 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.option("--heartbeat-interval", help="Between heartbeats (default 5s).")
 @click.option("--liveness-timeout", help="How long a Ready shard's health probe may keep failing before its engine "
               "is stopped and the shard Failed, so the replica is rebuilt (default 30s; 0: never).")
+@click.option("--gpu-memory-interval", help="Between reads of each GPU's free memory, which placement compares "
+              "with a model's estimate (default 10s; 0: only at rediscovery, every 60s).")
+@click.option("--gpu-memory-step", type=int, metavar="MIB", help="Report a GPU's free memory again only when it "
+              "moved by this much since it was reported (default 1024).")
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="Serve GET /metrics here: the node's shards by phase and its engines' own series, "
                    "labelled with model, replica, node, rank and engine (default: off).")

@@ -89,6 +89,14 @@ def kv_events_args(shard: Shard, **fields: object) -> list[str]:
     return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
 
 
+def budget_flag(shard: Shard, flags: tuple[str, ...], value: str) -> list[str]:
+    """`[flags[0], value]`, the KV budget (spec.kvCache) as the engine's flag; none when the shard has
+    no budget or the Model's args set one of `flags` themselves (theirs is the only one given)."""
+    if shard.spec.kvCache is None or any(a.split("=", 1)[0] in flags for a in shard.spec.args):
+        return []
+    return [flags[0], value]
+
+
 def nccl_ib_hca(adapters: list[tuple[str, int]]) -> str:
     """NCCL_IB_HCA naming exactly these adapter ports ('=' prefix: exact match, not prefix)."""
     return "=" + ",".join(f"{name}:{port}" for name, port in adapters)

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import render
 from llmgw.engines.base import Command, NodeFacts
 from llmgw.engines.engine import Engine, HelpCommand, lookup
@@ -63,6 +63,8 @@ def widest_shards(engine: Engine, launch_mode: str | None = None) -> list[tuple[
             fabric="fabric-a" if world > 1 else None, engine=engine.name,
             launchMode=launch_mode if engine.launch_modes else None, gpusPerNode=2,
             source="/models/engine-check", servedModelNames=["engine-check", "engine-check-alias"],
+            # a KV budget, as the scheduler gives a replica of an estimated model: its flags are checked
+            kvCache=KVBudget(gpuMiB=81559, freeMiB=81556, bytes=60 << 30, tokens=491520),
         )
         adapters = [("mlx5_0", 1), ("mlx5_1", 1)] if world > 1 else []
         out.append((Shard(metadata=ObjectMeta(name=f"engine-check-{rank}"), spec=spec),

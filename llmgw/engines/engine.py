@@ -104,6 +104,9 @@ class Engine:
     # How its renderer splits a replica's GPUs (llmgw/fit.py): "tp-pp" tensor-parallel within a node
     # and pipeline-parallel across nodes, "tp" tensor-parallel over all, "layers" layers over its GPUs.
     split: Literal["tp-pp", "tp", "layers"] = "tp-pp"
+    # The flags of a Model's args that set the context one request may reach (vLLM's --max-model-len):
+    # placement asks room for the KV of that many tokens at least (llmgw/estimates.py).
+    context_flags: tuple[str, ...] = ()
     # status.engines a node must report, by launch mode (default: the engine's own name)
     needs: Callable[[str | None], frozenset[str]] | None = None
     # The model-addressed JSON endpoints its server answers (the gateway routes them: a path
@@ -113,6 +116,16 @@ class Engine:
     def required(self, launch_mode: str | None) -> frozenset[str]:
         """What a node must report in status.engines to run this engine in `launch_mode`."""
         return self.needs(launch_mode) if self.needs is not None else frozenset({self.name})
+
+    def context_floor(self, args: list[str]) -> int | None:
+        """The context the last of `args`' context flags sets (`--flag N` or `--flag=N`), in
+        tokens; None when they set none, or a value that is not a whole number (the engine says why)."""
+        found = None
+        for i, arg in enumerate(args):
+            flag, eq, value = arg.partition("=")
+            if flag in self.context_flags:
+                found = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        return int(found) if found is not None and found.isdigit() and int(found) > 0 else None
 
     def reserved_flag(self, arg: str) -> tuple[str, str] | None:
         """The reserved flag `arg` sets, as this engine's parser reads it, and why; None when it sets none.

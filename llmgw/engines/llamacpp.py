@@ -7,17 +7,20 @@ keeps one KV cache shared by the slots, so one request can use the whole
 count, and with a slot count given it splits the context between the slots
 (4 slots of an 8192-token context would take 2048-token requests at most).
 `--alias` takes a comma-separated list: every name in servedModelNames.
+`--ctx-size` is the replica's KV budget in tokens (spec.kvCache) where it has one, at most the
+model's own context for each of the slots.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llmgw.engines import base
 from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
 from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, OPENAI, PORT, Engine, Executable, HelpCommand, register
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
-    from llmgw.api import Shard
+    from llmgw.api import KVBudget, Shard
 
 DEFAULT_PARALLEL = 4
 ALL_LAYERS = 999
@@ -38,12 +41,20 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--parallel", str(DEFAULT_PARALLEL),
         "--kv-unified",
         "--n-gpu-layers", str(ALL_LAYERS),
+        # the KV cache its GPUs hold (spec.kvCache), shared by the slots (--kv-unified)
+        *(base.budget_flag(shard, ("--ctx-size", "-c"), str(_context(spec.kvCache))) if spec.kvCache else []),
         *spec.args,
     ]
     return RenderedShard(
         [Command("llama-server", argv, base_env(shard, node), serves=True)],
         health_probe(node, spec.ports.serve),
     )
+
+
+def _context(kv: KVBudget) -> int:
+    """The tokens its GPUs hold, at most the model's own context for each slot: past that a slot
+    gains nothing, and llama.cpp would still allocate it (a small model on a large GPU)."""
+    return kv.tokens if kv.modelContext is None else min(kv.tokens, kv.modelContext * DEFAULT_PARALLEL)
 
 
 def _help(command: Command) -> HelpCommand | None:
@@ -70,5 +81,5 @@ ENGINE = register(Engine(
     # tools/server/server.cpp's routes
     serves=OPENAI | {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking"},
     memory_overhead=(512 << 20, "assumed, not measured: the CUDA context and compute buffers at default batch size"),
-    split="layers",
+    split="layers", context_flags=("-c", "--ctx-size"),
 ))

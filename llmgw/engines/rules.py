@@ -29,6 +29,8 @@ class Rules(Protocol):
 
     def reserved_flag(self, arg: str) -> tuple[str, str] | None: ...
 
+    def context_floor(self, args: list[str]) -> int | None: ...
+
 
 # The registered engines by name: llmgw.engines.engine's registry itself, which that module hands
 # over as it loads (one registry: an engine registered, or removed, is so for the API too).

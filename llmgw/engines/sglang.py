@@ -19,6 +19,7 @@ from llmgw.engines.base import (
     NodeFacts,
     RenderedShard,
     base_env,
+    budget_flag,
     health_probe,
     join_host_port,
     kv_events_args,
@@ -66,6 +67,10 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
             "--node-rank", str(spec.rank),
             "--dist-init-addr", join_host_port(spec.headAddress, spec.ports.distInit),
         ]
+    if spec.kvCache is not None:
+        # the KV pool's size in tokens (server_args.max_total_tokens: "the maximum number of tokens
+        # in the memory pool"; without it SGLang sizes the pool from --mem-fraction-static)
+        argv += budget_flag(shard, ("--max-total-tokens", "--mem-fraction-static"), str(spec.kvCache.tokens))
     if spec.rank == 0:
         argv += kv_events_args(shard)
     argv += spec.args
@@ -99,4 +104,5 @@ ENGINE = register(Engine(
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},
     memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True,
+    context_flags=("--context-length",),
 ))

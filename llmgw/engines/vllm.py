@@ -16,6 +16,7 @@ on its drain before it exits.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from llmgw.engines.base import (
@@ -25,6 +26,7 @@ from llmgw.engines.base import (
     RenderedShard,
     RenderError,
     base_env,
+    budget_flag,
     health_probe,
     join_host_port,
     kv_events_args,
@@ -68,6 +70,26 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     raise RenderError(f"shard {shard.metadata.name}: unknown vLLM launchMode {mode!r} (use mp or ray)")
 
 
+# vLLM's own share of a GPU (CacheConfig.gpu_memory_utilization's default): llmgw never asks for more.
+DEFAULT_UTILIZATION = 0.9
+# What vLLM's CUDA context takes of the free memory before vLLM compares it with its share at start
+# (gpu_worker's startup check: free >= share x total, or it refuses to start).
+CUDA_CONTEXT = 1 << 30
+
+
+def _budget(shard: Shard) -> list[str]:
+    """The share of each GPU vLLM may use (its weights, activations and KV cache): what its GPUs had
+    free at placement (spec.kvCache) less its CUDA context, at most vLLM's default. vLLM then profiles
+    its own activations and gives the KV cache the rest: the captured help of vLLM 0.11
+    (tests/fixtures/data/help/vllm-0.11-all.txt) has no --kv-cache-memory-bytes to say it in bytes."""
+    kv = shard.spec.kvCache
+    if kv is None:
+        return []
+    share = min(DEFAULT_UTILIZATION, (kv.freeMiB * (1 << 20) - CUDA_CONTEXT) / (kv.gpuMiB * (1 << 20)))
+    return budget_flag(shard, ("--gpu-memory-utilization", "--gpu_memory_utilization", "--kv-cache-memory-bytes",
+                               "--kv_cache_memory_bytes"), f"{max(0.001, math.floor(share * 1000) / 1000):.3f}")
+
+
 def _parallel(shard: Shard) -> list[str]:
     spec = shard.spec
     argv = ["--tensor-parallel-size", str(spec.gpusPerNode)]
@@ -93,7 +115,7 @@ def _render_mp(shard: Shard, node: NodeFacts, executables: dict[str, str], env: 
     argv = [program(executables, "vllm"), "serve", weights(shard)]
     if spec.rank == 0:
         argv += _serving(shard, node)
-    argv += _parallel(shard)
+    argv += _parallel(shard) + _budget(shard)
     if spec.worldSize > 1:
         argv += [
             "--nnodes", str(spec.worldSize),
@@ -129,7 +151,7 @@ def _render_ray(shard: Shard, node: NodeFacts, executables: dict[str, str], env:
     serve_env = {**env, "RAY_ADDRESS": join_host_port(node.address, spec.ports.distInit)}
     serve = [
         program(executables, "vllm"), "serve", weights(shard),
-        *_serving(shard, node), *_parallel(shard),
+        *_serving(shard, node), *_parallel(shard), *_budget(shard),
         "--distributed-executor-backend", "ray",
         *spec.args,
     ]
@@ -170,6 +192,7 @@ ENGINE = register(Engine(
     },
     syntax=Syntax(abbreviations=True, underscores=True),
     launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
+    context_flags=("--max-model-len",),
     memory_overhead=(2 << 30, "assumed, not yet measured against a real vLLM's log: it profiles activations "
                               "and captures CUDA graphs at start, besides the CUDA context"),
     # vllm/entrypoints: openai/responses, serve/tokenize, pooling/score's api_router.py; pooling/pooling's

@@ -6,7 +6,7 @@
 - `placer.place()`: pick nodes and GPU indices for a request, or explain why not.
 """
 from llmgw.scheduling.ledger import Ledger, NodeInfo
-from llmgw.scheduling.placer import Fit, Unfit, describe, place
+from llmgw.scheduling.placer import Fit, Unfit, budget, describe, place
 from llmgw.scheduling.request import Request, request_for
 
-__all__ = ["Ledger", "NodeInfo", "Fit", "Unfit", "describe", "place", "Request", "request_for"]
+__all__ = ["Ledger", "NodeInfo", "Fit", "Unfit", "budget", "describe", "place", "Request", "request_for"]

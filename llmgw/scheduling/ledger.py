@@ -43,6 +43,7 @@ class NodeInfo:
     weights: frozenset[str] = frozenset()   # the digests in its weights cache (status.weights)
     # GPU index -> MiB free (memory.free, else memory.total) for the GPUs that report it
     memory: dict[int, int] = field(default_factory=dict)
+    total: dict[int, int] = field(default_factory=dict)     # GPU index -> MiB in all (memory.total)
 
     @classmethod
     def from_node(cls, node: Node) -> "NodeInfo":
@@ -61,6 +62,7 @@ class NodeInfo:
             weights=frozenset(m.digest for m in st.weights.models) if st.weights else frozenset(),
             memory={g.index: mib for g in st.gpus
                     if (mib := g.memoryFreeMiB if g.memoryFreeMiB is not None else g.memoryMiB) is not None},
+            total={g.index: g.memoryMiB for g in st.gpus if g.memoryMiB is not None},
         )
 
 

@@ -4,8 +4,8 @@ Filters (per node, first failing one is the node's reason):
   not ready · cordoned (spec.unschedulable, or a drain requested) · node
   selector mismatch · missing engine <name> · no fabric (an island: only
   single-node replicas) · insufficient GPUs · insufficient GPU memory (a
-  replica with an estimate, spec.gpuMemoryMiB: fewer free GPUs with that much
-  memory free than it needs; a GPU that reports no memory counts as enough) ·
+  replica with an estimate, spec.memory: fewer free GPUs with its neededBytes
+  free than it needs; a GPU that reports no memory counts as enough) ·
   no free ports (fewer than a rank of the replica takes: ShardPorts.needed).
 A multi-node replica also needs `nodes` fitting nodes on one fabric, one rank
 per node.
@@ -25,6 +25,10 @@ takes the replica when none with them fits.
 For a multi-node replica each fabric offers its best `nodes` nodes; the fabric
 with the lowest (sum of 1., sum of 2., name) wins.
 
+A placed replica with an estimate gets its KV budget (`budget`): the least free memory of
+the GPUs chosen, less its weights and overhead, in bytes and in tokens, which its engines
+are told (llmgw/engines/).
+
 Cost: the walk starts at the tightest bucket that fits and stops at the first
 node (or the first `nodes` nodes of a fabric) holding no rank of the model,
 which for a model spread thin is the first fitting node. Only when nothing
@@ -36,9 +40,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from llmgw.api import Placement
+from llmgw.api import KVBudget, MemoryEstimate, Placement
 from llmgw.scheduling.ledger import Ledger, NodeInfo
-from llmgw.scheduling.request import Request
+from llmgw.scheduling.request import MiB, Request
+
+GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -209,9 +215,32 @@ def explain(ledger: Ledger, req: Request) -> Unfit:
         top = ", ".join(f"{f} {n}" for f, n in sorted(fitting.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
         msg += (f"; needs {req.nodes} nodes with {req.gpus} free GPUs each on one fabric"
                 + (f" (fitting per fabric: {top})" if top else ""))
-    if MEMORY_REASON in reasons and req.memory is not None:
+    est = req.estimate
+    if MEMORY_REASON in reasons and est is not None:
         largest = max((info.memory.get(g, 0) for info in ledger.nodes.values() for g in ledger.free_gpus(info.name)),
                       default=0)
-        msg += (f"; needs {req.memory / 1024:.1f} GiB free per GPU x {req.gpus}, "
-                f"largest free {largest / 1024:.1f} GiB")
+        at = f"tp={est.tp}" + (f" pp={est.pp}" if est.pp > 1 else "")
+        msg += (f"; needs {est.neededBytes / GiB:.1f} GiB per GPU at {at}, largest free {largest / 1024:.1f} GiB "
+                f"(weights {est.weightsBytes / GiB:.1f} GiB, overhead {est.overheadBytes / GiB:.1f} GiB, "
+                f"KV {est.kvBytesPerToken * est.minContext / GiB:.1f} GiB for {est.minContext} tokens)")
     return Unfit(msg, dict(reasons))
+
+
+def budget(ledger: Ledger, fit: Fit, est: MemoryEstimate | None) -> KVBudget | None:
+    """The KV cache its engines may use, per GPU, on the GPUs `fit` chose: the least free of them
+    less the weights and the overhead; None without an estimate or where a GPU reports no memory."""
+    if est is None:
+        return None
+    free, total = [], []
+    for slot in fit.slots:
+        info = ledger.nodes[slot.node]
+        for g in slot.gpus:
+            if g not in info.memory:
+                return None
+            free.append(info.memory[g])
+            total.append(info.total.get(g, info.memory[g]))
+    kv = min(free) * MiB - est.weightsBytes - est.overheadBytes
+    if kv <= 0:
+        return None
+    return KVBudget(gpuMiB=min(total), freeMiB=min(free), bytes=kv, tokens=kv // max(1, est.kvBytesPerToken),
+                    modelContext=est.maxContext)

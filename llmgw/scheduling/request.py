@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw.api import Replica, ShardPorts
+from llmgw.api import MemoryEstimate, Replica, ShardPorts
 from llmgw.engines.engine import lookup
+
+MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -16,8 +18,13 @@ class Request:
     engines: frozenset[str] = frozenset()   # what its nodes must report (its engine's `required`)
     selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     digest: str | None = None      # its weights' content digest, when pinned (nodes holding it are preferred)
-    memory: int | None = None      # MiB each of its GPUs must have free (spec.gpuMemoryMiB), when estimated
+    estimate: MemoryEstimate | None = None   # its spec.memory, when estimated
     kv_events: bool = False        # its rank 0 publishes KV events: two ports more (ShardPorts.needed)
+
+    @property
+    def memory(self) -> int | None:
+        """MiB each of its GPUs must have free (rounded up), when estimated."""
+        return None if self.estimate is None else -(-self.estimate.neededBytes // MiB)
 
     @property
     def ports(self) -> int:
@@ -35,6 +42,6 @@ def request_for(replica: Replica) -> Request:
         engines=lookup(p.engine).required(p.launch_mode),
         selector=tuple(sorted(replica.spec.nodeSelector.items())),
         digest=replica.spec.digest,
-        memory=replica.spec.gpuMemoryMiB,
+        estimate=replica.spec.memory,
         kv_events=replica.spec.kvEvents,
     )

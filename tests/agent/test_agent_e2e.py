@@ -145,6 +145,37 @@ async def test_registers_its_node_with_discovered_gpus(shared_api_server, agents
         assert st.agentVersion
 
 
+async def test_free_gpu_memory_is_reported_again_when_it_moves_by_a_step(shared_api_server, agents, tmp_path):
+    """Placement compares each GPU's free memory with a model's estimate: the agent reads it again
+    every --gpu-memory-interval and writes the Node only when a GPU's figure moved by
+    --gpu-memory-step MiB or more (not at every allocation of a running engine)."""
+    used, reads = tmp_path / "used", tmp_path / "reads"
+    used.write_text("3")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho >> "{reads}"\nexec "{FAKE_SMI}" --fake-gpus=1 --fake-used=$(cat "{used}") "$@"\n')
+    smi.chmod(0o755)
+    agent = agents("mem-1", "--nvidia-smi", str(smi), "--gpu-memory-interval", "0.2", "--gpu-memory-step", "1024")
+    async with shared_api_server.client() as c:
+        async def free() -> int | None:
+            try:
+                n = await c.get(Node, "mem-1")
+            except NotFound:
+                return None
+            return n.status.gpus[0].memoryFreeMiB if n.status.gpus else None
+        assert await wait_for("node registered", free, agent) == 81556
+
+        used.write_text("1003")      # 1000 MiB less free: under the step, no write
+        seen = len(reads.read_text().splitlines())
+        await wait_for("two more reads", lambda: len(reads.read_text().splitlines()) >= seen + 2, agent)
+        assert await free() == 81556   # (with --gpu-memory-step 0 it reads 80556 here)
+
+        used.write_text("40003")     # an engine took 40,000 MiB: reported
+
+        async def moved() -> bool:
+            return await free() == 41556
+        await wait_for("the new figure", moved, agent)
+
+
 async def test_registers_its_node_before_it_heartbeats(shared_api_server, agents):
     """The server takes heartbeats of registered Nodes only (a heartbeat of an unknown node is
     404), so the agent creates its Node first; the node-lifecycle controller leaves a Node that

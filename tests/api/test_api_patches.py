@@ -5,8 +5,10 @@ from llmgw.api import (
     DrainStatus,
     GitSourceStatus,
     LoraAdapterStatus,
+    MemoryEstimate,
     ModelStatus,
     NodeStatus,
+    ProfileFit,
     ReplicaStatus,
 )
 from llmgw.api.patches import (
@@ -15,15 +17,18 @@ from llmgw.api.patches import (
     ConditionPatch,
     DrainStatusPatch,
     GitSourceStatusPatch,
+    MemoryEstimatePatch,
     ModelStatusPatch,
     NodeStatusPatch,
+    ProfileFitPatch,
     ReplicaStatusPatch,
 )
 
 PATCHES = [(NodeStatusPatch, NodeStatus), (ModelStatusPatch, ModelStatus), (ReplicaStatusPatch, ReplicaStatus),
            (ConditionPatch, Condition), (DrainStatusPatch, DrainStatus),
            (GitSourceStatusPatch, GitSourceStatus), (AdapterStatusPatch, LoraAdapterStatus),
-           (AdapterPendingPatch, AdapterPending)]
+           (AdapterPendingPatch, AdapterPending), (MemoryEstimatePatch, MemoryEstimate),
+           (ProfileFitPatch, ProfileFit)]
 
 
 def test_a_patch_names_only_fields_of_its_status():
@@ -39,3 +44,9 @@ def test_a_condition_patch_requires_what_a_condition_requires():
 def test_a_drain_patch_gives_the_whole_drain_status():
     # `drain` is one status field: a patch replaces all of it, so it must say all of it.
     assert DrainStatusPatch.__required_keys__ == set(DrainStatus.model_fields)
+
+
+def test_a_profile_fit_patch_gives_the_whole_entry():
+    # status.fit is replaced whole: each entry says every field, as does its estimate.
+    assert ProfileFitPatch.__required_keys__ == set(ProfileFit.model_fields)
+    assert MemoryEstimatePatch.__required_keys__ == set(MemoryEstimate.model_fields)

@@ -58,6 +58,16 @@ def test_fit_refuses_in_one_line_what_it_cannot_read(tmp_path: Path):
     assert "Traceback" not in out.output
 
 
+def test_fit_needs_the_kv_of_the_context_the_args_set(tmp_path: Path):
+    tiny_llama(tmp_path / "tiny")
+    path = tmp_path / "long.yaml"
+    path.write_text(f"apiVersion: llmgw.io/v1\nkind: Model\nmetadata: {{name: long}}\nspec:\n"
+                    f"  source: {tmp_path / 'tiny'}\n"
+                    "  profiles:\n  - {engine: vllm, gpusPerNode: 2, args: [--max-model-len, '2097152']}\n")
+    out = CliRunner().invoke(ctl, ["fit", "-f", str(path)])
+    assert out.exit_code == 0, out.output
+    # 2 GiB overhead + 1 GiB of KV (512 B/token x 2 Mi tokens) + 3.9 MiB of weights
+    assert out.output.splitlines()[1].split()[11:13] == ["3.0", "GiB"]
 async def test_fit_on_three_examples(tmp_path: Path, origin: WeightsOrigin, monkeypatch: pytest.MonkeyPatch):
     """examples/models/: the 70B on two nodes, the GGUF on llama.cpp (their /models/ paths here the
     fixtures' checkpoints of those models), and the LoRA base from the hub, read before any pull."""
@@ -73,13 +83,14 @@ async def test_fit_on_three_examples(tmp_path: Path, origin: WeightsOrigin, monk
     assert out.exit_code == 0, out.output
     rows = [line.split() for line in out.output.splitlines()[1:]]
     vllm, llama = ENGINES["vllm"].memory_overhead[0], ENGINES["llamacpp"].memory_overhead[0]
-    # tp=8 x pp=2: a sixteenth of the weights, 40 layers of one KV head (2 x 128 x 2 B) a GPU
+    # tp=8 x pp=2: a sixteenth of the weights, 40 layers of one KV head (2 x 128 x 2 B) a GPU; NEEDED
+    # counts the KV of its --max-model-len, 32768 tokens (0.6 GiB)
     weights = LLAMA_31_70B.total_size // 16
-    assert rows[0] == ["llama-3-70b", "0", "vllm", "8", "2", "8.2", "GiB", "2.0", "GiB", "20480", "B", "10.3", "GiB",
+    assert rows[0] == ["llama-3-70b", "0", "vllm", "8", "2", "8.2", "GiB", "2.0", "GiB", "20480", "B", "10.8", "GiB",
                        str((80 * GiB - weights - vllm) // 20480)]
-    # one GPU, every layer's 8 KV heads in f16
+    # one GPU, every layer's 8 KV heads in f16; the KV of its --ctx-size, 8192 tokens (1 GiB)
     assert rows[1] == ["mistral-7b-q4", "0", "llamacpp", "1", "1", "4.1", "GiB", "0.5", "GiB", "131072", "B",
-                       "5.1", "GiB", str((80 * GiB - MISTRAL_Q4_K_M_SIZE - llama) // 131072)]
+                       "5.6", "GiB", str((80 * GiB - MISTRAL_Q4_K_M_SIZE - llama) // 131072)]
     assert rows[2] == ["llama-8b", "0", "vllm", "1", "1", "15.0", "GiB", "2.0", "GiB", "131072", "B", "17.5", "GiB",
                        str((80 * GiB - LLAMA_31_8B.total_size - vllm) // 131072)]
     assert all(r.range for r in origin.requests(suffix=".safetensors"))    # the hub's shards: headers only

@@ -27,8 +27,8 @@ CAT = shutil.which("cat")
 ROW = re.compile(r"^\s*(\S+)\s+(-\S+)\s+(found|missing|skipped)\b", re.M)
 
 VLLM_FLAGS_MP = ["--host", "--port", "--served-model-name", "--kv-events-config", "--prefix-caching-hash-algo",
-                 "--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes", "--node-rank", "--master-addr",
-                 "--master-port", "--headless"]
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--gpu-memory-utilization", "--nnodes",
+                 "--node-rank", "--master-addr", "--master-port", "--headless"]
 RAY_FLAGS = ["--head", "--port", "--node-ip-address", "--num-gpus", "--block", "--address"]
 
 
@@ -78,7 +78,7 @@ def test_vllm_mp_against_the_full_listing(bindir):
     result, rows = run("vllm", "--executable", str(fake_vllm(bindir)), path=bindir)
     assert result.exit_code == 0, result.output
     assert {f: rows[("vllm", f)] for f in VLLM_FLAGS_MP} == dict.fromkeys(VLLM_FLAGS_MP, "found")
-    assert "12 flags: 12 found, 0 missing, 0 skipped" in result.output
+    assert "13 flags: 13 found, 0 missing, 0 skipped" in result.output
     assert "warning" not in result.output
 
 
@@ -192,7 +192,7 @@ exit 1
 """)
     result, rows = run("llamacpp", "--executable", str(llama), path=bindir)
     assert result.exit_code == 0, result.output
-    flags = ["--model", "--host", "--port", "--metrics", "--alias", "--parallel", "--n-gpu-layers"]
+    flags = ["--model", "--host", "--port", "--metrics", "--alias", "--parallel", "--n-gpu-layers", "--ctx-size"]
     assert {f: rows[("llama-server", f)] for f in flags} == dict.fromkeys(flags, "found")
 
 
@@ -206,7 +206,7 @@ exit 1
     result, rows = run("sglang", "--executable", str(python), path=bindir)
     assert result.exit_code == 0, result.output
     flags = ["--model-path", "--host", "--port", "--served-model-name", "--tp-size", "--enable-metrics",
-             "--kv-events-config", "--nnodes", "--node-rank", "--dist-init-addr"]
+             "--max-total-tokens", "--kv-events-config", "--nnodes", "--node-rank", "--dist-init-addr"]
     assert {f: rows[("sglang", f)] for f in flags} == dict.fromkeys(flags, "found")
 
 

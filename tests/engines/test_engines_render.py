@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from llmgw.api import ObjectMeta, Shard, ShardPorts, ShardSpec
-from llmgw.engines import NodeFacts, Probe, RenderError, render
+from llmgw.api import KVBudget, ModelSpec, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.engines import ENGINES, NodeFacts, Probe, RenderError, render
 
 EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
        "llama-server": "/usr/local/bin/llama-server", "python": "/usr/bin/python3"}
@@ -287,3 +287,60 @@ def test_sglang_publishes_kv_events_on_rank_0_with_its_own_config():
     assert head.argv[-2:] == ["--max-model-len", "8192"] and head.env["PYTHONHASHSEED"] == "0"
     (other,) = render(make_shard("sglang", rank=1, world=2), node(1, 2), EXE).commands
     assert "--kv-events-config" not in other.argv
+
+
+# ------------------------------------------------------------------ KV budget
+
+# A replica the scheduler placed on GPUs of 81559 MiB with 40000 MiB free: 20 GiB of KV, 163840 tokens.
+BUDGET = KVBudget(gpuMiB=81559, freeMiB=40000, bytes=20 << 30, tokens=163840)
+
+
+@pytest.mark.parametrize("engine, flags, own", [
+    # (40000 MiB - 1 GiB of CUDA context) / 81559 MiB, rounded down: vLLM's share, under its 0.9
+    ("vllm", ["--gpu-memory-utilization", "0.477"], ["--gpu-memory-utilization=0.8"]),
+    ("sglang", ["--max-total-tokens", "163840"], ["--mem-fraction-static", "0.7"]),
+    ("llamacpp", ["--ctx-size", "163840"], ["-c", "8192"]),
+])
+def test_a_placed_replica_tells_its_engine_the_budget_unless_the_model_says_its_own(engine, flags, own):
+    argv = argvs(render(make_shard(engine, kvCache=BUDGET), node(), EXE))[0]
+    at = argv.index(flags[0])
+    assert argv[at:at + 2] == flags
+    # without a budget (no estimate, or GPUs that report no memory) the engine sizes its cache itself
+    assert flags[0] not in argvs(render(make_shard(engine), node(), EXE))[0]
+    # the Model's args say theirs: only theirs is given
+    argv = argvs(render(make_shard(engine, kvCache=BUDGET, args=own), node(), EXE))[0]
+    assert flags[0] not in argv and argv[-len(own):] == own
+
+
+def test_vllm_is_never_asked_for_more_than_its_default_share():
+    idle = KVBudget(gpuMiB=81559, freeMiB=81556, bytes=70 << 30, tokens=573440)
+    argv = argvs(render(make_shard("vllm", kvCache=idle), node(), EXE))[0]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.900"
+
+
+@pytest.mark.parametrize("engine, args, floor", [
+    ("vllm", ["--max-model-len", "32768"], 32768),
+    ("vllm", ["--max-model-len=8192", "--max-model-len", "16384"], 16384),   # the last, as argparse reads it
+    ("sglang", ["--context-length", "65536"], 65536),
+    ("llamacpp", ["-c", "4096"], 4096),
+    ("llamacpp", ["--ctx-size=0"], None),                 # 0: llama.cpp's "the model's own", no floor
+    ("vllm", ["--max-model-len", "32k"], None),           # not a whole number: vLLM itself says what it reads
+    ("vllm", ["--enforce-eager"], None),
+])
+def test_the_context_floor_a_profile_sets_through_its_engine_flag(engine, args, floor):
+    assert ENGINES[engine].context_floor(args) == floor
+
+
+def test_a_models_floor_is_the_larger_of_its_min_context_and_its_engine_flag():
+    def spec(min_context, args):
+        return ModelSpec.model_validate({"minContext": min_context, "profiles": [{"engine": "vllm", "args": args}]})
+    assert spec(8192, ["--max-model-len", "32768"]).context_floor(0) == 32768
+    assert spec(65536, ["--max-model-len", "32768"]).context_floor(0) == 65536
+    assert spec(None, []).context_floor(0) is None
+
+
+def test_llamacpp_holds_at_most_the_models_own_context_in_each_slot():
+    # a small model on a large GPU: 4 slots x its 8192 tokens, not the 163840 the GPU would hold
+    small = BUDGET.model_copy(update={"modelContext": 8192})
+    argv = argvs(render(make_shard("llamacpp", kvCache=small), node(), EXE))[0]
+    assert argv[argv.index("--ctx-size") + 1] == "32768"

@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.api import Node, Replica, Shard
-from llmgw.scheduling import Fit, Ledger, NodeInfo, Request, Unfit, place, request_for
+from llmgw.api import KVBudget, MemoryEstimate, Node, Replica, Shard
+from llmgw.scheduling import Fit, Ledger, NodeInfo, Request, Unfit, budget, place, request_for
 from llmgw.scheduling.placer import node_reason
 
 
@@ -331,16 +331,39 @@ def test_the_ledger_knows_which_nodes_hold_a_digest_as_nodes_change():
     assert led.holders == {}
 
 
-def test_gpus_without_the_estimated_memory_free_are_refused_with_the_figures():
-    # GPU 0 has 10,000 MiB free, GPU 1 30,000; a node reporting no memory counts as roomy
-    led = ledger_of(node("n1", gpus=2, memory={0: 10_000, 1: 30_000}))
-    fit = bind(led, Request("r", "m", gpus=1, memory=20_000))
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def estimate(needed_mib: int, tp: int = 1) -> MemoryEstimate:
+    """An estimate needing `needed_mib` per GPU: 1 GiB of overhead, 1 KiB of KV per token x 4096, the weights."""
+    weights = needed_mib * MiB - GiB - 1024 * 4096
+    return MemoryEstimate(tp=tp, pp=1, weightsBytes=weights, kvBytesPerToken=1024, overheadBytes=GiB,
+                          minContext=4096, neededBytes=needed_mib * MiB)
+
+
+def test_gpus_without_the_estimated_memory_free_are_refused_with_the_bytes_and_the_chosen_get_a_budget():
+    # GPU 0 has 10,000 MiB free, GPU 1 30,000 (of 40,960 each); a node reporting no memory counts as roomy
+    led = ledger_of(node("n1", gpus=2, memory={0: 10_000, 1: 30_000}, total={0: 40_960, 1: 40_960}))
+    fit = bind(led, Request("r", "m", gpus=1, estimate=estimate(20_000)))
     assert fit.slots[0].gpus == (1,)
-    out = place(led, Request("s", "m", gpus=1, memory=20_000))
+    # its KV cache: 30,000 MiB free - 18,972 MiB of weights - 1,024 of overhead
+    assert budget(led, fit, estimate(20_000)) == KVBudget(gpuMiB=40_960, freeMiB=30_000, bytes=10_004 * MiB,
+                                                          tokens=10_004 * 1024)
+    assert budget(led, fit, None) is None
+    out = place(led, Request("s", "m", gpus=1, estimate=estimate(20_000)))
     assert isinstance(out, Unfit)
     assert out.reasons == {"insufficient GPU memory": 1}
-    assert out.message == ("0/1 nodes: 1 insufficient GPU memory; needs 19.5 GiB free per GPU x 1, "
-                           "largest free 9.8 GiB")
-    assert bind(led, Request("t", "m", gpus=1, memory=10_000)).slots[0].gpus == (0,)
+    assert out.message == ("0/1 nodes: 1 insufficient GPU memory; needs 19.5 GiB per GPU at tp=1, largest free "
+                           "9.8 GiB (weights 18.5 GiB, overhead 1.0 GiB, KV 0.0 GiB for 4096 tokens)")
+    assert bind(led, Request("t", "m", gpus=1, estimate=estimate(10_000))).slots[0].gpus == (0,)
     led.observe_node(node("unknown", gpus=1))
-    assert bind(led, Request("u", "m", gpus=1, memory=20_000)).nodes == ["unknown"]
+    unknown = bind(led, Request("u", "m", gpus=1, estimate=estimate(20_000)))
+    assert unknown.nodes == ["unknown"]
+    assert budget(led, unknown, estimate(20_000)) is None   # no memory reported: the engine sizes its cache
+
+
+def test_the_reason_names_the_parallel_sizes():
+    led = ledger_of(node("n1", gpus=2, memory={0: 40_448, 1: 40_448}))
+    out = place(led, Request("r", "m", gpus=2, estimate=estimate(42_189, tp=2)))
+    assert isinstance(out, Unfit)
+    assert "; needs 41.2 GiB per GPU at tp=2, largest free 39.5 GiB (" in out.message

@@ -23,7 +23,8 @@ def autoscale(m: Model) -> str:
 class ModelPrinter(KindPrinter[Model]):
     # READY is Ready/desired: spec.replicas, or the autoscaler's count (AUTOSCALE says why it moved).
     headers = ["NAME", "READY", "UP-TO-DATE", "AUTOSCALE", "ENGINE", "ALIASES", "AGE"]
-    wide_headers = ["SOURCE", "TEMPLATE", "NODE-SELECTOR"]
+    # GPU-MEM: what each GPU of a replica needs free, per profile (status.fit; ? where not estimated)
+    wide_headers = ["SOURCE", "TEMPLATE", "NODE-SELECTOR", "GPU-MEM"]
 
     def rows(self, objects: Sequence[Model], beside: Beside, now: datetime | None) -> list[list[str]]:
         return [[m.name, f"{m.status.readyReplicas}/{m.wanted_replicas}", str(m.status.updatedReplicas),
@@ -32,7 +33,8 @@ class ModelPrinter(KindPrinter[Model]):
 
     def wide(self, m: Model) -> list[str]:
         return [m.spec.source or NONE, m.status.templateHash or NONE,
-                join(f"{k}={v}" for k, v in sorted(m.spec.nodeSelector.items()))]
+                join(f"{k}={v}" for k, v in sorted(m.spec.nodeSelector.items())),
+                join(f"{f.estimate.neededBytes / (1 << 30):.1f}Gi" if f.estimate else "?" for f in m.status.fit)]
 
     async def related(self, reader: Reader, obj: Model) -> list[str]:
         replicas, _ = await reader.list(Replica)
