@@ -53,8 +53,9 @@ class KVIndex:
         self.tokenizer: Tokenizer | None = None  # the model's, where the gateway has its tokenizer.json
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
-        self.lookups = 0  # matches() calls with blocks to look up
+        self.lookups = 0  # keys() calls with a whole block to look up
         self.matched = 0  # of which some replica held the first block
+        self.stored: dict[str, int] = {}  # replica -> blocks it has stored so far (precise_prefix.py's clock)
         self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
         self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
 
@@ -72,7 +73,15 @@ class KVIndex:
         return request_token_ids(doc, self.tokenizer)
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
-        return self.hasher.keys(token_ids) if self.hasher is not None else []
+        """The keys of the prompt's leading blocks that some replica holds (kvblocks.BlockHasher.keys:
+        hashed no further than that)."""
+        hasher = self.hasher
+        if hasher is None or len(token_ids) < hasher.block_size:
+            return []
+        keys = hasher.keys(token_ids, held=self._where)
+        self.lookups += 1
+        self.matched += bool(keys)
+        return keys
 
     # ------------------------------------------------------------ events
 
@@ -80,6 +89,7 @@ class KVIndex:
         for e in events:
             if e.kind == "BlockStored":
                 self._check(replica, e)
+                self.stored[replica] = self.stored.get(replica, 0) + len(e.keys)
                 held = self._held.setdefault(replica, set())
                 for key in e.keys:
                     self._where.setdefault(key, set()).add(replica)
@@ -100,6 +110,7 @@ class KVIndex:
         """Forget what `replica` holds: it restarted, cleared its cache, lost events or left. Once no
         replica holds anything, the block size and a refusal are forgotten too: the next engines (a
         rollout that fixed their seed) are checked afresh."""
+        self.stored.pop(replica, None)
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
@@ -140,11 +151,10 @@ class KVIndex:
         counts = dict.fromkeys(replicas, 0)
         alive = set(replicas)
         where = self._where
-        if keys:
-            self.lookups += 1
-            self.matched += keys[0] in where
         for n, key in enumerate(keys):
             holders = where.get(key, _NONE)
+            if alive <= holders:  # the run goes on everywhere it did (the most blocks: no new set)
+                continue
             for r in alive - holders:
                 counts[r] = n
             alive &= holders
