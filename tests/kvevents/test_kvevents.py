@@ -130,6 +130,13 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
     assert BlockHasher(4).keys(tokens) == want
     assert BlockHasher(4, seed="1").keys(tokens) != want  # the seed is part of every key
     assert BlockHasher(4).keys(tokens, held={want[0]}) == want[:1]  # no further than some replica holds
+    long = list(range(37 * 4 + 3))  # 37 blocks: past the 16 hashed and remembered together, twice
+    chain, parent = [], root
+    for start in range(0, 37 * 4, 4):
+        parent = _vllm_block_hash(parent, long[start:start + 4])
+        chain.append(int.from_bytes(parent, "big") & (1 << 64) - 1)
+    assert BlockHasher(4).keys(long) == chain
+    assert BlockHasher(4).keys(long, held=set(chain[:20])) == chain[:20]
 
 
 async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
