@@ -113,6 +113,11 @@ the sims' sleeps set the service times, but the figures are noisy), defaults (ra
     route (8192 tokens): wall p50 4.14 ms p99 34.06 ms, CPU p50 1.51 ms p99 2.11 ms
     routing: precise_vs_prefix_ttft_p90=2.47 agreement=0.99 route_ms_p50=4.14 route_ms_p99=34.06
         hit_rate_precise=0.73 hit_rate_prefix=0.47 agreement_prefix=0.96
+Again with the same code 10 minutes later (load average 12.9): prefix-score TTFT p50 1614 ms
+p90 3465 ms, hit 0.46, agreement 0.961; precise-prefix p50 391 ms p90 1167 ms, hit 0.73,
+agreement 0.998, 6 sent past a longer prefix (prefix-score 150), 59 cached nowhere (109);
+    routing: precise_vs_prefix_ttft_p90=2.97 agreement=1.00 route_ms_p50=4.27 route_ms_p99=51.93
+        hit_rate_precise=0.73 hit_rate_prefix=0.46 agreement_prefix=0.96   (route CPU 1.18 / 2.07 ms)
 and `--rate 10 --warmup 45` (275 requests a policy, load average 8.0): TTFT p50 136 ms
 against 599, p90 686 against 815 (ratio 1.19: at this load p90 is one uncached context's
 prefill for both), hit rate 0.76 against 0.44 (at most 0.83: questions are never cached),
@@ -140,8 +145,8 @@ What was found:
   spilled contexts whenever queues formed and collapsed (hit 0.29, TTFT p50 16 s). The
   policy now passes over a replica holding the context only when it is both past the
   bound and has more work queued than computing the context elsewhere (figures above).
-  The 3x target is not met here: at 20/s prefix-score is past the engines' capacity and
-  precise-prefix near it (p90 1.6 s against 3.9 s); llm-d's 57x came from a load where
+  The 3x target is not quite met here (2.47 and 2.97 in two runs): at 20/s prefix-score
+  is past the engines' capacity and precise-prefix near it; llm-d's 57x came from a load where
   the approximate scorer's queues had grown to tens of seconds, which this shared
   machine's CPUs cannot drive (8 sims, the gateway and this generator on 2 cores).
 - The sim's model was checked: a step lasts prefill ms x the uncached tokens admitted
