@@ -162,11 +162,11 @@ status: {{phase: Ready, endpoint: "127.0.0.1:{port}"}}
 
 
 
-def wait_up(url: str, proc: subprocess.Popen) -> None:
+def wait_up(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     def alive() -> None:
         if proc.poll() is not None:
             raise SystemExit(f"{proc.args[:3]} exited with {proc.returncode}")
-    wait_http(url, alive, str(proc.args[:3]), timeout=20.0)
+    wait_http(url, alive, str(proc.args[:3]), timeout=timeout)
 
 
 def cpu_seconds(pid: int) -> float:

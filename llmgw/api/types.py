@@ -325,7 +325,8 @@ class RoutingSpec(Strict):
     loadBound: float = Field(
         default=1.25, ge=1.0, le=10.0, strict=True,
         description="no replica is given a request that would put it past loadBound x the "
-                    "average requests in flight (prefix-hash and prefix-score)")
+                    "average requests in flight (prefix-hash, prefix-score; precise-prefix weighs a replica "
+                    "past it by its queued work)")
     indexBytes: IndexBytes = Field(
         default=8 * 1024 * 1024,
         description="memory bound of prefix-score's prefix index in this gateway, per model")

@@ -178,6 +178,9 @@ def gateway(listen: str, server: tuple[str, ...], ca: str | None, cert: str | No
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--gateway-id") from None
     demand = _DemandSettings(gateway_id, demand_interval, demand_ttl)
+    # precise-prefix's KV indexes and block memo are large and long-lived: full collections walking
+    # them cost routing its p99 (hack/bench/routing.py --policy precise-prefix, route_ms)
+    aio.keep_heap_out_of_gc()
     aio.run(_serve(gw, spans, ring, admission, host, port, server, ca, cert, key, static, demand, renew_fraction))
 
 

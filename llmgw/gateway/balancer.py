@@ -49,5 +49,8 @@ class Balancer:
             del self.per_model[b.model]
         else:
             self.per_model[b.model] = m
+        held = self._policies.get(b.model)
+        if held is not None and isinstance(held[1], PrecisePrefix):
+            held[1].done(b.replica)
         if self.on_release is not None:
             self.on_release(b.model)

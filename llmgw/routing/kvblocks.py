@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 HASH_SEED = "0"  # PYTHONHASHSEED of an engine that publishes KV events: the gateway's seed
 HASH_ALGO = "sha256_cbor"  # vLLM's --prefix-caching-hash-algo that this module computes
-BLOCKS_MEMO = 32768  # blocks whose hashes are remembered (about 8 MB): a few long prompts' worth
+BLOCKS_MEMO = 65536  # blocks whose hashes are remembered (about 20 MB): 150 contexts of 6k tokens' worth
+CHUNK = 16  # blocks hashed and remembered together
 TEXTS_MEMO = 1024  # texts whose word ids are remembered
 _LOW64 = (1 << 64) - 1
 
@@ -51,21 +52,23 @@ def external(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & _LOW64
 
 
-@functools.lru_cache(maxsize=BLOCKS_MEMO)
-def _block(parent: bytes, tokens: tuple[int, ...], extra: tuple[Any, ...] | None) -> bytes:
-    return sha256_cbor((parent, tokens, extra))
-
-
-def chain(root: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
-          ) -> list[bytes]:
-    """The hashes of the whole blocks of `token_ids`, chained from `root` (NONE_HASH). Recent blocks
-    are remembered: prompts repeat their long prefixes (system prompts, a conversation's history)."""
+@functools.lru_cache(maxsize=BLOCKS_MEMO // CHUNK)
+def _chunk(parent: bytes, tokens: tuple[int, ...], size: int, extra: tuple[Any, ...] | None
+           ) -> tuple[tuple[bytes, int], ...]:
+    """The (hash, event key) of each block of `tokens` (whole blocks of `size`), chained from `parent`."""
     out = []
-    parent = root
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _block(parent, tuple(token_ids[start:start + block_size]), extra)
-        out.append(parent)
-    return out
+    for start in range(0, len(tokens), size):
+        parent = sha256_cbor((parent, tokens[start:start + size], extra))
+        out.append((parent, external(parent)))
+    return tuple(out)
+
+
+def chain(parent: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
+          ) -> list[bytes]:
+    """The hashes of the whole blocks of `token_ids`, chained from `parent` (a stored event's blocks,
+    re-keyed as a request would key them)."""
+    whole = len(token_ids) - len(token_ids) % block_size
+    return [digest for digest, _ in _chunk(parent, tuple(token_ids[:whole]), block_size, extra)] if whole else []
 
 
 class BlockHasher:
@@ -75,10 +78,26 @@ class BlockHasher:
         self.block_size = block_size
         self.root = sha256_cbor(seed)
 
-    def keys(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None) -> list[int]:
-        """The event keys (external hashes) of the prompt's whole blocks (`extra`: vLLM's extra keys
-        of every block, a LoRA adapter's say)."""
-        return [external(h) for h in chain(self.root, token_ids, self.block_size, extra)]
+    def keys(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None,
+             held: Container[int] | None = None) -> list[int]:
+        """The event keys (external hashes) of the prompt's whole blocks, chained from the root
+        (NONE_HASH); `extra`: vLLM's extra keys of every block (a LoRA adapter's, say). With `held`,
+        only the leading ones it holds: nothing past the first it does not hold can be a hit, and a
+        new question after a long known context is not hashed past its first chunk. Blocks are
+        hashed and remembered CHUNK at a time: prompts repeat their long prefixes (system prompts, a
+        conversation's history), and a known one then costs a lookup per chunk, not per block."""
+        out: list[int] = []
+        parent = self.root
+        size = self.block_size
+        whole = len(token_ids) - len(token_ids) % size
+        for start in range(0, whole, size * CHUNK):
+            blocks = _chunk(parent, tuple(token_ids[start:min(start + size * CHUNK, whole)]), size, extra)
+            for _, key in blocks:
+                if held is not None and key not in held:
+                    return out
+                out.append(key)
+            parent = blocks[-1][0]
+        return out
 
     def agrees(self, token_ids: Sequence[int], keys: Sequence[int]) -> bool:
         """Whether a chain the engine stored from its root has the keys this hasher computes."""

@@ -65,8 +65,9 @@ class KVIndex:
         self.template: ChatTemplate | None = None  # its chat template, where it has one
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
-        self.lookups = 0  # matches() calls with blocks to look up
+        self.lookups = 0  # keys() calls with a whole block to look up
         self.matched = 0  # of which some replica held the first block
+        self.stored: dict[str, int] = {}  # replica -> blocks it has stored so far (precise_prefix.py's clock)
         self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
         self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
         self._lora: dict[str, dict[Any, bytes]] = {}  # replica -> its engine's hash of a LoRA block -> ours
@@ -89,11 +90,16 @@ class KVIndex:
             return []
 
     def keys(self, token_ids: Sequence[int], lora: str | None = None) -> list[int]:
-        """The block keys of `token_ids`, of a request for the LoRA adapter `lora` if given (vLLM's
-        extra key of every block: the adapter's name)."""
-        if self.hasher is None:
+        """The keys of the prompt's leading blocks that some replica holds (kvblocks.BlockHasher.keys:
+        hashed no further than that), of a request for the LoRA adapter `lora` if given (vLLM's extra
+        key of every block: the adapter's name)."""
+        hasher = self.hasher
+        if hasher is None or len(token_ids) < hasher.block_size:
             return []
-        return self.hasher.keys(token_ids, (lora,) if lora is not None else None)
+        keys = hasher.keys(token_ids, (lora,) if lora is not None else None, held=self._where)
+        self.lookups += 1
+        self.matched += bool(keys)
+        return keys
 
     # ------------------------------------------------------------ events
 
@@ -101,6 +107,7 @@ class KVIndex:
         for e in events:
             if e.kind == "BlockStored":
                 self._check(replica, e)
+                self.stored[replica] = self.stored.get(replica, 0) + len(e.keys)
                 held = self._held.setdefault(replica, set())
                 for key in self._ours(replica, e):
                     self._where.setdefault(key, set()).add(replica)
@@ -123,6 +130,7 @@ class KVIndex:
         replica holds anything, the block size and a refusal are forgotten too: the next engines (a
         rollout that fixed their seed) are checked afresh."""
         self._lora.pop(replica, None)
+        self.stored.pop(replica, None)
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
@@ -179,11 +187,10 @@ class KVIndex:
         counts = dict.fromkeys(replicas, 0)
         alive = set(replicas)
         where = self._where
-        if keys:
-            self.lookups += 1
-            self.matched += keys[0] in where
         for n, key in enumerate(keys):
             holders = where.get(key, _NONE)
+            if alive <= holders:  # the run goes on everywhere it did (the most blocks: no new set)
+                continue
             for r in alive - holders:
                 counts[r] = n
             alive &= holders

@@ -143,6 +143,14 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
     want = [int.from_bytes(h, "big") & (1 << 64) - 1 for h in (first, second)]
     assert BlockHasher(4).keys(tokens) == want
     assert BlockHasher(4, seed="1").keys(tokens) != want  # the seed is part of every key
+    assert BlockHasher(4).keys(tokens, held={want[0]}) == want[:1]  # no further than some replica holds
+    long = list(range(37 * 4 + 3))  # 37 blocks: past the 16 hashed and remembered together, twice
+    chain, parent = [], root
+    for start in range(0, 37 * 4, 4):
+        parent = _vllm_block_hash(parent, long[start:start + 4])
+        chain.append(int.from_bytes(parent, "big") & (1 << 64) - 1)
+    assert BlockHasher(4).keys(long) == chain
+    assert BlockHasher(4).keys(long, held=set(chain[:20])) == chain[:20]
 
 
 VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vllm-0.34.0-block-hashes.json"
@@ -345,6 +353,38 @@ def test_a_lora_adapters_blocks_are_held_under_the_gateways_keys_whatever_the_en
     kv.apply("r", [wire.Event("BlockRemoved", (engine[2],))])
     assert kv.matches(kv.keys(tokens, "sql"), ["r"]) == {"r": 2} and kv.blocks_of("r") == 3
     assert kv.refused is None
+
+
+def test_precise_prefix_weighs_the_prefill_a_hit_saves_against_the_work_in_flight():
+    from llmgw.api import RoutingSpec
+    from llmgw.gateway.table import Backend
+    from llmgw.routing.precise_prefix import PrecisePrefix
+
+    policy = PrecisePrefix(RoutingSpec(policy="precise-prefix"))
+    policy.kv = kv = KVIndex()
+    context = list(range(1, 41))  # 10 blocks, held by a
+    kv.apply("a", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(context)), None, tuple(context), BLOCK)])
+    replicas = [Backend("a", "m", "127.0.0.1:1"), Backend("b", "m", "127.0.0.1:2")]
+    inflight = {"a": 3, "b": 0}  # past prefix-score's load bound (ceil(1.25 x 4 / 2) = 3) at a
+
+    def pick(question: int) -> str:  # 2 blocks of a question of its own: 12 blocks, 2 of them lacking at a
+        prompt = {"prompt": context + [question] * (2 * BLOCK)}
+        best = policy.pick(replicas, inflight, policy.key(prompt, None))
+        assert best is not None
+        return best.replica
+
+    # a lacks 2 blocks, b 12: a, until (a being at the bound) the 2 blocks each request in flight there
+    # lacked add up to as many as b lacks (then the fewer requests in flight)
+    assert [pick(q) for q in range(6)] == ["a"] * 5 + ["b"]
+    policy.done("a")  # one of a's ended
+    assert pick(6) == "a"  # 4 x 2 + 2 against 12 + 12
+    policy.done("b")
+    assert pick(7) == "b"  # 5 x 2 + 2 against 12: the fewer in flight
+    policy.done("b")
+    kv.apply("a", [wire.Event("BlockStored", (1, 2, 3, 4), None, (), BLOCK)])  # a admitted some: 4 blocks begun
+    assert pick(8) == "a"  # (10 - 4) + 2 against 12: queued work only
+    inflight["a"] = 1  # within the bound (ceil(1.25 x 2 / 2) = 2): a's queued work does not count
+    assert [pick(q) for q in range(9, 14)] == ["a"] * 5
 
 
 async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
