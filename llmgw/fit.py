@@ -357,11 +357,13 @@ def kv_cache_dtype(args: list[str]) -> str:
     return "auto"
 
 
-def profile_estimate(shape: Shape, spec: ModelSpec, index: int) -> Estimate:
-    """Profile `index` of a Model at its engine's split and --kv-cache-dtype, asking room for the
-    context floor the spec sets (ModelSpec.context_floor: minContext, or its engine's --max-model-len)."""
+def profile_estimate(shape: Shape, spec: ModelSpec, index: int, tp: int | None = None) -> Estimate:
+    """Profile `index` of a Model at its engine's split (or at tensor parallel `tp`, its pipeline
+    stages kept) and --kv-cache-dtype, asking room for the context floor the spec sets
+    (ModelSpec.context_floor: minContext, or its engine's --max-model-len)."""
     p = spec.profiles[index]
-    est = estimate(shape, p.engine, *parallel(p.engine, p.gpusPerNode, p.nodes), kv_cache_dtype(p.args))
+    split_tp, pp = parallel(p.engine, p.gpusPerNode, p.nodes)
+    est = estimate(shape, p.engine, tp or split_tp, pp, kv_cache_dtype(p.args))
     floor = spec.context_floor(index)
     return est if floor is None else dataclasses.replace(est, min_context=floor)
 

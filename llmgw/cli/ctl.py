@@ -150,23 +150,43 @@ def _weights_command() -> click.Command:
     return weights
 
 
-FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", "KV/TOKEN", "NEEDED", "CONTEXT"]
+FIT_HEADERS = ["MODEL", "PROFILE", "ENGINE", "TP", "PP", "WEIGHTS", "OVERHEAD", "KV/TOKEN", "NEEDED"]
+
+
+def _gpu(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, float]]:
+    """--gpu NAME:GIB, each: (NAME, GiB)."""
+    gpus = []
+    for value in values:
+        name, _, memory = value.rpartition(":")
+        try:
+            gib = float(memory)
+        except ValueError:
+            gib = 0.0
+        if not name or gib <= 0:
+            raise click.BadParameter(f"{value!r} is not NAME:GIB (say H100:80)", ctx, param)
+        gpus.append((name, gib))
+    return gpus
 
 
 @ctl.command("fit")
 @click.option("-f", "--filename", "files", multiple=True, required=True, metavar="FILE",
               help="Model manifests (a file or a directory), as `llmgw apply -f` takes them.")
+@click.option("--gpu", "gpus", multiple=True, callback=_gpu, metavar="NAME:GIB",
+              help="A GPU to work out the context for, its memory in GiB (H100:80); a column each, "
+                   "'-' where it cannot hold NEEDED. Repeatable.")
 @click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), default=80.0, show_default=True,
-              metavar="GIB", help="The GPU memory CONTEXT is worked out for, in GiB.")
-def fit(files: tuple[str, ...], gpu_memory: float) -> None:
+              metavar="GIB", help="Without --gpu: the GPU memory CONTEXT is worked out for, in GiB.")
+@click.option("--tp", type=click.IntRange(min=1), metavar="N",
+              help="Each profile at tensor parallel N (its pipeline stages kept), not its own split.")
+def fit(files: tuple[str, ...], gpus: list[tuple[str, float]], gpu_memory: float, tp: int | None) -> None:
     """Each profile of each Model in the files: per GPU, its weights, the engine's overhead, the KV
     bytes per token (full-attention layers, plus sliding-window layers' up to their window; the
     profile's --kv-cache-dtype counted), what placement needs free (weights, overhead and the KV
     cache of 4,096 tokens, or of the Model's spec.minContext or its engine's context flag in the
-    args, --max-model-len), and the tokens of context a GPU of --gpu-memory GiB holds. Read from the
-    model's files: a local spec.source (safetensors headers and config.json, or a GGUF file's
-    metadata), or an hf:// or http(s):// source by HTTP Range reads of those alone, before any
-    pull (the hub at HF_ENDPOINT, with HF_TOKEN); no cluster is asked."""
+    args, --max-model-len), and the tokens of context a GPU of --gpu-memory GiB (or of each --gpu)
+    holds. Read from the model's files: a local spec.source (safetensors headers and config.json,
+    or a GGUF file's metadata), or an hf:// or http(s):// source by HTTP Range reads of those alone,
+    before any pull (the hub at HF_ENDPOINT, with HF_TOKEN); no cluster is asked."""
     from llmgw.api import Model
     from llmgw.cli.apply import load_manifests
     from llmgw.cli.connect import checked
@@ -178,6 +198,7 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
     models = [o for o in checked(lambda: load_manifests(files, False)) if isinstance(o, Model)]
     if not models:
         raise CliError(f"{', '.join(files)}: no Model")
+    columns = gpus or [("CONTEXT", gpu_memory)]
     rows = []
     for m in models:
         if m.spec.source is None:
@@ -185,12 +206,14 @@ def fit(files: tuple[str, ...], gpu_memory: float) -> None:
         try:
             shape = read_source(m.spec.source)
             for i, p in enumerate(m.spec.profiles):
-                est = profile_estimate(shape, m.spec, i)
+                est = profile_estimate(shape, m.spec, i, tp)
+                contexts = [str(est.context(int(memory * GiB))) if not gpus or est.needed <= memory * GiB else "-"
+                            for _, memory in columns]
                 rows.append([m.name, str(i), p.engine, str(est.tp), str(est.pp), gib(est.weights), gib(est.overhead),
-                             est.kv_text(), gib(est.needed), str(est.context(int(gpu_memory * GiB)))])
+                             est.kv_text(), gib(est.needed), *contexts])
         except ShapeError as err:
             raise CliError(f"model {m.name}: {err}") from None
-    print_table(FIT_HEADERS, rows)
+    print_table(FIT_HEADERS + [name for name, _ in columns], rows)
 
 
 ctl.add_command(_nodes_command())

@@ -94,3 +94,20 @@ async def test_fit_on_three_examples(tmp_path: Path, origin: WeightsOrigin, monk
     assert rows[2] == ["llama-8b", "0", "vllm", "1", "1", "15.0", "GiB", "2.0", "GiB", "131072", "B", "17.5", "GiB",
                        str((80 * GiB - LLAMA_31_8B.total_size - vllm) // 131072)]
     assert all(r.range for r in origin.requests(suffix=".safetensors"))    # the hub's shards: headers only
+
+
+def test_fit_at_a_tp_of_ones_choosing_on_named_gpus(tmp_path: Path):
+    """--tp N instead of the profile's split; --gpu NAME:GIB a context column each, '-' where the GPU
+    cannot hold what placement needs; a malformed --gpu is one line naming it."""
+    tiny_llama(tmp_path / "tiny")
+    path = manifest(tmp_path, tmp_path / "tiny")
+    out = CliRunner().invoke(ctl, ["fit", "-f", path, "--tp", "1", "--gpu", "T4:1", "--gpu", "NVIDIA A10G:24"])
+    assert out.exit_code == 0, out.output
+    header, vllm, llama = out.output.splitlines()
+    assert header.split()[-3:] == ["T4", "NVIDIA", "A10G"]
+    # vLLM at tp=1: the whole weights and both KV heads (1,024 B/token); its 2 GiB overhead is past a 1 GiB T4
+    assert vllm.split()[3] == "1" and vllm.split()[9:11] == ["1024", "B"]
+    assert vllm.split()[-2:] == ["-", str((24 * GiB - 8_130_560 - 2 * GiB) // 1024)]
+    assert llama.split()[-2:] == [str((memory - 8_130_560 - GiB // 2) // 1024) for memory in (GiB, 24 * GiB)]
+    bad = CliRunner().invoke(ctl, ["fit", "-f", path, "--gpu", "H100"])
+    assert bad.exit_code == 2 and "'H100' is not NAME:GIB (say H100:80)" in bad.output
