@@ -11,12 +11,14 @@ from llmgw.routing import RoutingPolicy
 class Body:
     """The request body, rewritten only for an engine that does not serve the requested name."""
 
-    __slots__ = ("raw", "doc", "key")
+    __slots__ = ("raw", "doc", "key", "predicted")
 
     def __init__(self, raw: bytes, doc: dict[str, Any]) -> None:
         self.raw, self.doc = raw, doc
         # (policy, key): the key the model's policy made of this request, once (its type is the policy's)
         self.key: tuple[RoutingPolicy, Any] | None = None
+        # (tokens, block size) precise-prefix expects the replica it was sent to to find cached
+        self.predicted: tuple[int, int] | None = None
 
     def update(self, **fields: Any) -> None:
         """Set fields of the document (and the bytes sent with it)."""

@@ -33,6 +33,9 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20, 40, 80, 160, 640)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 
+# predicted - reported cached tokens of a precise-prefix request: blocks of 16 up to 8k-token prompts
+KV_ERROR_BUCKETS = (-8192, -2048, -512, -128, -32, -16, -1, 0, 15, 16, 32, 128, 512, 2048, 8192)
+
 _USAGE = b'"usage"'
 _COUNT = re.compile(rb"\s*:\s*(\d+)")  # a key's value, matched where the key ends
 _USAGE_SPAN = 512  # bytes after "usage" that hold its counts (vLLM's, the sim's: under 200)
@@ -57,8 +60,15 @@ class Metrics:
             TPOT_BUCKETS)
         self._input_tokens: dict[str, int] = {}  # model -> prompt tokens the engines reported
         self._output_tokens: dict[str, int] = {}  # model -> completion tokens the engines reported
-        r.register(_Requests(self._requests, [self._latency, self._ttft, self._tpot],
+        self._kv_error = _Histogram(
+            "llmgw_gateway_kv_predicted_cached_tokens_error",
+            "Of precise-prefix requests: the cached tokens the index predicted at the replica they were sent "
+            "to less those its engine reported (usage.prompt_tokens_details.cached_tokens), by model",
+            KV_ERROR_BUCKETS)
+        self._kv_predictions: dict[str, list[int]] = {}  # model -> [predictions checked, within a block]
+        r.register(_Requests(self._requests, [self._latency, self._ttft, self._tpot, self._kv_error],
                              self._input_tokens, self._output_tokens))
+        r.register(_Predictions(self._kv_predictions))
         self.upstream_errors = Counter(
             "llmgw_gateway_upstream_errors",
             "Failed attempts to reach an engine, by model, replica and reason",
@@ -75,10 +85,11 @@ class Metrics:
         requests[key] = requests.get(key, 0) + 1
         self._latency.observe(model, seconds)
 
-    def usage(self, model: str, body: bytes) -> tuple[int, int] | None:
+    def usage(self, model: str, body: bytes, predicted: tuple[int, int] | None = None) -> tuple[int, int] | None:
         """Count the tokens of a response's (or a stream's tail's) `usage`: (input, output), or
         None if it reports none. The last "usage" key is the response's: a completion's text
-        holds quotes only escaped."""
+        holds quotes only escaped. `predicted`: (tokens, block size) the KV index expected the
+        engine to find cached, checked against the cached_tokens it reports."""
         at = body.rfind(_USAGE)
         if at < 0:
             return None
@@ -90,13 +101,26 @@ class Metrics:
         if n_in is None:  # "usage": null, on a stream's every chunk but the last
             return None
         n_out = _count(span, out_key) or 0
+        if predicted is not None:
+            cached = _count(span, b'"cached_tokens"')
+            if cached is not None:
+                self._predicted(model, predicted[0] - cached, predicted[1])
         self._input_tokens[model] = self._input_tokens.get(model, 0) + n_in
         self._output_tokens[model] = self._output_tokens.get(model, 0) + n_out
         return n_in, n_out
 
-    def stream(self, model: str, received: float) -> "StreamTimer":
-        """The timer of a stream's chunks, for a request received at `received` (perf_counter)."""
-        return StreamTimer(self, model, received)
+    def _predicted(self, model: str, error: int, block_size: int) -> None:
+        self._kv_error.observe(model, error)
+        counts = self._kv_predictions.get(model)
+        if counts is None:
+            counts = self._kv_predictions[model] = [0, 0]
+        counts[0] += 1
+        counts[1] += abs(error) <= block_size
+
+    def stream(self, model: str, received: float, predicted: tuple[int, int] | None = None) -> "StreamTimer":
+        """The timer of a stream's chunks, for a request received at `received` (perf_counter);
+        `predicted` as usage() takes it."""
+        return StreamTimer(self, model, received, predicted)
 
     def retry(self, model: str) -> None:
         # Cache label children: labels() costs more than the increment itself.
@@ -128,10 +152,10 @@ class StreamTimer:
     and time per output token of the usage in its last two chunks (its usage chunk, then
     `data: [DONE]`, may come in one read or two)."""
 
-    __slots__ = ("metrics", "model", "received", "first", "prev", "last")
+    __slots__ = ("metrics", "model", "received", "predicted", "first", "prev", "last")
 
-    def __init__(self, metrics: Metrics, model: str, received: float) -> None:
-        self.metrics, self.model, self.received = metrics, model, received
+    def __init__(self, metrics: Metrics, model: str, received: float, predicted: tuple[int, int] | None) -> None:
+        self.metrics, self.model, self.received, self.predicted = metrics, model, received, predicted
         self.first = 0.0
         self.prev = self.last = b""
 
@@ -145,7 +169,7 @@ class StreamTimer:
         """The stream ended whole: its usage (input, output tokens), if it reported one."""
         if not self.first:
             return None
-        counted = self.metrics.usage(self.model, self.prev + self.last)
+        counted = self.metrics.usage(self.model, self.prev + self.last, self.predicted)
         if counted is not None and counted[1] > 1:
             per_token = (time.perf_counter() - self.first) / (counted[1] - 1)
             self.metrics._tpot.observe(self.model, per_token)
@@ -176,6 +200,30 @@ class _Histogram:
                 cumulative.append((bound, acc))
             hist.add_metric([model], cumulative, sum_)
         return hist
+
+
+class _Predictions:
+    """Collector of precise-prefix's predictions checked against the engines' usage."""
+
+    def __init__(self, counts: dict[str, list[int]]) -> None:
+        self.counts = counts
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        checked = CounterMetricFamily(
+            "llmgw_gateway_kv_predictions", "Precise-prefix requests whose predicted cached tokens were "
+            "checked against the engine's usage, by model", labels=["model"])
+        agreed = CounterMetricFamily(
+            "llmgw_gateway_kv_predictions_agreed", "Of those, the ones the engine's cached tokens matched "
+            "within one block (the rate of agreement: this over llmgw_gateway_kv_predictions_total)",
+            labels=["model"])
+        for model, (n, ok) in sorted(self.counts.items()):
+            checked.add_metric([model], n)
+            agreed.add_metric([model], ok)
+        yield checked
+        yield agreed
 
 
 class _Requests:

@@ -37,6 +37,7 @@ from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import Call
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import CONNECT_TIMED_OUT, Conn, Pool, UpstreamError
+from llmgw.routing.precise_prefix import PrecisePrefix
 from llmgw.routing.prefix import SESSION_HEADER
 
 log = logging.getLogger(__name__)
@@ -102,9 +103,9 @@ class Proxy:
         call = ex.call
         try:
             if ex.conn is None:  # no idle connection to the replica picked: connect first
-                return await self._attempt(call.request, ex.backend, call.body.for_backend(ex.backend, call.name),
+                return await self._attempt(call, ex.backend, call.body.for_backend(ex.backend, call.name),
                                            _fields(call.request), False)
-            return await self._answer(call.request, ex.backend, ex.conn)
+            return await self._answer(call, ex.backend, ex.conn)
         except _Retry as r:
             return await self.forward(call, failed=(ex.backend, r.reason))
 
@@ -137,7 +138,7 @@ class Proxy:
             if attempt:
                 self.metrics.retry(model)
             try:
-                return await self._attempt(request, b, body.for_backend(b, name), fields, fresh)
+                return await self._attempt(call, b, body.for_backend(b, name), fields, fresh)
             except _Retry as r:
                 last = self._failed(request, model, b, r.reason, retrying=attempt == 0)
                 tried.append(b.replica)
@@ -158,7 +159,10 @@ class Proxy:
             body.key = (policy, policy.key(body.doc, call.request.header(SESSION_HEADER)))
         if self.outliers.ejections:
             exclude = self.outliers.excluded((b.replica for b in backends), exclude)
-        return policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
+        b = policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
+        if b is not None and isinstance(policy, PrecisePrefix):
+            body.predicted = policy.predicted(body.key[1], b.replica)
+        return b
 
     def _failed(self, request: Request, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
@@ -171,13 +175,13 @@ class Proxy:
                  "retrying" if retrying else "giving up", tid, extra={"trace_id": tid, "model": model})
         return last
 
-    async def _attempt(self, request: Request, b: Backend, data: bytes, fields: bytes,
+    async def _attempt(self, call: Call, b: Backend, data: bytes, fields: bytes,
                        fresh: bool) -> Response | Stream:
         self.balancer.acquire(b)
         conn = None
         try:
             conn = await self.pool.acquire(b.endpoint, fresh)
-            _send(conn, request, b, data, fields)
+            _send(conn, call.request, b, data, fields)
         except BaseException as err:
             if conn is not None:
                 self.pool.release(conn)
@@ -185,21 +189,22 @@ class Proxy:
             if isinstance(err, UpstreamError):
                 raise _Retry(err.reason) from None
             raise
-        return await self._answer(request, b, conn)
+        return await self._answer(call, b, conn)
 
-    async def _answer(self, request: Request, b: Backend, conn: Conn) -> Response | Stream:
+    async def _answer(self, call: Call, b: Backend, conn: Conn) -> Response | Stream:
         """The engine's answer to the request sent on `conn`; ends the hold on `b` and `conn`."""
         try:
             try:
                 await conn.headers_done()
             except UpstreamError as err:
                 raise _Retry(err.reason) from None
-            return await self._relay(request, conn, b)
+            return await self._relay(call, conn, b)
         finally:
             self.pool.release(conn)  # reused only if its response was read to the end
             self.balancer.release(b)
 
-    async def _relay(self, request: Request, conn: Conn, b: Backend) -> Response | Stream:
+    async def _relay(self, call: Call, conn: Conn, b: Backend) -> Response | Stream:
+        request = call.request
         if conn.status == 503:
             raise _Retry(_ENGINE_503)
         self._answered(b)
@@ -210,12 +215,13 @@ class Proxy:
             except UpstreamError as err:
                 raise _Retry(err.reason) from None  # nothing sent to the client yet
             if conn.status == 200:
-                data = self._made(request, b, data)
+                data = self._made(call, b, data)
             return Response(conn.status, headers, data)
         # a Responses answer's ids are rewritten (its length changes: sent chunked)
         relabel = Relabel(b.replica) if conn.status == 200 and request.path.startswith(RESPONSES) else None
         resp = request.stream(conn.status, headers, None if sse or relabel is not None else length)
-        timer = self.metrics.stream(b.model, request.received) if sse and conn.status == 200 else None
+        timer = (self.metrics.stream(b.model, request.received, call.body.predicted)
+                 if sse and conn.status == 200 else None)
         try:
             while True:
                 chunk = await conn.read_chunk()
@@ -256,13 +262,14 @@ class Proxy:
             _used(request, timer.end())
         return resp
 
-    def _made(self, request: Request, b: Backend, body: bytes) -> bytes:
+    def _made(self, call: Call, b: Backend, body: bytes) -> bytes:
         """A whole response of `b`'s engine, 200: its usage to the caller's key (not a stored
         response's, retrieved or cancelled: counted when it was made); the body to send, a
         Responses API answer's ids naming the replica."""
+        request = call.request
         path = request.path
         if path in ROUTED:
-            _used(request, self.metrics.usage(b.model, body))
+            _used(request, self.metrics.usage(b.model, body, call.body.predicted))
         return Relabel(b.replica).whole(body) if path.startswith(RESPONSES) else body
 
     def _answered(self, b: Backend) -> None:
@@ -322,7 +329,7 @@ class Exchange:
         resp = Response(conn.status, head, conn.body())
         self._let_go(conn)
         if resp.status == 200:   # before finished(), which lets go of the key's ticket
-            resp.body = self.px._made(request, self.backend, resp.body)
+            resp.body = self.px._made(call, self.backend, resp.body)
         self.px.finished(call, resp.status)
         request.answer(resp)
 

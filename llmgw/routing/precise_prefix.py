@@ -87,6 +87,16 @@ class PrecisePrefix:
             self._sent.setdefault(best.replica, deque()).append(blocks - matched.get(best.replica, 0))
         return best
 
+    def predicted(self, key: Any, replica: str) -> tuple[int, int] | None:
+        """(tokens, block size): the prompt's tokens `replica`'s engine should find cached, by the
+        index, asked when the request is sent there; None where the index does not route it."""
+        kv = self.kv
+        if kv is None or not kv.usable or kv.hasher is None:
+            return None
+        keys = key[0]
+        size = kv.hasher.block_size
+        return (kv.matches(keys, [replica])[replica] * size if keys else 0), size
+
     def load(self, replica: str) -> int:
         """The blocks the requests this gateway has in flight at `replica` lacked when sent and that the
         replica has not stored since (its engine stores a request's blocks as it admits it: what is

@@ -51,8 +51,9 @@ def exported(text: bytes) -> set[str]:
 async def test_the_gateways_series_are_documented():
     m = GatewayMetrics(lambda: [("m", "m-0", 1, True)])
     m.observe("m", 200, 0.01)
-    timer = m.stream("m", 0.0)
-    timer.chunk(b'data: {"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
+    timer = m.stream("m", 0.0, (16, 16))   # a precise-prefix request's, its prediction checked
+    timer.chunk(b'data: {"usage":{"prompt_tokens":3,"completion_tokens":2,'
+                b'"prompt_tokens_details":{"cached_tokens":16}}}\n\n')
     timer.end()
     m.retry("m")
     m.upstream_error("m", "m-0", "refused")

@@ -149,6 +149,13 @@ async def _load_and_scrape(cluster: LocalCluster) -> Scrape:
         await until(lambda: _is(post("obs-chat"), 200), "obs-chat served through the gateway", timeout=60)
         assert await post("obs-chat", stream=True, stream_options={"include_usage": True}) == 200
         await until(lambda: _is(post("obs-kv"), 200), "obs-kv served (its engine's KV events)", timeout=60)
+
+        async def predicted() -> bool:   # once its index follows the engine's events (of whole blocks: a
+            # long prompt), a request's prediction is checked against the cached tokens the engine reports
+            await post("obs-kv", messages=[{"role": "user", "content": "how are you " * 40}])
+            return bool((await scrape(cluster)).get("llmgw-gateways", {}).get("llmgw_gateway_kv_predictions",
+                                                                       Family("")).labels)
+        await until(predicted, "an obs-kv request's predicted cached tokens checked", timeout=60, interval=0.3)
         await until(lambda: _is(post("obs-crash"), 502), "obs-crash's engine crashing on its request",
                     timeout=60)
 

@@ -71,3 +71,24 @@ def test_a_usage_chunk_split_across_reads_is_counted_once():
     timer.end()
     assert (m._input_tokens, m._output_tokens) == ({"m": 7}, {"m": 4})
     assert m.usage("m", b'{"choices":[],"usage":null}') is None
+
+
+def test_a_prediction_is_checked_against_the_cached_tokens_the_engine_reports():
+    """precise-prefix's predicted cached tokens against usage.prompt_tokens_details.cached_tokens: agreed
+    within one block (16 tokens), the difference in the histogram; a usage without the figure checks nothing."""
+    m = Metrics(lambda: [])
+    def usage(cached: int) -> bytes:
+        return (b'{"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}'
+                % cached)
+    m.usage("m", usage(64), (64, 16))   # right
+    m.usage("m", usage(48), (64, 16))   # one block off: the engine evicted one since
+    m.usage("m", usage(96), (64, 16))   # two blocks missed: their events had not arrived
+    m.usage("m", b'{"usage":{"prompt_tokens":100,"completion_tokens":1}}', (64, 16))
+    m.usage("m", usage(0), None)        # not a precise-prefix request
+    text = m.render().decode()
+    assert metric(text, "llmgw_gateway_kv_predictions_total", model="m") == 3
+    assert metric(text, "llmgw_gateway_kv_predictions_agreed_total", model="m") == 2
+    assert metric(text, "llmgw_gateway_kv_predicted_cached_tokens_error_bucket", model="m", le="-32.0") == 1
+    assert metric(text, "llmgw_gateway_kv_predicted_cached_tokens_error_bucket", model="m", le="0.0") == 2
+    assert metric(text, "llmgw_gateway_kv_predicted_cached_tokens_error_bucket", model="m", le="16.0") == 3
+    # a histogram with negative buckets has no _sum or _count (Prometheus' rule): the +Inf bucket counts

@@ -264,6 +264,11 @@ async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
             text = await scrape(session, gw)
             assert 'llmgw_gateway_kv_index_refused{model="m"} 0.0' in text
             assert kv.verified > 0
+            # each of the six predicted the 12 cached tokens the engine then reported
+            assert 'llmgw_gateway_kv_predictions_total{model="m"} 6.0' in text
+            assert 'llmgw_gateway_kv_predictions_agreed_total{model="m"} 6.0' in text
+            assert 'llmgw_gateway_kv_predicted_cached_tokens_error_bucket{le="-1.0",model="m"} 0.0' in text
+            assert 'llmgw_gateway_kv_predicted_cached_tokens_error_bucket{le="0.0",model="m"} 6.0' in text
             # a replica that leaves routing is dropped from the index
             table.apply("replicas", "DELETED", replica("b", "m", b.endpoint, kv_events=b_events))
             assert kv.blocks_of("b") == 0
