@@ -53,6 +53,35 @@ The same machine quiet at the end of the day (no other session's work), this bui
 with the default 10 s window: --agents 200: heartbeat_cpu_ms=1.500 (400 beats; the server's
 fixed work weighs on so few), --agents 1000: heartbeat_cpu_ms=0.980 (2000 beats, 1.93 CPU s).
 
+Issue 43, the server's CPU per beat (branch hbcpu), 2026-12-06, --cpu-only --agents 1000 (the
+machine shared again, load 6-15: --ramp 40 or 60, as the agents' process starting 1,000 TLS
+clients at 40 a second missed the first beats' deadline on main's build and on this one alike):
+    a beat sends etcd nothing of its own: the beats of half a second are written as one
+        transaction on one new lease (llmgw/store/leases.py; each node's key bound to it as it
+        is, or written anew), where a beat was a keep-alive on the one LeaseKeepAlive stream.
+        Interleaved with main at 689255f (ABBA, --ramp 60): main 0.685, 0.804 / this 0.375, 0.303
+        (interleave: heartbeat_cpu_ms=0.455).
+    then the server's heap frozen at start and young collections rarer (aio.keep_heap_out_of_gc,
+        as the controller-manager's; py-spy put 18 % of the server's samples in the collector),
+        alternated with the build before it (--ramp 40 --cpu-window 20): 0.263, 0.272 with /
+        0.308, 0.291 without.
+    tried, not taken: uvloop's TLS (its Cython SSLProtocol in place of asyncio's in
+        llmgw/server/tls.py): 0.236 in a single run, but it sends no TLS alert when a handshake
+        fails, so a client with a certificate of another CA hears only a closed connection
+        (tests/server/test_server_tls.py fails).
+    both, interleaved with main at 689255f at the end (ABBA, --ramp 40 --cpu-window 20, load 7-10,
+        this session's tests running beside the first three runs): main 0.861, 0.899 /
+        this 0.237, 0.255 (interleave: heartbeat_cpu_ms=0.280).
+The target, 0.25 ms, is met at the median (0.246) of the last interleaved runs, though not with
+room to spare: the runs before gave 0.26-0.27. What is left, by py-spy on the server under these
+beats: the event loop's own work (uvloop's socket reads and writes, a third of the samples), the
+TLS records through asyncio's SSL protocol in Python (about a sixth), the WebSocket frames and
+the beat's JSON (a tenth), the per-half-second grant and transaction (about a tenth, building
+the nested transaction in protobuf included). The etcd side of the change: each beat is a PUT
+in etcd's history until the controller-manager's compaction (about 100 bytes a node a beat; one
+revision per server per half second), and the watch of the live heartbeats receives and drops
+each one.
+
 Failover, the same day (a single run each; 500 and 1000 before the interleaved runs above):
     --agents 200: failover: agents=200 reconnect_p99_s=2.93 failed=0 relists=0 heartbeat_gaps=0
         heartbeat_cpu_ms=1.200 (p50 1.68 s; 12113 gateway requests)

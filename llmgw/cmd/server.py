@@ -47,6 +47,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     from llmgw.store import Store, StoreError
     from llmgw.version import version
 
+    aio.keep_heap_out_of_gc()  # the imports are in; the watch cache and the connections are to come
     log = logging.getLogger("llmgw.server")
     host, port = _listen(listen)
     for what, path in (("--cert", cert), ("--key", key), ("--client-ca", client_ca)):

@@ -16,6 +16,7 @@ class RawEvent:
     key: str
     value: bytes
     revision: int
+    created: bool = False    # a PUT that wrote the key anew (not there before it)
 
 
 class KV:
@@ -53,4 +54,4 @@ class KV:
         """Changes under prefix at or after from_revision; Compacted, StoreUnavailable as Objects.watch."""
         async for ev in self._etcd.events(as_bytes(prefix), K.prefix_end(prefix), from_revision, lineage=lineage):
             yield RawEvent("DELETE" if ev.kind == "DELETE" else "PUT", ev.kv.key.decode(), ev.kv.value,
-                           ev.kv.mod_revision)
+                           ev.kv.mod_revision, ev.kv.version == 1)

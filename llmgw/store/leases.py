@@ -13,7 +13,7 @@ from aetcd import rpc
 
 from llmgw.api.meta import now
 from llmgw.store import keys as K
-from llmgw.store.etcd import Etcd
+from llmgw.store.etcd import GREATER, VERSION, Etcd, as_bytes, compare, put_op, txn_request
 from llmgw.store.kv import KV
 from llmgw.store.listwatch import AfterErrorPolicy, KeyNames, after_store_error
 
@@ -108,22 +108,87 @@ class Leases:
         await self._conn.call(lambda c: c.revoke_lease(lease_id))
 
 
-class Heartbeats:
-    """/llmgw/heartbeat/<node>, bound to a lease: its expiry is how a node's silence shows."""
+class _Beat:
+    """A node's beat waiting for the next write: what its key holds when written anew, and the
+    callers' answer."""
 
-    def __init__(self, kv: KV, leases: Leases, lease_ids: dict[str, int]):
-        self._kv, self._leases = kv, leases
-        self._lease_ids = lease_ids       # node -> its heartbeat's lease, shared with the fenced views
+    __slots__ = ("info", "done")
+
+    def __init__(self, info: dict[str, Any] | None, done: asyncio.Future[None]):
+        self.info, self.done = info, done
+
+
+class Heartbeats:
+    """/llmgw/heartbeat/<node>, bound to a lease: its expiry is how a node's silence shows.
+
+    A beat is not a keep-alive of a lease of the node's own: the beats that come within one
+    `window` (0.5 s, the period at which etcd looks for leases run out) are written together,
+    on one lease granted for them once the last of them came. So a node's key expires `ttl` s
+    after its last beat at the earliest and `window` s later at the latest (a lease of its own
+    refreshed at that beat: `ttl` s), and the process sends etcd one lease grant and one
+    transaction per window and ttl, whatever the number of nodes, instead of a keep-alive a
+    beat. The transaction holds a nested one per node: if its key is there, bind it to the new
+    lease as it is (a put with `ignore_value`), else write it anew (the node, `since` and
+    `info`). The old lease runs out, taking the keys of the nodes that did not beat again.
+    Each rebinding is a write (a PUT event, history until compaction); the watch of the live
+    heartbeats (`lister_watcher`) hears only a key written anew and a key gone. The first beat
+    after a quiet window is written at once; each caller waits for its beat's write."""
+
+    WINDOW = 0.5
+
+    def __init__(self, etcd: Etcd, kv: KV, leases: Leases, window: float = WINDOW):
+        self._etcd, self._kv, self._leases, self._window = etcd, kv, leases, window
+        self._waiting: dict[int, dict[str, _Beat]] = {}     # ttl -> node -> its beat, for the next write
+        self._writer: asyncio.Task[None] | None = None
+        self._last = -window                                # when the last write began (loop time)
 
     async def beat(self, node: str, ttl: int = 15, info: dict[str, Any] | None = None) -> None:
-        """Keep the node's heartbeat alive: refresh its lease, or write it anew on a new one."""
-        lease_id = self._lease_ids.get(node)
-        if lease_id is not None and await self._leases.refresh(lease_id):
+        """Keep the node's heartbeat alive `ttl` s from now: returns once that is written (the
+        key bound to a new lease, or written anew with `info` beside the node and `since`)."""
+        beats = self._waiting.setdefault(ttl, {})
+        waiting = beats.get(node)
+        if waiting is None:
+            waiting = beats[node] = _Beat(info, asyncio.get_running_loop().create_future())
+        elif info is not None:
+            waiting.info = info
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_all())
+        await asyncio.shield(waiting.done)   # one caller cancelled leaves the others' beat
+
+    async def _write_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiting:
+                await asyncio.sleep(max(0.0, self._last + self._window - loop.time()))
+                waiting, self._waiting = self._waiting, {}
+                self._last = loop.time()
+                await asyncio.gather(*(self._write(ttl, beats) for ttl, beats in waiting.items()))
+        finally:
+            self._writer = None
+            for beats in self._waiting.values():   # cancelled (the process ends): no write comes
+                for beat in beats.values():
+                    beat.done.cancel()
+
+    async def _write(self, ttl: int, beats: dict[str, _Beat]) -> None:
+        try:
+            lease_id = await self._leases.grant(ttl)
+            since = now().isoformat()
+            nested = [rpc.RequestOp(request_txn=txn_request(
+                [compare(key, VERSION, GREATER, version=0)],
+                [rpc.RequestOp(request_put=rpc.PutRequest(key=key, lease=lease_id, ignore_value=True))],
+                [put_op(key, json.dumps({"node": node, "since": since, **(beat.info or {})}).encode(), lease_id)]))
+                for node, beat in beats.items() for key in [as_bytes(K.heartbeat_key(node))]]
+            await asyncio.gather(*(self._etcd.send_txn(op.request_txn) for op in _nested(_nested(nested))))
+        except asyncio.CancelledError:
+            for beat in beats.values():
+                beat.done.cancel()
+            raise
+        except Exception as err:  # noqa: BLE001 every beat of the write gets its error
+            for beat in beats.values():
+                beat.done.set_exception(err)
             return
-        lease_id = await self._leases.grant(ttl)
-        self._lease_ids[node] = lease_id
-        value = json.dumps({"node": node, "since": now().isoformat(), **(info or {})}).encode()
-        await self._kv.put(K.heartbeat_key(node), value, lease=lease_id)
+        for beat in beats.values():
+            beat.done.set_result(None)
 
     async def node_registered(self, node: str) -> bool:
         """Whether the Node exists (its key, not the object: nothing read or decoded but the key)."""
@@ -141,5 +206,15 @@ class Heartbeats:
 
     def lister_watcher(self) -> KeyNames:
         """The nodes with a live heartbeat, as a reflector's lister-watcher: a beat written anew
-        is ADDED, an expired one DELETED (a refresh of its lease is no event)."""
-        return KeyNames(self._kv, K.HEARTBEAT)
+        is ADDED, an expired one DELETED (a beat that binds the key to a new lease is no event)."""
+        return KeyNames(self._kv, K.HEARTBEAT, rewrites=False)
+
+
+# etcd takes at most 128 operations in a transaction (--max-txn-ops), counting those of the
+# transactions around a nested one: 63 a level leaves room for two levels and the node's own.
+_NESTED = 63
+
+
+def _nested(ops: list[Any]) -> list[Any]:
+    """`ops` (operations of transactions without compares) as such transactions, `_NESTED` each."""
+    return [rpc.RequestOp(request_txn=txn_request([], ops[i:i + _NESTED])) for i in range(0, len(ops), _NESTED)]

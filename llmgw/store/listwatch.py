@@ -58,11 +58,13 @@ class NameEvent(NamedTuple):
 
 class KeyNames:
     """The names of the keys under ``prefix`` (each key less the prefix, through ``normal``):
-    a key written is ADDED (again, at each write), a key deleted or expired is DELETED."""
+    a key written is ADDED (again, at each write; with ``rewrites=False`` only when written
+    anew), a key deleted or expired is DELETED."""
 
     def __init__(self, kv: KV, prefix: str, normal: Callable[[str], str] = str,
-                 after_error: AfterErrorPolicy = after_store_error) -> None:
+                 after_error: AfterErrorPolicy = after_store_error, rewrites: bool = True) -> None:
         self.kv, self.prefix, self.normal, self._after_error = kv, prefix, normal, after_error
+        self.rewrites = rewrites
         self.lineage = Lineage()
 
     def _name(self, key: str) -> str:
@@ -74,7 +76,10 @@ class KeyNames:
 
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
         async for ev in self.kv.watch(self.prefix, from_revision, self.lineage):
-            yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
+            if ev.type == "DELETE":
+                yield NameEvent("DELETED", self._name(ev.key), ev.revision)
+            elif ev.created or self.rewrites:
+                yield NameEvent("ADDED", self._name(ev.key), ev.revision)
 
     def after_error(self, err: Exception) -> AfterError:
         return self._after_error(err)

@@ -66,7 +66,6 @@ class Store(Objects):
         """batch_writes: concurrent writing transactions go to etcd together (llmgw.store.batcher)."""
         conn = Connection(endpoints, ca=ca, cert=cert, key=key, timeout=timeout)
         super().__init__(Etcd.open(conn, batch_writes=batch_writes))
-        self._heartbeat_leases: dict[str, int] = {}
         self._event_stamps = Stamps()
         self._build()
 
@@ -75,7 +74,7 @@ class Store(Objects):
         etcd = self.etcd
         self.kv = KV(etcd)
         self.leases = Leases(etcd)
-        self.heartbeats = Heartbeats(self.kv, self.leases, self._heartbeat_leases)
+        self.heartbeats = Heartbeats(etcd, self.kv, self.leases)
         self.demand = Demand(self.kv, self.leases)
         self.members = Members(self.kv, self.leases)
         self.election = Election(etcd, self.kv, self.leases)

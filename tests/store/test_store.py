@@ -329,6 +329,26 @@ async def test_heartbeat_expires_with_its_lease(store):
     assert "n1" in await store.heartbeats.list()
 
 
+async def test_beats_share_a_lease_yet_a_silent_node_expires_alone(store):
+    """The beats of one window go to etcd as one write on one lease; a node that beats again is
+    bound to the next lease, its value kept, and no watcher of the live heartbeats hears of it;
+    its lease-mate that went silent expires with the old lease."""
+    async def lease(node: str) -> int:
+        return (await store.etcd.range(f"/llmgw/heartbeat/{node}")).kvs[0].lease
+    await asyncio.gather(store.heartbeats.beat("a", ttl=2, info={"agent": "1"}), store.heartbeats.beat("b", ttl=2))
+    assert await lease("a") == await lease("b")
+    first = (await store.heartbeats.list())["a"]
+    assert first["agent"] == "1"
+    _, revision = await store.kv.list("/llmgw/heartbeat/")
+    events = store.heartbeats.lister_watcher().watch(revision + 1)
+    for _ in range(8):   # 4 s: twice the ttl
+        await store.heartbeats.beat("a", ttl=2)
+        await asyncio.sleep(0.5)
+    assert await store.heartbeats.list() == {"a": first}
+    assert (await asyncio.wait_for(anext(events), 5))[:2] == ("DELETED", "b")   # a's rebindings: no event
+    await events.aclose()
+
+
 async def test_events_and_revocations(store):
     await store.events.record("models", "m1", "Normal", "Scheduled", "placed on n1")
     await store.events.record("models", "m1", "Warning", "Unschedulable", "0/1 nodes")
