@@ -392,13 +392,13 @@ class ModelSpec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _adapters_at_runtime(self) -> Self:
+    def _adapters_taken(self) -> Self:
         if self.adapters is not None:
             for i, p in enumerate(self.profiles):
-                if not rules.lookup(p.engine).runtime_lora:
-                    able = ", ".join(sorted(n for n, e in rules.RULES.items() if e.runtime_lora))
-                    raise ValueError(f"adapters: profiles[{i}]'s engine {p.engine} loads no LoRA adapters at "
-                                     f"runtime (engines that do: {able})")
+                if rules.lookup(p.engine).lora is None:
+                    able = ", ".join(sorted(n for n, e in rules.RULES.items() if e.lora is not None))
+                    raise ValueError(f"adapters: profiles[{i}]'s engine {p.engine} loads no LoRA adapters "
+                                     f"(engines that do: {able})")
         return self
 
 
