@@ -11,7 +11,8 @@ which the sim serves too, or SGLang's):
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
   loaded) or from its path; a loaded adapter whose weights changed (another digest: another
   path) is unloaded and loaded again;
-- adapters no longer placed here are unloaded first, freeing their slots, after UNLOAD_GRACE;
+- adapters no longer placed here are unloaded first, freeing their slots, once their Adapter no
+  longer says they are resident here (what the gateways route by);
 - pulls, then loads, of one sync go at once.
 
 An engine that takes adapters only at start (llama-server) is given the Model's Adapters in
@@ -46,11 +47,6 @@ from llmgw.weights.puller import Puller
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
-# Seconds an adapter stays loaded once it is no longer placed here (evicted, moved, deleted) or
-# its weights changed: its Adapter's status has left this replica out of `resident` by then, and
-# the gateways' watches see that before its engine drops it, as a replica's drain delay lets them
-# see its deletion; a request routed here meanwhile is still answered.
-UNLOAD_GRACE = 1.0
 
 
 class AdapterBook:
@@ -59,12 +55,20 @@ class AdapterBook:
     def __init__(self) -> None:
         self.adapters: dict[str, LoraAdapter] = {}
         self.on_change: Callable[[], None] | None = None
+        # replica -> the revision of the last change seen to the adapters placed on it (a shard's
+        # status.adaptersSeen once its engine was synced to them)
+        self.placement_seen: dict[str, int] = {}
 
-    def apply(self, type_: str, obj: LoraAdapter) -> None:
+    def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
+        """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
+        old = self.adapters.get(obj.name)
         if type_ == "DELETED":
             self.adapters.pop(obj.name, None)
         else:
             self.adapters[obj.name] = obj
+        after = set() if type_ == "DELETED" else set(obj.status.placement)
+        for replica in after ^ set(old.status.placement if old is not None else ()):
+            self.placement_seen[replica] = max(self.placement_seen.get(replica, 0), revision)
         if self.on_change is not None:
             self.on_change()
 
@@ -73,6 +77,11 @@ class AdapterBook:
         mine = {a.name: a for a in self.adapters.values()
                 if a.spec.baseModel == model and a.metadata.deletionTimestamp is None}
         return [mine[n] for n in start_order((created(a), a.name) for a in mine.values())]
+
+    def resident_on(self, name: str, replica: str) -> bool:
+        """Whether the Adapter of that name (existing, not being deleted) names the replica resident."""
+        a = self.adapters.get(name)
+        return a is not None and a.metadata.deletionTimestamp is None and replica in a.status.resident
 
     def placed_on(self, shard: Shard) -> list[LoraAdapter]:
         """The adapters of the shard's model placed on its replica, by name."""
@@ -123,33 +132,35 @@ class EngineAdapters:
         self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
 
-    async def sync(self, placed: Callable[[], list[LoraAdapter]],
-                   leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
-        """Load what is placed here and missing, unload what is held and not placed; what the
-        engine holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then
-        loads, go at once, not one after another: an engine restarted with eight adapters gets them
-        in one load's time. What goes is first reported gone (`leaving(what stays)`, so that no
-        status names it once it is unloaded), then waits UNLOAD_GRACE, and what is placed is read
-        again after it: an adapter placed here again meanwhile stays."""
+    async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
+        """Load what is placed on the shard's replica and missing, unload what is held and not
+        placed; what the engine holds after (Loaded), and the loads that failed (Failed, why).
+        Pulls, and then loads, go at once, not one after another: an engine restarted with eight
+        adapters gets them in one load's time. What goes is first reported gone (`leaving(what
+        stays)`), and is unloaded once its Adapter, as this agent's watch has it, no longer names
+        the replica in status.resident: the gateways learn that from the same watch. The adapter
+        controller takes a replica out of `resident` as it takes it out of `placement` (an eviction),
+        or on the report that its engine no longer holds it (new weights); one still named stays
+        until the sync that change of the Adapter brings. A load waits for a free slot likewise."""
+        wanted = self.book.placed_on(shard)
         if self.api.at_start:
-            return await self._started_with(placed())
+            return await self._started_with(wanted)
         held = await self._listed()
-        wanted = placed()
         paths, failed = await self._locate(wanted)
         going = _going(held, paths, failed)
         if going:
             digests = {a.name: a.spec.digest for a in wanted}
             leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
                      if n not in going])
-            await asyncio.sleep(UNLOAD_GRACE)
-            held = await self._listed()
-            wanted = placed()
-            paths, failed = await self._locate(wanted)
-        for name in _going(held, paths, failed):
+        for name in going:
+            if self.book.resident_on(name, shard.spec.replica):
+                continue    # a gateway may still send it requests: when the Adapter says not, next sync
             await self._post(self.api.unload or "", {"lora_name": name})
             self.counts.unloads.labels(self.model).inc()
             self._unpin(name)
             del held[name]
+        slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+        missing = [a for a in wanted if a.name in paths and a.name not in held][:max(0, slots - len(held))]
 
         async def load(a: LoraAdapter, where: str) -> None:
             started = time.monotonic()
@@ -163,7 +174,7 @@ class EngineAdapters:
             self.counts.loads.labels(self.model, "loaded").inc()
             self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
             log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
-        await asyncio.gather(*(load(a, paths[a.name]) for a in wanted if a.name in paths and a.name not in held))
+        await asyncio.gather(*(load(a, paths[a.name]) for a in missing))
         held = await self._listed()
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]

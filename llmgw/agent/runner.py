@@ -34,7 +34,7 @@ from llmgw.agent.preflight import PreflightError, prepare
 from llmgw.agent.pulling import weights_for
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
-from llmgw.api import Shard, ShardAdapter, ShardStatus, now, set_condition
+from llmgw.api import Shard, ShardStatus, now, set_condition
 from llmgw.engines import ENGINES
 from llmgw.engines.base import join_host_port, url_host
 from llmgw.weights.puller import Puller
@@ -396,9 +396,9 @@ class ShardRunner:
                         if why_not:
                             self._set("Running", message=why_not)
                         else:   # its adapters first: Ready says they are loaded
-                            self._set("Ready", message="", adapters=await self._sync_adapters())
+                            self._set("Ready", message="", **await self._sync_adapters())
                     elif self._adapters is not None:
-                        self._set("Ready", adapters=await self._sync_adapters())
+                        self._set("Ready", **await self._sync_adapters())
                 else:
                     failures += 1
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
@@ -433,19 +433,21 @@ class ShardRunner:
             return []
         return await adapters.start_weights(self.ctx.adapters.start_order(self.shard.spec.model)[:slots.maxLoaded])
 
-    async def _sync_adapters(self) -> list[ShardAdapter]:
+    async def _sync_adapters(self) -> dict[str, Any]:
         """Its engine's adapters made those placed on its replica (a serving shard of a Model with
-        spec.adapters); what the engine holds after. An engine that cannot say holds none."""
+        spec.adapters): the status fields saying what the engine holds after (an engine that
+        cannot say holds none), and the placement it was synced to (adaptersSeen)."""
         self.adapters_changed.clear()
         adapters = self._engine_adapters()
         if adapters is None:
-            return []
+            return {"adapters": []}
+        seen = self.ctx.adapters.placement_seen.get(self.shard.spec.replica, 0)
         try:
-            return await adapters.sync(lambda: self.ctx.adapters.placed_on(self.shard),
-                                             lambda staying: self._set(self.status.phase, adapters=staying))
+            held = await adapters.sync(self.shard, lambda staying: self._set(self.status.phase, adapters=staying))
         except EngineError as err:
             log.warning("shard %s: its engine's adapters: %s", self.name, err)
-            return []
+            return {"adapters": []}
+        return {"adapters": held, "adaptersSeen": seen}
 
     async def _probe(self) -> bool:
         rec = self.record

@@ -598,6 +598,10 @@ class ShardStatus(Strict):
     # The LoRA adapters its engine holds, as the engine lists them (rank 0, spec.adapters), and
     # the loads that failed; written by its agent (llmgw/agent/adapters.py).
     adapters: list[ShardAdapter] = added("0.3.0", factory=list)
+    # The store revision of the last change to the Adapters placed on its replica that its agent
+    # had seen when it last made its engine hold them: the adapter controller counts a replica
+    # newly placed as resident on a report that has seen the placement (controllers/adapter.py).
+    adaptersSeen: Int = added("0.3.0", default=0)
 
 
 class Shard(Object[ShardSpec, ShardStatus]):

@@ -25,7 +25,7 @@ deletion (draining) is not told of as it leaves: its engine finishes what it has
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmgw.api import LoraAdapter, Model, ObjectT, Replica, RoutingSpec
@@ -170,6 +170,14 @@ class RoutingTable:
         self._reindex()
         return True
 
+    def unloaded(self, adapter: str, replica: str) -> None:
+        """The replica's engine answered that it does not hold the adapter: the replica leaves the
+        adapter's routing until the Adapter's status says otherwise again (its next change)."""
+        entry = self.adapters.get(adapter)
+        if entry is not None and replica in entry.resident:
+            self.adapters[adapter] = replace(entry, resident=tuple(r for r in entry.resident if r != replica))
+            self._reindex()
+
     def _forget(self, kind: str, name: str) -> bool:
         if kind in ("models", "adapters"):
             entries: dict[str, Any] = self.models if kind == "models" else self.adapters
@@ -207,13 +215,16 @@ class RoutingTable:
                 names[n] = m.name
         for m in self.models.values():  # a model's own name wins over another's alias
             names[m.name] = m.name
+        of_base: dict[str, list[tuple[int, str]]] = {}
+        for a in self.adapters.values():
+            of_base.setdefault(a.base, []).append((a.created, a.name))
+        slots = {name: i for adapters in of_base.values() for i, name in enumerate(start_order(adapters))}
         for a in self.adapters.values():    # a model's names win over an adapter's
             if a.name in names:
                 continue
             names[a.name] = a.name
-            slot = start_order((x.created, x.name) for x in self.adapters.values() if x.base == a.base).index(a.name)
             here = [Backend(r, a.name, base.endpoint, (a.name,), engine=base.engine, base=(base.served or (a.base,))[0],
-                            slot=slot) for r in sorted(a.resident)
+                            slot=slots[a.name]) for r in sorted(a.resident)
                     if (base := self.backends.get(r)) is not None and base.model == a.base]
             if here:
                 by_model[a.name] = here
