@@ -34,7 +34,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from controllers.indexes import ADAPTERS_BY_MODEL, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
+from controllers.indexes import (
+    ADAPTERS_BY_MODEL,
+    ADAPTERS_BY_PLACEMENT,
+    ADAPTERS_WANTING,
+    REPLICAS_BY_MODEL,
+    SHARDS_BY_REPLICA,
+)
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import ADAPTER_READY, AnyObject, LoraAdapter, Model, Replica, Shard, ShardAdapter, get_condition
 from llmgw.api.demand import total_demand
@@ -48,7 +54,7 @@ _UNWRITTEN = sys.maxsize
 class AdapterController(Controller):
     name = "adapter"
     watches = (LoraAdapter, Model, Replica, Shard, DEMAND)
-    indexes = (ADAPTERS_BY_MODEL, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
+    indexes = (ADAPTERS_BY_MODEL, ADAPTERS_BY_PLACEMENT, ADAPTERS_WANTING, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
     workers = 1
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
@@ -77,9 +83,10 @@ class AdapterController(Controller):
         # of its model still short of replicas or pinned (on every one), which it may now take;
         # never all of a model's (a shard's every status write would look at a thousand adapters).
         replica = obj.name if type(obj) is Replica else obj.spec.replica
-        reported = {a.name for a in obj.status.adapters} if type(obj) is Shard else set()
-        return [a.name for a in self.ctx.cache.index(LoraAdapter, "model", obj.spec.model)
-                if replica in a.status.placement or a.name in reported or a.spec.pinned or not _ready(a)]
+        reported = [a.name for a in obj.status.adapters] if type(obj) is Shard else []
+        cache = self.ctx.cache
+        return {*(a.name for a in cache.index(LoraAdapter, "placed", replica)), *reported,
+                *(a.name for a in cache.index(LoraAdapter, "wanting", obj.spec.model))}
 
     async def reconcile(self, key: str) -> Result | None:
         adapter = self.ctx.cache.get(LoraAdapter, key)
@@ -139,12 +146,12 @@ class AdapterController(Controller):
         ready_names = {r.name for r in ready}
         reports = self.ctx.cache.demand()
         taken: list[tuple[float, str, LoraAdapter]] = []
-        for other in self.ctx.cache.index(LoraAdapter, "model", adapter.spec.baseModel):
-            if other.name == adapter.name or other.spec.pinned or total_demand(reports, other.name).total:
-                continue
-            placed = [r for r in other.status.placement if r in ready_names]
-            if len(placed) > other.spec.minReplicas:
-                taken += [(self._demanded.get(other.name, 0.0), r, other) for r in placed if r not in placement]
+        for r in ready_names - set(placement):
+            for other in self.ctx.cache.index(LoraAdapter, "placed", r):
+                if other.name == adapter.name or other.spec.pinned or total_demand(reports, other.name).total:
+                    continue
+                if sum(p in ready_names for p in other.status.placement) > other.spec.minReplicas:
+                    taken.append((self._demanded.get(other.name, 0.0), r, other))
         if not taken:
             return None
         _, replica, victim = min(taken, key=lambda t: (t[0], t[1], t[2].name))
@@ -188,14 +195,11 @@ class AdapterController(Controller):
             (live := self.ctx.cache.get(Replica, r)) is not None and live.metadata.deletionTimestamp is None)]
         counted = set([r for r in before if r in ready_names][:wanted])
         kept = [r for r in before if r in counted or r not in ready_names]
-        used: dict[str, int] = {}
-        for other in self.ctx.cache.index(LoraAdapter, "model", adapter.spec.baseModel):
-            if other.name != adapter.name:
-                for r in other.status.placement:
-                    used[r] = used.get(r, 0) + 1
+        used = {r.name: self.ctx.cache.count(LoraAdapter, "placed", r.name) - (r.name in adapter.status.placement)
+                for r in ready}
         free = [r for r in ready if r.name not in kept and r.spec.adapters is not None
-                and used.get(r.name, 0) < r.spec.adapters.maxLoaded]
-        free.sort(key=lambda r: (used.get(r.name, 0), r.name))
+                and used[r.name] < r.spec.adapters.maxLoaded]
+        free.sort(key=lambda r: (used[r.name], r.name))
         added = [r.name for r in free[:max(0, wanted - len(counted))]]
         return kept + added, len(counted) + len(added)
 
@@ -251,11 +255,6 @@ class AdapterController(Controller):
                 and _pending(adapter) == patch["pending"]
                 and held is not None and (held.status, held.reason, held.message) ==
                 (cond["status"], cond["reason"], cond["message"]))
-
-
-def _ready(a: LoraAdapter) -> bool:
-    held = get_condition(a.status.conditions, ADAPTER_READY)
-    return held is not None and held.status == "True"
 
 
 def _pending(a: LoraAdapter) -> list[AdapterPendingPatch]:

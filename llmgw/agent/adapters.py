@@ -20,8 +20,8 @@ their start order when it starts (`start_weights`); its sync loads nothing and r
 adapter placed there Loaded where the engine lists its weights at the adapter's id.
 
 The runner syncs before its shard first reports Ready, so a Ready shard's status.adapters
-already lists what it was asked to hold, and again whenever the Adapters change or a probe
-interval passes; status.adapters is what the engine listed after the sync, and the loads that
+already lists what it was asked to hold, and again whenever an Adapter placed or resident on its
+replica changes (AdapterBook.on_change) or a probe interval passes; status.adapters is what the engine listed after the sync, and the loads that
 failed with why.
 """
 from __future__ import annotations
@@ -50,11 +50,12 @@ LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
 
 
 class AdapterBook:
-    """The cluster's Adapters as this agent's watch last saw them; `on_change` after each change."""
+    """The cluster's Adapters as this agent's watch last saw them; `on_change(replicas)` after each
+    change, with the replicas it may concern: those the adapter was or is placed or resident on."""
 
     def __init__(self) -> None:
         self.adapters: dict[str, LoraAdapter] = {}
-        self.on_change: Callable[[], None] | None = None
+        self.on_change: Callable[[set[str]], None] | None = None
         # replica -> the revision of the last change seen to the adapters placed on it (a shard's
         # status.adaptersSeen once its engine was synced to them)
         self.placement_seen: dict[str, int] = {}
@@ -67,10 +68,11 @@ class AdapterBook:
         else:
             self.adapters[obj.name] = obj
         after = set() if type_ == "DELETED" else set(obj.status.placement)
-        for replica in after ^ set(old.status.placement if old is not None else ()):
+        before = set(old.status.placement) if old is not None else set()
+        for replica in after ^ before:
             self.placement_seen[replica] = max(self.placement_seen.get(replica, 0), revision)
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(after | before | set(obj.status.resident) | set(old.status.resident if old else ()))
 
     def start_order(self, model: str) -> list[LoraAdapter]:
         """The Model's adapters in the order an engine that takes them at start numbers them."""
