@@ -26,9 +26,11 @@ boundaries, no loads in flight. Targets (issue 47): hit_ratio at least 0.95 of o
 cold_ttft_p99_s at most the load time plus 0.5 s, restore_s at most 10 s.
 
 On the 2-core development machine (shared with six other sessions' work), 2026-12-06:
-    before (main at a586b7f, load average about 9):
+    before (main at a586b7f): earlier that day, and again beside the runs below (load average 10):
         3000 requests in 134.8 s, 1779 cold, 526 adapters requested
         adapters: hit_ratio=0.407 oracle_hit_ratio=0.597 cold_ttft_p99_s=4.66 restore_s=4.16
+        3000 requests in 200.2 s, 1800 cold, 526 adapters requested
+        adapters: hit_ratio=0.400 oracle_hit_ratio=0.597 cold_ttft_p99_s=7.83 restore_s=8.82
     after (event-driven unloads and residency, the controller's placement read from indexes,
     agents woken only for the replicas an Adapter change concerns), load average 8 to 13:
         3000 requests in 97.2 s, 1688 cold, 526 adapters requested
