@@ -19,7 +19,10 @@ Ready, a gateway's demand report those it names.
   replica is given more adapters than it has slots.
 - Residency (status.resident): the placed replicas whose serving shard (rank 0) is Ready and lists
   the adapter Loaded, as its agent read it from the engine (llmgw/agent/adapters.py). A replica
-  whose engine restarted is not resident until its agent has loaded the adapter again.
+  whose engine restarted is not resident until its agent has loaded the adapter again; a replica
+  newly placed, until its shard reports a sync of its agent that saw the placement
+  (status.adaptersSeen at least the placement's write's revision): an earlier report may be
+  from before an unload there.
 - status.pending says, for each placed replica where it is not resident, why: Loading,
   ReplicaNotReady, or LoadFailed with the engine's or the pull's words (and a Warning event).
 - The condition Ready: True once resident on as many replicas as asked (Resident; OnDemand when
@@ -28,35 +31,40 @@ Ready, a gateway's demand report those it names.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
-from controllers.indexes import ADAPTERS_BY_MODEL, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA
+from controllers.indexes import (
+    ADAPTERS_BY_MODEL,
+    ADAPTERS_BY_PLACEMENT,
+    ADAPTERS_WANTING,
+    REPLICAS_BY_MODEL,
+    SHARDS_BY_REPLICA,
+)
 from controllers.settings import DEFAULTS, ControllerSettings
 from llmgw.api import ADAPTER_READY, AnyObject, LoraAdapter, Model, Replica, Shard, ShardAdapter, get_condition
 from llmgw.api.demand import total_demand
 from llmgw.api.patches import AdapterPendingPatch, AdapterStatusPatch, ConditionPatch
 from llmgw.runtime.controller import DEMAND, Context, Controller, Result, WatchedKind
 
-# How long a replica newly placed waits for a report of its engine newer than the placement before
-# the one it has counts (see _placed_at).
-SETTLE_SECONDS = 5.0
+# The placement of a replica placed in this reconcile, whose write's revision is not known yet.
+_UNWRITTEN = sys.maxsize
 
 
 class AdapterController(Controller):
     name = "adapter"
     watches = (LoraAdapter, Model, Replica, Shard, DEMAND)
-    indexes = (ADAPTERS_BY_MODEL, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
+    indexes = (ADAPTERS_BY_MODEL, ADAPTERS_BY_PLACEMENT, ADAPTERS_WANTING, REPLICAS_BY_MODEL, SHARDS_BY_REPLICA)
     workers = 1
 
     def __init__(self, settings: ControllerSettings = DEFAULTS) -> None:
         self.settings = settings
         self._demanded: dict[str, float] = {}   # adapter -> when its last look found demand (this term)
         self._evicted: dict[str, float] = {}    # adapter -> when it was last evicted (its demand before is spent)
-        # (adapter, replica) -> the revision of the replica's serving shard in the cache when the
-        # replica was newly placed, and when: a report of that shard no newer than it may be one from
-        # before an unload (a lagging cache), so it does not make the adapter resident there, for
-        # SETTLE_SECONDS at most (an engine that held it all along reports nothing new).
-        self._placed_at: dict[tuple[str, str], tuple[int, float]] = {}
+        # (adapter, replica) -> the revision of the status write that newly placed it there: a report
+        # of the replica's serving shard counts only once its agent has seen that placement
+        # (status.adaptersSeen at least it); an earlier one may be from before an unload there.
+        self._placed_at: dict[tuple[str, str], int] = {}
 
     def start(self, ctx: Context) -> None:
         super().start(ctx)
@@ -75,9 +83,10 @@ class AdapterController(Controller):
         # of its model still short of replicas or pinned (on every one), which it may now take;
         # never all of a model's (a shard's every status write would look at a thousand adapters).
         replica = obj.name if type(obj) is Replica else obj.spec.replica
-        reported = {a.name for a in obj.status.adapters} if type(obj) is Shard else set()
-        return [a.name for a in self.ctx.cache.index(LoraAdapter, "model", obj.spec.model)
-                if replica in a.status.placement or a.name in reported or a.spec.pinned or not _ready(a)]
+        reported = [a.name for a in obj.status.adapters] if type(obj) is Shard else []
+        cache = self.ctx.cache
+        return {*(a.name for a in cache.index(LoraAdapter, "placed", replica)), *reported,
+                *(a.name for a in cache.index(LoraAdapter, "wanting", obj.spec.model))}
 
     async def reconcile(self, key: str) -> Result | None:
         adapter = self.ctx.cache.get(LoraAdapter, key)
@@ -116,9 +125,7 @@ class AdapterController(Controller):
                                 "message": words, "observedGeneration": adapter.metadata.generation}
         patch: AdapterStatusPatch = {"observedGeneration": adapter.metadata.generation, "placement": placement,
                                      "resident": resident, "pending": pending, "conditions": [cond]}
-        settling = any(k[0] == adapter.name for k in self._placed_at)
-        wait = min(t for t in (hot_for, SETTLE_SECONDS if settling else 0.0) if t) if hot_for or settling else 0.0
-        again = Result(requeue_after=wait) if wait else None    # when its demand placement ends, or it settles
+        again = Result(requeue_after=hot_for) if hot_for else None    # when its demand placement ends
         if self._unchanged(adapter, patch, cond):
             return again
         held = get_condition(adapter.status.conditions, ADAPTER_READY)
@@ -127,6 +134,9 @@ class AdapterController(Controller):
             self.ctx.events.record(adapter, "Warning" if failing else "Normal", cond["reason"], cond["message"])
         written = await self.ctx.store.patch_status(LoraAdapter, adapter.name, patch, current=adapter)
         self.ctx.cache.assume(written)
+        for placed, at in self._placed_at.items():
+            if placed[0] == adapter.name and at == _UNWRITTEN:
+                self._placed_at[placed] = written.revision
         return again
 
     async def _evict_for(self, adapter: LoraAdapter, ready: list[Replica], placement: list[str]) -> str | None:
@@ -136,12 +146,12 @@ class AdapterController(Controller):
         ready_names = {r.name for r in ready}
         reports = self.ctx.cache.demand()
         taken: list[tuple[float, str, LoraAdapter]] = []
-        for other in self.ctx.cache.index(LoraAdapter, "model", adapter.spec.baseModel):
-            if other.name == adapter.name or other.spec.pinned or total_demand(reports, other.name).total:
-                continue
-            placed = [r for r in other.status.placement if r in ready_names]
-            if len(placed) > other.spec.minReplicas:
-                taken += [(self._demanded.get(other.name, 0.0), r, other) for r in placed if r not in placement]
+        for r in ready_names - set(placement):
+            for other in self.ctx.cache.index(LoraAdapter, "placed", r):
+                if other.name == adapter.name or other.spec.pinned or total_demand(reports, other.name).total:
+                    continue
+                if sum(p in ready_names for p in other.status.placement) > other.spec.minReplicas:
+                    taken.append((self._demanded.get(other.name, 0.0), r, other))
         if not taken:
             return None
         _, replica, victim = min(taken, key=lambda t: (t[0], t[1], t[2].name))
@@ -185,14 +195,11 @@ class AdapterController(Controller):
             (live := self.ctx.cache.get(Replica, r)) is not None and live.metadata.deletionTimestamp is None)]
         counted = set([r for r in before if r in ready_names][:wanted])
         kept = [r for r in before if r in counted or r not in ready_names]
-        used: dict[str, int] = {}
-        for other in self.ctx.cache.index(LoraAdapter, "model", adapter.spec.baseModel):
-            if other.name != adapter.name:
-                for r in other.status.placement:
-                    used[r] = used.get(r, 0) + 1
+        used = {r.name: self.ctx.cache.count(LoraAdapter, "placed", r.name) - (r.name in adapter.status.placement)
+                for r in ready}
         free = [r for r in ready if r.name not in kept and r.spec.adapters is not None
-                and used.get(r.name, 0) < r.spec.adapters.maxLoaded]
-        free.sort(key=lambda r: (used.get(r.name, 0), r.name))
+                and used[r.name] < r.spec.adapters.maxLoaded]
+        free.sort(key=lambda r: (used[r.name], r.name))
         added = [r.name for r in free[:max(0, wanted - len(counted))]]
         return kept + added, len(counted) + len(added)
 
@@ -200,22 +207,20 @@ class AdapterController(Controller):
         return next((s for s in self.ctx.cache.index(Shard, "replica", replica) if s.spec.rank == 0), None)
 
     def _note_placed(self, adapter: LoraAdapter, placement: list[str]) -> None:
-        """Remember the serving shard's revision for each replica newly placed; forget the replicas
-        no longer placed."""
+        """Mark each replica newly placed (its write's revision follows the write); forget the
+        replicas no longer placed."""
         for key in [k for k in self._placed_at if k[0] == adapter.name and k[1] not in placement]:
             del self._placed_at[key]
         for replica in placement:
             if replica not in adapter.status.placement:
-                serving = self._serving(replica)
-                self._placed_at[(adapter.name, replica)] = (serving.revision if serving is not None else 0,
-                                                            self.ctx.clock())
+                self._placed_at[(adapter.name, replica)] = _UNWRITTEN
 
     def _reported_since_placed(self, adapter: str, replica: str, serving: Shard) -> bool:
-        since = self._placed_at.get((adapter, replica))
-        if since is None:
+        """Whether the serving shard's report is from after its agent saw the adapter placed there."""
+        placed = self._placed_at.get((adapter, replica))
+        if placed is None:
             return True
-        revision, when = since
-        if serving.revision <= revision and self.ctx.clock() - when < SETTLE_SECONDS:
+        if serving.status.adaptersSeen < placed:
             return False
         del self._placed_at[(adapter, replica)]
         return True
@@ -250,11 +255,6 @@ class AdapterController(Controller):
                 and _pending(adapter) == patch["pending"]
                 and held is not None and (held.status, held.reason, held.message) ==
                 (cond["status"], cond["reason"], cond["message"]))
-
-
-def _ready(a: LoraAdapter) -> bool:
-    held = get_condition(a.status.conditions, ADAPTER_READY)
-    return held is not None and held.status == "True"
 
 
 def _pending(a: LoraAdapter) -> list[AdapterPendingPatch]:

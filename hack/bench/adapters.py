@@ -26,18 +26,30 @@ boundaries, no loads in flight. Targets (issue 47): hit_ratio at least 0.95 of o
 cold_ttft_p99_s at most the load time plus 0.5 s, restore_s at most 10 s.
 
 On the 2-core development machine (shared with six other sessions' work), 2026-12-06:
-    defaults (1000 adapters, 8 replicas x 8 slots, 0.5 s loads, 3000 requests, 32 clients, Zipf 1.1):
+    before (main at a586b7f): earlier that day, and again beside the runs below (load average 10):
         3000 requests in 134.8 s, 1779 cold, 526 adapters requested
         adapters: hit_ratio=0.407 oracle_hit_ratio=0.597 cold_ttft_p99_s=4.66 restore_s=4.16
-    --adapters 200 --requests 600: hit_ratio=0.565 oracle_hit_ratio=0.727 cold_ttft_p99_s=3.55 restore_s=3.85
-Against the targets: restore_s is met (an agent loads a restarted engine's 8 adapters at once);
-hit_ratio is 0.68 of the oracle's and cold_ttft_p99_s 9 times the load time: not met. Where it goes:
-every request of a burst for a cold adapter is counted cold (the oracle counts one); eviction
-chooses by the gateways' demand reports, which name only the adapters with requests in flight or
-waiting at the instant of a report (a popular adapter between two requests looks idle); a load
-that evicts waits 1 s (the agent's UNLOAD_GRACE) for the slot; and a cold request crosses the
-gateway's report, the controller (one worker), the agent's sync, the engine's load, the shard's
-report, the controller again and the gateway's watch, each behind the others' writes on 2 cores.
+        3000 requests in 200.2 s, 1800 cold, 526 adapters requested
+        adapters: hit_ratio=0.400 oracle_hit_ratio=0.597 cold_ttft_p99_s=7.83 restore_s=8.82
+    after (event-driven unloads and residency, the controller's placement read from indexes,
+    agents woken only for the replicas an Adapter change concerns), load average 8 to 13:
+        3000 requests in 97.2 s, 1688 cold, 526 adapters requested
+        adapters: hit_ratio=0.437 oracle_hit_ratio=0.597 cold_ttft_p99_s=6.01 restore_s=6.74
+        3000 requests in 107.7 s, 1759 cold, 526 adapters requested
+        adapters: hit_ratio=0.414 oracle_hit_ratio=0.597 cold_ttft_p99_s=5.06 restore_s=3.98
+    --adapters 200 --requests 600: hit_ratio=0.555 oracle_hit_ratio=0.727 cold_ttft_p99_s=3.24 restore_s=6.15
+Against the targets: restore_s is met; hit_ratio (0.69-0.73 of the oracle's) and cold_ttft_p99_s
+(10 to 12 times the load time) are not. Where a cold request's time goes, medians of the 1000-adapter
+runs from the cluster's logs (the first token's time less the controller's Loading event, the
+agent's load and the Resident event): the gateway's demand report to the controller's placement
+0.22-0.31 s, placement to loaded 1.05 s (the 0.5 s load, the agent's sync behind the one before it
+on the same engine: an engine loads about one adapter a second here), loaded to Resident (the
+shard's report, the controller) 0.27-0.32 s, Resident to the first token 0.18-0.21 s. The loads
+are about the oracle's misses (1317 to its 1209 in one run): what the hit ratio loses is the requests
+that wait on a load in progress (the oracle counts one miss per burst) and hits slower than half
+the load time on a machine at load 10; both shrink with the cold path. Left: a gateway that loads
+into a replica's free slot itself (the controller's two writes and a shard report off the path),
+and loads that do not wait for the engine's previous sync.
 """
 from __future__ import annotations
 

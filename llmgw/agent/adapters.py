@@ -3,28 +3,36 @@
 The agent watches the Adapters (`AdapterBook`); an Adapter's status.placement, written by the
 adapter controller (controllers/adapter.py), names the replicas asked to hold it. For each serving
 shard of a Model with spec.adapters (rank 0), `EngineAdapters.sync` makes its engine hold exactly
-the adapters placed on its replica, through vLLM's runtime API (the sim serves the same):
+the adapters placed on its replica, through its engine's runtime API (the engine's LoraApi: vLLM's,
+which the sim serves too, or SGLang's):
 
 - what the engine holds is read from the engine itself (GET /v1/models: the cards with a
   parent), never remembered, so an engine that restarted is seen empty and is loaded again;
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
   loaded) or from its path; a loaded adapter whose weights changed (another digest: another
   path) is unloaded and loaded again;
-- adapters no longer placed here are unloaded first, freeing their slots, after UNLOAD_GRACE;
+- adapters no longer placed here are unloaded first, freeing their slots, once their Adapter no
+  longer says they are resident here (what the gateways route by);
 - pulls, then loads, of one sync go at once.
 
+An engine that takes adapters only at start (llama-server) is given the Model's Adapters in
+their start order when it starts (`start_weights`); its sync loads nothing and reports an
+adapter placed there Loaded where the engine lists its weights at the adapter's id.
+
 The runner syncs before its shard first reports Ready, so a Ready shard's status.adapters
-already lists what it was asked to hold, and again whenever the Adapters change or a probe
-interval passes; status.adapters is what the engine listed after the sync, and the loads that
-failed with why.
+already lists what it was asked to hold, and again whenever an Adapter placed or resident on its
+replica changes (AdapterBook.on_change) or a probe interval passes; status.adapters is what the
+engine listed after the sync, and the loads that failed with why.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import aiohttp
 from prometheus_client import Counter, Histogram
@@ -32,33 +40,50 @@ from prometheus_client.metrics_core import Metric
 
 from llmgw.api import LoraAdapter, Shard, ShardAdapter
 from llmgw.api.sources import parse_source
+from llmgw.engines.engine import LoraApi, start_order
 from llmgw.weights.errors import PullError
 from llmgw.weights.puller import Puller
 
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
-# Seconds an adapter stays loaded once it is no longer placed here (evicted, moved, deleted) or
-# its weights changed: its Adapter's status has left this replica out of `resident` by then, and
-# the gateways' watches see that before its engine drops it, as a replica's drain delay lets them
-# see its deletion; a request routed here meanwhile is still answered.
-UNLOAD_GRACE = 1.0
 
 
 class AdapterBook:
-    """The cluster's Adapters as this agent's watch last saw them; `on_change` after each change."""
+    """The cluster's Adapters as this agent's watch last saw them; `on_change(replicas)` after each
+    change, with the replicas it may concern: those the adapter was or is placed or resident on."""
 
     def __init__(self) -> None:
         self.adapters: dict[str, LoraAdapter] = {}
-        self.on_change: Callable[[], None] | None = None
+        self.on_change: Callable[[set[str]], None] | None = None
+        # replica -> the revision of the last change seen to the adapters placed on it (a shard's
+        # status.adaptersSeen once its engine was synced to them)
+        self.placement_seen: dict[str, int] = {}
 
-    def apply(self, type_: str, obj: LoraAdapter) -> None:
+    def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
+        """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
+        old = self.adapters.get(obj.name)
         if type_ == "DELETED":
             self.adapters.pop(obj.name, None)
         else:
             self.adapters[obj.name] = obj
+        after = set() if type_ == "DELETED" else set(obj.status.placement)
+        before = set(old.status.placement) if old is not None else set()
+        for replica in after ^ before:
+            self.placement_seen[replica] = max(self.placement_seen.get(replica, 0), revision)
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(after | before | set(obj.status.resident) | set(old.status.resident if old else ()))
+
+    def start_order(self, model: str) -> list[LoraAdapter]:
+        """The Model's adapters in the order an engine that takes them at start numbers them."""
+        mine = {a.name: a for a in self.adapters.values()
+                if a.spec.baseModel == model and a.metadata.deletionTimestamp is None}
+        return [mine[n] for n in start_order((created(a), a.name) for a in mine.values())]
+
+    def resident_on(self, name: str, replica: str) -> bool:
+        """Whether the Adapter of that name (existing, not being deleted) names the replica resident."""
+        a = self.adapters.get(name)
+        return a is not None and a.metadata.deletionTimestamp is None and replica in a.status.resident
 
     def placed_on(self, shard: Shard) -> list[LoraAdapter]:
         """The adapters of the shard's model placed on its replica, by name."""
@@ -90,47 +115,59 @@ class EngineError(Exception):
     """The engine refused or failed a request: its answer's message."""
 
 
+def created(a: LoraAdapter) -> int:
+    """An Adapter's creation in whole seconds (as the gateway's table holds it)."""
+    stamp = a.metadata.creationTimestamp
+    return int(stamp.timestamp()) if stamp is not None else 0
+
+
 class EngineAdapters:
     """One serving engine's adapters, loaded and unloaded through its runtime LoRA API."""
 
-    def __init__(self, base_url: str, session: Callable[[], Awaitable[aiohttp.ClientSession]],
+    def __init__(self, base_url: str, api: LoraApi, book: AdapterBook,
+                 session: Callable[[], Awaitable[aiohttp.ClientSession]],
                  puller: Puller | None, model: str, counts: AdapterCounts) -> None:
         self.base_url = base_url.rstrip("/")
+        self.api, self.book = api, book
         self._session = session
         self.puller = puller
         self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
 
-    async def sync(self, placed: Callable[[], list[LoraAdapter]],
-                   leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
-        """Load what is placed here and missing, unload what is held and not placed; what the
-        engine holds after (Loaded), and the loads that failed (Failed, why). Pulls, and then
-        loads, go at once, not one after another: an engine restarted with eight adapters gets them
-        in one load's time. What goes is first reported gone (`leaving(what stays)`, so that no
-        status names it once it is unloaded), then waits UNLOAD_GRACE, and what is placed is read
-        again after it: an adapter placed here again meanwhile stays."""
+    async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
+        """Load what is placed on the shard's replica and missing, unload what is held and not
+        placed; what the engine holds after (Loaded), and the loads that failed (Failed, why).
+        Pulls, and then loads, go at once, not one after another: an engine restarted with eight
+        adapters gets them in one load's time. What goes is first reported gone (`leaving(what
+        stays)`), and is unloaded once its Adapter, as this agent's watch has it, no longer names
+        the replica in status.resident: the gateways learn that from the same watch. The adapter
+        controller takes a replica out of `resident` as it takes it out of `placement` (an eviction),
+        or on the report that its engine no longer holds it (new weights); one still named stays
+        until the sync that change of the Adapter brings. A load waits for a free slot likewise."""
+        wanted = self.book.placed_on(shard)
+        if self.api.at_start:
+            return await self._started_with(wanted)
         held = await self._listed()
-        wanted = placed()
         paths, failed = await self._locate(wanted)
         going = _going(held, paths, failed)
         if going:
             digests = {a.name: a.spec.digest for a in wanted}
             leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
                      if n not in going])
-            await asyncio.sleep(UNLOAD_GRACE)
-            held = await self._listed()
-            wanted = placed()
-            paths, failed = await self._locate(wanted)
-        for name in _going(held, paths, failed):
-            await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+        for name in going:
+            if self.book.resident_on(name, shard.spec.replica):
+                continue    # a gateway may still send it requests: when the Adapter says not, next sync
+            await self._post(self.api.unload or "", {"lora_name": name})
             self.counts.unloads.labels(self.model).inc()
             self._unpin(name)
             del held[name]
+        slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+        missing = [a for a in wanted if a.name in paths and a.name not in held][:max(0, slots - len(held))]
 
         async def load(a: LoraAdapter, where: str) -> None:
             started = time.monotonic()
             try:
-                await self._post("/v1/load_lora_adapter", {"lora_name": a.name, "lora_path": where})
+                await self._post(self.api.load or "", {"lora_name": a.name, "lora_path": where})
             except EngineError as err:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
                 self.counts.loads.labels(self.model, "failed").inc()
@@ -139,11 +176,51 @@ class EngineAdapters:
             self.counts.loads.labels(self.model, "loaded").inc()
             self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
             log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
-        await asyncio.gather(*(load(a, paths[a.name]) for a in wanted if a.name in paths and a.name not in held))
+        await asyncio.gather(*(load(a, paths[a.name]) for a in missing))
         held = await self._listed()
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
         return loaded + [failed[n] for n in sorted(failed)]
+
+    async def start_weights(self, adapters: list[LoraAdapter]) -> list[str]:
+        """The weights on this node of the adapters an engine that takes them at start is given, in
+        their order, up to the first that cannot be had (those after it would take its id)."""
+        paths, failed = await self._locate(adapters)
+        for a in adapters:
+            if a.name in failed:
+                log.warning("adapter %s: %s; it and those after it are not given to %s", a.name,
+                            failed[a.name].message, self.base_url)
+                break
+        given = [paths[a.name] for a in itertools.takewhile(lambda a: a.name in paths, adapters)]
+        for a in adapters[len(given):]:
+            self._unpin(a.name)
+        return given
+
+    async def _started_with(self, wanted: list[LoraAdapter]) -> list[ShardAdapter]:
+        """What an engine that took its adapters at start holds of those placed here: an adapter is
+        Loaded where the engine lists its weights at its id (its place in the start order)."""
+        held = await self._slots()
+        paths, failed = await self._locate(wanted)
+        order = [a.name for a in self.book.start_order(self.model)]
+        out: list[ShardAdapter] = []
+        for a in wanted:
+            if a.name in failed:
+                out.append(failed[a.name])
+                continue
+            slot = order.index(a.name) if a.name in order else -1
+            if slot >= 0 and held.get(slot) == paths[a.name]:
+                out.append(ShardAdapter(name=a.name, digest=a.spec.digest, state="Loaded"))
+            else:
+                out.append(ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=(
+                    f"this engine takes adapters only at start and did not start with this one at id "
+                    f"{slot} (it holds {len(held)}): it is given it when it starts again")))
+        return out
+
+    async def _slots(self) -> dict[int, str]:
+        """llama-server's GET /lora-adapters: each adapter's id -> its path."""
+        body = await self._get(self.api.listed)
+        return {int(e["id"]): str(e.get("path") or "") for e in body if isinstance(e, dict) and "id" in e} \
+            if isinstance(body, list) else {}
 
     async def _locate(self, wanted: list[LoraAdapter]) -> tuple[dict[str, str], dict[str, ShardAdapter]]:
         """Each wanted adapter's weights on this node (its path), or why they are not."""
@@ -185,16 +262,20 @@ class EngineAdapters:
 
     async def _listed(self) -> dict[str, str]:
         """The adapters the engine lists (GET /v1/models: the cards with a parent) -> their path."""
+        body = await self._get(self.api.listed)
+        cards = body.get("data", []) if isinstance(body, dict) else []
+        return {str(card["id"]): str(card.get("root") or "") for card in cards
+                if isinstance(card, dict) and card.get("parent")}
+
+    async def _get(self, path: str) -> Any:
         session = await self._session()
         try:
-            async with session.get(f"{self.base_url}/v1/models") as resp:
+            async with session.get(f"{self.base_url}{path}") as resp:
                 if resp.status != 200:
-                    raise EngineError(f"GET /v1/models: {resp.status} {await resp.text()}")
-                body = await resp.json()
+                    raise EngineError(f"GET {path}: {resp.status} {await resp.text()}")
+                return await resp.json()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
-            raise EngineError(f"GET /v1/models: {err}") from None
-        return {str(card["id"]): str(card.get("root") or "") for card in body.get("data", [])
-                if isinstance(card, dict) and card.get("parent")}
+            raise EngineError(f"GET {path}: {err}") from None
 
     async def _post(self, path: str, body: dict[str, str]) -> None:
         session = await self._session()
@@ -213,11 +294,14 @@ def _going(held: dict[str, str], paths: dict[str, str], failed: dict[str, ShardA
 
 
 def _message(text: str) -> str:
-    """An engine's error body's message (vLLM's {"error": {"message": ...}} or its older flat one)."""
+    """An engine's error body's message (vLLM's {"error": {"message": ...}} or its older flat one,
+    SGLang's {"success": false, "error_message": ...})."""
     try:
         body = json.loads(text)
     except ValueError:
         return text.strip()
+    if isinstance(body, dict) and isinstance(body.get("error_message"), str):
+        return str(body["error_message"])
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):

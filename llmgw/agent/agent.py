@@ -33,13 +33,14 @@ from llmgw.agent.reporter import Gone, StatusReporter, Writer
 from llmgw.agent.runner import Context
 from llmgw.agent.state import StateDir
 from llmgw.agent.supervisor import Supervisor
-from llmgw.api import LoraAdapter, NodeStatus, Shard, ShardStatus
+from llmgw.api import AnyObject, LoraAdapter, NodeStatus, Shard, ShardStatus
 from llmgw.api.errors import NotFound
 from llmgw.api.members import advertised
 from llmgw.backoff import Backoff
 from llmgw.client import ApiError, Client
 from llmgw.pki.renewal import ExpiryCollector, Renewer, complete_renewal
 from llmgw.pki.tls import mtls_server_context, peer_client_context
+from llmgw.reflector import Reflector, object_name
 from llmgw.weights.cache import Cache
 from llmgw.weights.peers import Peers
 from llmgw.weights.puller import Puller
@@ -252,10 +253,12 @@ class Agent:
         assert self.supervisor is not None  # made by run
         book = self.supervisor.ctx.adapters
 
-        async def follow() -> None:
-            async for kind, obj in client.list_and_watch(LoraAdapter):
+        async def follow() -> None:   # a reflector of its own: the book keeps each change's revision
+            def apply(type_: str, obj: AnyObject, revision: int) -> None:
                 if isinstance(obj, LoraAdapter):  # the only kind asked for
-                    book.apply(kind, obj)
+                    book.apply(type_, obj, revision)
+            await Reflector(client.lister_watcher(LoraAdapter), apply, key=object_name,
+                            backoff=Backoff(0.1, 5.0), name="watch of adapters").run()
         while True:
             await retry_forever("watching adapters", follow, max_wait=30.0)
 

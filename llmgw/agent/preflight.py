@@ -19,8 +19,9 @@ class PreflightError(Exception):
     pass
 
 
-def prepare(shard: Shard, facts: Facts) -> RenderedShard:
-    """The rendered commands of `shard` on this node, or PreflightError saying why not."""
+def prepare(shard: Shard, facts: Facts, loras: list[str] | None = None) -> RenderedShard:
+    """The rendered commands of `shard` on this node (given the weights of `loras`, where its engine
+    takes adapters at start), or PreflightError saying why not."""
     spec = shard.spec
     adapters: list[tuple[str, int]] = []
     if spec.fabric:
@@ -30,7 +31,7 @@ def prepare(shard: Shard, facts: Facts) -> RenderedShard:
             mine = ", ".join(f.name for f in facts.fabrics.fabrics) or "none (an island)"
             raise PreflightError(f"shard wants fabric {spec.fabric}, but this node's fabrics are: {mine}") from None
     try:
-        rendered = render(shard, NodeFacts(facts.address, adapters), facts.inventory.executables())
+        rendered = render(shard, NodeFacts(facts.address, adapters, loras or []), facts.inventory.executables())
     except RenderError as err:
         raise PreflightError(str(err)) from None
     for cmd in rendered.commands:

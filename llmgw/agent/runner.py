@@ -34,7 +34,9 @@ from llmgw.agent.preflight import PreflightError, prepare
 from llmgw.agent.pulling import weights_for
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
-from llmgw.api import Shard, ShardAdapter, ShardStatus, now, set_condition
+from llmgw.api import Shard, ShardStatus, now, set_condition
+from llmgw.engines import ENGINES
+from llmgw.engines.base import join_host_port, url_host
 from llmgw.weights.puller import Puller
 
 log = logging.getLogger(__name__)
@@ -242,7 +244,7 @@ class ShardRunner:
             return
         self.weights = weights.digest       # pinned by weights_for
         try:
-            rendered = prepare(weights.shard, self.ctx.facts)
+            rendered = prepare(weights.shard, self.ctx.facts, await self._start_adapters())
         except PreflightError as err:
             self._set("Failed", message=f"preflight: {err}")
             return
@@ -394,9 +396,9 @@ class ShardRunner:
                         if why_not:
                             self._set("Running", message=why_not)
                         else:   # its adapters first: Ready says they are loaded
-                            self._set("Ready", message="", adapters=await self._sync_adapters())
+                            self._set("Ready", message="", **await self._sync_adapters())
                     elif self._adapters is not None:
-                        self._set("Ready", adapters=await self._sync_adapters())
+                        self._set("Ready", **await self._sync_adapters())
                 else:
                     failures += 1
                     if self.status.phase == "Ready" and failures >= UNHEALTHY_AFTER:
@@ -411,23 +413,41 @@ class ShardRunner:
         finally:
             stop.cancel()
 
-    async def _sync_adapters(self) -> list[ShardAdapter]:
-        """Its engine's adapters made those placed on its replica (a serving shard of a Model with
-        spec.adapters); what the engine holds after. An engine that cannot say holds none."""
-        self.adapters_changed.clear()
-        rec = self.record
-        if self.shard.spec.adapters is None or rec is None or rec.probe_kind != "http" or not rec.probe_url:
-            return []
+    def _engine_adapters(self) -> EngineAdapters | None:
+        """Its engine's adapters (a serving shard of a Model with spec.adapters), made at first need."""
+        spec = self.shard.spec
+        api = ENGINES[spec.engine].lora if spec.engine in ENGINES else None
+        if spec.adapters is None or spec.rank != 0 or api is None:
+            return None
         if self._adapters is None:
-            url = urlsplit(rec.probe_url)
-            self._adapters = EngineAdapters(f"{url.scheme}://{url.netloc}", self.ctx.session, self.ctx.puller,
-                                            self.shard.spec.model, self.ctx.adapter_counts)
+            url = f"http://{join_host_port(url_host(self.ctx.facts.address), spec.ports.serve)}"
+            self._adapters = EngineAdapters(url, api, self.ctx.adapters, self.ctx.session, self.ctx.puller,
+                                            spec.model, self.ctx.adapter_counts)
+        return self._adapters
+
+    async def _start_adapters(self) -> list[str]:
+        """The weights of the adapters its engine is given at start, where it takes them only then
+        (llama-server): the Model's, in their start order, at most spec.adapters.maxLoaded."""
+        adapters, slots = self._engine_adapters(), self.shard.spec.adapters
+        if adapters is None or slots is None or not adapters.api.at_start:
+            return []
+        return await adapters.start_weights(self.ctx.adapters.start_order(self.shard.spec.model)[:slots.maxLoaded])
+
+    async def _sync_adapters(self) -> dict[str, Any]:
+        """Its engine's adapters made those placed on its replica (a serving shard of a Model with
+        spec.adapters): the status fields saying what the engine holds after (an engine that
+        cannot say holds none), and the placement it was synced to (adaptersSeen)."""
+        self.adapters_changed.clear()
+        adapters = self._engine_adapters()
+        if adapters is None:
+            return {"adapters": []}
+        seen = self.ctx.adapters.placement_seen.get(self.shard.spec.replica, 0)
         try:
-            return await self._adapters.sync(lambda: self.ctx.adapters.placed_on(self.shard),
-                                             lambda staying: self._set(self.status.phase, adapters=staying))
+            held = await adapters.sync(self.shard, lambda staying: self._set(self.status.phase, adapters=staying))
         except EngineError as err:
             log.warning("shard %s: its engine's adapters: %s", self.name, err)
-            return []
+            return {"adapters": []}
+        return {"adapters": held, "adaptersSeen": seen}
 
     async def _probe(self) -> bool:
         rec = self.record

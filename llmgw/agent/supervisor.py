@@ -85,10 +85,12 @@ class Supervisor:
             self._orphans.append(asyncio.ensure_future(self._stop_orphan(record, claim)))
         self.ctx.claims.ready.set()
 
-    def adapters_changed(self) -> None:
-        """The Adapters changed: each runner syncs its engine's (llmgw/agent/adapters.py)."""
+    def adapters_changed(self, replicas: set[str]) -> None:
+        """An Adapter placed or resident on these replicas changed: their runners sync their engines'
+        (llmgw/agent/adapters.py); the others' adapters are as they were."""
         for runner in self.runners.values():
-            runner.adapters_changed.set()
+            if runner.shard.spec.replica in replicas:
+                runner.adapters_changed.set()
 
     def running(self, name: str) -> bool:
         """Whether the shard's engine runs now (its runner holds started processes)."""

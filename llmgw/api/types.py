@@ -405,13 +405,13 @@ class ModelSpec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _adapters_at_runtime(self) -> Self:
+    def _adapters_taken(self) -> Self:
         if self.adapters is not None:
             for i, p in enumerate(self.profiles):
-                if not rules.lookup(p.engine).runtime_lora:
-                    able = ", ".join(sorted(n for n, e in rules.RULES.items() if e.runtime_lora))
-                    raise ValueError(f"adapters: profiles[{i}]'s engine {p.engine} loads no LoRA adapters at "
-                                     f"runtime (engines that do: {able})")
+                if rules.lookup(p.engine).lora is None:
+                    able = ", ".join(sorted(n for n, e in rules.RULES.items() if e.lora is not None))
+                    raise ValueError(f"adapters: profiles[{i}]'s engine {p.engine} loads no LoRA adapters "
+                                     f"(engines that do: {able})")
         return self
 
 
@@ -655,6 +655,10 @@ class ShardStatus(Strict):
     # The LoRA adapters its engine holds, as the engine lists them (rank 0, spec.adapters), and
     # the loads that failed; written by its agent (llmgw/agent/adapters.py).
     adapters: list[ShardAdapter] = added("0.3.0", factory=list)
+    # The store revision of the last change to the Adapters placed on its replica that its agent
+    # had seen when it last made its engine hold them: the adapter controller counts a replica
+    # newly placed as resident on a report that has seen the placement (controllers/adapter.py).
+    adaptersSeen: Int = added("0.3.0", default=0)
 
 
 class Shard(Object[ShardSpec, ShardStatus]):

@@ -28,6 +28,9 @@ class NodeFacts:
     address: str
     # (adapter, port) of the shard's fabric, e.g. [("mlx5_2", 1)]; [] on an island.
     fabric_adapters: list[tuple[str, int]] = field(default_factory=list)
+    # The weights on the node of the LoRA adapters an engine that takes them only at start is
+    # given (llama-server's --lora), in the order of their ids (the agent's start_adapters).
+    loras: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ module, and the engines import the API's types one way.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from llmgw.engines import rules
 
@@ -76,6 +76,36 @@ Renderer = Callable[["Shard", "NodeFacts", dict[str, str]], "RenderedShard"]
 
 
 @dataclass(frozen=True)
+class LoraApi:
+    """How an engine takes LoRA adapters (a Model's spec.adapters): how the agent loads, unloads and
+    lists them (llmgw/agent/adapters.py), and how a request the gateway sends it names one."""
+
+    # POST {"lora_name", "lora_path"} loads one at runtime, and {"lora_name"} unloads it; None: it
+    # takes adapters only at start (llama-server's --lora), in the order of `start_order`.
+    load: str | None = "/v1/load_lora_adapter"
+    unload: str | None = "/v1/unload_lora_adapter"
+    # GET: what it holds. "/v1/models": the cards with a parent (vLLM, SGLang); else llama-server's
+    # /lora-adapters, a list of {"id", "path"}.
+    listed: str = "/v1/models"
+    # The body fields of a request for `adapter` of the base the engine serves as `served`, the
+    # adapter's id where it was given at start (-1 otherwise); {} keeps the body as it is.
+    request: Callable[[str, str, int], dict[str, Any]] = lambda adapter, served, slot: {}
+    # The body fields of a request for the base model itself.
+    base: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def at_start(self) -> bool:
+        return self.load is None
+
+
+def start_order(adapters: Iterable[tuple[int, str]]) -> list[str]:
+    """The adapters of one Model, (created, name), in the order an engine that takes them at start
+    is given them and so numbers them: the oldest first, so that an Adapter created later does not
+    renumber those before it (the agent gives the first maxLoaded; the gateway names one by its place)."""
+    return [name for _, name in sorted(adapters)]
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     render: Renderer
@@ -88,8 +118,8 @@ class Engine:
     syntax: Syntax = Syntax()
     launch_modes: tuple[str, ...] = ()   # Profile.launchMode's values; the first is the default
     multi_node: bool = True
-    # Loads LoRA adapters at runtime through vLLM's API (/v1/load_lora_adapter): a Model's spec.adapters.
-    runtime_lora: bool = False
+    # Takes LoRA adapters (a Model's spec.adapters), and how; None: it takes none.
+    lora: LoraApi | None = None
     # What the agent's preflight checks before the first command starts: the weights at the
     # shard's spec.source are on the node, and the node has the shard's GPUs (the sim uses neither).
     loads_weights: bool = True

@@ -9,12 +9,23 @@ count, and with a slot count given it splits the context between the slots
 `--alias` takes a comma-separated list: every name in servedModelNames.
 `--ctx-size` is the replica's KV budget in tokens (spec.kvCache) where it has one, at most the
 model's own context for each of the slots.
+
+LoRA adapters (a Model's spec.adapters) are given at start only: `--lora` lists their
+weights (the agent's NodeFacts.loras: the Model's Adapters in `engine.start_order`, at most
+maxLoaded), `--lora-init-without-apply` leaves each at scale 0, and a request picks one by
+its id, the position in that list: the gateway adds `"lora": [{"id": N, "scale": 1.0}]`, and
+`"lora": [], "cache_prompt": false` to a request for the base: llama-server (build 11434)
+reuses a prompt it cached under an adapter for a request with none, and so answers the base
+from the adapter's KV (seen in tests/engines/test_real_llamacpp.py; an adapter after an
+adapter or the base is computed anew). `GET /lora-adapters` lists them ({"id", "path"}).
+There is no runtime load: an Adapter created after the engine started is loaded at its next
+start.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from llmgw.engines import base
+from llmgw.engines import base, engine
 from llmgw.engines.base import Command, NodeFacts, RenderedShard, RenderError, base_env, health_probe, program, weights
 from llmgw.engines.engine import HOST, MODEL, MULTINODE, NAME, OPENAI, PORT, Engine, Executable, HelpCommand, register
 from llmgw.engines.helptext import used_flags
@@ -43,6 +54,7 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--n-gpu-layers", str(ALL_LAYERS),
         # the KV cache its GPUs hold (spec.kvCache), shared by the slots (--kv-unified)
         *(base.budget_flag(shard, ("--ctx-size", "-c"), str(_context(spec.kvCache))) if spec.kvCache else []),
+        *_lora_args(shard, node),
         *spec.args,
     ]
     return RenderedShard(
@@ -55,6 +67,16 @@ def _context(kv: KVBudget) -> int:
     """The tokens its GPUs hold, at most the model's own context for each slot: past that a slot
     gains nothing, and llama.cpp would still allocate it (a small model on a large GPU)."""
     return kv.tokens if kv.modelContext is None else min(kv.tokens, kv.modelContext * DEFAULT_PARALLEL)
+
+
+def _lora_args(shard: Shard, node: NodeFacts) -> list[str]:
+    if shard.spec.adapters is None:
+        return []
+    return ["--lora-init-without-apply", *(["--lora", ",".join(node.loras)] if node.loras else [])]
+
+
+def _lora_request(adapter: str, served: str, slot: int) -> dict[str, Any]:
+    return {"lora": [{"id": slot, "scale": 1.0}]}
 
 
 def _help(command: Command) -> HelpCommand | None:
@@ -76,8 +98,11 @@ ENGINE = register(Engine(
         "-dr": MODEL, "--docker-repo": MODEL,
         "--models-dir": MODEL, "--models-preset": MODEL,
         "--rpc": MULTINODE,
+        "--lora": engine.LORA, "--lora-scaled": engine.LORA, "--lora-init-without-apply": engine.LORA,
     },
     multi_node=False,
+    lora=engine.LoraApi(load=None, unload=None, listed="/lora-adapters", request=_lora_request,
+                 base=(("lora", []), ("cache_prompt", False))),
     # tools/server/server.cpp's routes
     serves=OPENAI | {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/reranking", "/v1/reranking"},
     memory_overhead=(512 << 20, "assumed, not measured: the CUDA context and compute buffers at default batch size"),

@@ -2,6 +2,13 @@
 
 `--tp-size` is the total over all nodes. SGLang takes one served name: the
 model's name (the first of servedModelNames); the gateway routes aliases to it.
+LoRA adapters (a Model's spec.adapters) are loaded at runtime: `--enable-lora`,
+`--max-loaded-loras N` (adapters held at once: the slots) and `--max-loras-per-batch N`;
+`POST /load_lora_adapter {"lora_name", "lora_path"}` and `POST /unload_lora_adapter
+{"lora_name"}` (400 with {"success": false, "error_message"} on failure), and `GET /v1/models`
+lists them as cards with a parent, as vLLM does. A request names one as `BASE:ADAPTER` in its
+model (SGLang reads a plain adapter name as a model name), which the gateway writes. Started
+with no adapter, SGLang needs `--max-lora-rank` and `--lora-target-modules` in the Model's args.
 `executables['sglang']` is the Python interpreter that has SGLang installed
 (falling back to `executables['python']`, then `python3`). Rank 0 of a
 precise-prefix replica publishes KV events with SGLang's --kv-events-config
@@ -11,7 +18,7 @@ hashes of SGLang's own, which the gateway refuses (docs/contracts.md, "KV events
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmgw.engines.base import (
     PROCESS_PROBE,
@@ -28,6 +35,7 @@ from llmgw.engines.base import (
 from llmgw.engines.engine import (
     CONFIG,
     HOST,
+    LORA,
     MODEL,
     MULTINODE,
     NAME,
@@ -37,6 +45,7 @@ from llmgw.engines.engine import (
     Engine,
     Executable,
     HelpCommand,
+    LoraApi,
     Syntax,
     register,
 )
@@ -61,6 +70,9 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         "--tp-size", str(spec.gpusPerNode * spec.worldSize),
         "--enable-metrics",
     ]
+    if spec.adapters is not None and spec.rank == 0:
+        slots = str(spec.adapters.maxLoaded)
+        argv += ["--enable-lora", "--max-loaded-loras", slots, "--max-loras-per-batch", slots]
     if spec.worldSize > 1:
         argv += [
             "--nnodes", str(spec.worldSize),
@@ -77,6 +89,10 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE
     return RenderedShard([Command("sglang", argv, base_env(shard, node), serves=serves)], probe)
+
+
+def _lora_request(adapter: str, served: str, slot: int) -> dict[str, Any]:
+    return {"model": f"{served}:{adapter}"}
 
 
 def _help(command: Command) -> HelpCommand | None:
@@ -98,8 +114,10 @@ ENGINE = register(Engine(
         "--dist-init-addr": MULTINODE, "--nccl-init-addr": MULTINODE,
         "--model-path": MODEL, "--model": MODEL,
         "--config": CONFIG,
+        "--enable-lora": LORA, "--max-loaded-loras": LORA, "--max-loras-per-batch": LORA, "--lora-paths": LORA,
     },
     syntax=Syntax(abbreviations=True),
+    lora=LoraApi(load="/load_lora_adapter", unload="/unload_lora_adapter", request=_lora_request),
     # python/sglang/srt/entrypoints/http_server.py's routes
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},

@@ -10,7 +10,19 @@ from typing import TYPE_CHECKING
 
 from llmgw.engines import base
 from llmgw.engines.base import PROCESS_PROBE, Command, NodeFacts, RenderedShard, base_env, health_probe, join_host_port
-from llmgw.engines.engine import HOST, LORA, MODEL, MULTINODE, NAME, PORT, Engine, HelpCommand, Syntax, register
+from llmgw.engines.engine import (
+    HOST,
+    LORA,
+    MODEL,
+    MULTINODE,
+    NAME,
+    PORT,
+    Engine,
+    HelpCommand,
+    LoraApi,
+    Syntax,
+    register,
+)
 from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
@@ -64,7 +76,7 @@ ENGINE = register(Engine(
         "--enable-lora": LORA, "--max-loras": LORA,
     },
     syntax=Syntax(abbreviations=True),
-    loads_weights=False, uses_gpus=False, runtime_lora=True, kv_events=True,
+    loads_weights=False, uses_gpus=False, lora=LoraApi(), kv_events=True,
     serves=frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
                       "/rerank", "/v1/rerank", "/pooling", "/classify", "/v1/audio/transcriptions",
                       "/v1/audio/translations"}),

@@ -47,6 +47,7 @@ from llmgw.engines.engine import (
     Engine,
     Executable,
     HelpCommand,
+    LoraApi,
     Syntax,
     register,
 )
@@ -191,7 +192,7 @@ ENGINE = register(Engine(
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True, underscores=True),
-    launch_modes=("mp", "ray"), needs=_needs, runtime_lora=True, kv_events=True,
+    launch_modes=("mp", "ray"), needs=_needs, lora=LoraApi(), kv_events=True,
     context_flags=("--max-model-len",),
     memory_overhead=(2 << 30, "assumed, not yet measured against a real vLLM's log: it profiles activations "
                               "and captures CUDA graphs at start, besides the CUDA context"),

@@ -9,7 +9,8 @@ from llmgw.routing import RoutingPolicy
 
 
 class Body:
-    """The request body, rewritten only for an engine that does not serve the requested name."""
+    """The request body, rewritten only for an engine that does not serve the requested name, or
+    names an adapter its own way."""
 
     __slots__ = ("raw", "doc", "key", "predicted")
 
@@ -34,7 +35,7 @@ class Body:
             self.update(stream_options={**(options if isinstance(options, dict) else {}), "include_usage": True})
 
     def for_backend(self, b: Backend, name: str) -> bytes:
-        other = b.upstream_name(name)
-        if other is None:
+        fields = b.upstream_fields(name)
+        if not fields:
             return self.raw
-        return json.dumps({**self.doc, "model": other}).encode()
+        return json.dumps({**self.doc, **fields}).encode()

@@ -34,7 +34,9 @@ class FormBody(Body):
         self._at = at   # where the model field's value lies in raw
 
     def for_backend(self, b: Backend, name: str) -> bytes:
-        other = b.upstream_name(name)
+        """The form with its model field renamed where the engine serves another name (a form has no
+        room for the JSON fields a LoRA request adds: audio is a base model's)."""
+        other: str | None = b.upstream_fields(name).get("model")
         if other is None:
             return self.raw
         start, end = self._at

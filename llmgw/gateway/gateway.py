@@ -37,6 +37,7 @@ from llmgw.gateway.scope import Scope
 from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import LATER, Call
 from llmgw.gateway.steps.authenticate import Authenticate
+from llmgw.gateway.steps.wait import Wait
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import Keepalive, Pool, accepts
 from llmgw.routing.precise_prefix import PrecisePrefix
@@ -103,10 +104,11 @@ class Gateway:
                                  on_eject=lambda endpoint: self._abandon(
                                      endpoint, "its replica was ejected by outlier detection", False))
         self.proxy = Proxy(self.table, self.balancer, self.outliers, self.metrics, self.pool, spans, retry_after,
-                           self._go_on)
+                           self._go_on, lambda call: self._wait.run(call))
         self.scope = Scope(self.table, admission)
         self.steps = tuple(steps(Wiring(self.table, self.queue, self.scope, authenticator, admission,
                                         lambda: self.synced, max_body_bytes, retry_after)))
+        self._wait = Wait(self.queue, retry_after)   # a call sent back to its queue (Proxy.requeue)
         # the GET routes' own check of the caller (the chain is the proxied routes')
         self.authenticate = Authenticate(authenticator) if authenticator is not None else None
         self.server = HttpServer(self.handle, max_body=max_body_bytes, limits=limits, begin=self.begin)

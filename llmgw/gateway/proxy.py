@@ -7,7 +7,11 @@ reset, disconnected before the headers, no headers within the response timeout) 
 the engine is retried once on another replica; a replica that keeps failing so is left out of
 routing for a while (outlier.py). A try still waiting for its headers on a replica that leaves
 routing (not Ready, Failed, deleted, ejected) is failed at once (`abandon`, reason "gone") and
-retried the same way, never on that replica again; a response under way on a replica whose
+retried the same way, never on that replica again; so is a 404 from an engine asked for a LoRA
+adapter (it unloaded the adapter as the gateway routed to it: the Adapter's status no longer
+says it is resident there, and this gateway has not seen that yet), and with no other replica
+holding it (the replica leaves the adapter's routing at once: table.unloaded) the request waits
+in the adapter's queue again (`requeue`), once; a response under way on a replica whose
 engine is known dead (Failed, deleted) ends as one cut off does. Server-sent events are relayed
 chunk by chunk as they arrive, never buffered. A Responses API call pinned to the replica that
 holds its previous response (steps/endpoint.py) goes there only; the response ids a Responses
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from llmgw.gateway import errors, trace
 from llmgw.gateway.balancer import Balancer
@@ -57,6 +61,7 @@ _DROP_RESP = _HOP | {b"server", b"date"}
 
 _ENGINE_503 = "unavailable: the engine answered 503 (loading or draining)"
 GONE = "gone: "   # the reason's start for a try failed because its replica left routing
+_ADAPTER_GONE = GONE + "the engine answered 404: it no longer holds the adapter"
 
 
 class _Retry(Exception):
@@ -69,11 +74,15 @@ class Proxy:
     goes on in a task with an exchange begun without one (`go_on`)."""
 
     def __init__(self, table: RoutingTable, balancer: Balancer, outliers: Outliers, metrics: Metrics, pool: Pool,
-                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None]) -> None:
+                 spans: Spans | None, retry_after: int, hand_over: Callable[[Exchange], None],
+                 requeue: Callable[[Call], Awaitable[Response | None]]) -> None:
+        """`requeue(call)`: the call waits in its model's queue again (None once a replica may take
+        it; else the queue's refusal)."""
         self.table, self.balancer, self.outliers, self.metrics, self.pool = table, balancer, outliers, metrics, pool
         self.spans = spans   # OpenTelemetry export, when --otel asks for it
         self.retry_after = retry_after
         self.hand_over = hand_over
+        self.requeue = requeue
 
     def finished(self, call: Call, code: int) -> None:
         """A proxied request answered: its key's ticket let go, its metrics, and its span if
@@ -109,9 +118,11 @@ class Proxy:
         except _Retry as r:
             return await self.forward(call, failed=(ex.backend, r.reason))
 
-    async def forward(self, call: Call, failed: tuple[Backend, str] | None = None) -> Response | Stream:
+    async def forward(self, call: Call, failed: tuple[Backend, str] | None = None,
+                      requeued: bool = False) -> Response | Stream:
         """Try a replica, and on a failure before its first byte one more; `failed`: the first
-        try has been made (by begin) and failed, for this reason."""
+        try has been made (by begin) and failed, for this reason. An adapter no replica holds any
+        more goes back to its queue, once (`requeued`)."""
         request, body, name, model = call.request, call.body, call.name, call.model
         backends = self.table.backends_for(model)
         if not backends and failed is None:
@@ -143,6 +154,9 @@ class Proxy:
                 last = self._failed(request, model, b, r.reason, retrying=attempt == 0)
                 tried.append(b.replica)
                 gone = r.reason.startswith(GONE)
+        if last.endswith(_ADAPTER_GONE) and not requeued and not self.table.backends_for(model):
+            refused = await self.requeue(call)
+            return refused if refused is not None else await self.forward(call, requeued=True)
         if not self.table.backends_for(model) or last.endswith(_ENGINE_503):
             return errors.no_replica(model, self.retry_after)
         return errors.bad_gateway(f"No replica of model '{model}' answered: {last}")
@@ -167,6 +181,8 @@ class Proxy:
     def _failed(self, request: Request, model: str, b: Backend, reason: str, retrying: bool) -> str:
         """Count and log a try that failed before the engine's first byte; what to tell the caller."""
         last = f"{b.replica} ({b.endpoint}): {reason}"
+        if reason == _ADAPTER_GONE:   # the engine's word, before the Adapter's status reaches this gateway
+            self.table.unloaded(model, b.replica)
         if reason != _ENGINE_503 and not reason.startswith(GONE):   # not the engine's failure: no outlier
             self.outliers.failed(b.replica, b.endpoint, at_once=reason.startswith(CONNECT_TIMED_OUT))
         self.metrics.upstream_error(model, b.replica, reason.split(":")[0])
@@ -205,8 +221,8 @@ class Proxy:
 
     async def _relay(self, call: Call, conn: Conn, b: Backend) -> Response | Stream:
         request = call.request
-        if conn.status == 503:
-            raise _Retry(_ENGINE_503)
+        if _retried(conn.status, b):
+            raise _Retry(_ENGINE_503 if conn.status == 503 else _ADAPTER_GONE)
         self._answered(b)
         headers, length, sse = _response_head(conn, b)
         if _buffered(length, sse):
@@ -281,7 +297,7 @@ class Proxy:
 
 class Exchange:
     """A call forwarded from protocol callbacks: sent on an idle connection; answered from the
-    engine's connection's callback when the response is small, whole and not a 503. Else (and
+    engine's connection's callback when the response is small, whole and not retried (_retried). Else (and
     on any failure, or with no idle connection to send it on) it goes on in a task
     (Proxy.hand_over, then Proxy.go_on), which picks the connection up as it is."""
 
@@ -314,7 +330,7 @@ class Exchange:
             if not conn.status:
                 return  # no headers yet
             headers, length, sse = _response_head(conn, self.backend)
-            if conn.status == 503 or not _buffered(length, sse):
+            if _retried(conn.status, self.backend) or not _buffered(length, sse):
                 return self._hand_over()
             self.px._answered(self.backend)
             self._head = head = headers
@@ -351,6 +367,12 @@ class Exchange:
         conn.listener = None
         self.px.pool.release(conn)
         self.px.balancer.release(self.backend)
+
+
+def _retried(status: int, b: Backend) -> bool:
+    """An answer the gateway does not pass on but retries: an engine's 503 (loading, draining), or
+    its 404 to a request for an adapter (unloaded as the gateway routed there)."""
+    return status == 503 or (status == 404 and b.base is not None)
 
 
 def _used(request: Request, counted: tuple[int, int] | None) -> None:

@@ -5,9 +5,11 @@ A pure structure, updated from `(type, obj)` events of Models, Replicas and Adap
 It does no I/O, so the server's watch, a static file or a test can feed it.
 
 An Adapter (a LoRA adapter of a Model) is routed as a model of its own name, to
-the routable replicas of its base where its status says it is resident (the
-engine answers to the adapter's name there); a Model's names win over an
-adapter of the same name. Its wait queue, its demand and a key's scope are
+the routable replicas of its base where its status says it is resident, the
+request naming it as the base's engine reads it (its LoraApi: vLLM answers to the
+adapter's name, SGLang to `BASE:ADAPTER`, llama-server to the adapter's id, its place
+in the start order of the base's adapters); a Model's names win over an adapter of
+the same name. Its wait queue, its demand and a key's scope are
 the adapter's name's; its routing policy is its base's.
 
 A replica is routable iff its phase is Ready, its endpoint is set and it has
@@ -23,10 +25,12 @@ deletion (draining) is not told of as it leaves: its engine finishes what it has
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmgw.api import LoraAdapter, Model, ObjectT, Replica, RoutingSpec
+from llmgw.engines import ENGINES
+from llmgw.engines.engine import start_order
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,23 @@ class Backend:
     kv_events: str | None = None  # its engine's KV event publisher (tcp://host:port), if any
     kv_replay: str | None = None  # and its replay endpoint
     engine: str = ""  # its Profile's engine ("": unknown), which says the endpoints it serves
+    adapters: bool = False  # its engine holds LoRA adapters (its Model's spec.adapters)
+    # An adapter's backend (model is the adapter's name): the name its base's engine serves, and
+    # the adapter's id there where that engine took its adapters at start (-1 otherwise).
+    base: str | None = None
+    slot: int = -1
 
-    def upstream_name(self, requested: str) -> str | None:
-        """The model name to send this engine, or None to keep the body as it is."""
-        if not self.served or requested in self.served:
-            return None
-        return self.model if self.model in self.served else self.served[0]
+    def upstream_fields(self, requested: str) -> dict[str, Any]:
+        """The body fields to send this engine instead of the request's ({}: the body as it is)."""
+        api = ENGINES[self.engine].lora if self.engine in ENGINES else None
+        if self.base is not None:
+            return api.request(self.model, self.base, self.slot) if api is not None else {}
+        fields: dict[str, Any] = {}
+        if self.served and requested not in self.served:
+            fields["model"] = self.model if self.model in self.served else self.served[0]
+        if self.adapters and api is not None:
+            fields.update(api.base)     # llama-server: the base alone, no prefix cached under an adapter
+        return fields
 
 
 DEFAULT_ROUTING = RoutingSpec()
@@ -136,7 +151,7 @@ class RoutingTable:
         assert r.status.endpoint  # routable: it has one
         self._left.pop(name, None)
         b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames),
-                    r.status.kvEvents, r.status.kvReplay, r.spec.profile.engine)
+                    r.status.kvEvents, r.status.kvReplay, r.spec.profile.engine, r.spec.adapters is not None)
         if self.backends.get(name) == b:
             return False
         self.backends[name] = b
@@ -154,6 +169,14 @@ class RoutingTable:
         self.adapters[name] = entry
         self._reindex()
         return True
+
+    def unloaded(self, adapter: str, replica: str) -> None:
+        """The replica's engine answered that it does not hold the adapter: the replica leaves the
+        adapter's routing until the Adapter's status says otherwise again (its next change)."""
+        entry = self.adapters.get(adapter)
+        if entry is not None and replica in entry.resident:
+            self.adapters[adapter] = replace(entry, resident=tuple(r for r in entry.resident if r != replica))
+            self._reindex()
 
     def _forget(self, kind: str, name: str) -> bool:
         if kind in ("models", "adapters"):
@@ -192,11 +215,16 @@ class RoutingTable:
                 names[n] = m.name
         for m in self.models.values():  # a model's own name wins over another's alias
             names[m.name] = m.name
+        of_base: dict[str, list[tuple[int, str]]] = {}
+        for a in self.adapters.values():
+            of_base.setdefault(a.base, []).append((a.created, a.name))
+        slots = {name: i for adapters in of_base.values() for i, name in enumerate(start_order(adapters))}
         for a in self.adapters.values():    # a model's names win over an adapter's
             if a.name in names:
                 continue
             names[a.name] = a.name
-            here = [Backend(r, a.name, base.endpoint, (a.name,)) for r in sorted(a.resident)
+            here = [Backend(r, a.name, base.endpoint, (a.name,), engine=base.engine, base=(base.served or (a.base,))[0],
+                            slot=slots[a.name]) for r in sorted(a.resident)
                     if (base := self.backends.get(r)) is not None and base.model == a.base]
             if here:
                 by_model[a.name] = here

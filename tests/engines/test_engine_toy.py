@@ -55,6 +55,8 @@ def model(args: list[str]) -> dict:
 
 def test_a_model_names_the_engine_and_may_not_set_its_reserved_flags():
     assert parse_object(model(["--threads", "4"])).spec.profiles[0].engine == "toy"
+    with pytest.raises(InvalidObject, match="engine toy loads no LoRA adapters"):
+        parse_object({**model([]), "spec": {**model([])["spec"], "adapters": {"maxLoaded": 2}}})
     with pytest.raises(InvalidObject) as err:
         parse_object(model(["--name=other"]))
     assert err.value.problems == ["spec.profiles[0]: args may not set --name: llmgw passes the model's name "

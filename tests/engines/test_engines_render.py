@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from llmgw.api import KVBudget, ModelSpec, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import AdapterSlots, KVBudget, ModelSpec, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import ENGINES, NodeFacts, Probe, RenderError, render
 
 EXE = {"vllm": "/opt/vllm/bin/vllm", "ray": "/opt/vllm/bin/ray", "sglang": "/opt/sglang/bin/python",
@@ -123,6 +123,25 @@ def test_sglang_single_node():
         "--max-model-len", "8192",
     ]]
     assert out.commands[0].serves and out.probe.kind == "http"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sglang_with_adapters_loads_them_at_runtime_on_rank_0(rank):
+    out = render(make_shard("sglang", rank, 2, adapters=AdapterSlots(maxLoaded=3)), node(rank, 2), EXE)
+    argv = out.commands[0].argv
+    lora = ["--enable-lora", "--max-loaded-loras", "3", "--max-loras-per-batch", "3"]
+    assert (argv[argv.index("--enable-metrics") + 1:][:5] == lora) == (rank == 0)
+    assert rank == 0 or "--enable-lora" not in argv
+
+
+def test_llama_server_is_given_its_adapters_at_start_unapplied():
+    facts = NodeFacts(address="10.0.0.10", loras=["/cache/a.gguf", "/cache/b.gguf"])
+    argv = render(make_shard("llamacpp", adapters=AdapterSlots(maxLoaded=2)), facts, EXE).commands[0].argv
+    i = argv.index("--lora-init-without-apply")
+    assert argv[i + 1:i + 3] == ["--lora", "/cache/a.gguf,/cache/b.gguf"]
+    none_yet = render(make_shard("llamacpp", adapters=AdapterSlots(maxLoaded=2)), node(), EXE).commands[0].argv
+    assert "--lora-init-without-apply" in none_yet and "--lora" not in none_yet
+    assert "--lora-init-without-apply" not in render(make_shard("llamacpp"), facts, EXE).commands[0].argv
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -5,7 +5,8 @@ source package and cached outside the checkout; hack/test.sh builds it first
 where a C++ compiler is present); the model is a tiny random-weight GGUF
 (tests/fixtures/tiny_gguf.py). Steps build on each other: serve, a prompt
 longer than a quarter of the context, agent restart and adoption, engine kill
-and rebuild, and a crash loop whose cause reaches the API.
+and rebuild, a crash loop whose cause reaches the API, and LoRA adapters (GGUFs made for the
+tiny model) given to llama-server at start and served under their names.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmgw.api import Model, Replica, Shard, get_condition
+from llmgw.api import ADAPTER_READY, LoraAdapter, Model, Replica, Shard, get_condition
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import LLMGW, free_port
@@ -204,3 +205,44 @@ def test_5_a_crash_loop_and_its_cause_are_visible_through_the_api(cluster, tmp_p
     ready = get_condition(replica(cluster, "broken").status.conditions, "Ready")
     assert ready.status == "False" and "failed to load model" in ready.message
     api(cluster, lambda c: c.delete(Model, "broken"))
+
+
+def test_6_adapters_are_given_at_start_and_served_under_their_names(cluster, binary, tmp_path):
+    """Two Adapters of a Model with spec.adapters: llama-server starts with both (--lora), each
+    unapplied, and a request for one through the gateway is answered with it applied: as the
+    engine itself answers a request naming it by its id (the oldest first, then by name: chat 0,
+    sql 1), unlike the other adapter and the base; the base, asked after an adapter with the same
+    prompt, is answered as a fresh engine answers it (llama-server would reuse the prompt it cached
+    under the adapter: the gateway asks it not to cache the base's)."""
+    from tests.fixtures.tiny_gguf import make_lora
+    for seed, name in enumerate(("chat", "sql"), start=1):
+        lora = LoraAdapter.model_validate({"metadata": {"name": name}, "spec": {
+            "baseModel": "tinylora", "source": str(make_lora(tmp_path / f"{name}.gguf", seed=seed)),
+            "minReplicas": 1}})
+        api(cluster, lambda c, lora=lora: c.apply(lora))
+    base = model("tinylora", Path(shard(cluster, "tiny").spec.source)).model_copy(deep=True)
+    base.spec.aliases = []
+    api(cluster, lambda c: c.apply(Model.model_validate({**base.model_dump(), "spec": {
+        **base.spec.model_dump(), "adapters": {"maxLoaded": 2}}})))
+
+    def resident(name: str) -> bool:
+        a = api(cluster, lambda c: c.get(LoraAdapter, name))
+        ready = get_condition(a.status.conditions, ADAPTER_READY)
+        return bool(a.status.resident) and ready is not None and ready.reason == "Resident"
+    until_sync(lambda: resident("chat") and resident("sql"), "both adapters resident", timeout=180)
+    oa = openai_client(cluster)
+    assert {(m.id, getattr(m, "parent", None)) for m in oa.models.list().data} >= {
+        ("chat", "tinylora"), ("sql", "tinylora")}
+
+    def text(client, name: str, **extra) -> str:
+        return client.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                         extra_body=extra or None).choices[0].text
+    engine = openai.OpenAI(base_url=f"http://{replica(cluster, 'tinylora').status.endpoint}/v1", api_key="unused",
+                           max_retries=0, timeout=60)
+    fresh = text(engine, "x", lora=[], cache_prompt=False)
+    through = {name: text(oa, name) for name in ("sql", "chat", "tinylora", "sql")}
+    direct = {"chat": text(engine, "x", lora=[{"id": 0, "scale": 1.0}]),
+              "sql": text(engine, "x", lora=[{"id": 1, "scale": 1.0}]), "tinylora": fresh}
+    assert through == direct
+    assert len(set(direct.values())) == 3, "each adapter changes what the model says"
+    api(cluster, lambda c: c.delete(Model, "tinylora"))

@@ -1,7 +1,9 @@
 """The routing table and the balancer: pure structures, fed (type, obj) events."""
 from __future__ import annotations
 
-from llmgw.api import RoutingSpec
+from datetime import datetime, timezone
+
+from llmgw.api import AdapterSlots, RoutingSpec
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import lora, model, replica
@@ -75,9 +77,9 @@ def test_backend_rewrites_the_model_only_for_an_engine_that_does_not_serve_the_n
                    ("replicas", "ADDED", replica("old", "llama", "h:1", served=("llama",))),
                    ("replicas", "ADDED", replica("new", "llama", "h:2", served=("llama", "fast"))))
     new, old = t.backends_for("llama")  # sorted by replica name
-    assert old.upstream_name("fast") == "llama"
-    assert new.upstream_name("fast") is None
-    assert old.upstream_name("llama") is None
+    assert old.upstream_fields("fast") == {"model": "llama"}
+    assert new.upstream_fields("fast") == {}
+    assert old.upstream_fields("llama") == {}
 
 
 def least(bal: Balancer, backends, exclude=()):
@@ -119,7 +121,7 @@ def test_an_adapter_routes_to_the_replicas_of_its_base_where_it_is_resident():
     assert t.routing("sql") is base.spec.routing
     assert t.apply("adapters", "MODIFIED", lora("sql", "llama", ("b", "c", "gone")))
     [b] = t.backends_for("sql")       # c is another model's replica, gone is no replica
-    assert (b.replica, b.endpoint, b.upstream_name("sql")) == ("b", "h:2", None), "the body goes as it is"
+    assert (b.replica, b.endpoint, b.upstream_fields("sql")) == ("b", "h:2", {}), "the body goes as it is"
     assert t.routable_adapters()[0][:2] == ("sql", "llama")
     assert [m for m, _, _ in t.routable_models()] == ["llama", "other"]
     assert t.apply("replicas", "MODIFIED", replica("b", "llama", "h:2", phase="Starting"))
@@ -135,3 +137,24 @@ def test_a_models_name_wins_over_an_adapters():
     assert t.resolve("sql") == "llama" and t.routable_adapters() == []
     assert t.replace("adapters", []) is True and t.adapters == {}
 
+
+
+def test_an_adapter_is_named_to_each_engine_its_own_way():
+    """vLLM and the sim answer to the adapter's name; SGLang to BASE:ADAPTER (its served name);
+    llama-server to the adapter's id, its place among its base's adapters oldest first, and a
+    request for its base runs with no adapter and no prefix cached under one."""
+    def adapter(name: str, base: str, created: int, resident: tuple[str, ...]):
+        a = lora(name, base, resident).model_copy(deep=True)
+        a.metadata.creationTimestamp = datetime.fromtimestamp(created, timezone.utc)
+        return a
+    llama = replica("l", "tiny", "h:1", served=("tiny",), engine="llamacpp").model_copy(deep=True)
+    llama.spec.adapters = AdapterSlots(maxLoaded=4)
+    t = table_with(("replicas", "ADDED", llama),
+                   ("replicas", "ADDED", replica("s", "qwen", "h:2", served=("qwen", "q"), engine="sglang")),
+                   ("adapters", "ADDED", adapter("zeta", "tiny", 100, ("l",))),
+                   ("adapters", "ADDED", adapter("alpha", "tiny", 200, ("l",))),
+                   ("adapters", "ADDED", adapter("sql", "qwen", 100, ("s",))))
+    assert t.backends_for("zeta")[0].upstream_fields("zeta") == {"lora": [{"id": 0, "scale": 1.0}]}
+    assert t.backends_for("alpha")[0].upstream_fields("alpha") == {"lora": [{"id": 1, "scale": 1.0}]}
+    assert t.backends_for("tiny")[0].upstream_fields("tiny") == {"lora": [], "cache_prompt": False}
+    assert t.backends_for("sql")[0].upstream_fields("sql") == {"model": "qwen:sql"}

@@ -107,10 +107,7 @@ def test_a_model_with_adapters_renders_its_slots(engine):
     assert "--enable-lora" not in plain.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
 
 
-def test_only_an_engine_that_loads_adapters_at_runtime_takes_them():
-    with pytest.raises(ValueError, match=r"adapters: profiles\[0\]'s engine llamacpp loads no LoRA adapters"):
-        Model.model_validate({"metadata": {"name": "m"}, "spec": {
-            "profiles": [{"engine": "llamacpp"}], "adapters": {"maxLoaded": 2}}})
+def test_a_profile_may_not_set_the_lora_flags():
     with pytest.raises(ValueError, match="args may not set --max-loras"):
         Model.model_validate({"metadata": {"name": "m"}, "spec": {
             "profiles": [{"engine": "vllm", "args": ["--max-loras", "9"]}]}})

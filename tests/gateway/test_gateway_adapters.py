@@ -1,0 +1,45 @@
+"""An adapter unloaded under the gateway (docs/gateway.md, "LoRA adapters"): the engine's 404 for a
+request the gateway routed by an Adapter status it had not yet seen change is not the caller's."""
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from llmgw.dev.process import free_port
+from llmgw.gateway.table import RoutingTable
+from tests.fixtures.gateway import lora, model, replica, running_gateway
+from tests.fixtures.poll import until
+from tests.sim.test_sim import HOST, ready, sims  # noqa: F401 - sims is a fixture
+from tests.sim.test_sim_lora import post
+
+
+async def test_a_404_for_an_unloaded_adapter_sends_the_request_where_it_is_loaded_next(sims, tmp_path):
+    """sql's status still says r1, whose engine has unloaded it: the gateway takes r1 out of sql's
+    routing on its 404, the request waits in sql's queue, and goes to r2 once sql's status says so."""
+    ports = {}
+    for name in ("r1", "r2"):
+        ports[name] = free_port()
+        sims("--host", HOST, "--port", str(ports[name]), "--served-model-name", "base", "--enable-lora",
+             "--max-loras", "2", "--lora-load-seconds", "0", name=name)
+    for port in ports.values():
+        ready(port)
+    (tmp_path / "sql").mkdir()
+    assert (await asyncio.to_thread(post, ports["r2"], "/v1/load_lora_adapter",
+                                    {"lora_name": "sql", "lora_path": str(tmp_path / "sql")}))[0] == 200
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("base"))
+    for name, port in ports.items():
+        table.apply("replicas", "ADDED", replica(name, "base", f"{HOST}:{port}"))
+    table.apply("adapters", "ADDED", lora("sql", "base", ("r1",)))
+    async with running_gateway(table) as gw, aiohttp.ClientSession() as http:
+        async def complete() -> tuple[int, dict]:
+            async with http.post(gw.url + "/v1/completions",
+                                 json={"model": "sql", "prompt": "hello", "max_tokens": 2}) as resp:
+                return resp.status, await resp.json()
+        answer = asyncio.ensure_future(complete())
+        await until(lambda: table.backends_for("sql") == [], "r1 out of sql's routing on its 404", timeout=30)
+        assert not answer.done(), "it waits in sql's queue"
+        table.apply("adapters", "MODIFIED", lora("sql", "base", ("r2",)))
+        code, body = await asyncio.wait_for(answer, 30)
+    assert (code, body["model"]) == (200, "sql")
