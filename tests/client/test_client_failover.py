@@ -168,8 +168,12 @@ async def test_silent_watch_moves_to_the_next_server(servers):
 async def test_sigterm_ends_watches_at_once(servers):
     """A server that is stopped tells its watches to go elsewhere (a 503 ERROR line) as soon as it
     stops accepting, not when its shutdown timeout (2 s) cuts them; the next watch goes to the next
-    server. Its object and event watches both."""
-    async with client_of(servers) as c:
+    server. Its object and event watches both; and its heartbeat streams (closed, 1001), so the
+    next beat goes to the next server, where the stopping server would otherwise have answered
+    it on the stream kept open."""
+    async with client_of(servers) as c, client_of(servers) as beats:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-term"}}))
+        await beats.heartbeat("hb-term", timeout=5.0)     # the stream is open on the first server
         _, rv = await c.list(Model)
         objects = c.watch(Model, resource_version=rv)
         events = c.watch_events(rv + 1)
@@ -184,6 +188,9 @@ async def test_sigterm_ends_watches_at_once(servers):
             assert err.value.reason == "ShuttingDown"
         assert time.monotonic() - began < 2.0
         assert c.server == c.servers[1]
+        await beats.heartbeat("hb-term", timeout=5.0)
+        assert time.monotonic() - began < 2.0
+        assert beats.server == beats.servers[1]
         servers[0].proc.wait(10)
 
 
