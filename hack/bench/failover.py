@@ -6,9 +6,11 @@ Starts a real etcd, a CA and three `llmgw server`s over that etcd, a sim engine 
 gateway` (given every server, routing model `bench` to the engine), and registers the Nodes of
 `--agents` hollow agents (llmgw/hollow.py's FakeAgents, through the store). Each agent then
 talks to the servers as a real one does: a client of its own (its own connections, its node's
-certificate, every server's URL in the same order, as `llmgw dev up` gives them), the agent's
-own heartbeat loop (llmgw/agent/registration.py: every `--interval` s, each server given the
-interval to answer), and a reflector watching its node's Shards. The agents start over `--ramp`
+certificate, every server's URL in the same order, as `llmgw dev up` gives them: each client
+then tries them in its own order after the first), a first beat with the client's timeout (as
+its registration's), the agent's own heartbeat loop (llmgw/agent/registration.py: every
+`--interval` s, each server given the interval to answer, a new connection until the key is
+about to expire), and a reflector watching its node's Shards. The agents start over `--ramp`
 seconds (default: 40 a second), as a fleet does, not all in one instant.
 
     heartbeat_cpu_ms   the CPU time of the servers (from /proc) over `--cpu-window` s of
@@ -95,9 +97,35 @@ heartbeat stream (2,000 connections) comes to the next server within a second or
 handshake in Python on both sides on the two shared cores; a beat whose handshake outlasts its
 timeout (the 5 s interval) is abandoned and tried on the next server, so the work is done again,
 and the fleet took about 100 s to settle: the heartbeat keys (15 s) expired meanwhile. No
-gateway request failed and no watch relisted. Not built yet: spreading a dead server's clients
-over the surviving servers (each goes to the next in its list) and spreading the watches'
-reconnects over a second or two.
+gateway request failed and no watch relisted.
+
+Then (the same day, later) each client's order after the first server rotated by a hash of its
+certificate, so a dead server's agents spread over both live servers, and a beat that opens a
+new stream given until 1 s before its key expires (about 9 s after a failover) instead of the
+interval, so a slow handshake is finished rather than redone elsewhere (llmgw/client/client.py).
+The machine loaded by other sessions' benches and tests (load average 8-14; a 1,000-agent
+`--cpu-only` bench of another session ran beside these), single runs:
+    --agents 500, this build: failover: agents=500 reconnect_p99_s=5.26 failed=0 relists=0
+        heartbeat_gaps=0 heartbeat_cpu_ms=1.000 (p50 3.27 s; the live servers 2.3 and 2.4 CPU s,
+        the agents' side 5.1, in the 17 s after the kill)
+    --agents 1000, main (a586b7f): failover: agents=1000 reconnect_p99_s=inf failed=0 relists=0
+        heartbeat_gaps=67 heartbeat_cpu_ms=0.600 (agents not back within 120 s)
+    --agents 1000, this build, a first run: 94 agents back (p50 4.86 s, p99 5.80 s), 906 not
+        within 120 s, the live servers given 9.0 and 8.3 CPU s in those 120 s and this process
+        30.3 (all starved: load average 10-14); a second run did not get every agent's first
+        beat within 145 s (each first beat then had the interval, 5 s, for its handshake: now
+        it has the client's timeout, as an agent's registration gives it).
+    --agents 1000, this build, with that first beat, the machine quieter (load average 1.5-7):
+        failover: agents=1000 reconnect_p99_s=11.07 failed=0 relists=0 heartbeat_gaps=0
+        heartbeat_cpu_ms=0.711 (p50 7.90 s, every agent back; the live servers 4.4 and 3.8 CPU
+        s, this process 8.3, in the 17 s after the kill; 8336 gateway requests)
+No heartbeat key expired and the fleet settled, where main's 1,000 took 114 s with 998 keys
+expired; the 5 s target is not met.
+What is left: all agents live in this one process, whose client side of 2,000 TLS handshakes
+competes with the servers' for the same two cores, which a fleet's agents do not. TLS session
+resumption would not help a failover: a ticket is good only on the server that issued it (its
+keys are that process's), and the agents come to servers they never spoke to; a watch sharing the
+heartbeat's connection would halve the handshakes but needs the watch on the WebSocket.
 """
 from __future__ import annotations
 
@@ -158,6 +186,7 @@ class Agent:
     def start_heartbeats(self, delay: float) -> None:
         async def run():
             await asyncio.sleep(delay)
+            await self.client.heartbeat(self.name)    # as its registration does: the client's timeout
             await self.registration.heartbeat_loop()
         self.tasks.append(asyncio.create_task(run()))
 
@@ -293,8 +322,7 @@ async def bench(args: argparse.Namespace, work: Path, etcd_endpoint: str, server
           f"(each server's CPU s: {', '.join(f'{u:.2f}' for u in used)})", flush=True)
 
     if args.cpu_only:
-        for a in agents:
-            await a.stop()
+        await asyncio.gather(*(a.stop() for a in agents))
         await hollow.stop()
         await store.close()
         print(f"failover: agents={len(agents)} heartbeat_cpu_ms={cpu_ms:.3f}")
@@ -338,8 +366,7 @@ async def bench(args: argparse.Namespace, work: Path, etcd_endpoint: str, server
     print(f"{len(moved)} agents moved: reconnect p50 {p50:.2f} s, p99 {p99:.2f} s, max "
           f"{max(times.values(), default=float('nan')):.2f} s, {stuck} not back within 120 s", flush=True)
     print(f"gateway load: {load.ok} ok, {load.failed} failed {load.errors[:3]}", flush=True)
-    for a in agents:
-        await a.stop()
+    await asyncio.gather(*(a.stop() for a in agents))   # each may wait 2 s for its dead stream's close
     await hollow.stop()
     await store.close()
     print(f"failover: agents={len(agents)} reconnect_p99_s={p99 if not stuck else float('inf'):.2f} "

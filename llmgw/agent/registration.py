@@ -21,6 +21,7 @@ from llmgw.client import Client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+KEY_MARGIN = 1.0   # s before the heartbeat key expires that a beat opening a new connection must be answered by
 
 def status_patch(status: NodeStatus, ready: bool) -> dict[str, Any]:
     conds = [c.model_copy() for c in status.conditions]
@@ -106,11 +107,18 @@ class Registration:
                 self.connected.clear()
 
     async def heartbeat_loop(self) -> None:
-        """Heartbeat every interval; after a failure, back off, and re-register once it works."""
+        """Heartbeat every interval; after a failure, back off, and re-register once it works.
+        Each server may take the interval to answer (a frozen one: the next), but a beat that opens
+        a new connection (a failover) may take until its key is about to expire: under a fleet's
+        reconnections at once the handshake is finished rather than redone elsewhere."""
         backoff = Backoff(0.2, self.interval)
+        loop = asyncio.get_running_loop()
+        alive_until = 0.0    # the event loop's clock, when the key of the last beat answered expires
         while True:
             try:
-                await self.client.heartbeat(self.node, timeout=self.interval)   # a frozen server: the next
+                answer = await self.client.heartbeat(self.node, timeout=self.interval,   # a frozen server: the next
+                                                     until=alive_until - KEY_MARGIN)
+                alive_until = loop.time() + float(answer.get("ttl", 0))
                 if not self.connected.is_set():
                     await self._send(force=True)
                     log.info("node %s: reconnected to the server after %d failed heartbeats", self.node,

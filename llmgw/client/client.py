@@ -1,17 +1,20 @@
 """The async REST client of `llmgw server` (see docs/contracts.md, "REST").
 
 It takes every API server's URL and uses one at a time, the first at the start. It moves to
-the next when the one it uses does not answer (a connect error, a dropped connection, a
-timeout, a watch silent for ``watch_idle_timeout``) or answers 5xx (going away, or its etcd is
-unreachable): a request is tried on each server once, in turn, before its error is raised;
-a watch raises, and its reflector watches again, after its jittered backoff, on the next
-server from the last revision it saw (any server replays it from etcd: no relist). One URL in
-front of every server (DNS, a load balancer) is a list of one (docs/contracts.md, "Failover").
+the next in its order (the others after the first rotated by a hash of its certificate, so that
+the clients of a server that dies spread over every live one) when the one it uses does not
+answer (a connect error, a dropped connection, a timeout, a watch silent for
+``watch_idle_timeout``) or answers 5xx (going away, or its etcd is unreachable): a request is
+tried on each server once, in turn, before its error is raised; a watch raises, and its
+reflector watches again, after its jittered backoff, on the next server from the last revision
+it saw (any server replays it from etcd: no relist). One URL in front of every server (DNS, a
+load balancer) is a list of one (docs/contracts.md, "Failover").
 """
 from __future__ import annotations
 
 import asyncio
 import builtins
+import hashlib
 import json
 import os
 import ssl
@@ -150,6 +153,20 @@ def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
 
 
 
+def _failover_order(servers: list[str], cert: str | None) -> list[str]:
+    """The servers in the order a client tries them: the first as given (every client starts
+    there), the others rotated by a hash of the client's certificate (its identity; none: as
+    given). So the clients of a server that dies go to every other server, each its own, rather
+    than all to the next in the list, where a fleet's reconnections (a TLS handshake each) would
+    queue on one server and outlast the beats' timeout (hack/bench/failover.py)."""
+    rest = servers[1:]
+    if len(rest) < 2 or not cert:
+        return servers
+    with open(cert, "rb") as f:
+        turn = int.from_bytes(hashlib.sha256(f.read()).digest()[:8], "big") % len(rest)
+    return [servers[0], *rest[turn:], *rest[:turn]]
+
+
 def _moves_on(err: ApiError) -> bool:
     """Whether another server may answer where this one failed: it gave no answer, or a 5xx."""
     return isinstance(err, Unreachable) or err.code >= 500
@@ -170,12 +187,13 @@ class Client:
         version: the llmgw version this client reports in its X-Llmgw-Version header (default: the
         installed llmgw's), which the server holds an agent's, a gateway's or a controller-manager's
         to the version skew policy by (llmgw/version.py); a oneshot client, a user's, sends none."""
-        self.servers = server_urls(server)
-        if not self.servers:
+        urls = server_urls(server)
+        if not urls:
             raise ValueError("a client needs a server's URL")
-        self._at = 0   # the server in use: self.servers[self._at]
-        https = any(url.startswith("https://") for url in self.servers)
+        https = any(url.startswith("https://") for url in urls)
         self._ssl = _ssl_context(ca, cert, key) if https else None
+        self.servers = _failover_order(urls, cert)   # the first as given; the rest in this client's order
+        self._at = 0   # the server in use: self.servers[self._at]
         self._ca = ca
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout
         self._connections = connections
@@ -358,9 +376,14 @@ class Client:
             raise ApiError(0, "BadResponse", f"the server answered about a {kind.__name__} with a {answer.kind}")
         return answer
 
-    async def heartbeat(self, node: str, ttl: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+    async def heartbeat(self, node: str, ttl: int | None = None, timeout: float | None = None,
+                        until: float | None = None) -> dict[str, Any]:
         """Keep the node's heartbeat key alive; ``timeout``: how long each server may take (the
         agent's heartbeat interval: a frozen server must not hold a beat past the key's life).
+        ``until`` (the event loop's clock): a beat that must open a new stream (the first, or one
+        moving to another server) may take until then where that is later than ``timeout``, so a
+        handshake slowed by a fleet reconnecting at once is finished, not abandoned and redone on
+        the next server (the agent passes when its key expires, less a margin).
         A beat is a message on a WebSocket kept open to the server in use (one connection, no
         request per beat); a oneshot client POSTs each beat. Servers are tried as by ``request``."""
         body = {"ttl": ttl} if ttl else {}
@@ -368,20 +391,27 @@ class Client:
             result: dict[str, Any] = await self.request("POST", f"{BASE}/heartbeat/{node}", body=body,
                                                         timeout=timeout)
             return result
-        return await self._on_servers(lambda server: self._beat(server, node, body, timeout or self._timeout_s))
+        limit = timeout or self._timeout_s
+        return await self._on_servers(lambda server: self._beat(server, node, body, limit, until))
 
-    async def _beat(self, server: str, node: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def _beat(self, server: str, node: str, body: dict[str, Any], timeout: float,
+                    until: float | None) -> dict[str, Any]:
         import aiohttp
 
         url = f"{server}{BASE}/heartbeat/{node}"
+        loop = asyncio.get_running_loop()
+
+        def deadline(new_stream: bool) -> float:
+            return max(loop.time() + timeout, until or 0.0) if new_stream else loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                kept = url in self._beats
+            kept = url in self._beats and not self._beats[url].closed
+            async with asyncio.timeout_at(deadline(not kept)):
                 msg = await self._send_beat(url, body)
-                if msg.type != aiohttp.WSMsgType.TEXT and kept:
-                    # the stream kept open had ended meanwhile (the server closed it, or went away):
-                    # once more on a new one, as an HTTP client retries on a new connection
-                    self._drop_beats(url)
+            if msg.type != aiohttp.WSMsgType.TEXT and kept:
+                # the stream kept open had ended meanwhile (the server closed it, or went away):
+                # once more on a new one, as an HTTP client retries on a new connection
+                self._drop_beats(url)
+                async with asyncio.timeout_at(deadline(True)):
                     msg = await self._send_beat(url, body)
         except aiohttp.WSServerHandshakeError:
             # refused before the stream began (authentication, authorization, version skew): the

@@ -36,7 +36,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
                 audit: AuditFlags | None = None, signer_cert: str = "", signer_key: str = "",
-                renewal_rate: float = 20.0, renewal_burst: int = 50) -> None:
+                renewal_rate: float = 20.0, renewal_burst: int = 50, heartbeat_ttl: int = 15) -> None:
     from aiohttp import web
 
     from llmgw.api.members import Member, advertised
@@ -88,7 +88,8 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
     api = ApiServer(store, bookmark_interval=bookmark_interval, watch_cache_size=watch_cache_size,
                     watch_queue_limit=watch_queue_limit, agent_tls=agent_tls,
                     revocation_journal=CertificateAuthority(Path(client_ca).parent), audit=audit_log,
-                    signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst)
+                    signer=signer, renewal_rate=renewal_rate, renewal_burst=renewal_burst,
+                    heartbeat_ttl=heartbeat_ttl)
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False, shutdown_timeout=2)
     await runner.setup()
     site = TLSSite(runner, host, port, ssl_context=ctx, backlog=BACKLOG)
@@ -160,6 +161,9 @@ def _signer(cert: str, key: str) -> "Signer | None":
 @etcd_wait
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
+@click.option("--heartbeat-ttl", type=click.IntRange(1, 600), default=15, show_default=True,
+              help="Seconds a node's heartbeat key lives after a beat that names no ttl (the agent's): a node "
+                   "whose agent beats no more is NotReady this long after its last beat.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Recent events kept per kind; a watch from an older resourceVersion is "
                    "replayed from etcd (410 only when etcd compacted it).")
@@ -180,10 +184,10 @@ def _signer(cert: str, key: str) -> "Signer | None":
 def server(listen: str, etcd: str, cert: str, key: str, client_ca: str, etcd_ca: str | None, etcd_cert: str | None,
            etcd_key: str | None, etcd_wait: float, bookmark_interval: float, watch_cache_size: int,
            watch_queue_limit: int, metrics_listen: str, audit: AuditFlags, signer_cert: str, signer_key: str,
-           renewal_rate: float, renewal_burst: int, log_level: str, log_format: str) -> None:
+           renewal_rate: float, renewal_burst: int, heartbeat_ttl: int, log_level: str, log_format: str) -> None:
     """Serve the llmgw API over mutual TLS (identity = client certificate)."""
     setup_logging(log_level, log_format)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     aio.run(serve(listen, etcd, cert, key, client_ca, etcd_ca, etcd_cert, etcd_key, etcd_wait, bookmark_interval,
                   watch_cache_size, watch_queue_limit, metrics_listen, audit, signer_cert, signer_key,
-                  renewal_rate, renewal_burst))
+                  renewal_rate, renewal_burst, heartbeat_ttl=heartbeat_ttl))

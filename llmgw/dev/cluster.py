@@ -79,6 +79,7 @@ class LocalCluster:
     servers: int = 1                 # how many API servers, over the one etcd; every client is given them all
     server_host: str = "127.0.0.1"   # where the server listens (a test's nodes in network namespaces reach a bridge's)
     node_grace: float = 30.0
+    heartbeat_ttl: int | None = None  # the servers' --heartbeat-ttl (None: their default, 15 s)
     drain_delay: float = 2.0
     gpus_per_node: int = 8
     lease_seconds: float = 15.0
@@ -224,6 +225,7 @@ class LocalCluster:
         self._spawn(name, [*LLMGW, "server", "--listen", f"{self.server_host}:{self.server_ports[index]}",
                            *self.etcd_flags("llmgw-server"), "--cert", cert, "--key", key,
                            "--client-ca", self.ca_cert, "--metrics-listen", self.metrics_listen(name),
+                           *(["--heartbeat-ttl", str(self.heartbeat_ttl)] if self.heartbeat_ttl else []),
                            *(signer_flags(CertificateAuthority(self.dir / "ca")) if self.renewals else [])])
 
     def start_controller_managers(self) -> None:

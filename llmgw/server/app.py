@@ -141,7 +141,8 @@ class ApiServer:
     def __init__(self, store: Store, bookmark_interval: float = 10.0, watch_cache_size: int = 10000,
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
                  revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None,
-                 signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50):
+                 signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50,
+                 heartbeat_ttl: int = 15):
         self.store = store
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)
@@ -163,7 +164,7 @@ class ApiServer:
         self.weights = WeightsQuery(self.weights_index)
         self.logs = Logs(store, self.authorize, self.agent_logs)
         self.events = Events(store, self.authorize)
-        self.heartbeats = Heartbeats(store, self.revocations, self.metrics)
+        self.heartbeats = Heartbeats(store, self.revocations, self.metrics, heartbeat_ttl)
         self.demand = Demand(store)
         self.revoke = Revoke(store, self.authorize)
         self.renewals = Renewals(store, signer, TokenBucket(renewal_rate, renewal_burst))

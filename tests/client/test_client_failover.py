@@ -14,6 +14,7 @@ from llmgw.agent.config import load_config
 from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
 from llmgw.client.client import _moves_on, _translate
+from llmgw.pki.ca import CertificateAuthority
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -56,12 +57,12 @@ def kill(server: ApiServer) -> None:
 async def test_requests_move_to_the_next_server_when_one_dies(servers):
     async with client_of(servers) as c:
         await c.create(model("before"))
-        assert c.server == servers[0].url
+        assert c.server == servers[0].url == c.servers[0]
         kill(servers[0])
         assert (await c.get(Model, "before")).name == "before"   # answered by the next server
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
         await c.create(model("after"))                            # and it stays there
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
         kill(servers[1])
         kill(servers[2])
         with pytest.raises(Unreachable):                          # none left: the last one's error
@@ -72,7 +73,7 @@ async def test_oneshot_requests_move_on_too(servers):
     async with client_of(servers, oneshot=True) as c:
         kill(servers[0])
         assert (await c.create(model("oneshot"))).name == "oneshot"
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
 
 
 @pytest.mark.parametrize("oneshot", [False, True])
@@ -86,7 +87,38 @@ async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(server
         began = time.monotonic()
         await c.heartbeat("hb-frozen", timeout=1.0)
         assert time.monotonic() - began < 5.0
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
+
+
+async def test_a_new_heartbeat_stream_may_take_until_its_deadline(servers):
+    """A beat that opens a new stream (the first, or a failover's) is given until `until` where
+    that is later than its timeout: a server slow to finish the handshake (here frozen for 2 s, as
+    one busy with a fleet's reconnections) answers it, instead of the beat being abandoned and
+    redone on the next server. A stream kept open is held to the timeout alone."""
+    async with client_of(servers) as c:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-slow"}}))
+        loop = asyncio.get_running_loop()
+        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        loop.call_later(2.0, os.kill, servers[0].proc.pid, signal.SIGCONT)
+        await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
+        assert c.server == servers[0].url
+        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
+        assert time.monotonic() - began < 5.0
+        assert c.server == c.servers[1]
+
+
+def test_clients_of_a_server_spread_over_the_others(tmp_path):
+    """Every client starts on the first server; the rest of its order is rotated by a hash of its
+    certificate, so the clients of a server that dies go to each of the others, not all to one."""
+    ca = CertificateAuthority(tmp_path / "ca")
+    ca.init()
+    urls = [f"https://s{i}:7443" for i in range(3)]
+    orders = [Client(urls, ca=str(ca.cert_path), cert=issued.cert, key=issued.key).servers
+              for issued in (ca.issue("node", f"n{i}") for i in range(24))]
+    assert {tuple(o) for o in orders} == {tuple(urls), (urls[0], urls[2], urls[1])}
+    assert Client(urls).servers == urls   # no certificate: as given
 
 
 async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
@@ -97,7 +129,7 @@ async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
         await c.heartbeat("hb-killed", timeout=5.0)     # the stream is open on the first server
         kill(servers[0])
         assert await c.heartbeat("hb-killed", timeout=5.0) == {"node": "hb-killed", "ttl": 15}
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
 
 
 async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
@@ -116,7 +148,7 @@ async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
             stop(servers[0])
             await writer.create(model("w2"))
             await until(lambda: ("ADDED", "w2") in [(t, n) for t, n, _ in seen], "w2 through the next server")
-            assert c.server == servers[1].url
+            assert c.server == c.servers[1]
             assert reflector.lists == 1                     # resumed from its revision: no relist
             assert [n for _, n, _ in seen] == ["w0", "w1", "w2"]   # nothing twice, nothing missed
         finally:
@@ -136,8 +168,12 @@ async def test_silent_watch_moves_to_the_next_server(servers):
 async def test_sigterm_ends_watches_at_once(servers):
     """A server that is stopped tells its watches to go elsewhere (a 503 ERROR line) as soon as it
     stops accepting, not when its shutdown timeout (2 s) cuts them; the next watch goes to the next
-    server. Its object and event watches both."""
-    async with client_of(servers) as c:
+    server. Its object and event watches both; and its heartbeat streams (closed, 1001), so the
+    next beat goes to the next server, where the stopping server would otherwise have answered
+    it on the stream kept open."""
+    async with client_of(servers) as c, client_of(servers) as beats:
+        await c.create(Node.model_validate({"metadata": {"name": "hb-term"}}))
+        await beats.heartbeat("hb-term", timeout=5.0)     # the stream is open on the first server
         _, rv = await c.list(Model)
         objects = c.watch(Model, resource_version=rv)
         events = c.watch_events(rv + 1)
@@ -151,7 +187,10 @@ async def test_sigterm_ends_watches_at_once(servers):
                 await pending
             assert err.value.reason == "ShuttingDown"
         assert time.monotonic() - began < 2.0
-        assert c.server == servers[1].url
+        assert c.server == c.servers[1]
+        await beats.heartbeat("hb-term", timeout=5.0)
+        assert time.monotonic() - began < 2.0
+        assert beats.server == beats.servers[1]
         servers[0].proc.wait(10)
 
 

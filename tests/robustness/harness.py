@@ -270,7 +270,8 @@ def node_plans(count: int) -> list[NodePlan]:
 
 @contextlib.asynccontextmanager
 async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_members: int = 1, gpus: int = 2,
-                        node_grace: float = 3.0, gateway_args: list[str] | None = None, servers: int = 1):
+                        node_grace: float = 3.0, gateway_args: list[str] | None = None, servers: int = 1,
+                        heartbeat_ttl: int | None = None):
     plans = node_plans(nodes) if isinstance(nodes, int) else nodes
     try:
         net = await asyncio.to_thread(Network.create, [p.name for p in plans])
@@ -279,7 +280,7 @@ async def fault_cluster(base: Path, nodes: int | list[NodePlan] = 3, *, etcd_mem
     try:
         c = FaultCluster(base / "cluster", plans, gateway_port=free_port(), node_grace=node_grace,
                          drain_delay=1.5, gpus_per_node=gpus, lease_seconds=4.0, etcd_members=etcd_members,
-                         net=net, gateway_args=gateway_args or [], servers=servers)
+                         net=net, gateway_args=gateway_args or [], servers=servers, heartbeat_ttl=heartbeat_ttl)
         c.use_network(net)
         async with _running(c):
             yield c

@@ -7,6 +7,8 @@
                                               a fresh one is started so two stay in the race
     kill_server                               SIGKILL an API server and start it on the same port
     kill_servers_in_turn                      kill_server each of several servers, one after the other
+    servers_down                              SIGKILL several servers (or all) for a block's time, then
+                                              start them again
     kill_etcd_member                          SIGKILL one etcd member; start it again on its data
                                               after it has been down a while
     partition_heal                            SIGSTOP several agents, then SIGCONT them one by one,
@@ -32,6 +34,7 @@ A cut drops (never rejects): a peer sees silence, as behind a failed switch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -117,13 +120,27 @@ async def kill_server(c, index: int = 0, down: float = 0.0) -> None:
     """SIGKILL the server at `index` (of the cluster's several), start it again on its port after
     `down` seconds. The waits run off the event loop, so the load and the recorder's watches go on
     meanwhile."""
-    name = c.server_name(index)
-    await asyncio.to_thread(c.stop_process, name, signal.SIGKILL)
-    _fault(c, "kill-server", name)
-    await asyncio.sleep(down)       # the outage itself
-    c.start_server(index)
-    await asyncio.to_thread(c.wait_server, index=index)
-    _fault(c, "start-server", name)
+    async with servers_down(c, [index]):
+        await asyncio.sleep(down)       # the outage itself
+
+
+@contextlib.asynccontextmanager
+async def servers_down(c, indices: list[int]):
+    """The servers at `indices` SIGKILLed, down while the block runs, then each started again on
+    its port (off the event loop, as kill_server)."""
+    for index in indices:
+        name = c.server_name(index)
+        await asyncio.to_thread(c.stop_process, name, signal.SIGKILL)
+        c.procs[f"stopped:{name}"] = c.procs.pop(name)    # not a process that died (check_alive)
+        _fault(c, "kill-server", name)
+    try:
+        yield
+    finally:
+        for index in indices:
+            c.procs.pop(f"stopped:{c.server_name(index)}")
+            c.start_server(index)
+            await asyncio.to_thread(c.wait_server, index=index)
+            _fault(c, "start-server", c.server_name(index))
 
 
 async def kill_servers_in_turn(c, down: float) -> None:

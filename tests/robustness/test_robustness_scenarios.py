@@ -157,6 +157,70 @@ async def test_server_kills_lose_nothing(tmp_path):
         c.holds(nodes_stay_ready=inv.nodes_stay_ready(c.history, since))
 
 
+HEARTBEAT_TTL = 5   # s a node's heartbeat key lives in test_servers_down_two_then_all (the agents beat every 2 s)
+
+
+async def _serves(c, model: str) -> bool:
+    """Whether the gateway answers a completion of `model`."""
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    async with aiohttp.ClientSession() as http, http.post(f"{c.gateway_url}/v1/completions", json=body) as r:
+        return r.status == 200
+
+
+async def test_servers_down_two_then_all(tmp_path):
+    """Issue 43's two cases of servers down, as two phases of one cluster (two nodes, three servers,
+    the heartbeat key's life shortened to 5 s, node grace 3 s; docs/contracts.md gives the
+    windows of the default settings), under load through the gateway:
+
+    - two of the three down (the first two: every client's first choice, and the next one of
+      half of them) for longer than a heartbeat key lives, and until model m2, applied meanwhile
+      on every free GPU, serves through the gateway: no Node is written Ready=False (each agent's
+      beats reached the live server before its key expired), m2's shards reached both agents and
+      its replicas the gateway (their watches resumed on the live server), and a reflector of
+      Nodes through the servers resumed there without a relist;
+    - then the third down too, until every node was judged (its key expired and the node grace
+      ran out: held back as MassSilence), then all three started again: nothing is evicted, and
+      the reflector resumes once more without a relist.
+    Throughout: no request through the gateway fails (the gateway keeps its tables), and requests
+    end inside each window."""
+    async with under_load(tmp_path, replicas=1, nodes=2, servers=3, heartbeat_ttl=HEARTBEAT_TTL) as c:
+        names: list[str] = []
+        reflector = Reflector(c.api.lister_watcher(Node), lambda _t, node, _r: names.append(node.name),
+                              key=object_name, name="nodes through the servers")
+        task = asyncio.create_task(reflector.run())
+        nodes = [n.name for n in c.nodes]
+        try:
+            await c.wait("the reflector's list", lambda: reflector.lists == 1 and names)
+            since = time.monotonic()
+            async with nemesis.servers_down(c, [0, 1]):
+                await c.apply_model("m2", replicas=3)     # every GPU m leaves: a shard on each node
+                await asyncio.sleep(max(0.0, since + HEARTBEAT_TTL + 2 - time.monotonic()))
+                c.holds(nodes_stay_ready=inv.nodes_stay_ready(c.history, since))
+                await c.wait_model_ready("m2", 3)
+                await c.wait("m2 through the gateway", lambda: _serves(c, "m2"))
+                all_down = time.monotonic()
+                async with nemesis.servers_down(c, [2]):
+                    await c.wait("every node judged while no server runs", lambda: c.evicted_or_held(nodes))
+                back = time.monotonic()
+            for t0, t1 in ((since, all_down), (all_down, back)):
+                assert [r for r in c.history.requests if t0 < r.end < t1], f"no request ended in {t0:.1f}..{t1:.1f}"
+            await c.wait("every node Ready again", lambda: _all_ready(c, nodes))
+            before = len(names)
+            await c.cordon(nodes[0], True)     # a change after the servers' return, seen through the watch
+            await c.wait("the cordon through the watch", lambda: len(names) > before)
+            await c.cordon(nodes[0], False)
+            assert reflector.lists == 1, f"the watch relisted {reflector.lists - 1} times"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        c.holds(nodes_stay_ready=inv.nodes_stay_ready(c.history, since, all_down),
+                no_eviction=inv.no_eviction(c.history, set(nodes), since))
+
+
+async def _all_ready(c, nodes: list[str]) -> bool:
+    return all([await c.node_condition(n, "Ready") == "True" for n in nodes])
+
+
 async def test_etcd_member_kill_during_update_loses_no_request(tmp_path):
     async with under_load(tmp_path, etcd_members=3) as c:
         old = {r.name for r in await c.replicas("m")}

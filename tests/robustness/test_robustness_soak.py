@@ -10,7 +10,8 @@ response and stream idle timeouts are 8 s; models `m` (2 replicas) and `s` (1 re
 tokens a second; a load on both: three clients of whole responses and two of 300-token
 streams. Each round picks one nemesis at random and waits for the cluster to settle: drain +
 uncordon, rolling update, leader kill, a server kill (one of the three), each server killed in
-turn (0.5 or 5 s down each), etcd member kill, agent kill + restart,
+turn (0.5 or 5 s down each), two of the three down for 5 or 20 s, all three down until
+every node is held back as MassSilence, etcd member kill, agent kill + restart,
 agent SIGSTOP shorter than its heartbeat's lease, and the nemeses of issue 21's seven cases (an
 agent silent past the node grace, half the nodes silent and healed one by one, the crash of a
 single replica's engine, a watch resumed through a restarted server, foreign listeners during a
@@ -21,10 +22,12 @@ etcd's quorum lost for 10 or 20 s, and the gateway killed and started again. A r
 nemesis promises it (all but the engine crash, the hung engine and the cut from the gateway;
 the gateway's restart from when it listens; an engine cut from everything from 3 s after the
 cut) is a window in which no request may fail (a request that overlaps a round without that promise is
-excused: a stream begun before an engine's crash); a partition's, a lossy link's or a lost
-quorum's round, one in which its nodes lose no replica; a hang or a cut of 20 s, one in which
-every request in flight at its start ends within two timeouts (its try and its retry); an engine
-cut from everything, one in which every request in flight at the cut ends within 15 s.
+excused: a stream begun before an engine's crash); a server kill's, one in which no Node is
+written Ready=False (not all servers down: their nodes go NotReady); a partition's, all servers
+down's, a lossy link's or a lost quorum's round, one in which its nodes lose no replica; a hang
+or a cut of 20 s, one in which every request in flight at its start ends within two timeouts
+(its try and its retry); an engine cut from everything, one in which every request in flight at
+the cut ends within 15 s.
 
 Figures of one run (2026-12-04, 2 cores shared with other work, 600 s, seed 777064795): 324
 rounds, 445 faults written (a kill and its restart count as two), 26910 requests, 0 failed, 2394
@@ -113,6 +116,25 @@ async def _kill_servers_in_turn(c, rng) -> Round:
     down = rng.choice([0.5, 5.0])
     await nemesis.kill_servers_in_turn(c, down)
     return Round(f"kill each server in turn, {down:g}s down", nodes_ready=True)
+
+
+async def _two_servers_down(c, rng) -> Round:
+    """Two of the three servers SIGKILLed for 5 s or for 20 s (longer than a heartbeat key lives,
+    15 s), then started again: everyone goes on on the third; no Node is written Ready=False."""
+    down, seconds = sorted(rng.sample(range(c.servers), 2)), rng.choice([5.0, 20.0])
+    async with nemesis.servers_down(c, down):
+        await asyncio.sleep(seconds)     # the outage itself
+    return Round(f"{', '.join(c.server_name(i) for i in down)} down {seconds:g}s", nodes_ready=True)
+
+
+async def _all_servers_down(c, rng) -> Round:
+    """Every server SIGKILLed until every node was judged silent (its heartbeat key expired and
+    the node grace ran out: held back as MassSilence), then started again: the gateway serves on
+    from its tables, and no node loses a replica."""
+    nodes = [n.name for n in c.nodes]
+    async with nemesis.servers_down(c, list(range(c.servers))):
+        await c.wait("every node judged while no server runs", lambda: c.evicted_or_held(nodes))
+    return Round("every server down until the nodes are held back", kept=set(nodes))
 
 
 async def _kill_etcd(c, rng) -> Round:
@@ -286,7 +308,8 @@ async def _restart_gateway(c, rng) -> Round:
     return Round("kill gateway, start it again", since=time.monotonic())
 
 
-NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_servers_in_turn, _kill_etcd, _kill_agent,
+NEMESES = [_drain_and_back, _update, _kill_leader, _kill_server, _kill_servers_in_turn, _two_servers_down,
+           _all_servers_down, _kill_etcd, _kill_agent,
            _pause_agent, _silent_past_grace, _partition, _crash_single, _server_kill_resume, _foreign_port,
            _hang_engine, _cut_control_plane, _cut_gateway, _isolate_engine, _lossy_links, _lose_quorum,
            _restart_gateway]

@@ -38,8 +38,9 @@ from llmgw.store.listwatch import after_store_error_never_raise
 
 
 class Heartbeats:
-    def __init__(self, store: Store, revocations: Revocations, metrics: ServerMetrics) -> None:
+    def __init__(self, store: Store, revocations: Revocations, metrics: ServerMetrics, ttl: int = 15) -> None:
         self.store = store
+        self.ttl = ttl          # a beat's that names none (`llmgw server --heartbeat-ttl`)
         self.revocations = revocations
         self.metrics = metrics      # each beat of a stream counted as a POST's answer is
         self._nodes: set[str] = set()      # the registered Nodes' names, as the watch has them
@@ -88,7 +89,7 @@ class Heartbeats:
     async def _beat(self, node: str, body: dict[str, Any]) -> dict[str, Any]:
         ttl = body.get("ttl")
         if ttl is None:   # absent or null: the default
-            ttl = 15
+            ttl = self.ttl
         if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
             raise BadRequest(f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
         if self._task is None:
