@@ -31,7 +31,8 @@ unset PYTHONDONTWRITEBYTECODE
 # pytest's status 5 is "no test selected": of one kind, when the arguments pick a few tests.
 pytest() {
   local status=0
-  "$VENV/bin/python" -m pytest -q "$@" || status=$?
+  # the slowest tests of each run, so a run that grows past the budget says where
+  "$VENV/bin/python" -m pytest -q --durations=15 "$@" || status=$?
   return $((status == 5 ? 0 : status))
 }
 status=0
