@@ -154,12 +154,23 @@ above on each.
         --agents 500 (load 4.9): failover: agents=500 reconnect_p99_s=14.57 failed=0 relists=0
         heartbeat_gaps=22 heartbeat_cpu_ms=0.361 (p50 2.36 s; watch p50 2.39 p99 12.89, beat p50
         2.36 p99 14.56; the live servers 1.6 and 3.7 CPU s, this process 10.2, in 17 s).
+    the same, --agents 1000, the machine quiet (load 2.1): failover: agents=1000
+        reconnect_p99_s=inf failed=0 relists=0 heartbeat_gaps=700 heartbeat_cpu_ms=0.282: 300
+        agents back within 4.43 s (watch p99 4.43, beat p99 4.43: the 5 s target met for them),
+        700 not within 120 s, their watches and beats "timed out" on the live servers again and
+        again (1,800 watch tries) while those servers were all but idle (4.4 and 4.7 CPU s in
+        120 s) and this process took 74.8 CPU s.
+    main's build, right after (load 2.3): the same stall: heartbeat_gaps=701, 299 agents back
+        within 4.96 s (p99 4.92), 701 not within 120 s. So that stall is not the queued
+        handshakes' (main has none) and is not the CPU: it is the next thing to find, on the
+        agents' side of this bench first (1,000 clients in one process; the earlier 11.07 s
+        figure above does not come back today).
 The p99 is in the failed tries: the slowest tenth's components (waiting 0.1-1 s, connecting
 0.1-0.5 s, answered 0.3 s) add to a second or two, the rest is one or two tries that failed
 after their timeout before the one that worked. The backoff is not where the time goes: a
 watch's first wait is 0.05-0.1 s and a beat's moves on at once; nor the watch cache's resume on
 the new server (answered p99 1 s). The target, 5 s at 1,000, is not met on this machine today;
-what is left: the client's own TLS (uvloop's SSLProtocol, in this one process for every agent)
+what is left, besides that stall: the client's own TLS (uvloop's SSLProtocol, in this one process for every agent)
 logs "Fatal error on SSL protocol" with a traceback for each connection closed while its
 handshake was under way (2,488 in main's 1,000-agent run), and the watch's connect (aiohttp's
 sock_connect, the client's 30 s) gives up on a queued handshake only late.
