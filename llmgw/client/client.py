@@ -206,6 +206,11 @@ class Client:
         self._oneshots = {url: OneShot(url, self._ssl, timeout) for url in self.servers} if oneshot else None
 
     @property
+    def timeout(self) -> float:
+        """How long each server may take to answer a request given no timeout of its own (s)."""
+        return self._timeout_s
+
+    @property
     def server(self) -> str:
         """The URL of the server in use."""
         return self.servers[self._at]
@@ -296,9 +301,11 @@ class Client:
             return await _oneshot_request(self._oneshots[server], url, method, path, params, body, timeout)
         import aiohttp
 
-        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else None
+        session = self._open()
+        # no timeout given: the session's, the client's (aiohttp takes timeout=None for none at all)
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else session.timeout
         try:
-            async with self._open().request(method, url, params=params, json=body, timeout=limit) as resp:
+            async with session.request(method, url, params=params, json=body, timeout=limit) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
                 return await resp.json()

@@ -5,6 +5,12 @@ verify callback, and asyncio drops handshake errors silently. So the listener ru
 the handshake itself (asyncio's SSLProtocol, wired by hand) and logs why one failed:
 unknown CA, no certificate, or the client distrusting us.
 
+At most ``handshakes`` handshakes run at once; the connections accepted beyond them wait, in
+the order they came and reading nothing, and each one's handshake timeout runs from its start.
+When a server dies, every client it held comes to the others in the same second (a fleet's
+agents: a watch and a heartbeat stream each): handshakes all run at once would share the CPU
+and all finish late, past the timeout, and each one cut is done again (hack/bench/failover.py).
+
 Validity dates are *not* checked in the handshake (llmgw.pki.tls, check_time=False): the
 server checks them per request instead, so an expired certificate is refused with a
 log line naming its CN and serial, and the client gets a JSON answer saying so.
@@ -15,12 +21,17 @@ import asyncio
 import logging
 import ssl
 from asyncio.sslproto import SSLProtocol
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 log = logging.getLogger("llmgw.server")
+
+# TLS handshakes a listener runs at once (the module's docstring says why): enough to keep the CPU busy
+# while each waits a round trip on its client, few enough that they finish one after another.
+HANDSHAKES = 128
 
 # OpenSSL verify codes that mean "not signed by a CA this server trusts".
 _UNKNOWN_CA = {2, 18, 19, 20, 21, 30}
@@ -55,13 +66,56 @@ class _AlertingSSLProtocol(SSLProtocol):
         super()._on_handshake_complete(handshake_exc)
 
 
-class _Acceptor(asyncio.Protocol):
-    """Runs the TLS handshake for one connection, then hands it to aiohttp's handler."""
+class _Handshakes:
+    """The handshakes of one listener: at most `limit` at once, the rest queued (see the module docstring)."""
 
-    def __init__(self, handler_factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, timeout: float) -> None:
-        self._factory, self._ctx, self._timeout = handler_factory, ctx, timeout
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"at least one TLS handshake at a time, not {limit}")
+        self.limit, self.running = limit, 0
+        self.waiting: deque[_Acceptor] = deque()
+
+    def admit(self, acceptor: "_Acceptor") -> None:
+        if self.running < self.limit:
+            self.running += 1
+            acceptor.start()
+        else:
+            acceptor.wait()
+            self.waiting.append(acceptor)
+
+    def ended(self) -> None:
+        """One handshake ended (done, refused, timed out or cut): the next waiting one starts."""
+        self.running -= 1
+        while self.waiting and self.running < self.limit:
+            acceptor = self.waiting.popleft()
+            if not acceptor.gone:
+                self.running += 1
+                acceptor.start()
+
+
+class _Acceptor(asyncio.Protocol):
+    """Runs the TLS handshake for one connection, once its turn comes, then hands it to aiohttp's handler."""
+
+    def __init__(self, handler_factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, timeout: float,
+                 handshakes: _Handshakes) -> None:
+        self._factory, self._ctx, self._timeout, self._handshakes = handler_factory, ctx, timeout, handshakes
+        self._transport: asyncio.Transport | None = None
+        self.gone = False   # the connection ended while it waited for its turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)   # uvloop's TCPTransport: no asyncio subclass
+        self._handshakes.admit(self)
+
+    def wait(self) -> None:
+        assert self._transport is not None
+        self._transport.pause_reading()   # the ClientHello waits in the socket for the handshake's turn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True   # only while waiting: once started, the TLS protocol has the transport
+
+    def start(self) -> None:
+        transport = self._transport
+        assert transport is not None
         loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         waiter = loop.create_future()
@@ -70,6 +124,9 @@ class _Acceptor(asyncio.Protocol):
                           call_connection_made=True, ssl_handshake_timeout=self._timeout)  # type: ignore[arg-type]
         transport.set_protocol(tls)
         tls.connection_made(transport)
+        if not transport.is_reading():
+            transport.resume_reading()
+        waiter.add_done_callback(lambda _: self._handshakes.ended())
         waiter.add_done_callback(lambda fut: _log_failure(fut, peer))
 
 
@@ -87,13 +144,14 @@ def _log_failure(fut: asyncio.Future[Any], peer: tuple[str, int] | None) -> None
 class TLSSite(web.TCPSite):
     """TCPSite whose listener logs refused handshakes (see the module docstring)."""
 
-    __slots__ = ("_tls_context", "_handshake_timeout")
+    __slots__ = ("_tls_context", "_handshake_timeout", "_handshakes")
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int | None, *, ssl_context: ssl.SSLContext,
-                 handshake_timeout: float = 10.0, **kw: Any) -> None:
+                 handshake_timeout: float = 10.0, handshakes: int = HANDSHAKES, **kw: Any) -> None:
         super().__init__(runner, host, port, **kw)
         self._tls_context = ssl_context
         self._handshake_timeout = handshake_timeout
+        self._handshakes = _Handshakes(handshakes)
 
     @property
     def name(self) -> str:
@@ -104,8 +162,8 @@ class TLSSite(web.TCPSite):
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None  # BaseSite.start: the runner is set up
-        ctx, timeout = self._tls_context, self._handshake_timeout
+        ctx, timeout, handshakes = self._tls_context, self._handshake_timeout, self._handshakes
         self._server = await loop.create_server(
-            lambda: _Acceptor(server, ctx, timeout), self._host, self._port,
+            lambda: _Acceptor(server, ctx, timeout, handshakes), self._host, self._port,
             backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port)
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port

@@ -77,6 +77,17 @@ async def test_oneshot_requests_move_on_too(servers):
 
 
 @pytest.mark.parametrize("oneshot", [False, True])
+async def test_requests_move_on_from_a_frozen_server_within_the_clients_timeout(servers, oneshot):
+    """A request given no timeout of its own is held to the client's (aiohttp's timeout=None would
+    be none at all: a frozen server would hold it for ever); the next server answers it."""
+    async with client_of(servers, oneshot=oneshot, timeout=1.0) as c:
+        await c.create(model("frozen"))
+        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        assert (await c.get(Model, "frozen")).name == "frozen"
+        assert c.server == c.servers[1]
+
+
+@pytest.mark.parametrize("oneshot", [False, True])
 async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(servers, oneshot):
     """A frozen server (SIGSTOP: it accepts connections and answers nothing) holds a heartbeat for
     the beat's timeout (the agent's interval), not the client's 30 s; the next server answers it."""

@@ -177,3 +177,44 @@ def test_unreadable_client_key_is_a_client_side_tls_error(ca_dir, tmp_path):
     with pytest.raises(TLSError) as err:
         Client("https://127.0.0.1:1", ca=ca_dir.ca, cert=cert, key=str(tmp_path / "nope.key"))
     assert err.value.side == "client" and "nope.key" in str(err.value)
+
+
+async def test_handshakes_beyond_the_limit_wait_their_turn(tmp_path):
+    """A listener that runs one TLS handshake at a time (llmgw/server/tls.py): connections that
+    send nothing hold it until their handshakes time out; a client that came meanwhile waits its
+    turn, reading nothing, and is then served, its handshake timed from its own start."""
+    from aiohttp import web
+
+    from llmgw.pki.ca import CertificateAuthority
+    from llmgw.pki.tls import mtls_server_context
+    from llmgw.server.tls import TLSSite
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    ca.init()
+    server, node = ca.issue("server", "llmgw-server", ["127.0.0.1"]), ca.issue("node", "n1")
+
+    async def whoami(_: web.Request) -> web.Response:
+        return web.json_response({"name": "n1"})
+    app = web.Application()
+    app.router.add_get("/apis/llmgw.io/v1/whoami", whoami)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = TLSSite(runner, "127.0.0.1", port, handshake_timeout=1.0, handshakes=1,
+                   ssl_context=mtls_server_context(server.cert, server.key, str(ca.cert_path)))
+    await site.start()
+    try:
+        # two connections that send nothing hold the one handshake for a timeout each, longer
+        # than those behind them may wait if each were timed from its connection
+        silent = [(await asyncio.open_connection("127.0.0.1", port))[1] for _ in range(2)]
+        url, tls = f"https://127.0.0.1:{port}", {"ca": str(ca.cert_path), "cert": node.cert, "key": node.key}
+        async with Client(url, **tls, timeout=0.3) as c:
+            with pytest.raises(Unreachable):   # its turn does not come while they hold it
+                await c.whoami()
+        async with Client(url, **tls) as c:
+            answers = await asyncio.gather(*(c.whoami() for _ in range(3)))
+        assert answers == [{"name": "n1"}] * 3
+        for writer in silent:
+            writer.close()
+    finally:
+        await runner.cleanup()
