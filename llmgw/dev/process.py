@@ -1,9 +1,7 @@
 """Ports, readiness and stopping for the processes a local cluster, a benchmark or a test starts."""
 from __future__ import annotations
 
-import functools
 import os
-import random
 import socket
 import ssl
 import subprocess
@@ -17,33 +15,11 @@ LLMGW = [sys.executable, "-m", "llmgw.cli.main"]   # the `llmgw` command, in thi
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port of `host` (loopback) nobody uses right now, above the kernel's ephemeral range where
-    there is room (61000-65535 by default). A port in that range, free when picked, may be taken as
-    the local port of any process's outgoing connection before the component that was given it
-    binds it, seconds later (a test run's server: "address already in use"); above it, only another
-    free_port's pick can."""
-    above = range(_ephemeral_range()[1] + 1, 65536)
-    if len(above) >= 1000:
-        for port in random.sample(above, 64):
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket() as s:   # no room above it: the kernel's pick
+    """A port of `host` (loopback) nobody listens on right now."""
+    with socket.socket() as s:
         s.bind((host, 0))
-        picked: int = s.getsockname()[1]
-        return picked
-
-
-@functools.lru_cache(maxsize=1)
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999   # Linux's default
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 60.0,
