@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -48,25 +49,29 @@ TIMEOUT = aiohttp.ClientTimeout(total=60)
 async def _range(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[str, str], start: int,
                  length: int) -> bytes:
     where = f"{entry.url} bytes {start}-{start + length - 1}"
-    try:
-        async with http.get(entry.url, headers={**headers, "Range": f"bytes={start}-{start + length - 1}"}) as resp:
-            whole = resp.status == 200 and resp.content_length is not None and resp.content_length <= length
-            if resp.status != 206 and not whole:     # a file no longer than the range may come whole
-                raise ShapeError(f"{where}: HTTP {resp.status}, not 206 Partial Content (no Range reads there)")
-            return await resp.content.read(length)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-        raise ShapeError(f"{where}: {type(err).__name__}: {err}") from None
+    ask = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
+
+    def partial(resp: aiohttp.ClientResponse) -> bool:   # a file no longer than the range may come whole
+        return resp.status == 206 or (resp.status == 200 and resp.content_length is not None
+                                      and resp.content_length <= length)
+    return await _read(http, entry.url, ask, length, partial, where, "not 206 Partial Content (no Range reads there)")
 
 
 async def _get(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[str, str]) -> bytes:
     """A small file whole (config.json, the safetensors index)."""
+    return await _read(http, entry.url, headers, MAX_HEADER, lambda resp: resp.status == 200, entry.url, "")
+
+
+async def _read(http: aiohttp.ClientSession, url: str, headers: dict[str, str], most: int,
+                answered: Callable[[aiohttp.ClientResponse], bool], where: str, why: str) -> bytes:
+    """At most `most` bytes of `url`'s answer, if `answered` takes it; ShapeError naming `where` else."""
     try:
-        async with http.get(entry.url, headers=headers) as resp:
-            if resp.status != 200:
-                raise ShapeError(f"{entry.url}: HTTP {resp.status}")
-            return await resp.content.read(MAX_HEADER)
+        async with http.get(url, headers=headers) as resp:
+            if not answered(resp):
+                raise ShapeError(f"{where}: HTTP {resp.status}" + (f", {why}" if why else ""))
+            return await resp.content.read(most)
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-        raise ShapeError(f"{entry.url}: {type(err).__name__}: {err}") from None
+        raise ShapeError(f"{where}: {type(err).__name__}: {err}") from None
 
 
 async def _safetensors_bytes(http: aiohttp.ClientSession, entry: FileEntry, headers: dict[str, str]) -> int:
