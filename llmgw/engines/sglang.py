@@ -13,8 +13,9 @@ with no adapter, SGLang needs `--max-lora-rank` and `--lora-target-modules` in t
 (falling back to `executables['python']`, then `python3`). Rank 0 of a
 precise-prefix replica publishes KV events with SGLang's --kv-events-config
 (python/sglang/srt/disaggregation/kv_events.py's KVEventsConfig, 0.5.23: no
-enable field; publisher "null" unless given): vLLM's wire layout, but block
-hashes of SGLang's own, which the gateway refuses (docs/contracts.md, "KV events").
+enable field; publisher "null" unless given): vLLM's wire layout, block hashes
+of SGLang's own pages, which the gateway computes as SGLang does
+(llmgw.routing.kvblocks.SGLangBlockHasher; docs/contracts.md, "KV events").
 """
 from __future__ import annotations
 
@@ -121,6 +122,6 @@ ENGINE = register(Engine(
     # python/sglang/srt/entrypoints/http_server.py's routes
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},
-    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True,
+    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True, block_hashes="sglang",
     context_flags=("--context-length",),
 ))

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from llmgw.api.sources import HubSource, parse_source
+from llmgw.engines import ENGINES
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
@@ -73,10 +74,12 @@ class KVIndexes:
                 del self._subs[name]
                 sub.cancel()
                 self.index(b.model).drop(name)
+                self.index(b.model).hashes.pop(name, None)
         for name, b in want.items():
             if name not in self._subs:
                 assert b.kv_events
                 kv = self.index(b.model)
+                kv.hashes[name] = ENGINES[b.engine].block_hashes if b.engine in ENGINES else "vllm"
                 sub = Subscription(name, b.kv_events, b.kv_replay, TOPIC,
                                    partial(self._apply, b.model), kv.drop)
                 sub.start()

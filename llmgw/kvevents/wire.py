@@ -76,6 +76,7 @@ class Event:
     block_size: int = 0
     extra_keys: tuple[Any, ...] | None = None  # each block's extra keys (a LoRA adapter's name, ...)
     lora_name: str | None = None  # the LoRA adapter the stored blocks were computed under
+    cache_salt: str | None = None  # the salt of the request that stored them (SGLang says it)
 
 
 @dataclass(frozen=True)
@@ -108,5 +109,6 @@ def decode_batch(payload: bytes) -> Batch:
         out.append(Event(ev["type"], tuple(ev.get("block_hashes") or ()), ev.get("parent_block_hash"),
                          tuple(ev.get("token_ids") or ()), int(ev.get("block_size") or 0),
                          tuple(ev["extra_keys"]) if isinstance(ev.get("extra_keys"), list) else None,
-                         ev.get("lora_name") if isinstance(ev.get("lora_name"), str) else None))
+                         ev.get("lora_name") if isinstance(ev.get("lora_name"), str) else None,
+                         ev.get("cache_salt") if isinstance(ev.get("cache_salt"), str) else None))
     return Batch(float(ts), out)

@@ -9,7 +9,13 @@ HASH_SEED when events are on (vLLM otherwise picks a default that differs across
 versions, or a random one); extra_keys is None without a LoRA adapter, multimodal
 input or cache salt. Only whole blocks are hashed. KV events carry each hash as an
 integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default,
-VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1).
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1). A request's cache_salt is an extra key of its
+first block, ("cache_salt", salt) as vLLM 0.34 tags it.
+
+SGLang (SGLangBlockHasher, HASHERS["sglang"]) keys pages of --page-size tokens its own
+way: SHA-256 of the parent page's digest and the page's token ids as little-endian
+uint32, no seed, a salted chain starting from a digest of the salt; its events carry
+a digest's first 8 bytes as a signed integer.
 
 Where the model has a tokenizer.json (the Hugging Face layout, read with
 `tokenizers`), a completion's token ids are its prompt texts' encodings one after
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 import zlib
 from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
@@ -63,25 +70,36 @@ def _chunk(parent: bytes, tokens: tuple[int, ...], size: int, extra: tuple[Any, 
     return tuple(out)
 
 
-def chain(parent: bytes, token_ids: Sequence[int], block_size: int, extra: tuple[Any, ...] | None = None
-          ) -> list[bytes]:
-    """The hashes of the whole blocks of `token_ids`, chained from `parent` (a stored event's blocks,
-    re-keyed as a request would key them)."""
-    whole = len(token_ids) - len(token_ids) % block_size
-    return [digest for digest, _ in _chunk(parent, tuple(token_ids[:whole]), block_size, extra)] if whole else []
-
-
 class BlockHasher:
-    """One engine's block keys: its block size and seed."""
+    """One engine's block keys: its block size and seed (vLLM's, the sim's)."""
+
+    chunk = staticmethod(_chunk)  # the (hash, event key) of a run of blocks chained from a parent
+    external = staticmethod(external)  # a block hash as events carry it
+    name = "vLLM's sha256_cbor"  # what the keys are, for a refusal
 
     def __init__(self, block_size: int, seed: str = HASH_SEED):
         self.block_size = block_size
         self.root = sha256_cbor(seed)
+        self.seed = seed
+
+    def chain(self, parent: bytes, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None) -> list[bytes]:
+        """The hashes of the whole blocks of `token_ids`, chained from `parent` (a stored event's blocks,
+        re-keyed as a request would key them)."""
+        whole = len(token_ids) - len(token_ids) % self.block_size
+        return [d for d, _ in self.chunk(parent, tuple(token_ids[:whole]), self.block_size, extra)] if whole else []
+
+    def salted(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None, salt: str) -> tuple[bytes, int]:
+        """Where a request's chain with a cache_salt starts: (the parent of the first block hashed as
+        others, that block's offset). vLLM 0.34 (generate_block_hash_extra_keys) adds
+        ("cache_salt", salt) to the first block's extra keys: that block is hashed here."""
+        first = tuple(token_ids[:self.block_size])
+        return sha256_cbor((self.root, first, (*(extra or ()), ("cache_salt", salt)))), self.block_size
 
     def keys(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None,
-             held: Container[int] | None = None) -> list[int]:
+             held: Container[int] | None = None, salt: str | None = None) -> list[int]:
         """The event keys (external hashes) of the prompt's whole blocks, chained from the root
-        (NONE_HASH); `extra`: vLLM's extra keys of every block (a LoRA adapter's, say). With `held`,
+        (NONE_HASH); `extra`: vLLM's extra keys of every block (a LoRA adapter's, say); `salt`: the
+        request's cache_salt (salted). With `held`,
         only the leading ones it holds: nothing past the first it does not hold can be a hit, and a
         new question after a long known context is not hashed past its first chunk. Blocks are
         hashed and remembered CHUNK at a time: prompts repeat their long prefixes (system prompts, a
@@ -90,8 +108,15 @@ class BlockHasher:
         parent = self.root
         size = self.block_size
         whole = len(token_ids) - len(token_ids) % size
-        for start in range(0, whole, size * CHUNK):
-            blocks = _chunk(parent, tuple(token_ids[start:min(start + size * CHUNK, whole)]), size, extra)
+        first = 0
+        if salt is not None and whole:
+            parent, first = self.salted(token_ids, extra, salt)
+            if first:
+                out.append(self.external(parent))
+                if held is not None and out[0] not in held:
+                    return []
+        for start in range(first, whole, size * CHUNK):
+            blocks = self.chunk(parent, tuple(token_ids[start:min(start + size * CHUNK, whole)]), size, extra)
             for _, key in blocks:
                 if held is not None and key not in held:
                     return out
@@ -99,9 +124,61 @@ class BlockHasher:
             parent = blocks[-1][0]
         return out
 
-    def agrees(self, token_ids: Sequence[int], keys: Sequence[int]) -> bool:
+    def agrees(self, token_ids: Sequence[int], keys: Sequence[int], salt: str | None = None) -> bool:
         """Whether a chain the engine stored from its root has the keys this hasher computes."""
-        return self.keys(token_ids) == list(keys)
+        return self.keys(token_ids, salt=salt) == list(keys)
+
+
+# ---------------------------------------------------------------- SGLang's page keys
+
+_U32 = (1 << 32) - 1
+SGLANG_SALT = b"sglang-cache-salt-v1\0"  # utils.compute_node_event_hash_values' seed of a salted chain
+
+
+def sglang_page(parent: bytes, tokens: Sequence[int], extra: tuple[Any, ...] | None = None) -> bytes:
+    """SGLang's hash of one page (cpp_utils/hash_binding.cpp): SHA-256 of the parent page's digest
+    (nothing before the first page of an unsalted chain) and the page's token ids as little-endian
+    uint32, or, where one does not fit, a 0xff byte and uint64s. `extra` (the gateway's own keys of a
+    LoRA adapter's blocks, which SGLang namespaces with its load's id): its CBOR after the tokens."""
+    wide = any(t > _U32 for t in tokens)
+    body = b"\xff" + struct.pack(f"<{len(tokens)}Q", *tokens) if wide else struct.pack(f"<{len(tokens)}I", *tokens)
+    return hashlib.sha256(parent + body + (cbor2.dumps(extra, canonical=True) if extra else b"")).digest()
+
+
+def sglang_external(digest: bytes) -> int:
+    """A page hash as SGLang's events carry it (utils.hash_str_to_int64): its first 8 bytes, big-endian,
+    a signed 64-bit integer."""
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@functools.lru_cache(maxsize=BLOCKS_MEMO // CHUNK)
+def _sglang_chunk(parent: bytes, tokens: tuple[int, ...], size: int, extra: tuple[Any, ...] | None
+                  ) -> tuple[tuple[bytes, int], ...]:
+    out = []
+    for start in range(0, len(tokens), size):
+        parent = sglang_page(parent, tokens[start:start + size], extra)
+        out.append((parent, sglang_external(parent)))
+    return tuple(out)
+
+
+class SGLangBlockHasher(BlockHasher):
+    """SGLang's page keys (0.5.23, its radix cache's KV events in the default format): pages of
+    --page-size tokens chained by their SHA-256 digests (sglang_page), the first with no parent, or
+    with SHA-256(SGLANG_SALT + salt) under a cache_salt; no seed."""
+
+    chunk = staticmethod(_sglang_chunk)
+    external = staticmethod(sglang_external)
+    name = "SGLang's page hashes"
+
+    def __init__(self, block_size: int, seed: str = HASH_SEED):
+        super().__init__(block_size, seed)
+        self.root = b""
+
+    def salted(self, token_ids: Sequence[int], extra: tuple[Any, ...] | None, salt: str) -> tuple[bytes, int]:
+        return hashlib.sha256(SGLANG_SALT + salt.encode("utf-8")).digest(), 0
+
+
+HASHERS: dict[str, type[BlockHasher]] = {"vllm": BlockHasher, "sglang": SGLangBlockHasher}  # by Engine.block_hashes
 
 
 # ---------------------------------------------------------------- tokens without a tokenizer

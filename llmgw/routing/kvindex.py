@@ -15,7 +15,10 @@ disagreement `refused` says why and routing falls back to prefix-score.
 A LoRA adapter's blocks are held under the gateway's own keys of them (their
 tokens chained with the adapter's name, as kvblocks keys a request for it),
 whatever the engine hashed them with: vLLM 0.34 adds the adapter's path on the
-node, which the gateway does not know. Each replica's map from its engine's
+node, which the gateway does not know, SGLang the id of the adapter's load. The
+engines' keys are vLLM's unless the gateway says otherwise for a replica
+(`hashes`: its engine's Engine.block_hashes, SGLang's page hashes); replicas of one
+model that key blocks differently are refused. Each replica's map from its engine's
 hashes of such blocks to the gateway's follows their removal.
 That check cannot see a gateway that tokenizes otherwise than the engines: its
 keys are well made but of other tokens. `lookups` and `matched` count the
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, chain, external, request_token_ids
+from llmgw.routing.kvblocks import HASH_SEED, HASHERS, BlockHasher, request_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -55,6 +58,8 @@ class KVEvent(Protocol):
     def extra_keys(self) -> tuple[Any, ...] | None: ...
     @property
     def lora_name(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
 
 
 class KVIndex:
@@ -71,6 +76,7 @@ class KVIndex:
         self._where: dict[Any, set[str]] = {}  # block hash -> replicas holding it
         self._held: dict[str, set[Any]] = {}  # replica -> block hashes it holds
         self._lora: dict[str, dict[Any, bytes]] = {}  # replica -> its engine's hash of a LoRA block -> ours
+        self.hashes: dict[str, str] = {}  # replica -> how its engine keys blocks (kvblocks.HASHERS; else vLLM's)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -89,14 +95,15 @@ class KVIndex:
         except ValueError:
             return []
 
-    def keys(self, token_ids: Sequence[int], lora: str | None = None) -> list[int]:
+    def keys(self, token_ids: Sequence[int], lora: str | None = None, salt: str | None = None) -> list[int]:
         """The keys of the prompt's leading blocks that some replica holds (kvblocks.BlockHasher.keys:
         hashed no further than that), of a request for the LoRA adapter `lora` if given (vLLM's extra
-        key of every block: the adapter's name)."""
+        key of every block: the adapter's name), with the request's cache_salt `salt` if any. None for
+        an adapter's request with a salt: the index keys an adapter's salted blocks as the engine did."""
         hasher = self.hasher
-        if hasher is None or len(token_ids) < hasher.block_size:
+        if hasher is None or len(token_ids) < hasher.block_size or (lora is not None and salt is not None):
             return []
-        keys = hasher.keys(token_ids, (lora,) if lora is not None else None, held=self._where)
+        keys = hasher.keys(token_ids, (lora,) if lora is not None else None, held=self._where, salt=salt)
         self.lookups += 1
         self.matched += bool(keys)
         return keys
@@ -115,7 +122,8 @@ class KVIndex:
             elif e.kind == "BlockRemoved":
                 held = self._held.get(replica, set())
                 lora = self._lora.get(replica, {})
-                for key in (external(lora.pop(k)) if k in lora else k for k in e.keys):
+                ext = self.hasher.external if self.hasher is not None else None
+                for key in (ext(lora.pop(k)) if ext is not None and k in lora else k for k in e.keys):
                     held.discard(key)
                     where = self._where.get(key)
                     if where is not None:
@@ -143,34 +151,44 @@ class KVIndex:
     def _ours(self, replica: str, e: KVEvent) -> tuple[Any, ...]:
         """The keys the gateway gives a stored event's blocks: the engine's, but for a LoRA adapter's,
         keyed from their tokens and their parent as a request for the adapter is (the engine's keys
-        where the parent, or the tokens, are not known)."""
-        if e.lora_name is None or self.hasher is None or len(e.token_ids) != len(e.keys) * self.hasher.block_size:
+        where the parent, or the tokens, are not known, or the blocks are salted)."""
+        hasher = self.hasher
+        if e.lora_name is None or hasher is None or len(e.token_ids) != len(e.keys) * hasher.block_size \
+                or e.cache_salt is not None or any(k is not None and list(k) != [e.lora_name]
+                                                   for k in e.extra_keys or ()):
             return e.keys
         lora = self._lora.setdefault(replica, {})
-        parent = self.hasher.root if e.parent is None else lora.get(e.parent)
+        parent = hasher.root if e.parent is None else lora.get(e.parent)
         if parent is None:
             return e.keys
-        digests = chain(parent, e.token_ids, self.hasher.block_size, (e.lora_name,))
+        digests = hasher.chain(parent, e.token_ids, (e.lora_name,))
         lora.update(zip(e.keys, digests, strict=True))
-        return tuple(external(d) for d in digests)
+        return tuple(hasher.external(d) for d in digests)
 
     def _check(self, replica: str, e: KVEvent) -> None:
         if self.refused is not None:
             return
+        hashes = self.hashes.get(replica, "vllm")
         if self.hasher is None:
-            self.hasher = BlockHasher(e.block_size, self.seed)
+            self.hasher = HASHERS[hashes](e.block_size, self.seed)
+        elif HASHERS[hashes] is not type(self.hasher):
+            self.refused = (f"replica {replica} keys blocks with {HASHERS[hashes].name}, another of this "
+                            f"model with {self.hasher.name}")
+            return
         elif e.block_size != self.hasher.block_size:
             self.refused = (f"replica {replica} caches blocks of {e.block_size} tokens, another of this "
                             f"model {self.hasher.block_size}")
             return
-        if e.parent is None and e.token_ids and not any(e.extra_keys or ()):  # a chain from the root
-            # without extra keys: the gateway can hash it too. An event's extra keys are not always
-            # those hashed (vLLM 0.34 hashes a LoRA block with ("lora", name, path), publishes (name,)).
-            if self.hasher.agrees(e.token_ids, e.keys):
+        if e.parent is None and e.token_ids and not any(e.extra_keys or ()) and e.lora_name is None:
+            # a chain from the root without extra keys: the gateway can hash it too. An event's extra
+            # keys are not always those hashed (vLLM 0.34 hashes a LoRA block with ("lora", name, path),
+            # publishes (name,); SGLang publishes none and namespaces a LoRA block's hash with its load's id).
+            if self.hasher.agrees(e.token_ids, e.keys, e.cache_salt):
                 self.verified += 1
             else:
-                self.refused = (f"replica {replica}'s block hashes are not sha256_cbor seeded with "
-                                f"PYTHONHASHSEED={self.seed}: the gateway's keys would never match")
+                seeded = f" seeded with PYTHONHASHSEED={self.seed}" if self.hasher.root else ""
+                self.refused = (f"replica {replica}'s block hashes are not {self.hasher.name}{seeded}: "
+                                f"the gateway's keys would never match")
 
     # ------------------------------------------------------------ lookups
 

@@ -40,7 +40,7 @@ from llmgw.routing.ring import load_bound
 class PrecisePrefix:
     name: ClassVar[str] = "precise-prefix"
     description: ClassVar[str] = ("the longest prefix each replica's engine holds, from its KV events "
-                                  "(vLLM, sim), weighed against load; prefix-score until events come.")
+                                  "(vLLM, SGLang, sim), weighed against load; prefix-score until events come.")
 
     def __init__(self, params: RoutingParams) -> None:
         self.fallback = PrefixScore(params)
@@ -56,7 +56,9 @@ class PrecisePrefix:
         keys, blocks = [], 0
         if kv is not None and kv.usable and kv.hasher is not None:
             ids = kv.token_ids(doc)
-            keys, blocks = kv.keys(ids, self.lora), len(ids) // kv.hasher.block_size
+            salt = doc.get("cache_salt")  # the engines' extra key of a salted request's blocks
+            keys = kv.keys(ids, self.lora, salt if isinstance(salt, str) and salt else None)
+            blocks = len(ids) // kv.hasher.block_size
         return keys, blocks, self.fallback.key(doc, session)
 
     def pick(self, replicas: Sequence[R], inflight: Mapping[str, int], key: Any,

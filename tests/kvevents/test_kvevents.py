@@ -32,7 +32,14 @@ from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.routing.chattemplate import load_chat_template
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
+from llmgw.routing.kvblocks import (
+    HASH_SEED,
+    BlockHasher,
+    SGLangBlockHasher,
+    load_tokenizer,
+    request_token_ids,
+    text_ids,
+)
 from llmgw.routing.kvindex import KVIndex
 from llmgw.sim.kvcache import DEFAULT_SEED
 from tests.fixtures import chat_model
@@ -157,20 +164,61 @@ VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vl
 
 
 @pytest.mark.parametrize("case", json.loads(VLLM_HASHES.read_text())["cases"],
-                         ids=lambda c: f"{c['block_size']}-{c['none_hash_seed']}-{'lora' if c['lora'] else 'base'}")
+                         ids=lambda c: f"{c['block_size']}-{c['none_hash_seed']}-{'lora' if c['lora'] else 'base'}"
+                                       f"{'-salted' if c['cache_salt'] else ''}")
 def test_block_hashes_are_those_of_vllms_own_function(case):
     """Against a fixture made by vLLM 0.34.0's own hashing function (its "made" field says how: vLLM cannot be
     installed without a GPU's torch here): the gateway's keys of the same tokens, block size and seed, and the
     sim's default seed. Its LoRA case hashes vLLM 0.34's tagged key with the adapter's path, which the gateway
     does not know (docs/contracts.md, "KV events"): given that key the hashes agree; the adapter's name alone,
-    the key of the sim and of vLLM before 0.34, gives others."""
+    the key of the sim and of vLLM before 0.34, gives others. A request's cache_salt is the first block's
+    extra key, ("cache_salt", salt): the gateway's keys of a salted request are vLLM's, and not the unsalted."""
     hasher = BlockHasher(case["block_size"], case["none_hash_seed"])
-    extra = tuple(tuple(k) for k in case["extra_keys"]) if case["extra_keys"] else None
-    assert hasher.keys(case["token_ids"], extra) == case["hashes"]
+    salt = case["cache_salt"]
+    extra = tuple(tuple(k) for k in case["extra_keys"]) if case["extra_keys"] and not salt else None
+    assert hasher.keys(case["token_ids"], extra, salt=salt) == case["hashes"]
+    if salt:
+        assert case["extra_keys"] == [["cache_salt", salt]]
+        unsalted = hasher.keys(case["token_ids"])
+        assert not set(unsalted) & set(case["hashes"])  # the salt reaches every block through the chain
+        assert hasher.keys(case["token_ids"], held={case["hashes"][0]}, salt=salt) == case["hashes"][:1]
     if case["lora"]:
         assert hasher.keys(case["token_ids"], (case["lora"][0],)) != case["hashes"]
     if case["PYTHONHASHSEED"] is None:
         assert case["none_hash_seed"] == DEFAULT_SEED  # the sim's seed where PYTHONHASHSEED is unset
+
+
+SGLANG_EVENTS = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "sglang-0.5.23-block-events.json"
+
+
+@pytest.mark.parametrize("case", json.loads(SGLANG_EVENTS.read_text())["cases"], ids=lambda c: c["name"])
+def test_sglang_page_keys_are_those_of_sglangs_own_events(case):
+    """Against batches made by SGLang 0.5.23's own KV event code (the fixture's "made" says how): they decode,
+    an index following the replica as SGLang's verifies their chain from the root (salted or not, pages of 1 to
+    16 tokens, a token past 32 bits), matches a request's keys on all of its pages and follows a removal; an
+    adapter's pages (hashed with its load's id) are held under the gateway's keys of a request for it. Keyed as
+    vLLM's, the same events are refused."""
+    size, salt, lora = case["page_size"], case["cache_salt"], case["lora_name"]
+    tokens = [t for node in case["nodes"] for t in node]
+    batches = [wire.decode_batch(bytes.fromhex(b["msgpack_hex"])).events for b in case["batches"]]
+    stored = [k for events in batches[:-1] for e in events for k in e.keys]
+    kv = KVIndex()
+    kv.hashes["r"] = "sglang"
+    for events in batches[:-1]:
+        kv.apply("r", events)
+    assert kv.refused is None and kv.usable and kv.hasher is not None and kv.hasher.block_size == size
+    assert kv.matches(kv.keys(tokens, lora, None if lora else salt), ["r"]) == {"r": len(tokens) // size}
+    if lora:
+        assert kv.verified == 0 and kv.matches(kv.keys(tokens), ["r"]) == {"r": 0}
+        assert kv.hasher.keys(tokens, salt=salt) != stored  # namespaced by the load's id
+    else:
+        assert kv.verified == 1 and SGLangBlockHasher(size).keys(tokens, salt=salt) == stored
+        assert salt is None or kv.matches(kv.keys(tokens), ["r"]) == {"r": 0}
+    kv.apply("r", batches[-1])  # the last node evicted
+    assert kv.matches(kv.keys(tokens, lora, None if lora else salt), ["r"]) == {"r": len(case["nodes"][0]) // size}
+    as_vllm = KVIndex()
+    as_vllm.apply("r", batches[0])
+    assert lora or (as_vllm.refused is not None and "vLLM's sha256_cbor" in as_vllm.refused)
 
 
 async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
