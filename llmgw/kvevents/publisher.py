@@ -4,7 +4,8 @@ The configuration is vLLM's KVEventsConfig as JSON: enable_kv_cache_events,
 publisher ("zmq" or "null"), endpoint (default tcp://*:5557), replay_endpoint,
 buffer_steps (batches kept for replay, 10000), hwm (100000), max_queue_size and
 topic (""). An endpoint with "*" or "::", or an ipc:// or inproc:// one, is bound;
-any other is connected to, as vLLM does.
+any other is connected to, as vLLM does. SGLang's (parse_config(sglang=True)) has no
+enable field: its publisher "zmq" turns events on (its default is "null").
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,8 @@ import zmq
 import zmq.asyncio
 
 from llmgw.kvevents.wire import END_SEQ, encode_batch, seq_bytes
+
+Encoder = Callable[[list[dict[str, Any]]], bytes]
 
 
 @dataclass(frozen=True)
@@ -37,18 +41,20 @@ class KVEventsConfig:
         return self.enable_kv_cache_events and self.publisher != "null"
 
 
-def parse_config(text: str) -> KVEventsConfig:
-    """--kv-events-config's JSON; ValueError saying what is wrong."""
+def parse_config(text: str, sglang: bool = False) -> KVEventsConfig:
+    """--kv-events-config's JSON (vLLM's, or SGLang's); ValueError saying what is wrong."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
-    fields = KVEventsConfig.__dataclass_fields__
+    fields = {f: None for f in KVEventsConfig.__dataclass_fields__ if not sglang or f != "enable_kv_cache_events"}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)}: one of {', '.join(fields)}")
+    if sglang:
+        raw["enable_kv_cache_events"] = raw.get("publisher") == "zmq"
     cfg = KVEventsConfig(**raw)
     if cfg.publisher not in ("", "zmq", "null"):
         raise ValueError(f"publisher {cfg.publisher!r}: one of zmq, null")
@@ -67,11 +73,15 @@ def _on(endpoint: str, host: str) -> str:
 class Publisher:
     """Numbered batches on a PUB socket, the last `buffer_steps` of them replayed on request."""
 
-    def __init__(self, cfg: KVEventsConfig, host: str = ""):
+    def __init__(self, cfg: KVEventsConfig, host: str = "", encode: Encoder = encode_batch,
+                 replay_topic: bool = False):
         """`host`: where a `*` endpoint binds (the sim's --host: a dev cluster's nodes share one
         machine, each on an address of its own, as the sim's other listeners are); empty: every
-        address, as vLLM binds."""
+        address, as vLLM binds. `encode`: a batch's payload (vLLM's layout by default);
+        `replay_topic`: a replayed batch is preceded by the topic, as SGLang's are."""
         self.cfg = cfg
+        self._encode = encode
+        self._replay_topic = (self.cfg.topic.encode(),) if replay_topic else ()
         # a plain socket: the sim's cache publishes from synchronous code
         self._pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
@@ -94,7 +104,7 @@ class Publisher:
             self._task = asyncio.get_running_loop().create_task(self._serve_replays())
 
     def publish(self, events: list[dict[str, Any]]) -> None:
-        payload = encode_batch(events)
+        payload = self._encode(events)
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))
@@ -112,8 +122,8 @@ class Publisher:
             first = int.from_bytes(start, "big")
             for seq, payload in list(self._buffer):
                 if seq >= first:
-                    await sock.send_multipart((client, b"", seq_bytes(seq), payload))
-            await sock.send_multipart((client, b"", END_SEQ, b""))
+                    await sock.send_multipart((client, b"", *self._replay_topic, seq_bytes(seq), payload))
+            await sock.send_multipart((client, b"", *(b"" for _ in self._replay_topic), END_SEQ, b""))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -13,7 +13,9 @@ vLLM's metric names (vllm:num_requests_running, vllm:generation_tokens_total,
 ...) so whatever reads a vLLM replica's load reads a sim replica's too. With
 --enable-lora it serves vLLM's runtime LoRA API (/v1/load_lora_adapter,
 /v1/unload_lora_adapter: vLLM's request fields, plain-text successes and error
-bodies), and a loaded adapter's name is a model it answers to.
+bodies), and a loaded adapter's name is a model it answers to. With --api sglang it plays
+SGLang's instead (llmgw.sim.sglang: /load_lora_adapter, /unload_lora_adapter, an adapter
+requested as BASE:ADAPTER, SGLang's KV events).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from aiohttp import web
 from llmgw.kvevents.publisher import Publisher
 from llmgw.routing.chattemplate import load_chat_template
 from llmgw.routing.kvblocks import load_tokenizer, request_token_ids
-from llmgw.sim import tokens
+from llmgw.sim import sglang, tokens
 from llmgw.sim.config import SimConfig
 from llmgw.sim.kvcache import PrefixCache
 from llmgw.sim.scheduler import Scheduler, Seq
@@ -96,9 +98,13 @@ class SimApi:
         self.pacer = tokens.Pacer(cfg.ttft_ms, cfg.tokens_per_second)
         self.tokenizer = load_tokenizer(cfg.model_path)  # the model's tokenizer.json, else words are tokens
         self.template = load_chat_template(cfg.model_path)  # its chat template, rendered as vLLM renders it
-        self.publisher = Publisher(cfg.kv_events, cfg.host) if cfg.kv_events.enabled else None
+        self.sglang = cfg.api == "sglang"
+        self.publisher = None
+        if cfg.kv_events.enabled:
+            self.publisher = Publisher(cfg.kv_events, cfg.host, sglang.encode_batch, replay_topic=True) \
+                if self.sglang else Publisher(cfg.kv_events, cfg.host)
         self.cache = PrefixCache(cfg.block_size, cfg.kv_cache_tokens,
-                                 self.publisher.publish if self.publisher is not None else None)
+                                 self.publisher.publish if self.publisher is not None else None, cfg.api)
         # The step model when it has a cost; else requests are paced one by one (--ttft-ms,
         # --tokens-per-second) and never wait for each other.
         self.scheduler = None
@@ -117,6 +123,8 @@ class SimApi:
         self.lora_ids: dict[str, int] = {}       # loaded LoRA adapter -> its load's id, vLLM's lora_int_id
         self._lora_loads = itertools.count(1)
         self._loading: set[str] = set()          # adapters whose load is under way
+        self._pinned: set[str] = set()           # SGLang's adapters loaded with "pinned"
+        self._lora_lock = asyncio.Lock()         # SGLang loads and unloads one at a time
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()
         self._runner: web.AppRunner | None = None
@@ -142,7 +150,10 @@ class SimApi:
         app.router.add_post("/v1/audio/transcriptions", self.transcribe)
         app.router.add_post("/v1/audio/translations", self.transcribe)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
-        if self.cfg.enable_lora:
+        if self.sglang:  # served with or without --enable-lora, as SGLang's
+            app.router.add_post(sglang.LOAD, self.sglang_load_lora_adapter)
+            app.router.add_post(sglang.UNLOAD, self.sglang_unload_lora_adapter)
+        elif self.cfg.enable_lora:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         app.on_response_prepare.append(_join_trace)
@@ -196,6 +207,11 @@ class SimApi:
         return body
 
     def _serves(self, model: object) -> None:
+        if self.sglang and (adapter := sglang.adapter_of(model, self.cfg.model)) is not None:
+            if adapter not in self.loras:
+                raise _BadRequest(error(400, sglang.not_loaded(adapter, self.loras), "BadRequestError"))
+            self.loras[adapter] = self.loras.pop(adapter)  # the most recently used
+            return
         if model not in self.names and model not in self.loras:
             raise _BadRequest(error(404, f"The model `{model}` does not exist; this server serves "
                                          f"{', '.join(self.cfg.served_model_names)}", "NotFoundError"))
@@ -309,6 +325,61 @@ class SimApi:
         _say(f"Removed LoRA adapter: name '{name}'")
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
+    async def sglang_load_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's POST /load_lora_adapter (llmgw.sim.sglang): --lora-load-seconds pass before it is
+        answered; past --max-loras the least recently used unpinned adapter is unloaded."""
+        try:
+            body = await _json_object(request)
+        except _BadRequest as bad:
+            return bad.response
+        if (lacking := sglang.missing(body, "lora_name", "lora_path")) is not None:
+            return lacking
+        name, path = body["lora_name"], body["lora_path"]
+        if not self.cfg.enable_lora:
+            return sglang.answer(False, self.loras, sglang.NOT_ENABLED)
+        async with self._lora_lock:
+            await asyncio.sleep(self.cfg.lora_load_seconds)
+            failure = await asyncio.to_thread(sglang.load_failure, name, path, self.loras)
+            if failure is not None:
+                return sglang.answer(False, self.loras, failure)
+            self.loras[name] = path
+            self.lora_ids[name] = next(self._lora_loads)
+            if body.get("pinned") is True:
+                self._pinned.add(name)
+            _say(f"LoRA adapter loading completes: name '{name}', path '{path}'")
+            while len(self.loras) > self.cfg.max_loras:
+                lru = next((n for n in self.loras if n not in self._pinned), None)
+                if lru is None:
+                    break
+                self._sglang_unload(lru)
+            return sglang.answer(True, self.loras)
+
+    async def sglang_unload_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's POST /unload_lora_adapter (llmgw.sim.sglang)."""
+        try:
+            body = await _json_object(request)
+        except _BadRequest as bad:
+            return bad.response
+        if (lacking := sglang.missing(body, "lora_name")) is not None:
+            return lacking
+        if not self.cfg.enable_lora:
+            return sglang.answer(False, self.loras, sglang.NOT_ENABLED)
+        async with self._lora_lock:
+            failure = sglang.unload_failure(body["lora_name"], self.loras)
+            if failure is not None:
+                return sglang.answer(False, self.loras, failure)
+            self._sglang_unload(body["lora_name"])
+            return sglang.answer(True, self.loras)
+
+    def _sglang_unload(self, name: str) -> None:
+        del self.loras[name], self.lora_ids[name]
+        self._pinned.discard(name)
+        _say(f"LoRA adapter unloading completes: name '{name}'")
+
+    def _adapter(self, model: str) -> str:
+        """The name of the adapter a request's model names (the model itself but for SGLang's BASE:ADAPTER)."""
+        return (sglang.adapter_of(model, self.cfg.model) or model) if self.sglang else model
+
     def _token_ids(self, body: dict[str, Any]) -> list[int]:
         """A request's prompt token ids; a chat its template refuses is a 400, as vLLM answers it."""
         try:
@@ -347,8 +418,9 @@ class SimApi:
                      stream: Callable[[Seq], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Generate n tokens after `prompt`: streamed (`stream` relays them) or `whole` when all are made."""
         self._admit()
-        lora_id = self.lora_ids.get(body["model"])
-        seq = Seq(prompt, n, None if lora_id is None else (body["model"], lora_id))
+        adapter = self._adapter(body["model"])
+        lora_id = self.lora_ids.get(adapter)
+        seq = Seq(prompt, n, None if lora_id is None else (adapter, lora_id))
         if self.scheduler is None:
             seq.cached = self.cache.admit(prompt, seq.lora)
         held = len(prompt) + n

@@ -37,6 +37,7 @@ class SimConfig:
     max_loras: int = 1
     lora_load_seconds: float = 0.0
     kv_events: KVEventsConfig = KVEventsConfig()
+    api: str = "vllm"  # the engine whose LoRA API and KV events the sim plays: vllm or sglang
 
     @property
     def model(self) -> str:
@@ -95,6 +96,11 @@ def parser() -> argparse.ArgumentParser:
                    help="injected failure: exit with status 3 this many seconds after start")
     p.add_argument("--crash-on-request", type=int, metavar="N",
                    help="injected failure: exit with status 3 on receiving the N-th generation request")
+    p.add_argument("--api", choices=("vllm", "sglang"), default="vllm",
+                   help="the engine whose runtime LoRA API and KV events the sim plays: vllm, or sglang "
+                        "(SGLang 0.5.23's /load_lora_adapter and /unload_lora_adapter, an adapter requested as "
+                        "BASE:ADAPTER, --kv-events-config as SGLang's KVEventsConfig, and its events: its page "
+                        "hashes and its layout) (default: vllm)")
     model = p.add_argument_group(
         "step model", "a scheduler and prefix cache like vLLM's: a prompt's tokens are its words; "
         "requests wait for one of --max-num-seqs running slots; each step prefills the uncached "
@@ -163,7 +169,7 @@ def parse(argv: list[str]) -> SimConfig:
     kv_events = KVEventsConfig()
     if a.kv_events_config is not None:
         try:
-            kv_events = parse_config(a.kv_events_config)
+            kv_events = parse_config(a.kv_events_config, sglang=a.api == "sglang")
         except (ValueError, TypeError) as e:
             p.error(f"--kv-events-config: {e}")
     head_host, dist_port = "", 0
@@ -182,5 +188,5 @@ def parse(argv: list[str]) -> SimConfig:
         prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_token=a.decode_ms_per_token,
         max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_cache_tokens=a.kv_cache_tokens,
         model_path=a.model, kv_events=kv_events, enable_lora=a.enable_lora, max_loras=a.max_loras,
-        lora_load_seconds=a.lora_load_seconds,
+        lora_load_seconds=a.lora_load_seconds, api=a.api,
     )

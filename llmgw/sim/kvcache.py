@@ -13,6 +13,8 @@ its head, as vLLM's free queue does.
 
 Every change is told to `on_events` as vLLM's KV events (llmgw.kvevents.wire),
 evictions before the stores that needed their room, one batch per admitted prompt.
+Playing SGLang (`api="sglang"`), blocks are SGLang's pages, keyed and told as
+SGLang's (llmgw.sim.sglang); an adapter's with its name and its load's id.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmgw.kvevents import wire
-from llmgw.routing.kvblocks import BlockHasher
+from llmgw.routing.kvblocks import BlockHasher, SGLangBlockHasher
+from llmgw.sim import sglang
 
 DEFAULT_SEED = "vllm-none-hash"  # vLLM's NONE_HASH seed for sha256_cbor without PYTHONHASHSEED
 
@@ -31,10 +34,13 @@ class PrefixCache:
     """Cached blocks, least recently used first; capacity 0 caches nothing."""
 
     def __init__(self, block_size: int, capacity_tokens: int,
-                 on_events: Callable[[list[dict[str, Any]]], None] | None = None):
+                 on_events: Callable[[list[dict[str, Any]]], None] | None = None, api: str = "vllm"):
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
-        self.hasher = BlockHasher(block_size, os.environ.get("PYTHONHASHSEED", DEFAULT_SEED))
+        hasher = SGLangBlockHasher if api == "sglang" else BlockHasher
+        self.hasher = hasher(block_size, os.environ.get("PYTHONHASHSEED", DEFAULT_SEED))
+        self.events = sglang if api == "sglang" else wire  # how its events are told: stored(), removed()
+        self.lora_keys = 2 if api == "sglang" else 1  # a LoRA block's extra keys: (name, load id)[:lora_keys]
         self.on_events = on_events
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = 0  # prompt tokens looked up, as vLLM counts them
@@ -47,7 +53,7 @@ class PrefixCache:
     def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None) -> int:
         """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached.
         `lora`: the adapter it runs under (its name and load id); its name is an extra key of every block."""
-        keys = self.hasher.keys(ids, lora[:1] if lora is not None else None)
+        keys = self.hasher.keys(ids, lora[:self.lora_keys] if lora is not None else None)
         blocks = self._blocks
         hit = 0
         for key in keys:
@@ -63,7 +69,7 @@ class PrefixCache:
         def flush() -> None:
             if run:
                 parent = keys[run[0] - 1] if run[0] else None
-                events.append(wire.stored([keys[i] for i in run], parent,
+                events.append(self.events.stored([keys[i] for i in run], parent,
                                           ids[run[0] * size:(run[-1] + 1) * size], size, lora))
                 run.clear()
 
@@ -71,7 +77,7 @@ class PrefixCache:
             for i in range(hit, len(keys)):
                 if len(blocks) >= self.capacity_blocks:
                     flush()
-                    events.append(wire.removed([blocks.popitem(last=False)[0]]))
+                    events.append(self.events.removed([blocks.popitem(last=False)[0]]))
                 blocks[keys[i]] = None
                 run.append(i)
             flush()

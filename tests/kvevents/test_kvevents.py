@@ -89,7 +89,22 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
+# SGLang's, as declared in sglang/srt/disaggregation/kv_events.py (0.5.23): its KVCacheEvent is vLLM's, its
+# batch positional, its BlockStored without extra keys.
+SGLangBlockStored = msgspec.defstruct("BlockStored", [
+    ("block_hashes", list[int]), ("parent_block_hash", int | None), ("token_ids", list[int]), ("block_size", int),
+    ("lora_id", int | None), ("medium", str | None, None), ("cache_salt", str | None, None),
+    ("session_id", str | None, None), ("lora_name", str | None, None)], bases=(KVCacheEvent,), tag="BlockStored")
+SGLangBlockRemoved = msgspec.defstruct("BlockRemoved", [("block_hashes", list[int]), ("medium", str | None, None)],
+                                       bases=(KVCacheEvent,), tag="BlockRemoved")
+SGLangCleared = msgspec.defstruct("AllBlocksCleared", [], bases=(KVCacheEvent,), tag="AllBlocksCleared")
+SGLangKVEventBatch = msgspec.defstruct("KVEventBatch", [
+    ("ts", float), ("events", list[SGLangBlockStored | SGLangBlockRemoved | SGLangCleared]),  # type: ignore[valid-type]
+    ("attn_dp_rank", int | None, None)], array_like=True, gc=False)
+
+
 VLLM_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+SGLANG_DECODER = msgspec.msgpack.Decoder(SGLangKVEventBatch)
 STORED_FIELDS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
 
@@ -111,16 +126,18 @@ def _vllm_block_hash(parent: bytes, tokens: list[int]) -> bytes:
     return hashlib.sha256(body).digest()
 
 
-def _events_config(pub: int, replay: int) -> str:
-    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+def _events_config(pub: int, replay: int, sglang: bool = False) -> str:
+    """vLLM's KVEventsConfig, or SGLang's (no enable field), as the renderers write them."""
+    return json.dumps({**({} if sglang else {"enable_kv_cache_events": True}), "publisher": "zmq",
                        "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"})
 
 
-def _sim(*extra: str, seed: str = HASH_SEED) -> tuple[Sim, str, str]:
-    """A sim publishing KV events, its hashes seeded as the renderers seed them (or with `seed`)."""
+def _sim(*extra: str, seed: str = HASH_SEED, sglang: bool = False) -> tuple[Sim, str, str]:
+    """A sim publishing KV events, its hashes seeded as the renderers seed them (or with `seed`), playing
+    vLLM or SGLang (--api)."""
     pub, replay = free_port(), free_port()
-    sim = Sim.start("m", extra=["--block-size", str(BLOCK), "--kv-events-config", _events_config(pub, replay),
-                                *extra], env={"PYTHONHASHSEED": seed})
+    sim = Sim.start("m", extra=["--block-size", str(BLOCK), "--kv-events-config", _events_config(pub, replay, sglang),
+                                "--api", "sglang" if sglang else "vllm", *extra], env={"PYTHONHASHSEED": seed})
     return sim, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
 
 
@@ -276,6 +293,100 @@ async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
         sim.stop()
 
 
+async def _replayed(ctx: zmq.asyncio.Context, endpoint: str, frames: int) -> list[list[bytes]]:
+    """What a replay endpoint answers a DEALER asking from batch 0, each answer's frames after b"" (the end
+    marker included): `frames` of them."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    out = []
+    try:
+        while True:
+            empty, *rest = await asyncio.wait_for(dealer.recv_multipart(), 5)
+            assert empty == b"" and len(rest) == frames
+            out.append(rest)
+            if rest[-2] == (-1).to_bytes(8, "big", signed=True):
+                return out
+    finally:
+        dealer.close(linger=0)
+
+
+async def test_the_sim_playing_sglang_publishes_its_events_and_precise_prefix_routes_on_them(tmp_path):
+    """`llmgw sim --api sglang` publishes SGLang's layout (decoded with SGLang's structs), SGLang's page keys,
+    and replays a batch after its topic, as SGLang does; a gateway following two such replicas (their engine
+    sglang) routes a repeated prompt, and a request for an adapter (BASE:ADAPTER upstream, its blocks keyed
+    with the id of its load), to the replica that cached it."""
+    adapter = tmp_path / "sql"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    a, a_events, a_replay = _sim("--enable-lora", "--max-loras", "2", sglang=True)
+    b, b_events, b_replay = _sim("--enable-lora", "--max-loras", "2", sglang=True)
+    ctx = zmq.asyncio.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(a_events)
+    table = RoutingTable()
+    table.apply("models", "ADDED", Model.model_validate({
+        "metadata": {"name": "m"},
+        "spec": {"profiles": [{"engine": "sglang"}], "routing": {"policy": "precise-prefix"}}}))
+    for name, sim, events, replay in (("a", a, a_events, a_replay), ("b", b, b_events, b_replay)):
+        table.apply("replicas", "ADDED", replica(name, "m", sim.endpoint, kv_events=events, kv_replay=replay,
+                                                 engine="sglang"))
+    prompt = "one two three four five six seven eight nine ten eleven twelve"  # 3 pages of 4
+    ids = text_ids(prompt)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def one_batch() -> list[bytes] | None:
+                await _complete(session, f"http://{a.endpoint}", f"probe {time.monotonic_ns()} a b c d e f g")
+                if await sub.poll(200):
+                    frames: list[bytes] = await sub.recv_multipart()
+                    return frames
+                return None
+            await until(one_batch, "a KV event batch from the sim")
+            await _complete(session, f"http://{a.endpoint}", prompt)  # cached on a, sent there directly
+            _, seq, payload = await sub.recv_multipart()
+            raw = msgpack.unpackb(payload)
+            assert isinstance(raw, list) and raw[2] == 0
+            assert list(raw[1][0]) == ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                                       "lora_id", "medium"]
+            [stored] = SGLANG_DECODER.decode(payload).events
+            assert isinstance(stored, SGLangBlockStored)
+            assert stored.block_hashes == SGLangBlockHasher(BLOCK).keys(ids)
+            assert (stored.parent_block_hash, stored.token_ids, stored.block_size, stored.medium) == (
+                None, ids, BLOCK, "GPU")
+            replayed = await _replayed(ctx, a_replay, 3)
+            assert replayed[-2] == [b"", seq, payload] and replayed[-1][0] == b""
+
+            async with running_gateway(table) as gw:
+                kv = gw.gateway.kv.index("m")
+                await _followed(session, kv, {"a": a, "b": b})
+                await _complete(session, f"http://{a.endpoint}", prompt)
+                for _ in range(3):
+                    doc = await _complete(session, gw.url, prompt)
+                    assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
+                assert kv.refused is None and kv.verified > 0
+                for sim in (a, b):
+                    async with session.post(f"http://{sim.endpoint}/load_lora_adapter",
+                                            json={"lora_name": "sql", "lora_path": str(adapter)}) as r:
+                        assert r.status == 200 and (await r.json())["success"], await r.text()
+                table.apply("adapters", "ADDED", lora("sql", "m", ("a", "b")))
+                async with session.post(f"http://{b.endpoint}/v1/completions",
+                                        json={"model": "m:sql", "prompt": prompt, "max_tokens": 1}) as r:
+                    assert r.status == 200, await r.text()  # cached on b under the adapter
+                await until(lambda: kv.matches(kv.keys(ids, "sql"), ["a", "b"]) == {"a": 0, "b": 3},
+                            "b's pages of the adapter's prompt, keyed as the gateway keys them")
+                for _ in range(3):
+                    async with session.post(f"{gw.url}/v1/completions",
+                                            json={"model": "sql", "prompt": prompt, "max_tokens": 1}) as r:
+                        doc = await r.json()
+                    assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12, doc
+                assert kv.refused is None
+    finally:
+        sub.close(linger=0)
+        a.stop()
+        b.stop()
+
+
 async def test_precise_prefix_follows_what_the_engines_hold_through_evictions():
     """A prompt goes where it is cached; once that engine evicted it and the other cached it
     (traffic that bypassed this gateway), it goes to the other, where prefix-score's guess would not."""
@@ -382,6 +493,12 @@ def test_keys_that_cannot_match_are_refused_loudly():
     lora = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
     other_seed.apply("r", [wire.Event("BlockStored", tuple(lora), None, tuple(tokens), BLOCK, (("sql",),))])
     assert other_seed.refused is None and other_seed.usable
+
+    engines = KVIndex()  # a Model whose replicas are vLLM and SGLang: their keys cannot be one index's
+    engines.hashes["r2"] = "sglang"
+    engines.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
+    engines.apply("r2", [wire.Event("BlockStored", tuple(SGLangBlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
+    assert engines.refused is not None and "SGLang's page hashes" in engines.refused
 
     sizes = KVIndex()
     sizes.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])

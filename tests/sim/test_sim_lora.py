@@ -1,5 +1,5 @@
 """The sim's runtime LoRA API, as vLLM's: load, unload, its errors, requests under an adapter's name,
-/v1/models listing loaded adapters with their parent; and the renderers' flags for it."""
+/v1/models listing loaded adapters with their parent; and the renderers' flags for it. Playing SGLang, SGLang's."""
 from __future__ import annotations
 
 import json
@@ -80,6 +80,52 @@ def test_load_unload_and_requests_under_the_adapters_name(sims, tmp_path):
     status, text = post(port, "/v1/completions", {**prompt, "model": "sql"})
     assert json.loads(text)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, \
         "a load again under the same name finds its blocks: vLLM keys them by the adapter's name alone"
+
+
+def test_playing_sglang_its_lora_api_its_answers_and_base_adapter_requests(sims, tmp_path):
+    """--api sglang: SGLang's /load_lora_adapter and /unload_lora_adapter (a LoRAUpdateOutput, 200 or 400;
+    FastAPI's 422 for a missing field), a load past the slots unloading the least recently used unpinned
+    adapter, as SGLang's --max-loaded-loras does, and an adapter requested as BASE:ADAPTER."""
+    port = free_port()
+    sims("--host", HOST, "--port", str(port), "--served-model-name", "base", "--enable-lora", "--max-loras", "2",
+         "--api", "sglang")
+    ready(port)
+    adapters = {}
+    for name in ("sql", "chat", "third"):
+        adapters[name] = tmp_path / name
+        adapters[name].mkdir()
+        (adapters[name] / "adapter_config.json").write_text("{}")
+
+    def load(name: str, path: str, **more: object) -> tuple[int, dict]:
+        status, text = post(port, "/load_lora_adapter", {"lora_name": name, "lora_path": path, **more})
+        return status, json.loads(text)
+
+    assert post(port, "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(adapters["sql"])})[0] == 404
+    assert load("sql", str(adapters["sql"])) == (200, {
+        "rid": None, "http_worker_ipc": None, "success": True, "error_message": "",
+        "loaded_adapters": {"sql": str(adapters["sql"])}})
+    assert models(port) == {"base": None, "sql": "base"}
+    status, text = post(port, "/v1/completions", {"model": "base:sql", "prompt": "select", "max_tokens": 2})
+    assert status == 200 and json.loads(text)["model"] == "base:sql"
+    status, text = post(port, "/v1/completions", {"model": "base:nope", "prompt": "select", "max_tokens": 2})
+    assert status == 400 and "not loaded: nope" in message(text)[1]
+
+    status, doc = load("sql", str(adapters["sql"]))
+    assert (status, doc["success"], doc["error_message"]) == (
+        400, False, "Failed to load LoRA adapter sql because it is already loaded")
+    status, doc = load("gone", str(tmp_path / "no"))
+    assert status == 400 and "adapter_config.json" in doc["error_message"]
+    status, text = post(port, "/load_lora_adapter", {"lora_name": "x"})
+    assert status == 422 and [d["loc"] for d in json.loads(text)["detail"]] == [["body", "lora_path"]]
+
+    assert load("chat", str(adapters["chat"]), pinned=True)[0] == 200
+    assert load("third", str(adapters["third"]))[0] == 200, "past the slots SGLang unloads, it does not refuse"
+    assert models(port) == {"base": None, "chat": "base", "third": "base"}, "sql went: the LRU unpinned one"
+
+    status, text = post(port, "/unload_lora_adapter", {"lora_name": "third"})
+    assert (status, json.loads(text)["loaded_adapters"]) == (200, {"chat": str(adapters["chat"])})
+    status, text = post(port, "/unload_lora_adapter", {"lora_name": "third"})
+    assert status == 400 and json.loads(text)["error_message"].startswith("LoRA with name third does not exist")
 
 
 def test_without_enable_lora_there_is_no_lora_api(sims):
