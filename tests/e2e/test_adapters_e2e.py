@@ -22,7 +22,7 @@ import pytest
 
 from llmgw.api import ADAPTER_READY, LoraAdapter, Model, Replica, Shard, get_condition
 from llmgw.client import Client, ClientConfig
-from llmgw.dev.cluster import LocalCluster, NodePlan
+from llmgw.dev.cluster import FAKES, LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from tests.fixtures.gateway import metric
 from tests.fixtures.poll import until
@@ -34,9 +34,14 @@ BASE = "base"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """One node; requests for an adapter resident nowhere wait up to a minute at the gateway."""
-    c = LocalCluster(tmp_path_factory.mktemp("adapters"), [NodePlan("node01", "ib-a")], gateway_port=free_port(),
-                     drain_delay=0.5, gateway_args=["--queue-timeout", "60"])
+    """One node, whose SGLang is the fake (hack/fakes/sglang-python); requests for an adapter resident
+    nowhere wait up to a minute at the gateway."""
+    root = tmp_path_factory.mktemp("adapters")
+    sglang = root / "sglang-python"
+    sglang.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKES / 'sglang-python'} \"$@\"\n")
+    sglang.chmod(0o755)
+    c = LocalCluster(root, [NodePlan("node01", "ib-a")], gateway_port=free_port(),
+                     drain_delay=0.5, gateway_args=["--queue-timeout", "60"], engines={"sglang": str(sglang)})
     try:
         yield c.start()
     finally:
@@ -263,3 +268,28 @@ async def test_a_requested_adapter_evicts_the_least_recently_requested_where_no_
     e1 = await client.get(LoraAdapter, "e1")
     assert e1.status.placement == [] and e1.status.resident == []
     assert any(e["reason"] == "Evicted" for e in await client.events(LoraAdapter, "e1"))
+
+
+async def test_an_adapter_of_an_sglang_model_loads_through_sglangs_api_and_answers(cluster, client, weights):
+    """An SGLang Model, its engine the fake SGLang (the sim playing SGLang, started by SGLang's renderer's
+    command line): its Adapter is loaded with SGLang's /load_lora_adapter and answers through the gateway
+    under its name, which the gateway sends as BASE:ADAPTER."""
+    source = weights / "sgl-base"
+    source.mkdir()
+    (weights / "sgl-sql").mkdir()
+    (weights / "sgl-sql" / "adapter_config.json").write_text("{}")   # SGLang reads it at a load
+    await client.create(Model.model_validate({"metadata": {"name": "sgl"}, "spec": {
+        "source": str(source), "replicas": 1, "adapters": {"maxLoaded": 1}, "profiles": [{"engine": "sglang"}]}}))
+    await client.create(LoraAdapter.model_validate({"metadata": {"name": "sgl-sql"}, "spec": {
+        "baseModel": "sgl", "source": str(weights / "sgl-sql"), "minReplicas": 1}}))
+    sql = await until(lambda: status(client, "sgl-sql", "Resident"), "sgl-sql resident", timeout=90, interval=0.2)
+    [here] = sql.status.resident
+    assert (await client.get(Replica, here)).spec.profile.engine == "sglang"
+    assert await engine_lists(client, here, "sgl-sql")
+    async with aiohttp.ClientSession() as http:
+        code, body = await complete(http, cluster, "sgl-sql")
+    assert (code, body["model"]) == (200, "sgl:sgl-sql"), body
+    logs = "".join(log.read_text(errors="replace") for log in (cluster.dir / "nodes").rglob("*.log"))
+    assert logs.count("LoRA adapter loading completes: name 'sgl-sql'") == 1
+    await client.delete(LoraAdapter, "sgl-sql")
+    await client.delete(Model, "sgl")
