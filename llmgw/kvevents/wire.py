@@ -42,14 +42,17 @@ def seq_bytes(seq: int) -> bytes:
 
 
 def stored(keys: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int,
-           lora: tuple[str, int] | None = None) -> dict[str, Any]:
+           lora: tuple[str, int] | None = None, salt: str | None = None) -> dict[str, Any]:
     """`lora`: the adapter the blocks were computed under (its name, its load's id), whose name is
-    each block's extra key."""
+    each block's extra key; `salt`: the request's cache_salt, the first block's (where `parent` is
+    None: the blocks begin the chain) last extra key."""
     name, lora_id = lora if lora is not None else (None, None)
+    extra: list[list[str] | None] = [None if name is None else [name]] * len(keys)
+    if salt is not None and parent is None and extra:
+        extra[0] = [*(extra[0] or []), salt]
     return {"type": "BlockStored", "block_hashes": list(keys), "parent_block_hash": parent,
             "token_ids": list(token_ids), "block_size": block_size, "lora_id": lora_id, "medium": MEDIUM,
-            "lora_name": name, "extra_keys": [None if name is None else [name]] * len(keys), "group_idx": 0,
-            "kv_cache_spec_kind": SPEC_KIND}
+            "lora_name": name, "extra_keys": extra, "group_idx": 0, "kv_cache_spec_kind": SPEC_KIND}
 
 
 def removed(keys: Sequence[int]) -> dict[str, Any]:

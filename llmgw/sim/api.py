@@ -420,9 +420,11 @@ class SimApi:
         self._admit()
         adapter = self._adapter(body["model"])
         lora_id = self.lora_ids.get(adapter)
-        seq = Seq(prompt, n, None if lora_id is None else (adapter, lora_id))
+        salt = body.get("cache_salt")
+        seq = Seq(prompt, n, None if lora_id is None else (adapter, lora_id), salt if isinstance(salt, str) and salt
+                  else None)
         if self.scheduler is None:
-            seq.cached = self.cache.admit(prompt, seq.lora)
+            seq.cached = self.cache.admit(prompt, seq.lora, seq.salt)
         held = len(prompt) + n
         self.running += 1
         self.held_tokens += held

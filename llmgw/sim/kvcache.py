@@ -8,6 +8,9 @@ never cached, as in vLLM). A prompt hits on the longest run of its leading
 blocks that are cached. A request under a LoRA adapter hashes its blocks with
 the adapter's name as vLLM's extra key (its events name the adapter and that
 load's id, as vLLM's): it never hits the base's blocks or another adapter's. A
+request's cache_salt keys its blocks as the engine does (kvblocks: vLLM 0.34's
+extra key of the first block, whose event's extra keys then say the salt): it hits
+only blocks of its salt. A
 prompt's blocks are touched tail first, so the tail of a chain is evicted before
 its head, as vLLM's free queue does.
 
@@ -50,10 +53,11 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * self.block_size
 
-    def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None) -> int:
+    def admit(self, ids: Sequence[int], lora: tuple[str, int] | None = None, salt: str | None = None) -> int:
         """Look a prompt's token ids up, then cache its blocks; how many of its leading tokens were cached.
-        `lora`: the adapter it runs under (its name and load id); its name is an extra key of every block."""
-        keys = self.hasher.keys(ids, lora[:self.lora_keys] if lora is not None else None)
+        `lora`: the adapter it runs under (its name and load id); its name is an extra key of every block.
+        `salt`: its cache_salt."""
+        keys = self.hasher.keys(ids, lora[:self.lora_keys] if lora is not None else None, salt=salt)
         blocks = self._blocks
         hit = 0
         for key in keys:
@@ -70,7 +74,7 @@ class PrefixCache:
             if run:
                 parent = keys[run[0] - 1] if run[0] else None
                 events.append(self.events.stored([keys[i] for i in run], parent,
-                                          ids[run[0] * size:(run[-1] + 1) * size], size, lora))
+                                          ids[run[0] * size:(run[-1] + 1) * size], size, lora, salt))
                 run.clear()
 
         if self.capacity_blocks:

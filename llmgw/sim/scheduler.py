@@ -20,11 +20,13 @@ from llmgw.sim.kvcache import PrefixCache
 class Seq:
     """One request in the scheduler: its prompt, how many tokens it wants, what it got."""
 
-    __slots__ = ("tokens", "n", "lora", "cached", "emitted", "gone", "ready")
+    __slots__ = ("tokens", "n", "lora", "salt", "cached", "emitted", "gone", "ready")
 
-    def __init__(self, tokens: Sequence[int], n: int, lora: tuple[str, int] | None = None) -> None:
+    def __init__(self, tokens: Sequence[int], n: int, lora: tuple[str, int] | None = None,
+                 salt: str | None = None) -> None:
         self.tokens, self.n = tokens, n
         self.lora = lora  # the LoRA adapter it runs under, its name and load id (kvcache.py)
+        self.salt = salt  # its cache_salt (kvcache.py)
         self.cached = 0  # prompt tokens found in the prefix cache, once admitted
         self.emitted = 0
         self.gone = False  # the client left: drop it at the next step
@@ -80,7 +82,7 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 if seq.gone:
                     continue
-                seq.cached = self.cache.admit(seq.tokens, seq.lora)
+                seq.cached = self.cache.admit(seq.tokens, seq.lora, seq.salt)
                 prefill += len(seq.tokens) - seq.cached
                 running.append(seq)
             self.running = running

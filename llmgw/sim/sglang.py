@@ -14,7 +14,7 @@ its model (serving_base._parse_model_parameter); one not loaded is a 400.
 KV events, as mem_cache/events.py and disaggregation/kv_events.py publish them by
 default: a batch is the array [ts, events, attn_dp_rank]; BlockStored carries
 block_hashes, parent_block_hash, token_ids, block_size, lora_id (null), medium and,
-for an adapter's blocks, lora_name; BlockRemoved block_hashes and medium. Block
+for a salted request's blocks, cache_salt, for an adapter's, lora_name; BlockRemoved block_hashes and medium. Block
 hashes are SGLang's page hashes (llmgw.routing.kvblocks.SGLangBlockHasher); an
 adapter's blocks are keyed with its name and its load's id, which the gateway cannot
 know, as SGLang namespaces them with the id.
@@ -40,10 +40,12 @@ NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
 # ------------------------------------------------------------------ KV events
 
 def stored(keys: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int,
-           lora: tuple[str, int] | None = None) -> dict[str, Any]:
+           lora: tuple[str, int] | None = None, salt: str | None = None) -> dict[str, Any]:
     event: dict[str, Any] = {"type": "BlockStored", "block_hashes": list(keys), "parent_block_hash": parent,
                              "token_ids": list(token_ids), "block_size": block_size, "lora_id": None,
                              "medium": MEDIUM}
+    if salt is not None:
+        event["cache_salt"] = salt
     if lora is not None:
         event["lora_name"] = lora[0]
     return event

@@ -141,9 +141,9 @@ def _sim(*extra: str, seed: str = HASH_SEED, sglang: bool = False) -> tuple[Sim,
     return sim, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
 
 
-async def _complete(session: aiohttp.ClientSession, base: str, prompt: str) -> dict[str, Any]:
+async def _complete(session: aiohttp.ClientSession, base: str, prompt: str, **more: str) -> dict[str, Any]:
     async with session.post(f"{base}/v1/completions",
-                            json={"model": "m", "prompt": prompt, "max_tokens": 1}) as r:
+                            json={"model": "m", "prompt": prompt, "max_tokens": 1, **more}) as r:
         assert r.status == 200, await r.text()
         doc: dict[str, Any] = await r.json()
         return doc
@@ -288,6 +288,13 @@ async def test_the_sim_publishes_vllms_layout_numbered_and_replayable():
         dealer.close(linger=0)
         assert [s for s, _ in replayed] == list(range(seq_n + 1))
         assert replayed[-1][1] == payload
+
+        async with aiohttp.ClientSession() as session:  # a salted request: its own blocks, keyed as vLLM 0.34's
+            doc = await _complete(session, f"http://{sim.endpoint}", prompt, cache_salt="tenant-a")
+        assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        [salted] = VLLM_DECODER.decode((await sub.recv_multipart())[2]).events
+        assert salted.block_hashes == BlockHasher(BLOCK).keys(ids, salt="tenant-a")
+        assert salted.extra_keys == [("tenant-a",), None]
     finally:
         sub.close(linger=0)
         sim.stop()
@@ -314,8 +321,8 @@ async def _replayed(ctx: zmq.asyncio.Context, endpoint: str, frames: int) -> lis
 async def test_the_sim_playing_sglang_publishes_its_events_and_precise_prefix_routes_on_them(tmp_path):
     """`llmgw sim --api sglang` publishes SGLang's layout (decoded with SGLang's structs), SGLang's page keys,
     and replays a batch after its topic, as SGLang does; a gateway following two such replicas (their engine
-    sglang) routes a repeated prompt, and a request for an adapter (BASE:ADAPTER upstream, its blocks keyed
-    with the id of its load), to the replica that cached it."""
+    sglang) routes a repeated prompt, a salted one (SGLang chains it from its salt), and a request for an
+    adapter (BASE:ADAPTER upstream, its blocks keyed with the id of its load), to the replica that cached it."""
     adapter = tmp_path / "sql"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
@@ -365,6 +372,12 @@ async def test_the_sim_playing_sglang_publishes_its_events_and_precise_prefix_ro
                     doc = await _complete(session, gw.url, prompt)
                     assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
                 assert kv.refused is None and kv.verified > 0
+                await _complete(session, f"http://{b.endpoint}", prompt, cache_salt="s")  # b's, under its salt
+                await until(lambda: kv.matches(kv.keys(ids, salt="s"), ["a", "b"]) == {"a": 0, "b": 3},
+                            "b's pages of the salted prompt")
+                for _ in range(2):
+                    doc = await _complete(session, gw.url, prompt, cache_salt="s")
+                    assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 12
                 for sim in (a, b):
                     async with session.post(f"http://{sim.endpoint}/load_lora_adapter",
                                             json={"lora_name": "sql", "lora_path": str(adapter)}) as r:
