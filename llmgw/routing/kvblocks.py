@@ -76,6 +76,7 @@ class BlockHasher:
     chunk = staticmethod(_chunk)  # the (hash, event key) of a run of blocks chained from a parent
     external = staticmethod(external)  # a block hash as events carry it
     name = "vLLM's sha256_cbor"  # what the keys are, for a refusal
+    blocks_per_chunk = CHUNK
 
     def __init__(self, block_size: int, seed: str = HASH_SEED):
         self.block_size = block_size
@@ -115,8 +116,9 @@ class BlockHasher:
                 out.append(self.external(parent))
                 if held is not None and out[0] not in held:
                     return []
-        for start in range(first, whole, size * CHUNK):
-            blocks = self.chunk(parent, tuple(token_ids[start:min(start + size * CHUNK, whole)]), size, extra)
+        span = size * self.blocks_per_chunk
+        for start in range(first, whole, span):
+            blocks = self.chunk(parent, tuple(token_ids[start:min(start + span, whole)]), size, extra)
             for _, key in blocks:
                 if held is not None and key not in held:
                     return out
@@ -151,13 +153,24 @@ def sglang_external(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-@functools.lru_cache(maxsize=BLOCKS_MEMO // CHUNK)
+SGLANG_CHUNK = CHUNK * 16  # pages hashed and remembered together: SGLang's default page is one token
+
+
+@functools.lru_cache(maxsize=2 * BLOCKS_MEMO // SGLANG_CHUNK)  # 131072 pages: about 26 MB
 def _sglang_chunk(parent: bytes, tokens: tuple[int, ...], size: int, extra: tuple[Any, ...] | None
                   ) -> tuple[tuple[bytes, int], ...]:
+    """As _chunk, of SGLang's pages; the run's tokens packed at once where none passes 32 bits."""
     out = []
-    for start in range(0, len(tokens), size):
-        parent = sglang_page(parent, tokens[start:start + size], extra)
-        out.append((parent, sglang_external(parent)))
+    if any(t > _U32 for t in tokens):
+        for start in range(0, len(tokens), size):
+            parent = sglang_page(parent, tokens[start:start + size], extra)
+            out.append((parent, sglang_external(parent)))
+        return tuple(out)
+    body, step = struct.pack(f"<{len(tokens)}I", *tokens), 4 * size
+    tail = cbor2.dumps(extra, canonical=True) if extra else b""
+    for start in range(0, len(body), step):
+        parent = hashlib.sha256(parent + body[start:start + step] + tail).digest()
+        out.append((parent, int.from_bytes(parent[:8], "big", signed=True)))
     return tuple(out)
 
 
@@ -169,6 +182,7 @@ class SGLangBlockHasher(BlockHasher):
     chunk = staticmethod(_sglang_chunk)
     external = staticmethod(sglang_external)
     name = "SGLang's page hashes"
+    blocks_per_chunk = SGLANG_CHUNK
 
     def __init__(self, block_size: int, seed: str = HASH_SEED):
         super().__init__(block_size, seed)
