@@ -128,8 +128,8 @@ class Engine:
     # Model routed with precise-prefix gets their ports on rank 0 (ReplicaSpec.kvEvents,
     # base.kv_events_args).
     kv_events: bool = False
-    # How its events key blocks (llmgw.routing.kvblocks.HASHERS): "vllm" (sha256_cbor), "sglang" (its pages).
-    block_hashes: str = "vllm"
+    # How its events key blocks (llmgw.routing.kvblocks.HASHERS): vLLM's "sha256_cbor", SGLang's "sha256_uint32".
+    block_hashes: str = "sha256_cbor"
     # GPU memory it holds besides the weights and the KV cache (the CUDA context, one forward pass's
     # activations, CUDA graphs, the sampler), in bytes, and where that figure comes from: llmgw/fit.py.
     memory_overhead: tuple[int, str] = (2 << 30, "assumed, not measured: an engine with no figure of its own")

@@ -122,6 +122,7 @@ ENGINE = register(Engine(
     # python/sglang/srt/entrypoints/http_server.py's routes
     serves=OPENAI | {"/v1/responses", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/score",
                      "/v1/rerank", "/v1/classify"},
-    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True, block_hashes="sglang",
+    memory_overhead=(2 << 30, "assumed as vLLM's, not measured"), split="tp", kv_events=True,
+    block_hashes="sha256_uint32",
     context_flags=("--context-length",),
 ))

@@ -27,7 +27,7 @@ from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
 from llmgw.routing.chattemplate import ChatTemplate, load_chat_template
-from llmgw.routing.kvblocks import load_tokenizer
+from llmgw.routing.kvblocks import VLLM_HASHES, load_tokenizer
 from llmgw.routing.kvindex import KVIndex
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class KVIndexes:
             if name not in self._subs:
                 assert b.kv_events
                 kv = self.index(b.model)
-                kv.hashes[name] = ENGINES[b.engine].block_hashes if b.engine in ENGINES else "vllm"
+                kv.hashes[name] = ENGINES[b.engine].block_hashes if b.engine in ENGINES else VLLM_HASHES
                 sub = Subscription(name, b.kv_events, b.kv_replay, TOPIC,
                                    partial(self._apply, b.model), kv.drop)
                 sub.start()

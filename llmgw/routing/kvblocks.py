@@ -12,7 +12,7 @@ integer, its 32 bytes read big-endian and cut to the low 64 bits (vLLM's default
 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1). A request's cache_salt is an extra key of its
 first block, ("cache_salt", salt) as vLLM 0.34 tags it.
 
-SGLang (SGLangBlockHasher, HASHERS["sglang"]) keys pages of --page-size tokens its own
+SGLang (SGLangBlockHasher, HASHERS["sha256_uint32"]) keys pages of --page-size tokens its own
 way: SHA-256 of the parent page's digest and the page's token ids as little-endian
 uint32, no seed, a salted chain starting from a digest of the salt; its events carry
 a digest's first 8 bytes as a signed integer.
@@ -192,7 +192,10 @@ class SGLangBlockHasher(BlockHasher):
         return hashlib.sha256(SGLANG_SALT + salt.encode("utf-8")).digest(), 0
 
 
-HASHERS: dict[str, type[BlockHasher]] = {"vllm": BlockHasher, "sglang": SGLangBlockHasher}  # by Engine.block_hashes
+# By Engine.block_hashes: the scheme's name, not the engine's (what llmgw knows of an engine stays in its
+# module). vLLM's sha256_cbor is the default (VLLM_HASHES); SGLang hashes each page's tokens as uint32s.
+VLLM_HASHES = "sha256_cbor"
+HASHERS: dict[str, type[BlockHasher]] = {VLLM_HASHES: BlockHasher, "sha256_uint32": SGLangBlockHasher}
 
 
 # ---------------------------------------------------------------- tokens without a tokenizer

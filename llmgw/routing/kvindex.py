@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmgw.routing.kvblocks import HASH_SEED, HASHERS, BlockHasher, request_token_ids
+from llmgw.routing.kvblocks import HASH_SEED, HASHERS, VLLM_HASHES, BlockHasher, request_token_ids
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -168,7 +168,7 @@ class KVIndex:
     def _check(self, replica: str, e: KVEvent) -> None:
         if self.refused is not None:
             return
-        hashes = self.hashes.get(replica, "vllm")
+        hashes = self.hashes.get(replica, VLLM_HASHES)
         if self.hasher is None:
             self.hasher = HASHERS[hashes](e.block_size, self.seed)
         elif HASHERS[hashes] is not type(self.hasher):

@@ -220,7 +220,7 @@ def test_sglang_page_keys_are_those_of_sglangs_own_events(case):
     batches = [wire.decode_batch(bytes.fromhex(b["msgpack_hex"])).events for b in case["batches"]]
     stored = [k for events in batches[:-1] for e in events for k in e.keys]
     kv = KVIndex()
-    kv.hashes["r"] = "sglang"
+    kv.hashes["r"] = "sha256_uint32"
     for events in batches[:-1]:
         kv.apply("r", events)
     assert kv.refused is None and kv.usable and kv.hasher is not None and kv.hasher.block_size == size
@@ -508,7 +508,7 @@ def test_keys_that_cannot_match_are_refused_loudly():
     assert other_seed.refused is None and other_seed.usable
 
     engines = KVIndex()  # a Model whose replicas are vLLM and SGLang: their keys cannot be one index's
-    engines.hashes["r2"] = "sglang"
+    engines.hashes["r2"] = "sha256_uint32"
     engines.apply("r1", [wire.Event("BlockStored", tuple(BlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
     engines.apply("r2", [wire.Event("BlockStored", tuple(SGLangBlockHasher(4).keys(tokens)), None, tuple(tokens), 4)])
     assert engines.refused is not None and "SGLang's page hashes" in engines.refused
