@@ -66,9 +66,10 @@ def engine_check(engine: str, launch_mode: str | None, executable: str | None, h
                  help_file: IO[str] | None, timeout: float) -> None:
     """Check every flag llmgw passes to ENGINE's programs against their own --help.
 
-    Renders the widest command lines llmgw produces (a 2-node replica) and
-    looks every flag up in the help of the program that receives it: ray's in
-    `ray start --help`, vLLM's in `vllm serve --help=all`. A program that
+    Renders the widest command lines llmgw produces (a 2-node replica, with
+    LoRA adapter slots and KV events, and a 1-node one) and looks every flag up
+    in the help of the program that receives it: ray's in `ray start --help`,
+    vLLM's in `vllm serve --help=all`. A program that
     cannot be run is skipped, except the one --executable names. Exits 1 when a
     flag is missing or the --executable path cannot be run.
     """

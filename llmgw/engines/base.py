@@ -92,12 +92,15 @@ def kv_events_args(shard: Shard, **fields: object) -> list[str]:
     return ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
 
 
+def default_flag(shard: Shard, flags: tuple[str, ...], value: str) -> list[str]:
+    """`[flags[0], value]`, unless the Model's args set one of `flags` themselves (theirs is the only
+    one given)."""
+    return [] if any(a.split("=", 1)[0] in flags for a in shard.spec.args) else [flags[0], value]
+
+
 def budget_flag(shard: Shard, flags: tuple[str, ...], value: str) -> list[str]:
-    """`[flags[0], value]`, the KV budget (spec.kvCache) as the engine's flag; none when the shard has
-    no budget or the Model's args set one of `flags` themselves (theirs is the only one given)."""
-    if shard.spec.kvCache is None or any(a.split("=", 1)[0] in flags for a in shard.spec.args):
-        return []
-    return [flags[0], value]
+    """The KV budget (spec.kvCache) as the engine's flag (default_flag); none when the shard has none."""
+    return [] if shard.spec.kvCache is None else default_flag(shard, flags, value)
 
 
 def nccl_ib_hca(adapters: list[tuple[str, int]]) -> str:

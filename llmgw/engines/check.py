@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.api import KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
+from llmgw.api import AdapterSlots, KVBudget, ObjectMeta, Shard, ShardPorts, ShardSpec
 from llmgw.engines import render
 from llmgw.engines.base import Command, NodeFacts
 from llmgw.engines.engine import Engine, HelpCommand, lookup
@@ -49,9 +49,11 @@ class Report:
 
 # --------------------------------------------------------------- widest shards
 
-def widest_shards(engine: Engine, launch_mode: str | None = None) -> list[tuple[Shard, NodeFacts]]:
-    """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (1 if single-node)."""
-    world = 2 if engine.multi_node else 1
+def widest_shards(engine: Engine, launch_mode: str | None = None, world: int | None = None) \
+        -> list[tuple[Shard, NodeFacts]]:
+    """Every rank of the widest replica llmgw renders for the engine: 2 nodes on a fabric (1 if single-node),
+    or `world` nodes."""
+    world = world or (2 if engine.multi_node else 1)
     out = []
     for rank in range(world):
         spec = ShardSpec(
@@ -65,10 +67,14 @@ def widest_shards(engine: Engine, launch_mode: str | None = None) -> list[tuple[
             source="/models/engine-check", servedModelNames=["engine-check", "engine-check-alias"],
             # a KV budget, as the scheduler gives a replica of an estimated model: its flags are checked
             kvCache=KVBudget(gpuMiB=81559, freeMiB=81556, bytes=60 << 30, tokens=491520),
+            # LoRA slots where the engine takes adapters (a Model's spec.adapters): their flags too
+            adapters=AdapterSlots(maxLoaded=4) if engine.lora else None,
         )
         adapters = [("mlx5_0", 1), ("mlx5_1", 1)] if world > 1 else []
+        # the adapters an engine that takes them only at start is given (llama-server's --lora)
+        loras = ["/cache/engine-check-lora-a.gguf", "/cache/engine-check-lora-b.gguf"] if engine.lora else []
         out.append((Shard(metadata=ObjectMeta(name=f"engine-check-{rank}"), spec=spec),
-                    NodeFacts(address=f"10.0.0.{10 + rank}", fabric_adapters=adapters)))
+                    NodeFacts(address=f"10.0.0.{10 + rank}", fabric_adapters=adapters, loras=loras)))
     return out
 
 
@@ -101,9 +107,13 @@ def program_of(engine: Engine, command: Command) -> HelpCommand:
 
 
 def programs(engine: Engine, launch_mode: str | None, executables: dict[str, str]) -> list[HelpCommand]:
-    """The programs of every rank's commands, with the union of their flags, in first-seen order."""
+    """The programs of every rank's commands, with the union of their flags, in first-seen order: the
+    widest replica's, then a one-node replica's (a flag only those are given: SGLang's --page-size)."""
     merged: dict[str, HelpCommand] = {}
-    for shard, node in widest_shards(engine, launch_mode):
+    shards = widest_shards(engine, launch_mode)
+    if len(shards) > 1:
+        shards += widest_shards(engine, launch_mode, world=1)
+    for shard, node in shards:
         for command in render(shard, node, executables).commands:
             prog = program_of(engine, command)
             if prog.name in merged:

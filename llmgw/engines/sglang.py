@@ -15,7 +15,10 @@ precise-prefix replica publishes KV events with SGLang's --kv-events-config
 (python/sglang/srt/disaggregation/kv_events.py's KVEventsConfig, 0.5.23: no
 enable field; publisher "null" unless given): vLLM's wire layout, block hashes
 of SGLang's own pages, which the gateway computes as SGLang does
-(llmgw.routing.kvblocks.SGLangBlockHasher; docs/contracts.md, "KV events").
+(llmgw.routing.kvblocks.SGLangBlockHasher; docs/contracts.md, "KV events"). A
+single-node such replica gets `--page-size 16` (SGLang's default page is one
+token: the index would hold a key per token) unless the Model's args set it;
+ranks past 0 of a multi-node one cannot tell, and every rank's page must match.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from llmgw.engines.base import (
     RenderedShard,
     base_env,
     budget_flag,
+    default_flag,
     health_probe,
     join_host_port,
     kv_events_args,
@@ -54,6 +58,10 @@ from llmgw.engines.helptext import used_flags
 
 if TYPE_CHECKING:
     from llmgw.api import Shard
+
+
+# The page a single-node precise-prefix replica is given (--page-size) unless its Model's args set one.
+PRECISE_PAGE = 16
 
 
 def python_for_sglang(executables: dict[str, str]) -> str:
@@ -86,6 +94,10 @@ def render(shard: Shard, node: NodeFacts, executables: dict[str, str]) -> Render
         argv += budget_flag(shard, ("--max-total-tokens", "--mem-fraction-static"), str(spec.kvCache.tokens))
     if spec.rank == 0:
         argv += kv_events_args(shard)
+    if spec.ports.kvEvents and spec.worldSize == 1:
+        # pages of 16 tokens, not SGLang's default of one: the index holds a key per page (ranks
+        # past 0 cannot tell a precise-prefix replica, and every rank's page must be the same)
+        argv += default_flag(shard, ("--page-size",), str(PRECISE_PAGE))
     argv += spec.args
     serves = spec.rank == 0
     probe = health_probe(node, spec.ports.serve) if serves else PROCESS_PROBE

@@ -188,7 +188,7 @@ ENGINE = register(Engine(
         "--master-addr": MULTINODE, "--master-port": MULTINODE,
         "--headless": MULTINODE, "--distributed-executor-backend": MULTINODE,
         "--model": MODEL,
-        "--enable-lora": LORA, "--max-loras": LORA,
+        "--enable-lora": LORA, "--no-enable-lora": LORA, "--max-loras": LORA,
         "--config": CONFIG,
     },
     syntax=Syntax(abbreviations=True, underscores=True),

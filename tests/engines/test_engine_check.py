@@ -9,6 +9,16 @@ sglang-launch-server.txt are excerpts of the captured help; their
 (SGLang) entries were written from the released wheels' source (vLLM 0.34.0's
 CacheConfig and VllmConfig field docs, SGLang 0.5.23's observability fields),
 as neither prints its help without torch, which this machine cannot install.
+The LoRA entries (vLLM's LoRAConfig group: --enable-lora/--no-enable-lora,
+--max-loras, --max-lora-rank, --max-cpu-loras; SGLang's --enable-lora,
+--max-lora-rank, --lora-paths, --max-loaded-loras, --max-loras-per-batch) and
+SGLang's --page-size were printed by argparse (Python 3.11, COLUMNS=80; vLLM's
+ArgumentDefaultsHelpFormatter) from each flag's definition as read in the wheels
+from `pip download --no-deps vllm==0.11.1 sglang==0.5.23` (0.11.1: the first
+with --nnodes, which the capture has): vLLM's engine/arg_utils.py and
+config/lora.py (name, action, type, choices, default and the field's
+docstring), SGLang's arg_groups/fields/lora.py and schedule.py through
+arg_groups/arg_utils.py's mapping of a field to its argparse argument.
 """
 from __future__ import annotations
 
@@ -26,7 +36,8 @@ HELP = Path(__file__).parents[1] / "fixtures" / "data" / "help"
 CAT = shutil.which("cat")
 ROW = re.compile(r"^\s*(\S+)\s+(-\S+)\s+(found|missing|skipped)\b", re.M)
 
-VLLM_FLAGS_MP = ["--host", "--port", "--served-model-name", "--kv-events-config", "--prefix-caching-hash-algo",
+VLLM_FLAGS_MP = ["--host", "--port", "--served-model-name", "--enable-lora", "--max-loras", "--kv-events-config",
+                 "--prefix-caching-hash-algo",
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--gpu-memory-utilization", "--nnodes",
                  "--node-rank", "--master-addr", "--master-port", "--headless"]
 RAY_FLAGS = ["--head", "--port", "--node-ip-address", "--num-gpus", "--block", "--address"]
@@ -78,7 +89,7 @@ def test_vllm_mp_against_the_full_listing(bindir):
     result, rows = run("vllm", "--executable", str(fake_vllm(bindir)), path=bindir)
     assert result.exit_code == 0, result.output
     assert {f: rows[("vllm", f)] for f in VLLM_FLAGS_MP} == dict.fromkeys(VLLM_FLAGS_MP, "found")
-    assert "13 flags: 13 found, 0 missing, 0 skipped" in result.output
+    assert "15 flags: 15 found, 0 missing, 0 skipped" in result.output
     assert "warning" not in result.output
 
 
@@ -106,6 +117,19 @@ def test_vllm_before_multi_node_mp_lacks_its_flags(bindir):
     assert missing == ["--master-addr", "--master-port", "--nnodes", "--node-rank"]
     assert rows[("vllm", "--headless")] == "found"
 
+
+
+@pytest.mark.parametrize("engine, help_file, lora", [
+    ("vllm", "vllm-0.11-all.txt", ["--enable-lora", "--max-loras"]),
+    ("sglang", "sglang-launch-server.txt", ["--enable-lora", "--max-loaded-loras", "--max-loras-per-batch"]),
+])
+def test_the_lora_flags_a_renderer_emits_are_checked(bindir, engine, help_file, lora):
+    """The widest render takes LoRA adapters (a Model's spec.adapters): a help without them misses exactly those."""
+    text = "\n".join(line for line in (HELP / help_file).read_text().splitlines()
+                     if not line.startswith(tuple(f"  {f}" for f in lora)))
+    result, rows = run(engine, "--help-output", text, path=bindir)
+    assert result.exit_code == 1
+    assert sorted(f for (_, f), s in rows.items() if s == "missing") == sorted(lora)
 
 def test_vllm_0_10_without_help_all_is_checked_against_its_full_help(bindir, tmp_path):
     new = ("  --nnodes", "  --node-rank", "  --master-addr", "  --master-port")
@@ -192,7 +216,8 @@ exit 1
 """)
     result, rows = run("llamacpp", "--executable", str(llama), path=bindir)
     assert result.exit_code == 0, result.output
-    flags = ["--model", "--host", "--port", "--metrics", "--alias", "--parallel", "--n-gpu-layers", "--ctx-size"]
+    flags = ["--model", "--host", "--port", "--metrics", "--alias", "--parallel", "--n-gpu-layers", "--ctx-size",
+             "--lora-init-without-apply", "--lora"]
     assert {f: rows[("llama-server", f)] for f in flags} == dict.fromkeys(flags, "found")
 
 
@@ -206,7 +231,8 @@ exit 1
     result, rows = run("sglang", "--executable", str(python), path=bindir)
     assert result.exit_code == 0, result.output
     flags = ["--model-path", "--host", "--port", "--served-model-name", "--tp-size", "--enable-metrics",
-             "--max-total-tokens", "--kv-events-config", "--nnodes", "--node-rank", "--dist-init-addr"]
+             "--enable-lora", "--max-loaded-loras", "--max-loras-per-batch", "--max-total-tokens", "--kv-events-config",
+             "--nnodes", "--node-rank", "--dist-init-addr", "--page-size"]
     assert {f: rows[("sglang", f)] for f in flags} == dict.fromkeys(flags, "found")
 
 
@@ -215,7 +241,8 @@ def test_sim_flags_match_the_real_sim_help():
     assert result.exit_code == 0, result.output
     assert rows == dict.fromkeys(
         [("sim", f) for f in ("--host", "--port", "--served-model-name", "--rank", "--world-size",
-                              "--dist-init-addr", "--model", "--kv-events-config")], "found")
+                              "--dist-init-addr", "--model", "--enable-lora", "--max-loras", "--kv-events-config")],
+        "found")
 
 
 def test_usage_errors(bindir):

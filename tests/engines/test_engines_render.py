@@ -363,3 +363,27 @@ def test_llamacpp_holds_at_most_the_models_own_context_in_each_slot():
     small = BUDGET.model_copy(update={"modelContext": 8192})
     argv = argvs(render(make_shard("llamacpp", kvCache=small), node(), EXE))[0]
     assert argv[argv.index("--ctx-size") + 1] == "32768"
+
+
+def test_a_single_node_sglang_replica_that_publishes_pages_16_tokens_unless_its_args_say():
+    """SGLang's default page is one token (the index would hold a key per token); its events say the page,
+    which the gateway keys with. A multi-node replica's ranks past 0 cannot tell, so none is given it."""
+    ports = ShardPorts(serve=30001, distInit=30002, kvEvents=30003, kvReplay=30004)
+    (one,) = render(make_shard("sglang", ports=ports), node(), EXE).commands
+    assert one.argv[-4:] == ["--page-size", "16", "--max-model-len", "8192"]
+    (theirs,) = render(make_shard("sglang", ports=ports, args=["--page-size=64"]), node(), EXE).commands
+    assert "--page-size" not in theirs.argv and theirs.argv[-1] == "--page-size=64"
+    (head,) = render(make_shard("sglang", world=2, ports=ports), node(0, 2), EXE).commands
+    assert "--page-size" not in head.argv
+    assert "--page-size" not in render(make_shard("sglang"), node(), EXE).commands[0].argv
+
+
+@pytest.mark.parametrize("launch_mode", ["mp", "ray"])
+def test_vllm_with_adapters_allows_runtime_loads_as_vllm_reads_its_env(launch_mode):
+    """vLLM 0.11.1's envs.py: VLLM_ALLOW_RUNTIME_LORA_UPDATING is on when `value.strip().lower()` is 1 or true;
+    without it /v1/load_lora_adapter is not served."""
+    serve = render(make_shard("vllm", launch_mode=launch_mode, adapters=AdapterSlots(maxLoaded=3)), node(),
+                   EXE).commands[-1]
+    assert serve.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"].strip().lower() in ("1", "true")
+    at = serve.argv.index("--enable-lora")
+    assert serve.argv[at:at + 3] == ["--enable-lora", "--max-loras", "3"]
