@@ -13,21 +13,16 @@ which the sim serves too, or SGLang's):
   path) is unloaded and loaded again;
 - adapters no longer placed here are unloaded first, freeing their slots, once their Adapter no
   longer says they are resident here (what the gateways route by);
-- pulls of one sync go at once; its loads are started, up to the free slots (a load in flight
-  holds one), and the sync does not wait for them: a later placement starts its own load while
-  earlier ones are in flight, and each load, as it lands, wakes the runner (`landed`) for a sync
-  that reports what the engine then lists (a failed load: until a load of it lands, retried
-  from the sync after the one that first reports it).
+- pulls, then loads, of one sync go at once.
 
 An engine that takes adapters only at start (llama-server) is given the Model's Adapters in
 their start order when it starts (`start_weights`); its sync loads nothing and reports an
 adapter placed there Loaded where the engine lists its weights at the adapter's id.
 
-The runner syncs before its shard first reports Ready, waiting for that sync's loads, so a Ready
-shard's status.adapters already lists what it was asked to hold, and again whenever an Adapter
-placed or resident on its replica changes (AdapterBook.on_change), a load lands or a probe
-interval passes; status.adapters is what the engine listed after the sync, and the loads that
-failed with why.
+The runner syncs before its shard first reports Ready, so a Ready shard's status.adapters
+already lists what it was asked to hold, and again whenever an Adapter placed or resident on its
+replica changes (AdapterBook.on_change) or a probe interval passes; status.adapters is what the
+engine listed after the sync, and the loads that failed with why.
 """
 from __future__ import annotations
 
@@ -131,49 +126,27 @@ class EngineAdapters:
 
     def __init__(self, base_url: str, api: LoraApi, book: AdapterBook,
                  session: Callable[[], Awaitable[aiohttp.ClientSession]],
-                 puller: Puller | None, model: str, counts: AdapterCounts,
-                 landed: Callable[[ShardAdapter | None, int], None]) -> None:
+                 puller: Puller | None, model: str, counts: AdapterCounts) -> None:
         self.base_url = base_url.rstrip("/")
         self.api, self.book = api, book
         self._session = session
         self.puller = puller
         self.model, self.counts = model, counts
-        # called as each load lands: its entry, Loaded (the engine's answer), or None (it failed),
-        # and the placements its agent had seen when the load was started (adaptersSeen)
-        self.landed = landed
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
-        self._loading: dict[str, asyncio.Task[None]] = {}   # adapter -> its load in flight
-        self._failed: dict[str, ShardAdapter] = {}   # adapter -> its last load's failure, until one lands
-        self._fresh: set[str] = set()    # failures no sync has reported yet (not retried by that one)
-        self._landings = 0                  # loads landed loaded, counted
-        self._landed_at: dict[str, int] = {}    # adapter -> its landing's count, until a listing after it
 
-    @property
-    def loading(self) -> bool:
-        """Whether a load is in flight."""
-        return bool(self._loading)
-
-    async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None],
-                   wait: bool = False) -> list[ShardAdapter]:
+    async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
         """Load what is placed on the shard's replica and missing, unload what is held and not
         placed; what the engine holds after (Loaded), and the loads that failed (Failed, why).
-        Pulls go at once; loads are started, up to the free slots (one in flight holds one), and
-        waited for only with `wait` (before the shard is first Ready): each calls `landed` as it
-        lands, which reports one loaded at once, and a failed one through the sync after. A sync
-        whose last listing went before a load landed lists that load too (its report must not
-        take back the one made as it landed). A failed load is reported until a load of it lands
-        loaded, and retried from the sync after the one that first reports it (not at once).
-        What goes is first reported gone (`leaving(what stays)`), and is unloaded once its Adapter,
-        as this agent's watch has it, no longer names the replica in status.resident: the gateways
-        learn that from the same watch. The adapter controller takes a replica out of `resident` as
-        it takes it out of `placement` (an eviction), or on the report that its engine no longer
-        holds it (new weights); one still named stays until the sync that change of the Adapter
-        brings. A load waits for a free slot likewise."""
+        Pulls, and then loads, go at once, not one after another: an engine restarted with eight
+        adapters gets them in one load's time. What goes is first reported gone (`leaving(what
+        stays)`), and is unloaded once its Adapter, as this agent's watch has it, no longer names
+        the replica in status.resident: the gateways learn that from the same watch. The adapter
+        controller takes a replica out of `resident` as it takes it out of `placement` (an eviction),
+        or on the report that its engine no longer holds it (new weights); one still named stays
+        until the sync that change of the Adapter brings. A load waits for a free slot likewise."""
         wanted = self.book.placed_on(shard)
         if self.api.at_start:
             return await self._started_with(wanted)
-        seen = self.book.placement_seen.get(shard.spec.replica, 0)
-        loading = set(self._loading)   # before the listing: one landing after it is not loaded again
         held = await self._listed()
         paths, failed = await self._locate(wanted)
         going = _going(held, paths, failed)
@@ -188,47 +161,26 @@ class EngineAdapters:
             self.counts.unloads.labels(self.model).inc()
             self._unpin(name)
             del held[name]
-        fresh, self._fresh = self._fresh, set()
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
-        free = max(0, slots - len(held.keys() | loading))
-        missing = [a for a in wanted if a.name in paths and a.name not in held and a.name not in loading
-                   and a.name not in fresh][:free]
-        for a in missing:
-            self._loading[a.name] = asyncio.ensure_future(self._load(a, paths[a.name], seen))
-        if wait:
-            await asyncio.gather(*self._loading.values())
-        listed_after = self._landings
-        held = await self._listed()
-        late, self._landed_at = self._landed_at, {}
-        held.update((n, "") for n, at in late.items() if at > listed_after and n not in held)
-        digests = {a.name: a.spec.digest for a in wanted}
-        self._failed = {n: f for n, f in self._failed.items() if n in digests}   # placed here still
-        failed = {**self._failed, **failed}
-        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
-        return loaded + [failed[n] for n in sorted(failed) if n not in held]
+        missing = [a for a in wanted if a.name in paths and a.name not in held][:max(0, slots - len(held))]
 
-    async def _load(self, a: LoraAdapter, where: str, seen: int) -> None:
-        """One load, in flight beside the syncs: `landed` as it lands; a failure is kept for the
-        syncs to report."""
-        started = time.monotonic()
-        try:
-            await self._post(self.api.load or "", {"lora_name": a.name, "lora_path": where})
-        except EngineError as err:
-            self._failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
-            self._fresh.add(a.name)
-            self.counts.loads.labels(self.model, "failed").inc()
-            self._unpin(a.name)
-        else:
-            self._failed.pop(a.name, None)
+        async def load(a: LoraAdapter, where: str) -> None:
+            started = time.monotonic()
+            try:
+                await self._post(self.api.load or "", {"lora_name": a.name, "lora_path": where})
+            except EngineError as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
+                self.counts.loads.labels(self.model, "failed").inc()
+                self._unpin(a.name)
+                return
             self.counts.loads.labels(self.model, "loaded").inc()
             self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
             log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
-            self._landings += 1
-            self._landed_at[a.name] = self._landings
-        finally:
-            del self._loading[a.name]
-        self.landed(None if a.name in self._failed else
-                    ShardAdapter(name=a.name, digest=a.spec.digest, state="Loaded"), seen)
+        await asyncio.gather(*(load(a, paths[a.name]) for a in missing))
+        held = await self._listed()
+        digests = {a.name: a.spec.digest for a in wanted}
+        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
+        return loaded + [failed[n] for n in sorted(failed)]
 
     async def start_weights(self, adapters: list[LoraAdapter]) -> list[str]:
         """The weights on this node of the adapters an engine that takes them at start is given, in
@@ -304,9 +256,7 @@ class EngineAdapters:
             self.puller.cache.unpin(digest)
 
     def release(self) -> None:
-        """The engine is gone: its loads in flight are dropped and its adapters' weights no longer read."""
-        for task in self._loading.values():
-            task.cancel()
+        """The engine is gone: its adapters' weights are no longer read."""
         for name in list(self._pinned):
             self._unpin(name)
 

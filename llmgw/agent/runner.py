@@ -34,7 +34,7 @@ from llmgw.agent.preflight import PreflightError, prepare
 from llmgw.agent.pulling import weights_for
 from llmgw.agent.reporter import StatusReporter
 from llmgw.agent.state import ProcessRecord, ShardRecord, StateDir
-from llmgw.api import Shard, ShardAdapter, ShardStatus, now, set_condition
+from llmgw.api import Shard, ShardStatus, now, set_condition
 from llmgw.engines import ENGINES
 from llmgw.engines.base import join_host_port, url_host
 from llmgw.weights.puller import Puller
@@ -396,7 +396,7 @@ class ShardRunner:
                         if why_not:
                             self._set("Running", message=why_not)
                         else:   # its adapters first: Ready says they are loaded
-                            self._set("Ready", message="", **await self._sync_adapters(wait=True))
+                            self._set("Ready", message="", **await self._sync_adapters())
                     elif self._adapters is not None:
                         self._set("Ready", **await self._sync_adapters())
                 else:
@@ -422,7 +422,7 @@ class ShardRunner:
         if self._adapters is None:
             url = f"http://{join_host_port(url_host(self.ctx.facts.address), spec.ports.serve)}"
             self._adapters = EngineAdapters(url, api, self.ctx.adapters, self.ctx.session, self.ctx.puller,
-                                            spec.model, self.ctx.adapter_counts, self._landed)
+                                            spec.model, self.ctx.adapter_counts)
         return self._adapters
 
     async def _start_adapters(self) -> list[str]:
@@ -433,41 +433,21 @@ class ShardRunner:
             return []
         return await adapters.start_weights(self.ctx.adapters.start_order(self.shard.spec.model)[:slots.maxLoaded])
 
-    async def _sync_adapters(self, wait: bool = False) -> dict[str, Any]:
+    async def _sync_adapters(self) -> dict[str, Any]:
         """Its engine's adapters made those placed on its replica (a serving shard of a Model with
         spec.adapters): the status fields saying what the engine holds after (an engine that
-        cannot say holds none), and the placement it was synced to (adaptersSeen). The loads it
-        starts are waited for only with `wait`; otherwise each wakes the next sync as it lands.
-        While loads are in flight, a sync after which the engine lists what it did before reports
-        nothing (a newer adaptersSeen alone would be one more status write, and one more pass of
-        the adapter controller, per load): the sync as the load lands reports it, with its own."""
+        cannot say holds none), and the placement it was synced to (adaptersSeen)."""
         self.adapters_changed.clear()
         adapters = self._engine_adapters()
         if adapters is None:
             return {"adapters": []}
         seen = self.ctx.adapters.placement_seen.get(self.shard.spec.replica, 0)
         try:
-            held = await adapters.sync(self.shard, lambda staying: self._set(self.status.phase, adapters=staying),
-                                       wait)
+            held = await adapters.sync(self.shard, lambda staying: self._set(self.status.phase, adapters=staying))
         except EngineError as err:
             log.warning("shard %s: its engine's adapters: %s", self.name, err)
             return {"adapters": []}
-        if adapters.loading and held == self.status.adapters:
-            return {"adapters": held}
         return {"adapters": held, "adaptersSeen": seen}
-
-    def _landed(self, loaded: ShardAdapter | None, seen: int) -> None:
-        """A load of its engine landed: one loaded is reported at once beside what the shard
-        reports already (each of which its engine holds: the agent reports an adapter gone before
-        it unloads it), with the placements seen when it was started; one that failed, or one
-        landing before the shard is Ready, through a sync."""
-        if loaded is None or self.status.phase != "Ready":
-            self.adapters_changed.set()
-            return
-        others = [a for a in self.status.adapters if a.name != loaded.name]
-        self._set("Ready", adaptersSeen=max(self.status.adaptersSeen, seen), adapters=[
-            *sorted([*(a for a in others if a.state == "Loaded"), loaded], key=lambda a: a.name),
-            *(a for a in others if a.state != "Loaded")])
 
     async def _probe(self) -> bool:
         rec = self.record
