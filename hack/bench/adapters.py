@@ -13,7 +13,9 @@ evicts the least recently requested where no slot is free. --requests short stre
 each for an adapter drawn from Zipf(--zipf) over the adapters (rank 1 the most requested), are
 sent by --concurrency clients back to back. Then the engine of the replica holding the most
 adapters is killed, and the time until every adapter resident on it is resident on it again is
-measured (the agent loads them before its rebuilt replica is Ready). It prints
+measured (the agent loads them before its rebuilt replica is Ready). It prints each component's
+CPU seconds during the traffic (etcd, server, controller-manager, gateway, agent: the sims, its
+children, not counted), where the requests' losses go (below), and
 
     adapters: hit_ratio=<requests served where the adapter was already resident>
         burst_hit_ratio=<the same, a request sent while one before it for the same adapter
@@ -172,6 +174,17 @@ async def known(url: str, name: str) -> None:
             await asyncio.sleep(0.2)
 
 
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """Each component's CPU seconds so far: its process's user and system time (/proc/PID/stat)."""
+    pids = {name: p.pid for name, p in cluster.procs.items()}
+    pids.update(("etcd", m.proc.pid) for m in (cluster.etcd.members if cluster.etcd else []) if m.proc)
+    spent = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        spent[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return spent
+
+
 async def restore(client: Client) -> float:
     """Kill the engine of the replica holding the most adapters; seconds until they are all
     resident on it again."""
@@ -221,6 +234,7 @@ async def bench(args: argparse.Namespace) -> None:
                 times: list[float] = [0.0] * len(draws)
                 sent: list[float] = [0.0] * len(draws)
                 queue = iter(enumerate(draws))
+                cpu0 = cpu_seconds(cluster)
                 t0 = time.monotonic()
                 timeout = aiohttp.ClientTimeout(total=180)
                 async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -230,6 +244,8 @@ async def bench(args: argparse.Namespace) -> None:
                             times[i] = await ttft(http, cluster.gateway_url, names[d])
                     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
                 elapsed = time.monotonic() - t0
+                print("CPU seconds of the traffic: " + ", ".join(
+                    f"{name} {spent - cpu0[name]:.1f}" for name, spent in cpu_seconds(cluster).items()), flush=True)
                 evictions = [(datetime.fromisoformat(e["time"]).timestamp(), int(e["name"][len("lora-"):]))
                              for e in (await client.list_events(LoraAdapter))[0] if e["reason"] == "Evicted"]
                 placed = [len(a.status.placement) for a in (await client.list(LoraAdapter))[0]]
