@@ -24,6 +24,7 @@ children, not counted), where the requests' losses go (below), and
         oracle_hit_ratio=<the same draws through one LRU of replicas x slots entries>
         cold_ttft_p50_s=<> cold_ttft_p99_s=<median and p99 time to first token of the requests
         that were not hits> restore_s=<>
+        cpu_s=<CPU seconds of the components during the traffic> controller_cpu_s=<the controller-manager's>
 
 A request is a hit when its first token comes within half the load time (a request that waits for
 a load waits at least the load time; a hit's answer is a few milliseconds). The oracle is the
@@ -244,8 +245,8 @@ async def bench(args: argparse.Namespace) -> None:
                             times[i] = await ttft(http, cluster.gateway_url, names[d])
                     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
                 elapsed = time.monotonic() - t0
-                print("CPU seconds of the traffic: " + ", ".join(
-                    f"{name} {spent - cpu0[name]:.1f}" for name, spent in cpu_seconds(cluster).items()), flush=True)
+                cpu = {name: spent - cpu0[name] for name, spent in cpu_seconds(cluster).items()}
+                print("CPU seconds of the traffic: " + ", ".join(f"{n} {s:.1f}" for n, s in cpu.items()), flush=True)
                 evictions = [(datetime.fromisoformat(e["time"]).timestamp(), int(e["name"][len("lora-"):]))
                              for e in (await client.list_events(LoraAdapter))[0] if e["reason"] == "Evicted"]
                 placed = [len(a.status.placement) for a in (await client.list(LoraAdapter))[0]]
@@ -255,7 +256,7 @@ async def bench(args: argparse.Namespace) -> None:
         finally:
             cluster.stop()
     joined = losses(args, draws, sent, times, evictions)
-    report(args, draws, times, elapsed, restore_s, joined)
+    report(args, draws, times, elapsed, restore_s, joined, cpu)
 
 
 def losses(args: argparse.Namespace, draws: list[int], sent: list[float], times: list[float],
@@ -307,7 +308,7 @@ def losses(args: argparse.Namespace, draws: list[int], sent: list[float], times:
 
 
 def report(args: argparse.Namespace, draws: list[int], times: list[float], elapsed: float, restore_s: float,
-           joined: int) -> None:
+           joined: int, cpu: dict[str, float]) -> None:
     cold = sorted(t for t in times if t > args.load_seconds / 2)
 
     def quantile(q: float) -> float:
@@ -316,7 +317,8 @@ def report(args: argparse.Namespace, draws: list[int], times: list[float], elaps
     print(f"adapters: hit_ratio={1 - len(cold) / len(times):.3f} "
           f"burst_hit_ratio={1 - (len(cold) - joined) / len(times):.3f} "
           f"oracle_hit_ratio={lru_hit_ratio(draws, args.replicas * args.slots):.3f} "
-          f"cold_ttft_p50_s={quantile(0.5):.2f} cold_ttft_p99_s={quantile(0.99):.2f} restore_s={restore_s:.2f}")
+          f"cold_ttft_p50_s={quantile(0.5):.2f} cold_ttft_p99_s={quantile(0.99):.2f} restore_s={restore_s:.2f} "
+          f"cpu_s={sum(cpu.values()):.1f} controller_cpu_s={cpu['controller-manager']:.1f}")
 
 
 # (flag, type, default, help)
