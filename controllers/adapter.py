@@ -2,10 +2,7 @@
 
 Keys: an Adapter's name; a change of a Model enqueues its adapters, of a Replica or a Shard the
 adapters placed on that replica or reported by its engine and those of its model pinned or not
-Ready, a gateway's demand report those whose demand (summed over the reports) it changed; the
-others it names with requests are marked requested then, unlooked at (a report names every
-adapter with a request in flight, each second: looking at each would hold up the one that waits
-to be placed).
+Ready, a gateway's demand report those it names.
 
 - Placement (status.placement): the Ready replicas of the base Model asked to hold the adapter,
   spec.minReplicas of them (every one, when spec.pinned), and at least one while the gateways
@@ -68,23 +65,16 @@ class AdapterController(Controller):
         # of the replica's serving shard counts only once its agent has seen that placement
         # (status.adaptersSeen at least it); an earlier one may be from before an unload there.
         self._placed_at: dict[tuple[str, str], int] = {}
-        self._demand: dict[str, int] = {}   # adapter -> its demand summed over the reports, as last looked at
 
     def start(self, ctx: Context) -> None:
         super().start(ctx)
-        self._demanded, self._evicted, self._placed_at, self._demand = {}, {}, {}, {}
+        self._demanded, self._evicted, self._placed_at = {}, {}, {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
-        if isinstance(obj, str):    # a gateway's demand report changed or expired: the adapters
-            # whose demand it changed (one whose demand ended keeps its place until its requeue,
-            # adapter_idle_seconds on); those with requests still are requested now
-            reports, now = self.ctx.cache.demand(), self.ctx.clock()
-            before, self._demand = self._demand, {}
-            for m in {m for r in reports for m in r.models}:
-                total = total_demand(reports, m).total
-                if total and self.ctx.cache.get(LoraAdapter, m) is not None:
-                    self._demand[m], self._demanded[m] = total, now
-            return [a for a in before.keys() | self._demand.keys() if before.get(a) != self._demand.get(a)]
+        if isinstance(obj, str):    # a gateway's demand report changed or expired: the adapters it names
+            # (one whose demand ended keeps its place until its requeue, adapter_idle_seconds on)
+            named = {m for r in self.ctx.cache.demand() for m in r.models}
+            return [a for a in named if self.ctx.cache.get(LoraAdapter, a) is not None]
         if type(obj) is LoraAdapter:
             return (obj.name,)
         if type(obj) is Model:
