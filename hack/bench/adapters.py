@@ -102,6 +102,34 @@ controller's Loading event to the agent's load answered p50 0.97 s, p90 1.31 (th
 0.5 s: a placement waits for the sync of its engine under way, and an engine's syncs follow one
 another every 0.69 s p50, 1.6 loads each), the load to Resident p50 0.15 s, Resident to the
 gateway's table 0.06 s.
+
+Tried on adapters4 and not taken, each interleaved with its base (interleave.py, ABBA,
+--requests 1500, load 8-15):
+  - the agent's loads beside its syncs (adapters3's), each reported at once as it lands loaded
+    (the engine's 200) instead of by a sync of its own, and no write from a sync that changed
+    only adaptersSeen (2120e29, reverted), two rounds: hit_ratio 0.438 against 0.422,
+    cold_ttft_p50_s 1.71 against 1.53, cold_ttft_p99_s 3.01 against 3.10. In the cluster's logs
+    the agent's part shrank (its sight of a placement to the load started p50 0.25 -> 0.21 s,
+    the load landed to Resident 0.36 -> 0.25 s, a run each); the cold path did not.
+  - the adapter controller passing only over the adapters whose demand a gateway's report
+    changed, not every one it names (00109f1, reverted): controller_cpu_s 9.25 against 9.45,
+    cold_ttft_p50_s 1.47 against 1.28, p99 2.96 against 2.19.
+Where a cold request's time went with the loads beside the syncs (the cluster's logs, --requests
+1500, p50 / p90 in s): its first request waiting to the controller's Loading event 0.12-0.25 /
+0.37-0.65, to the agent's sight of the placement 0.05-0.06 / 0.14, to its load started
+0.21-0.25 / 0.45-0.50, the load 0.55 / 0.60, to Resident 0.25-0.37 / 0.57-0.74, to the gateway's
+table 0.05-0.08 / 0.17-0.24. The bench keeps the machine busy itself: at a43b4dc+this bench
+(16:00, load 7-13), 3000 requests in 79.2 s, the components spent 73.7 CPU s (etcd 20.4,
+controller-manager 19.1, server 15.0, gateway 9.6, agent 9.5) of the 2 cores' 158:
+    cold: 337 joined a load in flight, 173 hits of the oracle's with none waiting before them, 77
+    slower than 0.25 s and faster than a load; evictions: 1252, victim's last request a median
+    3.1 s before (LRU's: 3.1 s); 107 victims requested 4 times more recently than LRU's
+    adapters: hit_ratio=0.441 burst_hit_ratio=0.553 oracle_hit_ratio=0.597 cold_ttft_p50_s=1.46
+        cold_ttft_p99_s=2.71 restore_s=3.62 cpu_s=73.7 controller_cpu_s=19.1
+So no one hop is the loss: six through etcd and three processes, each 0.05-0.37 s at p50 with
+every process waiting its turn for a core. A p99 of the load time plus 0.5 s needs fewer hops,
+not faster ones: the gateway asking the agent of a replica with a free slot to load the adapter
+at once (the control plane recording it after), not built yet. Targets not met.
 """
 from __future__ import annotations
 
