@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llmgw.api.sources import HubSource, parse_source
+from llmgw.api.sources import HubSource, default_hub, parse_source
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.kvevents.wire import Event
@@ -116,7 +116,7 @@ class KVIndexes:
             for name in TOKENIZER_FILES:
                 try:
                     hf_hub_download(hub.repo, name, revision=hub.revision, local_dir=directory,
-                                    endpoint=os.environ.get("HF_ENDPOINT") or None)
+                                    endpoint=default_hub())
                 except EntryNotFoundError:
                     continue
                 except Exception as e:  # noqa: BLE001 the hub client's errors are its HTTP library's too
