@@ -32,7 +32,7 @@ from llmgw.kvevents import wire
 from llmgw.kvevents.publisher import KVEventsConfig, Publisher
 from llmgw.kvevents.subscriber import Subscription
 from llmgw.routing.chattemplate import load_chat_template
-from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids
+from llmgw.routing.kvblocks import HASH_SEED, BlockHasher, load_tokenizer, request_token_ids, text_ids, word_id
 from llmgw.routing.kvindex import KVIndex
 from llmgw.sim.kvcache import DEFAULT_SEED
 from tests.fixtures import chat_model
@@ -151,6 +151,14 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
         chain.append(int.from_bytes(parent, "big") & (1 << 64) - 1)
     assert BlockHasher(4).keys(long) == chain
     assert BlockHasher(4).keys(long, held=set(chain[:20])) == chain[:20]
+
+
+def test_a_words_token_id_is_the_same_however_the_text_is_split():
+    """The words of a text split at once (as bytes, where it is ASCII) are str.split()'s, whitespace the
+    bytes do not know (the information separators, no-break and ideographic spaces) included."""
+    for text in ("plain words  here", "tab\tnew\nline\r\x0b\x0cend", "sep\x1cara\x1dted\x1eby\x1fus",
+                 "no\xa0break\u3000wide \u00e9t\u00e9", "", "  ", "lone \ud800 surrogate"):
+        assert text_ids(text) == ([word_id(w) for w in text.split()] or [word_id("")]), repr(text)
 
 
 VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vllm-0.34.0-block-hashes.json"
