@@ -161,7 +161,8 @@ class KVIndexes:
             "1 where the engines' block hashes cannot match the gateway's (a seed, algorithm or block size "
             "mismatch): precise-prefix routes as prefix-score", labels=["model"])
         verified = CounterMetricFamily("llmgw_gateway_kv_index_verified_chains",
-                                       "Stored chains whose hashes the gateway computed the same", labels=["model"])
+                                       "Stored chains whose hashes the gateway computed the same (a replica's "
+                                       "until one agrees)", labels=["model"])
         lookups = CounterMetricFamily("llmgw_gateway_kv_index_lookups",
                                       "Requests precise-prefix looked up in the index", labels=["model"])
         matched = CounterMetricFamily("llmgw_gateway_kv_index_matched_lookups",
