@@ -19,10 +19,8 @@ replicas with 8 in flight) sent 19% of the requests past the replica holding the
 context, to compute it again elsewhere and evict another tenant's there; queued
 work alone spilled contexts whenever queues formed, and at 20 requests/s the
 engines' hit rate fell to 0.29 and TTFT to seconds. Where no replica holds even its first
-block, the prompt is computed in full wherever it goes: among the replicas with the least
-queued work (then the fewest requests in flight), as prefix-score (which keeps a prefix
-where it sent it before); prefix-score alone sent it back behind the queue of the replica
-that had evicted it. Until the index knows the model's blocks (no event
+block, as prefix-score (which keeps a prefix where it sent it before, rather than
+wherever load is least). Until the index knows the model's blocks (no event
 yet, no replica publishing, or keys refused as mismatched), it is prefix-score,
 whose index it keeps up to date either way.
 """
@@ -81,11 +79,8 @@ class PrecisePrefix:
                 blocks - matched[b.replica] + (self.load(b.replica) if inflight.get(b.replica, 0) >= limit else 0),
                 inflight.get(b.replica, 0)))
             self.fallback.index.record(approx, best.replica)
-        else:  # cached nowhere: computed in full wherever it goes, so where the least prefill is queued
-            # (prefix-score's pick among those: where it sent the prefix before, if there)
-            queued = {b.replica: (self.load(b.replica), inflight.get(b.replica, 0)) for b in candidates}
-            least = min(queued.values())
-            best = self.fallback.pick([b for b in candidates if queued[b.replica] == least], inflight, approx)
+        else:  # cached nowhere: where prefix-score sent it before, if anywhere
+            best = self.fallback.pick(candidates, inflight, approx)
         if best is not None:
             if best.replica not in self._sent and self.kv is not None:  # stores from now on count against it
                 self._seen[best.replica] = self.kv.stored.get(best.replica, 0)

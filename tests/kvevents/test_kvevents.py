@@ -406,34 +406,6 @@ def test_precise_prefix_weighs_the_prefill_a_hit_saves_against_the_work_in_fligh
     assert [pick(q) for q in range(9, 14)] == ["a"] * 5
 
 
-def test_precise_prefix_computes_a_prompt_cached_nowhere_where_the_least_prefill_is_queued():
-    """Not where prefix-score sent its prefix before (whose engine evicted it) while that replica has
-    work queued and another has none; there again once its queue is stored."""
-    from llmgw.api import RoutingSpec
-    from llmgw.gateway.table import Backend
-    from llmgw.routing.precise_prefix import PrecisePrefix
-
-    policy = PrecisePrefix(RoutingSpec(policy="precise-prefix"))
-    policy.kv = kv = KVIndex()
-    held = list(range(1, 9))
-    kv.apply("c", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(held)), None, tuple(held), BLOCK)])
-    replicas = [Backend("a", "m", "127.0.0.1:1"), Backend("b", "m", "127.0.0.1:2"), Backend("c", "m", "127.0.0.1:3")]
-    inflight = {"a": 1, "b": 1, "c": 1}  # all within the bound (ceil(1.25 x 4 / 3) = 2)
-    queued = {"prompt": [100 + i for i in range(10 * BLOCK)]}  # 10 blocks, cached nowhere, sent to a
-    policy.fallback.index.record(policy.fallback.key(queued, None), "a")
-    assert policy.pick(replicas, inflight, policy.key(queued, None)).replica == "a"
-    def cold(first: int) -> str:  # a prompt sent to a before, now cached nowhere
-        prompt = {"prompt": [first + i for i in range(10 * BLOCK)]}
-        policy.fallback.index.record(policy.fallback.key(prompt, None), "a")
-        return policy.pick(replicas, inflight, policy.key(prompt, None)).replica
-
-    best = cold(500)
-    assert best in ("b", "c")  # not behind a's 10 blocks
-    policy.done(best)
-    kv.apply("a", [wire.Event("BlockStored", tuple(range(1000, 1010)), None, (), BLOCK)])  # a admitted its own
-    assert cold(900) == "a"
-
-
 async def test_a_sim_seeded_otherwise_is_refused_and_routing_falls_back():
     sim, events, replay = _sim(seed="1")
     table = RoutingTable()
