@@ -198,8 +198,17 @@ Later on 2026-12-06 (branch kvroute), the same machine, load average 7-16 throug
 - The TTFT ratio, with the policy as it is, swings with the machine's load for main's
   build and this one alike: 2.16 and 2.70 (main, interleaved below), 3.17 (this branch at
   load 14, before the attempt below), 1.50 (above, load 12-16, where the sims' CPUs,
-  not their simulated GPU time, set precise-prefix's queues too). The 3x target is met in
-  some runs, not reliably, on this machine.
+  not their simulated GPU time, set precise-prefix's queues too). The last interleaved
+  round, this branch's final build against main (interleave.py --rounds 1, load 11.5 at
+  the start, 4.4 at the end; per run, ABBA):
+    main  ratio 5.93 agreement 1.00 route_ms p50 0.94 p99 10.78  hit 0.74 / 0.44
+    this  ratio 5.44 agreement 0.99 route_ms p50 1.11 p99 45.04  hit 0.73 / 0.46  own core p50 0.95 p99 1.21
+    this  ratio 4.95 agreement 1.00 route_ms p50 0.68 p99 18.59  hit 0.74 / 0.45  own core p50 0.59 p99 0.85
+    main  ratio 5.06 agreement 1.00 route_ms p50 0.95 p99 13.09  hit 0.75 / 0.46
+  (medians: ratio 5.50 main, 5.20 this; route_ms p50 0.945 against 0.895): the ratio and
+  agreement targets met by both where the machine let the sims keep time, the policy's
+  decisions unchanged by this branch; routing's p50 met at normal priority, its p99 only
+  on a core of its own.
 - Tried and reverted: a prompt cached nowhere (a tenth of the requests, the p90's tail)
   sent to a replica with the least queued work (prefix-score's pick among those) instead
   of prefix-score's pick among all, which sends an evicted context back to the replica
