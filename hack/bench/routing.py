@@ -189,7 +189,7 @@ Later on 2026-12-06 (branch kvroute), the same machine, load average 7-16 throug
   keys, on the loop in front of the requests waiting to be routed (0.56 ms p50 for 1,808
   tokens, some 3 ms for 8k): now a replica's chains only until one agrees (0.13 ms). The
   rest of the wall time is the scheduler's: with this thread on a core of its own the
-  wall p50 is 0.58-0.66 ms and p99 0.97-1.31 ms, under both targets, while at normal
+  wall p50 is 0.58-0.95 ms and p99 0.85-1.31 ms, under both targets, while at normal
   priority the p99 is 32-61 ms at these loads. route_ms alone, ABBA against main at load
   13-15: CPU p50 1.05, 0.99 ms (main) against 0.93, 0.86; wall p50 1.87, 1.55 against
   1.16, 1.10. Not done, for want of a measured need: a cheaper index (a bitmask of
