@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from llmgw.api.sources import PulledSource, parse_source
+from llmgw.api.sources import PulledSource, default_hub, parse_source
 from llmgw.fit import (
     INDEX,
     MAX_HEADER,
@@ -40,7 +40,7 @@ from llmgw.fit import (
 )
 from llmgw.weights.digest import FileEntry
 from llmgw.weights.errors import PullError
-from llmgw.weights.resolve import HubConfig, default_hub, resolve
+from llmgw.weights.resolve import HubConfig, resolve
 
 GGUF_FIRST_READ = 1 << 20
 TIMEOUT = aiohttp.ClientTimeout(total=60)

@@ -74,6 +74,10 @@ def main() -> None:
             figures[side].append(run(args.base if side == "base" else args.head, bench))
     ratios = []
     for key in figures["head"][0]:
+        if not any(key in f for f in figures["base"]):  # a figure the change added
+            print(f"{key}: head median {statistics.median(f[key] for f in figures['head'] if key in f):g}, "
+                  f"not in the base's")
+            continue
         base = statistics.median(f[key] for f in figures["base"] if key in f)
         head = statistics.median(f[key] for f in figures["head"] if key in f)
         print(f"{key}: base median {base:g}, head median {head:g}")

@@ -17,10 +17,10 @@ from llmgw.api import PortRange, check_dns1123_label
 from llmgw.api.fabrics import FabricError, FabricSpec
 from llmgw.api.limits import InputError, check_document
 from llmgw.api.manifests import read_yaml
+from llmgw.api.sources import default_hub
 from llmgw.client.config import server_urls
 from llmgw.engines.engine import executable_name
 from llmgw.pki import renewal
-from llmgw.weights.resolve import default_hub
 
 DEFAULT_STATE_DIR = "/var/lib/llmgw/agent"
 DEFAULT_SERVER_PORT = 7443

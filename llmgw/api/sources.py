@@ -15,15 +15,23 @@ Model's `spec.digest` pins it, and a pull that finds other content fails.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+DEFAULT_HUB = "https://huggingface.co"
 # The hub's own rules for a repository id: ORG/NAME, letters, digits, '-', '_', '.'; no '--' or '..'.
 _HUB_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+
+
+def default_hub() -> str:
+    """The hub that `hf://` sources are asked of: HF_ENDPOINT (the hub clients' own variable for a
+    mirror), else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT") or DEFAULT_HUB
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from llmgw.api.sources import HubSource, parse_source
+from llmgw.api.sources import HubSource, default_hub, parse_source
 from llmgw.engines import ENGINES
 from llmgw.gateway.table import Backend
 from llmgw.kvevents.subscriber import Subscription
@@ -119,7 +119,7 @@ class KVIndexes:
             for name in TOKENIZER_FILES:
                 try:
                     hf_hub_download(hub.repo, name, revision=hub.revision, local_dir=directory,
-                                    endpoint=os.environ.get("HF_ENDPOINT") or None)
+                                    endpoint=default_hub())
                 except EntryNotFoundError:
                     continue
                 except Exception as e:  # noqa: BLE001 the hub client's errors are its HTTP library's too
@@ -164,7 +164,8 @@ class KVIndexes:
             "1 where the engines' block hashes cannot match the gateway's (a seed, algorithm or block size "
             "mismatch): precise-prefix routes as prefix-score", labels=["model"])
         verified = CounterMetricFamily("llmgw_gateway_kv_index_verified_chains",
-                                       "Stored chains whose hashes the gateway computed the same", labels=["model"])
+                                       "Stored chains whose hashes the gateway computed the same (a replica's "
+                                       "until one agrees)", labels=["model"])
         lookups = CounterMetricFamily("llmgw_gateway_kv_index_lookups",
                                       "Requests precise-prefix looked up in the index", labels=["model"])
         matched = CounterMetricFamily("llmgw_gateway_kv_index_matched_lookups",

@@ -41,7 +41,6 @@ from llmgw.gateway.spans import Spans
 from llmgw.gateway.step import Call
 from llmgw.gateway.table import Backend, RoutingTable
 from llmgw.gateway.upstream import CONNECT_TIMED_OUT, Conn, Pool, UpstreamError
-from llmgw.routing.precise_prefix import PrecisePrefix
 from llmgw.routing.prefix import SESSION_HEADER
 
 log = logging.getLogger(__name__)
@@ -174,7 +173,7 @@ class Proxy:
         if self.outliers.ejections:
             exclude = self.outliers.excluded((b.replica for b in backends), exclude)
         b = policy.pick(backends, self.balancer.inflight, body.key[1], exclude)
-        if b is not None and isinstance(policy, PrecisePrefix):
+        if b is not None:
             body.predicted = policy.predicted(body.key[1], b.replica)
         return b
 

@@ -49,6 +49,7 @@ BLOCKS_MEMO = 65536  # blocks whose hashes are remembered (about 20 MB): 150 con
 CHUNK = 16  # blocks hashed and remembered together
 TEXTS_MEMO = 1024  # texts whose word ids are remembered
 _LOW64 = (1 << 64) - 1
+_WORD_BITS = 0x7FFFFFFF  # a word's token id: its CRC-32 cut to 31 bits
 
 def sha256_cbor(value: Any) -> bytes:
     return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
@@ -202,12 +203,23 @@ HASHERS: dict[str, type[BlockHasher]] = {VLLM_HASHES: BlockHasher, "sha256_uint3
 
 def word_id(word: str) -> int:
     """A word's token id: its CRC-32, 31 bits."""
-    return zlib.crc32(word.encode("utf-8", "replace")) & 0x7FFFFFFF
+    return zlib.crc32(word.encode("utf-8", "replace")) & _WORD_BITS
+
+
+# str.split()'s ASCII whitespace that bytes.split() does not split on (the information separators)
+_SEPARATORS = bytes.maketrans(b"\x1c\x1d\x1e\x1f", b"    ")
 
 
 @functools.lru_cache(maxsize=TEXTS_MEMO)
 def _words(text: str) -> tuple[int, ...]:
-    return tuple(word_id(w) for w in text.split()) or (word_id(""),)
+    """word_id of each of the text's words (str.split()'s); an ASCII text split as bytes, in a third of
+    the time of a word at a time (a new question's words were half of an 8k-token prompt's routing)."""
+    if text.isascii():
+        words = text.encode().translate(_SEPARATORS).split()
+    else:
+        words = [w.encode("utf-8", "replace") for w in text.split()]
+    crc = zlib.crc32
+    return tuple([crc(w) & _WORD_BITS for w in words]) or (word_id(""),)
 
 
 def text_ids(value: Any) -> list[int]:

@@ -9,9 +9,10 @@ was told: its size is the engines' caches, not a bound of its own.
 The block size is the engines': the first BlockStored sets it. Keys the
 gateway computes can still never match, silently, where the engine's seed or
 hash algorithm differs from the gateway's (kvblocks.HASH_SEED, sha256_cbor), or
-replicas disagree on the block size; the index checks each stored chain that
-starts at the root against its own hashes of the event's tokens, and on a
-disagreement `refused` says why and routing falls back to prefix-score.
+replicas disagree on the block size; the index checks a replica's stored chains
+that start at the root against its own hashes of the event's tokens until one
+agrees (again once it restarts or clears its cache), and on a disagreement
+`refused` says why and routing falls back to prefix-score.
 A LoRA adapter's blocks are held under the gateway's own keys of them (their
 tokens chained with the adapter's name, as kvblocks keys a request for it),
 whatever the engine hashed them with: vLLM 0.34 adds the adapter's path on the
@@ -70,6 +71,7 @@ class KVIndex:
         self.template: ChatTemplate | None = None  # its chat template, where it has one
         self.refused: str | None = None  # why the gateway's keys cannot match the engines'
         self.verified = 0  # stored chains whose hashes the gateway computed the same
+        self._agreed: set[str] = set()  # replicas one of whose chains it computed the same (not checked again)
         self.lookups = 0  # keys() calls with a whole block to look up
         self.matched = 0  # of which some replica held the first block
         self.stored: dict[str, int] = {}  # replica -> blocks it has stored so far (precise_prefix.py's clock)
@@ -139,6 +141,7 @@ class KVIndex:
         rollout that fixed their seed) are checked afresh."""
         self._lora.pop(replica, None)
         self.stored.pop(replica, None)
+        self._agreed.discard(replica)
         for key in self._held.pop(replica, ()):
             where = self._where.get(key)
             if where is not None:
@@ -179,12 +182,16 @@ class KVIndex:
             self.refused = (f"replica {replica} caches blocks of {e.block_size} tokens, another of this "
                             f"model {self.hasher.block_size}")
             return
-        if e.parent is None and e.token_ids and not any(e.extra_keys or ()) and e.lora_name is None:
+        if (e.parent is None and e.token_ids and not any(e.extra_keys or ()) and e.lora_name is None
+                and replica not in self._agreed):
             # a chain from the root without extra keys: the gateway can hash it too. An event's extra
             # keys are not always those hashed (vLLM 0.34 hashes a LoRA block with ("lora", name, path),
             # publishes (name,); SGLang publishes none and namespaces a LoRA block's hash with its load's id).
+            # Once one agreed, not each after it: a cold 8k-token prompt's chain is 512 hashes, 3 ms of
+            # the gateway's loop.
             if self.hasher.agrees(e.token_ids, e.keys, e.cache_salt):
                 self.verified += 1
+                self._agreed.add(replica)
             else:
                 seeded = f" seeded with PYTHONHASHSEED={self.seed}" if self.hasher.root else ""
                 self.refused = (f"replica {replica}'s block hashes are not {self.hasher.name}{seeded}: "

@@ -37,3 +37,6 @@ class LeastOutstanding:
         turn = self._turn
         self._turn = turn + 1
         return best[turn % len(best)]
+
+    def predicted(self, key: Any, replica: str) -> None:
+        return None

@@ -61,6 +61,13 @@ class RoutingPolicy(Protocol):
         `inflight`: requests in flight at this gateway per replica name. None: no candidate."""
         ...
 
+    def predicted(self, key: Any, replica: str) -> tuple[int, int] | None:
+        """(tokens, block size): the prompt's tokens the engine at `replica`, just picked for the
+        request of `key`, should find cached, by what the policy knows of the engines' caches (the
+        gateway checks it against the engine's reported cached tokens); None where it knows nothing
+        of them (a policy that routes on its own guess)."""
+        ...
+
 
 POLICIES: dict[str, type[RoutingPolicy]] = {}
 DEFAULT = "least-outstanding"

@@ -41,3 +41,6 @@ class PrefixHash:
             if b is not None and inflight.get(replica, 0) < limit:
                 return b
         return None  # unreachable: some replica is always under the bound
+
+    def predicted(self, key: Any, replica: str) -> None:
+        return None

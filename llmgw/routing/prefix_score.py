@@ -56,3 +56,6 @@ class PrefixScore:
             if high is None or score > high:
                 best, high = b, score
         return best
+
+    def predicted(self, key: Any, replica: str) -> None:
+        return None

@@ -16,17 +16,10 @@ from urllib.parse import quote
 
 import aiohttp
 
-from llmgw.api.sources import HttpSource, HubSource, PulledSource
+from llmgw.api.sources import DEFAULT_HUB, HttpSource, HubSource, PulledSource
 from llmgw.weights import manifest
 from llmgw.weights.digest import FileEntry, check_path, content_digest
 from llmgw.weights.errors import PullError, Reason
-
-DEFAULT_HUB = "https://huggingface.co"
-
-
-def default_hub() -> str:
-    """HF_ENDPOINT (the hub clients' own variable for a mirror), else huggingface.co."""
-    return os.environ.get("HF_ENDPOINT") or DEFAULT_HUB
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from llmgw.routing.kvblocks import (
     load_tokenizer,
     request_token_ids,
     text_ids,
+    word_id,
 )
 from llmgw.routing.kvindex import KVIndex
 from llmgw.sim.kvcache import DEFAULT_SEED
@@ -175,6 +176,14 @@ def test_block_hashes_are_vllms_sha256_cbor_chain():
         chain.append(int.from_bytes(parent, "big") & (1 << 64) - 1)
     assert BlockHasher(4).keys(long) == chain
     assert BlockHasher(4).keys(long, held=set(chain[:20])) == chain[:20]
+
+
+def test_a_words_token_id_is_the_same_however_the_text_is_split():
+    """The words of a text split at once (as bytes, where it is ASCII) are str.split()'s, whitespace the
+    bytes do not know (the information separators, no-break and ideographic spaces) included."""
+    for text in ("plain words  here", "tab\tnew\nline\r\x0b\x0cend", "sep\x1cara\x1dted\x1eby\x1fus",
+                 "no\xa0break\u3000wide \u00e9t\u00e9", "", "  ", "lone \ud800 surrogate"):
+        assert text_ids(text) == ([word_id(w) for w in text.split()] or [word_id("")]), repr(text)
 
 
 VLLM_HASHES = Path(__file__).parents[1] / "fixtures" / "data" / "kvblocks" / "vllm-0.34.0-block-hashes.json"
@@ -501,7 +510,13 @@ def test_keys_that_cannot_match_are_refused_loudly():
     other_seed.apply("r", [wire.Event("AllBlocksCleared")])  # the engines replaced (or cleared): checked afresh
     other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(tokens)), None, tuple(tokens),
                                       BLOCK)])
-    assert other_seed.refused is None and other_seed.usable
+    assert other_seed.refused is None and other_seed.usable and other_seed.verified == 1
+    # a replica's chains are checked until one agrees (the first after it is followed, restarts or clears),
+    # not each after it: a cold 8k-token prompt's chain is 512 hashes, milliseconds of the gateway's loop
+    other = [5, 6, 7, 8]
+    other_seed.apply("r", [wire.Event("BlockStored", tuple(BlockHasher(BLOCK).keys(other)), None, tuple(other),
+                                      BLOCK)])
+    assert other_seed.verified == 1 and other_seed.matches(BlockHasher(BLOCK).keys(other), ["r"]) == {"r": 1}
     # vLLM 0.34 hashes a LoRA block with ("lora", name, path) and publishes (name,): not checked, not refused
     lora = BlockHasher(BLOCK).keys(tokens, (("lora", "sql", "/adapters/sql"),))
     other_seed.apply("r", [wire.Event("BlockStored", tuple(lora), None, tuple(tokens), BLOCK, (("sql",),))])
