@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import signal
 from typing import Any, Awaitable, Callable, Coroutine
+
+log = logging.getLogger("llmgw.aio")
 
 
 def run(main: Coroutine[Any, Any, Any]) -> Any:
@@ -20,7 +23,29 @@ def run(main: Coroutine[Any, Any, Any]) -> Any:
         import uvloop
     except ImportError:
         return asyncio.run(main)
-    return uvloop.run(main)
+    return uvloop.run(_with_quiet_tls_cuts(main))
+
+
+async def _with_quiet_tls_cuts(main: Coroutine[Any, Any, Any]) -> Any:
+    asyncio.get_running_loop().set_exception_handler(quiet_tls_cuts)
+    return await main
+
+
+def quiet_tls_cuts(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: one debug line for a TLS connection already closed, the
+    default handler for the rest.
+
+    uvloop's TLS reports a connection closed while its records were still being read (a server
+    killed mid-stream, a handshake given up by its timeout) as "Fatal error on SSL protocol" with
+    the traceback of its write to the closed transport (a RuntimeError), one per connection: a
+    fleet's failover cuts thousands at once. The request on it failed with its own error, which
+    its caller handles; the connection is gone either way."""
+    transport = context.get("transport")
+    if (isinstance(context.get("exception"), RuntimeError) and "SSL" in str(context.get("message", ""))
+            and transport is not None and transport.is_closing()):
+        log.debug("a TLS connection was closed while its records were read: %s", context["exception"])
+        return
+    loop.default_exception_handler(context)
 
 
 async def until_signal(work: Coroutine[Any, Any, None] | None = None,

@@ -12,7 +12,9 @@ error means:
 * ``after_error(err)``: "relist" when the revision to watch from is gone (etcd
   compacted it: Compacted, 410 Expired), "retry" when the failure is transient (back
   off, then watch again from the last revision seen, or list again when the list
-  failed), "raise" for the rest (a refusal, a bug), which ends ``run()``.
+  failed), "resume" when it is transient and ended a watch that was open (the watch
+  was established again since the last failure: the backoff starts over, its first
+  wait, as after an event), "raise" for the rest (a refusal, a bug), which ends ``run()``.
 
 The loop: list; report what changed since the view's last list, from the view's own
 objects (``known``) or from what it reported itself: ADDED, MODIFIED (only what
@@ -45,7 +47,7 @@ log = logging.getLogger("llmgw.reflector")
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-AfterError = Literal["relist", "retry", "raise"]
+AfterError = Literal["relist", "retry", "resume", "raise"]
 
 CLOSE_TIMEOUT = 5.0   # closing a watch must not wedge the loop
 
@@ -144,6 +146,8 @@ class Reflector(Generic[T]):
                     if self.on_gone is not None:
                         self.on_gone(err)
                     continue
+                if after == "resume":
+                    self.backoff.reset()
                 why = f"interrupted ({err})"
             delay = self.backoff.next()
             log.warning("%s %s; watching again from revision %d in %.2fs", self.name, why, self.revision + 1, delay)

@@ -1,6 +1,7 @@
 """Benchmark: one of three API servers SIGKILLed under 1,000 agents heartbeating and watching.
 
-    .venv/bin/python hack/bench/failover.py [--agents 1000] [--interval 5] [--cpu-window 10] [--ramp S] [--cpu-only]
+    .venv/bin/python hack/bench/failover.py [--agents 1000] [--agent-procs 1] [--interval 5] [--cpu-window 10]
+        [--ramp S] [--cpu-only] [--logs DIR]
 
 Starts a real etcd, a CA and three `llmgw server`s over that etcd, a sim engine and `llmgw
 gateway` (given every server, routing model `bench` to the engine), and registers the Nodes of
@@ -11,7 +12,10 @@ then tries them in its own order after the first), a first beat with the client'
 its registration's), the agent's own heartbeat loop (llmgw/agent/registration.py: every
 `--interval` s, each server given the interval to answer, a new connection until the key is
 about to expire), and a reflector watching its node's Shards. The agents start over `--ramp`
-seconds (default: 40 a second), as a fleet does, not all in one instant.
+seconds (default: 40 a second), as a fleet does, not all in one instant. They run in
+`--agent-procs` processes of their own (default 1; each on asyncio's loop, as `llmgw agent`
+runs), apart from this one, which drives the servers, the gateway's load and the measures, and
+asks them what their agents did. `--logs DIR` keeps the servers', gateway's and engine's logs.
 
     heartbeat_cpu_ms   the CPU time of the servers (from /proc) over `--cpu-window` s of
                        heartbeats alone (before any watch), per heartbeat answered
@@ -36,7 +40,8 @@ It also prints where the reconnections went, from each moved agent's requests af
 (aiohttp's tracing of its client): per watch and beat, the p50 and p99 of the time until back,
 in backoff or waiting (before its first request and between a failed one and the next),
 connecting (TCP and TLS), and from connected to answered; the failed requests; the means of
-each over the slowest tenth; and how late this process's event loop woke (the agents' side).
+each over the slowest tenth; the failed requests by error, with how long each took; and how
+late the agents' event loops woke.
 
 Measured on the 2-core development machine, shared with six other sessions' builds and tests
 (load average 4-9, changing minute by minute, so only runs interleaved with each other compare):
@@ -174,17 +179,71 @@ what is left, besides that stall: the client's own TLS (uvloop's SSLProtocol, in
 logs "Fatal error on SSL protocol" with a traceback for each connection closed while its
 handshake was under way (2,488 in main's 1,000-agent run), and the watch's connect (aiohttp's
 sock_connect, the client's 30 s) gives up on a queued handshake only late.
+
+Issue 43, the stall (branch herd3), 2026-12-06 after 15:14 UTC, the machine shared with the other
+sessions' benches and tests (load average 5-17), single runs. The agents now run in processes of
+their own (--agent-procs), this one only driving and measuring; the failed tries are printed by
+error.
+    before the fix, --agent-procs 1 (uvloop, as the bench ran them; load 8-9): failover:
+        agents=1000 reconnect_p99_s=inf failed=0 relists=0 heartbeat_gaps=1000 (none back within
+        120 s); the agents' loop late by p99 1.92 s, max 4.69 s; the live servers 2.2 and 2.5 CPU
+        s in 120 s, this process 32.6. ss 60 s after the kill: 2,004 connections to the live
+        servers, established, nothing queued either way.
+    before the fix, --agent-procs 4 (load 9-15): reconnect_p99_s=inf heartbeat_gaps=959, 958 of
+        1,000 not back; the agents' loops late by p99 1.15 s, max 5.0 s. So the one process was
+        not it. The failed tries: 849 + 788 watches 'Connection timeout' after 30.7 s (p50), 859
+        watches and 657 beats 'Cannot connect' (a reset mid-handshake) after 26 s; the live
+        servers' logs: 386 handshakes "taking longer than 10.0 seconds", 899 "closed by the
+        client". The cause, in the server (llmgw/server/tls.py): a connection queued behind its
+        128 running handshakes was paused in connection_made, which uvloop (the server's loop)
+        ignores there, as it starts reading once connection_made returns: the ClientHello went to
+        the acceptor, which dropped it, and the handshake, when its turn came, waited for it in
+        vain. Every connection beyond the first 128 of a burst per server died so, and each retry
+        came in a burst again (herd2's 300 agents back within 4.4 s and 700 never: 2 live servers
+        x 128 plus a few; main before the queue, 6baa73e, stalled alike for its own reason, every
+        handshake at once and cut at 10 s). The queue's test ran on asyncio's loop, which honours
+        the pause.
+    the fix (what a queued connection reads is kept and handed to its handshake), --agent-procs
+        4, the agents on asyncio's loop as `llmgw agent` runs (load 11-15): failover: agents=1000
+        reconnect_p99_s=63.71 failed=0 relists=0 heartbeat_gaps=941 heartbeat_cpu_ms=0.192 (p50
+        36.30 s, every agent back within 65 s; the live servers 7.8 and 8.2 CPU s; the agents'
+        loops late by p99 8.1 s, max 10.7 s; 519 beats abandoned at their deadline (8.4 s) after
+        their stream was open, 322 before).
+    the same, --agent-procs 1 (load 9-14): failover: agents=1000 reconnect_p99_s=49.73 failed=0
+        relists=0 heartbeat_gaps=1000 heartbeat_cpu_ms=0.183 (p50 46.61 s, all back within 50 s;
+        the agents' loop late by p50 3.57 s, p99 7.27 s; 1,832 beats abandoned at their deadline,
+        11.2 s p50).
+    the same, the machine quieter, --agents 500 --agent-procs 2 (load 2.8-4.2): failover:
+        agents=500 reconnect_p99_s=6.59 failed=0 relists=0 heartbeat_gaps=0 heartbeat_cpu_ms=0.225
+        (p50 4.95 s; watch p99 6.47, beat p99 6.59; the agents' loops late by p99 1.31 s; herd2's
+        500: 14.57 s and 22 gaps at load 4.9); then --agents 1000 --agent-procs 2 (load 2.8 at
+        the start, 9.4 at the end, this bench's own work): failover: agents=1000
+        reconnect_p99_s=44.65 failed=0 relists=0 heartbeat_gaps=1000 heartbeat_cpu_ms=0.175 (p50
+        40.81 s; watch p50 27.03: connecting 17.32, the handshakes queued 128 at a time on each
+        live server, each waiting on a client loop late by p50 1.1 s, p99 6.1 s; 1,760 beats
+        abandoned at their deadline, 8.5 s p50, and tried again at the back of the other
+        server's queue).
+The stall is gone: every agent comes back, the servers do the work (5-8 CPU s each where they
+idled at 2-3). The 5 s target is not met on this machine under this load: the agents' loops
+(Python's TLS on asyncio's loop, 1,000 clients on two cores shared with etcd, three servers and
+the other sessions' work) wake seconds late, and a beat not answered by its deadline is
+abandoned and redone. What is left: a quiet machine's figures; a beat's deadline under a loop
+that late; the live servers' registered-Nodes watch, started at their first beat (each beat
+before its list asks etcd).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import aiohttp
@@ -194,7 +253,7 @@ from controlplane import cpu_seconds, pct  # the script beside this one (hack/be
 
 from llmgw import aio
 from llmgw.agent.registration import Registration
-from llmgw.api import Model, Replica, Shard, parse_object
+from llmgw.api import Model, NodeStatus, Replica, Shard, parse_object
 from llmgw.client import Client
 from llmgw.dev.apiserver import ApiServer, start_api_server
 from llmgw.dev.etcd import etcd_cluster
@@ -214,12 +273,13 @@ class Attempt:
     tracing: when it started, when a new connection to the server began and was made (TCP and
     TLS), when the server answered (a watch: its stream open) or the request failed."""
 
-    __slots__ = ("kind", "start", "connect", "connected", "end", "ok")
+    __slots__ = ("kind", "start", "connect", "connected", "end", "ok", "error")
 
     def __init__(self, kind: str, start: float):
         self.kind, self.start = kind, start
         self.connect = self.connected = self.end = 0.0
         self.ok = False
+        self.error = ""   # a failed one's exception: its type and message
 
 
 def tracing(attempts: list[Attempt]) -> aiohttp.TraceConfig:
@@ -241,8 +301,9 @@ def tracing(attempts: list[Attempt]) -> aiohttp.TraceConfig:
     async def end(_session, ctx, params) -> None:
         ctx.attempt.end, ctx.attempt.ok = time.monotonic(), params.response.status < 400
 
-    async def failed(_session, ctx, _params) -> None:
+    async def failed(_session, ctx, params) -> None:
         ctx.attempt.end = time.monotonic()
+        ctx.attempt.error = f"{type(params.exception).__name__}: {str(params.exception)[:60]}"
     trace.on_request_start.append(start)
     trace.on_connection_create_start.append(connect)
     trace.on_connection_create_end.append(connected)
@@ -252,54 +313,16 @@ def tracing(attempts: list[Attempt]) -> aiohttp.TraceConfig:
     return trace
 
 
-class Agent:
-    """One node's agent towards the servers: the real heartbeat loop and a reflector of its Shards,
-    each success, each watch opened and each request to a server timed."""
+class Record:
+    """What one agent's process measured of it, sent to the bench's process: each beat answered
+    (when, by which server), each watch opened, each request timed, its reflector's lists."""
 
-    def __init__(self, node, client: Client, interval: float):
-        self.name = node.name
-        self.client = client
+    def __init__(self, name: str):
+        self.name = name
         self.beats: list[tuple[float, str]] = []      # (when answered, by which server)
         self.watched: list[float] = []                # when each watch was opened
         self.attempts: list[Attempt] = []             # each watch's and beat stream's request
-        trace, open_session = tracing(self.attempts), client._open
-
-        def traced():
-            session = open_session()
-            if trace not in session._trace_configs:   # the client's session, its requests timed
-                session._trace_configs.append(trace)
-            return session
-        client._open = traced                         # type: ignore[method-assign]
-        self.registration = Registration(client, node.name, heartbeat_interval=interval)
-        self.registration.status = node.status       # registered already (FakeAgents), Ready
-        self.registration.connected.set()
-        beat = client.heartbeat
-
-        async def timed_beat(*a, **kw):
-            answer = await beat(*a, **kw)
-            self.beats.append((time.monotonic(), client.server))
-            return answer
-        client.heartbeat = timed_beat                 # type: ignore[method-assign]
-        self.reflector: Reflector | None = None
-        self.tasks: list[asyncio.Task] = []
-
-    def start_heartbeats(self, delay: float) -> None:
-        async def run():
-            await asyncio.sleep(delay)
-            await self.client.heartbeat(self.name)    # as its registration does: the client's timeout
-            await self.registration.heartbeat_loop()
-        self.tasks.append(asyncio.create_task(run()))
-
-    def start_watch(self) -> None:
-        lw = self.client.lister_watcher(Shard, node=self.name)
-        inner = lw.watch
-
-        def watch(from_revision: int):
-            self.watched.append(time.monotonic())
-            return inner(from_revision)
-        lw.watch = watch                              # type: ignore[method-assign]
-        self.reflector = Reflector(lw, lambda *_: None, key=object_name, name=f"shards of {self.name}")
-        self.tasks.append(asyncio.create_task(self.reflector.run()))
+        self.lists = 0
 
     def reconnected(self, killed: float, interval: float) -> float | None:
         """Seconds from the kill until this agent was back: its watch opened again (the last time),
@@ -342,6 +365,61 @@ class Agent:
                 out[f"{kind}_reply"] = back - ok.end   # the beat on the stream once it is open
         return out
 
+
+class Agent:
+    """One node's agent towards the servers: the real heartbeat loop and a reflector of its Shards,
+    each success, each watch opened and each request to a server timed (its Record)."""
+
+    def __init__(self, name: str, status: NodeStatus, client: Client, interval: float):
+        self.name = name
+        self.client = client
+        self.record = record = Record(name)
+        trace, open_session = tracing(record.attempts), client._open
+
+        def traced():
+            session = open_session()
+            if trace not in session._trace_configs:   # the client's session, its requests timed
+                session._trace_configs.append(trace)
+            return session
+        client._open = traced                         # type: ignore[method-assign]
+        self.registration = Registration(client, name, heartbeat_interval=interval)
+        self.registration.status = status             # registered already (FakeAgents), Ready
+        self.registration.connected.set()
+        beat = client.heartbeat
+
+        async def timed_beat(*a, **kw):
+            answer = await beat(*a, **kw)
+            record.beats.append((time.monotonic(), client.server))
+            return answer
+        client.heartbeat = timed_beat                 # type: ignore[method-assign]
+        self.reflector: Reflector | None = None
+        self.tasks: list[asyncio.Task] = []
+
+    def start_heartbeats(self, delay: float) -> None:
+        async def run():
+            await asyncio.sleep(delay)
+            await self.client.heartbeat(self.name)    # as its registration does: the client's timeout
+            await self.registration.heartbeat_loop()
+        self.tasks.append(asyncio.create_task(run()))
+
+    def start_watch(self, delay: float) -> None:
+        lw = self.client.lister_watcher(Shard, node=self.name)
+        inner = lw.watch
+
+        def watch(from_revision: int):
+            self.record.watched.append(time.monotonic())
+            return inner(from_revision)
+        lw.watch = watch                              # type: ignore[method-assign]
+        self.reflector = reflector = Reflector(lw, lambda *_: None, key=object_name, name=f"shards of {self.name}")
+
+        async def run():
+            await asyncio.sleep(delay)
+            await reflector.run()
+        self.tasks.append(asyncio.create_task(run()))
+
+    def watching(self) -> bool:
+        return bool(self.reflector and self.reflector.lists and self.record.watched)
+
     async def stop(self) -> None:
         for t in self.tasks:
             t.cancel()
@@ -349,13 +427,72 @@ class Agent:
         await self.client.close()
 
 
-async def lag(samples: list[float], period: float = 0.1) -> None:
-    """How late this process's event loop wakes a sleep of `period`, into `samples`: the agents'
-    side's own queue (every agent lives in this one loop)."""
+async def lag(samples: list[tuple[float, float]], period: float = 0.1) -> None:
+    """How late this process's event loop wakes a sleep of `period`: (when, how late) into `samples`."""
     while True:
         t = time.monotonic()
         await asyncio.sleep(period)
-        samples.append(time.monotonic() - t - period)
+        now = time.monotonic()
+        samples.append((now, now - t - period))
+
+
+async def agents_process(conn: Connection, urls: list[str], ca: str, specs: list[tuple[str, str, str, str, float]],
+                         interval: float) -> None:
+    """One agents' process: its agents (name, certificate, key, Node status JSON, start delay),
+    each with a client of its own, doing what the bench's process asks (`AgentsProcess`)."""
+    agents = [Agent(name, NodeStatus.model_validate_json(status), Client(urls, ca=ca, cert=cert, key=key), interval)
+              for name, cert, key, status, _ in specs]
+    delays = [spec[4] for spec in specs]
+    lags: list[tuple[float, float]] = []
+    lagging = asyncio.create_task(lag(lags))
+    while True:
+        what, arg = await asyncio.to_thread(conn.recv)
+        if what == "beat":
+            for a, delay in zip(agents, delays, strict=True):
+                a.start_heartbeats(delay)
+            answer: object = None
+        elif what == "watch":
+            for a, delay in zip(agents, delays, strict=True):
+                a.start_watch(delay)
+            answer = None
+        elif what == "state":   # how many agents beat and watch, beats answered, each agent's server
+            answer = (sum(1 for a in agents if a.record.beats), sum(1 for a in agents if a.watching()),
+                      sum(len(a.record.beats) for a in agents), {a.name: a.client.server for a in agents})
+        elif what == "back":    # arg: the kill's time; which of its agents are back, how long it took
+            answer = {a.name: took for a in agents if (took := a.record.reconnected(arg, interval)) is not None}
+        elif what == "report":  # arg: since when; every record, every lag sample since then
+            for a in agents:
+                a.record.lists = a.reflector.lists if a.reflector else 0
+            answer = ([a.record for a in agents], [late for t, late in lags if t >= arg])
+        else:                   # stop
+            lagging.cancel()
+            await asyncio.gather(*(a.stop() for a in agents))   # each may wait 2 s for its dead stream's close
+            conn.send(None)
+            return
+        conn.send(answer)
+
+
+def _agents_process_main(*args: object) -> None:
+    asyncio.run(agents_process(*args))  # type: ignore[arg-type]  # asyncio's loop, as `llmgw agent` runs
+
+
+class AgentsProcess:
+    """The bench's side of one agents' process (`agents_process`): asks and waits for its answer."""
+
+    def __init__(self, urls: list[str], ca: str, specs: list[tuple[str, str, str, str, float]], interval: float):
+        self.conn, theirs = multiprocessing.Pipe()
+        self.proc = multiprocessing.get_context("spawn").Process(
+            target=_agents_process_main, args=(theirs, urls, ca, specs, interval), daemon=True)
+        self.proc.start()
+        self.size = len(specs)
+
+    async def ask(self, what: str, arg: object = None):
+        self.conn.send((what, arg))
+        return await asyncio.to_thread(self.conn.recv)
+
+
+async def ask_all(procs: list[AgentsProcess], what: str, arg: object = None) -> list:
+    return await asyncio.gather(*(p.ask(what, arg) for p in procs))
 
 
 def breakdown(splits: list[dict[str, float]]) -> str:
@@ -374,11 +511,12 @@ def breakdown(splits: list[dict[str, float]]) -> str:
 
 
 async def until(cond, timeout: float, what: str) -> None:
+    """Poll the async `cond` until it holds, or raise after `timeout` s."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while not await cond():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not come within {timeout:.0f} s")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)
 
 
 async def routes(store: Store, engine_port: int) -> None:
@@ -453,91 +591,116 @@ async def bench(args: argparse.Namespace, work: Path, etcd_endpoint: str, server
     await routes(store, engine_port)
     hollow = await FakeAgents(store, [f"node-{i:04d}" for i in range(args.agents)], heartbeat_ttl=600,
                               workers=2).start()
-    agents = []
-    for node in hollow.nodes.values():
+    ramp = args.ramp if args.ramp is not None else args.agents / 40   # a fleet does not start in one instant
+    specs: list[list[tuple[str, str, str, str, float]]] = [[] for _ in range(args.agent_procs)]
+    for i, node in enumerate(hollow.nodes.values()):
         issued = ca.issue("node", node.name)
-        agents.append(Agent(node, Client(urls, ca=str(ca.cert_path), cert=issued.cert, key=issued.key),
-                            args.interval))
-    print(f"{len(agents)} agents registered", flush=True)
-    ramp = args.ramp if args.ramp is not None else len(agents) / 40
-    for i, a in enumerate(agents):                    # a fleet's agents do not start in one instant
-        a.start_heartbeats(ramp * i / len(agents))
-    await until(lambda: all(a.beats for a in agents), ramp + 120, "every agent's first beat")
+        specs[i % args.agent_procs].append((node.name, issued.cert, issued.key, node.status.model_dump_json(),
+                                            ramp * i / args.agents))
+    procs = [AgentsProcess(urls, str(ca.cert_path), group, args.interval) for group in specs if group]
+    n = args.agents
+
+    async def states() -> tuple[int, int, int, dict[str, str]]:
+        got = await ask_all(procs, "state")
+        return (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got),
+                {k: v for g in got for k, v in g[3].items()})
+
+    async def beating() -> bool:
+        return (await states())[0] == n
+
+    async def watching() -> bool:
+        return (await states())[1] == n
+    await ask_all(procs, "beat")
+    print(f"{n} agents registered, in {len(procs)} processes", flush=True)
+    await until(beating, ramp + 120, "every agent's first beat")
     await asyncio.sleep(args.interval)                # past the first beats' connections
 
-    beats0, t0 = sum(len(a.beats) for a in agents), time.monotonic()
+    beats0, t0 = (await states())[2], time.monotonic()
     cpu0 = [cpu_seconds(s.proc.pid) for s in servers]
     await asyncio.sleep(args.cpu_window)
-    beats = sum(len(a.beats) for a in agents) - beats0
+    beats = (await states())[2] - beats0
     used = [cpu_seconds(s.proc.pid) - c for s, c in zip(servers, cpu0, strict=True)]
     cpu_ms = sum(used) * 1000 / max(1, beats)
     print(f"heartbeats alone: {beats} in {time.monotonic() - t0:.1f} s, servers' CPU {cpu_ms:.3f} ms each "
           f"(each server's CPU s: {', '.join(f'{u:.2f}' for u in used)})", flush=True)
 
-    if args.cpu_only:
-        await asyncio.gather(*(a.stop() for a in agents))
+    async def stop() -> None:
+        await ask_all(procs, "stop")
         await hollow.stop()
         await store.close()
-        print(f"failover: agents={len(agents)} heartbeat_cpu_ms={cpu_ms:.3f}")
+    if args.cpu_only:
+        await stop()
+        print(f"failover: agents={n} heartbeat_cpu_ms={cpu_ms:.3f}")
         return
-    for a in agents:
-        a.start_watch()
-        await asyncio.sleep(ramp / len(agents))
-    await until(lambda: all(a.reflector and a.reflector.lists and a.watched for a in agents), 120,
-                "every agent's watch")
+    await ask_all(procs, "watch")
+    await until(watching, ramp + 120, "every agent's watch")
     load = Load(gateway_url)
     await load.routed()
     load_task = asyncio.create_task(load.run())
     await asyncio.sleep(2)
-    quiet_live, quiet_self, t_quiet = [cpu_seconds(s.proc.pid) for s in servers], time.process_time(), time.monotonic()
+    agents_cpu = lambda: sum(cpu_seconds(p.proc.pid) for p in procs)   # noqa: E731
+    quiet_live, quiet_agents, t_quiet = [cpu_seconds(s.proc.pid) for s in servers], agents_cpu(), time.monotonic()
     await asyncio.sleep(5)
     quiet = time.monotonic() - t_quiet
     rates = [round((cpu_seconds(s.proc.pid) - c) / quiet, 2) for s, c in zip(servers, quiet_live, strict=True)]
-    print(f"CPU before the kill, per s: servers {rates}, this process "
-          f"{(time.process_time() - quiet_self) / quiet:.2f}", flush=True)
-    held = {url: sum(1 for a in agents if a.client.server == url) for url in urls}
+    print(f"CPU before the kill, per s: servers {rates}, "
+          f"the agents' processes {(agents_cpu() - quiet_agents) / quiet:.2f}", flush=True)
+    on = (await states())[3]
+    held = {url: sum(1 for server in on.values() if server == url) for url in urls}
     victim = max(servers, key=lambda s: held[s.url])
     print(f"agents by server: {list(held.values())}; killing {victim.url}", flush=True)
     _, revision = await store.kv.list(K.HEARTBEAT)
     expired: set[str] = set()
     watch_gaps = asyncio.create_task(gaps(store, revision + 1, expired))
-    moved = [a for a in agents if a.client.server == victim.url]
+    moved = {name for name, server in on.items() if server == victim.url}
     live = [s for s in servers if s is not victim]
-    cpu_live, cpu_self = [cpu_seconds(s.proc.pid) for s in live], time.process_time()
-    lags: list[float] = []
-    lagging = asyncio.create_task(lag(lags))
+    cpu_live, cpu_agents = [cpu_seconds(s.proc.pid) for s in live], agents_cpu()
     killed = time.monotonic()
     os.kill(victim.proc.pid, signal.SIGKILL)
     await asyncio.to_thread(victim.proc.wait)
     times: dict[str, float] = {}
     while time.monotonic() - killed < TTL + 2 or (len(times) < len(moved) and time.monotonic() - killed < 120):
-        for a in moved:
-            if a.name not in times and (took := a.reconnected(killed, args.interval)) is not None:
-                times[a.name] = took
-        await asyncio.sleep(0.2)
+        times = {name: took for back in await ask_all(procs, "back", killed) for name, took in back.items()
+                 if name in moved}
+        await asyncio.sleep(1)
     spent = [round(cpu_seconds(s.proc.pid) - c, 1) for s, c in zip(live, cpu_live, strict=True)]
-    print(f"CPU s from the kill on: live servers {spent}, this process (the agents' side) "
-          f"{time.process_time() - cpu_self:.1f}, in {time.monotonic() - killed:.0f} s", flush=True)
-    lagging.cancel()
-    splits = [d for a in moved if (d := a.split(killed, args.interval)) is not None]
+    print(f"CPU s from the kill on: live servers {spent}, the agents' processes {agents_cpu() - cpu_agents:.1f}, "
+          f"in {time.monotonic() - killed:.0f} s", flush=True)
+    reports = await ask_all(procs, "report", killed)
+    records = [r for rs, _ in reports for r in rs]
+    lags = [late for _, ls in reports for late in ls]
+    splits = [d for r in records if r.name in moved and (d := r.split(killed, args.interval)) is not None]
     if splits:
         print(f"where the reconnections went (s), {len(splits)} agents:\n{breakdown(splits)}", flush=True)
-    print(f"this process's loop late by p50 {pct(lags, 50):.2f} s, p99 {pct(lags, 99):.2f} s, max "
+    failures: dict[tuple[str, str, bool], list[float]] = {}
+    for r in records:
+        for a in r.attempts:
+            if r.name in moved and a.start > killed and a.end and not a.ok:
+                failures.setdefault((a.kind, a.error, bool(a.connected)), []).append(a.end - a.start)
+    for (kind, error, connected), took in sorted(failures.items(), key=lambda kv: -len(kv[1]))[:8]:
+        print(f"  failed {kind}s: {len(took)} x {error!r}{' once connected' if connected else ''}, after "
+              f"p50 {pct(took, 50):.1f} s, p99 {pct(took, 99):.1f} s", flush=True)
+    print(f"the agents' loops late by p50 {pct(lags, 50):.2f} s, p99 {pct(lags, 99):.2f} s, max "
           f"{max(lags, default=0):.2f} s after the kill; load average {os.getloadavg()[0]:.1f}", flush=True)
     load.stop()
     await load_task
     watch_gaps.cancel()
-    relists = sum(a.reflector.lists - 1 for a in agents if a.reflector)
+    relists = sum(max(0, r.lists - 1) for r in records)
     stuck = len(moved) - len(times)
     p50, p99 = pct(list(times.values()), 50), pct(list(times.values()), 99)
     print(f"{len(moved)} agents moved: reconnect p50 {p50:.2f} s, p99 {p99:.2f} s, max "
           f"{max(times.values(), default=float('nan')):.2f} s, {stuck} not back within 120 s", flush=True)
     print(f"gateway load: {load.ok} ok, {load.failed} failed {load.errors[:3]}", flush=True)
-    await asyncio.gather(*(a.stop() for a in agents))   # each may wait 2 s for its dead stream's close
-    await hollow.stop()
-    await store.close()
-    print(f"failover: agents={len(agents)} reconnect_p99_s={p99 if not stuck else float('inf'):.2f} "
+    await stop()
+    print(f"failover: agents={n} reconnect_p99_s={p99 if not stuck else float('inf'):.2f} "
           f"failed={load.failed} relists={relists} heartbeat_gaps={len(expired)} heartbeat_cpu_ms={cpu_ms:.3f}")
+
+
+def keep_logs(work: Path, to: Path) -> None:
+    """The servers', the gateway's and the engine's logs, copied to `to` (`--logs`)."""
+    to.mkdir(parents=True, exist_ok=True)
+    for log in work.rglob("*.log"):
+        shutil.copy(log, to / f"{log.parent.name}-{log.name}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -571,6 +734,8 @@ async def main(args: argparse.Namespace) -> None:
             for s in servers:
                 s.stop()
             etcd.stop()
+            if args.logs:
+                keep_logs(work, Path(args.logs))
 
 
 if __name__ == "__main__":
@@ -580,5 +745,8 @@ if __name__ == "__main__":
     parser.add_argument("--cpu-window", type=float, default=10.0, help="seconds of heartbeats alone measured")
     parser.add_argument("--ramp", type=float, default=None,
                         help="seconds over which the agents start (default: agents / 40)")
+    parser.add_argument("--agent-procs", type=int, default=1,
+                        help="processes the agents run in, each its own event loop (a fleet's agents: one each)")
+    parser.add_argument("--logs", help="a folder to copy the servers', the gateway's and the engine's logs to")
     parser.add_argument("--cpu-only", action="store_true", help="measure heartbeat_cpu_ms alone: no watches, no kill")
     aio.run(main(parser.parse_args()))

@@ -646,10 +646,12 @@ class Client:
         server = self.server
         url = server + path
         certificate = self._certificates
+        opened = False
         try:
             async with self._open().get(url, params=query, timeout=self._watch_timeout) as resp:
                 if resp.status >= 400:
                     raise await _error_from_response(resp, url)
+                opened = True
                 async for line in resp.content:
                     if certificate != self._certificates:
                         return   # opened with a certificate since replaced: the caller watches again, with the new
@@ -663,12 +665,14 @@ class Client:
                         raise error_for(int(o.get("code", 500)), o.get("reason", ""), o.get("message", ""), url)
                     yield ev["type"], ev["object"], int(ev.get("revision", 0))
         except ApiError as err:
-            self._failed(server, err)
+            self._failed(server, err, opened)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            self._failed(server, _translate(err, url))
+            self._failed(server, _translate(err, url), opened)
 
-    def _failed(self, server: str, err: ApiError) -> NoReturn:
-        """A stream from ``server`` failed with ``err``: the next one goes elsewhere if another may answer."""
+    def _failed(self, server: str, err: ApiError, streamed: bool = False) -> NoReturn:
+        """A stream from ``server`` failed with ``err`` (``streamed``: after it was open): the next
+        one goes elsewhere if another may answer."""
+        err.streamed = streamed
         if _moves_on(err):
             self._away_from(server)
         raise err from None
@@ -743,7 +747,10 @@ def _after_watch_error(err: Exception) -> AfterError:
     if isinstance(err, Expired):
         return "relist"
     if isinstance(err, Unreachable) or (isinstance(err, ApiError) and err.code >= 500):
-        return "retry"   # the server or its etcd is away: it comes back
+        # the server or its etcd is away: it comes back. A watch the server had answered was
+        # established since the last failure: its backoff starts over (a quiet watch's waits
+        # would otherwise grow with each failover, as no event resets them)
+        return "resume" if err.streamed else "retry"
     return "raise"       # refused (401, 403), not found, a bad query: the caller decides
 
 

@@ -10,7 +10,10 @@ from llmgw.api import errors as api
 
 
 class ApiError(api.StatusError):
-    """The server answered with an error (or could not be asked at all: code 0)."""
+    """The server answered with an error (or could not be asked at all: code 0). ``streamed``:
+    it ended a stream that was open (a watch the server had answered), not one that never began."""
+
+    streamed = False
 
     def __init__(self, code: int, reason: str, message: str, url: str = ""):
         self.code, self.reason, self.message, self.url = code, reason, message, url

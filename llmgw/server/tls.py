@@ -6,7 +6,9 @@ the handshake itself (asyncio's SSLProtocol, wired by hand) and logs why one fai
 unknown CA, no certificate, or the client distrusting us.
 
 At most ``handshakes`` handshakes run at once; the connections accepted beyond them wait, in
-the order they came and reading nothing, and each one's handshake timeout runs from its start.
+the order they came and reading nothing more than what came first (their ClientHello: uvloop
+starts reading a connection once it is made, paused or not, so what it read is kept and handed
+to the handshake when its turn comes), and each one's handshake timeout runs from its start.
 When a server dies, every client it held comes to the others in the same second (a fleet's
 agents: a watch and a heartbeat stream each): handshakes all run at once would share the CPU
 and all finish late, past the timeout, and each one cut is done again (hack/bench/failover.py).
@@ -100,6 +102,7 @@ class _Acceptor(asyncio.Protocol):
                  handshakes: _Handshakes) -> None:
         self._factory, self._ctx, self._timeout, self._handshakes = handler_factory, ctx, timeout, handshakes
         self._transport: asyncio.Transport | None = None
+        self._read: list[bytes] = []   # what came while it waited (uvloop reads a paused connection's first bytes)
         self.gone = False   # the connection ended while it waited for its turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,7 +111,15 @@ class _Acceptor(asyncio.Protocol):
 
     def wait(self) -> None:
         assert self._transport is not None
-        self._transport.pause_reading()   # the ClientHello waits in the socket for the handshake's turn
+        # the ClientHello waits in the socket for the handshake's turn; asyncio's loop reads nothing
+        # from here, uvloop's starts reading once connection_made returns, paused or not
+        self._transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        """Only while it waits, on uvloop: kept for the handshake, and no more read until then."""
+        self._read.append(data)
+        assert self._transport is not None
+        self._transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True   # only while waiting: once started, the TLS protocol has the transport
@@ -124,10 +135,24 @@ class _Acceptor(asyncio.Protocol):
                           call_connection_made=True, ssl_handshake_timeout=self._timeout)  # type: ignore[arg-type]
         transport.set_protocol(tls)
         tls.connection_made(transport)
+        for data in self._read:   # what came while it waited: the handshake's first bytes
+            _feed(tls, data)
+        self._read.clear()
         if not transport.is_reading():
             transport.resume_reading()
         waiter.add_done_callback(lambda _: self._handshakes.ended())
         waiter.add_done_callback(lambda fut: _log_failure(fut, peer))
+
+
+def _feed(protocol: asyncio.BufferedProtocol, data: bytes) -> None:
+    """Hand `data` to `protocol` as its transport would have (asyncio's SSLProtocol reads into its buffer)."""
+    view = memoryview(data)
+    while view:
+        buf = memoryview(protocol.get_buffer(len(view)))   # a writable buffer
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        protocol.buffer_updated(n)
+        view = view[n:]
 
 
 def _log_failure(fut: asyncio.Future[Any], peer: tuple[str, int] | None) -> None:

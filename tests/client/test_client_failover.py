@@ -176,6 +176,26 @@ async def test_silent_watch_moves_to_the_next_server(servers):
     await _watch_moves_on(servers, lambda s: os.kill(s.proc.pid, signal.SIGSTOP), watch_idle_timeout=3.0)
 
 
+async def test_a_watch_cut_once_open_resumes_with_its_backoff_from_the_start(servers):
+    """A watch the server had answered, then cut, was established since the last failure: its
+    reflector's backoff starts over ("resume"), however quiet it was; one that never opened (its
+    server dead) backs off further ("retry")."""
+    async with client_of(servers) as c, client_of(servers[:1]) as stuck:
+        created = await c.create(model("quiet"))
+        lw = c.lister_watcher(Model)
+        stream = lw.watch(created.metadata.resourceVersion)
+        assert (await anext(stream)).object.name == "quiet"     # the stream is open
+        pending = asyncio.ensure_future(anext(stream))
+        kill(servers[0])
+        with pytest.raises(Unreachable) as cut:
+            await pending
+        assert lw.after_error(cut.value) == "resume"
+        refused = stuck.lister_watcher(Model)
+        with pytest.raises(Unreachable) as never:
+            await anext(refused.watch(created.metadata.resourceVersion))
+        assert refused.after_error(never.value) == "retry"
+
+
 async def test_sigterm_ends_watches_at_once(servers):
     """A server that is stopped tells its watches to go elsewhere (a 503 ERROR line) as soon as it
     stops accepting, not when its shutdown timeout (2 s) cuts them; the next watch goes to the next

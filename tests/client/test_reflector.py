@@ -101,3 +101,33 @@ async def test_a_dropped_watch_resumes_from_the_last_revision_without_a_relist(e
                 task.cancel()
     finally:
         server.stop()
+
+
+class CutOnceOpen:
+    """A lister-watcher whose every watch opens, then is cut ("resume": it was established)."""
+
+    def __init__(self):
+        self.watches = 0
+
+    async def list(self):
+        return [], 1
+
+    async def watch(self, from_revision):
+        self.watches += 1
+        raise ConnectionResetError("cut")
+        yield  # an async generator, as a client's watch
+
+    def after_error(self, err):
+        return "resume"
+
+
+async def test_a_watch_established_again_starts_its_backoff_over():
+    """No event came, yet each watch was established before it was cut: the waits do not grow."""
+    lw = CutOnceOpen()
+    reflector = Reflector(lw, lambda *_: None, key=name, backoff=Backoff(0.01, 10.0))
+    task = asyncio.create_task(reflector.run())
+    try:
+        await until(lambda: lw.watches >= 4)
+        assert reflector.backoff.failures == 1
+    finally:
+        task.cancel()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from llmgw import aio
 from llmgw.api import Model, Node, Shard, parse_object
 from llmgw.client import Client, TLSError, Unauthorized, Unreachable
 from llmgw.dev.process import free_port
@@ -179,10 +180,17 @@ def test_unreadable_client_key_is_a_client_side_tls_error(ca_dir, tmp_path):
     assert err.value.side == "client" and "nope.key" in str(err.value)
 
 
-async def test_handshakes_beyond_the_limit_wait_their_turn(tmp_path):
+@pytest.mark.parametrize("run", [aio.run, asyncio.run], ids=["uvloop", "asyncio"])
+def test_handshakes_beyond_the_limit_wait_their_turn(tmp_path, run):
     """A listener that runs one TLS handshake at a time (llmgw/server/tls.py): connections that
     send nothing hold it until their handshakes time out; a client that came meanwhile waits its
-    turn, reading nothing, and is then served, its handshake timed from its own start."""
+    turn, reading nothing, and is then served, its handshake timed from its own start. On the
+    server's loop (uvloop, which reads a connection from its start, its ClientHello included,
+    even when it is paused as it is made) and on asyncio's."""
+    run(_handshakes_wait_their_turn(tmp_path))
+
+
+async def _handshakes_wait_their_turn(tmp_path):
     from aiohttp import web
 
     from llmgw.pki.ca import CertificateAuthority
