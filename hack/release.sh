@@ -6,10 +6,13 @@
 #   scp dist/llmgw-0.2.0-linux-amd64.pex node:/usr/local/bin/llmgw
 #   ssh node llmgw agent --config /etc/llmgw/agent.yaml
 #
-# Usage: hack/release.sh [-o OUTDIR] [-a amd64|arm64]... [-p 3.11|3.12|...]...
+# Usage: hack/release.sh [-o OUTDIR] [-a amd64|arm64]... [-p 3.11|3.12|...]... [-f WHEELS]
 #   -o  output directory (default: dist/)
 #   -a  architecture; repeatable (default: amd64 and arm64)
 #   -p  CPython version to carry wheels for; repeatable (default: 3.11 3.12 3.13)
+#   -f  take the dependencies' wheels from the folder WHEELS only, not from the package
+#       index (one `pip download` filled for those platforms: the tests keep one, and each
+#       build then skips resolving them again from the index)
 #
 # Needs network access to PyPI (wheels for foreign platforms are downloaded,
 # never built) and pex, which it installs into the current Python if missing.
@@ -20,12 +23,14 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out="$here/dist"
 arches=()
 pythons=()
-while getopts "o:a:p:h" opt; do
+resolve=()
+while getopts "o:a:p:f:h" opt; do
   case "$opt" in
     o) out=$(mkdir -p "$OPTARG" && cd "$OPTARG" && pwd) ;;
     a) arches+=("$OPTARG") ;;
     p) pythons+=("$OPTARG") ;;
-    h) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    f) resolve=(--no-pypi -f "$(cd "$OPTARG" && pwd)") ;;
+    h) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) exit 2 ;;
   esac
 done
@@ -86,6 +91,7 @@ for arch in "${arches[@]}"; do
   # sys.executable has every dependency (the agent can start `python -m ...`).
   "$py" -m pex "$wheel" \
     "${platforms[@]}" \
+    "${resolve[@]}" \
     --console-script llmgw \
     --python-shebang "/usr/bin/env python3" \
     --venv \

@@ -336,25 +336,32 @@ class LocalCluster:
     # --------------------------------------------------------------- stopping
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        p = self.procs.get(name)
-        if p is None or p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        self.stop_processes([name], sig, timeout)
+
+    def stop_processes(self, names: list[str], sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        """Signal each of `names` at once, then wait for them all (up to `timeout`: then SIGKILL), so
+        their shutdowns overlap (a cluster's took a second and a half one after another)."""
+        signalled = []
+        for p in (self.procs.get(name) for name in names):
+            if p is None or p.poll() is not None:
+                continue
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                continue
+            signalled.append(p)
+        deadline = time.monotonic() + timeout
+        for p in signalled:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def stop(self) -> None:
-        for name in list(self.procs):
-            if name.startswith("agent-"):
-                self.stop_process(name)
-        for name in list(self.procs):
-            self.stop_process(name)
+        """The agents, then the rest, then etcd."""
+        self.stop_processes([name for name in self.procs if name.startswith("agent-")])
+        self.stop_processes(list(self.procs))
         kill_marked(self.dir)
         if self.etcd:
             self.etcd.stop()

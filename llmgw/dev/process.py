@@ -1,25 +1,83 @@
 """Ports, readiness and stopping for the processes a local cluster, a benchmark or a test starts."""
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from llmgw.dev import slots
+
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]   # the `llmgw` command, in this interpreter
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port of `host` (loopback) nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port of `host` (loopback) nobody listens on now, reserved to this process until it exits.
+
+    The component given it binds it later, so the port must stay free until then. It lies outside
+    the kernel's ephemeral range (ip_local_port_range), where no outgoing connection's local port
+    and no bind to port 0 can land, and outside the local clusters' engine ports (llmgw.dev.slots);
+    and a lock on its byte of <tmp>/llmgw-dev-slots/ports.lock, held as long as this process lives
+    (however it exits), keeps every other process's free_port off it: the tests' workers, `llmgw dev
+    up`, the benchmarks. This process never hands it out again either, so a component may stop and
+    start again on its port.
+    """
+    with _RESERVED.lock:
+        if _RESERVED.fd < 0:
+            directory = slots.slot_dir()
+            directory.mkdir(mode=0o1777, exist_ok=True)
+            _RESERVED.fd = os.open(directory / "ports.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        candidates, start = _outside_ephemeral(), _RESERVED.next
+        for i in range(len(candidates)):   # once round, from where the last search ended
+            port = candidates[(start + i) % len(candidates)]
+            if port in _RESERVED.ports:
+                continue
+            try:   # a POSIX record lock: per process, gone when it exits
+                fcntl.lockf(_RESERVED.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+            except (BlockingIOError, PermissionError):
+                continue   # another process's
+            _RESERVED.ports.add(port)   # ours from here on, free or not
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue   # bound by something that does not reserve (a stray process)
+            _RESERVED.next = start + i + 1
+            return port
+    raise RuntimeError("no free port outside the kernel's ephemeral range "
+                       "(/proc/sys/net/ipv4/ip_local_port_range) and the local clusters' engine ports")
+
+
+class _Reserved:
+    """This process's ports (its locks on ports.lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fd = -1
+        self.ports: set[int] = set()
+        self.next = 0   # where in _outside_ephemeral() the next search starts
+
+
+_RESERVED = _Reserved()
+
+
+@functools.lru_cache(maxsize=1)
+def _outside_ephemeral() -> tuple[int, ...]:
+    """The unprivileged ports neither in the kernel's ephemeral range nor the slots' engine ports, highest first."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999   # Linux's default
+    engines = range(slots.FIRST_PORT, slots.FIRST_PORT + slots.SLOTS * slots.PORTS_PER_SLOT)
+    return tuple(p for p in range(65535, 1023, -1) if not low <= p <= high and p not in engines)
 
 
 def wait_http(url: str, alive: Callable[[], None], what: str, timeout: float = 60.0,

@@ -1,8 +1,8 @@
 """Which loopback addresses and engine ports a local cluster uses, so several run on one machine.
 
 Slot k gives the cluster's nodes the addresses 127.0.(k+1).N and its engines the ports
-FIRST_PORT + k*PORTS_PER_SLOT onwards (below Linux's ephemeral range, where `free_port`
-picks the components' ports). A slot is held by an exclusive flock on
+FIRST_PORT + k*PORTS_PER_SLOT onwards (below Linux's ephemeral range; `free_port` picks the
+components' ports from neither). A slot is held by an exclusive flock on
 <tmp>/llmgw-dev-slots/<k>.lock for as long as the process that runs the cluster (`llmgw dev
 up`, a test) holds it open: one that exits, however it exits, frees its slot.
 """

@@ -1,5 +1,6 @@
-"""etcd without a quorum (issue 33): two of a three-member etcd stopped (SIGSTOP) for 30 s under
-load, in a cluster of real processes, then resumed.
+"""etcd without a quorum (issue 33): two of a three-member etcd stopped (SIGSTOP) for 12 s under
+load, in a cluster of real processes, then resumed: longer than a heartbeat key lives (5 s, the
+servers' --heartbeat-ttl here) and the node grace after it (3 s) together.
 
 While there is no quorum nothing can be written or read through etcd: the API server answers
 503, agents cannot renew their heartbeats, controllers cannot act. What must hold: the gateway
@@ -22,14 +23,16 @@ from llmgw.dev.cluster import LocalCluster, NodePlan
 from llmgw.dev.process import free_port
 from tests.fixtures.poll import until
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]   # a 30 s outage under load, timed: alone
-OUTAGE = 30.0
+pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]   # a 12 s outage under load, timed: alone
+HEARTBEAT_TTL = 5   # s (the agents beat every 2 s): the outage outlives it, and the node grace after it
+OUTAGE = 12.0
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("quorum"), [NodePlan("node01", "ib-a"), NodePlan("node02", "ib-a")],
-                     gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0, etcd_members=3)
+                     gateway_port=free_port(), node_grace=3.0, drain_delay=1.0, lease_seconds=4.0, etcd_members=3,
+                     heartbeat_ttl=HEARTBEAT_TTL)
     try:
         c.start()
         yield c

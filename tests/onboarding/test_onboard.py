@@ -207,11 +207,11 @@ def test_certificate_with_wrong_cn_is_refused(onboarding, api_server):
 def test_timeout_says_why_and_where_to_look(onboarding, api_server):
     # the agent starts, but its server URL leads nowhere
     dead = "https://127.0.0.1:9"
-    res = onboarding.run("gpu-lost", server=dead, wait="8")
+    res = onboarding.run("gpu-lost", server=dead, wait="3")   # a wait that ends, however short
     print(res.stdout, res.stderr)
     assert res.returncode == 1
     err = res.stderr
-    assert f"node gpu-lost did not appear in {dead} within 8s" in err
+    assert f"node gpu-lost did not appear in {dead} within 3s" in err
     assert "Likely causes" in err and "the server's log says why" in err
     assert str(onboarding.path("var/log/llmgw-agent.log")) in err
     assert onboarding.agent_pid() is not None
