@@ -319,6 +319,22 @@ async def test_fenced_writes_fail_after_leadership_changes(store):
         await fenced.update(m)
 
 
+async def test_a_standby_hears_the_leader_key_go_though_history_was_compacted_since_it_was_taken(store):
+    """A standby watches the leader key from its read, not from the key's last write: etcd need
+    not send it through the history since (a fleet's writes, each time it watches anew), nor can
+    that history be compacted away under it."""
+    lead = await store.election.campaign("controller-manager", "a", ttl=5)
+    assert lead is not None
+    for i in range(3):
+        await store.kv.put(f"/bench/k{i}", b"x")
+    assert await Compactor(store.etcd, keep=1).compact() is not None
+    vacated = asyncio.create_task(store.election.vacated("controller-manager"))
+    await asyncio.sleep(0.5)
+    assert not vacated.done()   # watching, not failed on a compacted revision
+    await lead.resign()
+    await asyncio.wait_for(vacated, 5)
+
+
 async def test_heartbeat_expires_with_its_lease(store):
     await store.heartbeats.beat("n1", ttl=1)
     assert "n1" in await store.heartbeats.list()
