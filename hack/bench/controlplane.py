@@ -83,6 +83,14 @@ Measured 2026-12-06 on the 2-core machine, shared (load 5-6 before the run), lea
       the key went 15.04 s after the kill; the standby won 15 ms after that, its first
       reconcile ended 0.45 s later, the scrape that saw it waited 0.87 s for the loop (median
       2.3 ms); the replay took 3.0 s.
+    --nodes 10000 --replicas 22000, this build (and the heartbeat watch's), load 7.5 falling to
+      2.6 by the kill: all Ready after 151.5 s (336 binds/s under the load), the standby 25.0
+      CPU s from apply to all Ready (the leader 79.1); the leader key went 15.32 s after the
+      kill (its last renewal just before it), the standby's first reconcile seen 1.20 s later:
+        takeover: nodes=10000 takeover_s=16.52 resync_s=22.17 lease_s=15 relists=0
+      Within the target (17 s) by 0.48 s; what is left after the key goes is the campaign and
+      the new term's first loop turns (the replay's first 500 objects, among them the
+      scheduler's ledger built from the whole cache at its first use).
 
 Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     full path (apply 24 models -> 2200 Ready, 1000 nodes):
