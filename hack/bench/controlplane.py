@@ -28,8 +28,11 @@ observer share this process.
 
 `--takeover` runs a second `llmgw controller-manager` beside the first, its warm standby
 (docs/contracts.md, "Warm standby"), and once every replica is Ready SIGKILLs the leader.
-It scrapes the standby's /metrics every 20 ms (a scrape is answered by the standby's own loop,
-so a loop held busy shows as a later takeover) and prints, last, `takeover: nodes=<n>
+It scrapes the standby's /metrics every 20 ms, the series it reads alone (`name[]`: not the
+fleet's, a pass over the whole cache that, at 50 scrapes a second, held the new leader's loop
+most of the time; a scrape is answered by the standby's own loop, so a loop held busy shows as a
+later takeover), watches the leader key itself (`the leader key went <s> after the kill`: the
+lease's part), and prints, last, `takeover: nodes=<n>
 takeover_s=<the death to the standby's first reconcile> resync_s=<the death to its work
 queues empty, for 0.5 s> lease_s=<lease> relists=<lists the standby made after the death>`.
 Target: takeover_s at most the lease (--lease-seconds, 15 by default) plus 2 s. The leader's
@@ -64,6 +67,38 @@ Measured 2026-12-06 on the 2-core machine, shared (load 5-6 before the run), lea
         takeover: nodes=10000 takeover_s=17.55 resync_s=26.03 lease_s=15 relists=0
       0.55 s past the target (17 s): the leader key's lease runs out at most 15 s after the kill,
       and the rest is etcd's expiry sweep and the campaign under a 10,000-node fleet's writes.
+    Where the rest went (issue 43, branch takeover2, 2026-12-06 15:15-15:35 UTC, --nodes 2000
+    --replicas 4400, the machine shared: load 9-17 on its 2 cores, each run's own figures
+    swinging with it), the standby's log beside the bench's watch of the leader key:
+      - three runs before: the key went 13.55, 13.55, 13.28 s after the kill; the standby led
+        (as scraped) 18.43, 14.60, 18.57 s after it. In the third the standby won 5 ms after the
+        key went, its first reconcile ended 1.9 s later, and a scrape waited 5.3 s for its loop
+        (median 51 ms): every scrape made the new leader pass over its whole cache for the
+        fleet's series, 50 times a second; its replay of the cache took 15.7 s.
+      - and each standby watched the leader key anew every lease from the revision the leader
+        took it at, so etcd sent each of those watches through the whole history since (every
+        revision read and decoded under its watch lock) before reporting the key's deletion.
+      Both fixed (the bench scrapes name[]; the standby watches from its read), one run:
+        takeover: nodes=2000 takeover_s=15.93 resync_s=18.07 lease_s=15 relists=0
+      the key went 15.04 s after the kill; the standby won 15 ms after that, its first
+      reconcile ended 0.45 s later, the scrape that saw it waited 0.87 s for the loop (median
+      2.3 ms); the replay took 3.0 s.
+    --nodes 10000 --replicas 22000, this build (and the heartbeat watch's), load 7.5 falling to
+      2.6 by the kill: all Ready after 151.5 s (336 binds/s under the load), the standby 25.0
+      CPU s from apply to all Ready (the leader 79.1); the leader key went 15.32 s after the
+      kill (its last renewal just before it), the standby's first reconcile seen 1.20 s later:
+        takeover: nodes=10000 takeover_s=16.52 resync_s=22.17 lease_s=15 relists=0
+      Within the target (17 s) by 0.48 s; what is left after the key goes is the campaign and
+      the new term's first loop turns (the replay's first 500 objects, among them the
+      scheduler's ledger built from the whole cache at its first use). A second run (load 3-6):
+      the key gone at 13.45 s, takeover_s=14.66 resync_s=19.18: again 1.2 s after the key.
+    + the replay tells of the heartbeats first (a live node's lifecycle reconcile reads the
+      cache alone and writes nothing, so the term's first loop turns are short; the scheduler's
+      ledger is built after them), one run, load 4-7: all Ready after 166.5 s; the key gone at
+      13.20 s, the standby leading and its first reconcile seen 0.14 s after it:
+        takeover: nodes=10000 takeover_s=13.34 resync_s=18.84 lease_s=15 relists=0
+      At worst (the lease renewed just before the kill, etcd's 0.5 s expiry sweep) that is
+      about 15.7 s: the target (17 s) with 1.3 s to spare.
 
 Measured on the 2-core development machine (idle otherwise), 2026-12-02:
     full path (apply 24 models -> 2200 Ready, 1000 nodes):
@@ -609,10 +644,16 @@ async def bench(endpoint: str, etcd_pid: int, args) -> None:
     observer.cancel()
 
 
+# what the takeover reads: only these, so a scrape every 20 ms is not a pass over the fleet
+# (the leader's fleet series) on the loop it measures
+SCRAPED = ("llmgw_controller_reconcile_duration_seconds_count", "llmgw_controller_queue_depth",
+           "llmgw_informer_lists_total", "llmgw_controller_manager_leader")
+
+
 async def scrape(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """A controller-manager's /metrics, as the sums the takeover reads: reconciles, the keys in
     its work queues, and its informers' lists."""
-    async with http.get(url) as resp:
+    async with http.get(url, params=[("name[]", name) for name in SCRAPED]) as resp:
         text = await resp.text()
     sums = {"reconciles": 0.0, "depth": 0.0, "lists": 0.0, "leader": 0.0}
     for family in text_string_to_metric_families(text):
@@ -635,6 +676,17 @@ async def takeover(store: Store, managers: dict[str, tuple[subprocess.Popen[byte
     leader = await store.election.leader("controller-manager")
     assert leader is not None
     standby = next(url for identity, (_, url) in managers.items() if identity != leader["holder"])
+    key = keys.leader_key("controller-manager")
+    read = await store.etcd.range(key)
+    gone = asyncio.get_running_loop().create_future()
+
+    async def watch_key() -> None:   # when etcd let the dead leader's key go, as a watch of our own hears it
+        async for ev in store.kv.watch(key, read.header.revision + 1):
+            if ev.type == "DELETE":
+                gone.set_result(time.perf_counter())
+                return
+
+    watcher = asyncio.create_task(watch_key())
     async with aiohttp.ClientSession() as http:
         before = await scrape(http, standby)
         managers[leader["holder"]][0].kill()
@@ -653,9 +705,13 @@ async def takeover(store: Store, managers: dict[str, tuple[subprocess.Popen[byte
                     break
             if t - t_death > args.timeout:
                 print(f"takeover timed out: reconciles {now['reconciles']:.0f}, depth {now['depth']:.0f}")
+                watcher.cancel()
                 return
             await asyncio.sleep(0.02)
+    watcher.cancel()
     assert won is not None and first is not None and empty_since is not None
+    if gone.done():
+        print(f"takeover: the leader key went {gone.result() - t_death:.2f}s after the kill")
     print(f"takeover: {leader['holder']} killed; its standby led {won - t_death:.2f}s after (as its metrics "
           f"first said); its informers listed {before['lists']:.0f} times before and {now['lists']:.0f} after; "
           f"{now['reconciles']:.0f} reconciles by the end of its resync")

@@ -221,8 +221,11 @@ class Manager:
         """Tell the controllers of everything the cache holds, as an ADDED each, as the first list
         of a cold start did: a new leader reconciles every object once. Beside the workers, letting
         them run every REPLAY_BATCH objects: the first reconcile need not wait for a fleet's worth
-        of keys_for (at 10,000 nodes, tens of thousands of objects)."""
-        for plural in self.watchers:
+        of keys_for (at 10,000 nodes, tens of thousands of objects). The heartbeats first: each a
+        reconcile of the node lifecycle that reads the cache alone (a live node's writes nothing),
+        so the term's first loop turns are short; the kinds whose first event has a controller
+        build its state from the whole cache (the scheduler's ledger) after them."""
+        for plural in sorted(self.watchers, key=lambda plural: plural != HEARTBEATS):
             items: list[Any] = (list(self.cache.heartbeats()) if plural == HEARTBEATS else
                                 [r.gateway for r in self.cache.demand()] if plural == DEMAND else
                                 self.cache.list(KINDS[plural]))

@@ -10,10 +10,13 @@ Metrics (one registry per Manager, so several managers can live in one process):
 * ``llmgw_controller_manager_leader``: 1 while this manager is the leader.
 * ``llmgw_informer_lists_total{kind}``: lists an informer made (1 + relists), leader or standby:
   a warm standby that wins lists nothing more.
+
+``/metrics?name[]=A&name[]=B`` exports only the series named (as Prometheus' own exporters do):
+the fleet's series (controllers/fleet.py), a pass over the whole cache, are left out unless named.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -33,15 +36,20 @@ class _Queues:
     def __init__(self, depths: Callable[[], dict[str, int]], stats: dict[str, QueueStats]):
         self._depths, self._stats = depths, stats
 
+    @staticmethod
+    def describe() -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+        """Its families, empty (the registry finds a `name[]` scrape's collectors by them)."""
+        return (GaugeMetricFamily("llmgw_controller_queue_depth", "Keys waiting in a controller's work queue",
+                                  labels=["controller"]),
+                CounterMetricFamily("llmgw_controller_queue_adds", "Keys added to a controller's work queue",
+                                    labels=["controller"]),
+                CounterMetricFamily("llmgw_controller_queue_retries",
+                                    "Keys re-added after a failed reconcile, with backoff", labels=["controller"]))
+
     def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily("llmgw_controller_queue_depth", "Keys waiting in a controller's work queue",
-                              labels=["controller"])
+        g, adds, retries = self.describe()
         for name, depth in self._depths().items():
             g.add_metric([name], depth)
-        adds = CounterMetricFamily("llmgw_controller_queue_adds", "Keys added to a controller's work queue",
-                                   labels=["controller"])
-        retries = CounterMetricFamily("llmgw_controller_queue_retries",
-                                      "Keys re-added after a failed reconcile, with backoff", labels=["controller"])
         for name, stats in sorted(self._stats.items()):
             adds.add_metric([name], stats.adds)
             retries.add_metric([name], stats.retries)
@@ -52,8 +60,12 @@ class _Lists:
     def __init__(self, lists: Callable[[], dict[str, int]]):
         self._lists = lists
 
+    @staticmethod
+    def describe() -> tuple[CounterMetricFamily]:
+        return (CounterMetricFamily("llmgw_informer_lists", "Lists an informer made (1 + relists)", labels=["kind"]),)
+
     def collect(self) -> Iterator[Metric]:
-        c = CounterMetricFamily("llmgw_informer_lists", "Lists an informer made (1 + relists)", labels=["kind"])
+        (c,) = self.describe()
         for kind, lists in self._lists().items():
             c.add_metric([kind], lists)
         yield c
@@ -83,16 +95,19 @@ class ManagerMetrics:
             stats = self._stats[controller] = QueueStats(self.wait.labels(controller).observe)
         return stats
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, names: Sequence[str] = ()) -> bytes:
+        """The text exposition; with `names`, only those series (as Prometheus' `name[]`), and
+        collectors that describe what they export and export none of them are not run."""
+        return generate_latest(self.registry.restricted_registry(names) if names else self.registry)
 
 
 async def serve(metrics: ManagerMetrics, healthy: Callable[[], tuple[bool, str]], host: str,
                 port: int) -> web.AppRunner:
     """Start /metrics and /healthz on host:port; returns the runner (``await runner.cleanup()``)."""
 
-    async def get_metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def get_metrics(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(request.query.getall("name[]", [])),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_healthz(_request: web.Request) -> web.Response:
         ok, text = healthy()

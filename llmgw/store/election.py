@@ -49,10 +49,13 @@ class Election:
         """Return once the component's leader key is gone (its holder resigned, or its lease
         expired), at once when nobody holds it: a standby campaigns then, not at its next retry."""
         key = K.leader_key(component)
-        got = await self._kv.get(key)
-        if got is None:
+        read = await self._etcd.range(key)
+        if not read.kvs:
             return
-        async for ev in self._kv.watch(key, got[1] + 1):
+        # from the read on, not from the key's last write: etcd would otherwise send the watch
+        # through the whole history since the holder took the key (a fleet's writes), at each
+        # of these watches, before it reports anything
+        async for ev in self._kv.watch(key, read.header.revision + 1):
             if ev.key == key and ev.type == "DELETE":
                 return
 

@@ -238,8 +238,17 @@ class Etcd:
                            "(etcd restored from a snapshot?)")
 
     async def events(self, start: bytes, end: bytes, from_revision: int, prev_kv: bool = False,
-                     lineage: Lineage | None = None) -> AsyncIterator[KeyEvent]:
+                     lineage: Lineage | None = None, rewrites: bool = True) -> AsyncIterator[KeyEvent]:
         """Every change to keys in [start, end) at or after from_revision, in revision order.
+
+        ``rewrites=False``: a PUT that wrote a key again (its version past 1; a heartbeat re-bound
+        to a new lease) is dropped here, as soon as aetcd has given it, unless it is the first
+        event of its revision: one a revision tells the watcher how far the watch has come, so
+        that a watch that is watched again (after a drop, or silent for its idle timeout) starts
+        from there, not from the last key written anew, whence etcd would send all the writes
+        since again (or report the revision compacted, and the reflector lists). etcd's own
+        filters, NOPUT and NODELETE, cannot tell a key written anew from one written again, and
+        a watch that hears nothing has no revision to resume from.
 
         Compacted when from_revision is no longer held; StoreUnavailable when the stream drops.
         With a lineage, Restored (a Compacted) when from_revision is of another etcd history
@@ -259,8 +268,11 @@ class Etcd:
         except aetcd.exceptions.ClientError as err:
             raise StoreUnavailable(f"watch on {self.conn.endpoint} failed: {err}") from None
         try:
+            at = 0   # the revision of the last event given
             async for ev in watch:
-                if ev.kv.mod_revision >= from_revision:
+                revision = ev.kv.mod_revision
+                if revision >= from_revision and (rewrites or ev.kv.version <= 1 or revision != at):
+                    at = revision
                     yield ev
         except aetcd.exceptions.RevisionCompactedError as err:
             raise Compacted(err.compacted_revision) from None

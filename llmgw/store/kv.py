@@ -16,7 +16,6 @@ class RawEvent:
     key: str
     value: bytes
     revision: int
-    created: bool = False    # a PUT that wrote the key anew (not there before it)
 
 
 class KV:
@@ -50,8 +49,11 @@ class KV:
         revision: int = resp.header.revision
         return [(kv.key.decode(), kv.value, kv.mod_revision) for kv in resp.kvs], revision
 
-    async def watch(self, prefix: str, from_revision: int, lineage: Lineage | None = None) -> AsyncIterator[RawEvent]:
-        """Changes under prefix at or after from_revision; Compacted, StoreUnavailable as Objects.watch."""
-        async for ev in self._etcd.events(as_bytes(prefix), K.prefix_end(prefix), from_revision, lineage=lineage):
+    async def watch(self, prefix: str, from_revision: int, lineage: Lineage | None = None,
+                    rewrites: bool = True) -> AsyncIterator[RawEvent]:
+        """Changes under prefix at or after from_revision; Compacted, StoreUnavailable as Objects.watch.
+        ``rewrites=False``: a key written again, only as the first event of its revision (Etcd.events)."""
+        async for ev in self._etcd.events(as_bytes(prefix), K.prefix_end(prefix), from_revision, lineage=lineage,
+                                          rewrites=rewrites):
             yield RawEvent("DELETE" if ev.kind == "DELETE" else "PUT", ev.kv.key.decode(), ev.kv.value,
-                           ev.kv.mod_revision, ev.kv.version == 1)
+                           ev.kv.mod_revision)

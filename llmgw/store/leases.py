@@ -131,7 +131,8 @@ class Heartbeats:
     lease as it is (a put with `ignore_value`), else write it anew (the node, `since` and
     `info`). The old lease runs out, taking the keys of the nodes that did not beat again.
     Each rebinding is a write (a PUT event, history until compaction); the watch of the live
-    heartbeats (`lister_watcher`) hears only a key written anew and a key gone. The first beat
+    heartbeats (`lister_watcher`) hears a key written anew and a key gone, and of each
+    transaction of rebindings its first key alone (dropped as soon as they come: KeyNames). The first beat
     after a quiet window is written at once; each caller waits for its beat's write."""
 
     WINDOW = 0.5
@@ -206,7 +207,9 @@ class Heartbeats:
 
     def lister_watcher(self) -> KeyNames:
         """The nodes with a live heartbeat, as a reflector's lister-watcher: a beat written anew
-        is ADDED, an expired one DELETED (a beat that binds the key to a new lease is no event)."""
+        is ADDED, an expired one DELETED; the beats that bind their keys to a new lease are
+        dropped as soon as they come, but for one ADDED (of a node whose key is there) per
+        transaction, which moves the watch's revision on (KeyNames)."""
         return KeyNames(self._kv, K.HEARTBEAT, rewrites=False)
 
 

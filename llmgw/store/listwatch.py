@@ -58,8 +58,9 @@ class NameEvent(NamedTuple):
 
 class KeyNames:
     """The names of the keys under ``prefix`` (each key less the prefix, through ``normal``):
-    a key written is ADDED (again, at each write; with ``rewrites=False`` only when written
-    anew), a key deleted or expired is DELETED."""
+    a key written is ADDED (again, at each write; with ``rewrites=False`` when written anew,
+    and a key written again only as the first event of its revision, which moves the watch's
+    revision on: KV.watch), a key deleted or expired is DELETED."""
 
     def __init__(self, kv: KV, prefix: str, normal: Callable[[str], str] = str,
                  after_error: AfterErrorPolicy = after_store_error, rewrites: bool = True) -> None:
@@ -75,11 +76,8 @@ class KeyNames:
         return [self._name(k) for k, _, _ in kvs], rev
 
     async def watch(self, from_revision: int) -> AsyncIterator[Event[str]]:
-        async for ev in self.kv.watch(self.prefix, from_revision, self.lineage):
-            if ev.type == "DELETE":
-                yield NameEvent("DELETED", self._name(ev.key), ev.revision)
-            elif ev.created or self.rewrites:
-                yield NameEvent("ADDED", self._name(ev.key), ev.revision)
+        async for ev in self.kv.watch(self.prefix, from_revision, self.lineage, rewrites=self.rewrites):
+            yield NameEvent("DELETED" if ev.type == "DELETE" else "ADDED", self._name(ev.key), ev.revision)
 
     def after_error(self, err: Exception) -> AfterError:
         return self._after_error(err)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+from unittest.mock import ANY
 
 import pytest
 
@@ -319,6 +320,22 @@ async def test_fenced_writes_fail_after_leadership_changes(store):
         await fenced.update(m)
 
 
+async def test_a_standby_hears_the_leader_key_go_though_history_was_compacted_since_it_was_taken(store):
+    """A standby watches the leader key from its read, not from the key's last write: etcd need
+    not send it through the history since (a fleet's writes, each time it watches anew), nor can
+    that history be compacted away under it."""
+    lead = await store.election.campaign("controller-manager", "a", ttl=5)
+    assert lead is not None
+    for i in range(3):
+        await store.kv.put(f"/bench/k{i}", b"x")
+    assert await Compactor(store.etcd, keep=1).compact() is not None
+    vacated = asyncio.create_task(store.election.vacated("controller-manager"))
+    await asyncio.sleep(0.5)
+    assert not vacated.done()   # watching, not failed on a compacted revision
+    await lead.resign()
+    await asyncio.wait_for(vacated, 5)
+
+
 async def test_heartbeat_expires_with_its_lease(store):
     await store.heartbeats.beat("n1", ttl=1)
     assert "n1" in await store.heartbeats.list()
@@ -331,8 +348,9 @@ async def test_heartbeat_expires_with_its_lease(store):
 
 async def test_beats_share_a_lease_yet_a_silent_node_expires_alone(store):
     """The beats of one window go to etcd as one write on one lease; a node that beats again is
-    bound to the next lease, its value kept, and no watcher of the live heartbeats hears of it;
-    its lease-mate that went silent expires with the old lease."""
+    bound to the next lease, its value kept, and a watcher of the live heartbeats hears of it
+    once a write, as the first key of it (what moves its revision on), not once a key; its
+    lease-mate that went silent expires with the old lease."""
     async def lease(node: str) -> int:
         return (await store.etcd.range(f"/llmgw/heartbeat/{node}")).kvs[0].lease
     await asyncio.gather(store.heartbeats.beat("a", ttl=2, info={"agent": "1"}), store.heartbeats.beat("b", ttl=2))
@@ -342,11 +360,22 @@ async def test_beats_share_a_lease_yet_a_silent_node_expires_alone(store):
     _, revision = await store.kv.list("/llmgw/heartbeat/")
     events = store.heartbeats.lister_watcher().watch(revision + 1)
     for _ in range(8):   # 4 s: twice the ttl
-        await store.heartbeats.beat("a", ttl=2)
+        await asyncio.gather(store.heartbeats.beat("a", ttl=2), *(store.heartbeats.beat(f"c{i}", ttl=2)
+                                                                   for i in range(10)))
         await asyncio.sleep(0.5)
-    assert await store.heartbeats.list() == {"a": first}
-    assert (await asyncio.wait_for(anext(events), 5))[:2] == ("DELETED", "b")   # a's rebindings: no event
+    assert await store.heartbeats.list() == {"a": first, **{f"c{i}": ANY for i in range(10)}}
+    seen = []
+    while (ev := await asyncio.wait_for(anext(events), 5))[:2] != ("DELETED", "b"):
+        seen.append(ev)
     await events.aclose()
+    writes: dict[int, list[tuple[str, str]]] = {}
+    for type_, name, rev in seen:
+        writes.setdefault(rev, []).append((type_, name))
+    # the first write: a re-bound (its first key) and the c's written anew, each; the later
+    # writes, of the eleven keys re-bound, one ADDED each
+    first, *later = writes.values()
+    assert sorted(name for _, name in first) == ["a", *(f"c{i}" for i in range(10))]
+    assert later and all(len(w) == 1 and w[0][0] == "ADDED" for w in later) and len(writes) <= 8
 
 
 async def test_events_and_revocations(store):
