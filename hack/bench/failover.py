@@ -230,6 +230,45 @@ the other sessions' work) wake seconds late, and a beat not answered by its dead
 abandoned and redone. What is left: a quiet machine's figures; a beat's deadline under a loop
 that late; the live servers' registered-Nodes watch, started at their first beat (each beat
 before its list asks etcd).
+
+Issue 43, what makes 1,000 agents take 45 s where 500 take 6.6 (branch herd4), 2026-12-06 after
+16:15 UTC, each candidate interleaved with its base (ABBA, the order given), --agents 1000
+--agent-procs 2, the load average beside each run (start -> end):
+    the listener's handshakes at once, 512 (this build) against 128 (main at 8deade0), head
+        base base head: 38.23 (load 3.3 -> 6.3), 43.76 (6.3 -> 8.3), 51.52 (8.3 -> 10.1), 47.88
+        (10.1 -> 8.4): reconnect_p99_s median 43.05 against 47.64, heartbeat_gaps 832, 918
+        against 964, 1000; the watches back p99 15.75, 13.83 s against 26.58, 33.37 (connect
+        p50 10.2, 7.3 s against 15.7, 15.3). Taken (llmgw/server/tls.py). Under this load the
+        beats are then what is slow: 819 given up once their stream was open (the server's
+        answer later than 6-8 s), against 114-122 on main, and 106 before it was open.
+    a beat given up while its stream's connect is under way leaves the connect going, for the
+        next beat to the same server (llmgw/client), against the build above, base head head
+        base: 8.09 (load 6.5 -> 3.1), 10.84 (3.1 -> 3.4), 7.85 (3.4 -> 1.7), 8.65 (1.7 -> 2.0):
+        median 9.35 against 8.37, 0 gaps on both sides. Not taken: at this load no beat was
+        given up before its stream was open (nothing for it to keep). Under load it would have
+        work: 106 such beats at load 8-10 (above), 503 in the run below that this session's
+        tests shared (1,760 with 128 handshakes at once); not measured there for want of time.
+    the servers' registered-Nodes watch started with the server, not at its first beat, against
+        the 512 build, head base base head: 12.29 (load 1.8 -> 1.7), 11.31 (1.7 -> 1.3), then
+        with this session's tests beside the runs, 33.44 (1.3 -> 4.4; heartbeat_gaps=779: 503
+        beats given up before their stream was open, 592 after), 13.53 (4.4 -> 2.0; gaps 46).
+        Not taken: the quiet pair shows nothing (beat reply p50 1.36 s against 0.90), the other
+        pair's base carried the tests. A beat's answer on the new server is the window's write
+        (below), not the Node's lookup.
+The superlinear part is the load, not the fleet's size: the same 1,000 agents on the 512 build
+took 38-48 s at load 3-10 (nearly every heartbeat key expired, beats given up at their deadline
+and redone on the other server) and 7.9-12.3 s at load 1.3-3.4 (no key expired, no beat given up;
+500 agents: 6.59 s at load 2.8-4.2, herd3), the best of them: failover: agents=1000
+reconnect_p99_s=7.85 failed=0 relists=0 heartbeat_gaps=0 heartbeat_cpu_ms=0.227. The 5 s target
+is not met on this machine. At load 1.3-3.4 the p99's parts are the agents' side: the watch
+waits 1-2 s before its first request (the agents' loops late by p99 2-4 s), its TCP and TLS
+3-6 s (both sides' TLS in Python), its answer 1-2 s; the beat's first try goes to the dead server
+(refused), the next one's connect 3-7 s and its write (the beats of half a second written
+together, llmgw/store/leases.py) about 1 s.
+Not tried for want of time: TLS session tickets (a ticket is good only on the server that issued
+it, and a failover's clients come to servers they never spoke to); jitter on reconnect (the
+watches already wait 1-2 s on their own loops). The dev CA's keys are already ECDSA P-256
+(llmgw/pki/ca.py).
 """
 from __future__ import annotations
 
