@@ -66,4 +66,3 @@ class FleetCollector:
         for (model, replica), count in sorted(resident.items()):
             adapters.add_metric([model, replica], count)
         yield from (gpus, used, nodes, replicas, adapters)
-

@@ -27,6 +27,8 @@ MAX_ADAPTER_SLOTS = 1024      # a Model's spec.adapters.maxLoaded: LoRA adapters
 MAX_CONTEXT = 1 << 24          # a Model's spec.minContext: tokens of KV cache a replica must hold
 MAX_TARGET_IN_FLIGHT = 100_000  # autoscaling's targetInFlight: requests per replica
 MAX_KEY_LIMIT = 1 << 40         # an ApiKey's requests or tokens per minute, concurrent requests
+HEARTBEAT_TTL = 15             # s a node's heartbeat key lives after a beat that names no ttl (the agent's)
+MAX_TTL = 600                  # s a heartbeat or a gateway's demand report may ask its key to live
 INT64 = (-(1 << 63), (1 << 63) - 1)  # any other integer: etcd and Go readers hold int64
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llmgw import aio
+from llmgw.api.limits import HEARTBEAT_TTL, MAX_TTL
 from llmgw.cmd.auditflags import AuditFlags, audit_options
 from llmgw.cmd.etcdflags import etcd_tls, etcd_wait, warn_unless_tls
 from llmgw.cmd.logs import log_options, setup_logging
@@ -36,7 +37,7 @@ async def serve(listen: str, etcd: str, cert: str, key: str, client_ca: str, etc
                 bookmark_interval: float = 10.0,
                 watch_cache_size: int = 10000, watch_queue_limit: int = 1000, metrics_listen: str = "",
                 audit: AuditFlags | None = None, signer_cert: str = "", signer_key: str = "",
-                renewal_rate: float = 20.0, renewal_burst: int = 50, heartbeat_ttl: int = 15) -> None:
+                renewal_rate: float = 20.0, renewal_burst: int = 50, heartbeat_ttl: int = HEARTBEAT_TTL) -> None:
     from aiohttp import web
 
     from llmgw.api.members import Member, advertised
@@ -161,7 +162,7 @@ def _signer(cert: str, key: str) -> "Signer | None":
 @etcd_wait
 @click.option("--bookmark-interval", type=float, default=10.0, show_default=True,
               help="Seconds between watch keepalives.")
-@click.option("--heartbeat-ttl", type=click.IntRange(1, 600), default=15, show_default=True,
+@click.option("--heartbeat-ttl", type=click.IntRange(1, MAX_TTL), default=HEARTBEAT_TTL, show_default=True,
               help="Seconds a node's heartbeat key lives after a beat that names no ttl (the agent's): a node "
                    "whose agent beats no more is NotReady this long after its last beat.")
 @click.option("--watch-cache-size", type=click.IntRange(min=1), default=10000, show_default=True,

@@ -82,7 +82,6 @@ class BlockHasher:
     def __init__(self, block_size: int, seed: str = HASH_SEED):
         self.block_size = block_size
         self.root = sha256_cbor(seed)
-        self.seed = seed
 
     def chain(self, parent: bytes, token_ids: Sequence[int], extra: tuple[Any, ...] | None = None) -> list[bytes]:
         """The hashes of the whole blocks of `token_ids`, chained from `parent` (a stored event's blocks,
@@ -138,14 +137,12 @@ _U32 = (1 << 32) - 1
 SGLANG_SALT = b"sglang-cache-salt-v1\0"  # utils.compute_node_event_hash_values' seed of a salted chain
 
 
-def sglang_page(parent: bytes, tokens: Sequence[int], extra: tuple[Any, ...] | None = None) -> bytes:
-    """SGLang's hash of one page (cpp_utils/hash_binding.cpp): SHA-256 of the parent page's digest
-    (nothing before the first page of an unsalted chain) and the page's token ids as little-endian
-    uint32, or, where one does not fit, a 0xff byte and uint64s. `extra` (the gateway's own keys of a
-    LoRA adapter's blocks, which SGLang namespaces with its load's id): its CBOR after the tokens."""
-    wide = any(t > _U32 for t in tokens)
-    body = b"\xff" + struct.pack(f"<{len(tokens)}Q", *tokens) if wide else struct.pack(f"<{len(tokens)}I", *tokens)
-    return hashlib.sha256(parent + body + (cbor2.dumps(extra, canonical=True) if extra else b"")).digest()
+def _sglang_page_tokens(tokens: Sequence[int]) -> bytes:
+    """A page's token ids as SGLang hashes them (cpp_utils/hash_binding.cpp): little-endian uint32,
+    or, where one does not fit, a 0xff byte and uint64s."""
+    if any(t > _U32 for t in tokens):
+        return b"\xff" + struct.pack(f"<{len(tokens)}Q", *tokens)
+    return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
 def sglang_external(digest: bytes) -> int:
@@ -160,24 +157,26 @@ SGLANG_CHUNK = CHUNK * 16  # pages hashed and remembered together: SGLang's defa
 @functools.lru_cache(maxsize=2 * BLOCKS_MEMO // SGLANG_CHUNK)  # 131072 pages: about 26 MB
 def _sglang_chunk(parent: bytes, tokens: tuple[int, ...], size: int, extra: tuple[Any, ...] | None
                   ) -> tuple[tuple[bytes, int], ...]:
-    """As _chunk, of SGLang's pages; the run's tokens packed at once where none passes 32 bits."""
-    out = []
+    """As _chunk, of SGLang's pages: each SHA-256 of the parent page's digest (nothing before the
+    first page of an unsalted chain), the page's tokens (_sglang_page_tokens) and, for the gateway's
+    own keys of a LoRA adapter's pages (SGLang namespaces them with its load's id), `extra`'s CBOR.
+    The run's tokens are packed at once where none passes 32 bits."""
     if any(t > _U32 for t in tokens):
-        for start in range(0, len(tokens), size):
-            parent = sglang_page(parent, tokens[start:start + size], extra)
-            out.append((parent, sglang_external(parent)))
-        return tuple(out)
-    body, step = struct.pack(f"<{len(tokens)}I", *tokens), 4 * size
+        pages = [_sglang_page_tokens(tokens[start:start + size]) for start in range(0, len(tokens), size)]
+    else:
+        packed, step = struct.pack(f"<{len(tokens)}I", *tokens), 4 * size
+        pages = [packed[start:start + step] for start in range(0, len(packed), step)]
     tail = cbor2.dumps(extra, canonical=True) if extra else b""
-    for start in range(0, len(body), step):
-        parent = hashlib.sha256(parent + body[start:start + step] + tail).digest()
-        out.append((parent, int.from_bytes(parent[:8], "big", signed=True)))
+    out = []
+    for page in pages:
+        parent = hashlib.sha256(parent + page + tail).digest()
+        out.append((parent, sglang_external(parent)))
     return tuple(out)
 
 
 class SGLangBlockHasher(BlockHasher):
     """SGLang's page keys (0.5.23, its radix cache's KV events in the default format): pages of
-    --page-size tokens chained by their SHA-256 digests (sglang_page), the first with no parent, or
+    --page-size tokens chained by their SHA-256 digests (_sglang_chunk), the first with no parent, or
     with SHA-256(SGLANG_SALT + salt) under a cache_salt; no seed."""
 
     chunk = staticmethod(_sglang_chunk)

@@ -46,7 +46,7 @@ from llmgw.api.errors import (
     Unauthorized,
     VersionSkew,
 )
-from llmgw.api.limits import MAX_BODY_BYTES
+from llmgw.api.limits import HEARTBEAT_TTL, MAX_BODY_BYTES
 from llmgw.api.selectors import Selector
 from llmgw.pki import CertificateAuthority, Identity, identity_from_der
 from llmgw.pki.signer import Signer
@@ -142,7 +142,7 @@ class ApiServer:
                  watch_queue_limit: int = 1000, agent_tls: ssl.SSLContext | None = None,
                  revocation_journal: CertificateAuthority | None = None, audit: AuditLog | None = None,
                  signer: Signer | None = None, renewal_rate: float = 20.0, renewal_burst: int = 50,
-                 heartbeat_ttl: int = 15):
+                 heartbeat_ttl: int = HEARTBEAT_TTL):
         self.store = store
         self.audit = audit
         self.watch_cache = WatchCache(store, size=watch_cache_size, queue_limit=watch_queue_limit)

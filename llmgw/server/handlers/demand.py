@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from llmgw.api import ApiKey
 from llmgw.api.demand import DemandReport
 from llmgw.api.errors import Invalid, NotFound
+from llmgw.api.limits import MAX_TTL
 from llmgw.api.manifests import describe_validation_error
 from llmgw.api.members import Member
 from llmgw.api.usage import KeyUsage, UsageReport, total_usage
@@ -30,8 +31,8 @@ class Demand:
         gateway = request.match_info["gateway"]
         body = await read_body(request)
         ttl = body.pop("ttl", 15)
-        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
-            raise Invalid(f"ttl: must be an integer number of seconds in 1..600, got {ttl!r}")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL:
+            raise Invalid(f"ttl: must be an integer number of seconds in 1..{MAX_TTL}, got {ttl!r}")
         keys = body.pop("keys", None)   # its API keys' usage, kept beside the demand (llmgw/api/usage.py)
         try:
             report = DemandReport.model_validate({"gateway": gateway, **body, "version": request.headers.get(HEADER)})

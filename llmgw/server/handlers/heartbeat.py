@@ -25,7 +25,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from llmgw.api.client import EventType
 from llmgw.api.errors import BadRequest, CertificateExpired, CertificateRevoked, NotFound, StatusError
-from llmgw.api.limits import parse_json
+from llmgw.api.limits import HEARTBEAT_TTL, MAX_TTL, parse_json
 from llmgw.backoff import Backoff
 from llmgw.pki import Identity
 from llmgw.reflector import Reflector
@@ -38,7 +38,8 @@ from llmgw.store.listwatch import after_store_error_never_raise
 
 
 class Heartbeats:
-    def __init__(self, store: Store, revocations: Revocations, metrics: ServerMetrics, ttl: int = 15) -> None:
+    def __init__(self, store: Store, revocations: Revocations, metrics: ServerMetrics,
+                 ttl: int = HEARTBEAT_TTL) -> None:
         self.store = store
         self.ttl = ttl          # a beat's that names none (`llmgw server --heartbeat-ttl`)
         self.revocations = revocations
@@ -90,8 +91,8 @@ class Heartbeats:
         ttl = body.get("ttl")
         if ttl is None:   # absent or null: the default
             ttl = self.ttl
-        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= 600:
-            raise BadRequest(f"ttl must be an integer number of seconds in 1..600, got {ttl!r}")
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL:
+            raise BadRequest(f"ttl must be an integer number of seconds in 1..{MAX_TTL}, got {ttl!r}")
         if self._task is None:
             self._task = asyncio.create_task(self._reflector.run())
         # a heartbeat is of a registered Node
