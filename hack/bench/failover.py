@@ -744,7 +744,7 @@ async def bench(args: argparse.Namespace, work: Path, etcd_endpoint: str, server
           f"{max(times.values(), default=float('nan')):.2f} s, {stuck} not back within 120 s", flush=True)
     print(f"gateway load: {load.ok} ok, {load.failed} failed {load.errors[:3]}", flush=True)
     await stop()
-    print(f"failover: agents={n} reconnect_p99_s={p99 if not stuck else float('inf'):.2f} "
+    print(f"failover: agents={n} moved={len(moved)} reconnect_p99_s={p99 if not stuck else float('inf'):.2f} "
           f"failed={load.failed} relists={relists} heartbeat_gaps={len(expired)} heartbeat_cpu_ms={cpu_ms:.3f}")
 
 

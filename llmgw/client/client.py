@@ -1,14 +1,14 @@
 """The async REST client of `llmgw server` (see docs/contracts.md, "REST").
 
-It takes every API server's URL and uses one at a time, the first at the start. It moves to
-the next in its order (the others after the first rotated by a hash of its certificate, so that
-the clients of a server that dies spread over every live one) when the one it uses does not
-answer (a connect error, a dropped connection, a timeout, a watch silent for
-``watch_idle_timeout``) or answers 5xx (going away, or its etcd is unreachable): a request is
-tried on each server once, in turn, before its error is raised; a watch raises, and its
-reflector watches again, after its jittered backoff, on the next server from the last revision
-it saw (any server replays it from etcd: no relist). One URL in front of every server (DNS, a
-load balancer) is a list of one (docs/contracts.md, "Failover").
+It takes every API server's URL and uses one at a time, the first in its order at the start
+(the URLs ordered by a hash of its certificate with each, so that a fleet's clients spread over
+the servers, and the clients of a server that dies over every live one). It moves to the next
+in that order when the one it uses does not answer (a connect error, a dropped connection, a
+timeout, a watch silent for ``watch_idle_timeout``) or answers 5xx (going away, or its etcd is
+unreachable): a request is tried on each server once, in turn, before its error is raised; a
+watch raises, and its reflector watches again, after its jittered backoff, on the next server
+from the last revision it saw (any server replays it from etcd: no relist). One URL in front of
+every server (DNS, a load balancer) is a list of one (docs/contracts.md, "Failover").
 """
 from __future__ import annotations
 
@@ -154,17 +154,16 @@ def _error_from_text(status: int, reason: str, text: str, url: str) -> ApiError:
 
 
 def _failover_order(servers: list[str], cert: str | None) -> list[str]:
-    """The servers in the order a client tries them: the first as given (every client starts
-    there), the others rotated by a hash of the client's certificate (its identity; none: as
-    given). So the clients of a server that dies go to every other server, each its own, rather
-    than all to the next in the list, where a fleet's reconnections (a TLS handshake each) would
-    queue on one server and outlast the beats' timeout (hack/bench/failover.py)."""
-    rest = servers[1:]
-    if len(rest) < 2 or not cert:
+    """The servers in the order a client tries them: by rendezvous hashing of its certificate (its
+    identity) with each URL, highest first (no certificate: as given). So a fleet's clients spread
+    over every server from the start, a client keeps its server from one run to the next, and the
+    clients of a server that dies go to each of the others, not all to one, where a fleet's
+    reconnections (a TLS handshake each) would queue (hack/bench/failover.py)."""
+    if len(servers) < 2 or not cert:
         return servers
     with open(cert, "rb") as f:
-        turn = int.from_bytes(hashlib.sha256(f.read()).digest()[:8], "big") % len(rest)
-    return [servers[0], *rest[turn:], *rest[:turn]]
+        identity = hashlib.sha256(f.read()).digest()
+    return sorted(servers, key=lambda url: hashlib.sha256(identity + url.encode()).digest(), reverse=True)
 
 
 def _moves_on(err: ApiError) -> bool:
@@ -192,7 +191,7 @@ class Client:
             raise ValueError("a client needs a server's URL")
         https = any(url.startswith("https://") for url in urls)
         self._ssl = _ssl_context(ca, cert, key) if https else None
-        self.servers = _failover_order(urls, cert)   # the first as given; the rest in this client's order
+        self.servers = _failover_order(urls, cert)   # this client's order
         self._at = 0   # the server in use: self.servers[self._at]
         self._ca = ca
         self._timeout_s, self._watch_idle_s = timeout, watch_idle_timeout

@@ -18,6 +18,11 @@ def mtls_server_context(cert: str, key: str, client_ca: str, *, check_time: bool
     ctx.verify_mode = ssl.CERT_REQUIRED
     if not check_time:
         ctx.verify_flags |= X509_V_FLAG_NO_CHECK_TIME
+    # No TLS 1.3 session tickets: no client of the cluster resumes a session (asyncio's and
+    # http.client's connections never offer one), and a ticket is good only on the process that
+    # issued it, never on the server a client fails over to; the two OpenSSL makes by default
+    # cost the server about a third of each handshake's CPU (hack/bench/failover.py).
+    ctx.num_tickets = 0
     return ctx
 
 

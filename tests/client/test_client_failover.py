@@ -49,6 +49,11 @@ def client_of(servers: list[ApiServer], **kw) -> Client:
     return Client([s.url for s in servers], ca=first.ca, cert=first.admin[0], key=first.admin[1], **kw)
 
 
+def in_use(servers: list[ApiServer], c: Client) -> ApiServer:
+    """The server the client uses now (its order is its own: a hash of its certificate)."""
+    return next(s for s in servers if s.url == c.server)
+
+
 def kill(server: ApiServer) -> None:
     server.proc.kill()
     server.proc.wait()
@@ -57,21 +62,22 @@ def kill(server: ApiServer) -> None:
 async def test_requests_move_to_the_next_server_when_one_dies(servers):
     async with client_of(servers) as c:
         await c.create(model("before"))
-        assert c.server == servers[0].url == c.servers[0]
-        kill(servers[0])
+        assert c.server == c.servers[0]
+        kill(in_use(servers, c))
         assert (await c.get(Model, "before")).name == "before"   # answered by the next server
         assert c.server == c.servers[1]
         await c.create(model("after"))                            # and it stays there
         assert c.server == c.servers[1]
-        kill(servers[1])
-        kill(servers[2])
+        for s in servers:
+            if s.proc.poll() is None:
+                kill(s)
         with pytest.raises(Unreachable):                          # none left: the last one's error
             await c.get(Model, "after")
 
 
 async def test_oneshot_requests_move_on_too(servers):
     async with client_of(servers, oneshot=True) as c:
-        kill(servers[0])
+        kill(in_use(servers, c))
         assert (await c.create(model("oneshot"))).name == "oneshot"
         assert c.server == c.servers[1]
 
@@ -82,7 +88,7 @@ async def test_requests_move_on_from_a_frozen_server_within_the_clients_timeout(
     be none at all: a frozen server would hold it for ever); the next server answers it."""
     async with client_of(servers, oneshot=oneshot, timeout=1.0) as c:
         await c.create(model("frozen"))
-        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        os.kill(in_use(servers, c).proc.pid, signal.SIGSTOP)
         assert (await c.get(Model, "frozen")).name == "frozen"
         assert c.server == c.servers[1]
 
@@ -94,7 +100,7 @@ async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(server
     async with client_of(servers, oneshot=oneshot) as c:
         await c.create(Node.model_validate({"metadata": {"name": "hb-frozen"}}))
         await c.heartbeat("hb-frozen", timeout=1.0)
-        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        os.kill(in_use(servers, c).proc.pid, signal.SIGSTOP)
         began = time.monotonic()
         await c.heartbeat("hb-frozen", timeout=1.0)
         assert time.monotonic() - began < 5.0
@@ -109,26 +115,31 @@ async def test_a_new_heartbeat_stream_may_take_until_its_deadline(servers):
     async with client_of(servers) as c:
         await c.create(Node.model_validate({"metadata": {"name": "hb-slow"}}))
         loop = asyncio.get_running_loop()
-        os.kill(servers[0].proc.pid, signal.SIGSTOP)
-        loop.call_later(2.0, os.kill, servers[0].proc.pid, signal.SIGCONT)
+        first = in_use(servers, c)
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        loop.call_later(2.0, os.kill, first.proc.pid, signal.SIGCONT)
         await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
-        assert c.server == servers[0].url
-        os.kill(servers[0].proc.pid, signal.SIGSTOP)
+        assert c.server == first.url
+        os.kill(first.proc.pid, signal.SIGSTOP)
         began = time.monotonic()
         await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
         assert time.monotonic() - began < 5.0
         assert c.server == c.servers[1]
 
 
-def test_clients_of_a_server_spread_over_the_others(tmp_path):
-    """Every client starts on the first server; the rest of its order is rotated by a hash of its
-    certificate, so the clients of a server that dies go to each of the others, not all to one."""
+def test_clients_spread_over_the_servers_and_a_dead_ones_over_the_others(tmp_path):
+    """A client's order is by a hash of its certificate with each URL: clients start on every
+    server, the clients of each server go next to each of the others, not all to one, and a
+    client's order does not depend on the order the URLs are given in."""
     ca = CertificateAuthority(tmp_path / "ca")
     ca.init()
     urls = [f"https://s{i}:7443" for i in range(3)]
-    orders = [Client(urls, ca=str(ca.cert_path), cert=issued.cert, key=issued.key).servers
-              for issued in (ca.issue("node", f"n{i}") for i in range(24))]
-    assert {tuple(o) for o in orders} == {tuple(urls), (urls[0], urls[2], urls[1])}
+    issued = [ca.issue("node", f"n{i}") for i in range(36)]
+    orders = [Client(urls, ca=str(ca.cert_path), cert=i.cert, key=i.key).servers for i in issued]
+    assert all(sorted(o) == urls for o in orders)
+    assert {o[0] for o in orders} == set(urls)                              # every server starts some
+    assert {(o[0], o[1]) for o in orders} == {(a, b) for a in urls for b in urls if a != b}
+    assert [Client(urls[::-1], ca=str(ca.cert_path), cert=i.cert, key=i.key).servers for i in issued] == orders
     assert Client(urls).servers == urls   # no certificate: as given
 
 
@@ -137,8 +148,8 @@ async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
     next server at once, not after a timeout."""
     async with client_of(servers) as c:
         await c.create(Node.model_validate({"metadata": {"name": "hb-killed"}}))
-        await c.heartbeat("hb-killed", timeout=5.0)     # the stream is open on the first server
-        kill(servers[0])
+        await c.heartbeat("hb-killed", timeout=5.0)     # the stream is open on the server in use
+        kill(in_use(servers, c))
         assert await c.heartbeat("hb-killed", timeout=5.0) == {"node": "hb-killed", "ttl": 15}
         assert c.server == c.servers[1]
 
@@ -147,7 +158,8 @@ async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
     """A reflector's watch through a client of every server; `stop(server)` ends the first one's
     service; a change made meanwhile reaches the reflector from the next server, without a relist."""
     seen: list[tuple[str, str, int]] = []
-    async with client_of(servers, **kw) as c, client_of(servers[1:]) as writer:
+    async with client_of(servers, **kw) as c, \
+            client_of([s for s in servers if s is not in_use(servers, c)]) as writer:
         await writer.create(model("w0"))
         reflector = Reflector(c.lister_watcher(Model), lambda t, o, r: seen.append((t, o.name, r)),
                               key=object_name)
@@ -156,7 +168,7 @@ async def _watch_moves_on(servers: list[ApiServer], stop, **kw) -> None:
             await until(lambda: ("ADDED", "w0") in [(t, n) for t, n, _ in seen], "the list's Model")
             await writer.create(model("w1"))
             await until(lambda: ("ADDED", "w1") in [(t, n) for t, n, _ in seen], "w1 through the first server")
-            stop(servers[0])
+            stop(in_use(servers, c))
             await writer.create(model("w2"))
             await until(lambda: ("ADDED", "w2") in [(t, n) for t, n, _ in seen], "w2 through the next server")
             assert c.server == c.servers[1]
@@ -180,13 +192,13 @@ async def test_a_watch_cut_once_open_resumes_with_its_backoff_from_the_start(ser
     """A watch the server had answered, then cut, was established since the last failure: its
     reflector's backoff starts over ("resume"), however quiet it was; one that never opened (its
     server dead) backs off further ("retry")."""
-    async with client_of(servers) as c, client_of(servers[:1]) as stuck:
+    async with client_of(servers) as c, client_of([in_use(servers, c)]) as stuck:
         created = await c.create(model("quiet"))
         lw = c.lister_watcher(Model)
         stream = lw.watch(created.metadata.resourceVersion)
         assert (await anext(stream)).object.name == "quiet"     # the stream is open
         pending = asyncio.ensure_future(anext(stream))
-        kill(servers[0])
+        kill(in_use(servers, c))
         with pytest.raises(Unreachable) as cut:
             await pending
         assert lw.after_error(cut.value) == "resume"
@@ -204,7 +216,7 @@ async def test_sigterm_ends_watches_at_once(servers):
     it on the stream kept open."""
     async with client_of(servers) as c, client_of(servers) as beats:
         await c.create(Node.model_validate({"metadata": {"name": "hb-term"}}))
-        await beats.heartbeat("hb-term", timeout=5.0)     # the stream is open on the first server
+        await beats.heartbeat("hb-term", timeout=5.0)     # the stream is open on the server in use
         _, rv = await c.list(Model)
         objects = c.watch(Model, resource_version=rv)
         events = c.watch_events(rv + 1)
@@ -212,7 +224,9 @@ async def test_sigterm_ends_watches_at_once(servers):
         second = asyncio.ensure_future(anext(events))
         await asyncio.sleep(0.5)   # both streams open
         began = time.monotonic()
-        servers[0].proc.terminate()
+        stopped = in_use(servers, c)     # beats' too: the same certificate, the same order
+        assert in_use(servers, beats) is stopped
+        stopped.proc.terminate()
         for pending in (first, second):
             with pytest.raises(Unavailable) as err:
                 await pending
@@ -222,7 +236,7 @@ async def test_sigterm_ends_watches_at_once(servers):
         await beats.heartbeat("hb-term", timeout=5.0)
         assert time.monotonic() - began < 2.0
         assert beats.server == beats.servers[1]
-        servers[0].proc.wait(10)
+        stopped.proc.wait(10)
 
 
 def test_config_server_list(tmp_path, ca_dir):
@@ -230,7 +244,7 @@ def test_config_server_list(tmp_path, ca_dir):
     path = tmp_path / "config.yaml"
     path.write_text(f"server: [https://a:7443, https://b:7443]\nca: {ca_dir.ca}\ncert: {cert}\nkey: {key}\n")
     cfg = ClientConfig.load(path)
-    assert Client.from_config(cfg).servers == ["https://a:7443", "https://b:7443"]
+    assert sorted(Client.from_config(cfg).servers) == ["https://a:7443", "https://b:7443"]
     cfg.save(path)
     assert ClientConfig.load(path).server == ["https://a:7443", "https://b:7443"]   # written back as a list
     path.write_text(f"server: [https://a:7443, 3]\nca: {ca_dir.ca}\ncert: {cert}\nkey: {key}\n")

@@ -35,6 +35,28 @@ async def test_expired_certificate_is_refused_and_logged(shared_api_server):
     assert "expired at 2020-01-02" in line
 
 
+def test_the_server_issues_no_session_ticket(shared_api_server):
+    """TLS 1.3 session tickets are never resumed by the cluster's clients and cost the server a
+    third of each handshake: it sends none (llmgw/pki/tls.py). A ticket arrives after the
+    handshake, so the client reads an answer first."""
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    ctx = ssl.create_default_context(cafile=shared_api_server.ca)
+    ctx.load_cert_chain(*shared_api_server.admin)
+    url = urlsplit(shared_api_server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname=url.hostname) as tls:
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert tls.version() == "TLSv1.3"
+        assert tls.session is not None and not tls.session.has_ticket
+
+
 def _as_admin(srv) -> list[str]:
     """The connection flags of `llmgw ca revoke` for the server's admin."""
     return ["--server", srv.url, "--ca", srv.ca, "--cert", srv.admin[0], "--key", srv.admin[1]]
