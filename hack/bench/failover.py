@@ -7,8 +7,8 @@ Starts a real etcd, a CA and three `llmgw server`s over that etcd, a sim engine 
 gateway` (given every server, routing model `bench` to the engine), and registers the Nodes of
 `--agents` hollow agents (llmgw/hollow.py's FakeAgents, through the store). Each agent then
 talks to the servers as a real one does: a client of its own (its own connections, its node's
-certificate, every server's URL in the same order, as `llmgw dev up` gives them: each client
-then tries them in its own order after the first), a first beat with the client's timeout (as
+certificate, every server's URL, as `llmgw dev up` gives them, which the client orders by a hash
+of its certificate with each: the fleet spreads over the servers), a first beat with the client's timeout (as
 its registration's), the agent's own heartbeat loop (llmgw/agent/registration.py: every
 `--interval` s, each server given the interval to answer, a new connection until the key is
 about to expire), and a reflector watching its node's Shards. The agents start over `--ramp`
@@ -32,8 +32,8 @@ asks them what their agents did. `--logs DIR` keeps the servers', gateway's and 
                        revision on the next server lists nothing)
     heartbeat_gaps     agents whose heartbeat key expired (a DELETE under /llmgw/heartbeat/)
 
-Last line: `failover: agents=<n> reconnect_p99_s=<> failed=<> relists=<> heartbeat_gaps=<>
-heartbeat_cpu_ms=<>`. Targets: reconnect p99 <= 5 s, 0 failed, 0 relists, 0 gaps,
+Last line: `failover: agents=<n> moved=<the killed server's agents> reconnect_p99_s=<> failed=<>
+relists=<> heartbeat_gaps=<> heartbeat_cpu_ms=<>`. Targets: reconnect p99 <= 5 s, 0 failed, 0 relists, 0 gaps,
 heartbeat_cpu_ms <= 0.25.
 
 It also prints where the reconnections went, from each moved agent's requests after the kill

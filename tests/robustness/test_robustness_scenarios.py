@@ -19,6 +19,7 @@ from llmgw.api import ApiKey, Model, Node
 from llmgw.api.secrets import new_secret
 from llmgw.api.wellknown import DRAINING_REPLACEMENT_FOR
 from llmgw.cli.create import build_key
+from llmgw.client.client import _failover_order
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.snapshot import save
 from tests.robustness import invariants as inv
@@ -172,12 +173,12 @@ async def test_servers_down_two_then_all(tmp_path):
     the heartbeat key's life shortened to 5 s, node grace 3 s; docs/contracts.md gives the
     windows of the default settings), under load through the gateway:
 
-    - two of the three down (the first two: every client's first choice, and the next one of
-      half of them) for longer than a heartbeat key lives, and until model m2, applied meanwhile
-      on every free GPU, serves through the gateway: no Node is written Ready=False (each agent's
-      beats reached the live server before its key expired), m2's shards reached both agents and
-      its replicas the gateway (their watches resumed on the live server), and a reflector of
-      Nodes through the servers resumed there without a relist;
+    - two of the three down (both agents' first choice among them: each client orders the servers
+      by its certificate, llmgw/client/client.py) for longer than a heartbeat key lives, and
+      until model m2, applied meanwhile on every free GPU, serves through the gateway: no Node is
+      written Ready=False (each agent's beats reached the live server before its key expired),
+      m2's shards reached both agents and its replicas the gateway (their watches resumed on the
+      live server), and a reflector of Nodes through the servers resumed there without a relist;
     - then the third down too, until every node was judged (its key expired and the node grace
       ran out: held back as MassSilence), then all three started again: nothing is evicted, and
       the reflector resumes once more without a relist.
@@ -192,14 +193,16 @@ async def test_servers_down_two_then_all(tmp_path):
         try:
             await c.wait("the reflector's list", lambda: reflector.lists == 1 and names)
             since = time.monotonic()
-            async with nemesis.servers_down(c, [0, 1]):
+            firsts = {c.server_urls.index(_failover_order(c.server_urls, c.certs[n][0])[0]) for n in nodes}
+            kept = next(i for i in range(c.servers) if i not in firsts)    # two agents: one server is neither's
+            async with nemesis.servers_down(c, [i for i in range(c.servers) if i != kept]):
                 await c.apply_model("m2", replicas=3)     # every GPU m leaves: a shard on each node
                 await asyncio.sleep(max(0.0, since + HEARTBEAT_TTL + 2 - time.monotonic()))
                 c.holds(nodes_stay_ready=inv.nodes_stay_ready(c.history, since))
                 await c.wait_model_ready("m2", 3)
                 await c.wait("m2 through the gateway", lambda: _serves(c, "m2"))
                 all_down = time.monotonic()
-                async with nemesis.servers_down(c, [2]):
+                async with nemesis.servers_down(c, [kept]):
                     await c.wait("every node judged while no server runs", lambda: c.evicted_or_held(nodes))
                 back = time.monotonic()
             for t0, t1 in ((since, all_down), (all_down, back)):
