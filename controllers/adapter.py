@@ -244,13 +244,15 @@ class AdapterController(Controller):
     def _place(self, adapter: LoraAdapter, ready: list[Replica], wanted: int, placed: list[str],
                add_to: int) -> tuple[list[str], int]:
         """The placement, and how many of it are Ready. It keeps, in their order, the Ready replicas
-        `placed` before (up to `wanted`) and those not Ready now that still exist (being rebuilt:
-        their agent loads it again before they are Ready, and then they count again, first), then
-        adds the emptiest Ready replicas with a free slot, up to `add_to` Ready in all."""
+        `placed` before (up to `wanted`: those where it is resident or reported Loaded first) and
+        those not Ready now that still exist (being rebuilt: their agent loads it again before they
+        are Ready, and then they count again, first), then adds the emptiest Ready replicas with a
+        free slot, up to `add_to` Ready in all."""
         ready_names = {r.name for r in ready}
         before = [r for r in placed if r in ready_names or (
             (live := self.ctx.cache.get(Replica, r)) is not None and live.metadata.deletionTimestamp is None)]
-        counted = set([r for r in before if r in ready_names][:wanted])
+        counted = set(sorted((r for r in before if r in ready_names), key=lambda r: not self._loaded(adapter, r))
+                      [:wanted])
         kept = [r for r in before if r in counted or r not in ready_names]
         used = {r.name: self.ctx.cache.count(LoraAdapter, "placed", r.name) - (r.name in adapter.status.placement)
                 for r in ready}
@@ -259,6 +261,12 @@ class AdapterController(Controller):
         free.sort(key=lambda r: (used[r.name], r.name))
         added = [r.name for r in free[:max(0, add_to - len(counted))]]
         return kept + added, len(counted) + len(added)
+
+    def _loaded(self, adapter: LoraAdapter, replica: str) -> bool:
+        """Whether the replica's serving shard reports the adapter Loaded."""
+        serving = self._serving(replica)
+        held = _held(serving, adapter.name) if serving is not None else None
+        return held is not None and held.state == "Loaded"
 
     def _serving(self, replica: str) -> Shard | None:
         return next((s for s in self.ctx.cache.index(Shard, "replica", replica) if s.spec.rank == 0), None)

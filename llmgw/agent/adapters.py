@@ -29,8 +29,8 @@ agent loads the adapter, unloading the victim the gateway names where the engine
 the adapter controller has placed it. Such a load, and such an eviction, is the agent's own
 intent (the book's `direct` and `evicted`) until the controller's placement agrees (it adopts
 what the shard reports Loaded, and drops what it reports Evicted), or DIRECT_HOLD passes: a sync
-keeps the one loaded and leaves the other unloaded meanwhile. Syncs and direct loads of one
-engine take turns.
+keeps the one loaded and leaves the other unloaded meanwhile. A sync and a direct load's choice of
+its slot take turns; direct loads run at once, as a sync's loads do.
 """
 from __future__ import annotations
 
@@ -172,7 +172,8 @@ class EngineAdapters:
         self.puller = puller
         self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
-        self._turn = asyncio.Lock()          # a sync and a direct load, one at a time
+        self._turn = asyncio.Lock()          # a sync, and a direct load's choice of its slot, one at a time
+        self._loading: dict[str, asyncio.Future[None]] = {}   # direct loads in flight
 
     async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
         """Load what is placed on the shard's replica and missing, unload what is held and not
@@ -205,7 +206,8 @@ class EngineAdapters:
             await self._unload(name)
             del held[name]
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
-        missing = [a for a in wanted if a.name in paths and a.name not in held][:max(0, slots - len(held))]
+        missing = [a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading][
+            :max(0, slots - len(held) - len(self._loading))]
 
         async def load(a: LoraAdapter) -> None:
             try:
@@ -220,10 +222,11 @@ class EngineAdapters:
                    for n in sorted(self.book.held(self.book.evicted, shard.spec.replica) - set(held))]
         return loaded + [failed[n] for n in sorted(failed)] + evicted
 
-    async def load_direct(self, shard: Shard, name: str, digest: str | None, victim: str | None) -> None:
+    async def load_direct(self, shard: Shard, name: str, digest: str | None, victim: str | None) -> str | None:
         """Load the adapter into the engine now, at a gateway's request, before its placement says
-        so; where the engine is full, unload `victim` first (one the engine holds). Returns once the
-        engine answered its load 200; raises Refused with the status and words to answer."""
+        so; where the engine is full, unload `victim` first (one the engine holds). Returns, once the
+        engine answered its load 200, the victim if it was unloaded; raises Refused with the status
+        and words to answer."""
         a = self.book.adapters.get(name)
         if a is None or a.metadata.deletionTimestamp is not None or a.spec.baseModel != shard.spec.model:
             raise Refused(404, f"no Adapter {name} of model {shard.spec.model} known to this agent")
@@ -233,39 +236,48 @@ class EngineAdapters:
         if self.api.at_start or not self.api.load:
             raise Refused(409, f"the engine of {shard.spec.replica} takes adapters only at start")
         replica = shard.spec.replica
-        async with self._turn:
-            held = await self._listed()
-            paths, failed = await self._locate([a])
-            if name in failed:
-                raise Refused(502, failed[name].message)
-            if held.get(name) == paths[name]:
+        paths, failed = await self._locate([a])
+        if name in failed:
+            raise Refused(502, failed[name].message)
+        evicted = None
+        async with self._turn:     # what the engine holds and loads now, and a slot taken, at once
+            pending = self._loading.get(name)
+            if pending is None:
+                held = await self._listed()
+                if held.get(name) == paths[name]:
+                    self._intend(a, replica)
+                    return None
+                if name in held:    # other weights: loaded again
+                    await self._unload(name)
+                    del held[name]
+                slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+                if len(held) + len(self._loading) >= slots:
+                    if victim is None or victim not in held:
+                        raise Refused(409, f"the engine of {replica} has no free slot (it holds "
+                                           f"{', '.join(sorted(held))}, and loads {len(self._loading)} more) and "
+                                           f"the victim named ({victim}) is not one it holds")
+                    await self._unload(victim)
+                    evicted = victim
+                    self.book.direct.pop((victim, replica), None)
+                    self.book.evicted[(victim, replica)] = time.monotonic()
+                    log.info("adapter %s unloaded from %s for %s, at a gateway's request", victim, self.base_url,
+                             name)
                 self._intend(a, replica)
-                return
-            if name in held:    # other weights: loaded again
-                await self._unload(name)
-                del held[name]
-            slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
-            if len(held) >= slots:
-                if victim is None or victim not in held:
-                    raise Refused(409, f"the engine of {replica} has no free slot (it holds {', '.join(sorted(held))}) "
-                                       f"and the victim named ({victim}) is not one of them")
-                await self._unload(victim)
-                self.book.direct.pop((victim, replica), None)
-                self.book.evicted[(victim, replica)] = time.monotonic()
-                log.info("adapter %s unloaded from %s for %s, at a gateway's request", victim, self.base_url, name)
-            self._intend(a, replica)
-            try:
-                await self._load(a, paths[name])
-            except EngineError as err:
-                self.book.direct.pop((name, replica), None)
-                raise Refused(502, str(err)) from None
+                pending = self._loading[name] = asyncio.ensure_future(self._load(a, paths[name]))
+                pending.add_done_callback(lambda _: self._loading.pop(name, None))
+        try:
+            await asyncio.shield(pending)
+        except EngineError as err:
+            self.book.direct.pop((name, replica), None)
+            raise Refused(502, str(err)) from None
+        return evicted
 
     def _intend(self, a: LoraAdapter, replica: str) -> None:
-        """The engine is to hold it: no longer evicted there, and held as a direct load while its
-        placement does not name the replica."""
+        """The engine is to hold it: no longer evicted there, and held as a direct load until a
+        change of its Adapter places it there (this agent's view of the placement may be behind
+        the controller's: one that names the replica now may be a drop on its way)."""
         self.book.evicted.pop((a.name, replica), None)
-        if replica not in a.status.placement:
-            self.book.direct[(a.name, replica)] = time.monotonic()
+        self.book.direct[(a.name, replica)] = time.monotonic()
 
     async def _load(self, a: LoraAdapter, where: str) -> None:
         """One load into the engine (raises EngineError with its words), counted."""

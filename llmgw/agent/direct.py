@@ -5,15 +5,15 @@
 
 Only a gateway may ask (a client certificate of the cluster CA with O=llmgw:components,
 CN=gateway); any other certificate is refused 403. The replica's serving shard (rank 0) must
-run on this node and be Ready. The answer is 200 once the engine answered its load 200; else
-the status and the words of why not (404: no such replica or Adapter here; 409: not Ready, no
+run on this node and be Ready. The answer is 200 once the engine answered its load 200, with
+`{"evicted": V or null}` (the victim, where it was unloaded: the engine was full); else the
+status and the words of why not (404: no such replica or Adapter here; 409: not Ready, no
 free slot and no victim it holds, another digest; 502: the pull's or the engine's words).
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -28,9 +28,9 @@ GATEWAY = ("gateway", ORG["component"])    # CN, O of the gateway's component ce
 
 class DirectLoads:
     """`load(replica, adapter, digest, victim)`: the supervisor's, to the replica's serving shard
-    here (raises Refused)."""
+    here (the victim if it was unloaded; raises Refused)."""
 
-    def __init__(self, load: Callable[[str, str, str | None, str | None], Any]) -> None:
+    def __init__(self, load: Callable[[str, str, str | None, str | None], Awaitable[str | None]]) -> None:
         self.load = load
 
     def app(self) -> web.Application:
@@ -55,8 +55,8 @@ class DirectLoads:
                                               f"not {value!r}")
         replica = str(fields["replica"])
         try:
-            await self.load(replica, name, fields["digest"], fields["victim"])
+            evicted = await self.load(replica, name, fields["digest"], fields["victim"])
         except Refused as refused:
             log.info("direct load of %s on %s refused (%d): %s", name, replica, refused.status, refused)
             return web.Response(status=refused.status, text=str(refused))
-        return web.Response(text=f"adapter {name} loaded on {replica}")
+        return web.json_response({"evicted": evicted})

@@ -433,7 +433,7 @@ class ShardRunner:
             return []
         return await adapters.start_weights(self.ctx.adapters.start_order(self.shard.spec.model)[:slots.maxLoaded])
 
-    async def load_direct(self, name: str, digest: str | None, victim: str | None) -> None:
+    async def load_direct(self, name: str, digest: str | None, victim: str | None) -> str | None:
         """A gateway's direct load of an adapter into its engine (adapters.py, EngineAdapters.load_direct);
         the sync it wakes reports it."""
         adapters = self._engine_adapters()
@@ -441,7 +441,7 @@ class ShardRunner:
             raise Refused(409, f"shard {self.name} is {self.status.phase}" if adapters is not None else
                           f"shard {self.name}'s engine loads no adapters at runtime")
         try:
-            await adapters.load_direct(self.shard, name, digest, victim)
+            return await adapters.load_direct(self.shard, name, digest, victim)
         finally:
             self.adapters_changed.set()
 

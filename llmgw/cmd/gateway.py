@@ -235,7 +235,7 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
             tls = peer_client_context(cert, key, ca)
             reload.append(tls.load_cert_chain)
             agents = Agents(client, tls)
-            loads = DirectLoads(gw.table, gw.balancer, agents.post)
+            loads = DirectLoads(gw.table, gw.balancer, agents.post, gw.queue.count)
         if cert and key and renew_fraction:
             renewer = Renewer(cert, key, client, reload=reload, fraction=renew_fraction)
             gw.metrics.registry.register(ExpiryCollector({"gateway": lambda: renewer.not_after}))

@@ -5,22 +5,28 @@ the adapter controller to place it and the agent to see that.
 When the first request for such an adapter starts waiting in its queue (`want`), and this gateway
 is not loading it already (one load per burst: the requests after it wait in the same queue),
 the gateway picks a Ready replica of its base whose engine loads adapters at runtime: one with a
-free slot (by this gateway's table), the emptiest first; else the one whose least recently
-requested adapter (`victim`: none pinned, none kept on no more than its minReplicas, none with a
-request in flight here) was requested longest ago. It takes the victim out of that replica's
-routing first, then asks the replica's rank-0 agent over mutual TLS with its own certificate
-(`POST /adapters/<adapter>/load` on the agent's listener, its Node's status.agentEndpoint;
-llmgw/agent/direct.py). On the agent's 200 (its engine's) the adapter is routed there at once
+free slot (by this gateway's table, the loads it has asked for counted as slots taken), the
+emptiest first; else the one whose least recently requested adapter (`victim`: none pinned, none
+on no more replicas than its minReplicas, none with a request in flight or waiting here, none
+loaded directly and not yet recorded) was requested longest ago. Where the table says the replica
+is full, the victim leaves that replica's routing first (until its status no longer names it
+there). It asks the replica's rank-0 agent over mutual TLS with its own certificate (`POST
+/adapters/<adapter>/load` on the agent's listener, its Node's status.agentEndpoint;
+llmgw/agent/direct.py), naming the replica's victim, which the agent unloads first if its engine
+is full (this gateway's table may be behind it: the victim the agent says it unloaded leaves that
+replica's routing then). On the agent's 200 (its engine's) the adapter is routed there at once
 (the table's `loaded`) and the waiting requests go; the control plane records it after (the
 adapter controller adopts what the shard reports Loaded). Until its status says it is resident
 there, or `hold` seconds pass, the gateway reports the adapter `loading` in its demand: the
 controller then places it for demand on no replica of its own. A load that fails (an agent that
-cannot be reached, no replica to take it, the engine's error) is logged and left to the
-controller, which places it as the demand report, without `loading`, asks.
+cannot be reached, no replica to take it, the engine's error) is logged, and tried again every
+RETRY seconds while requests wait for the adapter and it is resident nowhere; meanwhile the demand
+report says no `loading` and the controller places it: whichever lands first serves them.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import time
@@ -41,6 +47,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 5.0
 LOAD_TIMEOUT = 120.0     # seconds an agent gets to answer a load (a pull of the weights included)
 HOLD = 60.0              # seconds a direct load is routed before the Adapter's status records it
+RETRY = 1.0              # seconds before a failed direct load is tried again, while requests wait
 
 
 class Unreachable(Exception):
@@ -90,14 +97,17 @@ Post = Callable[[str, str, dict[str, Any]], Any]   # Agents.post
 
 
 class DirectLoads:
-    """`post(node, path, body)`: Agents.post; `on_change()`: after a load began or ended (the
-    demand publisher reports at once)."""
+    """`post(node, path, body)`: Agents.post; `waiting(model)`: the requests waiting for a model
+    (the queue's); `on_change()`: after a load began or ended (the demand publisher reports at once)."""
 
-    def __init__(self, table: RoutingTable, balancer: Balancer, post: Post,
+    def __init__(self, table: RoutingTable, balancer: Balancer, post: Post, waiting: Callable[[str], int],
                  on_change: Callable[[], None] | None = None, hold: float = HOLD) -> None:
-        self.table, self.balancer, self.post = table, balancer, post
+        self.table, self.balancer, self.post, self.waiting = table, balancer, post, waiting
         self.on_change, self.hold = on_change, hold
         self.loading: set[str] = set()      # adapters this gateway asks an agent to load now
+        self._onto: dict[str, int] = {}     # replica -> loads asked of its agent now (slots taken)
+        self._named: set[str] = set()       # the victims those loads name
+        self._again: set[str] = set()       # adapters to try again after RETRY
         self._tasks: set[asyncio.Task[None]] = set()
 
     def reported(self) -> dict[str, int]:
@@ -106,42 +116,72 @@ class DirectLoads:
 
     def want(self, model: str) -> None:
         """A request for `model` starts waiting (its queue's first): an adapter resident nowhere is
-        loaded now; `on_change` is called either way (the demand report goes at once)."""
+        loaded now (tried again every RETRY seconds while requests wait for it and it is resident
+        nowhere); `on_change` is called either way (the demand report goes at once)."""
         entry = self.table.adapters.get(model)
         if entry is not None and model not in self.table.models and model not in self.loading \
-                and not self.table.backends_for(model) and (pick := self._pick(entry.base)) is not None:
-            self.loading.add(model)
-            task = asyncio.ensure_future(self._load(model, *pick))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+                and not self.table.backends_for(model):
+            pick = self._pick(entry.base)
+            if pick is None:
+                self._retry(model)
+            else:
+                b, victim, full = pick
+                self.loading.add(model)
+                self.balancer.sent[model] = time.monotonic()   # requested now
+                self._onto[b.replica] = self._onto.get(b.replica, 0) + 1
+                if victim is not None:
+                    self._named.add(victim)
+                    if full:     # it goes: no more requests of this gateway go there
+                        self.table.evicted(victim, b.replica, self.hold)
+                task = asyncio.ensure_future(self._load(model, b, victim))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         if self.on_change is not None:
             self.on_change()
 
-    def _pick(self, base: str) -> tuple[Backend, str | None] | None:
-        """The replica to load on, and the adapter to unload there first (None: a free slot)."""
+    def _retry(self, model: str) -> None:
+        if model not in self._again:
+            self._again.add(model)
+            asyncio.get_running_loop().call_later(RETRY, self._retried, model)
+
+    def _retried(self, model: str) -> None:
+        self._again.discard(model)
+        if self.waiting(model):
+            self.want(model)
+
+    def _pick(self, base: str) -> tuple[Backend, str | None, bool] | None:
+        """The replica to load on (the emptiest with a free slot by this gateway's table, its loads
+        asked included; else the one whose victim was requested longest ago), the adapter the
+        agent is to unload there first if its engine is full (None: none may go), and whether the
+        table says it is full."""
         replicas = [b for b in self.table.backends_for(base) if b.slots and b.node and b.engine in ENGINES
                     and (api := ENGINES[b.engine].lora) is not None and not api.at_start]
         held = self.table.held
-        free = [b for b in replicas if len(held.get(b.replica, ())) < b.slots]
-        if free:
-            return min(free, key=lambda b: (len(held.get(b.replica, ())), self.balancer.inflight.get(b.replica, 0),
-                                            b.replica)), None
-        victims = [(self.balancer.sent.get(v, 0.0), b.replica, b, v) for b in replicas
-                   for v in held.get(b.replica, ()) if self._evictable(v)]
-        if not victims:
+        victims = {b.replica: min(((self.balancer.sent.get(v, 0.0), v) for v in held.get(b.replica, ())
+                                   if self._evictable(v)), default=None) for b in replicas}
+
+        def taken(b: Backend) -> int:
+            return len(held.get(b.replica, ())) + self._onto.get(b.replica, 0)
+        free = [b for b in replicas if taken(b) < b.slots]
+        pick = min(free, key=lambda b: (taken(b), self.balancer.inflight.get(b.replica, 0), b.replica)) if free \
+            else min((b for b in replicas if victims[b.replica] is not None and self._onto.get(b.replica, 0) < b.slots),
+                     key=lambda b: (victims[b.replica], b.replica), default=None)
+        if pick is None:
             return None
-        _, _, b, victim = min(victims, key=lambda t: (t[0], t[1], t[3]))
-        return b, victim
+        victim = victims[pick.replica]
+        return pick, victim[1] if victim is not None else None, not free
 
     def _evictable(self, adapter: str) -> bool:
+        """Whether the adapter may be a victim: not pinned, on more replicas than its minReplicas, not
+        loading or named a victim already, no request for it in flight or waiting here, and not
+        loaded directly so recently that its status does not say so yet (its requests are on the way)."""
         entry = self.table.adapters[adapter]
-        return not entry.pinned and len({*entry.resident, *self.table.direct(adapter)}) > entry.min_replicas \
-            and adapter not in self.loading and not self.balancer.per_model.get(adapter)
+        return not entry.pinned and len(entry.resident) > entry.min_replicas and not self.table.direct(adapter) \
+            and adapter not in self.loading and adapter not in self._named \
+            and not self.balancer.per_model.get(adapter) and not self.waiting(adapter)
 
     async def _load(self, adapter: str, b: Backend, victim: str | None) -> None:
         entry = self.table.adapters[adapter]
-        if victim is not None:
-            self.table.unloaded(victim, b.replica)   # no more requests of this gateway go there
         body = {"replica": b.replica, "digest": entry.digest, "victim": victim}
         started = time.monotonic()
         try:
@@ -150,15 +190,27 @@ class DirectLoads:
             status, words = 0, str(err)
         try:
             if status != 200:
-                log.warning("direct load of adapter %s on %s failed (%s): %s; the adapter controller places it",
-                            adapter, b.replica, status or "unreachable", words)
+                log.warning("direct load of adapter %s on %s failed (%s): %s; tried again in %.0fs while requests "
+                            "wait, and meanwhile the adapter controller places it", adapter, b.replica,
+                            status or "unreachable", words, RETRY)
+                self._retry(adapter)
                 return
+            evicted = _evicted(words)
+            if evicted is not None:
+                self.table.evicted(evicted, b.replica, self.hold)   # no more requests of this gateway go there
             log.info("adapter %s loaded on %s directly in %.2fs%s", adapter, b.replica, time.monotonic() - started,
-                     f", in the place of {victim}" if victim else "")
+                     f", in the place of {evicted}" if evicted else "")
             self.table.loaded(adapter, b.replica)
             asyncio.get_running_loop().call_later(self.hold, self._expire, adapter, b.replica)
         finally:
             self.loading.discard(adapter)
+            if victim is not None:
+                self._named.discard(victim)
+            left = self._onto[b.replica] - 1
+            if left:
+                self._onto[b.replica] = left
+            else:
+                del self._onto[b.replica]
             if self.on_change is not None:
                 self.on_change()
 
@@ -175,3 +227,13 @@ class DirectLoads:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _evicted(words: str) -> str | None:
+    """The victim an agent's 200 says it unloaded."""
+    try:
+        body = json.loads(words)
+    except ValueError:
+        return None
+    evicted = body.get("evicted") if isinstance(body, dict) else None
+    return evicted if isinstance(evicted, str) else None

@@ -27,6 +27,7 @@ deletion (draining) is not told of as it leaves: its engine finishes what it has
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -111,6 +112,9 @@ class RoutingTable:
     _left: dict[str, Backend] = field(default_factory=dict)  # left routing, not yet known dead
     # adapter -> replicas this gateway had it loaded on directly, not yet resident there by its status
     _direct: dict[str, set[str]] = field(default_factory=dict)
+    # adapter -> replica -> until when (monotonic) it is not routed there, though its status may
+    # still say so: this gateway had that replica's agent unload it
+    _gone: dict[str, dict[str, float]] = field(default_factory=dict)
     held: dict[str, list[str]] = field(default_factory=dict)  # replica -> the adapters routed to it
 
     # ------------------------------------------------------------ updates
@@ -176,8 +180,14 @@ class RoutingTable:
         if type_ == "DELETED" or a.metadata.deletionTimestamp is not None:
             return self._forget("adapters", name)
         created = int(a.metadata.creationTimestamp.timestamp()) if a.metadata.creationTimestamp else 0
-        entry = _AdapterEntry(name, a.spec.baseModel, tuple(a.status.resident), created, a.metadata.labels,
-                              a.spec.digest, a.spec.minReplicas, a.spec.pinned)
+        gone = self._gone.get(name, {})
+        now = time.monotonic()
+        for replica in [r for r, until in gone.items() if r not in a.status.resident or until < now]:
+            del gone[replica]    # its status no longer says so (or too long has passed)
+        if not gone:
+            self._gone.pop(name, None)
+        entry = _AdapterEntry(name, a.spec.baseModel, tuple(r for r in a.status.resident if r not in gone), created,
+                              a.metadata.labels, a.spec.digest, a.spec.minReplicas, a.spec.pinned)
         direct = self._direct.get(name)
         if direct is not None:   # recorded now: routed by its status alone
             direct -= set(entry.resident)
@@ -193,9 +203,17 @@ class RoutingTable:
         """The replica's agent loaded the adapter at this gateway's request: it is routed there too
         until its status says it is resident there (or `unloaded`)."""
         entry = self.adapters.get(adapter)
+        self._gone.get(adapter, {}).pop(replica, None)
         if entry is not None and replica not in entry.resident:
             self._direct.setdefault(adapter, set()).add(replica)
             self._reindex()
+
+    def evicted(self, adapter: str, replica: str, hold: float) -> None:
+        """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
+        routing until its status no longer names it there (or `hold` seconds pass)."""
+        if adapter in self.adapters:
+            self._gone.setdefault(adapter, {})[replica] = time.monotonic() + hold
+        self.unloaded(adapter, replica)
 
     def direct(self, adapter: str) -> set[str]:
         """The replicas the adapter is routed to by a direct load alone (`loaded`)."""
@@ -219,6 +237,7 @@ class RoutingTable:
             entries: dict[str, Any] = self.models if kind == "models" else self.adapters
             if kind == "adapters":
                 self._direct.pop(name, None)
+                self._gone.pop(name, None)
             if entries.pop(name, None) is None:
                 return False
             self._reindex()
