@@ -22,6 +22,8 @@ children, not counted), where the requests' losses go (below), and
             still waited (it joined a load in flight) not counted a miss: one miss per burst, as the
             oracle counts it>
         oracle_hit_ratio=<the same draws through one LRU of replicas x slots entries>
+        slru_oracle_hit_ratio=<through one segmented LRU of as many (80 % protected): the
+            gateway's victims' policy>
         cold_ttft_p50_s=<> cold_ttft_p99_s=<median and p99 time to first token of the requests
         that were not hits> restore_s=<>
         cpu_s=<CPU seconds of the components during the traffic> controller_cpu_s=<the controller-manager's>
@@ -178,17 +180,29 @@ def zipf_draws(n: int, s: float, count: int, seed: int) -> list[int]:
     return [bisect.bisect_left(cumulative, rng.random() * cumulative[-1]) for _ in range(count)]
 
 
-def lru_hit_ratio(draws: list[int], capacity: int) -> float:
-    cache: OrderedDict[int, None] = OrderedDict()
+def hit_ratio(draws: list[int], capacity: int, protected: float = 0.0) -> float:
+    """The draws' hit ratio through one cache of `capacity` entries, a segmented LRU: an entry hit
+    again moves to the protected segment (at most `protected` of the capacity; its least recent
+    entry back to the probationary one, as the most recent there), and a miss evicts the
+    probationary segment's least recent entry (the protected one's when it is empty). protected 0
+    is one LRU (the oracle); 0.8 the policy of the gateway's victims (llmgw/gateway/loads.py)."""
+    probation: OrderedDict[int, None] = OrderedDict()
+    kept: OrderedDict[int, None] = OrderedDict()
     hits = 0
     for d in draws:
-        if d in cache:
+        if d in kept:
             hits += 1
-            cache.move_to_end(d)
+            kept.move_to_end(d)
+        elif d in probation:
+            hits += 1
+            del probation[d]
+            kept[d] = None
+            if len(kept) > int(capacity * protected):
+                probation[kept.popitem(last=False)[0]] = None
         else:
-            cache[d] = None
-            if len(cache) > capacity:
-                cache.popitem(last=False)
+            probation[d] = None
+            if len(probation) + len(kept) > capacity:
+                (probation if probation else kept).popitem(last=False)
     return hits / len(draws)
 
 
@@ -355,7 +369,8 @@ def report(args: argparse.Namespace, draws: list[int], times: list[float], elaps
     print(f"{len(times)} requests in {elapsed:.1f} s, {len(cold)} cold, {len(set(draws))} adapters requested")
     print(f"adapters: hit_ratio={1 - len(cold) / len(times):.3f} "
           f"burst_hit_ratio={1 - (len(cold) - joined) / len(times):.3f} "
-          f"oracle_hit_ratio={lru_hit_ratio(draws, args.replicas * args.slots):.3f} "
+          f"oracle_hit_ratio={hit_ratio(draws, args.replicas * args.slots):.3f} "
+          f"slru_oracle_hit_ratio={hit_ratio(draws, args.replicas * args.slots, 0.8):.3f} "
           f"cold_ttft_p50_s={quantile(0.5):.2f} cold_ttft_p99_s={quantile(0.99):.2f} restore_s={restore_s:.2f} "
           f"cpu_s={sum(cpu.values()):.1f} controller_cpu_s={cpu['controller-manager']:.1f}")
 

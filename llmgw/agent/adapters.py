@@ -206,8 +206,9 @@ class EngineAdapters:
             await self._unload(name)
             del held[name]
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
-        missing = [a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading][
-            :max(0, slots - len(held) - len(self._loading))]
+        missing = sorted((a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading),
+                         key=lambda a: shard.spec.replica not in a.status.placement)   # the placed ones first
+        missing = missing[:max(0, slots - len(held) - len(self._loading))]
 
         async def load(a: LoraAdapter) -> None:
             try:

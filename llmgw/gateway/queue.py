@@ -110,9 +110,9 @@ class WaitQueues:
         return {m: q.count for m, q in self._queues.items() if q.count}
 
     def count(self, model: str) -> int:
-        """Requests waiting for the model."""
+        """Requests waiting for the model, or let go and not yet in flight."""
         q = self._queues.get(model)
-        return q.count if q is not None else 0
+        return q.count + q.granted if q is not None else 0
 
     def blocked(self, model: str) -> bool:
         """Whether a request for `model` must wait (no room, or others wait before it)."""
