@@ -185,16 +185,32 @@ class EngineAdapters:
         controller takes a replica out of `resident` as it takes it out of `placement` (an eviction),
         or on the report that its engine no longer holds it (new weights); one still named stays
         until the sync that change of the Adapter brings. A load waits for a free slot likewise.
-        What this agent evicted at a gateway's request and is still placed here is listed Evicted."""
-        async with self._turn:
-            return await self._sync(shard, leaving)
-
-    async def _sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
+        What this agent evicted at a gateway's request and is still placed here is listed Evicted.
+        What the engine holds, what goes, and the slots its loads take are decided in turn with the
+        direct loads (`_turn`); the loads themselves run beside them."""
         wanted = self.book.wanted_on(shard)
         if self.api.at_start:
             return await self._started_with(wanted)
-        held = await self._listed()
         paths, failed = await self._locate(wanted)
+        async with self._turn:
+            loads = await self._decide(shard, wanted, paths, failed, leaving)
+        for a, task in loads:
+            try:
+                await asyncio.shield(task)
+            except EngineError as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
+        held = await self._listed()
+        digests = {a.name: a.spec.digest for a in wanted}
+        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
+        evicted = [ShardAdapter(name=n, state="Evicted")
+                   for n in sorted(self.book.held(self.book.evicted, shard.spec.replica) - set(held))]
+        return loaded + [failed[n] for n in sorted(failed)] + evicted
+
+    async def _decide(self, shard: Shard, wanted: list[LoraAdapter], paths: dict[str, str],
+                      failed: dict[str, ShardAdapter], leaving: Callable[[list[ShardAdapter]], None]
+                      ) -> list[tuple[LoraAdapter, asyncio.Future[None]]]:
+        """A sync's unloads, and its loads started (each adapter with its load)."""
+        held = await self._listed()
         going = _going(held, paths, failed)
         if going:
             digests = {a.name: a.spec.digest for a in wanted}
@@ -209,19 +225,13 @@ class EngineAdapters:
         missing = sorted((a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading),
                          key=lambda a: shard.spec.replica not in a.status.placement)   # the placed ones first
         missing = missing[:max(0, slots - len(held) - len(self._loading))]
+        return [(a, self._start(a, paths[a.name])) for a in missing]
 
-        async def load(a: LoraAdapter) -> None:
-            try:
-                await self._load(a, paths[a.name])
-            except EngineError as err:
-                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
-        await asyncio.gather(*(load(a) for a in missing))
-        held = await self._listed()
-        digests = {a.name: a.spec.digest for a in wanted}
-        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
-        evicted = [ShardAdapter(name=n, state="Evicted")
-                   for n in sorted(self.book.held(self.book.evicted, shard.spec.replica) - set(held))]
-        return loaded + [failed[n] for n in sorted(failed)] + evicted
+    def _start(self, a: LoraAdapter, where: str) -> asyncio.Future[None]:
+        """A load begun, counted in `_loading` (a slot taken) until it ends."""
+        task = self._loading[a.name] = asyncio.ensure_future(self._load(a, where))
+        task.add_done_callback(lambda _: self._loading.pop(a.name, None))
+        return task
 
     async def load_direct(self, shard: Shard, name: str, digest: str | None, victim: str | None) -> str | None:
         """Load the adapter into the engine now, at a gateway's request, before its placement says
@@ -264,8 +274,7 @@ class EngineAdapters:
                     log.info("adapter %s unloaded from %s for %s, at a gateway's request", victim, self.base_url,
                              name)
                 self._intend(a, replica)
-                pending = self._loading[name] = asyncio.ensure_future(self._load(a, paths[name]))
-                pending.add_done_callback(lambda _: self._loading.pop(name, None))
+                pending = self._start(a, paths[name])
         try:
             await asyncio.shield(pending)
         except EngineError as err:

@@ -120,7 +120,7 @@ class DirectLoads:
 
     def reported(self) -> dict[str, int]:
         """The demand report's `loading`: 1 for each adapter loading, or routed by a direct load alone."""
-        return {a: 1 for a in self.loading | {a for a in self.table.adapters if self.table.direct(a)}}
+        return {a: 1 for a in self.loading | self.table.directly_loaded()}
 
     def want(self, model: str) -> None:
         """A request for `model` starts waiting (its queue's first): an adapter resident nowhere is
@@ -160,9 +160,9 @@ class DirectLoads:
 
     def _pick(self, base: str) -> tuple[Backend, str | None, bool] | None:
         """The replica to load on (the emptiest with a free slot by this gateway's table, its loads
-        asked included; else the one whose victim was requested longest ago), the adapter the
-        agent is to unload there first if its engine is full (None: none may go), and whether the
-        table says it is full."""
+        asked included; else the one whose victim is best: `_victim`), the adapter the agent is to
+        unload there first if its engine is full (None: none may go), and whether the table says
+        it is full."""
         replicas = [b for b in self.table.backends_for(base) if b.slots and b.node and b.engine in ENGINES
                     and (api := ENGINES[b.engine].lora) is not None and not api.at_start]
         held = self.table.held

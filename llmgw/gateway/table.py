@@ -219,6 +219,10 @@ class RoutingTable:
         """The replicas the adapter is routed to by a direct load alone (`loaded`)."""
         return self._direct.get(adapter, set())
 
+    def directly_loaded(self) -> set[str]:
+        """The adapters routed somewhere by a direct load alone."""
+        return set(self._direct)
+
     def unloaded(self, adapter: str, replica: str) -> None:
         """The replica no longer holds the adapter (its engine answered so, or this gateway has it
         unloaded there): the replica leaves the adapter's routing until the Adapter's status says
