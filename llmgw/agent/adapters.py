@@ -209,9 +209,11 @@ class EngineAdapters:
     async def _decide(self, shard: Shard, wanted: list[LoraAdapter], paths: dict[str, str],
                       failed: dict[str, ShardAdapter], leaving: Callable[[list[ShardAdapter]], None]
                       ) -> list[tuple[LoraAdapter, asyncio.Future[None]]]:
-        """A sync's unloads, and its loads started (each adapter with its load)."""
+        """A sync's unloads, and its loads started (each adapter with its load). A direct load
+        asked for since `wanted` was read is not one to unload."""
         held = await self._listed()
-        going = _going(held, paths, failed)
+        direct = self.book.held(self.book.direct, shard.spec.replica)
+        going = [name for name in _going(held, paths, failed) if name not in direct]
         if going:
             digests = {a.name: a.spec.digest for a in wanted}
             leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
