@@ -116,6 +116,7 @@ class DirectLoads:
         self._onto: dict[str, int] = {}     # replica -> loads asked of its agent now (slots taken)
         self._named: set[str] = set()       # the victims those loads name
         self._again: set[str] = set()       # adapters to try again after RETRY
+        self._loaded: dict[tuple[str, str], float] = {}   # (adapter, replica) -> when last loaded there
         self._tasks: set[asyncio.Task[None]] = set()
 
     def reported(self) -> dict[str, int]:
@@ -220,9 +221,10 @@ class DirectLoads:
                 self.table.evicted(evicted, b.replica, self.hold)   # no more requests of this gateway go there
             log.info("adapter %s loaded on %s directly in %.2fs%s", adapter, b.replica, time.monotonic() - started,
                      f", in the place of {evicted}" if evicted else "")
-            self.balancer.sent[adapter] = time.monotonic()   # its requests go now
+            at = self.balancer.sent[adapter] = time.monotonic()   # its requests go now
             self.table.loaded(adapter, b.replica)
-            asyncio.get_running_loop().call_later(self.hold, self._expire, adapter, b.replica)
+            self._loaded[(adapter, b.replica)] = at
+            asyncio.get_running_loop().call_later(self.hold, self._expire, adapter, b.replica, at)
         finally:
             self.loading.discard(adapter)
             if victim is not None:
@@ -235,8 +237,12 @@ class DirectLoads:
             if self.on_change is not None:
                 self.on_change()
 
-    def _expire(self, adapter: str, replica: str) -> None:
-        """A direct load its status has not recorded in `hold` seconds is routed by the status alone."""
+    def _expire(self, adapter: str, replica: str, at: float) -> None:
+        """A direct load (that of `at`: not one there since) its status has not recorded in `hold`
+        seconds is routed by the status alone."""
+        if self._loaded.get((adapter, replica)) != at:
+            return
+        del self._loaded[(adapter, replica)]
         if replica in self.table.direct(adapter):
             log.warning("adapter %s: loaded on %s directly %.0fs ago, and its status does not say so yet: routed "
                         "by its status alone", adapter, replica, self.hold)
