@@ -181,7 +181,14 @@ and an agent's sync unloading a direct load whose placement it had not seen drop
 loads beside the direct loads' turns (committed with these figures: a direct load no longer waits behind a
 sync's loads or pulls), one run at load 2.8 rising to 6.9: hit_ratio=0.520 burst_hit_ratio=0.581
 cold_ttft_p50_s=1.08 cold_ttft_p99_s=1.79 restore_s=2.46, direct loads p50 0.89 p90 1.15 p99 1.39:
-no better than the noise of the machine's load. Left: a
+no better than the noise of the machine's load. At 11af80f (a direct load's expiry its own; a
+request let go from its queue that finds the adapter routed nowhere waits again), one run at load
+5.8 rising to 11.3: 3000 requests in 68.8 s, 1694 cold (276 joined a load in flight, 326 hits
+slower than 0.25 s), direct loads p50 1.04 p90 1.49 p99 1.97 s, one refused (409: the gateway's
+table behind the engine; tried again), no engine's 404:
+    adapters: hit_ratio=0.435 burst_hit_ratio=0.527 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
+        cold_ttft_p50_s=1.20 cold_ttft_p99_s=2.80 restore_s=4.33 cpu_s=66.9 controller_cpu_s=16.2
+(the machine, not the path: at load 11 a hit's answer takes more than the 0.25 s cut). Left: a
 cold p99 of load time + 0.5 s needs the agent's part (0.25-0.7 s over the load) shorter under CPU
 contention, e.g. a direct load answered without listing the engine first.
 """
