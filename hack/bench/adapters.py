@@ -188,7 +188,17 @@ slower than 0.25 s), direct loads p50 1.04 p90 1.49 p99 1.97 s, one refused (409
 table behind the engine; tried again), no engine's 404:
     adapters: hit_ratio=0.435 burst_hit_ratio=0.527 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
         cold_ttft_p50_s=1.20 cold_ttft_p99_s=2.80 restore_s=4.33 cpu_s=66.9 controller_cpu_s=16.2
-(the machine, not the path: at load 11 a hit's answer takes more than the 0.25 s cut). Left: a
+(the machine, not the path: at load 11 a hit's answer takes more than the 0.25 s cut). At
+dbed3ad, interleaved with the base 5052488 again (ABBA, one round, load 2.6 at the start, 4.8 at
+the end), in the order run:
+    base  hit_ratio=0.429 burst_hit_ratio=0.554 cold_ttft_p50_s=1.00 cold_ttft_p99_s=1.62 restore_s=1.45 cpu_s=77.1
+    head  hit_ratio=0.570 burst_hit_ratio=0.612 cold_ttft_p50_s=0.82 cold_ttft_p99_s=1.45 restore_s=2.33 cpu_s=61.5
+    head  hit_ratio=0.559 burst_hit_ratio=0.597 cold_ttft_p50_s=0.88 cold_ttft_p99_s=1.54 restore_s=2.04 cpu_s=67.9
+    base  hit_ratio=0.411 burst_hit_ratio=0.548 cold_ttft_p50_s=0.93 cold_ttft_p99_s=1.53 restore_s=1.78 cpu_s=78.2
+    interleave: hit_ratio=1.344 burst_hit_ratio=1.097 cold_ttft_p50_s=0.881 cold_ttft_p99_s=0.949
+        restore_s=1.353 cpu_s=0.833 controller_cpu_s=0.785
+  hit_ratio 0.559-0.570 (0.94-0.95 of the oracle's: the target met in one run of two), cold p99
+  1.45-1.54 s (target 1.0: not met), restore 2.0-2.3 s (met; the base's 1.5-1.8). Left: a
 cold p99 of load time + 0.5 s needs the agent's part (0.25-0.7 s over the load) shorter under CPU
 contention, e.g. a direct load answered without listing the engine first.
 """
