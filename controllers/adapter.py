@@ -17,6 +17,13 @@ Ready, a gateway's demand report those it names.
   request now) is evicted from its replica (event Evicted) to make room. One worker: each
   placement is written and assumed in the cache before the next adapter's is decided, so no
   replica is given more adapters than it has slots.
+- Direct loads (a gateway asked a replica's agent to load it at once: llmgw/gateway/loads.py):
+  while a gateway's demand report says the adapter is `loading`, no place is added for its demand
+  and nothing evicted for it. A Ready replica whose serving shard reports it Loaded where it is
+  not placed is adopted (placement and resident in one write; its demand placement begins),
+  unless the report is from before its agent saw this controller's last write taking it off
+  there; a placed replica whose shard reports it Evicted (its agent unloaded it for another
+  gateway's direct load) is dropped (event Evicted).
 - Residency (status.resident): the placed replicas whose serving shard (rank 0) is Ready and lists
   the adapter Loaded, as its agent read it from the engine (llmgw/agent/adapters.py). A replica
   whose engine restarted is not resident until its agent has loaded the adapter again; a replica
@@ -65,10 +72,14 @@ class AdapterController(Controller):
         # of the replica's serving shard counts only once its agent has seen that placement
         # (status.adaptersSeen at least it); an earlier one may be from before an unload there.
         self._placed_at: dict[tuple[str, str], int] = {}
+        # (adapter, replica) -> the revision of the status write that took it off there: a report of
+        # it Loaded there is adopted only once its agent has seen that (an earlier one may be from
+        # before its unload, which the write asked for).
+        self._removed_at: dict[tuple[str, str], int] = {}
 
     def start(self, ctx: Context) -> None:
         super().start(ctx)
-        self._demanded, self._evicted, self._placed_at = {}, {}, {}
+        self._demanded, self._evicted, self._placed_at, self._removed_at = {}, {}, {}, {}
 
     def keys_for(self, kind: WatchedKind, obj: AnyObject | str) -> Iterable[str]:
         if isinstance(obj, str):    # a gateway's demand report changed or expired: the adapters it names
@@ -94,25 +105,32 @@ class AdapterController(Controller):
             return None
         model = self.ctx.cache.get(Model, adapter.spec.baseModel)
         ready = self._ready_replicas(adapter.spec.baseModel)
+        usable = model is not None and model.spec.adapters is not None
+        kept = self._drop_evicted(adapter) if usable else []
+        adopted = self._adopted(adapter, ready, kept) if usable else []
         hot, hot_for = self._hot(adapter.name)
-        wanted = len(ready) if adapter.spec.pinned else max(adapter.spec.minReplicas, 1 if hot else 0)
+        demand = total_demand(self.ctx.cache.demand(), adapter.name)
+        asked = len(ready) if adapter.spec.pinned else adapter.spec.minReplicas
+        wanted = max(asked, 1 if hot else 0)
         placement: list[str] = []
         if model is None:
             why: tuple[str, str] | None = ("BaseModelNotFound", f"Model {adapter.spec.baseModel} does not exist")
         elif model.spec.adapters is None:
             why = ("AdaptersDisabled", f"Model {model.name} has no spec.adapters: its engines load no adapters")
         else:
-            placement, placed_ready = self._place(adapter, ready, wanted)
-            if placed_ready < wanted and not adapter.spec.pinned and \
-                    total_demand(self.ctx.cache.demand(), adapter.name).total:
+            # a gateway loading it directly on a replica: no place of the controller's own for the demand
+            placement, placed_ready = self._place(adapter, ready, wanted, kept + adopted,
+                                                  asked if demand.loading else wanted)
+            if placed_ready < wanted and not adapter.spec.pinned and demand.total and not demand.loading:
                 freed = await self._evict_for(adapter, ready, placement)
                 if freed is not None:
                     placement, placed_ready = [*placement, freed], placed_ready + 1
             short, slots = wanted - placed_ready, model.spec.adapters.maxLoaded
             why = None if short <= 0 else ("NoReplicas", f"Model {model.name} has no Ready replica") if not ready \
+                else ("Loading", "a gateway loads it on a replica directly") if demand.loading \
                 else ("NoFreeSlot", f"{short} more replica(s) of {model.name} asked for, but none of its Ready "
                                     f"replicas has a free slot (spec.adapters.maxLoaded {slots})")
-        self._note_placed(adapter, placement)
+        self._note_placed(adapter, placement, adopted)
         resident, pending = self._residency(adapter, placement, ready)
         if why is None and len(resident) < wanted:
             failed = [p for p in pending if p["reason"] == "LoadFailed"]
@@ -134,10 +152,47 @@ class AdapterController(Controller):
             self.ctx.events.record(adapter, "Warning" if failing else "Normal", cond["reason"], cond["message"])
         written = await self.ctx.store.patch_status(LoraAdapter, adapter.name, patch, current=adapter)
         self.ctx.cache.assume(written)
-        for placed, at in self._placed_at.items():
-            if placed[0] == adapter.name and at == _UNWRITTEN:
-                self._placed_at[placed] = written.revision
+        for marks in (self._placed_at, self._removed_at):
+            for placed, at in marks.items():
+                if placed[0] == adapter.name and at == _UNWRITTEN:
+                    marks[placed] = written.revision
         return again
+
+    def _drop_evicted(self, adapter: LoraAdapter) -> list[str]:
+        """Its placement less the replicas whose agent reports it Evicted (unloaded there to load
+        another that a gateway asked for directly), each dropped with an Evicted event."""
+        kept = []
+        for replica in adapter.status.placement:
+            serving = self._serving(replica)
+            held = _held(serving, adapter.name) if serving is not None and serving.status.phase == "Ready" and \
+                self._reported_since_placed(adapter.name, replica, serving) else None
+            if held is None or held.state != "Evicted":
+                kept.append(replica)
+                continue
+            self._evicted[adapter.name] = self.ctx.clock()      # its demand placement is over
+            self.ctx.events.record(adapter, "Normal", "Evicted",
+                                   f"unloaded from {replica} by its agent, for an adapter a gateway asked it to load")
+        return kept
+
+    def _adopted(self, adapter: LoraAdapter, ready: list[Replica], placed: list[str]) -> list[str]:
+        """The Ready replicas not placed whose serving shard reports it Loaded (with spec.digest, if
+        set): loaded there at a gateway's direct request, for a request (its demand placement
+        begins). A report from before its agent saw the write that last took it off there is not
+        taken (it may be from before that unload)."""
+        out = []
+        for r in ready:
+            serving = self._serving(r.name)
+            if r.name in placed or serving is None or serving.status.phase != "Ready":
+                continue
+            held = _held(serving, adapter.name)
+            if held is None or held.state != "Loaded" or \
+                    adapter.spec.digest is not None and held.digest != adapter.spec.digest or \
+                    serving.status.adaptersSeen < self._removed_at.get((adapter.name, r.name), 0):
+                continue
+            self._removed_at.pop((adapter.name, r.name), None)
+            self._demanded[adapter.name] = self.ctx.clock()
+            out.append(r.name)
+        return out
 
     async def _evict_for(self, adapter: LoraAdapter, ready: list[Replica], placement: list[str]) -> str | None:
         """A slot for an adapter the gateways want and no replica has room for: the one of the least
@@ -160,6 +215,7 @@ class AdapterController(Controller):
                                      "pending": [p for p in _pending(victim) if p["replica"] != replica]}
         written = await self.ctx.store.patch_status(LoraAdapter, victim.name, patch, current=victim)
         self.ctx.cache.assume(written)
+        self._removed_at[(victim.name, replica)] = written.revision
         self._evicted[victim.name] = self.ctx.clock()      # its demand placement is over
         self.ctx.events.record(victim, "Normal", "Evicted",
                                f"unloaded from {replica}, the least recently requested, for {adapter.name}")
@@ -185,35 +241,48 @@ class AdapterController(Controller):
                        if r.status.phase == "Ready" and r.metadata.deletionTimestamp is None
                        and r.spec.adapters is not None), key=lambda r: r.name)
 
-    def _place(self, adapter: LoraAdapter, ready: list[Replica], wanted: int) -> tuple[list[str], int]:
+    def _place(self, adapter: LoraAdapter, ready: list[Replica], wanted: int, placed: list[str],
+               add_to: int) -> tuple[list[str], int]:
         """The placement, and how many of it are Ready. It keeps, in their order, the Ready replicas
-        placed before (up to `wanted`) and those not Ready now that still exist (being rebuilt:
-        their agent loads it again before they are Ready, and then they count again, first), then
-        adds the emptiest Ready replicas with a free slot."""
+        `placed` before (up to `wanted`: those where it is resident or reported Loaded first) and
+        those not Ready now that still exist (being rebuilt: their agent loads it again before they
+        are Ready, and then they count again, first), then adds the emptiest Ready replicas with a
+        free slot, up to `add_to` Ready in all."""
         ready_names = {r.name for r in ready}
-        before = [r for r in adapter.status.placement if r in ready_names or (
+        before = [r for r in placed if r in ready_names or (
             (live := self.ctx.cache.get(Replica, r)) is not None and live.metadata.deletionTimestamp is None)]
-        counted = set([r for r in before if r in ready_names][:wanted])
+        counted = set(sorted((r for r in before if r in ready_names), key=lambda r: not self._loaded(adapter, r))
+                      [:wanted])
         kept = [r for r in before if r in counted or r not in ready_names]
         used = {r.name: self.ctx.cache.count(LoraAdapter, "placed", r.name) - (r.name in adapter.status.placement)
                 for r in ready}
         free = [r for r in ready if r.name not in kept and r.spec.adapters is not None
                 and used[r.name] < r.spec.adapters.maxLoaded]
         free.sort(key=lambda r: (used[r.name], r.name))
-        added = [r.name for r in free[:max(0, wanted - len(counted))]]
+        added = [r.name for r in free[:max(0, add_to - len(counted))]]
         return kept + added, len(counted) + len(added)
+
+    def _loaded(self, adapter: LoraAdapter, replica: str) -> bool:
+        """Whether the replica's serving shard reports the adapter Loaded."""
+        serving = self._serving(replica)
+        held = _held(serving, adapter.name) if serving is not None else None
+        return held is not None and held.state == "Loaded"
 
     def _serving(self, replica: str) -> Shard | None:
         return next((s for s in self.ctx.cache.index(Shard, "replica", replica) if s.spec.rank == 0), None)
 
-    def _note_placed(self, adapter: LoraAdapter, placement: list[str]) -> None:
-        """Mark each replica newly placed (its write's revision follows the write); forget the
-        replicas no longer placed."""
+    def _note_placed(self, adapter: LoraAdapter, placement: list[str], adopted: list[str]) -> None:
+        """Mark each replica newly placed (but those `adopted`, placed as their engine reports it
+        loaded) and each no longer placed (their write's revision follows the write)."""
         for key in [k for k in self._placed_at if k[0] == adapter.name and k[1] not in placement]:
             del self._placed_at[key]
+        for replica in adapter.status.placement:
+            if replica not in placement:
+                self._removed_at[(adapter.name, replica)] = _UNWRITTEN
         for replica in placement:
-            if replica not in adapter.status.placement:
+            if replica not in adapter.status.placement and replica not in adopted:
                 self._placed_at[(adapter.name, replica)] = _UNWRITTEN
+                self._removed_at.pop((adapter.name, replica), None)
 
     def _reported_since_placed(self, adapter: str, replica: str, serving: Shard) -> bool:
         """Whether the serving shard's report is from after its agent saw the adapter placed there."""

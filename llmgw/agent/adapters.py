@@ -23,6 +23,14 @@ The runner syncs before its shard first reports Ready, so a Ready shard's status
 already lists what it was asked to hold, and again whenever an Adapter placed or resident on its
 replica changes (AdapterBook.on_change) or a probe interval passes; status.adapters is what the
 engine listed after the sync, and the loads that failed with why.
+
+A gateway may ask for a load at once (`EngineAdapters.load_direct`, llmgw/agent/direct.py): the
+agent loads the adapter, unloading the victim the gateway names where the engine is full, before
+the adapter controller has placed it. Such a load, and such an eviction, is the agent's own
+intent (the book's `direct` and `evicted`) until the controller's placement agrees (it adopts
+what the shard reports Loaded, and drops what it reports Evicted), or DIRECT_HOLD passes: a sync
+keeps the one loaded and leaves the other unloaded meanwhile. A sync and a direct load's choice of
+its slot take turns; direct loads run at once, as a sync's loads do.
 """
 from __future__ import annotations
 
@@ -47,6 +55,9 @@ from llmgw.weights.puller import Puller
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT = 300.0     # seconds an engine gets to answer one load
+# Seconds a direct load (or eviction) is held as this agent's own intent while the adapter
+# controller has not recorded it: the controller's adapter_idle_seconds, by default.
+DIRECT_HOLD = 300.0
 
 
 class AdapterBook:
@@ -59,6 +70,10 @@ class AdapterBook:
         # replica -> the revision of the last change seen to the adapters placed on it (a shard's
         # status.adaptersSeen once its engine was synced to them)
         self.placement_seen: dict[str, int] = {}
+        # (adapter, replica) -> when (monotonic) a gateway's direct load put it there / took it off,
+        # while the Adapter's placement does not say so yet
+        self.direct: dict[tuple[str, str], float] = {}
+        self.evicted: dict[tuple[str, str], float] = {}
 
     def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
         """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
@@ -71,6 +86,10 @@ class AdapterBook:
         before = set(old.status.placement) if old is not None else set()
         for replica in after ^ before:
             self.placement_seen[replica] = max(self.placement_seen.get(replica, 0), revision)
+        for key in [k for k in self.direct if k[0] == obj.name and (k[1] in after or type_ == "DELETED")]:
+            del self.direct[key]     # adopted: the placement holds it now
+        for key in [k for k in self.evicted if k[0] == obj.name and (k[1] in before - after or type_ == "DELETED")]:
+            del self.evicted[key]    # dropped there
         if self.on_change is not None:
             self.on_change(after | before | set(obj.status.resident) | set(old.status.resident if old else ()))
 
@@ -85,12 +104,24 @@ class AdapterBook:
         a = self.adapters.get(name)
         return a is not None and a.metadata.deletionTimestamp is None and replica in a.status.resident
 
-    def placed_on(self, shard: Shard) -> list[LoraAdapter]:
-        """The adapters of the shard's model placed on its replica, by name."""
+    def wanted_on(self, shard: Shard) -> list[LoraAdapter]:
+        """The adapters of the shard's model its engine is to hold, by name: those placed on its
+        replica, less those this agent evicted there at a gateway's request, and those it loaded
+        there at one, while the placement does not say so yet (DIRECT_HOLD at most)."""
         spec = shard.spec
+        evicted, direct = self.held(self.evicted, spec.replica), self.held(self.direct, spec.replica)
         return sorted((a for a in self.adapters.values()
-                       if a.spec.baseModel == spec.model and spec.replica in a.status.placement
-                       and a.metadata.deletionTimestamp is None), key=lambda a: a.name)
+                       if a.spec.baseModel == spec.model and a.metadata.deletionTimestamp is None
+                       and a.name not in evicted and (spec.replica in a.status.placement or a.name in direct)),
+                      key=lambda a: a.name)
+
+    @staticmethod
+    def held(intents: dict[tuple[str, str], float], replica: str) -> set[str]:
+        """The adapters of a direct intent on the replica not yet past DIRECT_HOLD (older ones forgotten)."""
+        now = time.monotonic()
+        for key in [k for k, at in intents.items() if k[1] == replica and now - at > DIRECT_HOLD]:
+            del intents[key]
+        return {name for name, r in intents if r == replica}
 
 
 class AdapterCounts:
@@ -115,6 +146,14 @@ class EngineError(Exception):
     """The engine refused or failed a request: its answer's message."""
 
 
+class Refused(Exception):
+    """A direct load refused: the HTTP status to answer the gateway, and why."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
 def created(a: LoraAdapter) -> int:
     """An Adapter's creation in whole seconds (as the gateway's table holds it)."""
     stamp = a.metadata.creationTimestamp
@@ -133,6 +172,8 @@ class EngineAdapters:
         self.puller = puller
         self.model, self.counts = model, counts
         self._pinned: dict[str, str] = {}   # adapter -> the cached digest its engine reads
+        self._turn = asyncio.Lock()          # a sync, and a direct load's choice of its slot, one at a time
+        self._loading: dict[str, asyncio.Future[None]] = {}   # direct loads in flight
 
     async def sync(self, shard: Shard, leaving: Callable[[list[ShardAdapter]], None]) -> list[ShardAdapter]:
         """Load what is placed on the shard's replica and missing, unload what is held and not
@@ -143,13 +184,36 @@ class EngineAdapters:
         the replica in status.resident: the gateways learn that from the same watch. The adapter
         controller takes a replica out of `resident` as it takes it out of `placement` (an eviction),
         or on the report that its engine no longer holds it (new weights); one still named stays
-        until the sync that change of the Adapter brings. A load waits for a free slot likewise."""
-        wanted = self.book.placed_on(shard)
+        until the sync that change of the Adapter brings. A load waits for a free slot likewise.
+        What this agent evicted at a gateway's request and is still placed here is listed Evicted.
+        What the engine holds, what goes, and the slots its loads take are decided in turn with the
+        direct loads (`_turn`); the loads themselves run beside them."""
+        wanted = self.book.wanted_on(shard)
         if self.api.at_start:
             return await self._started_with(wanted)
-        held = await self._listed()
         paths, failed = await self._locate(wanted)
-        going = _going(held, paths, failed)
+        async with self._turn:
+            loads = await self._decide(shard, wanted, paths, failed, leaving)
+        for a, task in loads:
+            try:
+                await asyncio.shield(task)
+            except EngineError as err:
+                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
+        held = await self._listed()
+        digests = {a.name: a.spec.digest for a in wanted}
+        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
+        evicted = [ShardAdapter(name=n, state="Evicted")
+                   for n in sorted(self.book.held(self.book.evicted, shard.spec.replica) - set(held))]
+        return loaded + [failed[n] for n in sorted(failed)] + evicted
+
+    async def _decide(self, shard: Shard, wanted: list[LoraAdapter], paths: dict[str, str],
+                      failed: dict[str, ShardAdapter], leaving: Callable[[list[ShardAdapter]], None]
+                      ) -> list[tuple[LoraAdapter, asyncio.Future[None]]]:
+        """A sync's unloads, and its loads started (each adapter with its load). A direct load
+        asked for since `wanted` was read is not one to unload."""
+        held = await self._listed()
+        direct = self.book.held(self.book.direct, shard.spec.replica)
+        going = [name for name in _going(held, paths, failed) if name not in direct]
         if going:
             digests = {a.name: a.spec.digest for a in wanted}
             leaving([ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)
@@ -157,30 +221,93 @@ class EngineAdapters:
         for name in going:
             if self.book.resident_on(name, shard.spec.replica):
                 continue    # a gateway may still send it requests: when the Adapter says not, next sync
-            await self._post(self.api.unload or "", {"lora_name": name})
-            self.counts.unloads.labels(self.model).inc()
-            self._unpin(name)
+            await self._unload(name)
             del held[name]
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
-        missing = [a for a in wanted if a.name in paths and a.name not in held][:max(0, slots - len(held))]
+        missing = sorted((a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading),
+                         key=lambda a: shard.spec.replica not in a.status.placement)   # the placed ones first
+        missing = missing[:max(0, slots - len(held) - len(self._loading))]
+        return [(a, self._start(a, paths[a.name])) for a in missing]
 
-        async def load(a: LoraAdapter, where: str) -> None:
-            started = time.monotonic()
-            try:
-                await self._post(self.api.load or "", {"lora_name": a.name, "lora_path": where})
-            except EngineError as err:
-                failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
-                self.counts.loads.labels(self.model, "failed").inc()
-                self._unpin(a.name)
-                return
-            self.counts.loads.labels(self.model, "loaded").inc()
-            self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
-            log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
-        await asyncio.gather(*(load(a, paths[a.name]) for a in missing))
-        held = await self._listed()
-        digests = {a.name: a.spec.digest for a in wanted}
-        loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
-        return loaded + [failed[n] for n in sorted(failed)]
+    def _start(self, a: LoraAdapter, where: str) -> asyncio.Future[None]:
+        """A load begun, counted in `_loading` (a slot taken) until it ends."""
+        task = self._loading[a.name] = asyncio.ensure_future(self._load(a, where))
+        task.add_done_callback(lambda _: self._loading.pop(a.name, None))
+        return task
+
+    async def load_direct(self, shard: Shard, name: str, digest: str | None, victim: str | None) -> str | None:
+        """Load the adapter into the engine now, at a gateway's request, before its placement says
+        so; where the engine is full, unload `victim` first (one the engine holds). Returns, once the
+        engine answered its load 200, the victim if it was unloaded; raises Refused with the status
+        and words to answer."""
+        a = self.book.adapters.get(name)
+        if a is None or a.metadata.deletionTimestamp is not None or a.spec.baseModel != shard.spec.model:
+            raise Refused(404, f"no Adapter {name} of model {shard.spec.model} known to this agent")
+        if digest != a.spec.digest:
+            raise Refused(409, f"Adapter {name} has digest {a.spec.digest}, not {digest}: this agent's view "
+                               "of it differs from the gateway's; ask again once they agree")
+        if self.api.at_start or not self.api.load:
+            raise Refused(409, f"the engine of {shard.spec.replica} takes adapters only at start")
+        replica = shard.spec.replica
+        paths, failed = await self._locate([a])
+        if name in failed:
+            raise Refused(502, failed[name].message)
+        evicted = None
+        async with self._turn:     # what the engine holds and loads now, and a slot taken, at once
+            pending = self._loading.get(name)
+            if pending is None:
+                held = await self._listed()
+                if held.get(name) == paths[name]:
+                    self._intend(a, replica)
+                    return None
+                if name in held:    # other weights: loaded again
+                    await self._unload(name)
+                    del held[name]
+                slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+                if len(held) + len(self._loading) >= slots:
+                    if victim is None or victim not in held:
+                        raise Refused(409, f"the engine of {replica} has no free slot (it holds "
+                                           f"{', '.join(sorted(held))}, and loads {len(self._loading)} more) and "
+                                           f"the victim named ({victim}) is not one it holds")
+                    await self._unload(victim)
+                    evicted = victim
+                    self.book.direct.pop((victim, replica), None)
+                    self.book.evicted[(victim, replica)] = time.monotonic()
+                    log.info("adapter %s unloaded from %s for %s, at a gateway's request", victim, self.base_url,
+                             name)
+                self._intend(a, replica)
+                pending = self._start(a, paths[name])
+        try:
+            await asyncio.shield(pending)
+        except EngineError as err:
+            self.book.direct.pop((name, replica), None)
+            raise Refused(502, str(err)) from None
+        return evicted
+
+    def _intend(self, a: LoraAdapter, replica: str) -> None:
+        """The engine is to hold it: no longer evicted there, and held as a direct load until a
+        change of its Adapter places it there (this agent's view of the placement may be behind
+        the controller's: one that names the replica now may be a drop on its way)."""
+        self.book.evicted.pop((a.name, replica), None)
+        self.book.direct[(a.name, replica)] = time.monotonic()
+
+    async def _load(self, a: LoraAdapter, where: str) -> None:
+        """One load into the engine (raises EngineError with its words), counted."""
+        started = time.monotonic()
+        try:
+            await self._post(self.api.load or "", {"lora_name": a.name, "lora_path": where})
+        except EngineError:
+            self.counts.loads.labels(self.model, "failed").inc()
+            self._unpin(a.name)
+            raise
+        self.counts.loads.labels(self.model, "loaded").inc()
+        self.counts.load_seconds.labels(self.model).observe(time.monotonic() - started)
+        log.info("adapter %s loaded from %s on %s", a.name, where, self.base_url)
+
+    async def _unload(self, name: str) -> None:
+        await self._post(self.api.unload or "", {"lora_name": name})
+        self.counts.unloads.labels(self.model).inc()
+        self._unpin(name)
 
     async def start_weights(self, adapters: list[LoraAdapter]) -> list[str]:
         """The weights on this node of the adapters an engine that takes them at start is given, in

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from llmgw.agent import ports
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.direct import DirectLoads
 from llmgw.agent.discovery.gpu import discover_gpus
 from llmgw.agent.facts import Facts, gather, node_status, settle_free
 from llmgw.agent.listener import Revoked
@@ -110,7 +111,8 @@ class Agent:
         try:
             if cfg.logs_listen:
                 logs_site = await self._listen(cfg.logs_listen, facts.address, {
-                    "/shards": LogServer(state, sup.running).app(), "/weights": CacheServer(self.puller).app()})
+                    "/shards": LogServer(state, sup.running).app(), "/weights": CacheServer(self.puller).app(),
+                    "/adapters": DirectLoads(sup.load_direct).app()})
             self.foreign_ports = await self._scan_foreign_ports()
             if cfg.metrics_listen:   # before registering: its address is in the Node's status
                 metrics_site = await self._serve_metrics(cfg.metrics_listen, facts.address)

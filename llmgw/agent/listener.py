@@ -1,6 +1,7 @@
 """The agent's one TLS listener (--logs-listen; its Node's status.agentEndpoint): apps under their
 prefixes, each with its own rule of who may ask. /shards/ serves the engine logs to the API server
-alone (logs.py); /weights/ serves the weights cache to the other nodes (peers.py).
+alone (logs.py); /weights/ serves the weights cache to the other nodes (peers.py); /adapters/ takes
+the gateways' direct loads of LoRA adapters (direct.py).
 
 Mutual TLS with the node's own certificate: a client must present a certificate of the cluster's
 CA, not revoked (the server's list, which the agent watches: `Revoked`; while the server refuses
@@ -67,17 +68,18 @@ def refuse_revoked(revoked: Revoked) -> Any:
     return check
 
 
-def only(org: str, what: str, refusal: Callable[[str, str], str]) -> Any:
+def only(org: str, what: str, refusal: Callable[[str, str], str], cn: str | None = None) -> Any:
     """A middleware answering 403, with `refusal(cn, org)`, to every client certificate whose
-    organisation is not `org`; `what` names the requests in the log line."""
+    organisation is not `org` (or, given `cn`, whose common name is not it); `what` names the
+    requests in the log line."""
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         who = subject(request)
-        theirs, cn = who.get("organizationName", ""), who.get("commonName", "")
-        if theirs != org:
-            log.warning("refused: %s %s from CN=%s O=%s (%s): only O=%s here", what, request.path, cn, theirs,
-                        request.remote, org)
-            raise web.HTTPForbidden(text=refusal(cn, theirs))
+        theirs, their_cn = who.get("organizationName", ""), who.get("commonName", "")
+        if theirs != org or cn is not None and their_cn != cn:
+            log.warning("refused: %s %s from CN=%s O=%s (%s): only %sO=%s here", what, request.path, their_cn,
+                        theirs, request.remote, f"CN={cn} " if cn is not None else "", org)
+            raise web.HTTPForbidden(text=refusal(their_cn, theirs))
         return await handler(request)
     return check
 

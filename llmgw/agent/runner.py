@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from llmgw.agent import ports, process
-from llmgw.agent.adapters import AdapterBook, AdapterCounts, EngineAdapters, EngineError
+from llmgw.agent.adapters import AdapterBook, AdapterCounts, EngineAdapters, EngineError, Refused
 from llmgw.agent.claims import Claim, Claims
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import Facts
@@ -432,6 +432,18 @@ class ShardRunner:
         if adapters is None or slots is None or not adapters.api.at_start:
             return []
         return await adapters.start_weights(self.ctx.adapters.start_order(self.shard.spec.model)[:slots.maxLoaded])
+
+    async def load_direct(self, name: str, digest: str | None, victim: str | None) -> str | None:
+        """A gateway's direct load of an adapter into its engine (adapters.py, EngineAdapters.load_direct);
+        the sync it wakes reports it."""
+        adapters = self._engine_adapters()
+        if adapters is None or self.status.phase != "Ready":
+            raise Refused(409, f"shard {self.name} is {self.status.phase}" if adapters is not None else
+                          f"shard {self.name}'s engine loads no adapters at runtime")
+        try:
+            return await adapters.load_direct(self.shard, name, digest, victim)
+        finally:
+            self.adapters_changed.set()
 
     async def _sync_adapters(self) -> dict[str, Any]:
         """Its engine's adapters made those placed on its replica (a serving shard of a Model with

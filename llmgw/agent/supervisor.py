@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from llmgw.agent.adapters import Refused
 from llmgw.agent.claims import Claim
 from llmgw.agent.runner import Context, EngineProcess, ShardRunner, terminate
 from llmgw.agent.state import ShardRecord
@@ -96,6 +97,15 @@ class Supervisor:
         """Whether the shard's engine runs now (its runner holds started processes)."""
         runner = self.runners.get(name)
         return runner is not None and bool(runner.procs)
+
+    async def load_direct(self, replica: str, name: str, digest: str | None, victim: str | None) -> str | None:
+        """A gateway's direct load of an adapter into the replica's serving engine here (direct.py):
+        the victim, if it was unloaded."""
+        runner = next((r for r in self.runners.values() if r.shard.spec.replica == replica and r.shard.spec.rank == 0),
+                      None)
+        if runner is None:
+            raise Refused(404, f"replica {replica} has no serving shard on this node")
+        return await runner.load_direct(name, digest, victim)
 
     def engine_groups(self) -> list[int]:
         """Process groups of every engine of this node that may run, records not yet claimed too."""

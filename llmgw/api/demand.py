@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import Field
 
 from llmgw.api.members import Address
-from llmgw.api.meta import DNSLabel, Strict
+from llmgw.api.meta import DNSLabel, Strict, added
 
 MAX_MODELS_PER_REPORT = 10_000
 Count = Annotated[int, Field(strict=True, ge=0, le=1 << 31)]
@@ -21,10 +21,14 @@ Count = Annotated[int, Field(strict=True, ge=0, le=1 << 31)]
 class ModelDemand(Strict):
     inFlight: Count = 0    # requests sent to a replica and not yet answered
     waiting: Count = 0     # requests queued at the gateway for a replica (scale from zero)
+    # A LoRA adapter's: 1 while the gateway has asked a replica's agent to load it directly, or
+    # routes to such a load that the adapter controller has not recorded yet (docs/contracts.md,
+    # "Adapters"): the controller then places it for demand on no replica of its own.
+    loading: Count = added("0.3.0", 0)
 
     @property
     def total(self) -> int:
-        return self.inFlight + self.waiting
+        return self.inFlight + self.waiting + self.loading
 
 
 class DemandReport(Strict):
@@ -38,10 +42,11 @@ class DemandReport(Strict):
 
 def total_demand(reports: list[DemandReport] | tuple[DemandReport, ...], model: str) -> ModelDemand:
     """The model's demand summed over the gateways' reports."""
-    inflight = waiting = 0
+    inflight = waiting = loading = 0
     for report in reports:
         d = report.models.get(model)
         if d is not None:
             inflight += d.inFlight
             waiting += d.waiting
-    return ModelDemand(inFlight=inflight, waiting=waiting)
+            loading += d.loading
+    return ModelDemand(inFlight=inflight, waiting=waiting, loading=loading)

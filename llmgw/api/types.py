@@ -634,10 +634,12 @@ class PullStatus(Strict):
 
 
 class ShardAdapter(Strict):
-    """A LoRA adapter on a shard's engine: Loaded (its engine lists it), or Failed to load (why)."""
+    """A LoRA adapter on a shard's engine: Loaded (its engine lists it), Failed to load (why), or
+    Evicted: placed on its replica, and unloaded by its agent to load another that a gateway asked
+    for directly (docs/contracts.md, "Adapters"), until the adapter controller drops it there."""
     name: DNSLabel
     digest: Digest | None = None
-    state: Literal["Loaded", "Failed"]
+    state: Literal["Loaded", "Failed", "Evicted"]
     message: str = ""
 
 

@@ -69,8 +69,9 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
               help="Serve GET /metrics here: the node's shards by phase and its engines' own series, "
                    "labelled with model, replica, node, rank and engine (default: off).")
 @click.option("--logs-listen", metavar="HOST:PORT",
-              help="Serve this node's engine logs to the API server, and its weights cache read-only to "
-                   "the other nodes, here, over TLS with the node's certificate (`llmgw logs`); advertised "
+              help="Serve this node's engine logs to the API server, its weights cache read-only to "
+                   "the other nodes, and LoRA adapter loads to the gateways (a cold adapter loaded at once), "
+                   "here, over TLS with the node's certificate (`llmgw logs`); advertised "
                    "in the Node's status.agentEndpoint with --advertise-address (port 0: any free port; "
                    "default: off).")
 @click.option("--weights-peers/--no-weights-peers", default=None,

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import click
@@ -203,6 +204,8 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
     client = None
     publisher = None
     renewal = None
+    agents = None
+    loads = None
     if static:
         from llmgw.gateway.source import load_static
         n = load_static(static, gw.table)
@@ -225,8 +228,16 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
             complete_renewal(cert, key)
         client = Client(server, ca=ca, cert=cert, key=key)
         await client.__aenter__()
+        reload: list[Callable[[str, str], None]] = [client.use_certificate]
+        if cert and key and ca:   # LoRA adapters loaded at once by the agents (docs/gateway.md, "LoRA adapters")
+            from llmgw.gateway.loads import Agents, DirectLoads
+            from llmgw.pki.tls import peer_client_context
+            tls = peer_client_context(cert, key, ca)
+            reload.append(tls.load_cert_chain)
+            agents = Agents(client, tls)
+            loads = DirectLoads(gw.table, gw.balancer, agents.post, gw.queue.count)
         if cert and key and renew_fraction:
-            renewer = Renewer(cert, key, client, reload=[client.use_certificate], fraction=renew_fraction)
+            renewer = Renewer(cert, key, client, reload=reload, fraction=renew_fraction)
             gw.metrics.registry.register(ExpiryCollector({"gateway": lambda: renewer.not_after}))
             renewal = asyncio.create_task(renewer.run())
         source = ServerSource(client, gw.table, on_change=_describe, on_synced=lambda: setattr(gw, "synced", True),
@@ -234,12 +245,18 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
         source.start()
         from llmgw.api.members import advertised
         from llmgw.gateway.demand import DemandPublisher, figures
-        publisher = DemandPublisher(client, demand.gateway, lambda: figures(gw.balancer, gw.queue.waiting()),
+        direct = loads
+        publisher = DemandPublisher(client, demand.gateway, lambda: figures(
+                                        gw.balancer, gw.queue.waiting(), direct.reported() if direct else None),
                                     interval=demand.interval, ttl=demand.ttl,
                                     on_gateways=admission.set_gateways if admission else None,
                                     keys=admission.windows().report if admission else None,
                                     metrics=advertised(f"{host}:{port}"))
-        gw.queue.on_first = lambda model: publisher.poke()   # a model at zero: scale up on the first request
+        # a model at zero: scale up on the first request (an adapter resident nowhere: loaded now, which
+        # the report says at once)
+        gw.queue.on_first = (lambda model: publisher.poke()) if direct is None else direct.want
+        if direct is not None:
+            direct.on_change = publisher.poke
         publisher.start()
     try:
         await aio.until_signal()
@@ -248,6 +265,10 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
             renewal.cancel()
         if publisher is not None:
             await publisher.stop()
+        if loads is not None:
+            await loads.close()
+        if agents is not None:
+            await agents.close()
         if source is not None:
             await source.stop()
         await gw.stop()

@@ -2,6 +2,7 @@
 given the requests in flight at this gateway, which the balancer counts."""
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -19,6 +20,8 @@ class Balancer:
         self.model_of: dict[str, str] = {}  # replica -> model, while it has outstanding requests
         self.per_model: dict[str, int] = defaultdict(int)  # model -> outstanding requests (its concurrency)
         self.on_release: Callable[[str], None] | None = None  # (model) after a request ended: room for a waiter
+        self.sent: dict[str, float] = {}  # adapter -> when (monotonic) a request for it was last sent
+        self.sends: dict[str, int] = {}   # adapter -> requests sent for it since this gateway last loaded it
         self._policies: dict[str, tuple[RoutingSpec, RoutingPolicy]] = {}  # model -> (its routing, policy)
 
     def policy(self, model: str, routing: RoutingSpec, base: str | None = None) -> RoutingPolicy:
@@ -33,6 +36,9 @@ class Balancer:
         return held[1]
 
     def acquire(self, b: Backend) -> None:
+        if b.base is not None:   # an adapter's: its recency and frequency, which a direct load's victim is chosen by
+            self.sent[b.model] = time.monotonic()   # (loads.py)
+            self.sends[b.model] = self.sends.get(b.model, 0) + 1
         self.inflight[b.replica] += 1
         self.model_of[b.replica] = b.model
         self.per_model[b.model] += 1

@@ -27,7 +27,7 @@ from llmgw.gateway.balancer import Balancer
 
 log = logging.getLogger("llmgw.gateway.demand")
 
-Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m}
+Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m[, "loading": 1]}
 
 
 class DemandSink(Protocol):
@@ -37,13 +37,17 @@ class DemandSink(Protocol):
                             keys: dict[str, Any] | None = None, metrics: str | None = None) -> dict[str, Any]: ...
 
 
-def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None) -> Figures:
-    """This gateway's demand per model: the balancer's requests in flight, and `waiting` (per model)."""
+def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None,
+            loading: Mapping[str, int] | None = None) -> Figures:
+    """This gateway's demand per model: the balancer's requests in flight, `waiting` (per model),
+    and `loading` (per adapter loaded directly and not yet recorded: loads.py; sent only where set)."""
     out: Figures = {}
     for model, n in balancer.per_model.items():
         out[model] = {"inFlight": n, "waiting": 0}
     for model, n in (waiting or {}).items():
         out.setdefault(model, {"inFlight": 0, "waiting": 0})["waiting"] = n
+    for model, n in (loading or {}).items():
+        out.setdefault(model, {"inFlight": 0, "waiting": 0})["loading"] = n
     return out
 
 

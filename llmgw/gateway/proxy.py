@@ -121,10 +121,14 @@ class Proxy:
                       requeued: bool = False) -> Response | Stream:
         """Try a replica, and on a failure before its first byte one more; `failed`: the first
         try has been made (by begin) and failed, for this reason. An adapter no replica holds any
-        more goes back to its queue, once (`requeued`)."""
+        more (its engine's 404, or none routed as the request left its queue) goes back to its
+        queue, once (`requeued`)."""
         request, body, name, model = call.request, call.body, call.name, call.model
         backends = self.table.backends_for(model)
         if not backends and failed is None:
+            if not requeued and self.table.base(model) != model:   # an adapter unloaded as it left its queue
+                refused = await self.requeue(call)
+                return refused if refused is not None else await self.forward(call, requeued=True)
             return errors.no_replica(model, self.retry_after)
         fields = _fields(request)
         tried: list[str] = []

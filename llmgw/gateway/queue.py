@@ -109,6 +109,11 @@ class WaitQueues:
         """Requests waiting per model (models with none left out)."""
         return {m: q.count for m, q in self._queues.items() if q.count}
 
+    def count(self, model: str) -> int:
+        """Requests waiting for the model, or let go and not yet in flight."""
+        q = self._queues.get(model)
+        return q.count + q.granted if q is not None else 0
+
     def blocked(self, model: str) -> bool:
         """Whether a request for `model` must wait (no room, or others wait before it)."""
         q = self._queues.get(model)

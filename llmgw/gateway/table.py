@@ -10,7 +10,10 @@ request naming it as the base's engine reads it (its LoraApi: vLLM answers to th
 adapter's name, SGLang to `BASE:ADAPTER`, llama-server to the adapter's id, its place
 in the start order of the base's adapters); a Model's names win over an adapter of
 the same name. Its wait queue, its demand and a key's scope are
-the adapter's name's; its routing policy is its base's.
+the adapter's name's; its routing policy is its base's. An adapter this gateway had a
+replica's agent load directly (llmgw/gateway/loads.py) is routed there too (`loaded`)
+until its status says it is resident there, the engine answers that it does not hold it,
+or the loader gives it up (`unloaded`).
 
 A replica is routable iff its phase is Ready, its endpoint is set and it has
 no deletionTimestamp: a replica marked for termination leaves the table on
@@ -24,6 +27,7 @@ deletion (draining) is not told of as it leaves: its engine finishes what it has
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +53,8 @@ class Backend:
     # the adapter's id there where that engine took its adapters at start (-1 otherwise).
     base: str | None = None
     slot: int = -1
+    node: str = ""  # the node of its rank 0, whose agent loads its adapters
+    slots: int = 0  # the adapters its engine holds at most (its Model's spec.adapters.maxLoaded)
 
     def upstream_fields(self, requested: str) -> dict[str, Any]:
         """The body fields to send this engine instead of the request's ({}: the body as it is)."""
@@ -83,6 +89,9 @@ class _AdapterEntry:
     resident: tuple[str, ...]   # replicas where it is loaded (its status.resident)
     created: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    digest: str | None = None
+    min_replicas: int = 0       # spec.minReplicas: replicas it is kept on
+    pinned: bool = False        # kept on every one
 
 
 KINDS: dict[str, type[Model] | type[Replica] | type[LoraAdapter]] = {
@@ -101,6 +110,12 @@ class RoutingTable:
     _names: dict[str, str] = field(default_factory=dict)  # name or alias -> model
     _replica_names: set[str] = field(default_factory=set)  # every replica seen, routable or not
     _left: dict[str, Backend] = field(default_factory=dict)  # left routing, not yet known dead
+    # adapter -> replicas this gateway had it loaded on directly, not yet resident there by its status
+    _direct: dict[str, set[str]] = field(default_factory=dict)
+    # adapter -> replica -> until when (monotonic) it is not routed there, though its status may
+    # still say so: this gateway had that replica's agent unload it
+    _gone: dict[str, dict[str, float]] = field(default_factory=dict)
+    held: dict[str, list[str]] = field(default_factory=dict)  # replica -> the adapters routed to it
 
     # ------------------------------------------------------------ updates
 
@@ -150,8 +165,10 @@ class RoutingTable:
                                       draining=r.metadata.deletionTimestamp is not None)
         assert r.status.endpoint  # routable: it has one
         self._left.pop(name, None)
+        node = next((p.node for p in r.spec.placement if p.rank == 0), "")
         b = Backend(name, r.spec.model, r.status.endpoint, tuple(r.spec.servedModelNames),
-                    r.status.kvEvents, r.status.kvReplay, r.spec.profile.engine, r.spec.adapters is not None)
+                    r.status.kvEvents, r.status.kvReplay, r.spec.profile.engine, r.spec.adapters is not None,
+                    node=node, slots=r.spec.adapters.maxLoaded if r.spec.adapters is not None else 0)
         if self.backends.get(name) == b:
             return False
         self.backends[name] = b
@@ -163,24 +180,68 @@ class RoutingTable:
         if type_ == "DELETED" or a.metadata.deletionTimestamp is not None:
             return self._forget("adapters", name)
         created = int(a.metadata.creationTimestamp.timestamp()) if a.metadata.creationTimestamp else 0
-        entry = _AdapterEntry(name, a.spec.baseModel, tuple(a.status.resident), created, a.metadata.labels)
+        gone = self._gone.get(name, {})
+        now = time.monotonic()
+        for replica in [r for r, until in gone.items() if r not in a.status.resident or until < now]:
+            del gone[replica]    # its status no longer says so (or too long has passed)
+        if not gone:
+            self._gone.pop(name, None)
+        entry = _AdapterEntry(name, a.spec.baseModel, tuple(r for r in a.status.resident if r not in gone), created,
+                              a.metadata.labels, a.spec.digest, a.spec.minReplicas, a.spec.pinned)
+        direct = self._direct.get(name)
+        if direct is not None:   # recorded now: routed by its status alone
+            direct -= set(entry.resident)
+            if not direct:
+                del self._direct[name]
         if self.adapters.get(name) == entry:
             return False
         self.adapters[name] = entry
         self._reindex()
         return True
 
-    def unloaded(self, adapter: str, replica: str) -> None:
-        """The replica's engine answered that it does not hold the adapter: the replica leaves the
-        adapter's routing until the Adapter's status says otherwise again (its next change)."""
+    def loaded(self, adapter: str, replica: str) -> None:
+        """The replica's agent loaded the adapter at this gateway's request: it is routed there too
+        until its status says it is resident there (or `unloaded`)."""
         entry = self.adapters.get(adapter)
-        if entry is not None and replica in entry.resident:
+        self._gone.get(adapter, {}).pop(replica, None)
+        if entry is not None and replica not in entry.resident:
+            self._direct.setdefault(adapter, set()).add(replica)
+            self._reindex()
+
+    def evicted(self, adapter: str, replica: str, hold: float) -> None:
+        """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
+        routing until its status no longer names it there (or `hold` seconds pass)."""
+        if adapter in self.adapters:
+            self._gone.setdefault(adapter, {})[replica] = time.monotonic() + hold
+        self.unloaded(adapter, replica)
+
+    def direct(self, adapter: str) -> set[str]:
+        """The replicas the adapter is routed to by a direct load alone (`loaded`)."""
+        return self._direct.get(adapter, set())
+
+    def directly_loaded(self) -> set[str]:
+        """The adapters routed somewhere by a direct load alone."""
+        return set(self._direct)
+
+    def unloaded(self, adapter: str, replica: str) -> None:
+        """The replica no longer holds the adapter (its engine answered so, or this gateway has it
+        unloaded there): the replica leaves the adapter's routing until the Adapter's status says
+        otherwise again (its next change)."""
+        entry = self.adapters.get(adapter)
+        direct = self._direct.get(adapter, set())
+        if entry is not None and (replica in entry.resident or replica in direct):
             self.adapters[adapter] = replace(entry, resident=tuple(r for r in entry.resident if r != replica))
+            direct.discard(replica)
+            if not direct:
+                self._direct.pop(adapter, None)
             self._reindex()
 
     def _forget(self, kind: str, name: str) -> bool:
         if kind in ("models", "adapters"):
             entries: dict[str, Any] = self.models if kind == "models" else self.adapters
+            if kind == "adapters":
+                self._direct.pop(name, None)
+                self._gone.pop(name, None)
             if entries.pop(name, None) is None:
                 return False
             self._reindex()
@@ -219,16 +280,20 @@ class RoutingTable:
         for a in self.adapters.values():
             of_base.setdefault(a.base, []).append((a.created, a.name))
         slots = {name: i for adapters in of_base.values() for i, name in enumerate(start_order(adapters))}
+        held: dict[str, list[str]] = {}
         for a in self.adapters.values():    # a model's names win over an adapter's
             if a.name in names:
                 continue
             names[a.name] = a.name
             here = [Backend(r, a.name, base.endpoint, (a.name,), engine=base.engine, base=(base.served or (a.base,))[0],
-                            slot=slots[a.name]) for r in sorted(a.resident)
+                            slot=slots[a.name], node=base.node)
+                    for r in sorted({*a.resident, *self._direct.get(a.name, ())})
                     if (base := self.backends.get(r)) is not None and base.model == a.base]
             if here:
                 by_model[a.name] = here
-        self._by_model, self._names = by_model, names
+            for b in here:
+                held.setdefault(b.replica, []).append(a.name)
+        self._by_model, self._names, self.held = by_model, names, held
         self.version += 1
         if self.on_change is not None:
             self.on_change()

@@ -2,7 +2,10 @@
 processes, running sim engines that serve vLLM's runtime LoRA API.
 
 An Adapter becomes resident on minReplicas replicas and is served under its name through the
-gateway; a cold adapter is loaded once for a burst of requests, which wait for it; a bad source
+gateway; a cold adapter is loaded once for a burst of requests, which wait for it: the gateway asks
+the agent directly (the controller-manager stopped, nobody places it), the agent keeps it through
+its syncs, and the controller adopts it when it is back; where the agent cannot be reached, the
+controller's placement loads it; the agent takes a direct load from a gateway alone; a bad source
 fails the Adapter with the engine's reason; an engine killed and rebuilt has its adapter loaded
 again before its replica serves, and the Adapter's status never says it is resident where the
 engine does not list it; a pulled adapter comes through the weights cache, pinned by its digest,
@@ -11,16 +14,20 @@ and new weights are loaded again.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from llmgw.api import ADAPTER_READY, LoraAdapter, Model, Replica, Shard, get_condition
+from llmgw.api import ADAPTER_READY, LoraAdapter, Model, Node, Replica, Shard, get_condition
 from llmgw.client import Client, ClientConfig
 from llmgw.dev.cluster import FAKES, LocalCluster, NodePlan
 from llmgw.dev.process import free_port
@@ -135,16 +142,50 @@ async def test_an_adapter_is_resident_on_min_replicas_and_served_under_its_name(
     assert placement[1].split() == [here, "yes", "<none>", "<none>"]
 
 
-async def test_a_burst_for_a_cold_adapter_waits_for_one_load(cluster, client, weights):
+async def test_an_adapter_whose_agent_cannot_be_reached_is_loaded_by_the_controllers_placement(
+        cluster, client, weights):
+    """The gateway's first direct load (it reads the agent's address once) finds the Node's agentEndpoint
+    pointing nowhere: the controller places the adapter, as the demand report asks, and its agent loads it."""
+    (weights / "far").mkdir()
+    await client.create(adapter("far", str(weights / "far"), 0))
+    await until(lambda: _known_to_gateway(cluster, "far"), "the gateway to know far", timeout=30)
+    node = await client.get(Node, "node01")
+    endpoint = node.status.agentEndpoint
+    await client.patch_status(Node, "node01", {"agentEndpoint": f"https://127.0.0.1:{free_port()}"})
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers = await asyncio.gather(*(complete(http, cluster, "far") for _ in range(5)))
+    finally:
+        await client.patch_status(Node, "node01", {"agentEndpoint": endpoint})
+    assert {(code, body.get("model")) for code, body in answers} == {(200, "far")}
+    assert loads(cluster, "far") == 1
+    far = await client.get(LoraAdapter, "far")
+    assert len(far.status.resident) == 1 and far.status.placement == far.status.resident
+    assert "direct load of adapter far" in cluster.log("gateway").read_text()
+    await client.delete(LoraAdapter, "far")    # its slot for the adapters of the tests below
+
+
+async def test_a_burst_for_a_cold_adapter_waits_for_one_direct_load_which_the_controller_adopts(
+        cluster, client, weights):
     await client.create(adapter("chat", str(weights / "chat"), 0))
     await until(lambda: status(client, "chat", "OnDemand"), "chat known, resident nowhere", timeout=30)
     await until(lambda: _known_to_gateway(cluster, "chat"), "the gateway to know chat", timeout=30)
-    async with aiohttp.ClientSession() as http:
-        answers = await asyncio.gather(*(complete(http, cluster, "chat") for _ in range(50)))
-    assert {(code, body.get("model")) for code, body in answers} == {(200, "chat")}
+    cluster.stop_processes(["controller-manager"])     # no placement but the gateway's direct load
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers = await asyncio.gather(*(complete(http, cluster, "chat") for _ in range(50)))
+        assert {(code, body.get("model")) for code, body in answers} == {(200, "chat")}
+        assert loads(cluster, "chat") == 1
+        chat = await client.get(LoraAdapter, "chat")
+        assert chat.status.placement == [] and chat.status.resident == []
+        [here] = [r.name for r in await _ready_replicas(client) if await engine_lists(client, r.name, "chat")]
+        await asyncio.sleep(2.5)    # the agent syncs its engine every second (its probe interval): chat stays
+        assert await engine_lists(client, here, "chat")
+    finally:
+        cluster.start_controller_manager()
+    chat = await until(lambda: status(client, "chat", "Resident"), "chat adopted by the controller", timeout=60)
+    assert chat.status.placement == chat.status.resident == [here]
     assert loads(cluster, "chat") == 1
-    chat = await client.get(LoraAdapter, "chat")
-    assert len(chat.status.resident) == 1
     async with aiohttp.ClientSession() as http:
         async with http.get(cluster.gateway_url + "/metrics") as resp:
             assert metric(await resp.text(), "llmgw_gateway_requests_total", model="chat", code="200") == 50
@@ -152,6 +193,30 @@ async def test_a_burst_for_a_cold_adapter_waits_for_one_load(cluster, client, we
             agent = await resp.text()
     assert metric(agent, "llmgw_agent_adapter_loads_total", model=BASE, result="loaded") >= 2   # sql and chat
     assert metric(agent, "llmgw_agent_adapter_load_seconds_count", model=BASE) >= 2
+
+
+async def test_an_agent_takes_a_direct_load_from_a_gateway_alone(cluster, client):
+    endpoint = (await client.get(Node, "node01")).status.agentEndpoint
+    [replica] = [r.name for r in await _ready_replicas(client)][:1]
+    url = f"{endpoint}/adapters/chat/load"
+    for who in ("controller-manager", "dev-admin", "node01"):
+        code, text = await asyncio.to_thread(_post, url, cluster.ca_cert, cluster.certs[who], {"replica": replica})
+        assert code == 403 and "only a gateway (CN=gateway O=llmgw:components)" in text, (who, code, text)
+    code, text = await asyncio.to_thread(_post, url, cluster.ca_cert, cluster.certs["gateway"], {"replica": "no-such"})
+    assert code == 404 and "replica no-such has no serving shard on this node" in text
+
+
+def _post(url: str, ca: str, identity: tuple[str, str], body: dict) -> tuple[int, str]:
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = False
+    ctx.load_cert_chain(*identity)
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, context=ctx, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
 
 
 async def _known_to_gateway(cluster, name: str) -> bool:
@@ -262,12 +327,19 @@ async def test_a_requested_adapter_evicts_the_least_recently_requested_where_no_
     async with aiohttp.ClientSession() as http:
         assert (await complete(http, cluster, "e1"))[0] == 200
         assert await engine_lists(client, replica.name, "e1")
+        await until(lambda: status(client, "e1", "Resident"), "e1 placed and resident", timeout=30)
         code, body = await complete(http, cluster, "e2")     # its one slot is e1's: e1 goes
     assert (code, body["model"]) == (200, "e2")
     assert await engine_lists(client, replica.name, "e2") and not await engine_lists(client, replica.name, "e1")
-    e1 = await client.get(LoraAdapter, "e1")
-    assert e1.status.placement == [] and e1.status.resident == []
+
+    async def dropped() -> LoraAdapter | None:    # the agent reports e1 Evicted: the controller drops it
+        e1 = await client.get(LoraAdapter, "e1")
+        return e1 if e1.status.placement == [] else None
+    e1 = await until(dropped, "e1 out of its placement", timeout=30)
+    assert e1.status.resident == []
     assert any(e["reason"] == "Evicted" for e in await client.events(LoraAdapter, "e1"))
+    e2 = await until(lambda: status(client, "e2", "Resident"), "e2 adopted", timeout=30)
+    assert e2.status.placement == [replica.name]
 
 
 async def test_an_adapter_of_an_sglang_model_loads_through_sglangs_api_and_answers(cluster, client, weights):

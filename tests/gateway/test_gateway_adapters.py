@@ -1,12 +1,16 @@
 """An adapter unloaded under the gateway (docs/gateway.md, "LoRA adapters"): the engine's 404 for a
-request the gateway routed by an Adapter status it had not yet seen change is not the caller's."""
+request the gateway routed by an Adapter status it had not yet seen change is not the caller's. A
+cold adapter loaded directly in the place of the victim the segmented LRU picks."""
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
 
+from llmgw.api import AdapterSlots, Placement
 from llmgw.dev.process import free_port
+from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.loads import DirectLoads
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.gateway import lora, model, replica, running_gateway
 from tests.fixtures.poll import until
@@ -43,3 +47,38 @@ async def test_a_404_for_an_unloaded_adapter_sends_the_request_where_it_is_loade
         table.apply("adapters", "MODIFIED", lora("sql", "base", ("r2",)))
         code, body = await asyncio.wait_for(answer, 30)
     assert (code, body["model"]) == (200, "sql")
+
+
+async def test_a_cold_adapter_is_loaded_directly_in_the_place_of_the_least_recently_requested_unprotected_one():
+    """r1 is full (2 slots): hot, requested twice, is protected though requested longest ago; once,
+    requested once since, goes (one LRU would take hot). The agent of r1's node is asked, cold is
+    routed there on its 200, and once, which it says it unloaded, no longer is."""
+    table = RoutingTable()
+    table.apply("models", "ADDED", model("base"))
+    r1 = replica("r1", "base", "127.0.0.1:1")
+    r1.spec.adapters = AdapterSlots(maxLoaded=2)
+    r1.spec.placement = [Placement(rank=0, node="n1")]
+    table.apply("replicas", "ADDED", r1)
+    for name, resident in (("hot", ("r1",)), ("once", ("r1",)), ("cold", ())):
+        a = lora(name, "base", resident)
+        a.spec.minReplicas = 0      # loaded on demand alone: each may go
+        table.apply("adapters", "ADDED", a)
+    balancer = Balancer()
+    for name in ("hot", "hot", "once"):
+        [b] = table.backends_for(name)
+        balancer.acquire(b)
+        balancer.release(b)
+    asked = []
+
+    async def post(node: str, path: str, body: dict) -> tuple[int, str]:
+        asked.append((node, path, body))
+        return 200, '{"evicted": "once"}'
+    loads = DirectLoads(table, balancer, post, lambda model: 0)
+    loads.want("cold")
+    assert loads.reported() == {"cold": 1}
+    await until(lambda: table.backends_for("cold"), "cold routed to r1")
+    assert asked == [("n1", "/adapters/cold/load", {"replica": "r1", "digest": None, "victim": "once"})]
+    assert table.backends_for("once") == [] and [b.replica for b in table.backends_for("hot")] == ["r1"]
+    assert loads.reported() == {"cold": 1}     # until its status records it
+    table.apply("adapters", "MODIFIED", lora("cold", "base", ("r1",)))
+    assert loads.reported() == {} and [b.replica for b in table.backends_for("cold")] == ["r1"]
