@@ -201,6 +201,17 @@ the end), in the order run:
   1.45-1.54 s (target 1.0: not met), restore 2.0-2.3 s (met; the base's 1.5-1.8). Left: a
 cold p99 of load time + 0.5 s needs the agent's part (0.25-0.7 s over the load) shorter under CPU
 contention, e.g. a direct load answered without listing the engine first.
+Main as merged (1637680: the direct path and the session's other work; the machine quiet at the
+start, load 0.4 rising to 5.3 with the bench's own work), two runs:
+    adapters: hit_ratio=0.513 burst_hit_ratio=0.575 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
+        cold_ttft_p50_s=1.07 cold_ttft_p99_s=1.74 restore_s=1.86 cpu_s=85.4 controller_cpu_s=20.8
+        (1461 cold: 185 joined a load in flight, 216 hits slower than 0.25 s; 942 evictions)
+    adapters: hit_ratio=0.537 burst_hit_ratio=0.586 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
+        cold_ttft_p50_s=1.03 cold_ttft_p99_s=1.73 restore_s=2.28 cpu_s=81.5 controller_cpu_s=19.8
+        (1389 cold: 148 joined a load in flight, 136 hits slower than 0.25 s; 949 evictions)
+The components took 81-85 of the 2 cores' ~100 CPU s of the traffic: hits slower than the 0.25 s
+cut count as misses. Targets: hit_ratio 0.86-0.90 of the oracle's here (0.94-0.95 in the helper's
+runs above), cold_ttft_p99_s 1.73 (1.0): not met; restore_s met.
 """
 from __future__ import annotations
 

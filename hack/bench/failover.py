@@ -282,6 +282,47 @@ running, load average 0.5-2.4 during the runs), --agents 1000 --agent-procs 2, t
   their first requests. 1,000 of them on 2 cores take at least 9.5 s of the whole machine,
   so the 5 s target cannot be shown here while each hollow agent does a real agent's TLS; on a
   fleet each agent's half is its own machine's.
+
+Issue 43, the fleet spread over the servers (session 20, 2026-12-06 after 17:52 UTC). Each client
+orders the servers by a hash of its certificate with each URL (rendezvous hashing,
+llmgw/client/client.py), where every client used the first server while it was alive: the
+fleet divides itself among the three servers, and the server killed holds about a third of it
+(`moved=`), whose agents go half to each live server. The servers' TLS sends no session tickets
+(llmgw/pki/tls.py): no client resumes a session, and OpenSSL's two tickets a handshake cost the
+server a third of its CPU (memory-BIO handshakes with the dev CA's certificates: server 2.3 ->
+1.3-1.4 ms, client 1.7 -> 1.4 ms). A server's heartbeat writes gather a tenth of the beats' ttl
+(1.5 s for 15 s; llmgw/store/leases.py), where they gathered 0.5 s: a write (a lease grant and a
+transaction) costs a server about 2 ms of CPU whatever the beats in it, and three servers each
+writing every 0.5 s made a beat cost 0.30 ms, not 0.26.
+    spread and no tickets (2bf322d), the machine quiet (load 1.4): failover: agents=1000
+        moved=342 reconnect_p99_s=2.54 failed=0 relists=0 heartbeat_gaps=0 heartbeat_cpu_ms=0.347
+        (agents by server 332, 342, 326; watch back p50 2.53 p99 2.57, its connect p50 1.38; beat
+        back p50 0.74 p99 2.54; the live servers 1.5 and 1.6 CPU s, the agents' processes 3.2, in
+        the 17 s after the kill: 18 ms of CPU a moved agent, as before)
+    heartbeat_cpu_ms, --cpu-only, interleaved ABBA (load 1-4, a helper's work beside):
+        5052488 (every client on the first server, 0.5 s) 0.264, 0.253 / spread 0.330, 0.304
+        spread, 0.5 s 0.296, 0.301 / 1.0 s 0.262, 0.280 (--cpu-window 20)
+        spread, 1.0 s 0.244, 0.256 / 2.0 s 0.234, 0.228 (--cpu-window 30)
+    this build (e11b5f1: spread, no tickets, 1.5 s) against 5052488, whole runs interleaved ABBA,
+        --cpu-window 20, a helper's adapters bench beside them (load 3.5-9.5):
+        5052488: reconnect_p99_s=85.98 heartbeat_gaps=1000 heartbeat_cpu_ms=0.256;
+                 reconnect_p99_s=44.65 heartbeat_gaps=1000 heartbeat_cpu_ms=0.245
+        this:    moved=355 reconnect_p99_s=11.49 heartbeat_gaps=0 heartbeat_cpu_ms=0.228;
+                 moved=350 reconnect_p99_s=20.68 heartbeat_gaps=55 heartbeat_cpu_ms=0.233
+        (0 failed, 0 relists on both sides)
+    main as merged (1637680: this and the direct path of issue 47, which the servers' part does not
+        touch), the machine quiet (load 1.4-2.2), two runs:
+        failover: agents=1000 moved=371 reconnect_p99_s=3.97 failed=0 relists=0 heartbeat_gaps=0
+            heartbeat_cpu_ms=0.218 (agents by server 322, 371, 307; watch back p99 4.03, its
+            connect p50 1.90; beat back p99 3.97; the live servers 1.9 and 1.8 CPU s, the agents'
+            processes 4.5, in the 18 s after the kill)
+        failover: agents=1000 moved=340 reconnect_p99_s=3.36 failed=0 relists=0 heartbeat_gaps=0
+            heartbeat_cpu_ms=0.266 (339, 321, 340; watch back p99 3.53, beat back p99 3.36)
+Every target is met on the quiet machine: reconnect p99 3.4-4.0 s (5), 0 failed, 0 relists, 0
+gaps, and heartbeat_cpu_ms (0.25) at the median of the runs with the 1.5 s window (0.218-0.266, a
+20 s window's noise). Under load the herd still outlasts the target (11.5-20.7 s at load 4-9, 0-55
+gaps): each hollow agent's TLS runs on the two cores the servers use, about 18 ms of CPU a moved
+agent on both sides together.
 """
 from __future__ import annotations
 
