@@ -212,6 +212,25 @@ start, load 0.4 rising to 5.3 with the bench's own work), two runs:
 The components took 81-85 of the 2 cores' ~100 CPU s of the traffic: hits slower than the 0.25 s
 cut count as misses. Targets: hit_ratio 0.86-0.90 of the oracle's here (0.94-0.95 in the helper's
 runs above), cold_ttft_p99_s 1.73 (1.0): not met; restore_s met.
+
+CPU per load (2026-12-06, evening, a helper): py-spy on this bench at main 7b5bb86 (200 Hz, 25 s of
+the traffic; inclusive samples): the controller-manager spent 26 % of its samples in the adapter
+controller's reconcile (placement 8 %, adoption 5 %, its status writes 4 %; the rest the watch's
+decoding, grpc and the event loop), most of them passes that wrote nothing: every write of a
+Shard's status (an agent's every sync) enqueues every adapter its engine lists and every one
+placed on its replica, 10 or more for the one or two that changed. The demand reports and the
+Evicted events were small. The agent spent 24 % of its samples choosing what its engine is to
+hold (AdapterBook.wanted_on: a scan of all 1,000 Adapters per sync), 20 % in aiohttp writes.
+Taken: the agent keeps the adapters placed on each replica by its watch (10.1 CPU s in the run
+below against 13.7). Tried and not taken: a Shard's event enqueuing only the adapters whose
+status its report disagrees with; interleaved with 7b5bb86 (ABBA, two rounds, load 0.8-5.8), both
+changes together: base hit_ratio 0.551-0.564, cold_ttft_p99_s 1.58-2.00, cpu_s 68.8-73.7 / head
+0.539-0.573, 1.13-1.67, 56.4-71.8 (medians: cpu_s 0.96, controller_cpu_s 0.94, cold p99 0.89 of
+the base's), but one head run's restore took 294 s: with its first version an Evicted report
+went unread and the Adapter's status named the killed replica resident until the agent's
+eviction hold (DIRECT_HOLD, 300 s) ran out. A second version ran three times without it; not
+taken without the cause proven. One run with both (load 5): hit_ratio=0.551 cold_ttft_p99_s=1.90
+restore_s=1.86 cpu_s=67.9 controller_cpu_s=16.5.
 """
 from __future__ import annotations
 

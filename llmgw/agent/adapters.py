@@ -74,6 +74,8 @@ class AdapterBook:
         # while the Adapter's placement does not say so yet
         self.direct: dict[tuple[str, str], float] = {}
         self.evicted: dict[tuple[str, str], float] = {}
+        # replica -> the adapters whose placement names it (a sync reads its replica's, not all)
+        self.placed: dict[str, set[str]] = {}
 
     def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
         """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
@@ -86,6 +88,11 @@ class AdapterBook:
         before = set(old.status.placement) if old is not None else set()
         for replica in after ^ before:
             self.placement_seen[replica] = max(self.placement_seen.get(replica, 0), revision)
+            names = self.placed.setdefault(replica, set())
+            if replica in after:
+                names.add(obj.name)
+            else:
+                names.discard(obj.name)
         for key in [k for k in self.direct if k[0] == obj.name and (k[1] in after or type_ == "DELETED")]:
             del self.direct[key]     # adopted: the placement holds it now
         for key in [k for k in self.evicted if k[0] == obj.name and (k[1] in before - after or type_ == "DELETED")]:
@@ -110,9 +117,9 @@ class AdapterBook:
         there at one, while the placement does not say so yet (DIRECT_HOLD at most)."""
         spec = shard.spec
         evicted, direct = self.held(self.evicted, spec.replica), self.held(self.direct, spec.replica)
-        return sorted((a for a in self.adapters.values()
-                       if a.spec.baseModel == spec.model and a.metadata.deletionTimestamp is None
-                       and a.name not in evicted and (spec.replica in a.status.placement or a.name in direct)),
+        return sorted((a for n in self.placed.get(spec.replica, set()) | direct
+                       if (a := self.adapters.get(n)) is not None and n not in evicted
+                       and a.spec.baseModel == spec.model and a.metadata.deletionTimestamp is None),
                       key=lambda a: a.name)
 
     @staticmethod
