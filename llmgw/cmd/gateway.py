@@ -245,18 +245,17 @@ async def _serve(gw: Gateway, spans: Spans | None, ring: KeyRing | None, admissi
         source.start()
         from llmgw.api.members import advertised
         from llmgw.gateway.demand import DemandPublisher, figures
-        direct = loads
         publisher = DemandPublisher(client, demand.gateway, lambda: figures(
-                                        gw.balancer, gw.queue.waiting(), direct.reported() if direct else None),
+                                        gw.balancer, gw.queue.waiting(), loads.reported() if loads else None),
                                     interval=demand.interval, ttl=demand.ttl,
                                     on_gateways=admission.set_gateways if admission else None,
                                     keys=admission.windows().report if admission else None,
                                     metrics=advertised(f"{host}:{port}"))
         # a model at zero: scale up on the first request (an adapter resident nowhere: loaded now, which
         # the report says at once)
-        gw.queue.on_first = (lambda model: publisher.poke()) if direct is None else direct.want
-        if direct is not None:
-            direct.on_change = publisher.poke
+        gw.queue.on_first = (lambda model: publisher.poke()) if loads is None else loads.want
+        if loads is not None:
+            loads.on_change = publisher.poke
         publisher.start()
     try:
         await aio.until_signal()

@@ -36,6 +36,7 @@ import json
 import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -112,37 +113,33 @@ class DirectLoads:
                  on_change: Callable[[], None] | None = None, hold: float = HOLD) -> None:
         self.table, self.balancer, self.post, self.waiting = table, balancer, post, waiting
         self.on_change, self.hold = on_change, hold
-        self.loading: set[str] = set()      # adapters this gateway asks an agent to load now
-        self._onto: dict[str, int] = {}     # replica -> loads asked of its agent now (slots taken)
-        self._named: set[str] = set()       # the victims those loads name
+        # adapter -> (replica, victim named) of each load this gateway asks of an agent now
+        self._asked: dict[str, tuple[str, str | None]] = {}
         self._again: set[str] = set()       # adapters to try again after RETRY
         self._loaded: dict[tuple[str, str], float] = {}   # (adapter, replica) -> when last loaded there
         self._tasks: set[asyncio.Task[None]] = set()
 
     def reported(self) -> dict[str, int]:
         """The demand report's `loading`: 1 for each adapter loading, or routed by a direct load alone."""
-        return {a: 1 for a in self.loading | self.table.directly_loaded()}
+        return {a: 1 for a in self._asked.keys() | self.table.directly_loaded()}
 
     def want(self, model: str) -> None:
         """A request for `model` starts waiting (its queue's first): an adapter resident nowhere is
         loaded now (tried again every RETRY seconds while requests wait for it and it is resident
         nowhere); `on_change` is called either way (the demand report goes at once)."""
         entry = self.table.adapters.get(model)
-        if entry is not None and model not in self.table.models and model not in self.loading \
+        if entry is not None and model not in self.table.models and model not in self._asked \
                 and not self.table.backends_for(model):
             pick = self._pick(entry.base)
             if pick is None:
                 self._retry(model)
             else:
                 b, victim, full = pick
-                self.loading.add(model)
+                self._asked[model] = (b.replica, victim)
                 self.balancer.sent[model] = time.monotonic()   # requested now
                 self.balancer.sends[model] = 0                  # and counted again from its load
-                self._onto[b.replica] = self._onto.get(b.replica, 0) + 1
-                if victim is not None:
-                    self._named.add(victim)
-                    if full:     # it goes: no more requests of this gateway go there
-                        self.table.evicted(victim, b.replica, self.hold)
+                if victim is not None and full:     # it goes: no more requests of this gateway go there
+                    self.table.evicted(victim, b.replica, self.hold)
                 task = asyncio.ensure_future(self._load(model, b, victim))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -168,12 +165,13 @@ class DirectLoads:
                     and (api := ENGINES[b.engine].lora) is not None and not api.at_start]
         held = self.table.held
         victims = {b.replica: self._victim(held.get(b.replica, []), b.slots) for b in replicas}
+        onto = Counter(replica for replica, _ in self._asked.values())   # loads asked of each (slots taken)
 
         def taken(b: Backend) -> int:
-            return len(held.get(b.replica, ())) + self._onto.get(b.replica, 0)
+            return len(held.get(b.replica, ())) + onto[b.replica]
         free = [b for b in replicas if taken(b) < b.slots]
         pick = min(free, key=lambda b: (taken(b), self.balancer.inflight.get(b.replica, 0), b.replica)) if free \
-            else min((b for b in replicas if victims[b.replica] is not None and self._onto.get(b.replica, 0) < b.slots),
+            else min((b for b in replicas if victims[b.replica] is not None and onto[b.replica] < b.slots),
                      key=lambda b: (victims[b.replica], b.replica), default=None)
         if pick is None:
             return None
@@ -198,7 +196,7 @@ class DirectLoads:
         loaded directly so recently that its status does not say so yet (its requests are on the way)."""
         entry = self.table.adapters[adapter]
         return not entry.pinned and len(entry.resident) > entry.min_replicas and not self.table.direct(adapter) \
-            and adapter not in self.loading and adapter not in self._named \
+            and adapter not in self._asked and all(adapter != v for _, v in self._asked.values()) \
             and not self.balancer.per_model.get(adapter) and not self.waiting(adapter)
 
     async def _load(self, adapter: str, b: Backend, victim: str | None) -> None:
@@ -226,14 +224,7 @@ class DirectLoads:
             self._loaded[(adapter, b.replica)] = at
             asyncio.get_running_loop().call_later(self.hold, self._expire, adapter, b.replica, at)
         finally:
-            self.loading.discard(adapter)
-            if victim is not None:
-                self._named.discard(victim)
-            left = self._onto[b.replica] - 1
-            if left:
-                self._onto[b.replica] = left
-            else:
-                del self._onto[b.replica]
+            del self._asked[adapter]
             if self.on_change is not None:
                 self.on_change()
 
