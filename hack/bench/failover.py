@@ -320,11 +320,17 @@ writing every 0.5 s made a beat cost 0.30 ms, not 0.26.
             heartbeat_cpu_ms=0.266 (339, 321, 340; watch back p99 3.53, beat back p99 3.36)
     then --cpu-only --cpu-window 20, three runs (load 2.6-4.7: a helper reading code beside):
         heartbeat_cpu_ms=0.259, 0.245, 0.209
-Every target is met on the quiet machine: reconnect p99 3.4-4.0 s (5), 0 failed, 0 relists, 0
-gaps, and heartbeat_cpu_ms (0.25) at the median of the five runs with the 1.5 s window (0.245;
-0.209-0.266, a 20 s window's noise). Under load the herd still outlasts the target (11.5-20.7 s at load 4-9, 0-55
-gaps): each hollow agent's TLS runs on the two cores the servers use, about 18 ms of CPU a moved
-agent on both sides together.
+On the quiet machine reconnect p99 3.4-4.0 s (target 5), 0 failed, 0 relists, 0 gaps, and
+heartbeat_cpu_ms 0.245 at the median of five runs with the 1.5 s window. Under load the herd
+still outlasts the target (11.5-20.7 s at load 4-9, 0-55 gaps): each hollow agent's TLS runs on
+the two cores the servers use, about 18 ms of CPU a moved agent on both sides together.
+The 1.5 s window was then taken back (9281961): with it tests/e2e/test_clock_skew.py failed 4
+times in 13 runs (a Node with no Ready condition when asserted; 0 in 8 with 0.5 s, the same
+build otherwise), cause not found by the session's end. So main writes beats every 0.5 s again,
+and with the fleet spread over three servers a beat costs about 0.30 ms of server CPU (the
+interleaved runs above: 0.296-0.330), above the 0.25 target. To go on: find why the longer
+window leaves a Node without its Ready condition (a beat answered up to 1.5 s later than the
+agent's first patch expects?), then take the window again.
 """
 from __future__ import annotations
 
