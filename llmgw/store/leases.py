@@ -122,12 +122,15 @@ class Heartbeats:
     """/llmgw/heartbeat/<node>, bound to a lease: its expiry is how a node's silence shows.
 
     A beat is not a keep-alive of a lease of the node's own: the beats that come within one
-    `window` (0.5 s, the period at which etcd looks for leases run out) are written together,
-    on one lease granted for them once the last of them came. So a node's key expires `ttl` s
-    after its last beat at the earliest and `window` s later at the latest (a lease of its own
+    window are written together, on one lease granted for them once the last of them came. The
+    window is a tenth of the beats' ttl, at least 0.5 s (the period at which etcd looks for
+    leases run out) and at most 2 s: 1.5 s for the default 15 s. So a node's key expires `ttl` s
+    after its last beat at the earliest and a window later at the latest (a lease of its own
     refreshed at that beat: `ttl` s), and the process sends etcd one lease grant and one
     transaction per window and ttl, whatever the number of nodes, instead of a keep-alive a
-    beat. The transaction holds a nested one per node: if its key is there, bind it to the new
+    beat: a grant and a transaction cost a server about 2 ms of CPU, which at 0.5 s was a tenth
+    of a beat's cost once a fleet spread over three servers (hack/bench/failover.py). The
+    transaction holds a nested one per node: if its key is there, bind it to the new
     lease as it is (a put with `ignore_value`), else write it anew (the node, `since` and
     `info`). The old lease runs out, taking the keys of the nodes that did not beat again.
     Each rebinding is a write (a PUT event, history until compaction); the watch of the live
@@ -135,13 +138,18 @@ class Heartbeats:
     transaction of rebindings its first key alone (dropped as soon as they come: KeyNames). The first beat
     after a quiet window is written at once; each caller waits for its beat's write."""
 
-    WINDOW = 0.5
+    WINDOW_OF_TTL, MIN_WINDOW, MAX_WINDOW = 0.1, 0.5, 2.0
 
-    def __init__(self, etcd: Etcd, kv: KV, leases: Leases, window: float = WINDOW):
-        self._etcd, self._kv, self._leases, self._window = etcd, kv, leases, window
+    def __init__(self, etcd: Etcd, kv: KV, leases: Leases):
+        self._etcd, self._kv, self._leases = etcd, kv, leases
         self._waiting: dict[int, dict[str, _Beat]] = {}     # ttl -> node -> its beat, for the next write
         self._writer: asyncio.Task[None] | None = None
-        self._last = -window                                # when the last write began (loop time)
+        self._last = float("-inf")                          # when the last write began (loop time)
+
+    @classmethod
+    def window(cls, ttl: int) -> float:
+        """How long beats of `ttl` gather before they are written (s)."""
+        return min(cls.MAX_WINDOW, max(cls.MIN_WINDOW, ttl * cls.WINDOW_OF_TTL))
 
     async def beat(self, node: str, ttl: int = 15, info: dict[str, Any] | None = None) -> None:
         """Keep the node's heartbeat alive `ttl` s from now: returns once that is written (the
@@ -160,7 +168,8 @@ class Heartbeats:
         loop = asyncio.get_running_loop()
         try:
             while self._waiting:
-                await asyncio.sleep(max(0.0, self._last + self._window - loop.time()))
+                window = self.window(min(self._waiting))   # the shortest-lived beats' window
+                await asyncio.sleep(max(0.0, self._last + window - loop.time()))
                 waiting, self._waiting = self._waiting, {}
                 self._last = loop.time()
                 await asyncio.gather(*(self._write(ttl, beats) for ttl, beats in waiting.items()))

@@ -9,7 +9,7 @@ A server that is stopped closes every stream at once (1001, going away): its age
 goes to the next server.
 
 What a beat costs the server is its place in the next write of the store's heartbeats (llmgw/
-store/leases.py: the beats of half a second bound to one new lease by one transaction, no etcd
+store/leases.py: the beats of a window bound to one new lease by one transaction, no etcd
 request of its own): whether the Node is registered is answered from the names of the Nodes'
 keys, which a watch keeps (nothing decoded); a name the watch has not shown yet (a Node just
 created, the watch not listed yet) is asked of etcd, its key alone. A Node deleted may still be beaten for
