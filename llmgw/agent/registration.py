@@ -16,6 +16,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, ret
 
 from llmgw.api import NODE_AGENT_STATUS_FIELDS, Node, NodeStatus, ObjectMeta, set_condition
 from llmgw.api.errors import AlreadyExists, NotFound, VersionSkew
+from llmgw.api.limits import HEARTBEAT_TTL, heartbeat_window
 from llmgw.backoff import Backoff, ExponentialJitter
 from llmgw.client import Client
 
@@ -108,7 +109,8 @@ class Registration:
 
     async def heartbeat_loop(self) -> None:
         """Heartbeat every interval; after a failure, back off, and re-register once it works.
-        Each server may take the interval to answer (a frozen one: the next), but a beat that opens
+        Each server may take the interval to answer, and the window in which it gathers beats before
+        it writes them (a frozen one: the next), but a beat that opens
         a new connection (a failover) may take until its key is about to expire, and once the key
         has expired, the client's timeout (as the first beat): under a fleet's reconnections at once
         the handshake is finished rather than redone elsewhere, which would only add to the herd
@@ -116,14 +118,16 @@ class Registration:
         backoff = Backoff(0.2, self.interval)
         loop = asyncio.get_running_loop()
         alive_until = 0.0    # the event loop's clock, when the key of the last beat answered expires
+        ttl: float = HEARTBEAT_TTL   # the last answer's: the server's (--heartbeat-ttl)
         while True:
             try:
                 until = alive_until - KEY_MARGIN
                 if until <= loop.time():   # the key expired: nothing to save by giving up on a handshake
                     until = loop.time() + self.client.timeout
-                answer = await self.client.heartbeat(self.node, timeout=self.interval,   # a frozen server: the next
-                                                     until=until)
-                alive_until = loop.time() + float(answer.get("ttl", 0))
+                answer = await self.client.heartbeat(   # a frozen server: the next
+                    self.node, timeout=self.interval + heartbeat_window(ttl), until=until)
+                ttl = float(answer.get("ttl", 0))
+                alive_until = loop.time() + ttl
                 if not self.connected.is_set():
                     await self._send(force=True)
                     log.info("node %s: reconnected to the server after %d failed heartbeats", self.node,

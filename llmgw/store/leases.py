@@ -11,6 +11,7 @@ import aetcd.exceptions
 import grpc
 from aetcd import rpc
 
+from llmgw.api.limits import heartbeat_window
 from llmgw.api.meta import now
 from llmgw.store import keys as K
 from llmgw.store.etcd import GREATER, VERSION, Etcd, as_bytes, compare, put_op, txn_request
@@ -138,18 +139,11 @@ class Heartbeats:
     transaction of rebindings its first key alone (dropped as soon as they come: KeyNames). The first beat
     after a quiet window is written at once; each caller waits for its beat's write."""
 
-    WINDOW_OF_TTL, MIN_WINDOW, MAX_WINDOW = 0.1, 0.5, 2.0
-
     def __init__(self, etcd: Etcd, kv: KV, leases: Leases):
         self._etcd, self._kv, self._leases = etcd, kv, leases
         self._waiting: dict[int, dict[str, _Beat]] = {}     # ttl -> node -> its beat, for the next write
         self._writer: asyncio.Task[None] | None = None
         self._last = float("-inf")                          # when the last write began (loop time)
-
-    @classmethod
-    def window(cls, ttl: int) -> float:
-        """How long beats of `ttl` gather before they are written (s)."""
-        return min(cls.MAX_WINDOW, max(cls.MIN_WINDOW, ttl * cls.WINDOW_OF_TTL))
 
     async def beat(self, node: str, ttl: int = 15, info: dict[str, Any] | None = None) -> None:
         """Keep the node's heartbeat alive `ttl` s from now: returns once that is written (the
@@ -168,7 +162,7 @@ class Heartbeats:
         loop = asyncio.get_running_loop()
         try:
             while self._waiting:
-                window = self.window(min(self._waiting))   # the shortest-lived beats' window
+                window = heartbeat_window(min(self._waiting))   # the shortest-lived beats' window
                 await asyncio.sleep(max(0.0, self._last + window - loop.time()))
                 waiting, self._waiting = self._waiting, {}
                 self._last = loop.time()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.process import is_alive, start_time
-from llmgw.api import Node, ObjectMeta, Shard, ShardPorts, ShardSpec, condition_true, get_condition
+from llmgw.agent.registration import Registration
+from llmgw.api import Node, NodeStatus, ObjectMeta, Shard, ShardPorts, ShardSpec, condition_true, get_condition
 from llmgw.client import NotFound
 from llmgw.dev.process import free_port
 from llmgw.store import Store
@@ -199,6 +200,35 @@ async def test_registers_its_node_before_it_heartbeats(shared_api_server, agents
         except asyncio.TimeoutError:
             raise AssertionError(f"saw only {order}; agent log:\n{agent.tail()}") from None
     assert order == [K.object_key(K.SPEC, "nodes", node), K.heartbeat_key(node)]
+
+
+async def test_a_beat_the_server_holds_for_its_window_is_answered_not_failed(shared_api_server):
+    """A server gathers beats up to a window (1.5 s at the default 15 s ttl) before it writes them:
+    an agent whose heartbeat interval is shorter than that waits for the answer (its timeout is
+    the interval and the window), where it would give the beat up, count the node disconnected
+    and move to the next server (seen failing with the interval alone)."""
+    node = "window-hb"
+    async with shared_api_server.client() as admin:
+        await admin.create(Node(metadata=ObjectMeta(name=node)))
+    async with shared_api_server.client(shared_api_server.issue_node(node)) as c:
+        reg = Registration(c, node, heartbeat_interval=0.5)
+        await reg.register(NodeStatus())
+        beat, answers, failures = c.heartbeat, [], []
+
+        async def recorded(*a, **kw):
+            try:
+                answers.append(await beat(*a, **kw))
+            except Exception as err:
+                failures.append(err)
+                raise
+            return answers[-1]
+        c.heartbeat = recorded
+        loop = asyncio.create_task(reg.heartbeat_loop())
+        try:
+            await until(lambda: len(answers) + len(failures) >= 4, "four beats answered or failed", timeout=WAIT)
+        finally:
+            loop.cancel()
+    assert failures == [] and reg.connected.is_set(), failures
 
 
 async def test_failed_gpu_discovery_registers_with_a_condition_naming_the_path(shared_api_server, agents, tmp_path):
