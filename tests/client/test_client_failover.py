@@ -13,7 +13,7 @@ import pytest
 from llmgw.agent.config import load_config
 from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
-from llmgw.client.client import _moves_on, _translate
+from llmgw.client.client import _failover_order, _moves_on, _translate
 from llmgw.pki.ca import CertificateAuthority
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
@@ -130,17 +130,25 @@ async def test_a_new_heartbeat_stream_may_take_until_its_deadline(servers):
 def test_clients_spread_over_the_servers_and_a_dead_ones_over_the_others(tmp_path):
     """A client's order is by a hash of its certificate with each URL: clients start on every
     server, the clients of each server go next to each of the others, not all to one, and a
-    client's order does not depend on the order the URLs are given in."""
+    client's order does not depend on the order the URLs are given in. The spread is counted over
+    300 identities (a certificate file's bytes are what is hashed), where each of the six (first,
+    second) pairs is missing with a chance of (5/6)^300: 36 of them missed one about once in 120 runs."""
     ca = CertificateAuthority(tmp_path / "ca")
     ca.init()
     urls = [f"https://s{i}:7443" for i in range(3)]
-    issued = [ca.issue("node", f"n{i}") for i in range(36)]
+    issued = [ca.issue("node", f"n{i}") for i in range(6)]
     orders = [Client(urls, ca=str(ca.cert_path), cert=i.cert, key=i.key).servers for i in issued]
+    assert orders == [_failover_order(urls, i.cert) for i in issued]
+    assert [Client(urls[::-1], ca=str(ca.cert_path), cert=i.cert, key=i.key).servers for i in issued] == orders
+    assert Client(urls).servers == urls   # no certificate: as given
+    identities = []
+    for i in range(300):
+        (path := tmp_path / f"id{i}.pem").write_text(f"identity {i}")
+        identities.append(str(path))
+    orders = [_failover_order(urls, path) for path in identities]
     assert all(sorted(o) == urls for o in orders)
     assert {o[0] for o in orders} == set(urls)                              # every server starts some
     assert {(o[0], o[1]) for o in orders} == {(a, b) for a in urls for b in urls if a != b}
-    assert [Client(urls[::-1], ca=str(ca.cert_path), cert=i.cert, key=i.key).servers for i in issued] == orders
-    assert Client(urls).servers == urls   # no certificate: as given
 
 
 async def test_heartbeat_stream_moves_on_when_its_server_dies(servers):
