@@ -7,6 +7,7 @@ import json
 import pytest
 
 from llmgw.api import Model, Node, parse_object
+from llmgw.api.limits import MAX_TTL
 from llmgw.client import AlreadyExists, BadRequest, Conflict, Expired, NotFound
 from llmgw.store import Compactor, Store
 from tests.fixtures.cluster import api_server, ca_dir, shared_api_server  # noqa: F401
@@ -124,6 +125,10 @@ async def test_heartbeat_and_events(shared_api_server):
         await n.create(Node.model_validate({"metadata": {"name": "hb-node"}}))
         assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
         assert "hb-node" in await store.heartbeats.list()
+        with pytest.raises(BadRequest):   # refused with a Status; the stream goes on
+            await n.heartbeat("hb-node", ttl=MAX_TTL + 1)
+        assert await n.heartbeat("hb-node") == {"node": "hb-node", "ttl": 15}
+        assert await n.heartbeat("hb-node", ttl=30) == {"node": "hb-node", "ttl": 30}
         await n.record_event(Node, "hb-node", "Normal", "Registered", "agent started")
     async with srv.client() as admin:
         events = await admin.events(Node, "hb-node")
