@@ -9,7 +9,8 @@ which the sim serves too, or SGLang's):
 - what the engine holds is read from the engine itself (GET /v1/models: the cards with a
   parent), never remembered, so an engine that restarted is seen empty and is loaded again;
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
-  loaded) or from its path; a loaded adapter whose weights changed (another digest: another
+  loaded; one pinned by spec.digest that the cache holds is read from it, its source not asked)
+  or from its path; a loaded adapter whose weights changed (another digest: another
   path) is unloaded and loaded again;
 - adapters no longer placed here are unloaded first, freeing their slots, once their Adapter no
   longer says they are resident here (what the gateways route by);
@@ -371,18 +372,25 @@ class EngineAdapters:
         return paths, failed
 
     async def _weights(self, a: LoraAdapter) -> str:
-        """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned)."""
+        """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned).
+        An adapter pinned by spec.digest whose digest the cache holds is read from the cache
+        (touched), whatever source pulled it: its source is not asked again (the hub's listing),
+        and a source that cannot be reached now does not fail it."""
         source = parse_source(a.spec.source)
         if source is None:
             return a.spec.source
         if self.puller is None:
             raise EngineError("this agent has no weights cache")
-        pulled = await self.puller.pull(source, a.spec.digest).task
-        if self._pinned.get(a.name) != pulled.digest:
+        cache, digest = self.puller.cache, a.spec.digest
+        if digest is not None and cache.has(digest):
+            cache.touch(digest)
+        else:
+            digest = (await self.puller.pull(source, digest).task).digest
+        if self._pinned.get(a.name) != digest:
             self._unpin(a.name)
-            self.puller.cache.pin(pulled.digest)
-            self._pinned[a.name] = pulled.digest
-        return str(pulled.path)
+            cache.pin(digest)
+            self._pinned[a.name] = digest
+        return str(cache.path(digest))
 
     def _unpin(self, name: str) -> None:
         digest = self._pinned.pop(name, None)
