@@ -332,6 +332,9 @@ def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     return spent
 
 
+SLOW_RESTORE = 15.0    # seconds of restore after which the adapters not back yet are described
+
+
 async def restore(client: Client) -> float:
     """Kill the engine of the replica holding the most adapters; seconds until they are all
     resident on it again."""
@@ -347,14 +350,32 @@ async def restore(client: Client) -> float:
     print(f"killing {victim}'s engine (pid {shard.status.pid}), resident: {sorted(held[victim])}", flush=True)
     start = time.monotonic()
     os.kill(shard.status.pid, signal.SIGKILL)
+    told = False
     while True:
         await asyncio.sleep(0.1)
         replica = await client.get(Replica, victim)
         if replica.status.phase != "Ready" or replica.status.restarts == 0:
             continue
-        now = {a.name for a in (await client.list(LoraAdapter))[0] if victim in a.status.resident}
+        adapters, _ = await client.list(LoraAdapter)
+        now = {a.name for a in adapters if victim in a.status.resident}
         if held[victim] <= now:
             return time.monotonic() - start
+        if not told and time.monotonic() - start > SLOW_RESTORE:
+            told = True
+            await tell_missing(client, victim, [a for a in adapters if a.name in held[victim] - now])
+
+
+async def tell_missing(client: Client, replica: str, missing: list[LoraAdapter]) -> None:
+    """What the Adapters not resident again say, and what the replica's serving shard reports of them."""
+    [serving] = [s for s in (await client.list(Shard))[0] if s.spec.replica == replica and s.spec.rank == 0]
+    entries = {e.name: e for e in serving.status.adapters}
+    print(f"restore past {SLOW_RESTORE:g} s: shard {serving.name} adaptersSeen {serving.status.adaptersSeen}, "
+          f"lists {len(entries)}", flush=True)
+    for a in missing:
+        entry = entries.get(a.name)
+        print(f"  {a.name}: placement {a.status.placement} resident {a.status.resident} pending "
+              f"{[(p.replica, p.reason, p.message) for p in a.status.pending]}; the shard lists it "
+              f"{(entry.state, entry.message) if entry else None}", flush=True)
 
 
 async def bench(args: argparse.Namespace) -> None:
