@@ -7,7 +7,8 @@ the adapters placed on its replica, through its engine's runtime API (the engine
 which the sim serves too, or SGLang's):
 
 - what the engine holds is read from the engine itself (GET /v1/models: the cards with a
-  parent), never remembered, so an engine that restarted is seen empty and is loaded again;
+  parent), so an engine that restarted is seen empty and is loaded again (what
+  it held before first, where more are placed on its replica than it has slots);
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
   loaded; one pinned by spec.digest that the cache holds is read from it, its source not asked)
   or from its path; a loaded adapter whose weights changed (another digest: another
@@ -77,6 +78,9 @@ class AdapterBook:
         self.evicted: dict[tuple[str, str], float] = {}
         # replica -> the adapters whose placement names it (a sync reads its replica's, not all)
         self.placed: dict[str, set[str]] = {}
+        # replica -> the adapters its engine listed at the end of its last sync: an engine started
+        # again (its replica rebuilt) is given these first where more are placed than it has slots
+        self.listed: dict[str, set[str]] = {}
 
     def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
         """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
@@ -208,6 +212,7 @@ class EngineAdapters:
             except EngineError as err:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
         held = await self._listed()
+        self.book.listed[shard.spec.replica] = set(held)
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
         evicted = [ShardAdapter(name=n, state="Evicted")
@@ -232,8 +237,11 @@ class EngineAdapters:
             await self._unload(name)
             del held[name]
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+        # What its engine held before (one started again), then the placed ones, first: the controller
+        # may place an adapter on a replica whose engine is full of direct loads not yet adopted.
+        before = self.book.listed.get(shard.spec.replica, set())
         missing = sorted((a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading),
-                         key=lambda a: shard.spec.replica not in a.status.placement)   # the placed ones first
+                         key=lambda a: (a.name not in before, shard.spec.replica not in a.status.placement))
         missing = missing[:max(0, slots - len(held) - len(self._loading))]
         return [(a, self._start(a, paths[a.name])) for a in missing]
 
