@@ -7,9 +7,11 @@ the adapters placed on its replica, through its engine's runtime API (the engine
 which the sim serves too, or SGLang's):
 
 - what the engine holds is read from the engine itself (GET /v1/models: the cards with a
-  parent), never remembered, so an engine that restarted is seen empty and is loaded again;
+  parent), so an engine that restarted is seen empty and is loaded again (what
+  it held before first, where more are placed on its replica than it has slots);
 - an adapter's weights come through the node's weights cache (hf://, http(s)://; pinned while
-  loaded) or from its path; a loaded adapter whose weights changed (another digest: another
+  loaded; one pinned by spec.digest that the cache holds is read from it, its source not asked)
+  or from its path; a loaded adapter whose weights changed (another digest: another
   path) is unloaded and loaded again;
 - adapters no longer placed here are unloaded first, freeing their slots, once their Adapter no
   longer says they are resident here (what the gateways route by);
@@ -76,6 +78,9 @@ class AdapterBook:
         self.evicted: dict[tuple[str, str], float] = {}
         # replica -> the adapters whose placement names it (a sync reads its replica's, not all)
         self.placed: dict[str, set[str]] = {}
+        # replica -> the adapters its engine listed at the end of its last sync: an engine started
+        # again (its replica rebuilt) is given these first where more are placed than it has slots
+        self.listed: dict[str, set[str]] = {}
 
     def apply(self, type_: str, obj: LoraAdapter, revision: int) -> None:
         """A change of an Adapter, seen at that store revision (a list's, for a list's changes)."""
@@ -207,6 +212,7 @@ class EngineAdapters:
             except EngineError as err:
                 failed[a.name] = ShardAdapter(name=a.name, digest=a.spec.digest, state="Failed", message=str(err))
         held = await self._listed()
+        self.book.listed[shard.spec.replica] = set(held)
         digests = {a.name: a.spec.digest for a in wanted}
         loaded = [ShardAdapter(name=n, digest=digests.get(n), state="Loaded") for n in sorted(held)]
         evicted = [ShardAdapter(name=n, state="Evicted")
@@ -231,8 +237,11 @@ class EngineAdapters:
             await self._unload(name)
             del held[name]
         slots = shard.spec.adapters.maxLoaded if shard.spec.adapters is not None else 0
+        # What its engine held before (one started again), then the placed ones, first: the controller
+        # may place an adapter on a replica whose engine is full of direct loads not yet adopted.
+        before = self.book.listed.get(shard.spec.replica, set())
         missing = sorted((a for a in wanted if a.name in paths and a.name not in held and a.name not in self._loading),
-                         key=lambda a: shard.spec.replica not in a.status.placement)   # the placed ones first
+                         key=lambda a: (a.name not in before, shard.spec.replica not in a.status.placement))
         missing = missing[:max(0, slots - len(held) - len(self._loading))]
         return [(a, self._start(a, paths[a.name])) for a in missing]
 
@@ -371,18 +380,25 @@ class EngineAdapters:
         return paths, failed
 
     async def _weights(self, a: LoraAdapter) -> str:
-        """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned)."""
+        """The adapter's weights on this node: its path, or its pulled source's cached copy (pinned).
+        An adapter pinned by spec.digest whose digest the cache holds is read from the cache
+        (touched), whatever source pulled it: its source is not asked again (the hub's listing),
+        and a source that cannot be reached now does not fail it."""
         source = parse_source(a.spec.source)
         if source is None:
             return a.spec.source
         if self.puller is None:
             raise EngineError("this agent has no weights cache")
-        pulled = await self.puller.pull(source, a.spec.digest).task
-        if self._pinned.get(a.name) != pulled.digest:
+        cache, digest = self.puller.cache, a.spec.digest
+        if digest is not None and cache.has(digest):
+            cache.touch(digest)
+        else:
+            digest = (await self.puller.pull(source, digest).task).digest
+        if self._pinned.get(a.name) != digest:
             self._unpin(a.name)
-            self.puller.cache.pin(pulled.digest)
-            self._pinned[a.name] = pulled.digest
-        return str(pulled.path)
+            cache.pin(digest)
+            self._pinned[a.name] = digest
+        return str(cache.path(digest))
 
     def _unpin(self, name: str) -> None:
         digest = self._pinned.pop(name, None)

@@ -9,7 +9,7 @@ controller's placement loads it; the agent takes a direct load from a gateway al
 fails the Adapter with the engine's reason; an engine killed and rebuilt has its adapter loaded
 again before its replica serves, and the Adapter's status never says it is resident where the
 engine does not list it; a pulled adapter comes through the weights cache, pinned by its digest,
-and new weights are loaded again.
+and new weights are loaded again; with its origin down, one whose digest the cache holds loads from it.
 """
 from __future__ import annotations
 
@@ -302,11 +302,22 @@ async def test_a_pulled_adapter_comes_through_the_weights_cache_and_new_weights_
     await until(lambda: status(client, "tone", "Resident"), "tone resident with its new digest", timeout=30)
 
     wrong = adapter("wrong", url1, 1)
-    wrong.spec.digest = content_digest(v2)   # not what the origin serves
+    wrong.spec.digest = content_digest(generated(3, {"adapter_config.json": 40}))   # not what the origin serves
     await client.create(wrong)
     wrong = await until(lambda: status(client, "wrong", "LoadFailed"), "wrong LoadFailed", timeout=60)
     assert "DigestMismatch" in wrong.status.pending[0].message
-    for name in ("tone", "wrong"):
+    await client.delete(LoraAdapter, "wrong")     # its slot for the next
+
+    # The origin down: an adapter pinned by a digest the cache holds is loaded from the cache.
+    await origin.stop()
+    again = adapter("tone-again", url1, 1)
+    again.spec.digest = content_digest(v1)
+    await client.create(again)
+    again = await until(lambda: status(client, "tone-again", "Resident"), "tone-again resident from the cache",
+                        timeout=60, interval=0.2)
+    assert Path(await engine_root(client, again.status.resident[0], "tone-again")) == root
+    assert await status(client, "tone", "Resident"), "tone still resident after its engine's syncs"
+    for name in ("tone", "tone-again"):
         await client.delete(LoraAdapter, name)
 
 
