@@ -32,12 +32,12 @@ MAX_TTL = 600                  # s a heartbeat or a gateway's demand report may 
 INT64 = (-(1 << 63), (1 << 63) - 1)  # any other integer: etcd and Go readers hold int64
 
 
-
 def heartbeat_window(ttl: float) -> float:
     """How long a server gathers beats of `ttl` s before it writes them (llmgw.store.leases): a
     tenth of the ttl, at least 0.5 s (the period at which etcd looks for leases run out), at most
     2 s; so also how much longer than its own work a beat's answer may take (the agent's timeout)."""
     return min(2.0, max(0.5, ttl / 10))
+
 
 class InputError(ValueError):
     """A document refused before schema validation; `path` names where (`<document>` for all of it)."""
