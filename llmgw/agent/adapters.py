@@ -389,16 +389,16 @@ class EngineAdapters:
             return a.spec.source
         if self.puller is None:
             raise EngineError("this agent has no weights cache")
-        cache, digest = self.puller.cache, a.spec.digest
-        if digest is not None and cache.has(digest):
-            cache.touch(digest)
-        else:
-            digest = (await self.puller.pull(source, digest).task).digest
+        digest = a.spec.digest
+        path = self.puller.cache.take(digest) if digest is not None else None
+        if digest is None or path is None:
+            pulled = await self.puller.pull(source, digest).task
+            digest, path = pulled.digest, pulled.path
         if self._pinned.get(a.name) != digest:
             self._unpin(a.name)
-            cache.pin(digest)
+            self.puller.cache.pin(digest)
             self._pinned[a.name] = digest
-        return str(cache.path(digest))
+        return str(path)
 
     def _unpin(self, name: str) -> None:
         digest = self._pinned.pop(name, None)

@@ -97,6 +97,13 @@ class Cache:
     def touch(self, digest: str) -> None:
         os.utime(self.path(digest))
 
+    def take(self, digest: str) -> Path | None:
+        """The cached tree of `digest`, touched (used now: the last to be evicted), or None if not held."""
+        if not self.has(digest):
+            return None
+        self.touch(digest)
+        return self.path(digest)
+
     # -------------------------------------------------------------- pins
     def pin(self, digest: str) -> None:
         """A shard of this node uses `digest`: it is not evicted until unpinned."""

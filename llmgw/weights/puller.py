@@ -165,10 +165,9 @@ class Puller:
         if digest is not None:
             _check_pin(digest, pin, listing.source)
             progress.digest = digest
-            if self.cache.has(digest):
-                self.cache.touch(digest)
+            if (cached := self.cache.take(digest)) is not None:
                 progress.done = progress.total = listing.total
-                return Pulled(digest, self.cache.path(digest), listing.source)
+                return Pulled(digest, cached, listing.source)
         progress.total = listing.total
         reservation = self.cache.reserve(listing.total, {f.key for f in listing.files}, source.text)
         tree = self.cache.new_staging()
