@@ -23,9 +23,16 @@ class ServerMetrics:
         self.requests = Counter("llmgw_server_requests", "API requests answered, by verb, kind and HTTP code",
                                 ["verb", "kind", "code"], registry=self.registry)
         self.watches = Gauge("llmgw_server_watches", "Watches open, by kind", ["kind"], registry=self.registry)
+        # (verb, kind, code) -> its child of `requests`: looked up once (a fleet's heartbeats are the
+        # most frequent answers; the labels are few: verbs, kinds and codes)
+        self._answered: dict[tuple[str, str, int], Counter] = {}
 
     def observe(self, verb: str, kind: str, code: int) -> None:
-        self.requests.labels(verb, kind, str(code)).inc()
+        key = (verb, kind, code)
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(verb, kind, str(code))
+        child.inc()
 
     def audit(self, audit: AuditLog) -> None:
         """Count the lines the audit log's backends drop, as they count them."""

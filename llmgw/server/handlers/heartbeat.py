@@ -61,9 +61,8 @@ class Heartbeats:
         ws = web.WebSocketResponse(max_msg_size=4096)
         await ws.prepare(request)
         self._streams.add(ws)
-        # What every beat of a stream does alike, done once: a fleet's beats are a server's most
-        # frequent messages (hack/bench/failover.py's heartbeat_cpu_ms)
-        answered = self.metrics.requests.labels("heartbeat", "heartbeat", "200")
+        # each ttl's answer encoded once: a fleet's beats are a server's most frequent messages
+        # (hack/bench/failover.py's heartbeat_cpu_ms)
         answers: dict[int, str] = {}     # ttl -> the answer's text
         try:
             async for msg in ws:
@@ -80,7 +79,7 @@ class Heartbeats:
                     self.metrics.observe("heartbeat", "heartbeat", err.code)
                     await ws.send_str(json.dumps(status_body(err.code, err.reason, str(err), **err.details)))
                     continue
-                answered.inc()
+                self.metrics.observe("heartbeat", "heartbeat", 200)
                 text = answers.get(ttl)
                 if text is None:
                     text = answers[ttl] = json.dumps({"node": node, "ttl": ttl})
