@@ -116,6 +116,8 @@ class RoutingTable:
     # still say so: this gateway had that replica's agent unload it
     _gone: dict[str, dict[str, float]] = field(default_factory=dict)
     held: dict[str, list[str]] = field(default_factory=dict)  # replica -> the adapters routed to it
+    _slots: dict[str, int] = field(default_factory=dict)  # adapter -> its place in its base's start order
+    _shadowed: set[str] = field(default_factory=set)  # adapters whose name a model's names take
 
     # ------------------------------------------------------------ updates
 
@@ -193,10 +195,14 @@ class RoutingTable:
             direct -= set(entry.resident)
             if not direct:
                 del self._direct[name]
-        if self.adapters.get(name) == entry:
+        before = self.adapters.get(name)
+        if before == entry:
             return False
         self.adapters[name] = entry
-        self._reindex()
+        if before is not None and (before.base, before.created) == (entry.base, entry.created):
+            self._route_adapter(name)   # its names and its place in the start order stay
+        else:
+            self._reindex()
         return True
 
     def loaded(self, adapter: str, replica: str) -> None:
@@ -206,7 +212,7 @@ class RoutingTable:
         self._gone.get(adapter, {}).pop(replica, None)
         if entry is not None and replica not in entry.resident:
             self._direct.setdefault(adapter, set()).add(replica)
-            self._reindex()
+            self._route_adapter(adapter)
 
     def evicted(self, adapter: str, replica: str, hold: float) -> None:
         """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
@@ -234,7 +240,7 @@ class RoutingTable:
             direct.discard(replica)
             if not direct:
                 self._direct.pop(adapter, None)
-            self._reindex()
+            self._route_adapter(adapter)
 
     def _forget(self, kind: str, name: str) -> bool:
         if kind in ("models", "adapters"):
@@ -279,21 +285,47 @@ class RoutingTable:
         of_base: dict[str, list[tuple[int, str]]] = {}
         for a in self.adapters.values():
             of_base.setdefault(a.base, []).append((a.created, a.name))
-        slots = {name: i for adapters in of_base.values() for i, name in enumerate(start_order(adapters))}
+        self._slots = {name: i for adapters in of_base.values() for i, name in enumerate(start_order(adapters))}
+        self._shadowed = {a for a in self.adapters if a in names}     # a model's names win over an adapter's
         held: dict[str, list[str]] = {}
-        for a in self.adapters.values():    # a model's names win over an adapter's
-            if a.name in names:
+        for a in self.adapters.values():
+            if a.name in self._shadowed:
                 continue
             names[a.name] = a.name
-            here = [Backend(r, a.name, base.endpoint, (a.name,), engine=base.engine, base=(base.served or (a.base,))[0],
-                            slot=slots[a.name], node=base.node)
-                    for r in sorted({*a.resident, *self._direct.get(a.name, ())})
-                    if (base := self.backends.get(r)) is not None and base.model == a.base]
+            here = self._adapter_backends(a)
             if here:
                 by_model[a.name] = here
             for b in here:
                 held.setdefault(b.replica, []).append(a.name)
         self._by_model, self._names, self.held = by_model, names, held
+        self._changed()
+
+    def _route_adapter(self, name: str) -> None:
+        """Route one adapter anew after its residency changed (its status, or this gateway's own
+        loads and evictions): its names and its place in its base's start order stay, so the rest of
+        the table stays too. A change of a replica, a Model, or the adapters there are is `_reindex`'s."""
+        if name not in self._shadowed:
+            for b in self._by_model.pop(name, []):
+                rest = [a for a in self.held[b.replica] if a != name]
+                if rest:
+                    self.held[b.replica] = rest
+                else:
+                    del self.held[b.replica]
+            here = self._adapter_backends(self.adapters[name])
+            if here:
+                self._by_model[name] = here
+            for b in here:
+                self.held[b.replica] = [*self.held.get(b.replica, []), name]
+        self._changed()
+
+    def _adapter_backends(self, a: _AdapterEntry) -> list[Backend]:
+        """The adapter's backends: the replicas of its base where it is resident or loaded directly."""
+        return [Backend(r, a.name, base.endpoint, (a.name,), engine=base.engine, base=(base.served or (a.base,))[0],
+                        slot=self._slots[a.name], node=base.node)
+                for r in sorted({*a.resident, *self._direct.get(a.name, ())})
+                if (base := self.backends.get(r)) is not None and base.model == a.base]
+
+    def _changed(self) -> None:
         self.version += 1
         if self.on_change is not None:
             self.on_change()

@@ -1,7 +1,11 @@
 """The routing table and the balancer: pure structures, fed (type, obj) events."""
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timezone
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.api import AdapterSlots, RoutingSpec
 from llmgw.gateway.balancer import Balancer
@@ -158,3 +162,56 @@ def test_an_adapter_is_named_to_each_engine_its_own_way():
     assert t.backends_for("alpha")[0].upstream_fields("alpha") == {"lora": [{"id": 1, "scale": 1.0}]}
     assert t.backends_for("tiny")[0].upstream_fields("tiny") == {"lora": [], "cache_prompt": False}
     assert t.backends_for("sql")[0].upstream_fields("sql") == {"model": "qwen:sql"}
+
+
+REPLICAS = ("a", "b", "o", "gone")      # a and b serve llama; o serves other; gone is no replica
+ADAPTERS = ("sql", "code", "chat", "other")
+# One step: an Adapter's status (its base llama, or "other" when rebased: the adapters' places in
+# their bases' start orders move) or its deletion, this gateway's own load or eviction of it, a
+# replica's phase, or a Model named like an adapter coming and going.
+STEPS = st.one_of(
+    st.tuples(st.sampled_from(["status", "rebased"]), st.sampled_from(ADAPTERS), st.sets(st.sampled_from(REPLICAS))),
+    st.tuples(st.just("delete"), st.sampled_from(ADAPTERS), st.just(frozenset())),
+    st.tuples(st.sampled_from(["loaded", "evicted", "unloaded"]), st.sampled_from(ADAPTERS),
+              st.sets(st.sampled_from(REPLICAS), min_size=1, max_size=1)),
+    st.tuples(st.sampled_from(["ready", "starting"]), st.sampled_from(REPLICAS[:3]), st.just(frozenset())),
+    st.tuples(st.sampled_from(["shadow", "unshadow"]), st.just("chat"), st.just(frozenset())))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(STEPS, max_size=40))
+def test_an_adapters_routing_changed_alone_is_the_routing_the_whole_table_gives(steps):
+    """An Adapter's residency changes (its status, this gateway's direct loads and evictions) route
+    that adapter anew, not the whole table: after every step its routes, each replica's adapters
+    and every name resolve as a table indexed from scratch says."""
+    t = table_with(("models", "ADDED", model("llama")), ("models", "ADDED", model("other")),
+                   ("replicas", "ADDED", replica("a", "llama", "h:1")),
+                   ("replicas", "ADDED", replica("b", "llama", "h:2")),
+                   ("replicas", "ADDED", replica("o", "other", "h:3")),
+                   *(("adapters", "ADDED", lora(n, "llama", ("a",))) for n in ADAPTERS[:3]),
+                   ("adapters", "ADDED", lora("other", "other", ("o",))))
+    for step, name, replicas in steps:
+        r = min(replicas, default="")     # the one replica of a load, an eviction or an unload
+        base = "other" if name == "other" or step == "rebased" else "llama"
+        if step in ("status", "rebased"):
+            t.apply("adapters", "MODIFIED", lora(name, base, tuple(sorted(replicas))))
+        elif step == "delete":
+            t.apply("adapters", "DELETED", lora(name, base))
+        elif step == "loaded":
+            t.loaded(name, r)
+        elif step == "evicted":
+            t.evicted(name, r, 60.0)
+        elif step == "unloaded":
+            t.unloaded(name, r)
+        elif step in ("ready", "starting"):
+            t.apply("replicas", "MODIFIED", replica(name, "other" if name == "o" else "llama", "h:9",
+                                                    phase="Ready" if step == "ready" else "Starting"))
+        else:
+            t.apply("models", "ADDED" if step == "shadow" else "DELETED", model("chat"))
+        whole = copy.deepcopy(t)
+        whole._reindex()
+        names = {*ADAPTERS, *REPLICAS, "llama", "other"}
+        assert {n: t.backends_for(n) for n in names} == {n: whole.backends_for(n) for n in names}, step
+        assert {r: sorted(held) for r, held in t.held.items()} == \
+            {r: sorted(held) for r, held in whole.held.items()}, step
+        assert {n: t.resolve(n) for n in names} == {n: whole.resolve(n) for n in names}, step
