@@ -98,7 +98,9 @@ class StatusReporter:
     async def _flush(self) -> bool:
         ok = True
         for name in self.pending():
-            status = self._wanted[name]
+            status = self._wanted.get(name)
+            if status is None:
+                continue    # forgotten (its runner ended) while an earlier one was written
             try:
                 written = await self._write(name, self._node, status)
             except Gone:
