@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -108,6 +109,22 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
     with open(log_path, "ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
                                 env=env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def freeze(proc: subprocess.Popen[Any]) -> None:
+    """SIGSTOP a child, returning once it has stopped: silent from then on, until SIGCONT.
+
+    kill() only queues the signal: each of the process's threads stops when it next runs, and
+    until the last one has, the others go on (on a loaded machine, for as long as the scheduler
+    takes to run them): an etcd answered reads sent after kill() had returned. Its parent's
+    waitpid(WUNTRACED) reports the stop once every thread has stopped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGSTOP)
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        if os.WIFSTOPPED(status):
+            return
+        proc.returncode = os.waitstatus_to_exitcode(status)   # reaped here: poll() and wait() say it
+    raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} instead of stopping")
 
 
 def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:

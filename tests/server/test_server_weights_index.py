@@ -2,7 +2,6 @@
 the server's index of the nodes' weights (llmgw/server/weightsindex.py), kept current by a watch."""
 from __future__ import annotations
 
-import os
 import signal
 import urllib.parse
 
@@ -11,6 +10,7 @@ import pytest
 from llmgw.api import Node
 from llmgw.client import Unavailable
 from llmgw.dev.etcd import etcd_cluster
+from llmgw.dev.process import freeze
 from llmgw.server.weightsindex import SYNC_TIMEOUT
 from tests.fixtures.cluster import make_pki, shared_api_server, start_api_server  # noqa: F401
 from tests.fixtures.poll import until
@@ -79,18 +79,20 @@ def test_a_bad_weights_query_is_a_400_naming_its_field(shared_api_server, path, 
 async def test_a_question_the_index_cannot_list_for_is_a_503_and_it_answers_once_etcd_is_back(tmp_path):
     etcd = etcd_cluster(tmp_path / "etcd", size=1).start()
     server = start_api_server(make_pki(tmp_path / "ca"), etcd.endpoint, tmp_path)
-    pid = etcd.members[0].proc.pid
+    member = etcd.members[0].proc
     try:
         async with server.client() as admin:
             await admin.create(Node.model_validate({"metadata": {"name": "holder"}}))
             await admin.patch_status(Node, "holder", weights(models=[{"digest": DIGEST, "sources": [SOURCE]}]))
-            os.kill(pid, signal.SIGSTOP)        # etcd silent before the index's first list
+            # etcd silent before the index's first list: stopped, every thread of it, not only signalled
+            # (a loaded machine let etcd answer that list after os.kill's SIGSTOP had returned)
+            freeze(member)
             try:
                 with pytest.raises(Unavailable) as err:
                     await admin.nodes_with_weights(SOURCE)
                 assert "index of the nodes' weights" in str(err.value)
             finally:
-                os.kill(pid, signal.SIGCONT)
+                member.send_signal(signal.SIGCONT)
 
             async def answered():
                 return await names(admin, SOURCE) == ["holder"]
