@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 from unittest.mock import ANY
@@ -11,6 +10,7 @@ from unittest.mock import ANY
 import pytest
 
 from llmgw.api import Model, ModelStatus, Node, ObjectMeta, Shard, parse_object
+from llmgw.dev.process import freeze
 from llmgw.store import AlreadyExists, Compacted, Compactor, Conflict, FencedOut, NotFound, Store, StoreUnavailable
 from tests.fixtures.poll import until
 
@@ -438,16 +438,16 @@ async def test_without_a_quorum_every_read_fails_as_store_unavailable(etcd3):
     alive = etcd3.members[2]
     s = Store(alive.endpoint, timeout=0.3)
     await s.connect()
-    stopped = etcd3.members[:2]
-    for m in stopped:
-        os.kill(m.proc.pid, signal.SIGSTOP)
+    stopped = [m.proc for m in etcd3.members[:2]]
+    for proc in stopped:
+        freeze(proc)    # stopped, every thread: os.kill's SIGSTOP let them answer the first read
     try:
         for _ in range(20):
             with pytest.raises(StoreUnavailable):
                 await s.revision()
     finally:
-        for m in stopped:
-            os.kill(m.proc.pid, signal.SIGCONT)
+        for proc in stopped:
+            proc.send_signal(signal.SIGCONT)
         await s.close()
 
 
