@@ -14,6 +14,7 @@ from llmgw.agent.config import load_config
 from llmgw.api import Model, Node, parse_object
 from llmgw.client import Client, ClientConfig, ConfigError, Unavailable, Unreachable
 from llmgw.client.client import _failover_order, _moves_on, _translate
+from llmgw.dev.process import freeze
 from llmgw.pki.ca import CertificateAuthority
 from llmgw.reflector import Reflector, object_name
 from tests.fixtures.cluster import ApiServer, ca_dir, make_pki, start_api_server  # noqa: F401
@@ -88,7 +89,7 @@ async def test_requests_move_on_from_a_frozen_server_within_the_clients_timeout(
     be none at all: a frozen server would hold it for ever); the next server answers it."""
     async with client_of(servers, oneshot=oneshot, timeout=1.0) as c:
         await c.create(model("frozen"))
-        os.kill(in_use(servers, c).proc.pid, signal.SIGSTOP)
+        freeze(in_use(servers, c).proc)
         assert (await c.get(Model, "frozen")).name == "frozen"
         assert c.server == c.servers[1]
 
@@ -100,7 +101,7 @@ async def test_heartbeat_moves_on_from_a_frozen_server_within_its_timeout(server
     async with client_of(servers, oneshot=oneshot) as c:
         await c.create(Node.model_validate({"metadata": {"name": "hb-frozen"}}))
         await c.heartbeat("hb-frozen", timeout=1.0)
-        os.kill(in_use(servers, c).proc.pid, signal.SIGSTOP)
+        freeze(in_use(servers, c).proc)
         began = time.monotonic()
         await c.heartbeat("hb-frozen", timeout=1.0)
         assert time.monotonic() - began < 5.0
@@ -116,11 +117,11 @@ async def test_a_new_heartbeat_stream_may_take_until_its_deadline(servers):
         await c.create(Node.model_validate({"metadata": {"name": "hb-slow"}}))
         loop = asyncio.get_running_loop()
         first = in_use(servers, c)
-        os.kill(first.proc.pid, signal.SIGSTOP)
-        loop.call_later(2.0, os.kill, first.proc.pid, signal.SIGCONT)
+        freeze(first.proc)
+        loop.call_later(2.0, first.proc.send_signal, signal.SIGCONT)
         await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
         assert c.server == first.url
-        os.kill(first.proc.pid, signal.SIGSTOP)
+        freeze(first.proc)
         began = time.monotonic()
         await c.heartbeat("hb-slow", timeout=1.0, until=loop.time() + 10)
         assert time.monotonic() - began < 5.0
@@ -193,7 +194,7 @@ async def test_watch_resumes_on_the_next_server_when_one_dies(servers):
 
 async def test_silent_watch_moves_to_the_next_server(servers):
     # SIGSTOP: the connection stays open and nothing arrives, as from a host that vanished
-    await _watch_moves_on(servers, lambda s: os.kill(s.proc.pid, signal.SIGSTOP), watch_idle_timeout=3.0)
+    await _watch_moves_on(servers, lambda s: freeze(s.proc), watch_idle_timeout=3.0)
 
 
 async def test_a_watch_cut_once_open_resumes_with_its_backoff_from_the_start(servers):
