@@ -16,7 +16,7 @@ from aiohttp import web
 from llmgw.agent import ports
 from llmgw.agent.process import is_alive, start_time
 from llmgw.api import Node, Shard, get_condition
-from llmgw.dev.process import free_port
+from llmgw.dev.process import free_port, freeze
 from tests.agent.test_agent_e2e import agents, shard_in, sim_shard, wait_for  # noqa: F401
 from tests.fixtures.cluster import shared_api_server  # noqa: F401
 
@@ -47,14 +47,14 @@ async def test_returning_agent_stops_the_old_engine_before_starting_a_new_one_on
         old_pid, old_started = old.status.pid, start_time(old.status.pid)
         port = old.spec.ports.serve
 
-        os.kill(agent.proc.pid, signal.SIGSTOP)
+        freeze(agent.proc)    # stopped before the deletion is sent: it must not see it
         try:
             await c.delete(Shard, "back-1-a")     # no finalizer: gone at once, as if released
             new = sim_shard("back-1-b", "back-1")
             new.spec.ports.serve = port
             await c.create(new)
         finally:
-            os.kill(agent.proc.pid, signal.SIGCONT)
+            agent.proc.send_signal(signal.SIGCONT)
 
         new = await shard_in(c, "back-1-b", agent, "Ready", "Failed")
         assert new.status.phase == "Ready", new.status
