@@ -8,8 +8,8 @@ the gateway picks a Ready replica of its base whose engine loads adapters at run
 free slot (by this gateway's table, the loads it has asked for counted as slots taken), the
 emptiest first; else the one whose victim is best. A replica's victim is chosen by segmented LRU
 among the adapters routed there that may go (none pinned, none on no more replicas than its
-minReplicas, none with a request in flight or waiting here, none loaded directly and not yet
-recorded): those requested at least twice since this gateway loaded them are protected, the most
+minReplicas but one loaded there directly and not yet recorded, none with a request in flight or
+waiting here): those requested at least twice since this gateway loaded them are protected, the most
 recently requested of them up to 80 % of the replica's slots; the victim is the least recently
 requested unprotected one, else the least recently requested protected one; the best victim is
 an unprotected one before a protected one, the least recently requested first. (Over the bench's
@@ -164,7 +164,7 @@ class DirectLoads:
         replicas = [b for b in self.table.backends_for(base) if b.slots and b.node and b.engine in ENGINES
                     and (api := ENGINES[b.engine].lora) is not None and not api.at_start]
         held = self.table.held
-        victims = {b.replica: self._victim(held.get(b.replica, []), b.slots) for b in replicas}
+        victims = {b.replica: self._victim(b.replica, held.get(b.replica, []), b.slots) for b in replicas}
         onto = Counter(replica for replica, _ in self._asked.values())   # loads asked of each (slots taken)
 
         def taken(b: Backend) -> int:
@@ -178,24 +178,28 @@ class DirectLoads:
         victim = victims[pick.replica]
         return pick, victim[2] if victim is not None else None, not free
 
-    def _victim(self, held: list[str], slots: int) -> tuple[bool, float, str] | None:
+    def _victim(self, replica: str, held: list[str], slots: int) -> tuple[bool, float, str] | None:
         """A replica's victim by segmented LRU: of the adapters routed there that may go, those
         requested at least twice since this gateway loaded them are protected (the most recently
         requested of them, up to PROTECTED of the replica's slots); the least recently requested
         unprotected one goes, else the least recently requested protected one. (protected, last
         request, name), or None."""
         sent, sends = self.balancer.sent, self.balancer.sends
-        ours = [(sent.get(v, 0.0), v) for v in held if self._evictable(v)]
+        ours = [(sent.get(v, 0.0), v) for v in held if self._evictable(v, replica)]
         repeated = sorted((t for t in ours if sends.get(t[1], 0) >= 2), reverse=True)[:int(slots * PROTECTED)]
         protected = {v for _, v in repeated}
         return min(((v in protected, at, v) for at, v in ours), default=None)
 
-    def _evictable(self, adapter: str) -> bool:
-        """Whether the adapter may be a victim: not pinned, on more replicas than its minReplicas, not
-        loading or named a victim already, no request for it in flight or waiting here, and not
-        loaded directly so recently that its status does not say so yet (its requests are on the way)."""
+    def _evictable(self, adapter: str, replica: str) -> bool:
+        """Whether the adapter may be a victim on the replica: not pinned, loaded there directly (its
+        status does not say so yet) or resident on more replicas than its minReplicas, not loading or
+        named a victim already, and no request for it in flight or waiting here. A direct load is
+        taken as soon as its requests are served: kept until its status records it (0.3 to 0.6 s
+        under the bench's churn), the adapters loaded last took the slots the victims should have
+        come from, and older, busier ones went in their place."""
         entry = self.table.adapters[adapter]
-        return not entry.pinned and len(entry.resident) > entry.min_replicas and not self.table.direct(adapter) \
+        spare = replica in self.table.direct(adapter) or len(entry.resident) > entry.min_replicas
+        return not entry.pinned and spare \
             and adapter not in self._asked and all(adapter != v for _, v in self._asked.values()) \
             and not self.balancer.per_model.get(adapter) and not self.waiting(adapter)
 
