@@ -20,7 +20,8 @@ there). It asks the replica's rank-0 agent over mutual TLS with its own certific
 /adapters/<adapter>/load` on the agent's listener, its Node's status.agentEndpoint;
 llmgw/agent/direct.py), naming the replica's victim, which the agent unloads first if its engine
 is full (this gateway's table may be behind it: the victim the agent says it unloaded leaves that
-replica's routing then). On the agent's 200 (its engine's) the adapter is routed there at once
+replica's routing then; one that left it and the agent kept, its engine having room, is routed
+there again). On the agent's 200 (its engine's) the adapter is routed there at once
 (the table's `loaded`) and the waiting requests go; the control plane records it after (the
 adapter controller adopts what the shard reports Loaded). Until its status says it is resident
 there, or `hold` seconds pass, the gateway reports the adapter `loading` in its demand: the
@@ -221,6 +222,8 @@ class DirectLoads:
             evicted = _evicted(words)
             if evicted is not None:
                 self.table.evicted(evicted, b.replica, self.hold)   # no more requests of this gateway go there
+            elif victim is not None:    # kept (its engine had room): routed there again, where it left routing
+                self.table.kept(victim, b.replica)
             log.info("adapter %s loaded on %s directly in %.2fs%s", adapter, b.replica, time.monotonic() - started,
                      f", in the place of {evicted}" if evicted else "")
             at = self.balancer.sent[adapter] = time.monotonic()   # its requests go now

@@ -114,7 +114,7 @@ class RoutingTable:
     _direct: dict[str, set[str]] = field(default_factory=dict)
     # adapter -> replica -> until when (monotonic) it is not routed there, though its status may
     # still say so: this gateway had that replica's agent unload it
-    _gone: dict[str, dict[str, float]] = field(default_factory=dict)
+    _gone: dict[str, dict[str, tuple[float, bool]]] = field(default_factory=dict)   # (until, routed by a direct load)
     held: dict[str, list[str]] = field(default_factory=dict)  # replica -> the adapters routed to it
     _slots: dict[str, int] = field(default_factory=dict)  # adapter -> its place in its base's start order
     _shadowed: set[str] = field(default_factory=set)  # adapters whose name a model's names take
@@ -184,7 +184,7 @@ class RoutingTable:
         created = int(a.metadata.creationTimestamp.timestamp()) if a.metadata.creationTimestamp else 0
         gone = self._gone.get(name, {})
         now = time.monotonic()
-        for replica in [r for r, until in gone.items() if r not in a.status.resident or until < now]:
+        for replica in [r for r, (until, _) in gone.items() if r not in a.status.resident or until < now]:
             del gone[replica]    # its status no longer says so (or too long has passed)
         if not gone:
             self._gone.pop(name, None)
@@ -218,8 +218,21 @@ class RoutingTable:
         """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
         routing until its status no longer names it there (or `hold` seconds pass)."""
         if adapter in self.adapters:
-            self._gone.setdefault(adapter, {})[replica] = time.monotonic() + hold
+            self._gone.setdefault(adapter, {})[replica] = (time.monotonic() + hold, replica in self.direct(adapter))
         self.unloaded(adapter, replica)
+
+    def kept(self, adapter: str, replica: str) -> None:
+        """The replica's agent did not unload the adapter `evicted` there after all (its engine had
+        room, or the load failed): routed there again as it was, by its status or a direct load."""
+        entry = self.adapters.get(adapter)
+        gone = self._gone.get(adapter, {}).pop(replica, None)
+        if entry is None or gone is None:
+            return
+        if gone[1]:
+            self._direct.setdefault(adapter, set()).add(replica)
+        else:
+            self.adapters[adapter] = replace(entry, resident=tuple(sorted({*entry.resident, replica})))
+        self._route_adapter(adapter)
 
     def direct(self, adapter: str) -> set[str]:
         """The replicas the adapter is routed to by a direct load alone (`loaded`)."""

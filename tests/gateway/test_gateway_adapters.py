@@ -50,14 +50,15 @@ async def test_a_404_for_an_unloaded_adapter_sends_the_request_where_it_is_loade
     assert (code, body["model"]) == (200, "sql")
 
 
-def full_replica() -> tuple[RoutingTable, Balancer, DirectLoads, list[tuple[str, str, dict]]]:
-    """r1 of 2 slots, holding hot (requested twice) and once (requested once since), on demand
-    alone (minReplicas 0); cold known, resident nowhere. The loads' agent answers 200, having
-    unloaded the victim named; what was asked of it is kept."""
+def full_replica(slots: int = 2, gate: asyncio.Event | None = None, keeps: bool = False
+                 ) -> tuple[RoutingTable, Balancer, DirectLoads, list[tuple[str, str, dict]]]:
+    """r1 of `slots` slots, holding hot (requested twice) and once (requested once since), on
+    demand alone (minReplicas 0); cold known, resident nowhere. The loads' agent answers 200 (once
+    `gate` is set), having unloaded the victim named (or kept it); what was asked of it is kept."""
     table = RoutingTable()
     table.apply("models", "ADDED", model("base"))
     r1 = replica("r1", "base", "127.0.0.1:1")
-    r1.spec.adapters = AdapterSlots(maxLoaded=2)
+    r1.spec.adapters = AdapterSlots(maxLoaded=slots)
     r1.spec.placement = [Placement(rank=0, node="n1")]
     table.apply("replicas", "ADDED", r1)
     for name, resident in (("hot", ("r1",)), ("once", ("r1",)), ("cold", ()), ("next", ())):
@@ -71,7 +72,9 @@ def full_replica() -> tuple[RoutingTable, Balancer, DirectLoads, list[tuple[str,
 
     async def post(node: str, path: str, body: dict) -> tuple[int, str]:
         asked.append((node, path, body))
-        return 200, json.dumps({"evicted": body["victim"]})
+        if gate is not None:
+            await gate.wait()
+        return 200, json.dumps({"evicted": None if keeps else body["victim"]})
     return table, balancer, DirectLoads(table, balancer, post, lambda model: 0), asked
 
 
@@ -110,3 +113,19 @@ async def test_an_adapter_loaded_directly_may_go_once_served_before_its_status_r
     await until(lambda: table.backends_for("next"), "next routed to r1")
     assert asked[-1] == ("n1", "/adapters/next/load", {"replica": "r1", "digest": None, "victim": "cold"})
     assert table.backends_for("cold") == [] and [b.replica for b in table.backends_for("hot")] == ["r1"]
+
+
+async def test_a_victim_that_left_routing_and_that_the_agent_kept_is_routed_there_again():
+    """r1 is full by the table (2 slots, 2 routed): once, the victim named, leaves r1's routing
+    while the agent loads cold. Its engine had room after all (the table was ahead of it), so the
+    agent kept once and says so: once is routed to r1 again (it was not: an adapter the engine
+    held and the table no longer counted, for a minute, and the next load there found the engine
+    fuller than the table said)."""
+    gate = asyncio.Event()
+    table, balancer, loads, asked = full_replica(gate=gate, keeps=True)
+    loads.want("cold")
+    await until(lambda: asked, "the agent asked")
+    assert asked[0][2]["victim"] == "once" and table.backends_for("once") == []
+    gate.set()
+    await until(lambda: table.backends_for("cold"), "cold routed to r1")
+    assert [b.replica for b in table.backends_for("once")] == ["r1"]

@@ -167,12 +167,12 @@ def test_an_adapter_is_named_to_each_engine_its_own_way():
 REPLICAS = ("a", "b", "o", "gone")      # a and b serve llama; o serves other; gone is no replica
 ADAPTERS = ("sql", "code", "chat", "other")
 # One step: an Adapter's status (its base llama, or "other" when rebased: the adapters' places in
-# their bases' start orders move) or its deletion, this gateway's own load or eviction of it, a
-# replica's phase, or a Model named like an adapter coming and going.
+# their bases' start orders move) or its deletion, this gateway's own load or eviction of it (or
+# the agent keeping it), a replica's phase, or a Model named like an adapter coming and going.
 STEPS = st.one_of(
     st.tuples(st.sampled_from(["status", "rebased"]), st.sampled_from(ADAPTERS), st.sets(st.sampled_from(REPLICAS))),
     st.tuples(st.just("delete"), st.sampled_from(ADAPTERS), st.just(frozenset())),
-    st.tuples(st.sampled_from(["loaded", "evicted", "unloaded"]), st.sampled_from(ADAPTERS),
+    st.tuples(st.sampled_from(["loaded", "evicted", "unloaded", "kept"]), st.sampled_from(ADAPTERS),
               st.sets(st.sampled_from(REPLICAS), min_size=1, max_size=1)),
     st.tuples(st.sampled_from(["ready", "starting"]), st.sampled_from(REPLICAS[:3]), st.just(frozenset())),
     st.tuples(st.sampled_from(["shadow", "unshadow"]), st.just("chat"), st.just(frozenset())))
@@ -203,6 +203,8 @@ def test_an_adapters_routing_changed_alone_is_the_routing_the_whole_table_gives(
             t.evicted(name, r, 60.0)
         elif step == "unloaded":
             t.unloaded(name, r)
+        elif step == "kept":
+            t.kept(name, r)
         elif step in ("ready", "starting"):
             t.apply("replicas", "MODIFIED", replica(name, "other" if name == "o" else "llama", "h:9",
                                                     phase="Ready" if step == "ready" else "Starting"))
