@@ -112,9 +112,10 @@ class RoutingTable:
     _left: dict[str, Backend] = field(default_factory=dict)  # left routing, not yet known dead
     # adapter -> replicas this gateway had it loaded on directly, not yet resident there by its status
     _direct: dict[str, set[str]] = field(default_factory=dict)
-    # adapter -> replica -> until when (monotonic) it is not routed there, though its status may
-    # still say so: this gateway had that replica's agent unload it
-    _gone: dict[str, dict[str, tuple[float, bool]]] = field(default_factory=dict)   # (until, routed by a direct load)
+    # adapter -> replica -> (until when (monotonic) it is not routed there, though its status may
+    # still say so, or come to say so; whether it was routed there by a direct load alone): this
+    # gateway had that replica's agent unload it
+    _gone: dict[str, dict[str, tuple[float, bool]]] = field(default_factory=dict)
     held: dict[str, list[str]] = field(default_factory=dict)  # replica -> the adapters routed to it
     _slots: dict[str, int] = field(default_factory=dict)  # adapter -> its place in its base's start order
     _shadowed: set[str] = field(default_factory=set)  # adapters whose name a model's names take
@@ -184,8 +185,13 @@ class RoutingTable:
         created = int(a.metadata.creationTimestamp.timestamp()) if a.metadata.creationTimestamp else 0
         gone = self._gone.get(name, {})
         now = time.monotonic()
-        for replica in [r for r, (until, _) in gone.items() if r not in a.status.resident or until < now]:
-            del gone[replica]    # its status no longer says so (or too long has passed)
+        for replica, (until, was_direct) in list(gone.items()):
+            if until < now or replica not in a.status.resident and not was_direct:
+                del gone[replica]    # its status no longer says so (or too long has passed)
+            elif was_direct and replica in a.status.resident:
+                # A direct load's status naming it there now: a report from before the unload,
+                # adopted; gone until its status no longer names it there.
+                gone[replica] = (until, False)
         if not gone:
             self._gone.pop(name, None)
         entry = _AdapterEntry(name, a.spec.baseModel, tuple(r for r in a.status.resident if r not in gone), created,
@@ -218,7 +224,9 @@ class RoutingTable:
         """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
         routing until its status no longer names it there (or `hold` seconds pass)."""
         if adapter in self.adapters:
-            self._gone.setdefault(adapter, {})[replica] = (time.monotonic() + hold, replica in self.direct(adapter))
+            gone = self._gone.setdefault(adapter, {})
+            was_direct = replica in self.direct(adapter) or gone.get(replica, (0.0, False))[1]
+            gone[replica] = (time.monotonic() + hold, was_direct)
         self.unloaded(adapter, replica)
 
     def kept(self, adapter: str, replica: str) -> None:
