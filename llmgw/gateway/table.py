@@ -222,7 +222,8 @@ class RoutingTable:
 
     def evicted(self, adapter: str, replica: str, hold: float) -> None:
         """This gateway has the replica's agent unload the adapter: the replica leaves the adapter's
-        routing until its status no longer names it there (or `hold` seconds pass)."""
+        routing until its status no longer names it there (or `hold` seconds pass); where it was
+        routed there by a direct load alone, also while its status comes to name it there."""
         if adapter in self.adapters:
             gone = self._gone.setdefault(adapter, {})
             was_direct = replica in self.direct(adapter) or gone.get(replica, (0.0, False))[1]
@@ -231,7 +232,7 @@ class RoutingTable:
 
     def kept(self, adapter: str, replica: str) -> None:
         """The replica's agent did not unload the adapter `evicted` there after all (its engine had
-        room, or the load failed): routed there again as it was, by its status or a direct load."""
+        room): routed there again as it was, by its status or a direct load."""
         entry = self.adapters.get(adapter)
         gone = self._gone.get(adapter, {}).pop(replica, None)
         if entry is None or gone is None:
