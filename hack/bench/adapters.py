@@ -291,6 +291,27 @@ Targets: hit_ratio 1.00-1.01 of the oracle's (0.95): met; cold_ttft_p99_s 0.93 q
 beside the interleave's other runs (1.0): met on the quiet machine, at the edge under load;
 restore_s 2.2-3.3 (10): met. The restore is slower than the base's (1.6-2.3 s): more adapters
 are resident on the killed replica, and each is loaded again.
+
+Requests that met an engine's 404 (the gateway's log, "failed before its first byte"): 1 to 5 a
+run after 4e6ba6e, and one run in about 13 ended in a 503 (a request's second loss): a direct
+load evicted before its status recorded it was adopted by the controller from the shard's report
+from before the unload, and the gateway, which had forgotten the eviction at a status not naming
+the replica, routed it back (7ba5f0c keeps it out); and a victim the agent kept stayed out of
+routing for a minute while its engine held it (ba71a3d routes it again). After them, 0 in each of
+three runs counted. Main as it lands (after 7ba5f0c), the machine quiet at the start (load 0.5
+and 2.9 rising to 2.9 and 4.4):
+    adapters: hit_ratio=0.605 burst_hit_ratio=0.634 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
+        cold_ttft_p50_s=0.68 cold_ttft_p99_s=0.95 restore_s=2.35 cpu_s=45.4 controller_cpu_s=12.2
+    adapters: hit_ratio=0.598 burst_hit_ratio=0.630 oracle_hit_ratio=0.597 slru_oracle_hit_ratio=0.649
+        cold_ttft_p50_s=0.75 cold_ttft_p99_s=1.10 restore_s=2.41 cpu_s=50.7 controller_cpu_s=13.7
+    (3000 requests in 27-30 s, 1184-1207 cold, direct loads p50 0.66-0.72 p99 0.93-1.00 s)
+Over the 20 uninstrumented runs of 4e6ba6e and after (alone and interleaved, load 0.5-7):
+hit_ratio 0.598-0.605 (1.00-1.01 of the oracle's: met), restore_s 1.8-3.3 (met), cold_ttft_p99_s
+0.89-1.21, median 1.00 (at most 1.0 in 11 of 20). What is left of a cold request's time is the
+event loops waiting for a core: the agent's log of a direct load (instrumented, p50 / its slowest
+5 %): the gateway's ask to the agent's handler 41 / 77 ms, each await there ~20 / 50 ms, the
+agent's turn behind a sync 0 / 118 ms, the sim's 0.5 s load 542 / 577 ms; the components keep
+about 1.6 of the 2 cores busy, the sims, this bench and the kernel most of the rest.
 """
 from __future__ import annotations
 
