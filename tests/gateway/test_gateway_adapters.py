@@ -104,7 +104,11 @@ async def test_an_adapter_loaded_directly_may_go_once_served_before_its_status_r
     """cold, loaded on r1 directly and requested once, may be the next load's victim while its
     status does not name r1 yet (under the bench's churn a status records a load 0.3-0.6 s late:
     kept till then, the adapters loaded last held the slots, and older, busier ones went); hot,
-    protected, stays."""
+    protected, stays. The adapter controller may still adopt cold from its shard's report from
+    before the unload: its status then names r1 for a moment (after one that did not), and this
+    gateway, which had the agent unload it, does not route it there (requests met the engine's
+    404: 2 to 5 a bench run); once its status no longer names r1 and then does again (loaded there
+    again), it is routed there."""
     table, balancer, loads, asked = full_replica()
     loads.want("cold")
     await until(lambda: table.backends_for("cold"), "cold routed to r1")
@@ -113,6 +117,17 @@ async def test_an_adapter_loaded_directly_may_go_once_served_before_its_status_r
     await until(lambda: table.backends_for("next"), "next routed to r1")
     assert asked[-1] == ("n1", "/adapters/next/load", {"replica": "r1", "digest": None, "victim": "cold"})
     assert table.backends_for("cold") == [] and [b.replica for b in table.backends_for("hot")] == ["r1"]
+
+    def status(*resident: str) -> None:
+        a = lora("cold", "base", resident)
+        a.spec.minReplicas = 0
+        table.apply("adapters", "MODIFIED", a)
+    status()              # its condition, say: nowhere
+    status("r1")          # the stale adoption
+    assert table.backends_for("cold") == []
+    status()              # the Evicted report read: dropped
+    status("r1")          # loaded there again
+    assert [b.replica for b in table.backends_for("cold")] == ["r1"]
 
 
 async def test_a_victim_that_left_routing_and_that_the_agent_kept_is_routed_there_again():
@@ -129,29 +144,3 @@ async def test_a_victim_that_left_routing_and_that_the_agent_kept_is_routed_ther
     gate.set()
     await until(lambda: table.backends_for("cold"), "cold routed to r1")
     assert [b.replica for b in table.backends_for("once")] == ["r1"]
-
-
-async def test_an_adapter_evicted_before_its_status_recorded_its_direct_load_is_not_routed_back_by_that_record():
-    """cold, loaded on r1 directly, is the next load's victim before its status names r1. The
-    adapter controller may still adopt it from its shard's report from before the unload: its
-    status then names r1 for a moment (after one that did not), and this gateway, which had the
-    agent unload it, does not route it there (requests met the engine's 404: 2 to 5 a bench run);
-    once its status no longer names r1 and then does again (loaded there again), it is routed there."""
-    table, balancer, loads, asked = full_replica()
-    loads.want("cold")
-    await until(lambda: table.backends_for("cold"), "cold routed to r1")
-    requested(table, balancer, "cold")
-    loads.want("next")
-    await until(lambda: table.backends_for("next"), "next routed to r1")
-    assert asked[-1][2]["victim"] == "cold" and table.backends_for("cold") == []
-
-    def status(*resident: str) -> None:
-        a = lora("cold", "base", resident)
-        a.spec.minReplicas = 0
-        table.apply("adapters", "MODIFIED", a)
-    status()              # its condition, say: nowhere
-    status("r1")          # the stale adoption
-    assert table.backends_for("cold") == []
-    status()              # the Evicted report read: dropped
-    status("r1")          # loaded there again
-    assert [b.replica for b in table.backends_for("cold")] == ["r1"]
