@@ -103,8 +103,7 @@ class RoutingTable:
     models: dict[str, _ModelEntry] = field(default_factory=dict)
     adapters: dict[str, _AdapterEntry] = field(default_factory=dict)
     backends: dict[str, Backend] = field(default_factory=dict)  # replica name -> Backend
-    version: int = 0  # bumped on every change that affects routing
-    on_change: Callable[[], None] | None = None  # after every such change (the gateway wakes its queues)
+    on_change: Callable[[], None] | None = None  # after every routing change (the gateway wakes its queues)
     on_leave: Callable[[Backend, bool], None] | None = None  # a replica left routing; True: known dead
     _by_model: dict[str, list[Backend]] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # name or alias -> model
@@ -348,7 +347,6 @@ class RoutingTable:
                 if (base := self.backends.get(r)) is not None and base.model == a.base]
 
     def _changed(self) -> None:
-        self.version += 1
         if self.on_change is not None:
             self.on_change()
 
