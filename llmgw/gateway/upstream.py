@@ -426,6 +426,10 @@ class Pool:
         except (OSError, ValueError) as err:
             why = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise UpstreamError(f"connect: {why}") from None
+        if conn.closed or conn.transport.is_closing():
+            # reset by the engine before this task resumed (a stopping engine closes the connections
+            # left in its listen backlog): its socket is closed already, and nothing was sent
+            raise UpstreamError("connect: the engine closed the connection at once")
         if self.tcp_keepalive is not None:
             sock = conn.transport.get_extra_info("socket")
             if sock is not None:

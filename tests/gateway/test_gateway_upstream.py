@@ -14,6 +14,7 @@ import contextlib
 import json
 import socket
 import struct
+import threading
 
 import aiohttp
 import pytest
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from llmgw.gateway.proxy import _BUFFER_LIMIT, REPLICA_HEADER
 from llmgw.gateway.table import RoutingTable
+from llmgw.gateway.upstream import Keepalive, Pool, UpstreamError
 from tests.fixtures.gateway import metric, model, replica, running_gateway, scrape
 from tests.fixtures.poll import until
 
@@ -230,3 +232,32 @@ async def test_a_malformed_response_is_a_502():
         assert status == 502
         err = json.loads(body)["error"]
         assert err["code"] == "upstream_unreachable" and "malformed" in err["message"]
+
+
+async def test_a_connection_the_engine_resets_as_it_accepts_is_a_failed_connect():
+    """A stopping engine resets the connections left in its backlog: one reset before the
+    connecting task resumes had closed the socket the keepalive options were set on (a
+    gateway error, EBADF, where the request is to be tried elsewhere: 1 in 3 here before)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+
+    def reset_each() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+
+    threading.Thread(target=reset_each, daemon=True).start()
+    pool = Pool(tcp_keepalive=Keepalive())
+    outcomes = set()
+    try:
+        for _ in range(200):
+            try:
+                await pool.acquire(f"127.0.0.1:{listener.getsockname()[1]}", fresh=True)
+                outcomes.add("connected")
+            except UpstreamError as err:
+                outcomes.add(err.reason.split(":")[0])
+    finally:
+        listener.close()
+        pool.close()
+    assert outcomes <= {"connected", "connect"}
