@@ -8,6 +8,8 @@ subclass may add what it knows (the URL asked, the revision compacted).
 """
 from __future__ import annotations
 
+import math
+
 
 class StatusError(Exception):
     """An answer of the API that is not a success: ``code`` (HTTP) and ``reason`` (Kubernetes' Status.reason)."""
@@ -119,7 +121,8 @@ class TooManyRequests(StatusError):
 
     @property
     def details(self) -> dict[str, str]:
-        return {"retryAfterSeconds": f"{self.retry_after:.3f}"}
+        # rounded up: a wait under half a millisecond is still a wait, not "0.000" (come back now)
+        return {"retryAfterSeconds": f"{math.ceil(self.retry_after * 1000) / 1000:.3f}"}
 
 
 class Unavailable(StatusError):

@@ -106,3 +106,13 @@ def test_code_that_catches_a_contract_error_imports_the_contracts() -> None:
     checked = [f for f in files if not f.relative_to(root).as_posix().startswith(DEFINERS)]
     assert len(checked) > 100
     assert [line for f in sorted(checked) for line in _imports_of_a_twin(f)] == []
+
+
+def test_a_wait_under_a_millisecond_is_said_as_one_not_as_zero() -> None:
+    """A renewal refused just before the bucket's next token is told to wait 0.4 ms: said "0.000",
+    the client read a 429 with no wait at all (tests/server/test_server_renewals.py, under load)."""
+    said = api.TooManyRequests("too many renewals at once", 0.0004).details
+    assert said == {"retryAfterSeconds": "0.001"}
+    err = client_errors.error_for(429, "TooManyRequests", "", "https://server", said)
+    assert isinstance(err, client_errors.TooManyRequests) and err.retry_after == 0.001
+    assert api.TooManyRequests("", 0.25).details == {"retryAfterSeconds": "0.250"}

@@ -146,8 +146,12 @@ async def test_new_requests_present_the_new_certificate_and_a_watch_goes_on(shar
         assert (await c.whoami())["name"] == "second-admin"
         await asyncio.sleep(1.5)   # past the client's timeout: the old session closed
         await c.create(_model("after"))
-        await until(lambda: "ADDED after" in seen, "the watch to go on past the old session's close")
-        assert not watching.done(), watching
+
+        def went_on() -> bool:
+            if watching.done():   # what ended the watch, raised now rather than after the timeout
+                raise AssertionError(f"the watch ended: {watching!r}")
+            return "ADDED after" in seen
+        await until(went_on, "the watch to go on past the old session's close")
         watching.cancel()
     assert seen.count("ADDED before") == 1   # resumed from its revision, not relisted as new
 
