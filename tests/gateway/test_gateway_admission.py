@@ -243,21 +243,28 @@ async def test_an_expiring_keys_open_stream_is_ended_at_its_expiry(api_server, t
         async with api_server.client() as admin:
             await admin.create(_model("llama"))
             await _ready(admin, "llama", slow.endpoint)
-            expires = now() + timedelta(seconds=8)
-            secret = await _key(admin, "short-lived", expires=expires)
-        async with _gateways(api_server, tmp_path) as ([url], http):
-            async with http.post(url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"},
-                                 json={"model": "llama", "prompt": "x", "max_tokens": 500, "stream": True}) as r:
-                assert r.status == 200
-                with pytest.raises(aiohttp.ClientPayloadError):
-                    while await r.content.readline():   # cut at the expiry, long before its 100 s of tokens
-                        pass
-            assert now() >= expires
-            async with aiohttp.ClientSession() as fresh:
-                status, body, _ = await _post(fresh, url, secret)
-                assert status == 401 and body["error"]["message"].startswith("API key short-lived expired at")
+            async with _gateways(api_server, tmp_path) as ([url], http):
+                # made once the gateway is up (its start on a loaded machine took more than the 8 s)
+                expires = now() + timedelta(seconds=8)
+                secret = await _key(admin, "short-lived", expires=expires)
+                await until(lambda: _status_is(_post(http, url, secret), 200), "the gateway to know the key")
+                await _stream_cut_at_expiry(http, url, secret, expires)
     finally:
         slow.stop()
+
+
+async def _stream_cut_at_expiry(http, url: str, secret: str, expires) -> None:
+    """A stream of 100 s of tokens is cut at the key's expiry; the key is refused from then on."""
+    async with http.post(url + "/v1/completions", headers={"Authorization": f"Bearer {secret}"},
+                         json={"model": "llama", "prompt": "x", "max_tokens": 500, "stream": True}) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            while await r.content.readline():   # cut at the expiry, long before its 100 s of tokens
+                pass
+    assert now() >= expires
+    async with aiohttp.ClientSession() as fresh:
+        status, body, _ = await _post(fresh, url, secret)
+        assert status == 401 and body["error"]["message"].startswith("API key short-lived expired at")
 
 
 async def test_two_gateways_share_a_limit(api_server, sims, tmp_path):
