@@ -14,6 +14,12 @@ so it adds no report beyond the same bound.
 
 The server answers a report with the number of live reports, the gateways (this one included):
 ``on_gateways(n)`` hands it on, to share each API key's limits among them (admission.py).
+
+``stop()`` withdraws the report (and the usage beside it), as Kubernetes' leader election
+releases its lease on a graceful shutdown: the other gateways take back this one's share of each
+limit at their next report, and the autoscaler stops counting its figures, without waiting out the
+lease (a restart, a rolling upgrade). It waits at most WITHDRAW_TIMEOUT seconds for the server:
+one that does not answer leaves the report to expire with its lease, and the gateway exits.
 """
 from __future__ import annotations
 
@@ -27,14 +33,17 @@ from llmgw.gateway.balancer import Balancer
 
 log = logging.getLogger("llmgw.gateway.demand")
 
+WITHDRAW_TIMEOUT = 2.0   # seconds a stopping gateway waits for its report's withdrawal
 Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m[, "loading": 1]}
 
 
 class DemandSink(Protocol):
-    """Where reports go: llmgw.client.Client's report_demand."""
+    """Where reports go: llmgw.client.Client's report_demand, and withdraw_demand."""
 
     async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None,
                             keys: dict[str, Any] | None = None, metrics: str | None = None) -> dict[str, Any]: ...
+
+    async def withdraw_demand(self, gateway: str) -> None: ...
 
 
 def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None,
@@ -72,9 +81,16 @@ class DemandPublisher:
         self._task = asyncio.create_task(self.run(), name="demand-publisher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop reporting, and withdraw the report (waiting WITHDRAW_TIMEOUT s at most)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.sink.withdraw_demand(self.gateway), WITHDRAW_TIMEOUT)
+        except Exception as err:  # noqa: BLE001 - the server away: the report expires with its lease
+            log.warning("demand report not withdrawn (%s); it expires with its lease, in %d s at most",
+                        err or type(err).__name__, self.ttl)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
