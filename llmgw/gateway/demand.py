@@ -71,6 +71,7 @@ class DemandPublisher:
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
         self._task: asyncio.Task[None] | None = None
+        self._sending: asyncio.Future[dict[str, Any]] | None = None   # the last report sent
         self._poked = asyncio.Event()
 
     def poke(self) -> None:
@@ -87,10 +88,17 @@ class DemandPublisher:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         try:
-            await asyncio.wait_for(self.sink.withdraw_demand(self.gateway), WITHDRAW_TIMEOUT)
+            await asyncio.wait_for(self._withdraw(), WITHDRAW_TIMEOUT)
         except Exception as err:  # noqa: BLE001 - the server away: the report expires with its lease
             log.warning("demand report not withdrawn (%s); it expires with its lease, in %d s at most",
                         err or type(err).__name__, self.ttl)
+
+    async def _withdraw(self) -> None:
+        # A report in flight is answered first: the server would write it after the withdrawal,
+        # on a lease of its own, alive for a ttl.
+        if self._sending is not None:
+            await asyncio.gather(self._sending, return_exceptions=True)
+        await self.sink.withdraw_demand(self.gateway)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -101,8 +109,11 @@ class DemandPublisher:
             now = (self.read(), self.keys() if self.keys is not None else None)
             if now != last or loop.time() - sent_at >= self.ttl / 3:
                 try:
-                    reply = await self.sink.report_demand(self.gateway, now[0], ttl=self.ttl, metrics=self.metrics,
-                                                          **({"keys": now[1]} if now[1] is not None else {}))
+                    # shielded: stop() cancels this task, not the report it waits for (_withdraw)
+                    self._sending = asyncio.ensure_future(self.sink.report_demand(
+                        self.gateway, now[0], ttl=self.ttl, metrics=self.metrics,
+                        **({"keys": now[1]} if now[1] is not None else {})))
+                    reply = await asyncio.shield(self._sending)
                 except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
                     delay = backoff.next()
                     log.warning("demand report failed (%s); again in %.1fs", err, delay)
