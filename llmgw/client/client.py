@@ -468,6 +468,16 @@ class Client:
         result: dict[str, Any] = await self.request("POST", f"{BASE}/demand/{gateway}", body=body)
         return result
 
+    async def withdraw_demand(self, gateway: str) -> None:
+        """Delete a gateway's demand report and its keys' usage now (a gateway that stops), rather than
+        leave them to expire with their lease. A server of a version without the route answers 404 or
+        405: taken as done (the report then expires with its lease)."""
+        try:
+            await self.request("DELETE", f"{BASE}/demand/{gateway}")
+        except ApiError as err:
+            if err.code not in (404, 405):
+                raise
+
     async def apikey_usage(self, name: str | None = None) -> dict[str, Any]:
         """API keys' usage summed over the live gateways: ``{"gateways": n, "keys": {name: usage}}``,
         or for one key ``{"gateways": n, "name": name, "usage": usage}`` (llmgw/api/usage.py's KeyUsage)."""

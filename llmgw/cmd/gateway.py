@@ -123,7 +123,8 @@ def _describe(kind: str, type_: str, obj: AnyObject) -> None:
               "to the server for the autoscaler, and with --watch-api-keys its keys' usage (for `llmgw "
               "describe apikey`); only with --server.")
 @click.option("--demand-ttl", type=click.IntRange(min=1, max=600), default=15, show_default=True,
-              help="Seconds a demand report outlives this gateway's silence (its etcd lease).")
+              help="Seconds a demand report outlives this gateway's silence (its etcd lease); a graceful "
+                   "stop withdraws it at once.")
 @click.option("--renew-fraction", type=click.FloatRange(min=0, max=1, max_open=True), default=round(2 / 3, 3),
               show_default=True, help="Renew this gateway's certificate (--cert) at this fraction of its lifetime, "
               "through the API server's signer, without a restart; 0: never.")

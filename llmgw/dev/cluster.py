@@ -359,8 +359,10 @@ class LocalCluster:
                 p.wait()
 
     def stop(self) -> None:
-        """The agents, then the rest, then etcd."""
-        self.stop_processes([name for name in self.procs if name.startswith("agent-")])
+        """The agents, then the gateways (each withdraws its demand report through a server still
+        up, so a `dev up` right after this one finds none of them live), then the rest, then etcd."""
+        for group in ("agent-", "gateway"):
+            self.stop_processes([name for name in self.procs if name.startswith(group)])
         self.stop_processes(list(self.procs))
         kill_marked(self.dir)
         if self.etcd:

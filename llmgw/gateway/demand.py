@@ -14,6 +14,12 @@ so it adds no report beyond the same bound.
 
 The server answers a report with the number of live reports, the gateways (this one included):
 ``on_gateways(n)`` hands it on, to share each API key's limits among them (admission.py).
+
+``stop()`` withdraws the report (and the usage beside it), as Kubernetes' leader election
+releases its lease on a graceful shutdown: the other gateways take back this one's share of each
+limit at their next report, and the autoscaler stops counting its figures, without waiting out the
+lease (a restart, a rolling upgrade). It waits at most WITHDRAW_TIMEOUT seconds for the server:
+one that does not answer leaves the report to expire with its lease, and the gateway exits.
 """
 from __future__ import annotations
 
@@ -27,14 +33,17 @@ from llmgw.gateway.balancer import Balancer
 
 log = logging.getLogger("llmgw.gateway.demand")
 
+WITHDRAW_TIMEOUT = 2.0   # seconds a stopping gateway waits for its report's withdrawal
 Figures = dict[str, dict[str, int]]   # model -> {"inFlight": n, "waiting": m[, "loading": 1]}
 
 
 class DemandSink(Protocol):
-    """Where reports go: llmgw.client.Client's report_demand."""
+    """Where reports go: llmgw.client.Client's report_demand, and withdraw_demand."""
 
     async def report_demand(self, gateway: str, models: Figures, ttl: int | None = None,
                             keys: dict[str, Any] | None = None, metrics: str | None = None) -> dict[str, Any]: ...
+
+    async def withdraw_demand(self, gateway: str) -> None: ...
 
 
 def figures(balancer: Balancer, waiting: Mapping[str, int] | None = None,
@@ -62,6 +71,7 @@ class DemandPublisher:
         self.interval, self.ttl = interval, ttl
         self.reports = 0          # reports the server accepted
         self._task: asyncio.Task[None] | None = None
+        self._sending: asyncio.Future[dict[str, Any]] | None = None   # the last report sent
         self._poked = asyncio.Event()
 
     def poke(self) -> None:
@@ -72,9 +82,23 @@ class DemandPublisher:
         self._task = asyncio.create_task(self.run(), name="demand-publisher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop reporting, and withdraw the report (waiting WITHDRAW_TIMEOUT s at most)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._withdraw(), WITHDRAW_TIMEOUT)
+        except Exception as err:  # noqa: BLE001 - the server away: the report expires with its lease
+            log.warning("demand report not withdrawn (%s); it expires with its lease, in %d s at most",
+                        err or type(err).__name__, self.ttl)
+
+    async def _withdraw(self) -> None:
+        # A report in flight is answered first: the server would write it after the withdrawal,
+        # on a lease of its own, alive for a ttl.
+        if self._sending is not None:
+            await asyncio.gather(self._sending, return_exceptions=True)
+        await self.sink.withdraw_demand(self.gateway)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,8 +109,11 @@ class DemandPublisher:
             now = (self.read(), self.keys() if self.keys is not None else None)
             if now != last or loop.time() - sent_at >= self.ttl / 3:
                 try:
-                    reply = await self.sink.report_demand(self.gateway, now[0], ttl=self.ttl, metrics=self.metrics,
-                                                          **({"keys": now[1]} if now[1] is not None else {}))
+                    # shielded: stop() cancels this task, not the report it waits for (_withdraw)
+                    self._sending = asyncio.ensure_future(self.sink.report_demand(
+                        self.gateway, now[0], ttl=self.ttl, metrics=self.metrics,
+                        **({"keys": now[1]} if now[1] is not None else {})))
+                    reply = await asyncio.shield(self._sending)
                 except Exception as err:  # noqa: BLE001 - the server away: report again, backing off
                     delay = backoff.next()
                     log.warning("demand report failed (%s); again in %.1fs", err, delay)

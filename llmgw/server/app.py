@@ -90,6 +90,7 @@ ROUTES = [
     Route("POST", "/heartbeat/{node}", "heartbeats.beat", "heartbeat", "heartbeat"),
     Route("GET", "/heartbeat/{node}", "heartbeats.stream", "heartbeat", "heartbeat"),   # a WebSocket of beats
     Route("POST", "/demand/{gateway}", "demand.report", "demand", "demand"),
+    Route("DELETE", "/demand/{gateway}", "demand.withdraw", "demand", "demand"),   # before {kind}/{name}
     Route("GET", "/events", "list_events", "events-read", "events"),
     Route("POST", "/events", "events.record", "events-write", "events"),
     Route("POST", "/revocations", "revoke.revoke", "revoke", "revocations"),

@@ -6,7 +6,8 @@ Rules, by the certificate's organisation:
   controller-manager (O=llmgw:components) everything but revoking, engine logs and API keys
   gateway          (O=llmgw:components)  get/list/watch models, replicas, nodes, apikeys, adapters (and read
                                          their usage, GET /usage/apikeys, as admins do); report its
-                                         demand (POST /demand/<gateway>), which no one else but an admin may
+                                         demand (POST /demand/<gateway>) and withdraw it (DELETE),
+                                         which no one else but an admin may
   node N           (O=llmgw:nodes, CN=N) get its own Node, ask the weights index for the Nodes
                                          holding what it pulls (GET nodes?weights=, its peers),
                                          never list the fleet (rule "node-list"); create it with

@@ -1,6 +1,7 @@
 """The gateways' demand reports, under /llmgw/demand/<gateway>, and their API keys' usage, under
 /llmgw/usage/<gateway>, both bound to the gateway's lease: a gateway that stops reporting has its
-figures expire with the lease, as a node's heartbeat does."""
+figures expire with the lease, as a node's heartbeat does; one that stops withdraws them at once
+(`withdraw`)."""
 from __future__ import annotations
 
 import builtins
@@ -36,6 +37,17 @@ class Demand:
         await self._put(gateway, K.demand_key(gateway), report.model_dump_json().encode(), lease_id)
         if usage is not None:
             await self._put(gateway, K.usage_key(gateway), usage.model_dump_json().encode(), lease_id)
+
+    async def withdraw(self, gateway: str) -> None:
+        """Delete the gateway's report and its keys' usage now (a gateway that stops): revoke the lease
+        they are bound to. Another server may have granted it and keep it alive: it then finds it gone
+        at the next report of that name, and grants a new one and writes the report anew."""
+        self._lease_ids.pop(gateway, None)
+        keys = (K.demand_key(gateway), K.usage_key(gateway))
+        for key in keys:
+            self._written.pop((gateway, key), None)
+        for lease_id in {await self._kv.lease(key) for key in keys} - {0}:
+            await self._leases.revoke(lease_id)
 
     async def _put(self, gateway: str, key: str, value: bytes, lease_id: int) -> None:
         if self._written.get((gateway, key)) == (lease_id, value):

@@ -27,6 +27,12 @@ class KV:
         resp = await self._etcd.range(key)
         return (resp.kvs[0].value, resp.kvs[0].mod_revision) if resp.kvs else None
 
+    async def lease(self, key: str) -> int:
+        """The lease the key is bound to; 0 when it is bound to none or is not there."""
+        resp = await self._etcd.range(key)
+        lease_id: int = resp.kvs[0].lease if resp.kvs else 0
+        return lease_id
+
     async def exists(self, key: str) -> bool:
         """Whether the key is there; its value is not read."""
         resp = await self._etcd.range(key, keys_only=True)

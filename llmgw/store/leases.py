@@ -14,7 +14,7 @@ from aetcd import rpc
 from llmgw.api.limits import heartbeat_window
 from llmgw.api.meta import now
 from llmgw.store import keys as K
-from llmgw.store.etcd import GREATER, VERSION, Etcd, as_bytes, compare, put_op, txn_request
+from llmgw.store.etcd import GREATER, VERSION, Etcd, as_bytes, compare, lease_not_found, put_op, txn_request
 from llmgw.store.kv import KV
 from llmgw.store.listwatch import AfterErrorPolicy, KeyNames, after_store_error
 
@@ -105,8 +105,12 @@ class Leases:
         return self._stream
 
     async def revoke(self, lease_id: int) -> None:
-        """End the lease now: the keys bound to it go."""
-        await self._conn.call(lambda c: c.revoke_lease(lease_id))
+        """End the lease now: the keys bound to it go. One already gone (expired, revoked) is no error."""
+        try:
+            await self._conn.call(lambda c: c.revoke_lease(lease_id))
+        except aetcd.exceptions.ClientError as err:   # aetcd's for etcd's NOT_FOUND, the gRPC error its cause
+            if not (isinstance(err.__cause__, Exception) and lease_not_found(err.__cause__)):
+                raise
 
 
 class _Beat:

@@ -101,15 +101,18 @@ def dev_down(directory) -> str:
 
 
 def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
-    # the first run is stopped with Ctrl-C, the second from elsewhere with `llmgw dev down`
-    for run in ("first", "second"):
-        up = DevUp(tmp_path / "dev", free_port())
+    """The first run, stopped with Ctrl-C, serves each example model and its printed openai example
+    works; the second, on the state the first left and with `--api-keys`, serves once it says ready
+    too (with the key it printed), and is stopped from elsewhere with `llmgw dev down`."""
+    for run, args in (("first", ()), ("second", ("--api-keys",))):
+        up = DevUp(tmp_path / "dev", free_port(), *args)
         try:
             up.wait_for("Ctrl-C here")
             assert any("answering through the gateway" in line for line in up.lines), up.lines[-30:]
             assert any("reusing the state" in line for line in up.lines) == (run == "second")
+            key = _keys_work_as_printed(up) if run == "second" else None
             for model in ("small", "sim-large"):
-                status, text = up.complete(model)
+                status, text = up.complete(model, key)
                 assert status == 200, f"{run} run, {model}: {status} {text}"
                 assert json.loads(text)["choices"][0]["message"]["content"]
             if run == "first":   # the openai example it printed works as printed
@@ -125,43 +128,38 @@ def test_dev_up_twice_on_the_same_directory_serves_once_it_says_ready(tmp_path):
         assert not any("error" in line for line in up.lines), up.lines[-30:]
 
 
-def test_dev_up_with_api_keys_refuses_requests_as_the_keys_say(tmp_path):
+def _keys_work_as_printed(up: DevUp) -> str:
     """`dev up --api-keys`: what it prints works as printed (the first key's curl and openai examples,
     the `create apikey` of a 3-rpm key, which does not warn: the gateway enforces keys); a request
     without a key is 401, the 3-rpm key of `small` asking for `large` 404, its fourth request in a
-    minute 429."""
-    up = DevUp(tmp_path / "dev", free_port(), "--api-keys")
-    try:
-        up.wait_for("Ctrl-C here")
-        assert any("answering through the gateway" in line for line in up.lines), up.lines[-30:]
-        first = next(i for i, line in enumerate(up.lines) if line.strip().startswith("curl -s "))
-        curl = "\n".join(up.lines[first:first + 2])
-        assert "Bearer llmgw_dev_" in curl, curl
-        export = next(line for line in up.lines if line.strip().startswith("export LLMGW_CONFIG="))
-        create = next(line for line in up.lines if "create apikey team-a" in line)
-        answers = []
-        for command in (curl, printed_openai_example(up.lines)):
-            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
-            assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
-            answers.append(done.stdout)
-        assert json.loads(answers[0])["choices"][0]["message"]["content"]
-        assert up.complete("small")[0] == 401
+    minute 429. Returns the first key's secret (every model, no limits)."""
+    first = next(i for i, line in enumerate(up.lines) if line.strip().startswith("curl -s "))
+    curl = "\n".join(up.lines[first:first + 2])
+    secret = re.search(r"Bearer (llmgw_dev_\S+?)[\"' ]", curl)
+    assert secret, curl
+    export = next(line for line in up.lines if line.strip().startswith("export LLMGW_CONFIG="))
+    create = next(line for line in up.lines if "create apikey team-a" in line)
+    answers = []
+    for command in (curl, printed_openai_example(up.lines)):
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
+        answers.append(done.stdout)
+    assert json.loads(answers[0])["choices"][0]["message"]["content"]
+    assert up.complete("small")[0] == 401
 
-        made = subprocess.run(["bash", "-c", f"{export}\n{create}"], capture_output=True, text=True, timeout=60)
-        assert made.returncode == 0 and "warning" not in made.stderr, made.stderr
-        key = made.stdout.strip()
-        listed = subprocess.run(["bash", "-c", f"{export}\n{create.split(' create ')[0]} get apikeys"],
-                                capture_output=True, text=True, timeout=60)
-        assert listed.returncode == 0 and "team-a" in listed.stdout and "warning" not in listed.stderr, listed
+    made = subprocess.run(["bash", "-c", f"{export}\n{create}"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and "warning" not in made.stderr, made.stderr
+    key = made.stdout.strip()
+    listed = subprocess.run(["bash", "-c", f"{export}\n{create.split(' create ')[0]} get apikeys"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "team-a" in listed.stdout and "warning" not in listed.stderr, listed
 
-        def seen(model):   # the gateway knows the new key once it stops answering 401 for it
-            status = up.complete(model, key)[0]
-            return status if status != 401 else None
-        assert until_sync(lambda: seen("large"), "the gateway to know the key", timeout=30) == 404
-        assert [up.complete("small", key)[0] for _ in range(4)] == [200, 200, 200, 429]
-    finally:
-        code = up.stop()
-    assert code == 0, "\n".join(up.lines[-30:])
+    def seen(model):   # the gateway knows the new key once it stops answering 401 for it
+        status = up.complete(model, key)[0]
+        return status if status != 401 else None
+    assert until_sync(lambda: seen("large"), "the gateway to know the key", timeout=30) == 404
+    assert [up.complete("small", key)[0] for _ in range(4)] == [200, 200, 200, 429]
+    return secret.group(1)
 
 
 def _netns_of(pid: int) -> str:

@@ -268,13 +268,18 @@ async def _stream_cut_at_expiry(http, url: str, secret: str, expires) -> None:
 
 
 async def test_two_gateways_share_a_limit(api_server, sims, tmp_path):
+    """Two gateways hold a key to its limit together; once one stops, the other enforces the whole
+    limit without waiting out the stopped one's lease."""
     await _setup(api_server, sims)
     async with api_server.client() as admin:
         secret = await _key(admin, "shared", rpm=20)
-    async with _gateways(api_server, tmp_path, n=2) as (urls, http):
-        async def sharing(url):
+        whole = await _key(admin, "whole", rpm=3)   # used once gw-1 is alone
+    procs: list = []
+    # a lease (6 s) that the test does not wait out; reports every 2 s at least
+    async with _gateways(api_server, tmp_path, n=2, extra=("--demand-ttl", "6"), procs=procs) as (urls, http):
+        async def sharing(url, n=2):
             async with http.get(url + "/metrics") as r:
-                return metric(await r.text(), "llmgw_gateway_key_limit_gateways") == 2
+                return metric(await r.text(), "llmgw_gateway_key_limit_gateways") == n
         for url in urls:
             await until(lambda u=url: sharing(u), f"{url} shares limits with one other gateway")
         admitted = 0
@@ -283,6 +288,14 @@ async def test_two_gateways_share_a_limit(api_server, sims, tmp_path):
                 admitted += (await _post(http, url, secret))[0] == 200
         # Each gateway holds 20 / 2; a refill of 1 per 3 s each during the burst is the tolerance.
         assert 20 <= admitted <= 22
+        # gw-0 stops (SIGTERM) and withdraws its report as it goes: the server counts gw-1 alone at
+        # once, not when gw-0's lease runs out; gw-1 learns it at its next report.
+        procs[0].terminate()
+        assert procs[0].wait(10) == 0
+        async with api_server.client() as admin:
+            assert [g.name for g in (await admin.members())["gateways"]] == ["gw-1"]
+        await until(lambda: sharing(urls[1], 1), "gw-1 alone enforces the whole limits")
+        assert [(await _post(http, urls[1], whole))[0] for _ in range(4)] == [200, 200, 200, 429]
 
 
 async def _status_is(coro, status: int) -> bool:
@@ -366,7 +379,7 @@ async def test_usage_summed_over_two_gateways_in_describe_and_get(api_server, si
         assert header == ["NAME", "OWNER", "MODELS", "LIMITS", "PRIORITY", "EXPIRES", "LAST-USE", "AGE"]
         last_use = {row.split()[0]: row.split()[header.index("LAST-USE")] for row in table[1:]}
         assert last_use["idle"] == "<none>" and last_use["busy"].endswith("s"), table
-        # A gateway gone: its figures expire with its lease (--demand-ttl 3), the other's stay.
+        # A gateway gone: its figures go with it (withdrawn as it stops), the other's stay.
         procs[0].terminate()
         procs[0].wait(10)
         async with api_server.client() as c:

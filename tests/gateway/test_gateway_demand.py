@@ -3,10 +3,12 @@ through a real server (a gateway certificate) into etcd, where the autoscaler re
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiohttp
 
-from llmgw.gateway.demand import DemandPublisher, figures
+from llmgw.client import Client
+from llmgw.gateway.demand import WITHDRAW_TIMEOUT, DemandPublisher, figures
 from llmgw.gateway.table import RoutingTable
 from tests.fixtures.cluster import api_server, ca_dir  # noqa: F401
 from tests.fixtures.gateway import Sim, model, replica, running_gateway
@@ -38,8 +40,22 @@ async def test_requests_in_flight_are_reported_per_model_and_drop_to_zero_when_a
                 assert await asyncio.gather(*asks) == [200, 200, 200]
             await until(_eq(demand, {}), "nothing in flight once answered")
             await publisher.stop()
+            # withdrawn as it stopped, not left to expire with its lease (ttl 5)
+            assert [r.gateway for r in await store.demand.list()] == []
     finally:
         sim.stop()
+
+
+async def test_a_server_that_does_not_answer_holds_the_stop_for_the_bound_at_most():
+    """A withdrawal the server never answers (a listener that accepts no connection) is given up
+    after WITHDRAW_TIMEOUT, not the client's 30 s: a stopping gateway exits; its report expires."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        async with Client(f"https://127.0.0.1:{silent.getsockname()[1]}") as c:
+            publisher = DemandPublisher(c, "gw-away", dict, interval=100, ttl=600)
+            publisher.start()
+            await asyncio.wait_for(publisher.stop(), WITHDRAW_TIMEOUT + 5)
 
 
 def _eq(read, want):

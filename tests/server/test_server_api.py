@@ -178,8 +178,20 @@ async def test_a_demand_report_is_validated_with_paths_and_kept_under_a_lease(ap
         with pytest.raises(BadRequest, match="gateway: 'GW_A' is not a DNS-1123 label"):   # read with the URL
             await c.report_demand("GW_A", {})
         await c.report_demand("gw-a", {"m1": {"inFlight": 4, "waiting": 1}}, ttl=5)
+        # gw-b stops: its report and its keys' usage go at once, not with its lease; gw-a's stay. A
+        # withdrawal of nothing is answered alike.
+        usage = {"k": {"models": {"m1": {"total": {"requests": 1}}}}}
+        assert (await c.report_demand("gw-b", {}, ttl=MAX_TTL, keys=usage))["gateways"] == 2
+        for _ in range(2):
+            assert await c.request("DELETE", "/apis/llmgw.io/v1/demand/gw-b") == {"gateway": "gw-b", "gateways": 1}
+        assert await store.demand.usage() == []
+        with pytest.raises(BadRequest, match="gateway: 'GW_B' is not a DNS-1123 label"):
+            await c.withdraw_demand("GW_B")
     [report] = await store.demand.list()
     assert report.gateway == "gw-a" and report.models["m1"].total == 5
+    async with api_server.client(gw) as c:   # the same report of the same name again: kept anew
+        assert (await c.report_demand("gw-b", {}, ttl=MAX_TTL, keys=usage))["gateways"] == 2
+    assert [u.gateway for u in await store.demand.usage()] == ["gw-b"]
 
 
 async def test_keys_usage_is_validated_kept_beside_the_demand_and_summed(api_server, store):

@@ -168,6 +168,8 @@ CASES = [
     ("n1", lambda c: c.report_demand("gw-1", {"m1": {"inFlight": 3}}), "gateway-demand"),
     ("controller-manager", lambda c: c.report_demand("gw-1", {}), "gateway-demand"),
     ("admin", lambda c: c.report_demand("gw-2", {}), None),
+    ("n1", lambda c: c.withdraw_demand("gw-1"), "gateway-demand"),
+    ("gateway", lambda c: c.withdraw_demand("gw-2"), None),   # as a report: any gateway's name
     # controller-manager and admins: everything
     ("controller-manager", lambda c: c.list(Shard), None),
     ("controller-manager", lambda c: c.create(model("m-by-cm")), None),

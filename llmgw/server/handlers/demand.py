@@ -1,6 +1,7 @@
 """The gateways' reports: their demand (`POST /demand/<gateway>`, docs/contracts.md, "Autoscaling")
-with their API keys' usage and their version, kept under a lease; that usage summed (`GET
-/usage/apikeys[/<name>]`, llmgw/api/usage.py); and their versions, with the leading
+with their API keys' usage and their version, kept under a lease (`DELETE /demand/<gateway>`: a
+gateway that stops withdraws them); that usage summed (`GET /usage/apikeys[/<name>]`,
+llmgw/api/usage.py); and their versions, with the leading
 controller-manager's, and the servers' and controller-managers' announced under their leases
 (`GET /versions`); the addresses all of them announce (`GET /members`)."""
 from __future__ import annotations
@@ -42,6 +43,14 @@ class Demand:
         await self.store.demand.report(report, ttl=ttl, usage=usage)
         # The live gateways, this one included: each enforces its share of an API key's limits.
         return json_response({"gateway": gateway, "ttl": ttl, "gateways": len(await self.store.demand.list())})
+
+    async def withdraw(self, request: web.Request) -> web.Response:
+        """A gateway that stops withdraws its report and its keys' usage, rather than leave them to
+        its lease's expiry: the others take back its share of each API key's limits at their next
+        report. Answered alike whether there was a report or not."""
+        gateway = request.match_info["gateway"]
+        await self.store.demand.withdraw(gateway)
+        return json_response({"gateway": gateway, "gateways": len(await self.store.demand.list())})
 
     async def versions(self, request: web.Request) -> web.Response:
         """`GET /versions`: this server's llmgw version, each live gateway's (from its report), the
