@@ -312,6 +312,15 @@ event loops waiting for a core: the agent's log of a direct load (instrumented, 
 5 %): the gateway's ask to the agent's handler 41 / 77 ms, each await there ~20 / 50 ms, the
 agent's turn behind a sync 0 / 118 ms, the sim's 0.5 s load 542 / 577 ms; the components keep
 about 1.6 of the 2 cores busy, the sims, this bench and the kernel most of the rest.
+
+2026-12-07, at ad233c0 (the machine quiet, load 0.4-5): cold_ttft_p99_s 1.06, 1.12, 1.02, 1.02,
+0.95 (hit_ratio 0.598-0.604, restore_s 2.1-2.8). Where the controller-manager's 11-13 CPU s go:
+11,810 adapter reconciles in one run's traffic (3,000 requests; 594 Shard status writes and 567
+demand reports through the server), most finding nothing to write. The adapter controller
+looking only at the adapters whose figures a gateway's report changed, not every one it names,
+tried again now that the gateways load directly (one round, interleaved): controller_cpu_s 12.8
+and 11.9 against 11.9 and 11.4, cold_ttft_p99_s 1.09 and 1.02 against 1.02 and 0.95: not taken
+(as 00109f1 before it).
 """
 from __future__ import annotations
 
