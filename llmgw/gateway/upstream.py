@@ -201,8 +201,13 @@ class Conn(asyncio.Protocol):
 
     # ------------------------------------------------------------ the proxy's side
 
+    @property
+    def gone(self) -> bool:
+        """Closed, or closing: nothing more is sent on it."""
+        return self.closed or self.transport.is_closing()
+
     def send(self, head: bytes, body: bytes) -> None:
-        if self.closed or self.transport.is_closing():
+        if self.gone:
             raise UpstreamError("disconnected: the engine closed the connection")
         self._busy = True
         write_message(self.transport, head, body)
@@ -381,7 +386,7 @@ class Pool:
         idle = self._idle.get(endpoint)
         while idle:
             conn = idle.pop()
-            if not conn.closed and not conn.transport.is_closing():
+            if not conn.gone:
                 return conn
         return None
 
@@ -426,7 +431,7 @@ class Pool:
         except (OSError, ValueError) as err:
             why = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise UpstreamError(f"connect: {why}") from None
-        if conn.closed or conn.transport.is_closing():
+        if conn.gone:
             # reset by the engine before this task resumed (a stopping engine closes the connections
             # left in its listen backlog): its socket is closed already, and nothing was sent
             raise UpstreamError("connect: the engine closed the connection at once")
