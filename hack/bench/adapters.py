@@ -430,8 +430,7 @@ async def restore(client: Client) -> float:
             held.setdefault(r, set()).add(a.name)
     victim = max(held, key=lambda r: len(held[r]))
     held[victim] = await settled(client, victim)
-    shards, _ = await client.list(Shard)
-    [shard] = [s for s in shards if s.spec.replica == victim and s.spec.rank == 0]
+    shard = await serving(client, victim)
     assert shard.status.pid is not None
     print(f"killing {victim}'s engine (pid {shard.status.pid}), resident: {sorted(held[victim])}", flush=True)
     start = time.monotonic()
@@ -460,18 +459,23 @@ async def settled(client: Client, replica: str, within: float = 10.0) -> set[str
     while True:
         adapters, _ = await client.list(LoraAdapter)
         by_status = {a.name for a in adapters if replica in a.status.resident}
-        [serving] = [s for s in (await client.list(Shard))[0] if s.spec.replica == replica and s.spec.rank == 0]
-        loaded = {e.name for e in serving.status.adapters if e.state == "Loaded"}
+        loaded = {e.name for e in (await serving(client, replica)).status.adapters if e.state == "Loaded"}
         if by_status == loaded or time.monotonic() > deadline:
             return by_status & loaded
         await asyncio.sleep(0.2)
 
 
+async def serving(client: Client, replica: str) -> Shard:
+    """The replica's serving shard (rank 0)."""
+    [shard] = [s for s in (await client.list(Shard))[0] if s.spec.replica == replica and s.spec.rank == 0]
+    return shard
+
+
 async def tell_missing(client: Client, replica: str, missing: list[LoraAdapter]) -> None:
     """What the Adapters not resident again say, and what the replica's serving shard reports of them."""
-    [serving] = [s for s in (await client.list(Shard))[0] if s.spec.replica == replica and s.spec.rank == 0]
-    entries = {e.name: e for e in serving.status.adapters}
-    print(f"restore past {SLOW_RESTORE:g} s: shard {serving.name} adaptersSeen {serving.status.adaptersSeen}, "
+    shard = await serving(client, replica)
+    entries = {e.name: e for e in shard.status.adapters}
+    print(f"restore past {SLOW_RESTORE:g} s: shard {shard.name} adaptersSeen {shard.status.adaptersSeen}, "
           f"lists {len(entries)}", flush=True)
     for a in missing:
         entry = entries.get(a.name)
